@@ -1,0 +1,1 @@
+"""Code both the ingress and the workers use. A leaf: never imports them."""

@@ -1,0 +1,83 @@
+"""The event message on the broker: defined once, used by both sides.
+
+The AMQP body is the request body exactly as the provider sent it (a JSON
+round trip could change numbers and break hashes); what the pipeline knows
+about the event travels in AMQP headers.
+"""
+
+from dataclasses import dataclass, field, replace
+
+import aio_pika
+import orjson
+
+# Request headers that are transport details or credentials, never handed on.
+_DROPPED_HEADERS = frozenset({
+    "authorization", "proxy-authorization", "cookie", "host", "content-length",
+    "connection", "keep-alive", "transfer-encoding", "accept-encoding", "te", "upgrade",
+})
+
+
+@dataclass(frozen=True)
+class EventMessage:
+    key: str
+    source: str
+    event_id: str
+    payload_sha256: str
+    received_at: float  # unix seconds, when the ingress received the request
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # provider's request headers, lower-case names
+    attempt: int = 1
+    errors: tuple[dict, ...] = ()  # one {"attempt", "at", "type", "message", "traceback"} per failed attempt
+
+    def next_attempt(self, error: dict) -> "EventMessage":
+        return replace(self, attempt=self.attempt + 1, errors=(*self.errors, error))
+
+    def fresh(self) -> "EventMessage":
+        """The same event with a new attempt budget (a dead-letter replay)."""
+        return replace(self, attempt=1, errors=())
+
+
+def provider_headers(request_headers) -> dict[str, str]:
+    return {
+        name.lower(): value
+        for name, value in request_headers.items()
+        if name.lower() not in _DROPPED_HEADERS
+    }
+
+
+def to_amqp(event: EventMessage) -> aio_pika.Message:
+    return aio_pika.Message(
+        body=event.body,
+        content_type="application/json",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=event.key,
+        headers={
+            "x-key": event.key,
+            "x-source": event.source,
+            "x-event-id": event.event_id,
+            "x-payload-sha256": event.payload_sha256,
+            "x-received-at": event.received_at,
+            "x-attempt": event.attempt,
+            "x-provider-headers": event.headers,
+            "x-errors": orjson.dumps(event.errors).decode() if event.errors else "[]",
+        },
+    )
+
+
+def from_amqp(body: bytes, headers: dict) -> EventMessage:
+    """Rebuild the event; raises KeyError/ValueError for a message we did not write."""
+    return EventMessage(
+        key=_text(headers["x-key"]),
+        source=_text(headers["x-source"]),
+        event_id=_text(headers["x-event-id"]),
+        payload_sha256=_text(headers["x-payload-sha256"]),
+        received_at=float(headers["x-received-at"]),
+        body=body,
+        headers={_text(k): _text(v) for k, v in (headers.get("x-provider-headers") or {}).items()},
+        attempt=int(headers.get("x-attempt", 1)),
+        errors=tuple(orjson.loads(headers.get("x-errors") or "[]")),
+    )
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,46 @@
+"""Every Prometheus metric the pipeline exports, in one place.
+
+Both sides import this module; each process only moves the series it owns.
+Names and labels are the contract of SPEC §10 (alerts and dashboards in
+`deploy/` refer to them).
+"""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+ingress_requests = Counter(
+    "webhook_ingress_requests_total",
+    "Webhook requests answered by the ingress, by source and HTTP status.",
+    ["source", "status"],
+)
+ingress_request_duration = Histogram(
+    "webhook_ingress_request_duration_seconds",
+    "Time from request start to response, by source.",
+    ["source"],
+    buckets=LATENCY_BUCKETS,
+)
+events = Counter(
+    "webhook_events_total",
+    "Events handled by workers, by outcome (processed, duplicate, conflict, retried, dead).",
+    ["source", "outcome"],
+)
+processing_duration = Histogram(
+    "webhook_processing_duration_seconds",
+    "Time a worker spends on one event, from delivery to ack.",
+    ["source"],
+    buckets=LATENCY_BUCKETS,
+)
+idempotency_store_errors = Counter(
+    "webhook_idempotency_store_errors_total",
+    "Failed calls to an idempotency store (redis), by store.",
+    ["store"],
+)
+idempotency_degraded = Gauge(
+    "webhook_idempotency_degraded",
+    "1 while Redis is unreachable and workers rely on Postgres alone.",
+)
+dead_letters_open = Gauge(
+    "webhook_dead_letters_open",
+    "Dead letters with status 'dead' (waiting for on-call).",
+)

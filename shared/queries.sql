@@ -1,0 +1,60 @@
+-- Named SQL blocks of the `shared` package (loaded by shared.queries.load_queries).
+
+-- dead letters ---------------------------------------------------------------
+-- The dead-letter store (shared.dead_letters): written by workers, read and
+-- acted on by `webhook-ingest dlq …` and the admin HTTP API.
+
+-- name: insert_dead_letter
+INSERT INTO dead_letters (key, source, event_id, payload_sha256, body, payload, headers,
+                          received_at, attempts, errors)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10::jsonb)
+RETURNING id
+
+-- name: list_dead_letters
+-- Newest first; $1 source (NULL: every source), $2 status (NULL: every
+-- status), $3 limit (NULL: no limit). The body and the error history stay
+-- in the table: a listing needs only the last error.
+SELECT id, key, source, event_id, status, attempts, created_at, updated_at,
+       errors -> -1 AS last_error
+FROM dead_letters
+WHERE ($1::text IS NULL OR source = $1)
+  AND ($2::text IS NULL OR status = $2)
+ORDER BY id DESC
+LIMIT $3
+
+-- name: get_dead_letter
+SELECT *, errors -> -1 AS last_error
+FROM dead_letters
+WHERE id = $1
+
+-- name: dead_letters_to_replay
+-- The rows a replay publishes: the given ids (whatever their status: an
+-- explicit id is the operator's decision), or with $2 every open one,
+-- optionally of one source ($3). Oldest first, the order they failed in.
+SELECT id, key, source, event_id, payload_sha256, body, headers, received_at
+FROM dead_letters
+WHERE (id = ANY($1::bigint[]) OR ($2 AND status = 'dead' AND ($3::text IS NULL OR source = $3)))
+ORDER BY id
+
+-- name: set_dead_letter_status
+UPDATE dead_letters SET status = $2, updated_at = now()
+WHERE id = ANY($1::bigint[])
+RETURNING id
+
+-- name: count_open_dead_letters
+SELECT count(*) FROM dead_letters WHERE status = 'dead'
+
+-- retention (webhook-ingest prune) --------------------------------------------
+-- Each block deletes one batch; the caller loops, one short transaction per
+-- batch, so pruning never holds locks on many rows at once.
+
+-- name: retention_cutoff
+SELECT now() - $1::interval
+
+-- name: prune_completed_events
+DELETE FROM processed_events
+WHERE key IN (SELECT key FROM processed_events WHERE completed_at < $1 LIMIT $2)
+
+-- name: prune_key_fences
+DELETE FROM key_fences
+WHERE key IN (SELECT key FROM key_fences WHERE updated_at < $1 LIMIT $2)

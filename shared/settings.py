@@ -1,0 +1,80 @@
+"""Process configuration from the environment (SPEC §3).
+
+Every variable has a default that works against services on loopback, so a
+first run needs no configuration at all.
+"""
+
+from functools import cached_property
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigError
+
+ENVIRONMENT_VARIABLES = (
+    ("AMQP_URL", "RabbitMQ URL"),
+    ("REDIS_URLS", "comma-separated independent Redis masters (Redlock quorum over all)"),
+    ("DATABASE_URL", "Postgres URL; `migrate` creates the database if missing"),
+    ("WEBHOOK_INGEST_NAMESPACE", "prefix of every queue and Redis key"),
+    ("WEBHOOK_INGEST_SOURCES", "path of the sources TOML file (unset: built-in demo source)"),
+    ("WEBHOOK_INGEST_ADMIN_TOKEN", "bearer token of the admin HTTP API (unset: API disabled)"),
+    ("WEBHOOK_INGEST_DELIVERY_LIMIT", "deliveries before a message that kills its worker is dead-lettered"),
+    ("WEBHOOK_INGEST_LOCK_TTL", "processing lock TTL in seconds (extended while a handler runs)"),
+    ("WEBHOOK_INGEST_DONE_TTL", "seconds Redis remembers a completed key (Postgres remembers until pruned)"),
+    ("LOG_FORMAT", "json or console (default: console on a TTY, else json)"),
+)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    amqp_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", alias="AMQP_URL")
+    redis_urls_csv: str = Field("redis://127.0.0.1:6379/0", alias="REDIS_URLS")
+    database_url: str = Field("postgresql://postgres@127.0.0.1:5432/webhooks", alias="DATABASE_URL")
+    namespace: str = Field("webhooks", alias="WEBHOOK_INGEST_NAMESPACE", pattern=r"^[A-Za-z0-9_\-]+$")
+    sources_path: str | None = Field(None, alias="WEBHOOK_INGEST_SOURCES")
+    admin_token: str | None = Field(None, alias="WEBHOOK_INGEST_ADMIN_TOKEN")
+    delivery_limit: int = Field(20, alias="WEBHOOK_INGEST_DELIVERY_LIMIT", ge=1)
+    lock_ttl: float = Field(30.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
+    done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)
+    log_format: str | None = Field(None, alias="LOG_FORMAT", pattern=r"^(json|console)$")
+
+    @field_validator("sources_path", "admin_token", "log_format", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value):
+        # Compose and Kubernetes often set a variable to "" to mean "not set".
+        return value or None
+
+    @cached_property
+    def redis_urls(self) -> tuple[str, ...]:
+        return tuple(url.strip() for url in self.redis_urls_csv.split(",") if url.strip())
+
+    def masked(self) -> dict[str, object]:
+        """The effective configuration for the start-up log line, secrets hidden."""
+        return {
+            "amqp_url": mask_url(self.amqp_url),
+            "redis_urls": [mask_url(url) for url in self.redis_urls],
+            "database_url": mask_url(self.database_url),
+            "namespace": self.namespace,
+            "sources_path": self.sources_path or "(built-in demo)",
+            "admin_api": "enabled" if self.admin_token else "disabled",
+            "delivery_limit": self.delivery_limit,
+            "lock_ttl": self.lock_ttl,
+        }
+
+
+def mask_url(url: str) -> str:
+    """amqp://guest:secret@host/ -> amqp://guest:***@host/"""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{hostpart}"
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValueError as exc:
+        raise ConfigError(f"bad environment: {exc}") from exc

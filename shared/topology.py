@@ -1,0 +1,77 @@
+"""Broker names and declarations (SPEC §9), shared by ingress and workers.
+
+Everything goes through the default exchange, addressed by queue name, so
+there is no exchange to keep in step. All queues are quorum queues: they are
+replicated and `at-least-once` dead-lettering (which needs `reject-publish`
+overflow) means a message moving between them is never dropped.
+
+- `NS.events`: the main queue. Its delivery limit stops a message that keeps
+  killing its worker; such a message is dead-lettered to `NS.dead`.
+- `NS.retry.<delay>s`: one queue per delay (a per-message TTL in a single
+  queue would block at its head); expired messages return to `NS.events`.
+- `NS.dead`: poison messages, drained into the `dead_letters` table.
+"""
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractQueue
+
+_QUORUM = {"x-queue-type": "quorum"}
+_SAFE_DEAD_LETTERING = {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+
+
+def events_queue(namespace: str) -> str:
+    return f"{namespace}.events"
+
+
+def dead_queue(namespace: str) -> str:
+    return f"{namespace}.dead"
+
+
+def retry_queue(namespace: str, delay_seconds: float) -> str:
+    return f"{namespace}.retry.{delay_label(delay_seconds)}"
+
+
+def delay_label(delay_seconds: float) -> str:
+    """10 -> '10s', 0.5 -> '0.5s' (the queue's name says its delay)."""
+    return f"{delay_seconds:g}s"
+
+
+async def declare_events_queue(channel: AbstractChannel, namespace: str, delivery_limit: int) -> AbstractQueue:
+    await declare_dead_queue(channel, namespace)
+    return await channel.declare_queue(
+        events_queue(namespace),
+        durable=True,
+        arguments={
+            **_QUORUM,
+            **_SAFE_DEAD_LETTERING,
+            "x-delivery-limit": delivery_limit,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dead_queue(namespace),
+        },
+    )
+
+
+async def declare_dead_queue(channel: AbstractChannel, namespace: str) -> AbstractQueue:
+    return await channel.declare_queue(dead_queue(namespace), durable=True, arguments=dict(_QUORUM))
+
+
+async def declare_retry_queue(channel: AbstractChannel, namespace: str, delay_seconds: float) -> AbstractQueue:
+    return await channel.declare_queue(
+        retry_queue(namespace, delay_seconds),
+        durable=True,
+        arguments={
+            **_QUORUM,
+            **_SAFE_DEAD_LETTERING,
+            "x-message-ttl": int(delay_seconds * 1000),
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": events_queue(namespace),
+        },
+    )
+
+
+async def publish(
+    channel: AbstractChannel, message: aio_pika.Message, queue_name: str, timeout: float | None = None
+) -> None:
+    """Publish through the default exchange; with a confirm-mode channel this
+    returns only once the broker has the message (raises otherwise)."""
+    await channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True, timeout=timeout)
