@@ -1,0 +1,38 @@
+"""The ingress application factory: routes in one place, resources owned by
+`cleanup_ctx` (set up in order, torn down in reverse)."""
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from ingress import health, webhooks
+from ingress.admin import setup_admin
+from ingress.appkeys import publisher_key, settings_key, sources_key
+from ingress.publisher import Publisher
+from shared.settings import Settings
+from shared.sources import Source
+
+
+def create_app(settings: Settings, sources: dict[str, Source], connection_name: str = "ingress") -> web.Application:
+    app = web.Application(client_max_size=max(s.max_body_bytes for s in sources.values()) + 1)
+    app[settings_key] = settings
+    app[sources_key] = sources
+    app.cleanup_ctx.append(_publisher_ctx(connection_name))
+    setup_admin(app, settings)
+    app.router.add_post("/webhooks/{source}", webhooks.receive_webhook)
+    app.router.add_get("/healthz", health.healthz)
+    app.router.add_get("/readyz", health.readyz)
+    app.router.add_get("/metrics", health.metrics_endpoint)
+    return app
+
+
+def _publisher_ctx(connection_name: str):
+    async def publisher_ctx(app: web.Application) -> AsyncIterator[None]:
+        settings = app[settings_key]
+        publisher = Publisher(settings.amqp_url, settings.namespace, settings.delivery_limit, connection_name)
+        publisher.start()
+        app[publisher_key] = publisher
+        yield
+        await publisher.close()
+
+    return publisher_ctx

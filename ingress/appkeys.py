@@ -1,0 +1,11 @@
+"""Typed keys of the ingress application's shared resources."""
+
+from aiohttp import web
+
+from ingress.publisher import Publisher
+from shared.settings import Settings
+from shared.sources import Source
+
+settings_key = web.AppKey("settings", Settings)
+sources_key = web.AppKey("sources", dict[str, Source])
+publisher_key = web.AppKey("publisher", Publisher)

@@ -1,0 +1,109 @@
+"""`POST /webhooks/{source}`: verify, identify, publish, then answer.
+
+The checks run in the order SPEC §6 fixes, the first failure answering:
+source (404), size (413), signature (401), JSON (400), event id (400).
+A 200 is only sent after the broker confirmed the message.
+"""
+
+import json
+import time
+
+from aiohttp import web
+
+from ingress.appkeys import publisher_key, sources_key
+from ingress.publisher import BrokerUnavailable
+from ingress.responses import error, json_response
+from shared import event_id, metrics
+from shared.logging import get_logger
+from shared.message import EventMessage, provider_headers
+from shared.signatures import SignatureError
+from shared.sources import Source
+
+log = get_logger(__name__)
+
+RETRY_AFTER_SECONDS = "5"
+
+
+class Rejected(Exception):
+    def __init__(self, response: web.Response):
+        self.response = response
+
+
+async def receive_webhook(request: web.Request) -> web.Response:
+    started = time.perf_counter()
+    source = request.app[sources_key].get(request.match_info["source"])
+    label = source.name if source else "unknown"
+    try:
+        response = await _accept(request, source)
+    except Rejected as rejection:
+        response = rejection.response
+    metrics.ingress_requests.labels(label, str(response.status)).inc()
+    metrics.ingress_request_duration.labels(label).observe(time.perf_counter() - started)
+    return response
+
+
+async def _accept(request: web.Request, source: Source | None) -> web.Response:
+    if source is None:
+        raise Rejected(error(404, "unknown_source"))
+    body = await _read_body(request, source.max_body_bytes)
+    _verify(source, request, body)
+    payload = _parse_json(body)
+    event = _build_event(source, request, body, payload)
+    try:
+        await request.app[publisher_key].publish(event)
+    except BrokerUnavailable as exc:
+        log.warning("broker_unavailable", source=source.name, key=event.key, error=str(exc))
+        raise Rejected(error(503, "broker_unavailable", {"Retry-After": RETRY_AFTER_SECONDS})) from exc
+    log.debug("accepted", source=source.name, key=event.key)
+    return json_response(200, {"status": "accepted", "key": event.key})
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The raw body, never reading past `limit` bytes (413 beyond)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise Rejected(error(413, "body_too_large"))
+    chunks, size = [], 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise Rejected(error(413, "body_too_large"))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _verify(source: Source, request: web.Request, body: bytes) -> None:
+    try:
+        source.verifier.verify(request.headers, body)
+    except SignatureError as exc:
+        log.info("signature_rejected", source=source.name, reason=exc.code)
+        raise Rejected(error(401, exc.code)) from exc
+
+
+def _parse_json(body: bytes) -> dict:
+    # stdlib json, not orjson: orjson turns integers past 64 bits into floats,
+    # silently changing the payload and its hash.
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Rejected(error(400, "invalid_json")) from exc
+    if not isinstance(payload, dict):
+        raise Rejected(error(400, "invalid_json"))
+    return payload
+
+
+def _build_event(source: Source, request: web.Request, body: bytes, payload: dict) -> EventMessage:
+    payload_hash = event_id.payload_sha256(payload, source.hash_fields)
+    resolved_id = event_id.resolve_event_id(source.event_id_selectors, request.headers, payload)
+    if resolved_id is None:
+        if not source.fallback_hash:
+            raise Rejected(error(400, "missing_event_id"))
+        resolved_id = event_id.fallback_event_id(payload_hash)
+    return EventMessage(
+        key=event_id.idempotency_key(source.name, resolved_id),
+        source=source.name,
+        event_id=resolved_id,
+        payload_sha256=payload_hash,
+        received_at=time.time(),
+        body=body,
+        headers=provider_headers(request.headers),
+    )
