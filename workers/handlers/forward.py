@@ -1,0 +1,47 @@
+"""`forward`: POST the payload to `handler_options.url`.
+
+One aiohttp session per process (opened on first use, closed by the worker
+at shutdown). The idempotency key travels as `Idempotency-Key`, so the
+receiver can deduplicate too. 2xx is success; a 4xx other than 408/429 can
+never succeed (PermanentError); anything else is retried.
+"""
+
+import aiohttp
+
+from workers.handlers import Event, HandlerContext, PermanentError
+
+DEFAULT_TIMEOUT_SECONDS = 10.0
+_RETRYABLE_CLIENT_ERRORS = frozenset({408, 429})
+_session: aiohttp.ClientSession | None = None
+
+
+class ForwardFailed(Exception):
+    """The receiver answered with a retryable status."""
+
+
+def session() -> aiohttp.ClientSession:
+    global _session
+    if _session is None or _session.closed:
+        _session = aiohttp.ClientSession()
+    return _session
+
+
+async def close_session() -> None:
+    if _session is not None:
+        await _session.close()
+
+
+async def handle(event: Event, ctx: HandlerContext) -> dict:
+    timeout = aiohttp.ClientTimeout(total=float(ctx.options.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)))
+    headers = {
+        "Idempotency-Key": event.key,
+        "X-Webhook-Source": event.source,
+        "Content-Type": "application/json",
+    }
+    async with session().post(ctx.options["url"], data=event.body, headers=headers, timeout=timeout) as response:
+        status = response.status
+    if 200 <= status < 300:
+        return {"status": status}
+    if 400 <= status < 500 and status not in _RETRYABLE_CLIENT_ERRORS:
+        raise PermanentError(f"{ctx.options['url']} answered {status}")
+    raise ForwardFailed(f"{ctx.options['url']} answered {status}")

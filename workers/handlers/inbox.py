@@ -1,0 +1,11 @@
+"""`inbox`: store the event in table `inbox`, through the completion transaction."""
+
+from shared.queries import load_queries
+from workers.handlers import Event, HandlerContext
+
+_INSERT = load_queries("workers")["insert_inbox"]
+
+
+async def handle(event: Event, ctx: HandlerContext) -> None:
+    # The raw body goes to jsonb as text: Postgres parses it, we never re-serialise.
+    await ctx.db.execute(_INSERT, event.key, event.source, event.event_id, event.body.decode(), event.received_at)

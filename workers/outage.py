@@ -1,0 +1,73 @@
+"""Outages are not failures (SPEC §7): telling them apart, and waiting them out.
+
+An exception that says Postgres or RabbitMQ cannot be reached uses no
+attempt. The message stays unacknowledged while the worker waits; since
+every slot of the prefetch window ends up waiting too, the broker sends
+nothing more — consuming pauses by itself, without a requeue loop that
+would burn the quorum queue's delivery limit.
+"""
+
+import asyncio
+
+import aio_pika
+import aiormq
+import asyncpg
+
+from shared.logging import get_logger
+
+log = get_logger(__name__)
+
+POSTGRES_LOST = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,  # e.g. "connection is closed"
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+)
+BROKER_LOST = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError)
+# OSError/TimeoutError count only outside handlers: a handler's own network
+# error (say, forward's receiver is down) is a failure to retry, not ours.
+_CONNECTION_LOST = (OSError, asyncio.TimeoutError)
+
+
+def outage_kind(exc: BaseException, in_handler: bool = False) -> str | None:
+    """'postgres', 'rabbitmq' or None (not an outage, a failure)."""
+    if isinstance(exc, POSTGRES_LOST):
+        return "postgres"
+    if in_handler:
+        return None
+    if isinstance(exc, BROKER_LOST):
+        return "rabbitmq"
+    if isinstance(exc, _CONNECTION_LOST):
+        return "postgres"  # our own calls that raise these are asyncpg's connects
+    return None
+
+
+class OutageGate:
+    """Messages hit by an outage wait here; one probe finds when it is over."""
+
+    def __init__(self, probe, name: str):
+        self._probe = probe  # async callable: raises while the service is down
+        self._name = name
+        self._over: asyncio.Event | None = None
+
+    async def wait(self, exc: BaseException) -> None:
+        if self._over is None:
+            self._over = asyncio.Event()
+            log.warning("service_outage", service=self._name, error=f"{type(exc).__name__}: {exc}")
+            asyncio.create_task(self._probe_until_up(self._over))
+        await self._over.wait()
+
+    async def _probe_until_up(self, over: asyncio.Event) -> None:
+        delay = 0.2
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._probe()
+                break
+            except Exception:  # noqa: BLE001 - any failure means not yet
+                delay = min(delay * 2, 5.0)
+        log.info("service_recovered", service=self._name)
+        self._over = None
+        over.set()

@@ -1,0 +1,114 @@
+"""Drain `NS.dead` into the dead-letter store.
+
+A message lands in `NS.dead` when the main quorum queue's delivery limit
+stopped it: it was delivered again and again and never acknowledged, because
+its handler keeps killing the worker process (a crash, the OOM killer). A
+worker that cannot read a message rejects it there too. Each one becomes a
+`dead_letters` row, and only then is it acknowledged: never dropped, even
+when it is not an event message at all.
+
+If Postgres is down the message waits, unacknowledged, and recording is
+retried until it succeeds (the dead queue is no place for a requeue loop).
+A crash between the commit and the ack records the message twice on its
+redelivery: two rows of the same key, of which a replay runs at most one.
+"""
+
+import asyncio
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+
+from shared import metrics, topology
+from shared.dead_letters import record_dead_letter
+from shared.logging import get_logger
+from shared.message import EventMessage, from_amqp
+
+log = get_logger(__name__)
+
+UNKNOWN_SOURCE = "unknown"
+MAX_RETRY_DELAY = 10.0
+_HEADER_CHARS = 500
+
+
+@dataclass(frozen=True)
+class PoisonConsumer:
+    queue: AbstractQueue
+    consumer_tag: str
+
+
+async def drain_poison_queue(channel: AbstractChannel, pool, namespace: str,
+                             delivery_limit: int | None = None) -> PoisonConsumer:
+    """Start consuming `NS.dead` on `channel`, for as long as the channel lives.
+    `delivery_limit` (the events queue's) only makes the recorded error precise."""
+    queue = await topology.declare_dead_queue(channel, namespace)
+    consumer_tag = await queue.consume(partial(_on_poison_message, pool, delivery_limit))
+    log.info("poison_drain_started", queue=queue.name)
+    return PoisonConsumer(queue, consumer_tag)
+
+
+async def stop_draining(consumer: PoisonConsumer) -> None:
+    """Stop taking messages; those being recorded are still acked or, if the
+    channel closes first, redelivered."""
+    await consumer.queue.cancel(consumer.consumer_tag)
+
+
+async def _on_poison_message(pool, delivery_limit: int | None, message: AbstractIncomingMessage) -> None:
+    event, errors = poison_record(message, delivery_limit)
+    dead_letter_id = await _record_until_stored(pool, event, errors)
+    await message.ack()
+    metrics.events.labels(event.source, "dead").inc()
+    log.error("poison_message_recorded", source=event.source, key=event.key, attempt=event.attempt,
+              dead_letter_id=dead_letter_id, error_type=errors[-1]["type"])
+
+
+def poison_record(message: AbstractIncomingMessage, delivery_limit: int | None) -> tuple[EventMessage, list[dict]]:
+    """The event and its error history, whatever the message holds."""
+    headers = message.headers or {}
+    try:
+        event = from_amqp(message.body, headers)
+    except (KeyError, ValueError, TypeError) as exc:
+        event = unreadable_event(message)
+        return event, [_error(event.attempt, "UnreadableMessage", f"not an event message of webhook-ingest ({type(exc).__name__}: {exc})")]
+    return event, [*event.errors, _error(event.attempt, "DeliveryLimitExceeded", delivery_limit_message(delivery_limit))]
+
+
+def delivery_limit_message(delivery_limit: int | None) -> str:
+    # RabbitMQ does not carry the original delivery count over to the dead
+    # queue (its x-delivery-count there counts deliveries from NS.dead).
+    times = f"more than {delivery_limit} times" if delivery_limit else "repeatedly"
+    return f"delivery limit exceeded (the message was delivered {times} without being acknowledged)"
+
+
+def unreadable_event(message: AbstractIncomingMessage) -> EventMessage:
+    """A stand-in for a message we did not write, so it is kept all the same."""
+    message_id = message.message_id or uuid.uuid4().hex
+    return EventMessage(
+        key=f"{UNKNOWN_SOURCE}:{message_id}",
+        source=UNKNOWN_SOURCE,
+        event_id=message_id,
+        payload_sha256=hashlib.sha256(message.body).hexdigest(),
+        received_at=message.timestamp.timestamp() if message.timestamp else time.time(),
+        body=message.body,
+        headers={str(name): str(value)[:_HEADER_CHARS] for name, value in (message.headers or {}).items()},
+    )
+
+
+def _error(attempt: int, kind: str, text: str) -> dict:
+    return {"attempt": attempt, "at": datetime.now(UTC).isoformat(), "type": kind, "message": text}
+
+
+async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) -> int:
+    delay = 0.5
+    while True:
+        try:
+            async with pool.acquire() as connection:
+                return await record_dead_letter(connection, event, errors)
+        except Exception as exc:  # noqa: BLE001 - never drop it: wait and try again
+            log.warning("poison_record_failed", key=event.key, error=f"{type(exc).__name__}: {exc}", retry_in=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RETRY_DELAY)

@@ -1,0 +1,192 @@
+"""One message, one pass through the idempotency state machine.
+
+1. Claim the key in Redis (`SET NX` on a majority of masters = the Redlock
+   processing lock). A key Redis knows completed is a duplicate (or a
+   conflict, when the payload hash differs) and is acked at once; a key held
+   in flight elsewhere is deferred (sent back after a short delay) rather
+   than run twice; no Redis quorum means degraded mode (step 3b).
+2. Take a fencing token from Postgres (`key_fences`): it also tells whether
+   the key is completed — Postgres is the truth when Redis forgot.
+3. In one Postgres transaction: run the handler with that transaction's
+   connection as `ctx.db`, then insert the completion row, refused if our
+   token is no longer the key's current one or the key is already done.
+   3b. Degraded: the transaction first takes an advisory lock on the key,
+   then its token, so workers still take turns on Postgres alone.
+4. Tell Redis the key is done (best effort), which also frees the lock.
+
+A handler failure rolls the transaction back, frees the lock and becomes a
+retry or a dead letter (`workers.retry`). Outages of Postgres or RabbitMQ
+are not failures: their exceptions leave this module, and the worker waits
+for the service and runs the message again, no attempt used.
+"""
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime
+
+import asyncpg
+
+from shared import metrics
+from shared.idempotency import ClaimState, Outcome, classify_completed
+from shared.logging import get_logger
+from shared.message import EventMessage
+from shared.queries import load_queries
+from shared.sources import Source
+from workers.handlers import Event, HandlerContext, load_handler
+from workers.idempotency import IdempotencyStore
+from workers.outage import outage_kind
+from workers.redlock import REDIS_ERRORS, Lock
+from workers.retry import FailurePolicy
+
+log = get_logger(__name__)
+SQL = load_queries("workers")
+DEFER_SECONDS = 1.0
+
+
+class CompletionRefused(Exception):
+    """Our fencing token is stale, or the key completed meanwhile."""
+
+
+class HandlerFailed(Exception):
+    """The handler raised; the original exception is the cause."""
+
+
+class AlreadyCompleted(Exception):
+    def __init__(self, completed_sha256: str):
+        self.completed_sha256 = completed_sha256
+
+
+class Processor:
+    def __init__(self, sources: dict[str, Source], store: IdempotencyStore, pool: asyncpg.Pool, failures: FailurePolicy):
+        self._sources = sources
+        self._handlers = {name: load_handler(source.handler) for name, source in sources.items()}
+        self._store = store
+        self._pool = pool
+        self._failures = failures
+
+    async def process(self, message: EventMessage) -> Outcome:
+        claim = await self._store.claim(message.key)
+        if claim.state is ClaimState.COMPLETED:
+            return await self._completed(message, claim.completed_sha256)
+        if claim.state is ClaimState.BUSY:
+            await self._failures.delay(message, DEFER_SECONDS)
+            return Outcome.DEFERRED
+        if claim.state is ClaimState.ACQUIRED:
+            return await self._run_locked(message, claim.lock)
+        return await self._run(message, token=None)
+
+    async def _run_locked(self, message: EventMessage, lock: Lock) -> Outcome:
+        async with self._kept_alive(lock):
+            try:
+                async with self._pool.acquire() as connection:
+                    fence = await connection.fetchrow(SQL["acquire_fence"], message.key)
+                if fence["completed_sha256"] is not None:
+                    outcome = await self._completed(message, fence["completed_sha256"])
+                else:
+                    outcome = await self._run(message, token=fence["token"])
+            except BaseException:
+                await _quietly(self._store.release(lock))
+                raise
+        if outcome is Outcome.RETRIED or outcome is Outcome.DEAD:
+            await _quietly(self._store.release(lock))
+        return outcome
+
+    async def _run(self, message: EventMessage, token: int | None) -> Outcome:
+        """Steps 3 and 4; `token` None means degraded mode (no Redis lock)."""
+        source = self._sources[message.source]
+        try:
+            async with self._pool.acquire() as connection, connection.transaction():
+                if token is None:
+                    token = await self._take_turn(connection, message.key)
+                await self._call_handler(connection, message, source)
+                if await connection.fetchval(SQL["complete_event"], *_completion_row(message, token)) is None:
+                    raise CompletionRefused()
+        except AlreadyCompleted as done:
+            return await self._completed(message, done.completed_sha256)
+        except CompletionRefused:
+            return await self._refused(message)
+        except HandlerFailed as failed:
+            return await self._failures.fail(message, source, failed.__cause__)
+        await _quietly(self._store.complete(message.key, message.payload_sha256))
+        return Outcome.PROCESSED
+
+    async def _take_turn(self, connection, key: str) -> int:
+        await connection.execute(SQL["lock_key_for_transaction"], key)
+        fence = await connection.fetchrow(SQL["acquire_fence"], key)
+        if fence["completed_sha256"] is not None:
+            raise AlreadyCompleted(fence["completed_sha256"])
+        return fence["token"]
+
+    async def _call_handler(self, connection, message: EventMessage, source: Source) -> None:
+        event = Event(
+            source=message.source,
+            event_id=message.event_id,
+            key=message.key,
+            headers=message.headers,
+            received_at=datetime.fromtimestamp(message.received_at, UTC),
+            attempt=message.attempt,
+            body=message.body,
+        )
+        context = HandlerContext(db=connection, options=source.handler_options, logger=log)
+        try:
+            await self._handlers[message.source](event, context)
+        except Exception as exc:
+            if outage_kind(exc, in_handler=True):
+                raise  # ctx.db lost its connection: Postgres is down, not the handler
+            raise HandlerFailed() from exc
+
+    async def _completed(self, message: EventMessage, completed_sha256: str) -> Outcome:
+        outcome = classify_completed(completed_sha256, message.payload_sha256)
+        if outcome is Outcome.CONFLICT:
+            log.warning("payload_conflict", completed_sha256=completed_sha256, conflicting_sha256=message.payload_sha256)
+            async with self._pool.acquire() as connection:
+                await connection.execute(
+                    SQL["record_conflict"], message.key, message.source, message.event_id,
+                    completed_sha256, message.payload_sha256,
+                )
+        else:
+            await _quietly(self._store.complete(message.key, completed_sha256))
+        return outcome
+
+    async def _refused(self, message: EventMessage) -> Outcome:
+        async with self._pool.acquire() as connection:
+            completed_sha256 = await connection.fetchval(SQL["completed_sha256"], message.key)
+        if completed_sha256 is not None:
+            return await self._completed(message, completed_sha256)
+        # Another worker took the key over after our lock expired; its own
+        # delivery of this event completes it. Ours rolled back, harmlessly.
+        log.warning("completion_refused_stale_token")
+        return Outcome.SUPERSEDED
+
+    @contextlib.asynccontextmanager
+    async def _kept_alive(self, lock: Lock):
+        """Extends the lock every third of its TTL while the block runs."""
+        task = asyncio.create_task(self._extend_forever(lock))
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _extend_forever(self, lock: Lock) -> None:
+        interval = self._store.redlock.ttl_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            extended = await self._store.extend(lock)
+            if extended is None:
+                log.warning("processing_lock_lost")
+                metrics.idempotency_store_errors.labels("redis").inc()
+                return
+            lock = extended
+
+
+def _completion_row(message: EventMessage, token: int) -> tuple:
+    return (message.key, message.source, message.event_id, message.payload_sha256, token, message.attempt)
+
+
+async def _quietly(coroutine) -> None:
+    """Redis bookkeeping after the fact: Postgres already has the truth."""
+    try:
+        await coroutine
+    except REDIS_ERRORS as exc:
+        log.info("redis_bookkeeping_failed", error=str(exc))

@@ -1,0 +1,112 @@
+"""Redlock over independent Redis masters, written here on redis.asyncio.
+
+Why our own: aioredlock, the asyncio implementation, is abandoned (it needs
+aioredis<2); the other libraries are synchronous or do not let the lock key
+also carry the idempotency claim. The algorithm is ~100 lines:
+
+- acquire: on every master at once, `SET key lock:<random> NX PX ttl GET`
+  — the claim is a plain SET NX, and GET tells us in the same round trip what
+  holds the key when we lose ("done:<sha256>" once completed, or another
+  "lock:…"). The lock is ours when a majority (N//2+1) said yes within its
+  validity: ttl minus the time acquiring took minus a clock drift allowance
+  (1 % of ttl + 2 ms). Otherwise the masters we did win are released.
+- extend: a compare-and-pexpire script, while the handler runs.
+- release: a compare-and-delete script, so we never delete a lock that
+  expired and was taken by someone else, nor a done marker.
+
+Safety, and why the fencing token makes a stale holder harmless: a lock
+that expires while its holder is paused (GC, a stalled VM, a partition) can
+be granted to a second worker, so the lock alone cannot guarantee one
+writer. Each holder therefore also takes a fencing token from a Postgres
+sequence (which only grows, whatever Redis forgets), registered for the key
+in `key_fences` when the lock is won. The completion — in the same
+transaction as the handler's own writes — is only inserted if the key's
+registered token is still ours (`SELECT … FOR UPDATE` on the fence row), so
+a paused holder that wakes up after a takeover has its whole transaction
+refused. The lock is an efficiency and a courtesy to external systems (they
+are not called twice at once in the normal case); correctness rests on
+Postgres.
+"""
+
+import asyncio
+import importlib.resources
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis.asyncio as redis
+
+from shared.queries import parse_queries
+
+_SCRIPTS = parse_queries(importlib.resources.files("workers").joinpath("redlock.lua").read_text())
+REDIS_ERRORS = (redis.RedisError, OSError, asyncio.TimeoutError)
+
+
+@dataclass(frozen=True)
+class Lock:
+    key: str
+    value: str
+    valid_until: float  # time.monotonic() deadline, before drift
+
+
+@dataclass(frozen=True)
+class AcquireResult:
+    lock: Lock | None = None
+    holder_value: str | None = None  # what holds the key when we did not get it
+    reachable: int = 0  # masters that answered
+
+
+class Redlock:
+    def __init__(self, clients: list[redis.Redis], ttl_seconds: float):
+        self.clients = clients
+        self.ttl_ms = int(ttl_seconds * 1000)
+        self.quorum = len(clients) // 2 + 1
+        self._extend = [client.register_script(_SCRIPTS["extend"]) for client in clients]
+        self._release = [client.register_script(_SCRIPTS["release"]) for client in clients]
+
+    async def acquire(self, key: str) -> AcquireResult:
+        value = f"lock:{uuid.uuid4().hex}"
+        started = time.monotonic()
+        replies = await asyncio.gather(
+            *(c.set(key, value, nx=True, px=self.ttl_ms, get=True) for c in self.clients),
+            return_exceptions=True,
+        )
+        won = sum(1 for reply in replies if reply is None)
+        answers = [reply for reply in replies if not isinstance(reply, BaseException)]
+        validity = self.ttl_ms / 1000 - (time.monotonic() - started) - self._drift()
+        if won >= self.quorum and validity > 0:
+            return AcquireResult(Lock(key, value, started + validity), reachable=len(answers))
+        if won:
+            await self.release(Lock(key, value, 0))
+        holder = next((_text(a) for a in answers if a is not None and _text(a).startswith("done:")), None)
+        holder = holder or next((_text(a) for a in answers if a is not None), None)
+        return AcquireResult(holder_value=holder, reachable=len(answers))
+
+    async def extend(self, lock: Lock) -> Lock | None:
+        """A lock valid for another ttl, or None if a majority no longer has it."""
+        started = time.monotonic()
+        replies = await self._on_all(self._extend, lock.key, lock.value, self.ttl_ms)
+        kept = sum(1 for reply in replies if reply == 1)
+        if kept < self.quorum:
+            return None
+        return Lock(lock.key, lock.value, started + self.ttl_ms / 1000 - self._drift())
+
+    async def release(self, lock: Lock) -> None:
+        await self._on_all(self._release, lock.key, lock.value)
+
+    async def set_everywhere(self, key: str, value: str, ttl_seconds: int) -> int:
+        """Overwrites `key` on every master (a done marker); returns how many took it."""
+        replies = await asyncio.gather(
+            *(c.set(key, value, ex=ttl_seconds) for c in self.clients), return_exceptions=True
+        )
+        return sum(1 for reply in replies if reply is True)
+
+    async def _on_all(self, scripts, key: str, *args) -> list:
+        return await asyncio.gather(*(script(keys=[key], args=args) for script in scripts), return_exceptions=True)
+
+    def _drift(self) -> float:
+        return self.ttl_ms / 1000 * 0.01 + 0.002
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,53 @@
+"""What a failed attempt becomes: a delayed retry through RabbitMQ, or a dead letter.
+
+The delay is a TTL queue per delay level, never a sleeping worker. The
+caller acks the original only after this returns, i.e. after the broker
+confirmed the retry message or Postgres committed the dead letter; a crash
+in between can duplicate a retry message, never an effect.
+"""
+
+import traceback
+from datetime import UTC, datetime
+
+from shared import topology
+from shared.dead_letters import record_dead_letter
+from shared.idempotency import Outcome
+from shared.message import EventMessage, to_amqp
+from shared.sources import Source
+from workers.handlers import PermanentError
+
+TRACEBACK_LINES = 12
+MESSAGE_CHARS = 2000
+
+
+def describe_failure(exc: BaseException, attempt: int) -> dict:
+    lines = traceback.format_exception(exc)
+    return {
+        "attempt": attempt,
+        "at": datetime.now(UTC).isoformat(),
+        "type": type(exc).__name__,
+        "message": str(exc)[:MESSAGE_CHARS],
+        "traceback": "".join(lines[-TRACEBACK_LINES:]),
+    }
+
+
+class FailurePolicy:
+    def __init__(self, channel, pool, namespace: str):
+        self._channel = channel  # confirm-mode
+        self._pool = pool
+        self._namespace = namespace
+
+    async def fail(self, event: EventMessage, source: Source, exc: BaseException) -> Outcome:
+        error = describe_failure(exc, event.attempt)
+        if isinstance(exc, PermanentError) or event.attempt >= source.max_attempts:
+            async with self._pool.acquire() as connection:
+                await record_dead_letter(connection, event, (*event.errors, error))
+            return Outcome.DEAD
+        delay = source.retry_delay(event.attempt)
+        await self.delay(event.next_attempt(error), delay)
+        return Outcome.RETRIED
+
+    async def delay(self, event: EventMessage, delay_seconds: float) -> None:
+        """Publish `event` to come back to the main queue after `delay_seconds`."""
+        queue_name = topology.retry_queue(self._namespace, delay_seconds)
+        await topology.publish(self._channel, to_amqp(event), queue_name)

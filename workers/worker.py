@@ -1,0 +1,205 @@
+"""`webhook-ingest worker`: one consumer process; run as many as you like.
+
+Lifetimes: `run()` opens Postgres, Redis and RabbitMQ (waiting for any that
+is down), consumes until `stop()` (SIGTERM/SIGINT), then shuts down: stop
+taking messages, let running handlers finish within the grace period, cancel
+the rest (unacked, so the broker redelivers them elsewhere), close.
+"""
+
+import asyncio
+import contextlib
+import signal
+import time
+
+import aio_pika
+import asyncpg
+import structlog
+from aio_pika.abc import AbstractIncomingMessage
+
+from shared import metrics, topology
+from shared.idempotency import Outcome
+from shared.logging import get_logger
+from shared.message import EventMessage, from_amqp
+from shared.settings import Settings
+from shared.sources import Source
+from workers.handlers import forward
+from workers.idempotency import IdempotencyStore
+from workers.outage import OutageGate, outage_kind
+from workers.processor import DEFER_SECONDS, Processor
+from workers.retry import FailurePolicy
+
+log = get_logger(__name__)
+
+MAX_POOL_SIZE = 20
+GAUGE_REFRESH_SECONDS = 15.0
+
+
+class Worker:
+    def __init__(self, settings: Settings, sources: dict[str, Source], concurrency: int = 16,
+                 grace_seconds: float = 30.0, name: str = "worker"):
+        self.settings = settings
+        self.sources = sources
+        self.concurrency = concurrency
+        self.grace_seconds = grace_seconds
+        self.name = name
+        self.ready = False
+        self._stopping = asyncio.Event()
+        self._in_flight: set[asyncio.Task] = set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            self.pool = await _wait_for("postgres", self._open_pool)
+            stack.push_async_callback(self.pool.close)
+            self.store = IdempotencyStore(
+                self.settings.redis_urls, self.settings.namespace, self.settings.lock_ttl, self.settings.done_ttl
+            )
+            stack.push_async_callback(self.store.close)
+            self.connection = await _wait_for("rabbitmq", self._connect_broker)
+            stack.push_async_callback(self.connection.close)
+            stack.push_async_callback(forward.close_session)
+            await self._consume_until_stopped()
+
+    async def _open_pool(self) -> asyncpg.Pool:
+        return await asyncpg.create_pool(
+            self.settings.database_url, min_size=1, max_size=min(self.concurrency, MAX_POOL_SIZE)
+        )
+
+    async def _connect_broker(self):
+        return await aio_pika.connect_robust(
+            self.settings.amqp_url, client_properties={"connection_name": self.name}
+        )
+
+    async def _consume_until_stopped(self) -> None:
+        publish_channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        consume_channel = await self.connection.channel()
+        await consume_channel.set_qos(prefetch_count=self.concurrency)
+        queue = await self._declare_queues(consume_channel)
+        failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace)
+        self.processor = Processor(self.sources, self.store, self.pool, failures)
+        self._gates = {
+            "postgres": OutageGate(self._probe_postgres, "postgres"),
+            "rabbitmq": OutageGate(self._probe_broker, "rabbitmq"),
+        }
+        side_tasks = await self._start_side_tasks(consume_channel)
+        consumer_tag = await queue.consume(self._on_message)
+        self.ready = True
+        log.info("worker_consuming", queue=queue.name, concurrency=self.concurrency)
+        await self._wait_for_stop(side_tasks)
+        self.ready = False
+        await queue.cancel(consumer_tag)
+        await self._drain_in_flight()
+        for task in side_tasks:
+            task.cancel()
+        await asyncio.gather(*side_tasks, return_exceptions=True)
+
+    async def _declare_queues(self, channel):
+        namespace = self.settings.namespace
+        queue = await topology.declare_events_queue(channel, namespace, self.settings.delivery_limit)
+        delays = {DEFER_SECONDS, *(d for s in self.sources.values() for d in s.retry_delays)}
+        for delay in sorted(delays):
+            await topology.declare_retry_queue(channel, namespace, delay)
+        return queue
+
+    async def _start_side_tasks(self, channel) -> list[asyncio.Task]:
+        from workers.poison import drain_poison_queue
+
+        await drain_poison_queue(channel, self.pool, self.settings.namespace)
+        return [asyncio.create_task(self._refresh_dead_letter_gauge(), name="dead-letters-gauge")]
+
+    async def _wait_for_stop(self, side_tasks: list[asyncio.Task]) -> None:
+        """Until stop(); a side task that dies stops the worker too."""
+        stop = asyncio.create_task(self._stopping.wait())
+        done, _ = await asyncio.wait([stop, *side_tasks], return_when=asyncio.FIRST_COMPLETED)
+        if stop not in done:
+            stop.cancel()
+            crashed = next(iter(done))
+            log.error("side_task_crashed", task=crashed.get_name(), error=repr(crashed.exception()))
+
+    async def _drain_in_flight(self) -> None:
+        if not self._in_flight:
+            return
+        log.info("worker_draining", in_flight=len(self._in_flight), grace_seconds=self.grace_seconds)
+        _, unfinished = await asyncio.wait(self._in_flight, timeout=self.grace_seconds)
+        for task in unfinished:
+            task.cancel()
+        await asyncio.gather(*unfinished, return_exceptions=True)
+        if unfinished:
+            log.warning("handlers_cancelled_at_grace_end", count=len(unfinished))
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        task = asyncio.create_task(self._handle(message))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
+        started = time.perf_counter()
+        try:
+            event = from_amqp(message.body, message.headers)
+        except (KeyError, ValueError, TypeError):
+            log.error("unreadable_message", message_id=message.message_id)
+            await message.reject(requeue=False)  # to NS.dead, where the drainer records it
+            return
+        with structlog.contextvars.bound_contextvars(source=event.source, key=event.key, attempt=event.attempt):
+            outcome = await self._process_until_done(event)
+            await self._ack(message)
+            log.debug("event_done", outcome=outcome.value)
+        if outcome.value in _COUNTED_OUTCOMES:
+            metrics.events.labels(event.source, outcome.value).inc()
+        metrics.processing_duration.labels(event.source).observe(time.perf_counter() - started)
+
+    async def _process_until_done(self, event: EventMessage) -> Outcome:
+        while True:
+            try:
+                return await self.processor.process(event)
+            except Exception as exc:
+                kind = outage_kind(exc)
+                if kind is None:
+                    raise
+                await self._gates[kind].wait(exc)
+
+    async def _ack(self, message: AbstractIncomingMessage) -> None:
+        try:
+            await message.ack()
+        except Exception as exc:  # noqa: BLE001 - the broker redelivers; the copy is a duplicate
+            log.warning("ack_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _probe_postgres(self) -> None:
+        async with self.pool.acquire(timeout=2) as connection:
+            await connection.fetchval("SELECT 1")
+
+    async def _probe_broker(self) -> None:
+        if not self.connection.connected.is_set():
+            raise ConnectionError("broker not connected")
+
+    async def _refresh_dead_letter_gauge(self) -> None:
+        from shared.dead_letters import count_open
+
+        while True:
+            with contextlib.suppress(Exception):
+                async with self.pool.acquire(timeout=5) as connection:
+                    metrics.dead_letters_open.set(await count_open(connection))
+            await asyncio.sleep(GAUGE_REFRESH_SECONDS)
+
+
+_COUNTED_OUTCOMES = {o.value for o in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)}
+
+
+async def _wait_for(service: str, connect):
+    """Connect, retrying while the service is down: work waits, it does not fail."""
+    delay = 0.2
+    while True:
+        try:
+            return await connect()
+        except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, aio_pika.exceptions.AMQPError) as exc:
+            log.warning("service_unreachable", service=service, error=str(exc), retry_in=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def install_signal_handlers(worker: Worker) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, worker.stop)
