@@ -1,0 +1,3 @@
+from webhook_ingest.cli import main
+
+main()

@@ -1,0 +1,169 @@
+"""`webhook-ingest`: every command of SPEC §2."""
+
+import asyncio
+import sys
+
+import click
+
+from shared.errors import ConfigError, WebhookIngestError
+from shared.logging import configure_logging, get_logger
+from shared.settings import ENVIRONMENT_VARIABLES, Settings, load_settings
+from shared.sources import Source, load_sources
+
+ENV_HELP = "\b\nEnvironment:\n" + "\n".join(f"  {name:<30} {meaning}" for name, meaning in ENVIRONMENT_VARIABLES)
+
+log = get_logger("webhook_ingest")
+
+
+def fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def configured() -> tuple[Settings, dict[str, Source]]:
+    """Settings and validated sources, or one clear line and exit 2."""
+    try:
+        settings = load_settings()
+        configure_logging(settings.log_format)
+        return settings, load_sources(settings.sources_path)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+@click.group(epilog=ENV_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Self-hosted webhook ingestion: verified, durably queued, processed exactly once."""
+
+
+@main.command(epilog=ENV_HELP)
+def migrate() -> None:
+    """Create the database if missing and apply schema migrations (idempotent)."""
+    from shared.migrate import migrate as run_migrations
+
+    settings = load_settings()
+    configure_logging(settings.log_format)
+    try:
+        applied = asyncio.run(run_migrations(settings.database_url))
+    except (OSError, asyncio.TimeoutError) as exc:
+        fail(f"cannot reach PostgreSQL at {settings.masked()['database_url']}: {exc}")
+    click.echo(f"migrations applied: {', '.join(applied)}" if applied else "database is up to date")
+
+
+@main.command(epilog=ENV_HELP)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=int)
+def ingress(host: str, port: int) -> None:
+    """Serve the webhook ingress."""
+    from aiohttp import web
+
+    from ingress.app import create_app
+
+    settings, sources = configured()
+    install_uvloop()
+    log.info("ingress_starting", host=host, port=port, sources=sorted(sources), **settings.masked())
+    web.run_app(create_app(settings, sources), host=host, port=port, print=None, access_log=None)
+
+
+@main.command(name="send-test", epilog=ENV_HELP)
+@click.argument("source_name", metavar="SOURCE")
+@click.option("--url", default="http://127.0.0.1:8080", show_default=True, help="ingress base URL")
+@click.option("--duplicates", default=0, show_default=True, type=click.IntRange(min=0), help="identical copies sent alongside")
+def send_test_command(source_name: str, url: str, duplicates: int) -> None:
+    """Sign a sample event with SOURCE's secret and send it; one line per request."""
+    import aiohttp
+
+    from webhook_ingest.send_test import send_test
+
+    _, sources = configured()
+    if source_name not in sources:
+        fail(f"unknown source {source_name!r} (known: {', '.join(sorted(sources))})")
+    try:
+        results = asyncio.run(send_test(sources[source_name], url, duplicates))
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        fail(f"cannot reach the ingress at {url}: {exc}")
+    for status, body in results:
+        click.echo(f"{status} {body}")
+
+
+def run_or_fail(coroutine) -> object:
+    try:
+        return asyncio.run(coroutine)
+    except WebhookIngestError as exc:
+        fail(str(exc))
+
+
+@main.command(epilog=ENV_HELP)
+@click.option("--concurrency", default=16, show_default=True, type=click.IntRange(min=1), help="messages in flight")
+@click.option("--metrics-port", type=int, default=None, help="serve /metrics, /healthz, /readyz on this port")
+@click.option("--grace-seconds", default=30.0, show_default=True, type=float, help="SIGTERM: time for running handlers")
+def worker(concurrency: int, metrics_port: int | None, grace_seconds: float) -> None:
+    """Run one worker process (start as many as you like, anywhere)."""
+    settings, sources = configured()
+    _validate_handlers(sources)
+    install_uvloop()
+    log.info("worker_starting", concurrency=concurrency, sources=sorted(sources), **settings.masked())
+    asyncio.run(_run_worker(settings, sources, concurrency, metrics_port, grace_seconds))
+    log.info("worker_stopped")
+
+
+async def _run_worker(settings, sources, concurrency, metrics_port, grace_seconds) -> None:
+    import contextlib
+
+    from workers.health import serve_health
+    from workers.worker import Worker, install_signal_handlers
+
+    worker_process = Worker(settings, sources, concurrency, grace_seconds)
+    install_signal_handlers(worker_process)
+    async with contextlib.AsyncExitStack() as stack:
+        if metrics_port is not None:
+            await stack.enter_async_context(serve_health(worker_process, metrics_port))
+        await worker_process.run()
+
+
+def _validate_handlers(sources: dict[str, Source]) -> None:
+    from workers.handlers import load_handler
+
+    for source in sources.values():
+        try:
+            load_handler(source.handler)
+        except (ImportError, AttributeError) as exc:
+            fail(f"source {source.name!r}: handler: {exc}")
+
+
+@main.command(epilog=ENV_HELP)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--workers", "worker_count", default=2, show_default=True, type=click.IntRange(min=1))
+def run(host: str, port: int, worker_count: int) -> None:
+    """Migrate, then run the ingress and N workers under one supervisor."""
+    from shared.migrate import migrate as run_migrations
+    from shared.preflight import unreachable_services
+    from webhook_ingest.supervisor import Supervisor
+
+    settings, sources = configured()
+    _validate_handlers(sources)
+    problems = asyncio.run(unreachable_services(settings))
+    if problems:
+        for problem in problems:
+            click.echo(f"error: {problem}", err=True)
+        sys.exit(1)
+    applied = asyncio.run(run_migrations(settings.database_url))
+    click.echo(f"migrations applied: {', '.join(applied)}" if applied else "database is up to date")
+    click.echo(f"ingress on http://{host}:{port}  ({worker_count} workers; Ctrl-C stops all)")
+    click.echo(f"try it:  webhook-ingest send-test {next(iter(sources))}")
+    commands = {"ingress": ["ingress", "--host", host, "--port", str(port)]}
+    commands.update({f"worker-{n}": ["worker"] for n in range(1, worker_count + 1)})
+    install_uvloop()
+    asyncio.run(Supervisor(commands).run())
+
+
+from webhook_ingest.dlq import dlq, prune  # noqa: E402
+main.add_command(dlq); main.add_command(prune)
