@@ -1,0 +1,108 @@
+"""Fixtures over the real services: every test gets its own namespace
+(queues, Redis keys) and its own database, cloned from a migrated template.
+"""
+
+import asyncio
+import os
+import subprocess
+import uuid
+
+import aio_pika
+import asyncpg
+import pytest
+import redis.asyncio as redis
+
+from shared.migrate import migrate
+from shared.settings import Settings
+
+SERVER_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+RUN_ID = uuid.uuid4().hex[:8]
+TEMPLATE_DB = f"wi_template_{RUN_ID}"
+NAMESPACE_PREFIX = f"t{RUN_ID}"
+
+
+def database_url(name: str) -> str:
+    return SERVER_URL.rsplit("/", 1)[0] + "/" + name
+
+
+async def _admin(sql: str) -> None:
+    connection = await asyncpg.connect(SERVER_URL)
+    try:
+        await connection.execute(sql)
+    finally:
+        await connection.close()
+
+
+@pytest.fixture(scope="session")
+def template_database():
+    asyncio.run(migrate(database_url(TEMPLATE_DB)))
+    yield TEMPLATE_DB
+    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def broker_cleanup():
+    yield
+    asyncio.run(_delete_queues(NAMESPACE_PREFIX))
+
+
+async def _delete_queues(prefix: str) -> None:
+    listing = subprocess.run(
+        ["rabbitmqctl", "-q", "list_queues", "name"], capture_output=True, text=True, timeout=60
+    )
+    names = [line.strip() for line in listing.stdout.splitlines() if line.strip().startswith(prefix)]
+    if not names:
+        return
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        for name in names:
+            channel = await connection.channel()
+            await channel.queue_delete(name)
+
+
+@pytest.fixture
+def namespace(request):
+    return f"{NAMESPACE_PREFIX}_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def database(template_database, namespace):
+    name = f"wi_{namespace}"
+    await _admin(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+    yield database_url(name)
+    await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def redis_cleanup(namespace):
+    yield
+    client = redis.from_url(REDIS_URL)
+    try:
+        keys = [key async for key in client.scan_iter(match=f"{namespace}:*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+    except redis.ConnectionError:
+        pass
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def service_env(namespace, database, redis_cleanup) -> dict[str, str]:
+    """Environment for a process (or Settings) of this test's deployment."""
+    return {
+        "AMQP_URL": AMQP_URL,
+        "REDIS_URLS": REDIS_URL,
+        "DATABASE_URL": database,
+        "WEBHOOK_INGEST_NAMESPACE": namespace,
+        "LOG_FORMAT": "json",
+    }
+
+
+@pytest.fixture
+def settings(service_env, monkeypatch) -> Settings:
+    for name, value in service_env.items():
+        monkeypatch.setenv(name, value)
+    return Settings()

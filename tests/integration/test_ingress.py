@@ -1,0 +1,166 @@
+"""The ingress HTTP contract (SPEC §6) against the real RabbitMQ."""
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from shared import signatures
+from shared.sources import load_sources
+from tests.support.ingress import queued_events, running_ingress
+from tests.support.tcpproxy import TcpProxy
+
+SECRETS = {
+    "stripe": "whsec_test_stripe_secret",
+    "github": "github-secret",
+    "shopify": "shopify-secret",
+    "paystack": "sk_test_paystack",
+    "standard-webhooks": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    "hmac-sha256": "hmac-secret",
+}
+ID_HEADERS = {"github": "X-GitHub-Delivery", "shopify": "X-Shopify-Webhook-Id", "hmac-sha256": "X-Event-ID"}
+
+
+@pytest.fixture
+def sources(tmp_path):
+    sections = [
+        f'[sources.{scheme.replace("-", "_")}]\nscheme = "{scheme}"\nsecrets = ["old-{scheme}", "{secret}"]\nhandler = "inbox"\n'
+        for scheme, secret in SECRETS.items()
+    ]
+    sections.append('[sources.strict]\nscheme = "hmac-sha256"\nsecrets = ["s"]\nhandler = "inbox"\n'
+                    'fallback_hash = false\nmax_body_bytes = 64\n')
+    path = tmp_path / "sources.toml"
+    path.write_text("\n".join(sections))
+    return load_sources(str(path))
+
+
+def signed(scheme: str, body: bytes, event_id: str = "evt_1", secret: str | None = None, **kwargs) -> dict:
+    headers = signatures.sign(scheme, body, secret or SECRETS[scheme], **kwargs)
+    if scheme in ID_HEADERS:
+        headers[ID_HEADERS[scheme]] = event_id
+    return headers
+
+
+def body_for(scheme: str, event_id: str = "evt_1") -> bytes:
+    if scheme == "paystack":
+        return json.dumps({"event": "charge.success", "data": {"id": 42, "reference": event_id}}).encode()
+    return json.dumps({"id": event_id, "type": "invoice.paid", "amount": 12345678901234567890123}).encode()
+
+
+@pytest.mark.parametrize("scheme", list(SECRETS))
+async def test_each_scheme_accepts_a_signed_event_and_queues_it_verbatim(settings, sources, scheme):
+    source = scheme.replace("-", "_")
+    body = body_for(scheme)
+    async with running_ingress(settings, sources) as client:
+        response = await client.post(f"/webhooks/{source}", data=body, headers=signed(scheme, body))
+        answer = await response.json()
+    assert response.status == 200, answer
+    assert answer["status"] == "accepted"
+    [event] = await queued_events(settings.amqp_url, settings.namespace)
+    assert event.body == body  # never re-serialised
+    assert event.key == answer["key"] and event.key.startswith(f"{source}:")
+    assert event.attempt == 1 and event.source == source
+
+
+@pytest.mark.parametrize("scheme", list(SECRETS))
+async def test_each_scheme_rejects_tampering_wrong_secret_and_missing_header(settings, sources, scheme):
+    source = scheme.replace("-", "_")
+    body = body_for(scheme)
+    headers = signed(scheme, body)
+    cases = {
+        "tampered": (body.replace(b"invoice", b"invoicf"), headers, "invalid_signature"),
+        "wrong secret": (body, signed(scheme, body, secret="whsec_" + "A" * 32), "invalid_signature"),
+        "no header": (body, {k: v for k, v in headers.items() if "ignature" not in k and "Hmac" not in k}, "missing_signature"),
+    }
+    async with running_ingress(settings, sources) as client:
+        for case, (sent_body, sent_headers, code) in cases.items():
+            response = await client.post(f"/webhooks/{source}", data=sent_body, headers=sent_headers)
+            assert (response.status, await response.json()) == (401, {"error": code}), case
+    assert await queued_events(settings.amqp_url, settings.namespace) == []
+
+
+@pytest.mark.parametrize("scheme", ["stripe", "standard-webhooks"])
+async def test_stale_and_future_timestamps_are_refused(settings, sources, scheme):
+    source = scheme.replace("-", "_")
+    body = body_for(scheme)
+    async with running_ingress(settings, sources) as client:
+        for skew in (-301, +301):
+            headers = signed(scheme, body, timestamp=int(time.time()) + skew)
+            response = await client.post(f"/webhooks/{source}", data=body, headers=headers)
+            assert (response.status, await response.json()) == (401, {"error": "stale_timestamp"})
+        wrong_and_stale = signed(scheme, body, secret="whsec_" + "B" * 32, timestamp=int(time.time()) - 999)
+        response = await client.post(f"/webhooks/{source}", data=body, headers=wrong_and_stale)
+        assert (await response.json()) == {"error": "invalid_signature"}
+    assert await queued_events(settings.amqp_url, settings.namespace) == []
+
+
+async def test_bad_input_rows_answer_in_spec_order_and_queue_nothing(settings, sources):
+    async with running_ingress(settings, sources) as client:
+        async def post(source: str, body: bytes, headers: dict | None = None):
+            response = await client.post(f"/webhooks/{source}", data=body, headers=headers or {})
+            return response.status, await response.json()
+
+        assert await post("nope", b"{}") == (404, {"error": "unknown_source"})
+        assert await post("strict", b"x" * 65) == (413, {"error": "body_too_large"})
+        exactly_64 = json.dumps({"id": "e", "pad": "p" * 45}).encode()
+        assert len(exactly_64) == 64
+        ok = signatures.sign("hmac-sha256", exactly_64, "s")
+        assert (await post("strict", exactly_64, {**ok, "X-Event-ID": "a"}))[0] == 200
+        assert await post("strict", b"{}", {}) == (401, {"error": "missing_signature"})
+        assert await post("strict", b"{}", {"X-Signature": "sha256=zz"}) == (401, {"error": "invalid_signature"})
+        for not_json in (b"{nope", b"[1, 2]", b'"text"'):
+            assert await post("strict", not_json, signatures.sign("hmac-sha256", not_json, "s")) == (400, {"error": "invalid_json"})
+        no_id = b'{"type": "x"}'
+        assert await post("strict", no_id, signatures.sign("hmac-sha256", no_id, "s")) == (400, {"error": "missing_event_id"})
+    [accepted] = await queued_events(settings.amqp_url, settings.namespace)
+    assert accepted.key == "strict:a"
+
+
+async def test_without_an_event_id_the_key_is_the_payload_hash(settings, sources):
+    body = b'{"type": "no.id", "n": 1}'
+    async with running_ingress(settings, sources) as client:
+        response = await client.post("/webhooks/hmac_sha256", data=body, headers=signatures.sign("hmac-sha256", body, "hmac-secret"))
+        answer = await response.json()
+    assert response.status == 200
+    assert answer["key"].startswith("hmac_sha256:sha256:") and len(answer["key"]) == len("hmac_sha256:sha256:") + 64
+
+
+async def test_broker_unreachable_gives_503_with_retry_after_and_readyz_503(settings, sources, monkeypatch):
+    monkeypatch.setenv("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/")
+    unreachable = type(settings)()
+    body = body_for("hmac-sha256")
+    async with running_ingress(unreachable, sources, wait_ready=False) as client:
+        response = await client.post("/webhooks/hmac_sha256", data=body, headers=signed("hmac-sha256", body))
+        assert response.status == 503
+        assert await response.json() == {"error": "broker_unavailable"}
+        assert int(response.headers["Retry-After"]) > 0
+        assert (await client.get("/readyz")).status == 503
+        assert (await client.get("/healthz")).status == 200
+
+
+async def test_broker_outage_then_recovery_by_itself(settings, sources, monkeypatch):
+    body = body_for("hmac-sha256")
+    with TcpProxy("127.0.0.1", 5672) as proxy:
+        monkeypatch.setenv("AMQP_URL", proxy.url_for(settings.amqp_url))
+        proxied = type(settings)()
+        async with running_ingress(proxied, sources) as client:
+            proxy.cut()
+            response = await client.post("/webhooks/hmac_sha256", data=body, headers=signed("hmac-sha256", body))
+            assert response.status == 503
+            proxy.restore()
+            for _ in range(100):
+                response = await client.post("/webhooks/hmac_sha256", data=body, headers=signed("hmac-sha256", body))
+                if response.status == 200:
+                    break
+                await asyncio.sleep(0.1)
+            assert response.status == 200
+    assert len(await queued_events(settings.amqp_url, settings.namespace)) == 1
+
+
+async def test_metrics_count_requests_by_source_and_status(settings, sources):
+    async with running_ingress(settings, sources) as client:
+        await client.post("/webhooks/nope", data=b"{}")
+        text = await (await client.get("/metrics")).text()
+    assert 'webhook_ingress_requests_total{source="unknown",status="404"}' in text
+    assert "webhook_ingress_request_duration_seconds_bucket" in text

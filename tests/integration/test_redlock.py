@@ -1,0 +1,69 @@
+"""Redlock against real redis-servers: quorum, release, extend, done markers."""
+
+import asyncio
+
+import pytest
+import redis.asyncio as redis
+
+from workers.redlock import Redlock
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture
+def masters():
+    servers = [RedisServer().start() for _ in range(3)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+async def clients(masters):
+    clients = [redis.from_url(s.url, socket_timeout=0.5, socket_connect_timeout=0.5) for s in masters]
+    yield clients
+    for client in clients:
+        await client.aclose()
+
+
+async def test_only_one_of_many_concurrent_acquirers_wins(clients):
+    locks = [Redlock(clients, ttl_seconds=5) for _ in range(20)]
+    results = await asyncio.gather(*(lock.acquire("k") for lock in locks))
+    assert sum(1 for r in results if r.lock is not None) == 1
+    assert all(r.holder_value.startswith("lock:") for r in results if r.lock is None)
+
+
+async def test_release_only_frees_our_own_lock(clients):
+    mine, other = Redlock(clients, 5), Redlock(clients, 5)
+    first = (await mine.acquire("k")).lock
+    await mine.release(first)
+    second = (await other.acquire("k")).lock
+    assert second is not None
+    await mine.release(first)  # stale release: must not free the other's lock
+    assert (await mine.acquire("k")).lock is None
+
+
+async def test_quorum_survives_one_dead_master_but_not_two(clients, masters):
+    lock = Redlock(clients, 5)
+    masters[0].kill()
+    result = await lock.acquire("a")
+    assert result.lock is not None and result.reachable == 2
+    masters[1].kill()
+    result = await lock.acquire("b")
+    assert result.lock is None and result.reachable == 1
+
+
+async def test_extend_keeps_the_lock_past_its_ttl(clients):
+    lock = Redlock(clients, ttl_seconds=0.3)
+    held = (await lock.acquire("k")).lock
+    for _ in range(4):
+        await asyncio.sleep(0.15)
+        held = await lock.extend(held)
+        assert held is not None
+    assert (await Redlock(clients, 0.3).acquire("k")).lock is None
+
+
+async def test_a_done_marker_is_reported_to_acquirers(clients):
+    lock = Redlock(clients, 5)
+    assert await lock.set_everywhere("k", "done:abc", 60) == 3
+    result = await lock.acquire("k")
+    assert result.lock is None and result.holder_value == "done:abc"

@@ -1,0 +1,76 @@
+"""Handlers the acceptance tests configure as `tests.support.handlers:NAME`.
+
+Each records what it did in tables the test creates (`effects`, `runs`), so
+the test can count effects and see overlaps through Postgres.
+"""
+
+import asyncio
+import os
+import random
+import time
+
+import asyncpg
+
+from workers.handlers import PermanentError
+from workers.handlers.inbox import handle as inbox
+
+
+async def slow_inbox(event, ctx):
+    """inbox, after 20–50 ms of 'work'."""
+    await asyncio.sleep(random.uniform(0.02, 0.05))
+    await inbox(event, ctx)
+
+
+async def one_second_inbox(event, ctx):
+    await asyncio.sleep(1.0)
+    await inbox(event, ctx)
+
+
+async def external_effect(event, ctx):
+    """An external side effect: recorded through its own connection (outside
+    the completion transaction), like an HTTP call would be."""
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        started = time.time()
+        await asyncio.sleep(0.3)
+        await connection.execute(
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)", event.key, os.getpid(), started, time.time()
+        )
+    finally:
+        await connection.close()
+    await inbox(event, ctx)
+
+
+async def paused_holder(event, ctx):
+    """The first run blocks its whole process past the lock TTL (a GC pause,
+    a stalled VM); any later run is slow but healthy."""
+    first = await ctx.db.fetchval("SELECT count(*) = 0 FROM runs_started WHERE key = $1", event.key)
+    await _mark_started(ctx.options["database_url"], event.key)
+    if first:
+        time.sleep(float(ctx.options.get("pause_seconds", 3)))  # blocks the event loop: no lock extension
+    else:
+        await asyncio.sleep(float(ctx.options.get("takeover_seconds", 4)))
+    await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+
+
+async def _mark_started(database_url: str, key: str) -> None:
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute("INSERT INTO runs_started (key, pid) VALUES ($1, $2)", key, os.getpid())
+    finally:
+        await connection.close()
+
+
+async def always_fails(event, ctx):
+    raise RuntimeError(f"boom on attempt {event.attempt}")
+
+
+async def permanently_fails(event, ctx):
+    raise PermanentError("this event can never succeed")
+
+
+async def kills_its_process(event, ctx):
+    """A poison event: takes its worker down (as a segfault or the OOM killer would)."""
+    if event.payload.get("poison"):
+        os._exit(137)
+    await inbox(event, ctx)

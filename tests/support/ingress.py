@@ -1,0 +1,45 @@
+"""Running the real ingress app in a test, and reading back what it queued."""
+
+import asyncio
+import contextlib
+
+import aio_pika
+from aiohttp.test_utils import TestClient, TestServer
+
+from ingress.app import create_app
+from shared import topology
+from shared.message import EventMessage, from_amqp
+
+
+@contextlib.asynccontextmanager
+async def running_ingress(settings, sources, wait_ready: bool = True):
+    client = TestClient(TestServer(create_app(settings, sources, connection_name="test-ingress")))
+    await client.start_server()
+    try:
+        if wait_ready:
+            await wait_until_ready(client)
+        yield client
+    finally:
+        await client.close()
+
+
+async def wait_until_ready(client: TestClient, timeout: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        response = await client.get("/readyz")
+        if response.status == 200:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the ingress never became ready")
+
+
+async def queued_events(amqp_url: str, namespace: str) -> list[EventMessage]:
+    """Everything on the events queue, taken off it."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.get_queue(topology.events_queue(namespace), ensure=False)
+        events = []
+        while (message := await queue.get(no_ack=True, fail=False)) is not None:
+            events.append(from_amqp(message.body, message.headers))
+        return events

@@ -1,0 +1,102 @@
+"""Real worker and ingress processes for acceptance tests, and ways to wait on them."""
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+
+from tests.support.tcpproxy import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Process:
+    """A `webhook-ingest …` child whose output goes to a log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path):
+        self.args = args
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "webhook_ingest", *args],
+            env={**os.environ, **env},
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no acks — what a crash or the OOM killer does."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(timeout=10)
+
+    def terminate(self, timeout: float = 60) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout=timeout)
+        finally:
+            self._log.close()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+class Fleet:
+    """Starts processes and guarantees none outlives the test."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path):
+        self.env = env
+        self.log_dir = log_dir
+        self.processes: list[Process] = []
+
+    def worker(self, *args: str, env: dict[str, str] | None = None) -> Process:
+        return self._start(["worker", *args], env)
+
+    def ingress(self, port: int | None = None, env: dict[str, str] | None = None) -> tuple[Process, str]:
+        port = port or free_port()
+        process = self._start(["ingress", "--port", str(port)], env)
+        return process, f"http://127.0.0.1:{port}"
+
+    def _start(self, args: list[str], env: dict[str, str] | None) -> Process:
+        name = f"{len(self.processes)}-{args[0]}.log"
+        process = Process(args, {**self.env, **(env or {})}, self.log_dir / name)
+        self.processes.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            process.kill()
+            with contextlib.suppress(Exception):
+                process._log.close()
+
+
+async def wait_until(predicate, timeout: float, interval: float = 0.2, message: str = "condition"):
+    """Polls an async predicate until it returns a truthy value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message} (last: {value!r})")
+        await asyncio.sleep(interval)
+
+
+async def count_rows(database_url: str, table: str, where: str = "TRUE") -> int:
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await connection.fetchval(f"SELECT count(*) FROM {table} WHERE {where}")
+    finally:
+        await connection.close()

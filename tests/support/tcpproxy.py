@@ -1,0 +1,94 @@
+"""A TCP proxy a test can cut and restore, to make a real outage of a real
+service without stopping the shared one.
+
+Runs in its own thread with its own event loop, so it keeps forwarding while
+the test's loop is busy, and can serve processes the test starts.
+"""
+
+import asyncio
+import socket
+import threading
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class TcpProxy:
+    def __init__(self, target_host: str, target_port: int, listen_port: int | None = None):
+        self.target = (target_host, target_port)
+        self.port = listen_port or free_port()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    def url_for(self, url: str) -> str:
+        """`url` with its host:port replaced by the proxy's."""
+        host_port = f"{self.target[0]}:{self.target[1]}"
+        assert host_port in url, (host_port, url)
+        return url.replace(host_port, f"127.0.0.1:{self.port}")
+
+    def start(self) -> "TcpProxy":
+        self._thread.start()
+        self.restore()
+        return self
+
+    def cut(self) -> None:
+        """Refuse new connections and drop the open ones."""
+        self._call(self._cut())
+
+    def restore(self) -> None:
+        self._call(self._listen())
+
+    def stop(self) -> None:
+        self.cut()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "TcpProxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _call(self, coroutine) -> None:
+        asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10)
+
+    async def _listen(self) -> None:
+        if self._server is None:
+            self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_address=True)
+
+    async def _cut(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+        if server is not None:
+            await server.wait_closed()
+
+    async def _serve(self, client_reader, client_writer) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_writer.transport.abort()
+            return
+        self._writers.update((client_writer, upstream_writer))
+        await asyncio.gather(
+            self._pipe(client_reader, upstream_writer), self._pipe(upstream_reader, client_writer)
+        )
+
+    async def _pipe(self, reader, writer) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.transport.abort()
+            self._writers.discard(writer)
