@@ -25,11 +25,15 @@ async def clients(masters):
         await client.aclose()
 
 
-async def test_only_one_of_many_concurrent_acquirers_wins(clients):
+async def test_at_most_one_of_many_concurrent_acquirers_wins(clients):
     locks = [Redlock(clients, ttl_seconds=5) for _ in range(20)]
     results = await asyncio.gather(*(lock.acquire("k") for lock in locks))
-    assert sum(1 for r in results if r.lock is not None) == 1
-    assert all(r.holder_value.startswith("lock:") for r in results if r.lock is None)
+    winners = [r.lock for r in results if r.lock is not None]
+    # A split vote (no majority for anyone) is legitimate Redlock behaviour;
+    # two winners never are.
+    assert len(winners) <= 1
+    if not winners:  # the losers gave back what they won: the next try wins
+        assert (await Redlock(clients, 5).acquire("k")).lock is not None
 
 
 async def test_release_only_frees_our_own_lock(clients):
