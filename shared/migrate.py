@@ -47,12 +47,12 @@ async def create_database_if_missing(database_url: str) -> None:
     maintenance_url = urlunsplit(parts._replace(path="/postgres"))
     connection = await asyncpg.connect(maintenance_url)
     try:
+        # Two processes creating the same database race inside the catalog
+        # (a unique violation, not DuplicateDatabaseError): take turns.
+        await connection.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
         exists = await connection.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
         if not exists:
-            try:
-                await connection.execute(f'CREATE DATABASE "{_identifier(name)}"')
-            except asyncpg.DuplicateDatabaseError:
-                pass  # another process created it first
+            await connection.execute(f'CREATE DATABASE "{_identifier(name)}"')
     finally:
         await connection.close()
 

@@ -5,6 +5,7 @@ which URL, and how to start it — not a traceback.
 """
 
 import asyncio
+import logging
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
@@ -49,6 +50,9 @@ async def _check_redis(url: str) -> None:
 
 
 async def _check_rabbitmq(url: str) -> None:
+    # aiormq logs its own traceback-ish line on a refused connection; the
+    # one line we print instead says the same and how to fix it.
+    logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)
     connection = await aio_pika.connect(url, timeout=TIMEOUT)
     await connection.close()
 

@@ -1,0 +1,82 @@
+"""The `webhook-ingest` command as a newcomer meets it: real processes."""
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import asyncpg
+
+from shared.settings import ENVIRONMENT_VARIABLES
+from tests.conftest import database_url
+from tests.support.tcpproxy import free_port
+
+
+def webhook_ingest(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "webhook_ingest", *args], env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_command_lists_the_environment_variables():
+    for command in ([], ["migrate"], ["ingress"], ["worker"], ["run"], ["send-test"], ["dlq"], ["prune"]):
+        result = webhook_ingest(*command, "--help")
+        assert result.returncode == 0, result.stderr
+        for name, _ in ENVIRONMENT_VARIABLES:
+            assert name in result.stdout, (command, name)
+
+
+def test_a_bad_sources_file_stops_each_process_with_one_line(tmp_path, service_env):
+    path = tmp_path / "sources.toml"
+    path.write_text('[sources.acme]\nscheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nmax_attempts = -1\n')
+    env = {**service_env, "WEBHOOK_INGEST_SOURCES": str(path)}
+    for command in (["ingress", "--port", str(free_port())], ["worker"], ["run", "--port", str(free_port())]):
+        result = webhook_ingest(*command, env=env)
+        assert result.returncode != 0
+        assert result.stderr.strip() == "error: source 'acme': max_attempts: must be a positive integer", command
+        assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_run_names_each_unreachable_service_and_how_to_start_it(service_env):
+    closed = free_port()
+    env = {**service_env, "REDIS_URLS": f"redis://127.0.0.1:{closed}/0",
+           "AMQP_URL": f"amqp://guest:secret@127.0.0.1:{free_port()}/"}
+    result = webhook_ingest("run", "--port", str(free_port()), env=env)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and "Traceback" not in result.stderr
+    assert lines[0].startswith(f"error: Redis is not reachable at redis://127.0.0.1:{closed}/0")
+    assert "redis-server --daemonize yes" in lines[0] and "docker compose up -d" in lines[0]
+    assert lines[1].startswith("error: RabbitMQ is not reachable at amqp://guest:***@")  # password masked
+    assert "rabbitmq-server -detached" in lines[1]
+
+
+async def test_two_concurrent_migrations_create_the_database_and_apply_each_file_once(namespace):
+    name = f"wi_{namespace}_fresh"
+    env = {"DATABASE_URL": database_url(name), "LOG_FORMAT": "json"}
+    try:
+        first, second = await asyncio.gather(
+            asyncio.to_thread(webhook_ingest, "migrate", env=env),
+            asyncio.to_thread(webhook_ingest, "migrate", env=env),
+        )
+        assert (first.returncode, second.returncode) == (0, 0), first.stderr + second.stderr
+        outputs = sorted([first.stdout.strip(), second.stdout.strip()])
+        assert outputs[0] == "database is up to date" and outputs[1].startswith("migrations applied: 0001_initial.sql")
+        connection = await asyncpg.connect(database_url(name))
+        try:
+            tables = {r["tablename"] for r in await connection.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+            assert {"processed_events", "inbox", "dead_letters"} <= tables
+        finally:
+            await connection.close()
+        assert webhook_ingest("migrate", env=env).stdout.strip() == "database is up to date"
+    finally:
+        admin = await asyncpg.connect(database_url("postgres"))
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+def test_migrate_with_postgres_unreachable_is_one_line(service_env):
+    result = webhook_ingest("migrate", env={"DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/x"})
+    assert result.returncode != 0
+    assert result.stderr.startswith("error: cannot reach PostgreSQL") and "Traceback" not in result.stderr
