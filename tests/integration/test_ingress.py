@@ -9,16 +9,10 @@ import pytest
 from shared import signatures
 from shared.sources import load_sources
 from tests.support.ingress import queued_events, running_ingress
+from tests.support.signing import PROVIDER_SECRETS
 from tests.support.tcpproxy import TcpProxy
 
-SECRETS = {
-    "stripe": "whsec_test_stripe_secret",
-    "github": "github-secret",
-    "shopify": "shopify-secret",
-    "paystack": "sk_test_paystack",
-    "standard-webhooks": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-    "hmac-sha256": "hmac-secret",
-}
+SECRETS = PROVIDER_SECRETS
 ID_HEADERS = {"github": "X-GitHub-Delivery", "shopify": "X-Shopify-Webhook-Id", "hmac-sha256": "X-Event-ID"}
 
 

@@ -45,8 +45,10 @@ class TcpProxy:
 
     def stop(self) -> None:
         self.cut()
+        self._call(self._cancel_pipes())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        self._loop.close()
 
     def __enter__(self) -> "TcpProxy":
         return self.start()
@@ -70,6 +72,12 @@ class TcpProxy:
         self._writers.clear()
         if server is not None:
             await server.wait_closed()
+
+    async def _cancel_pipes(self) -> None:
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
     async def _serve(self, client_reader, client_writer) -> None:
         try:

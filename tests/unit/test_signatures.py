@@ -15,16 +15,10 @@ from multidict import CIMultiDict
 
 from shared import signatures
 from shared.signatures import InvalidSignature, MissingSignature, SignatureError, StaleTimestamp
+from tests.support.signing import PROVIDER_SECRETS
 
 NOW = 1_760_000_000
-SECRETS = {
-    "stripe": "whsec_test_stripe_secret",
-    "github": "github-secret",
-    "shopify": "shopify-secret",
-    "paystack": "sk_test_paystack",
-    "standard-webhooks": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-    "hmac-sha256": "hmac-secret",
-}
+SECRETS = PROVIDER_SECRETS
 TIMED = ("stripe", "standard-webhooks")
 bodies = st.binary(max_size=2048)
 schemes = st.sampled_from(signatures.SCHEMES)
