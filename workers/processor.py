@@ -67,23 +67,18 @@ class Processor:
     async def process(self, message: EventMessage) -> Outcome:
         claim = await self._store.claim(message.key)
         if claim.state is ClaimState.COMPLETED:
-            return await self._completed(message, claim.completed_sha256)
+            return await self._completed(message, claim.completed_sha256, redis_knows=True)
         if claim.state is ClaimState.BUSY:
             await self._failures.delay(message, DEFER_SECONDS)
             return Outcome.DEFERRED
         if claim.state is ClaimState.ACQUIRED:
             return await self._run_locked(message, claim.lock)
-        return await self._run(message, token=None)
+        return await self._run(message, locked=False)
 
     async def _run_locked(self, message: EventMessage, lock: Lock) -> Outcome:
         async with self._kept_alive(lock):
             try:
-                async with self._pool.acquire() as connection:
-                    fence = await connection.fetchrow(SQL["acquire_fence"], message.key)
-                if fence["completed_sha256"] is not None:
-                    outcome = await self._completed(message, fence["completed_sha256"])
-                else:
-                    outcome = await self._run(message, token=fence["token"])
+                outcome = await self._run(message, locked=True)
             except BaseException:
                 await _quietly(self._store.release(lock))
                 raise
@@ -91,16 +86,23 @@ class Processor:
             await _quietly(self._store.release(lock))
         return outcome
 
-    async def _run(self, message: EventMessage, token: int | None) -> Outcome:
-        """Steps 3 and 4; `token` None means degraded mode (no Redis lock)."""
+    async def _run(self, message: EventMessage, locked: bool) -> Outcome:
+        """Steps 2 to 4; `locked` False means degraded mode (no Redis lock).
+
+        One pooled connection for the whole pass; what follows a failure
+        (dead letter, conflict row) runs after it is back in the pool, so a
+        full pool never waits on itself.
+        """
         source = self._sources[message.source]
         try:
-            async with self._pool.acquire() as connection, connection.transaction():
-                if token is None:
-                    token = await self._take_turn(connection, message.key)
-                await self._call_handler(connection, message, source)
-                if await connection.fetchval(SQL["complete_event"], *_completion_row(message, token)) is None:
-                    raise CompletionRefused()
+            async with self._pool.acquire() as connection:
+                token = await self._register_fence(connection, message.key) if locked else None
+                async with connection.transaction():
+                    if token is None:
+                        token = await self._take_turn(connection, message.key)
+                    await self._call_handler(connection, message, source)
+                    if await connection.fetchval(SQL["complete_event"], *_completion_row(message, token)) is None:
+                        raise CompletionRefused()
         except AlreadyCompleted as done:
             return await self._completed(message, done.completed_sha256)
         except CompletionRefused:
@@ -110,12 +112,16 @@ class Processor:
         await _quietly(self._store.complete(message.key, message.payload_sha256))
         return Outcome.PROCESSED
 
-    async def _take_turn(self, connection, key: str) -> int:
-        await connection.execute(SQL["lock_key_for_transaction"], key)
+    async def _register_fence(self, connection, key: str) -> int:
+        """Outside the transaction, so a takeover is visible to the older holder at once."""
         fence = await connection.fetchrow(SQL["acquire_fence"], key)
         if fence["completed_sha256"] is not None:
             raise AlreadyCompleted(fence["completed_sha256"])
         return fence["token"]
+
+    async def _take_turn(self, connection, key: str) -> int:
+        await connection.execute(SQL["lock_key_for_transaction"], key)
+        return await self._register_fence(connection, key)
 
     async def _call_handler(self, connection, message: EventMessage, source: Source) -> None:
         event = Event(
@@ -135,7 +141,7 @@ class Processor:
                 raise  # ctx.db lost its connection: Postgres is down, not the handler
             raise HandlerFailed() from exc
 
-    async def _completed(self, message: EventMessage, completed_sha256: str) -> Outcome:
+    async def _completed(self, message: EventMessage, completed_sha256: str, redis_knows: bool = False) -> Outcome:
         outcome = classify_completed(completed_sha256, message.payload_sha256)
         if outcome is Outcome.CONFLICT:
             log.warning("payload_conflict", completed_sha256=completed_sha256, conflicting_sha256=message.payload_sha256)
@@ -144,7 +150,7 @@ class Processor:
                     SQL["record_conflict"], message.key, message.source, message.event_id,
                     completed_sha256, message.payload_sha256,
                 )
-        else:
+        elif not redis_knows:  # Redis forgot (flushed, expired): teach it again
             await _quietly(self._store.complete(message.key, completed_sha256))
         return outcome
 

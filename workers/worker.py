@@ -64,7 +64,8 @@ class Worker:
 
     async def _open_pool(self) -> asyncpg.Pool:
         return await asyncpg.create_pool(
-            self.settings.database_url, min_size=1, max_size=min(self.concurrency, MAX_POOL_SIZE)
+            self.settings.database_url, min_size=1, max_size=min(self.concurrency, MAX_POOL_SIZE),
+            reset=_keep_session,
         )
 
     async def _connect_broker(self):
@@ -185,6 +186,15 @@ class Worker:
 
 
 _COUNTED_OUTCOMES = {o.value for o in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)}
+
+
+async def _keep_session(connection: asyncpg.Connection) -> None:
+    """Pool release without asyncpg's reset query (a round trip per release).
+
+    Every use of a pooled connection here is a transaction we open and close
+    (asyncpg still rolls back one left open); handlers must keep session
+    state transaction-local (`SET LOCAL`, `pg_advisory_xact_lock`).
+    """
 
 
 async def _wait_for(service: str, connect):
