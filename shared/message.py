@@ -28,13 +28,17 @@ class EventMessage:
     headers: dict[str, str] = field(default_factory=dict)  # provider's request headers, lower-case names
     attempt: int = 1
     errors: tuple[dict, ...] = ()  # one {"attempt", "at", "type", "message", "traceback"} per failed attempt
+    # Deliveries of this event that were never acknowledged (their worker
+    # died), counted across the messages that carried it: a deferral or a
+    # retry is a new message, whose quorum-queue delivery count starts at 0.
+    deliveries: int = 0
 
     def next_attempt(self, error: dict) -> "EventMessage":
         return replace(self, attempt=self.attempt + 1, errors=(*self.errors, error))
 
     def fresh(self) -> "EventMessage":
         """The same event with a new attempt budget (a dead-letter replay)."""
-        return replace(self, attempt=1, errors=())
+        return replace(self, attempt=1, errors=(), deliveries=0)
 
 
 def provider_headers(request_headers) -> dict[str, str]:
@@ -60,6 +64,7 @@ def to_amqp(event: EventMessage) -> aio_pika.Message:
             "x-attempt": event.attempt,
             "x-provider-headers": event.headers,
             "x-errors": orjson.dumps(event.errors).decode() if event.errors else "[]",
+            "x-deliveries": event.deliveries,
         },
     )
 
@@ -76,6 +81,8 @@ def from_amqp(body: bytes, headers: dict) -> EventMessage:
         headers={_text(k): _text(v) for k, v in (headers.get("x-provider-headers") or {}).items()},
         attempt=int(headers.get("x-attempt", 1)),
         errors=tuple(orjson.loads(headers.get("x-errors") or "[]")),
+        # x-delivery-count: set by the quorum queue on a redelivery
+        deliveries=int(headers.get("x-deliveries") or 0) + int(headers.get("x-delivery-count") or 0),
     )
 
 

@@ -107,7 +107,7 @@ class Worker:
     async def _start_side_tasks(self, channel) -> list[asyncio.Task]:
         from workers.poison import drain_poison_queue
 
-        await drain_poison_queue(channel, self.pool, self.settings.namespace)
+        await drain_poison_queue(channel, self.pool, self.settings.namespace, self.settings.delivery_limit)
         return [asyncio.create_task(self._refresh_dead_letter_gauge(), name="dead-letters-gauge")]
 
     async def _wait_for_stop(self, side_tasks: list[asyncio.Task]) -> None:
@@ -142,6 +142,9 @@ class Worker:
         except (KeyError, ValueError, TypeError):
             log.error("unreadable_message", message_id=message.message_id)
             await message.reject(requeue=False)  # to NS.dead, where the drainer records it
+            return
+        if event.deliveries > self.settings.delivery_limit:  # the queue's limit, counted across deferrals
+            await message.reject(requeue=False)  # to NS.dead: a poison message
             return
         with structlog.contextvars.bound_contextvars(source=event.source, key=event.key, attempt=event.attempt):
             outcome = await self._process_until_done(event)
