@@ -41,6 +41,10 @@ UPDATE dead_letters SET status = $2, updated_at = now()
 WHERE id = ANY($1::bigint[])
 RETURNING id
 
+-- name: completed_payload_sha256
+-- The payload hash the key completed with, NULL while it has not.
+SELECT payload_sha256 FROM processed_events WHERE key = $1
+
 -- name: count_open_dead_letters
 SELECT count(*) FROM dead_letters WHERE status = 'dead'
 

@@ -11,6 +11,10 @@ If Postgres is down the message waits, unacknowledged, and recording is
 retried until it succeeds (the dead queue is no place for a requeue loop).
 A crash between the commit and the ack records the message twice on its
 redelivery: two rows of the same key, of which a replay runs at most one.
+
+A worker that dies takes the acks of its other messages with it, so they
+are redelivered beside the poison one and may reach the limit too; one
+whose key has completed (same payload) is acked without a dead letter.
 """
 
 import asyncio
@@ -27,8 +31,10 @@ from shared import metrics, topology
 from shared.dead_letters import record_dead_letter
 from shared.logging import get_logger
 from shared.message import EventMessage, from_amqp
+from shared.queries import load_queries
 
 log = get_logger(__name__)
+SQL = load_queries("shared")
 
 UNKNOWN_SOURCE = "unknown"
 MAX_RETRY_DELAY = 10.0
@@ -61,6 +67,9 @@ async def _on_poison_message(pool, delivery_limit: int | None, message: Abstract
     event, errors = poison_record(message, delivery_limit)
     dead_letter_id = await _record_until_stored(pool, event, errors)
     await message.ack()
+    if dead_letter_id is None:
+        log.info("poison_message_already_completed", source=event.source, key=event.key)
+        return
     metrics.events.labels(event.source, "dead").inc()
     log.error("poison_message_recorded", source=event.source, key=event.key, attempt=event.attempt,
               dead_letter_id=dead_letter_id, error_type=errors[-1]["type"])
@@ -102,11 +111,16 @@ def _error(attempt: int, kind: str, text: str) -> dict:
     return {"attempt": attempt, "at": datetime.now(UTC).isoformat(), "type": kind, "message": text}
 
 
-async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) -> int:
+async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) -> int | None:
+    """The dead letter's id; None, recording nothing, when the event was
+    completed: a message delivered beside a poison one to the worker it
+    killed, whose ack died with that worker."""
     delay = 0.5
     while True:
         try:
             async with pool.acquire() as connection:
+                if await connection.fetchval(SQL["completed_payload_sha256"], event.key) == event.payload_sha256:
+                    return None
                 return await record_dead_letter(connection, event, errors)
         except Exception as exc:  # noqa: BLE001 - never drop it: wait and try again
             log.warning("poison_record_failed", key=event.key, error=f"{type(exc).__name__}: {exc}", retry_in=delay)

@@ -12,9 +12,12 @@ from datetime import UTC, datetime
 from shared import topology
 from shared.dead_letters import record_dead_letter
 from shared.idempotency import Outcome
+from shared.logging import get_logger
 from shared.message import EventMessage, to_amqp
 from shared.sources import Source
 from workers.handlers import PermanentError
+
+log = get_logger(__name__)
 
 TRACEBACK_LINES = 12
 MESSAGE_CHARS = 2000
@@ -41,10 +44,13 @@ class FailurePolicy:
         error = describe_failure(exc, event.attempt)
         if isinstance(exc, PermanentError) or event.attempt >= source.max_attempts:
             async with self._pool.acquire() as connection:
-                await record_dead_letter(connection, event, (*event.errors, error))
+                dead_letter_id = await record_dead_letter(connection, event, (*event.errors, error))
+            log.error("event_dead_lettered", dead_letter_id=dead_letter_id, error_type=error["type"],
+                      error=error["message"][:200], permanent=isinstance(exc, PermanentError))
             return Outcome.DEAD
         delay = source.retry_delay(event.attempt)
         await self.delay(event.next_attempt(error), delay)
+        log.warning("event_retry_scheduled", retry_in=delay, error_type=error["type"], error=error["message"][:200])
         return Outcome.RETRIED
 
     async def delay(self, event: EventMessage, delay_seconds: float) -> None:
