@@ -1,0 +1,303 @@
+"""The dead-letter store and on-call's tools on it (SPEC §2, §8): the store
+itself, `webhook-ingest dlq …` and `prune`, the admin HTTP API, the poison
+drainer. Real Postgres and RabbitMQ; the CLI through click's CliRunner.
+"""
+
+import asyncio
+import dataclasses
+import json
+from datetime import datetime, timedelta
+
+import aio_pika
+import asyncpg
+import pytest
+from click.testing import CliRunner
+
+from ingress.admin import refresh_dead_letters_gauge
+from shared import metrics, topology
+from shared.dead_letters import get_dead_letter, list_dead_letters, record_dead_letter
+from shared.message import to_amqp
+from shared.settings import Settings
+from shared.sources import load_sources
+from tests.support.events import make_event, queue_depth
+from tests.support.ingress import queued_events, running_ingress
+from tests.support.processes import count_rows, wait_until
+from webhook_ingest.cli import main
+from webhook_ingest.dlq import prune_completion_records
+from workers.poison import drain_poison_queue, stop_draining
+from workers.retry import describe_failure
+
+TOKEN = "s3cret-admin-token"
+
+
+def failure(attempt: int, text: str = "receiver answered 500") -> dict:
+    try:
+        raise RuntimeError(f"{text} (attempt {attempt})")
+    except RuntimeError as exc:
+        return describe_failure(exc, attempt)
+
+
+async def seed(database_url: str, *events, attempts: int = 2) -> list[int]:
+    """One dead letter per event, each with `attempts` failed attempts."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        return [await record_dead_letter(connection, dataclasses.replace(event, attempt=attempts),
+                                         [failure(n) for n in range(1, attempts + 1)])
+                for event in events]
+    finally:
+        await connection.close()
+
+
+def dlq(*args: str):
+    return CliRunner().invoke(main, ["dlq", *args])
+
+
+# -- the store -----------------------------------------------------------------
+
+
+async def test_a_dead_letter_keeps_the_event_as_received_and_every_error(settings):
+    event = make_event("acme", "evt_1")
+    binary = dataclasses.replace(make_event("acme", "evt_2"), body=b"\xff not json")
+    first, second = await seed(settings.database_url, event, binary, attempts=3)
+
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        row = await get_dead_letter(connection, first)
+        raw = await get_dead_letter(connection, second)
+        listed = await list_dead_letters(connection)
+    finally:
+        await connection.close()
+    assert bytes(row["body"]) == event.body and row["payload"] == json.loads(event.body)
+    assert row["headers"] == event.headers and row["status"] == "dead"
+    assert [error["attempt"] for error in row["errors"]] == [1, 2, 3]
+    assert all(error["type"] == "RuntimeError" and error["at"] and "Traceback" in error["traceback"]
+               for error in row["errors"])
+    assert raw["payload"] is None and bytes(raw["body"]) == b"\xff not json"
+    assert [item["id"] for item in listed] == [second, first]  # newest first
+
+
+# -- the CLI -------------------------------------------------------------------
+
+
+def test_dlq_list_and_show_as_table_and_json(settings):
+    one, two = asyncio.run(seed(settings.database_url, make_event("acme", "evt_1"), make_event("other", "evt_2")))
+
+    table = dlq("list")
+    assert table.exit_code == 0, table.stderr
+    header, *lines = table.stdout.splitlines()
+    assert header.split() == ["ID", "SOURCE", "KEY", "ATTEMPTS", "AGE", "LAST", "ERROR"]
+    assert [line.split()[:4] for line in lines] == [[str(two), "other", "other:evt_2", "2"],
+                                                    [str(one), "acme", "acme:evt_1", "2"]]
+    assert "RuntimeError: receiver answered 500 (attempt 2)" in lines[0]
+
+    [listed] = json.loads(dlq("list", "--source", "acme", "--json").stdout)
+    assert listed["id"] == one and isinstance(listed["id"], int)
+    assert {key: listed[key] for key in ("key", "source", "event_id", "status", "attempts", "last_error")} == {
+        "key": "acme:evt_1", "source": "acme", "event_id": "evt_1", "status": "dead", "attempts": 2,
+        "last_error": "RuntimeError: receiver answered 500 (attempt 2)",
+    }
+    assert datetime.fromisoformat(listed["created_at"]).utcoffset() == timedelta(0)
+    assert datetime.fromisoformat(listed["updated_at"]).utcoffset() == timedelta(0)
+
+    shown = json.loads(dlq("show", str(one), "--json").stdout)
+    assert shown["payload"] == {"id": "evt_1", "type": "test.event"}
+    assert shown["headers"] == {"content-type": "application/json"}
+    assert [(e["attempt"], e["type"], e["message"]) for e in shown["errors"]] == [
+        (1, "RuntimeError", "receiver answered 500 (attempt 1)"),
+        (2, "RuntimeError", "receiver answered 500 (attempt 2)"),
+    ]
+    assert all(datetime.fromisoformat(e["at"]).utcoffset() == timedelta(0) for e in shown["errors"])
+    readable = dlq("show", str(one))
+    assert readable.exit_code == 0 and "attempt 2 at" in readable.stdout and '"evt_1"' in readable.stdout
+
+
+def test_unknown_or_invalid_ids_are_one_line_errors(settings):
+    [known] = asyncio.run(seed(settings.database_url, make_event("acme", "evt_1")))
+    for args in (["show", "999"], ["discard", str(known), "999"], ["replay", "999"], ["show", "x1"],
+                 ["replay"], ["replay", str(known), "--all"]):
+        result = dlq(*args)
+        assert result.exit_code != 0, args
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("error: "), args
+    assert dlq("show", "999").stderr.strip() == "error: no dead letter with id 999"
+    assert json.loads(dlq("list", "--json").stdout)[0]["status"] == "dead"  # the failed discard changed nothing
+
+
+def test_discard_keeps_it_for_audit(settings):
+    one, two = asyncio.run(seed(settings.database_url, make_event("acme", "evt_1"), make_event("acme", "evt_2")))
+    result = dlq("discard", str(one))
+    assert result.exit_code == 0 and result.stdout.strip() == f"discarded 1: {one}"
+    assert [row["id"] for row in json.loads(dlq("list", "--json").stdout)] == [two]
+    [discarded] = json.loads(dlq("list", "--status", "discarded", "--json").stdout)
+    assert discarded["id"] == one and discarded["updated_at"] >= discarded["created_at"]
+    assert len(json.loads(dlq("list", "--status", "all", "--json").stdout)) == 2
+
+
+def test_replay_publishes_the_event_as_received_with_a_fresh_attempt_budget(settings):
+    first, second, third = asyncio.run(seed(
+        settings.database_url, make_event("acme", "evt_1"), make_event("acme", "evt_2"),
+        make_event("other", "evt_3"), attempts=3))
+
+    result = dlq("replay", str(first))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == f"replayed 1: {first}"
+    [queued] = asyncio.run(queued_events(settings.amqp_url, settings.namespace))
+    assert (queued.key, queued.attempt, queued.errors, queued.deliveries) == ("acme:evt_1", 1, (), 0)
+    assert queued.body == make_event("acme", "evt_1").body and queued.headers == {"content-type": "application/json"}
+
+    result = dlq("replay", "--all", "--source", "acme")
+    assert result.exit_code == 0 and result.stdout.strip() == f"replayed 1: {second}"
+    assert [e.key for e in asyncio.run(queued_events(settings.amqp_url, settings.namespace))] == ["acme:evt_2"]
+    statuses = {row["id"]: row["status"] for row in json.loads(dlq("list", "--status", "all", "--json").stdout)}
+    assert statuses == {first: "replayed", second: "replayed", third: "dead"}
+
+
+async def test_prune_deletes_completion_records_past_the_window_in_batches(settings):
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        now = await connection.fetchval("SELECT now()")
+        for n, age in enumerate([timedelta(days=40)] * 5 + [timedelta(days=1)] * 2):
+            await connection.execute(
+                "INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts,"
+                " completed_at) VALUES ($1, 'acme', $2, 'h', 1, 1, $3)", f"acme:evt_{n}", f"evt_{n}", now - age)
+        assert await prune_completion_records(connection, timedelta(days=30), batch_size=2) == 5
+        assert await connection.fetchval("SELECT count(*) FROM processed_events") == 2
+    finally:
+        await connection.close()
+
+    result = await asyncio.to_thread(CliRunner().invoke, main, ["prune", "--older-than", "12h"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "pruned 2 completion records older than 12h"
+    for bad in ("0d", "30", "thirty days", "-1d"):
+        refused = await asyncio.to_thread(CliRunner().invoke, main, ["prune", "--older-than", bad])
+        assert refused.exit_code != 0 and refused.stderr.startswith("error: invalid duration"), bad
+
+
+# -- the admin HTTP API --------------------------------------------------------
+
+
+@pytest.fixture
+def admin_settings(settings, monkeypatch) -> Settings:
+    monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", TOKEN)
+    return Settings()
+
+
+async def test_admin_api_needs_the_bearer_token(admin_settings):
+    await seed(admin_settings.database_url, make_event("acme", "evt_1"))
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
+                        {"Authorization": f"Basic {TOKEN}"}):
+            for method, path in (("GET", "/admin/dead-letters"), ("GET", "/admin/dead-letters/1"),
+                                 ("POST", "/admin/dead-letters/1/replay"), ("POST", "/admin/dead-letters/1/discard")):
+                response = await client.request(method, path, headers=headers)
+                assert response.status == 401, (headers, path)
+                assert await response.json() == {"error": "unauthorized"}
+    assert [row["status"] for row in await _rows(admin_settings)] == ["dead"]
+
+
+async def test_admin_api_is_absent_without_a_token(settings):
+    async with running_ingress(settings, load_sources(None)) as client:
+        for method, path in (("GET", "/admin/dead-letters"), ("POST", "/admin/dead-letters/1/discard")):
+            response = await client.request(method, path, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert response.status == 404
+
+
+async def test_admin_api_lists_shows_replays_and_discards_like_the_cli(admin_settings):
+    one, two = await seed(admin_settings.database_url, make_event("acme", "evt_1"), make_event("other", "evt_2"))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        listed = await (await client.get("/admin/dead-letters", headers=auth)).json()
+        cli_listed = json.loads((await asyncio.to_thread(dlq, "list", "--json")).stdout)
+        assert listed == cli_listed and [row["id"] for row in listed] == [two, one]
+        assert [row["id"] for row in await (await client.get("/admin/dead-letters?source=acme", headers=auth)).json()] == [one]
+
+        shown = await client.get(f"/admin/dead-letters/{one}", headers=auth)
+        assert shown.status == 200
+        assert await shown.json() == json.loads((await asyncio.to_thread(dlq, "show", str(one), "--json")).stdout)
+        for path, status in ((f"/admin/dead-letters/{two + 100}", 404), ("/admin/dead-letters/x1", 400)):
+            assert (await client.get(path, headers=auth)).status == status
+
+        replayed = await client.post(f"/admin/dead-letters/{one}/replay", headers=auth)
+        assert replayed.status == 200 and (await replayed.json())["status"] == "replayed"
+        discarded = await client.post(f"/admin/dead-letters/{two}/discard", headers=auth)
+        assert discarded.status == 200 and (await discarded.json())["status"] == "discarded"
+        assert (await client.post(f"/admin/dead-letters/{two + 100}/replay", headers=auth)).status == 404
+        assert await (await client.get("/admin/dead-letters", headers=auth)).json() == []
+        every = await (await client.get("/admin/dead-letters?status=all", headers=auth)).json()
+        assert {row["id"]: row["status"] for row in every} == {one: "replayed", two: "discarded"}
+    [queued] = await queued_events(admin_settings.amqp_url, admin_settings.namespace)
+    assert (queued.key, queued.attempt) == ("acme:evt_1", 1)
+
+
+async def _rows(settings) -> list[dict]:
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        return await list_dead_letters(connection, status="all")
+    finally:
+        await connection.close()
+
+
+# -- the gauge and the poison drainer -------------------------------------------
+
+
+async def test_the_open_dead_letters_gauge_follows_the_table(settings):
+    one, _ = await seed(settings.database_url, make_event("acme", "evt_1"), make_event("acme", "evt_2"))
+    pool = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=1)
+    gauge = asyncio.create_task(refresh_dead_letters_gauge(pool, every=0.05))
+    try:
+        await wait_until(_gauge_is(2), 5, message="gauge 2")
+        assert (await asyncio.to_thread(dlq, "discard", str(one))).exit_code == 0
+        await wait_until(_gauge_is(1), 5, message="gauge 1")
+    finally:
+        gauge.cancel()
+        await asyncio.gather(gauge, return_exceptions=True)
+        await pool.close()
+
+
+def _gauge_is(expected: int):
+    async def check() -> bool:
+        return metrics.dead_letters_open._value.get() == expected
+    return check
+
+
+async def test_the_poison_drainer_records_what_reaches_the_dead_queue(settings):
+    poison = make_event("acme", "evt_poison")
+    completed = make_event("acme", "evt_done")
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+    await pool.execute(
+        "INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts)"
+        " VALUES ($1, 'acme', 'evt_done', $2, 1, 1)", completed.key, completed.payload_sha256)
+    connection = await aio_pika.connect(settings.amqp_url)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        dead_queue = topology.dead_queue(settings.namespace)
+        await topology.declare_dead_queue(channel, settings.namespace)
+        for message in (to_amqp(poison), to_amqp(completed), aio_pika.Message(b"\x00 not ours", message_id="m-1")):
+            await topology.publish(channel, message, dead_queue)
+        consumer = await drain_poison_queue(await connection.channel(), pool, settings.namespace, delivery_limit=3)
+        await wait_until(_rows_are(settings, 2), 10, message="two dead letters")
+        await wait_until(_queue_empty(channel, dead_queue), 10, message="the dead queue drained")
+        await asyncio.sleep(0.3)  # the last ack on its way
+        await stop_draining(consumer)
+    finally:
+        await connection.close()
+        rows = {row["key"]: row for row in await list_dead_letters(pool)}
+        await pool.close()
+    assert await queue_depth(settings.amqp_url, dead_queue) == 0  # every one acked, none returned
+    assert set(rows) == {poison.key, "unknown:m-1"}  # the completed one was a lost ack, not poison
+    assert rows[poison.key]["last_error"]["type"] == "DeliveryLimitExceeded"
+    assert "delivery limit exceeded" in rows[poison.key]["last_error"]["message"]
+    assert "more than 3 times" in rows[poison.key]["last_error"]["message"]
+    assert rows["unknown:m-1"]["last_error"]["type"] == "UnreadableMessage"
+
+
+def _rows_are(settings, expected: int):
+    async def check() -> bool:
+        return await count_rows(settings.database_url, "dead_letters") == expected
+    return check
+
+
+def _queue_empty(channel, queue_name: str):
+    async def check() -> bool:
+        queue = await channel.declare_queue(queue_name, passive=True)
+        return queue.declaration_result.message_count == 0
+    return check
