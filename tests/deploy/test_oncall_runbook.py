@@ -1,0 +1,56 @@
+"""The on-call runbook has a section for every alert's `runbook_url`, and
+its own links point at headings it has. Static, no services."""
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNBOOK = ROOT / "docs" / "oncall.md"
+ALERTS_FILE = ROOT / "deploy" / "prometheus" / "alerts.yml"
+REQUIRED_ANCHORS = {
+    "ingress-5xx", "broker-unavailable", "dead-letters", "slow-processing",
+    "idempotency-store-degraded", "conflicts",
+}
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub (and most renderers) give the headings: lower case,
+    punctuation other than `-` and `_` dropped, spaces to `-`."""
+    text = re.sub(r"^```.*?^```", "", markdown, flags=re.MULTILINE | re.DOTALL)  # no headings in code
+    anchors = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, flags=re.MULTILINE):
+        plain = re.sub(r"[`*_]", "", heading).strip().lower()
+        anchors.add(re.sub(r"[^\w\- ]", "", plain).replace(" ", "-"))
+    return anchors
+
+
+def test_anchor_rule():
+    assert heading_anchors("# Ingress 5xx\n## `dlq` replay, after a fix!\n```\n# not a heading\n```\n") == {
+        "ingress-5xx", "dlq-replay-after-a-fix",
+    }
+
+
+def test_every_alert_links_to_a_section_of_the_runbook():
+    anchors = heading_anchors(RUNBOOK.read_text())
+    document = yaml.safe_load(ALERTS_FILE.read_text())
+    linked = {
+        rule["annotations"]["runbook_url"].split("#", 1)[1]
+        for group in document["groups"] for rule in group["rules"]
+    }
+    assert linked == REQUIRED_ANCHORS
+    assert REQUIRED_ANCHORS <= anchors, sorted(REQUIRED_ANCHORS - anchors)
+
+
+def test_the_runbook_links_only_to_its_own_headings():
+    text = RUNBOOK.read_text()
+    links = set(re.findall(r"\]\(#([^)]+)\)", text))
+    assert links and links <= heading_anchors(text), sorted(links - heading_anchors(text))
+
+
+def test_the_runbook_shows_the_on_call_commands():
+    text = RUNBOOK.read_text()
+    for command in ("dlq list", "dlq show", "dlq replay", "--all --source", "dlq discard",
+                    "webhook_events_total", "webhook_dead_letters_open", "/admin/dead-letters"):
+        assert command in text, command
