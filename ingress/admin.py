@@ -30,6 +30,7 @@ from shared import metrics
 from shared.dead_letters import (
     STATUSES,
     DeadLetterNotFound,
+    NotReplayable,
     ReplayInterrupted,
     count_open,
     detail,
@@ -151,6 +152,8 @@ def _admin_route(handler: Handler) -> Handler:
             return error(400, "invalid_id")
         except DeadLetterNotFound:
             return error(404, "not_found")
+        except NotReplayable:
+            return error(409, "not_replayable")
         except _DATABASE_ERRORS as exc:
             log.warning("admin_database_unavailable", error=f"{type(exc).__name__}: {exc}")
             return error(503, "database_unavailable", {"Retry-After": "5"})

@@ -26,6 +26,7 @@ SQL = load_queries("shared")
 STATUSES = ("dead", "replayed", "discarded")
 REPLAY_PUBLISH_TIMEOUT = 10.0
 MAX_ID = 2**63 - 1  # bigserial
+UNREADABLE = "UnreadableMessage"  # the error type of a message that was not ours (workers.poison)
 
 
 class DeadLetterError(WebhookIngestError):
@@ -42,6 +43,15 @@ class DeadLetterNotFound(DeadLetterError):
 
 class InvalidStatus(DeadLetterError):
     """Unknown dead-letter status."""
+
+
+class NotReplayable(DeadLetterError):
+    """Not an event message (recorded by the poison drainer as UnreadableMessage): discard it."""
+
+    def __init__(self, ids: Iterable[int]):
+        self.ids = sorted(ids)
+        super().__init__(f"dead letter {', '.join(map(str, self.ids))} is not an event message and cannot be"
+                         " replayed (discard it)")
 
 
 class ReplayInterrupted(DeadLetterError):
@@ -178,6 +188,7 @@ async def replay(conn, channel, namespace: str, ids: Sequence[int] | None = None
     """
     rows = await conn.fetch(SQL["dead_letters_to_replay"], list(ids or ()), all_, source)
     _require_all_found(ids or (), rows)
+    rows = _replayable(rows, refuse=not all_)
     replayed: list[int] = []
     for row in rows:
         try:
@@ -187,6 +198,15 @@ async def replay(conn, channel, namespace: str, ids: Sequence[int] | None = None
             raise ReplayInterrupted(replayed, exc) from exc
         replayed += await mark_replayed(conn, [row["id"]])
     return replayed
+
+
+def _replayable(rows, refuse: bool) -> list:
+    """Rows that are events; the others raise NotReplayable when `refuse`
+    (explicit ids), else are left dead (`--all`)."""
+    unreadable = [row["id"] for row in rows if row["last_error_type"] == UNREADABLE]
+    if unreadable and refuse:
+        raise NotReplayable(unreadable)
+    return [row for row in rows if row["last_error_type"] != UNREADABLE]
 
 
 def _require_all_found(ids: Iterable[int], rows) -> None:

@@ -31,7 +31,8 @@ WHERE id = $1
 -- The rows a replay publishes: the given ids (whatever their status: an
 -- explicit id is the operator's decision), or with $2 every open one,
 -- optionally of one source ($3). Oldest first, the order they failed in.
-SELECT id, key, source, event_id, payload_sha256, body, headers, received_at
+SELECT id, key, source, event_id, payload_sha256, body, headers, received_at,
+       errors -> -1 ->> 'type' AS last_error_type
 FROM dead_letters
 WHERE (id = ANY($1::bigint[]) OR ($2 AND status = 'dead' AND ($3::text IS NULL OR source = $3)))
 ORDER BY id

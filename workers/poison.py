@@ -28,7 +28,7 @@ from functools import partial
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from shared import metrics, topology
-from shared.dead_letters import record_dead_letter
+from shared.dead_letters import UNREADABLE, record_dead_letter
 from shared.logging import get_logger
 from shared.message import EventMessage, from_amqp
 from shared.queries import load_queries
@@ -82,7 +82,7 @@ def poison_record(message: AbstractIncomingMessage, delivery_limit: int | None) 
         event = from_amqp(message.body, headers)
     except (KeyError, ValueError, TypeError) as exc:
         event = unreadable_event(message)
-        return event, [_error(event.attempt, "UnreadableMessage", f"not an event message of webhook-ingest ({type(exc).__name__}: {exc})")]
+        return event, [_error(event.attempt, UNREADABLE, f"not an event message of webhook-ingest ({type(exc).__name__}: {exc})")]
     return event, [*event.errors, _error(event.attempt, "DeliveryLimitExceeded", delivery_limit_message(delivery_limit))]
 
 

@@ -13,9 +13,11 @@ import sys
 import time
 
 import aio_pika
+import aiohttp
 import asyncpg
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from shared import topology
 from shared.message import to_amqp
@@ -98,10 +100,13 @@ async def test_retries_spaced_by_the_delays_then_a_dead_letter_then_one_delivery
     receiver = Receiver(500)
     env = {**service_env, "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "sources.toml", receiver.url)}
     event = make_event("acme", "evt_retry")
+    metrics_port = free_port()
     async with receiver.running():
-        fleet.worker("--concurrency", "4", env=env)
+        fleet.worker("--concurrency", "4", "--metrics-port", str(metrics_port), env=env)
         await publish_events(settings.amqp_url, settings.namespace, [event])
         await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 60, message="a dead letter")
+        outcomes = await wait_until(_outcomes(metrics_port, {"retried": 2, "dead": 1}), 10, message="metrics")
+        assert outcomes.get("processed", 0) == 0
 
         assert len(receiver.requests) == 3  # max_attempts
         assert {headers["Idempotency-Key"] for _, headers, _ in receiver.requests} == {event.key}
@@ -131,6 +136,18 @@ async def test_retries_spaced_by_the_delays_then_a_dead_letter_then_one_delivery
     [replayed] = await dlq_json(env, "list", "--status", "replayed")
     assert replayed["id"] == listed["id"]
     assert await dlq_json(env, "list") == []
+
+
+def _outcomes(port: int, expected: dict[str, float]):
+    """A predicate: the worker's webhook_events_total by outcome, once it shows `expected`."""
+    async def check():
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+            text = await response.text()
+        counts = {sample.labels["outcome"]: sample.value
+                  for family in text_string_to_metric_families(text) if family.name == "webhook_events"
+                  for sample in family.samples if sample.name == "webhook_events_total"}
+        return counts if all(counts.get(name) == value for name, value in expected.items()) else None
+    return check
 
 
 async def test_a_4xx_answer_is_a_dead_letter_after_one_attempt(service_env, settings, fleet, tmp_path):

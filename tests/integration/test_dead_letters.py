@@ -289,6 +289,11 @@ async def test_the_poison_drainer_records_what_reaches_the_dead_queue(settings):
     assert "more than 3 times" in rows[poison.key]["last_error"]["message"]
     assert rows["unknown:m-1"]["last_error"]["type"] == "UnreadableMessage"
 
+    refused = await asyncio.to_thread(dlq, "replay", str(rows["unknown:m-1"]["id"]))
+    assert refused.exit_code != 0 and "is not an event message" in refused.stderr
+    replayed = await asyncio.to_thread(dlq, "replay", "--all")  # leaves the unreadable one dead
+    assert replayed.exit_code == 0 and replayed.stdout.strip() == f"replayed 1: {rows[poison.key]['id']}"
+
 
 def _rows_are(settings, expected: int):
     async def check() -> bool:
