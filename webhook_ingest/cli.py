@@ -5,19 +5,14 @@ import sys
 
 import click
 
-from shared.errors import ConfigError, WebhookIngestError
+from shared.errors import ConfigError
 from shared.logging import configure_logging, get_logger
-from shared.settings import ENVIRONMENT_VARIABLES, Settings, load_settings
+from shared.settings import Settings, load_settings
 from shared.sources import Source, load_sources
-
-ENV_HELP = "\b\nEnvironment:\n" + "\n".join(f"  {name:<30} {meaning}" for name, meaning in ENVIRONMENT_VARIABLES)
+from webhook_ingest.console import ENV_HELP, fail
+from webhook_ingest.dlq import dlq, prune
 
 log = get_logger("webhook_ingest")
-
-
-def fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(2)
 
 
 def configured() -> tuple[Settings, dict[str, Source]]:
@@ -93,13 +88,6 @@ def send_test_command(source_name: str, url: str, duplicates: int) -> None:
         click.echo(f"{status} {body}")
 
 
-def run_or_fail(coroutine) -> object:
-    try:
-        return asyncio.run(coroutine)
-    except WebhookIngestError as exc:
-        fail(str(exc))
-
-
 @main.command(epilog=ENV_HELP)
 @click.option("--concurrency", default=16, show_default=True, type=click.IntRange(min=1), help="messages in flight")
 @click.option("--metrics-port", type=int, default=None, help="serve /metrics, /healthz, /readyz on this port")
@@ -165,5 +153,5 @@ def run(host: str, port: int, worker_count: int) -> None:
     asyncio.run(Supervisor(commands).run())
 
 
-from webhook_ingest.dlq import dlq, prune  # noqa: E402
-main.add_command(dlq); main.add_command(prune)
+main.add_command(dlq)
+main.add_command(prune)

@@ -2,7 +2,6 @@
 
 They need only `DATABASE_URL` (and `AMQP_URL` for a replay), never the
 sources' secrets, so they run from any machine that reaches the services.
-Imported by `webhook_ingest.cli` at its end (import that module, not this one).
 """
 
 import asyncio
@@ -34,7 +33,7 @@ from shared.dead_letters import (
 from shared.errors import ConfigError, ServiceUnavailable
 from shared.logging import configure_logging
 from shared.settings import Settings, load_settings
-from webhook_ingest.cli import ENV_HELP, fail, run_or_fail
+from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 
 CONNECT_TIMEOUT = 10.0
 PRUNE_BATCH = 5000

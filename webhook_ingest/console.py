@@ -1,0 +1,25 @@
+"""What every command shares: the environment help and how to fail."""
+
+import asyncio
+import sys
+
+import click
+
+from shared.errors import WebhookIngestError
+from shared.settings import ENVIRONMENT_VARIABLES
+
+ENV_HELP = "\b\nEnvironment:\n" + "\n".join(f"  {name:<30} {meaning}" for name, meaning in ENVIRONMENT_VARIABLES)
+
+
+def fail(message: str) -> None:
+    """One line on stderr, exit 2."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def run_or_fail(coroutine) -> object:
+    """Run the coroutine; the project's own errors become `fail`."""
+    try:
+        return asyncio.run(coroutine)
+    except WebhookIngestError as exc:
+        fail(str(exc))
