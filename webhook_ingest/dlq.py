@@ -185,7 +185,7 @@ async def database(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
 
 @contextlib.asynccontextmanager
 async def confirm_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
-    """A confirm-mode channel with the events queue declared (as the ingress does)."""
+    """A confirm-mode channel, the events queue known to exist."""
     where = settings.masked()["amqp_url"]
     try:
         connection = await aio_pika.connect(
@@ -195,11 +195,26 @@ async def confirm_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.Abst
         raise BrokerUnavailable(f"cannot reach RabbitMQ at {where}: {one_line(exc)}") from exc
     async with connection:
         try:
+            await _ensure_events_queue(connection, settings)
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-            await topology.declare_events_queue(channel, settings.namespace, settings.delivery_limit)
         except _BROKER_ERRORS as exc:
             raise BrokerUnavailable(f"RabbitMQ at {where}: {one_line(exc)}") from exc
         yield channel
+
+
+async def _ensure_events_queue(connection, settings: Settings) -> None:
+    """Leaves an existing queue as it is: declaring it with arguments would
+    fail if this shell's WEBHOOK_INGEST_DELIVERY_LIMIT differs from the
+    deployment's. Only a queue that does not exist yet is declared."""
+    probe = await connection.channel()
+    try:
+        await probe.declare_queue(topology.events_queue(settings.namespace), passive=True)
+    except aio_pika.exceptions.ChannelNotFoundEntity:  # it also closed the probe channel
+        declaring = await connection.channel()
+        await topology.declare_events_queue(declaring, settings.namespace, settings.delivery_limit)
+        await declaring.close()
+    else:
+        await probe.close()
 
 
 async def _replay(settings: Settings, ids: list[int], all_: bool, source: str | None) -> list[int]:

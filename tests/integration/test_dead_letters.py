@@ -19,7 +19,7 @@ from shared.dead_letters import get_dead_letter, list_dead_letters, record_dead_
 from shared.message import to_amqp
 from shared.settings import Settings
 from shared.sources import load_sources
-from tests.support.events import make_event, queue_depth
+from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import count_rows, wait_until
 from webhook_ingest.cli import main
@@ -149,6 +149,14 @@ def test_replay_publishes_the_event_as_received_with_a_fresh_attempt_budget(sett
     assert [e.key for e in asyncio.run(queued_events(settings.amqp_url, settings.namespace))] == ["acme:evt_2"]
     statuses = {row["id"]: row["status"] for row in json.loads(dlq("list", "--status", "all", "--json").stdout)}
     assert statuses == {first: "replayed", second: "replayed", third: "dead"}
+
+
+def test_replay_uses_the_deployments_queue_whatever_this_shells_delivery_limit(settings):
+    asyncio.run(publish_events(settings.amqp_url, settings.namespace, [], delivery_limit=3))  # the deployment's
+    [dead] = asyncio.run(seed(settings.database_url, make_event("acme", "evt_1")))
+    result = dlq("replay", str(dead))  # this shell: the default limit, 20
+    assert result.exit_code == 0, result.stderr
+    assert [e.key for e in asyncio.run(queued_events(settings.amqp_url, settings.namespace))] == ["acme:evt_1"]
 
 
 async def test_prune_deletes_completion_records_past_the_window_in_batches(settings):
