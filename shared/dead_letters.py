@@ -67,7 +67,9 @@ class ReplayInterrupted(DeadLetterError):
 
 
 async def record_dead_letter(conn, event: EventMessage, errors: Sequence[dict]) -> int:
-    """One dead letter for `event`, whose failed attempts are `errors`; its id."""
+    """One dead letter for `event`, whose failed attempts are `errors`; its
+    id. An event that already has an open one keeps it (a redelivery after a
+    crash between this commit and the ack): no second row."""
     return await conn.fetchval(
         SQL["insert_dead_letter"],
         event.key,

@@ -9,8 +9,8 @@ when it is not an event message at all.
 
 If Postgres is down the message waits, unacknowledged, and recording is
 retried until it succeeds (the dead queue is no place for a requeue loop).
-A crash between the commit and the ack records the message twice on its
-redelivery: two rows of the same key, of which a replay runs at most one.
+A crash between the commit and the ack records nothing new on its
+redelivery: the event's open dead letter is found again.
 
 A worker that dies takes the acks of its other messages with it, so they
 are redelivered beside the poison one and may reach the limit too; one

@@ -76,6 +76,22 @@ async def test_a_dead_letter_keeps_the_event_as_received_and_every_error(setting
     assert [item["id"] for item in listed] == [second, first]  # newest first
 
 
+async def test_an_event_has_at_most_one_open_dead_letter(settings):
+    event = make_event("acme", "evt_1")
+    [first] = await seed(settings.database_url, event)
+    assert await seed(settings.database_url, event) == [first]  # the redelivery after a crash
+    other_payload = dataclasses.replace(event, payload_sha256="0" * 64)
+    [second] = await seed(settings.database_url, other_payload)
+    assert second != first
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        await connection.execute("UPDATE dead_letters SET status = 'replayed' WHERE id = $1", first)
+    finally:
+        await connection.close()
+    [third] = await seed(settings.database_url, event)  # replayed, failed again: a new one
+    assert third not in (first, second)
+
+
 # -- the CLI -------------------------------------------------------------------
 
 
