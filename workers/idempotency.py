@@ -17,7 +17,7 @@ from redis.backoff import NoBackoff
 from shared import metrics
 from shared.idempotency import ClaimState
 from shared.logging import get_logger
-from workers.redlock import REDIS_ERRORS, Lock, Redlock
+from workers.redlock import REDIS_ERRORS, AcquireResult, Lock, Redlock
 
 log = get_logger(__name__)
 
@@ -49,7 +49,16 @@ class IdempotencyStore:
     async def claim(self, idempotency_key: str) -> Claim:
         if time.monotonic() < self._skip_until:
             return Claim(ClaimState.UNAVAILABLE)
-        result = await self.redlock.acquire(self._prefix + idempotency_key)
+        return self._claim_from(await self.redlock.acquire(self._prefix + idempotency_key))
+
+    async def claim_many(self, idempotency_keys: list[str]) -> list[Claim]:
+        """`claim` for many keys in one round trip per master."""
+        if time.monotonic() < self._skip_until:
+            return [Claim(ClaimState.UNAVAILABLE)] * len(idempotency_keys)
+        results = await self.redlock.acquire_many([self._prefix + key for key in idempotency_keys])
+        return [self._claim_from(result) for result in results]
+
+    def _claim_from(self, result: AcquireResult) -> Claim:
         self._count_errors(len(self._clients) - result.reachable)
         if result.lock is not None:
             self._recovered()
@@ -77,6 +86,13 @@ class IdempotencyStore:
             self._prefix + idempotency_key, DONE_PREFIX + payload_sha256, self._done_ttl
         )
         self._count_errors(len(self._clients) - taken)
+
+    async def complete_many(self, completions: list[tuple[str, str]]) -> None:
+        """`complete` for many (key, payload_sha256) pairs, pipelined."""
+        if time.monotonic() < self._skip_until or not completions:
+            return
+        items = [(self._prefix + key, DONE_PREFIX + sha256) for key, sha256 in completions]
+        self._count_errors(await self.redlock.set_many_everywhere(items, self._done_ttl))
 
     async def release(self, lock: Lock) -> None:
         """Give the key back after a failure, so a retry may claim it at once."""

@@ -33,7 +33,7 @@ from shared.message import EventMessage
 from shared.queries import load_queries
 from shared.sources import Source
 from workers.handlers import Event, HandlerContext, load_handler
-from workers.idempotency import IdempotencyStore
+from workers.idempotency import Claim, IdempotencyStore
 from workers.outage import outage_kind
 from workers.redlock import REDIS_ERRORS, Lock
 from workers.retry import FailurePolicy
@@ -41,6 +41,7 @@ from workers.retry import FailurePolicy
 log = get_logger(__name__)
 SQL = load_queries("workers")
 DEFER_SECONDS = 1.0
+BUSY_RECHECKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.24)  # seconds, ~0.55 in all
 
 
 class CompletionRefused(Exception):
@@ -64,19 +65,43 @@ class Processor:
         self._pool = pool
         self._failures = failures
 
+    def batchable(self, message: EventMessage) -> bool:
+        """Whether the source's handler may share a transaction (`workers.batch`)."""
+        return getattr(self._handlers[message.source], "batchable", False)
+
     async def process(self, message: EventMessage) -> Outcome:
-        claim = await self._store.claim(message.key)
+        return await self.process_claimed(message, await self._store.claim(message.key))
+
+    async def process_claimed(self, message: EventMessage, claim: Claim) -> Outcome:
         if claim.state is ClaimState.COMPLETED:
-            return await self._completed(message, claim.completed_sha256, redis_knows=True)
+            return await self.completed(message, claim.completed_sha256, redis_knows=True)
         if claim.state is ClaimState.BUSY:
+            claim = await self._claim_when_free(message.key)
+            if claim.state is not ClaimState.BUSY:
+                return await self.process_claimed(message, claim)
             await self._failures.delay(message, DEFER_SECONDS)
             return Outcome.DEFERRED
         if claim.state is ClaimState.ACQUIRED:
-            return await self._run_locked(message, claim.lock)
+            return await self.run_locked(message, claim.lock)
         return await self._run(message, locked=False)
 
-    async def _run_locked(self, message: EventMessage, lock: Lock) -> Outcome:
-        async with self._kept_alive(lock):
+    async def _claim_when_free(self, key: str) -> Claim:
+        """Claims again a few times while the key is in flight elsewhere.
+
+        Copies of one event arrive together; the first is usually done within
+        milliseconds, and a re-claim (one SET NX) then finds it completed —
+        much cheaper than a round through the retry queue. A slow handler
+        still sends the copy to the retry queue after about half a second.
+        """
+        for pause in BUSY_RECHECKS:
+            await asyncio.sleep(pause)
+            claim = await self._store.claim(key)
+            if claim.state is not ClaimState.BUSY:
+                return claim
+        return claim
+
+    async def run_locked(self, message: EventMessage, lock: Lock) -> Outcome:
+        async with self.kept_alive(lock):
             try:
                 outcome = await self._run(message, locked=True)
             except BaseException:
@@ -100,11 +125,11 @@ class Processor:
                 async with connection.transaction():
                     if token is None:
                         token = await self._take_turn(connection, message.key)
-                    await self._call_handler(connection, message, source)
+                    await self.call_handler(connection, message)
                     if await connection.fetchval(SQL["complete_event"], *_completion_row(message, token)) is None:
                         raise CompletionRefused()
         except AlreadyCompleted as done:
-            return await self._completed(message, done.completed_sha256)
+            return await self.completed(message, done.completed_sha256)
         except CompletionRefused:
             return await self._refused(message)
         except HandlerFailed as failed:
@@ -123,7 +148,8 @@ class Processor:
         await connection.execute(SQL["lock_key_for_transaction"], key)
         return await self._register_fence(connection, key)
 
-    async def _call_handler(self, connection, message: EventMessage, source: Source) -> None:
+    async def call_handler(self, connection, message: EventMessage) -> None:
+        source = self._sources[message.source]
         event = Event(
             source=message.source,
             event_id=message.event_id,
@@ -141,7 +167,7 @@ class Processor:
                 raise  # ctx.db lost its connection: Postgres is down, not the handler
             raise HandlerFailed() from exc
 
-    async def _completed(self, message: EventMessage, completed_sha256: str, redis_knows: bool = False) -> Outcome:
+    async def completed(self, message: EventMessage, completed_sha256: str, redis_knows: bool = False) -> Outcome:
         outcome = classify_completed(completed_sha256, message.payload_sha256)
         if outcome is Outcome.CONFLICT:
             log.warning("payload_conflict", completed_sha256=completed_sha256, conflicting_sha256=message.payload_sha256)
@@ -158,21 +184,22 @@ class Processor:
         async with self._pool.acquire() as connection:
             completed_sha256 = await connection.fetchval(SQL["completed_sha256"], message.key)
         if completed_sha256 is not None:
-            return await self._completed(message, completed_sha256)
+            return await self.completed(message, completed_sha256)
         # Another worker took the key over after our lock expired; its own
         # delivery of this event completes it. Ours rolled back, harmlessly.
         log.warning("completion_refused_stale_token")
         return Outcome.SUPERSEDED
 
     @contextlib.asynccontextmanager
-    async def _kept_alive(self, lock: Lock):
-        """Extends the lock every third of its TTL while the block runs."""
-        task = asyncio.create_task(self._extend_forever(lock))
+    async def kept_alive(self, *locks: Lock):
+        """Extends the locks every third of their TTL while the block runs."""
+        tasks = [asyncio.create_task(self._extend_forever(lock)) for lock in locks]
         try:
             yield
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _extend_forever(self, lock: Lock) -> None:
         interval = self._store.redlock.ttl_ms / 3000
@@ -180,7 +207,7 @@ class Processor:
             await asyncio.sleep(interval)
             extended = await self._store.extend(lock)
             if extended is None:
-                log.warning("processing_lock_lost")
+                log.warning("processing_lock_lost", key=lock.key)
                 metrics.idempotency_store_errors.labels("redis").inc()
                 return
             lock = extended

@@ -78,9 +78,37 @@ class Redlock:
             return AcquireResult(Lock(key, value, started + validity), reachable=len(answers))
         if won:
             await self.release(Lock(key, value, 0))
-        holder = next((_text(a) for a in answers if a is not None and _text(a).startswith("done:")), None)
-        holder = holder or next((_text(a) for a in answers if a is not None), None)
-        return AcquireResult(holder_value=holder, reachable=len(answers))
+        return AcquireResult(holder_value=_holder(answers), reachable=len(answers))
+
+    async def acquire_many(self, keys: list[str]) -> list[AcquireResult]:
+        """`acquire` for many keys in one pipelined round trip per master."""
+        values = [f"lock:{uuid.uuid4().hex}" for _ in keys]
+        started = time.monotonic()
+        per_master = await asyncio.gather(*(self._set_nx_pipeline(c, keys, values) for c in self.clients))
+        validity = self.ttl_ms / 1000 - (time.monotonic() - started) - self._drift()
+        results, partial = [], []
+        for index, (key, value) in enumerate(zip(keys, values)):
+            replies = [master[index] for master in per_master]
+            answers = [reply for reply in replies if not isinstance(reply, BaseException)]
+            won = sum(1 for reply in answers if reply is None)
+            if won >= self.quorum and validity > 0:
+                results.append(AcquireResult(Lock(key, value, started + validity), reachable=len(answers)))
+                continue
+            if won:
+                partial.append(Lock(key, value, 0))
+            results.append(AcquireResult(holder_value=_holder(answers), reachable=len(answers)))
+        await asyncio.gather(*(self.release(lock) for lock in partial))
+        return results
+
+    async def _set_nx_pipeline(self, client: redis.Redis, keys: list[str], values: list[str]) -> list:
+        """One reply per key: None (we set it), the holder's value, or the error."""
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                for key, value in zip(keys, values):
+                    pipe.set(key, value, nx=True, px=self.ttl_ms, get=True)
+                return await pipe.execute(raise_on_error=False)
+        except REDIS_ERRORS as exc:
+            return [exc] * len(keys)
 
     async def extend(self, lock: Lock) -> Lock | None:
         """A lock valid for another ttl, or None if a majority no longer has it."""
@@ -101,11 +129,31 @@ class Redlock:
         )
         return sum(1 for reply in replies if reply is True)
 
+    async def set_many_everywhere(self, items: list[tuple[str, str]], ttl_seconds: int) -> int:
+        """`set_everywhere` for many keys, pipelined; returns the writes that failed."""
+        async def write(client: redis.Redis) -> int:
+            try:
+                async with client.pipeline(transaction=False) as pipe:
+                    for key, value in items:
+                        pipe.set(key, value, ex=ttl_seconds)
+                    replies = await pipe.execute(raise_on_error=False)
+            except REDIS_ERRORS:
+                return len(items)
+            return sum(1 for reply in replies if reply is not True)
+
+        return sum(await asyncio.gather(*(write(client) for client in self.clients)))
+
     async def _on_all(self, scripts, key: str, *args) -> list:
         return await asyncio.gather(*(script(keys=[key], args=args) for script in scripts), return_exceptions=True)
 
     def _drift(self) -> float:
         return self.ttl_ms / 1000 * 0.01 + 0.002
+
+
+def _holder(answers: list) -> str | None:
+    """What holds a key we lost: a done marker wins over another's lock."""
+    held = [_text(answer) for answer in answers if answer is not None]
+    return next((value for value in held if value.startswith("done:")), None) or next(iter(held), None)
 
 
 def _text(value) -> str:

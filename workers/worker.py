@@ -22,6 +22,7 @@ from shared.logging import get_logger
 from shared.message import EventMessage, from_amqp
 from shared.settings import Settings
 from shared.sources import Source
+from workers.batch import BatchProcessor
 from workers.handlers import forward
 from workers.idempotency import IdempotencyStore
 from workers.outage import OutageGate, outage_kind
@@ -32,6 +33,7 @@ log = get_logger(__name__)
 
 MAX_POOL_SIZE = 20
 GAUGE_REFRESH_SECONDS = 15.0
+PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
 
 
 class Worker:
@@ -45,6 +47,8 @@ class Worker:
         self.ready = False
         self._stopping = asyncio.Event()
         self._in_flight: set[asyncio.Task] = set()
+        self._pending: list[tuple[AbstractIncomingMessage, EventMessage]] = []
+        self._running_batches = 0
 
     def stop(self) -> None:
         self._stopping.set()
@@ -80,6 +84,7 @@ class Worker:
         queue = await self._declare_queues(consume_channel)
         failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace)
         self.processor = Processor(self.sources, self.store, self.pool, failures)
+        self.batch_processor = BatchProcessor(self.processor, self.store, self.pool)
         self._gates = {
             "postgres": OutageGate(self._probe_postgres, "postgres"),
             "rabbitmq": OutageGate(self._probe_broker, "rabbitmq"),
@@ -131,33 +136,68 @@ class Worker:
             log.warning("handlers_cancelled_at_grace_end", count=len(unfinished))
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        task = asyncio.create_task(self._handle(message))
+        event = await self._decode(message)
+        if event is None:
+            return
+        if not self.processor.batchable(event):
+            self._track(self._handle(message, event))
+            return
+        self._pending.append((message, event))
+        self._start_batches()
+
+    def _track(self, coroutine) -> None:
+        task = asyncio.create_task(coroutine)
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
 
-    async def _handle(self, message: AbstractIncomingMessage) -> None:
-        started = time.perf_counter()
+    async def _decode(self, message: AbstractIncomingMessage) -> EventMessage | None:
+        """The event, or None once an unusable message is rejected to NS.dead."""
         try:
             event = from_amqp(message.body, message.headers)
         except (KeyError, ValueError, TypeError):
             log.error("unreadable_message", message_id=message.message_id)
-            await message.reject(requeue=False)  # to NS.dead, where the drainer records it
-            return
+            await message.reject(requeue=False)  # the drainer records it
+            return None
         if event.deliveries > self.settings.delivery_limit:  # the queue's limit, counted across deferrals
-            await message.reject(requeue=False)  # to NS.dead: a poison message
-            return
+            await message.reject(requeue=False)  # a poison message
+            return None
+        return event
+
+    async def _handle(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
+        started = time.perf_counter()
         with structlog.contextvars.bound_contextvars(source=event.source, key=event.key, attempt=event.attempt):
-            outcome = await self._process_until_done(event)
+            outcome = await self._until_done(self.processor.process, event)
             await self._ack(message)
             log.debug("event_done", outcome=outcome.value)
-        if outcome.value in _COUNTED_OUTCOMES:
-            metrics.events.labels(event.source, outcome.value).inc()
-        metrics.processing_duration.labels(event.source).observe(time.perf_counter() - started)
+        _observe(event, outcome, started)
 
-    async def _process_until_done(self, event: EventMessage) -> Outcome:
+    def _start_batches(self) -> None:
+        # Group commit: while batches are running, deliveries wait in
+        # `_pending`; each batch that ends takes all of them. Batches grow
+        # with the load and a lone event never waits for company.
+        if self._stopping.is_set():
+            return  # left unacked: the broker redelivers them
+        while self._pending and self._running_batches < PARALLEL_BATCHES:
+            batch, self._pending = self._pending, []
+            self._running_batches += 1
+            self._track(self._handle_batch(batch))
+
+    async def _handle_batch(self, batch: list[tuple[AbstractIncomingMessage, EventMessage]]) -> None:
+        started = time.perf_counter()
+        try:
+            outcomes = await self._until_done(self.batch_processor.process, [event for _, event in batch])
+        finally:
+            self._running_batches -= 1
+            self._start_batches()
+        for (message, event), outcome in zip(batch, outcomes):
+            await self._ack(message)
+            _observe(event, outcome, started)
+
+    async def _until_done(self, process, work):
+        """Runs `process(work)`; an outage pauses and runs it again, using no attempt."""
         while True:
             try:
-                return await self.processor.process(event)
+                return await process(work)
             except Exception as exc:
                 kind = outage_kind(exc)
                 if kind is None:
@@ -186,6 +226,12 @@ class Worker:
                 async with self.pool.acquire(timeout=5) as connection:
                     metrics.dead_letters_open.set(await count_open(connection))
             await asyncio.sleep(GAUGE_REFRESH_SECONDS)
+
+
+def _observe(event: EventMessage, outcome: Outcome, started: float) -> None:
+    if outcome.value in _COUNTED_OUTCOMES:
+        metrics.events.labels(event.source, outcome.value).inc()
+    metrics.processing_duration.labels(event.source).observe(time.perf_counter() - started)
 
 
 _COUNTED_OUTCOMES = {o.value for o in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)}
