@@ -74,3 +74,14 @@ async def kills_its_process(event, ctx):
     if event.payload.get("poison"):
         os._exit(137)
     await inbox(event, ctx)
+
+
+async def inbox_failing_odd_ids_once(event, ctx):
+    """A batchable inbox whose odd-numbered events fail on their first attempt,
+    after writing their row: the batch they share must roll back whole."""
+    await inbox(event, ctx)
+    if event.attempt == 1 and int(event.event_id.rsplit("_", 1)[1]) % 2:
+        raise RuntimeError("odd event, first attempt")
+
+
+inbox_failing_odd_ids_once.batchable = True
