@@ -17,15 +17,17 @@ from ingress.admin import refresh_dead_letters_gauge
 from shared import metrics, topology
 from shared.dead_letters import get_dead_letter, list_dead_letters, record_dead_letter
 from shared.message import to_amqp
+from shared.idempotency import Outcome
 from shared.settings import Settings
-from shared.sources import load_sources
+from shared.sources import load_sources, parse_source
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import count_rows, wait_until
+from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.cli import main
 from webhook_ingest.dlq import prune_completion_records
 from workers.poison import drain_poison_queue, stop_draining
-from workers.retry import describe_failure
+from workers.retry import FailurePolicy, describe_failure
 
 TOKEN = "s3cret-admin-token"
 
@@ -90,6 +92,50 @@ async def test_an_event_has_at_most_one_open_dead_letter(settings):
         await connection.close()
     [third] = await seed(settings.database_url, event)  # replayed, failed again: a new one
     assert third not in (first, second)
+
+
+# -- recording a failure -----------------------------------------------------------
+# The worker acks the original once FailurePolicy.fail returns, so it must
+# return only when the retry message is confirmed or the dead letter committed.
+
+
+async def test_a_retry_is_confirmed_by_the_broker_before_fail_returns(settings):
+    source = parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox",
+                                   "retry_delays": [30], "max_attempts": 3})
+    event = make_event("acme", "evt_1")
+    pool = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=1)
+    try:
+        with TcpProxy("127.0.0.1", 5672) as proxy:
+            connection = await aio_pika.connect(proxy.url_for(settings.amqp_url))
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            retry_queue = await topology.declare_retry_queue(channel, settings.namespace, 30)
+            failures = FailurePolicy(channel, pool, settings.namespace)
+            assert await failures.fail(event, source, RuntimeError("boom")) is Outcome.RETRIED
+            assert await queue_depth(settings.amqp_url, retry_queue.name) == 1  # there when fail returned
+            proxy.cut()
+            with pytest.raises(Exception):  # noqa: B017 - whatever the client raises: not RETRIED, so no ack
+                await asyncio.wait_for(failures.fail(event, source, RuntimeError("boom")), 10)
+            await connection.close()
+        assert await queue_depth(settings.amqp_url, retry_queue.name) == 1
+    finally:
+        await pool.close()
+
+
+async def test_a_dead_letter_is_committed_before_fail_returns(settings):
+    source = parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox", "max_attempts": 1})
+    event = make_event("acme", "evt_1")
+    with TcpProxy("127.0.0.1", 5432) as proxy:
+        pool = await asyncpg.create_pool(proxy.url_for(settings.database_url), min_size=0, max_size=1)
+        try:
+            failures = FailurePolicy(None, pool, settings.namespace)  # a dead letter needs no channel
+            assert await failures.fail(event, source, RuntimeError("boom")) is Outcome.DEAD
+            assert await count_rows(settings.database_url, "dead_letters") == 1  # committed, seen from outside
+            proxy.cut()
+            with pytest.raises(Exception):  # noqa: B017 - not DEAD, so no ack
+                await asyncio.wait_for(failures.fail(make_event("acme", "evt_2"), source, RuntimeError("boom")), 10)
+        finally:
+            pool.terminate()
+    assert await count_rows(settings.database_url, "dead_letters") == 1
 
 
 # -- the CLI -------------------------------------------------------------------
