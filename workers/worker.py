@@ -161,12 +161,23 @@ class Worker:
         if event.deliveries > self.settings.delivery_limit:  # the queue's limit, counted across deferrals
             await message.reject(requeue=False)  # a poison message
             return None
+        if event.source not in self.sources:
+            # Sources files out of step (a rolling deploy): another worker may
+            # know it; past the delivery limit it is a dead letter.
+            log.error("unknown_source_in_message", source=event.source, key=event.key)
+            await self._requeue(message)
+            return None
         return event
 
     async def _handle(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
         started = time.perf_counter()
         with structlog.contextvars.bound_contextvars(source=event.source, key=event.key, attempt=event.attempt):
-            outcome = await self._until_done(self.processor.process, event)
+            try:
+                outcome = await self._until_done(self.processor.process, event)
+            except Exception:  # a bug, not the handler (that is a retry): never pin the message
+                log.exception("processing_crashed")
+                await self._requeue(message)
+                return
             await self._ack(message)
             log.debug("event_done", outcome=outcome.value)
         _observe(event, outcome, started)
@@ -186,9 +197,15 @@ class Worker:
         started = time.perf_counter()
         try:
             outcomes = await self._until_done(self.batch_processor.process, [event for _, event in batch])
+        except Exception:
+            log.exception("batch_crashed", size=len(batch))
+            outcomes = None
         finally:
             self._running_batches -= 1
             self._start_batches()
+        if outcomes is None:  # one by one, so only the culprit goes back to the queue
+            await asyncio.gather(*(self._handle(message, event) for message, event in batch))
+            return
         for (message, event), outcome in zip(batch, outcomes):
             await self._ack(message)
             _observe(event, outcome, started)
@@ -209,6 +226,14 @@ class Worker:
             await message.ack()
         except Exception as exc:  # noqa: BLE001 - the broker redelivers; the copy is a duplicate
             log.warning("ack_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def _requeue(self, message: AbstractIncomingMessage) -> None:
+        # Counts towards the queue's delivery limit: a message that always
+        # crashes us ends in the dead letters, not in a hot loop.
+        try:
+            await message.nack(requeue=True)
+        except Exception as exc:  # noqa: BLE001 - the channel is gone: redelivered anyway
+            log.warning("requeue_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _probe_postgres(self) -> None:
         async with self.pool.acquire(timeout=2) as connection:

@@ -64,3 +64,15 @@ async def _attempts_by_key(database_url: str) -> dict[str, int]:
         return {r["key"]: r["attempts"] for r in await connection.fetch("SELECT key, attempts FROM processed_events")}
     finally:
         await connection.close()
+
+
+async def test_an_event_of_a_source_this_worker_does_not_know_ends_as_a_dead_letter(service_env, settings, fleet, tmp_path):
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "inbox"), "WEBHOOK_INGEST_DELIVERY_LIMIT": "2"}
+    stray, good = make_event("ghost", "evt_stray"), make_event("acme", "evt_good")
+    await publish_events(settings.amqp_url, settings.namespace, [stray, good], delivery_limit=2)
+    worker = fleet.worker("--concurrency", "8", env=env)
+
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters", "source = 'ghost'"), 60,
+                     message="the stray event as a dead letter")
+    assert await count_rows(settings.database_url, "inbox") == 1  # the good one, not blocked
+    assert "unknown_source_in_message" in worker.output()
