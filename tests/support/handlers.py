@@ -15,15 +15,32 @@ from workers.handlers import PermanentError
 from workers.handlers.inbox import handle as inbox
 
 
-async def slow_inbox(event, ctx):
-    """inbox, after 20–50 ms of 'work'."""
-    await asyncio.sleep(random.uniform(0.02, 0.05))
+EFFECTS_TABLES = """
+CREATE TABLE effects (key text NOT NULL, pid integer NOT NULL);
+CREATE TABLE runs (key text NOT NULL, pid integer NOT NULL, started double precision, ended double precision);
+CREATE TABLE runs_started (key text NOT NULL, pid integer NOT NULL);
+"""
+
+
+async def counted_inbox(event, ctx):
+    """inbox, plus a row in `effects`, which has no unique key: a second run
+    of one event shows as a second row instead of failing the insert."""
+    await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
     await inbox(event, ctx)
+
+
+counted_inbox.batchable = True
+
+
+async def slow_inbox(event, ctx):
+    """counted_inbox, after 20–50 ms of 'work'."""
+    await asyncio.sleep(random.uniform(0.02, 0.05))
+    await counted_inbox(event, ctx)
 
 
 async def one_second_inbox(event, ctx):
     await asyncio.sleep(1.0)
-    await inbox(event, ctx)
+    await counted_inbox(event, ctx)
 
 
 async def external_effect(event, ctx):

@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.tcpproxy import free_port
 
@@ -64,6 +66,10 @@ class Fleet:
     def worker(self, *args: str, env: dict[str, str] | None = None) -> Process:
         return self._start(["worker", *args], env)
 
+    def supervisor(self, *args: str, env: dict[str, str] | None = None) -> Process:
+        """`webhook-ingest run`: the ingress and workers as its own children."""
+        return self._start(["run", *args], env)
+
     def ingress(self, port: int | None = None, env: dict[str, str] | None = None) -> tuple[Process, str]:
         port = port or free_port()
         process = self._start(["ingress", "--port", str(port)], env)
@@ -100,3 +106,25 @@ async def count_rows(database_url: str, table: str, where: str = "TRUE") -> int:
         return await connection.fetchval(f"SELECT count(*) FROM {table} WHERE {where}")
     finally:
         await connection.close()
+
+
+async def wait_for_output(process: Process, text: str, timeout: float = 30) -> None:
+    async def written() -> bool:
+        return text in process.output()
+
+    await wait_until(written, timeout, interval=0.05, message=f"{text!r} in {process.log_path.name}")
+
+
+async def outcomes(metrics_urls: list[str]) -> dict[str, float]:
+    """`webhook_events_total` summed by outcome over the workers' /metrics."""
+    totals: dict[str, float] = {}
+    async with aiohttp.ClientSession() as session:
+        for url in metrics_urls:
+            async with session.get(f"{url}/metrics") as response:
+                text = await response.text()
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "webhook_events_total":
+                        outcome = sample.labels["outcome"]
+                        totals[outcome] = totals.get(outcome, 0) + sample.value
+    return totals

@@ -1,0 +1,357 @@
+"""Exactly-once effects with real worker processes (SPEC §7): copies racing
+across processes, a worker killed with SIGKILL, Redis flushed or unreachable,
+Postgres cut, a paused lock holder, a graceful stop.
+
+Handlers come from tests.support.handlers; most write a row to `effects`,
+which has no unique key, so a second run of one event is a second row.
+"""
+
+import asyncio
+import os
+import signal
+import sys
+
+import aio_pika
+import aiohttp
+import asyncpg
+import orjson
+import pytest
+
+from shared import signatures, topology
+from tests.support.events import make_event, publish_events, queue_depth
+from tests.support.processes import count_rows, outcomes, wait_for_output, wait_until
+from tests.support.redis_server import RedisServer
+from tests.support.tcpproxy import TcpProxy, free_port
+
+pytestmark = pytest.mark.usefixtures("effects_tables")
+
+SECRET = "acme-secret"
+
+
+def write_sources(path, handler: str, **options) -> str:
+    text = f'[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "{handler}"\n'
+    text += "max_attempts = 3\nretry_delays = [0.5]\n"
+    if options:
+        text += "handler_options = { " + ", ".join(f'{k} = "{v}"' for k, v in options.items()) + " }\n"
+    path.write_text(text)
+    return str(path)
+
+
+def metered_worker(fleet, env: dict, *args: str):
+    port = free_port()
+    worker = fleet.worker("--metrics-port", str(port), *args, env=env)
+    return worker, f"http://127.0.0.1:{port}"
+
+
+async def effects_by_key(database_url: str) -> dict[str, int]:
+    connection = await asyncpg.connect(database_url)
+    try:
+        rows = await connection.fetch("SELECT key, count(*) AS runs FROM effects GROUP BY key")
+        return {row["key"]: row["runs"] for row in rows}
+    finally:
+        await connection.close()
+
+
+async def assert_each_once(database_url: str, events) -> None:
+    expected = {event.key: 1 for event in events}
+    assert await effects_by_key(database_url) == expected
+    assert await count_rows(database_url, "inbox") == len(expected)
+    assert await count_rows(database_url, "processed_events") == len(expected)
+    assert await count_rows(database_url, "dead_letters") == 0
+
+
+async def until_completed(database_url: str, count: int, timeout: float = 120) -> None:
+    async def done() -> bool:
+        return await count_rows(database_url, "processed_events") >= count
+
+    await wait_until(done, timeout, message=f"{count} completions")
+
+
+async def until_every_message_handled(metrics_urls: list[str], messages: int, timeout: float = 120) -> None:
+    """Every copy acked as processed, duplicate or conflict: nothing left in flight."""
+    async def handled() -> bool:
+        try:
+            counts = await outcomes(metrics_urls)
+        except aiohttp.ClientConnectionError:  # a worker still starting
+            return False
+        return sum(counts.get(o, 0) for o in ("processed", "duplicate", "conflict")) >= messages
+
+    await wait_until(handled, timeout, message=f"{messages} messages handled")
+
+
+async def test_copies_sent_concurrently_through_the_ingress_complete_once(settings, fleet, tmp_path):
+    """400 events × 5 copies posted at once; 3 workers race for them."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:counted_inbox")}
+    _, base_url = fleet.ingress(env=env)
+    workers = [metered_worker(fleet, env, "--concurrency", "32") for _ in range(3)]
+    for worker, _ in workers:
+        await wait_for_output(worker, "worker_consuming")
+
+    events = [orjson.dumps({"id": f"evt_{n}", "type": "test.event", "pad": "x" * 200}) for n in range(400)]
+    statuses = await post_concurrently(base_url, [body for body in events for _ in range(5)])
+    assert statuses == {200: 2000}
+
+    await until_every_message_handled([url for _, url in workers], 2000)
+    runs = await effects_by_key(settings.database_url)
+    assert runs == {f"acme:evt_{n}": 1 for n in range(400)}
+    assert await count_rows(settings.database_url, "inbox") == 400
+    assert await count_rows(settings.database_url, "dead_letters") == 0
+
+
+async def post_concurrently(base_url: str, bodies: list[bytes], connections: int = 64) -> dict[int, int]:
+    await _wait_ready(base_url)
+    limit = asyncio.Semaphore(connections)
+    statuses: dict[int, int] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections)) as session:
+
+        async def post(body: bytes) -> None:
+            headers = signatures.sign("hmac-sha256", body, SECRET) | {"Content-Type": "application/json"}
+            async with limit, session.post(f"{base_url}/webhooks/acme", data=body, headers=headers) as response:
+                await response.read()
+                statuses[response.status] = statuses.get(response.status, 0) + 1
+
+        await asyncio.gather(*(post(body) for body in bodies))
+    return statuses
+
+
+async def _wait_ready(base_url: str) -> None:
+    async def ready() -> bool:
+        try:
+            async with aiohttp.ClientSession() as session, session.get(f"{base_url}/readyz") as response:
+                return response.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await wait_until(ready, 30, interval=0.1, message="the ingress ready")
+
+
+async def test_a_worker_killed_mid_run_loses_nothing_and_repeats_nothing(settings, fleet, tmp_path):
+    """SIGKILL one of 2 workers a third of the way through 1,000 events with
+    a 20–50 ms handler; a replacement starts; all complete exactly once."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:slow_inbox")}
+    events = [make_event("acme", f"evt_{n}") for n in range(1000)]
+    await publish_events(settings.amqp_url, settings.namespace, events)
+    victim = fleet.worker("--concurrency", "16", env=env)
+    fleet.worker("--concurrency", "16", env=env)
+
+    await until_completed(settings.database_url, 333)
+    victim.kill()
+    assert await count_rows(settings.database_url, "processed_events") < 1000  # killed mid-run
+    fleet.worker("--concurrency", "16", env=env)
+
+    await until_completed(settings.database_url, 1000)
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(1)  # any redelivered copy of the victim's messages would show by now
+    await assert_each_once(settings.database_url, events)
+
+
+async def _queue_empty(settings) -> bool:
+    return await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace)) == 0
+
+
+async def test_redis_flushed_mid_run_then_every_event_resent_runs_nothing_twice(settings, fleet, tmp_path):
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:slow_inbox")}
+    events = [make_event("acme", f"evt_{n}") for n in range(400)]
+    with RedisServer() as redis_server:
+        env["REDIS_URLS"] = redis_server.url
+        workers = [metered_worker(fleet, env, "--concurrency", "16") for _ in range(2)]
+        await publish_events(settings.amqp_url, settings.namespace, events)
+
+        await until_completed(settings.database_url, 150)
+        flushed = await asyncio.create_subprocess_exec("redis-cli", "-p", str(redis_server.port), "FLUSHALL")
+        assert await flushed.wait() == 0
+        assert await count_rows(settings.database_url, "processed_events") < 400  # mid-run
+        await until_completed(settings.database_url, 400)
+        await publish_events(settings.amqp_url, settings.namespace, events)  # every event again
+
+        await until_every_message_handled([url for _, url in workers], 800)
+        counts = await outcomes([url for _, url in workers])
+    assert counts.get("processed") == 400 and counts.get("duplicate") == 400
+    await assert_each_once(settings.database_url, events)
+
+
+async def test_redis_unreachable_from_the_start_duplicates_across_workers_run_once(settings, fleet, tmp_path):
+    """Degraded mode: Postgres alone (advisory lock + unique completion) keeps exactly once."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:slow_inbox"),
+           "REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0"}  # nothing listens there
+    events = [make_event("acme", f"evt_{n}") for n in range(200)]
+    workers = [metered_worker(fleet, env, "--concurrency", "16") for _ in range(2)]
+    await publish_events(settings.amqp_url, settings.namespace, [e for e in events for _ in range(3)])
+
+    await until_every_message_handled([url for _, url in workers], 600)
+    await assert_each_once(settings.database_url, events)
+    assert all("idempotency_store_degraded" in worker.output() for worker, _ in workers)
+
+
+async def test_postgres_cut_mid_run_costs_no_attempt_and_repeats_nothing(settings, fleet, tmp_path):
+    events = [make_event("acme", f"evt_{n}") for n in range(600)]
+    with TcpProxy("127.0.0.1", 5432) as postgres:
+        env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:slow_inbox"),
+               "DATABASE_URL": postgres.url_for(settings.database_url)}
+        workers = [fleet.worker("--concurrency", "16", env=env) for _ in range(2)]
+        await publish_events(settings.amqp_url, settings.namespace, events)
+
+        await until_completed(settings.database_url, 200)
+        postgres.cut()
+        await asyncio.sleep(3)
+        postgres.restore()
+        await until_completed(settings.database_url, 600)
+        await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+        await asyncio.sleep(1)
+
+    await assert_each_once(settings.database_url, events)
+    assert await _attempts(settings.database_url) == {1}  # the outage used no attempt
+    assert any("service_outage" in worker.output() for worker in workers)
+
+
+async def _attempts(database_url: str) -> set[int]:
+    connection = await asyncpg.connect(database_url)
+    try:
+        return {row["attempts"] for row in await connection.fetch("SELECT DISTINCT attempts FROM processed_events")}
+    finally:
+        await connection.close()
+
+
+async def test_an_external_effect_sent_ten_times_to_three_workers_never_overlaps(settings, fleet, tmp_path):
+    """The handler's side effect goes through its own connection (like an
+    HTTP call): only the processing lock keeps two runs apart."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(
+        tmp_path / "s.toml", "tests.support.handlers:external_effect", database_url=settings.database_url)}
+    workers = [fleet.worker("--concurrency", "8", env=env) for _ in range(3)]
+    for worker in workers:
+        await wait_for_output(worker, "worker_consuming")
+    event = make_event("acme", "evt_external")
+    await publish_events(settings.amqp_url, settings.namespace, [event] * 10)
+
+    await until_completed(settings.database_url, 1)
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(2)  # a deferred copy comes back after 1 s: let every one finish
+    runs = await _runs(settings.database_url)
+    assert len(runs) == 1, runs
+    assert await count_rows(settings.database_url, "inbox") == 1
+
+
+async def _runs(database_url: str) -> list[asyncpg.Record]:
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await connection.fetch("SELECT pid, started, ended FROM runs ORDER BY started")
+    finally:
+        await connection.close()
+
+
+async def test_a_lock_holder_paused_past_its_ttl_cannot_complete_after_a_takeover(settings, fleet, tmp_path):
+    """The first holder blocks its process for 4 s with a 1 s lock TTL; the
+    other worker takes the key over with a newer fencing token and is still
+    running when the old holder wakes: the old holder's completion (and the
+    effect in its transaction) is refused."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(
+               tmp_path / "s.toml", "tests.support.handlers:paused_holder",
+               database_url=settings.database_url, pause_seconds=4, takeover_seconds=4),
+           "WEBHOOK_INGEST_LOCK_TTL": "1"}
+    workers = [fleet.worker("--concurrency", "1", env=env) for _ in range(2)]  # one message each
+    for worker in workers:
+        await wait_for_output(worker, "worker_consuming")
+    event = make_event("acme", "evt_paused")
+    await publish_events(settings.amqp_url, settings.namespace, [event])
+    await wait_until(lambda: count_rows(settings.database_url, "runs_started"), 30, message="the first run")
+    await publish_events(settings.amqp_url, settings.namespace, [event])  # goes to the other worker
+
+    await until_completed(settings.database_url, 1, timeout=60)
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        paused_pid = await connection.fetchval("SELECT pid FROM runs_started ORDER BY ctid LIMIT 1")
+        effect_pids = [row["pid"] for row in await connection.fetch("SELECT pid FROM effects")]
+    finally:
+        await connection.close()
+    paused, successor = sorted(workers, key=lambda worker: worker.pid != paused_pid)
+    await wait_for_output(paused, "completion_refused_stale_token", timeout=30)
+    assert effect_pids == [successor.pid]  # the paused holder's effect rolled back with its transaction
+
+
+async def test_sigterm_during_a_one_second_handler_exits_0_and_every_event_completes_once(settings, fleet, tmp_path):
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:one_second_inbox")}
+    events = [make_event("acme", f"evt_{n}") for n in range(24)]
+    await publish_events(settings.amqp_url, settings.namespace, events)
+    stopping = fleet.worker("--concurrency", "8", env=env)
+    await wait_for_output(stopping, "worker_consuming")
+    await asyncio.sleep(0.5)  # its first handlers are half way through
+
+    assert await asyncio.to_thread(stopping.terminate, 30) == 0
+    finished_in_grace = await count_rows(settings.database_url, "processed_events")
+    assert 1 <= finished_in_grace < len(events)
+
+    fleet.worker("--concurrency", "8", env=env)
+    await until_completed(settings.database_url, len(events))
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(1)
+    await assert_each_once(settings.database_url, events)
+
+
+async def test_same_key_with_another_payload_is_recorded_as_a_conflict_and_not_run(settings, fleet, tmp_path):
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:counted_inbox")}
+    first, tampered = make_event("acme", "evt_1", {"amount": 100}), make_event("acme", "evt_1", {"amount": 999})
+    worker, metrics_url = metered_worker(fleet, env, "--concurrency", "4")
+    await publish_events(settings.amqp_url, settings.namespace, [first])
+    await until_completed(settings.database_url, 1)
+    await publish_events(settings.amqp_url, settings.namespace, [tampered])
+
+    await until_every_message_handled([metrics_url], 2)
+    assert (await outcomes([metrics_url])).get("conflict") == 1
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        conflict = await connection.fetchrow("SELECT * FROM event_conflicts")
+        amount = await connection.fetchval("SELECT payload->>'amount' FROM inbox")
+    finally:
+        await connection.close()
+    assert (conflict["key"], conflict["completed_sha256"], conflict["conflicting_sha256"]) == (
+        first.key, first.payload_sha256, tampered.payload_sha256)
+    assert amount == "100" and await effects_by_key(settings.database_url) == {first.key: 1}
+
+
+async def test_run_supervises_ingress_and_workers_and_send_test_with_copies_gives_one_row(service_env, settings, fleet):
+    port = free_port()
+    supervisor = fleet.supervisor("--port", str(port), "--workers", "2")
+    base_url = f"http://127.0.0.1:{port}"
+    await _wait_ready(base_url)
+    await wait_until(lambda: _consumers(settings), 60, message="two consuming workers")
+
+    sent = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "webhook_ingest", "send-test", "demo", "--duplicates", "3", "--url", base_url,
+        env={**os.environ, **service_env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output = (await sent.communicate())[0].decode()
+    assert sent.returncode == 0 and output.count("accepted") == 4, output
+
+    await until_completed(settings.database_url, 1)
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(1.5)  # a deferred copy comes back after 1 s
+    assert await count_rows(settings.database_url, "inbox") == 1
+
+    children = _child_pids(supervisor.pid)
+    assert len(children) == 3  # the ingress and two workers
+    supervisor.popen.send_signal(signal.SIGINT)
+    assert await asyncio.to_thread(supervisor.popen.wait, 60) == 0
+    assert not [pid for pid in children if _alive(pid)]
+
+
+async def _consumers(settings) -> bool:
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        try:
+            queue = await channel.declare_queue(topology.events_queue(settings.namespace), passive=True)
+        except aio_pika.exceptions.ChannelClosed:  # not declared yet
+            return False
+        return queue.declaration_result.consumer_count == 2
+
+
+def _child_pids(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        return [int(child) for child in children.read().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "zombie" not in status.read()
+    except FileNotFoundError:
+        return False
