@@ -3,19 +3,11 @@ a failure inside a shared transaction costs the others nothing and leaves
 no effect behind; copies inside one batch complete once."""
 
 import asyncpg
-import pytest
 
 from tests.support.events import make_event, publish_events
-from tests.support.processes import Fleet, count_rows, wait_until
+from tests.support.processes import count_rows, wait_until
 
 EVENTS = 300
-
-
-@pytest.fixture
-def fleet(service_env, tmp_path):
-    fleet = Fleet(service_env, tmp_path)
-    yield fleet
-    fleet.stop_all()
 
 
 def write_sources(path, handler: str) -> str:

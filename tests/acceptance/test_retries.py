@@ -20,10 +20,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared import topology
-from shared.message import to_amqp
 from shared.sources import load_sources
 from tests.support.events import make_event, publish_events
-from tests.support.processes import Fleet, count_rows, wait_until
+from tests.support.processes import count_rows, wait_until
 from tests.support.tcpproxy import free_port
 from workers.retry import FailurePolicy
 
@@ -71,13 +70,6 @@ def write_sources(path, url: str, max_attempts: int = 3, handler: str = "forward
         + options
     )
     return str(path)
-
-
-@pytest.fixture
-def fleet(service_env, tmp_path):
-    fleet = Fleet(service_env, tmp_path)
-    yield fleet
-    fleet.stop_all()
 
 
 async def webhook_ingest(env: dict[str, str], *args: str) -> tuple[int, str, str]:
