@@ -3,6 +3,9 @@
 JSON lines (rendered by orjson) when stdout is not a terminal, a readable
 console renderer on one. Context (`source`, `key`, `attempt`) is bound per
 request and per message with contextvars, since one task serves many.
+Libraries' own warnings (stdlib `logging`: asyncpg, aio-pika, aiohttp) are
+rendered the same way, so a JSON log stays one object per line — a
+traceback goes into its `exception` field instead of across forty lines.
 """
 
 import logging
@@ -21,12 +24,12 @@ def configure_logging(log_format: str | None = None, level: int = logging.INFO) 
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     if log_format == "json":
-        renderer = structlog.processors.JSONRenderer(serializer=_orjson_dumps)
-        processors = [*shared_processors, structlog.processors.format_exc_info, renderer]
+        processors = [*shared_processors, structlog.processors.format_exc_info, _json_renderer(bytes)]
         factory = structlog.BytesLoggerFactory(sys.stderr.buffer)
     else:
         processors = [*shared_processors, structlog.dev.ConsoleRenderer()]
         factory = structlog.PrintLoggerFactory(sys.stderr)
+    _route_library_logging(shared_processors, processors[-1], level)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -35,8 +38,26 @@ def configure_logging(log_format: str | None = None, level: int = logging.INFO) 
     )
 
 
-def _orjson_dumps(event_dict, default=None) -> bytes:
-    return orjson.dumps(event_dict, default=str)
+def _route_library_logging(shared_processors: list, renderer, level: int) -> None:
+    if isinstance(renderer, structlog.processors.JSONRenderer):
+        renderer = _json_renderer(str)  # a logging.Handler writes text
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared_processors, structlog.stdlib.add_logger_name],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, renderer],
+    ))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(level, logging.WARNING))  # libraries' info lines are noise here
+
+
+def _json_renderer(kind: type):
+    def dumps(event_dict, default=None):
+        rendered = orjson.dumps(event_dict, default=str)
+        return rendered if kind is bytes else rendered.decode()
+
+    return structlog.processors.JSONRenderer(serializer=dumps)
 
 
 def get_logger(name: str | None = None):
