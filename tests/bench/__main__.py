@@ -1,0 +1,166 @@
+"""`python -m tests.bench`: raw broker, ingress throughput and latency, end
+to end, duplicates; a table, then one JSON line. Exit 1 on a lost or
+duplicated effect."""
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+from tests.bench import httpload, raw_broker
+from tests.bench.deployment import SECRET, SOURCE, Deployment, cpu_seconds, peak_rss_mib
+from tests.support.processes import outcomes, wait_until
+
+RAW_MESSAGES = 15_000
+INGRESS_SECONDS = 12
+LATENCY_RATE, LATENCY_SECONDS = 1_000, 5
+E2E_EVENTS = 20_000
+DUP_EVENTS, DUP_COPIES = 2_000, 5
+WORKERS, CONCURRENCY = 2, 64
+
+
+async def main() -> int:
+    figures: dict[str, float] = {"nproc": os.cpu_count()}
+    async with Deployment() as deployment:
+        figures["raw_publish_rps"], figures["raw_consume_rps"] = await raw_broker.measure(
+            deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES)
+        await deployment.start_ingress()
+        await ingress_phases(deployment, figures)
+        await deployment.purge_events()  # the ingress phases' events: not part of what follows
+        await deployment.start_workers(WORKERS, CONCURRENCY)
+        await end_to_end_phase(deployment, figures)
+        await duplicates_phase(deployment, figures)
+        figures["worker_rss_mib"] = max(peak_rss_mib(worker.pid) for worker, _ in deployment.workers)
+        figures["ingress_rss_mib"] = peak_rss_mib(deployment.ingress.pid)
+    figures["ingress_vs_raw"] = figures["ingress_rps"] / figures["raw_publish_rps"]
+    figures["e2e_vs_raw"] = figures["e2e_events_per_s"] / figures["raw_consume_rps"]
+    return report(figures)
+
+
+async def ingress_phases(deployment: Deployment, figures: dict) -> None:
+    """Closed loop (64 connections, unique events) for throughput; then a
+    fixed offered rate for latency, counted from each scheduled send."""
+    requests = httpload.signed_requests(SOURCE, SECRET, "warm_", 2_000)
+    await httpload.closed_loop(deployment.ingress_port, requests)  # warm-up: connections, caches
+    requests = httpload.signed_requests(SOURCE, SECRET, "load_", 8_000 * INGRESS_SECONDS)
+    cpu_before = cpu_seconds(deployment.ingress.pid)
+    sent, elapsed, statuses = await httpload.closed_loop(deployment.ingress_port, requests, seconds=INGRESS_SECONDS)
+    check_statuses("ingress throughput", statuses)
+    figures["ingress_rps"] = sent / elapsed
+    figures["ingress_cpu_ms_per_request"] = 1000 * (cpu_seconds(deployment.ingress.pid) - cpu_before) / sent
+
+    requests = httpload.signed_requests(SOURCE, SECRET, "rate_", LATENCY_RATE * LATENCY_SECONDS)
+    latencies, statuses = await httpload.open_loop(deployment.ingress_port, requests, LATENCY_RATE)
+    check_statuses("ingress latency", statuses)
+    latencies.sort()
+    figures["ingress_p50_ms"] = 1000 * latencies[len(latencies) // 2]
+    figures["ingress_p99_ms"] = 1000 * latencies[int(len(latencies) * 0.99)]
+
+
+async def end_to_end_phase(deployment: Deployment, figures: dict) -> None:
+    """20,000 unique events through the ingress, from the first send to the
+    last effect committed."""
+    requests = httpload.signed_requests(SOURCE, SECRET, "e2e_", E2E_EVENTS)
+    cpu_before = workers_cpu(deployment)
+    started = time.perf_counter()
+    _, _, statuses = await httpload.closed_loop(deployment.ingress_port, requests)
+    check_statuses("end to end", statuses)
+    await until_effects(deployment, "e2e_", E2E_EVENTS)
+    figures["e2e_events_per_s"] = E2E_EVENTS / (time.perf_counter() - started)
+    await until_handled(deployment, E2E_EVENTS)
+    figures["worker_cpu_ms_per_event"] = 1000 * (workers_cpu(deployment) - cpu_before) / E2E_EVENTS
+    await count_outcome(deployment, "e2e_", E2E_EVENTS, figures)
+
+
+async def duplicates_phase(deployment: Deployment, figures: dict) -> None:
+    """2,000 new events × 5 copies, copies sent together: the cost of a
+    duplicate in worker CPU, against a fresh event's in the phase before."""
+    requests = httpload.signed_requests(SOURCE, SECRET, "dup_", DUP_EVENTS, copies=DUP_COPIES)
+    messages = DUP_EVENTS * DUP_COPIES
+    cpu_before = workers_cpu(deployment)
+    started = time.perf_counter()
+    _, _, statuses = await httpload.closed_loop(deployment.ingress_port, requests)
+    check_statuses("duplicates", statuses)
+    await until_handled(deployment, E2E_EVENTS + messages)
+    figures["dup_events_per_s"] = messages / (time.perf_counter() - started)
+    fresh_cost = figures["worker_cpu_ms_per_event"]
+    duplicates_cpu_ms = 1000 * (workers_cpu(deployment) - cpu_before) - DUP_EVENTS * fresh_cost
+    figures["dup_cost_vs_fresh"] = duplicates_cpu_ms / (messages - DUP_EVENTS) / fresh_cost
+    await count_outcome(deployment, "dup_", DUP_EVENTS, figures)
+
+
+def workers_cpu(deployment: Deployment) -> float:
+    return sum(cpu_seconds(worker.pid) for worker, _ in deployment.workers)
+
+
+async def until_effects(deployment: Deployment, prefix: str, count: int) -> None:
+    async def committed() -> bool:
+        return await deployment.fetchval(
+            "SELECT count(DISTINCT key) FROM bench_effects WHERE key LIKE $1", f"{SOURCE}:{prefix}%") >= count
+
+    await wait_until(committed, 120, interval=0.05, message=f"{count} {prefix} effects")
+
+
+async def until_handled(deployment: Deployment, messages: int) -> None:
+    """Every message acked as processed or duplicate: nothing in flight."""
+    urls = [url for _, url in deployment.workers]
+
+    async def handled() -> bool:
+        counts = await outcomes(urls)
+        return counts.get("processed", 0) + counts.get("duplicate", 0) >= messages
+
+    await wait_until(handled, 120, interval=0.05, message=f"{messages} messages handled")
+
+
+async def count_outcome(deployment: Deployment, prefix: str, expected: int, figures: dict) -> None:
+    pattern = f"{SOURCE}:{prefix}%"
+    distinct = await deployment.fetchval("SELECT count(DISTINCT key) FROM bench_effects WHERE key LIKE $1", pattern)
+    rows = await deployment.fetchval("SELECT count(*) FROM bench_effects WHERE key LIKE $1", pattern)
+    figures["lost"] = figures.get("lost", 0) + expected - distinct
+    figures["duplicated_effects"] = figures.get("duplicated_effects", 0) + rows - distinct
+
+
+def check_statuses(phase: str, statuses: dict[int, int]) -> None:
+    if set(statuses) != {200}:
+        raise SystemExit(f"FAIL: {phase}: the ingress answered {statuses}")
+
+
+ROWS = [  # (key, label, format)
+    ("raw_publish_rps", "raw broker: confirmed publishes/s (256 in flight)", "{:,.0f}"),
+    ("raw_consume_rps", "raw broker: consumed + acked/s", "{:,.0f}"),
+    ("ingress_rps", "ingress: accepted req/s (64 connections)", "{:,.0f}"),
+    ("ingress_vs_raw", "ingress / raw publish", "{:.2f}"),
+    ("ingress_cpu_ms_per_request", "ingress: CPU ms per request", "{:.3f}"),
+    ("ingress_p50_ms", f"ingress p50 ms at {LATENCY_RATE:,} req/s offered", "{:.2f}"),
+    ("ingress_p99_ms", f"ingress p99 ms at {LATENCY_RATE:,} req/s offered", "{:.2f}"),
+    ("e2e_events_per_s", f"end to end: events/s ({E2E_EVENTS:,} unique)", "{:,.0f}"),
+    ("e2e_vs_raw", "end to end / raw consume", "{:.2f}"),
+    ("worker_cpu_ms_per_event", "workers: CPU ms per fresh event", "{:.3f}"),
+    ("dup_events_per_s", f"duplicates: messages/s ({DUP_EVENTS:,} × {DUP_COPIES})", "{:,.0f}"),
+    ("dup_cost_vs_fresh", "a duplicate's worker CPU / a fresh event's", "{:.2f}"),
+    ("worker_rss_mib", f"worker peak RSS MiB (concurrency {CONCURRENCY})", "{:.0f}"),
+    ("ingress_rss_mib", "ingress peak RSS MiB", "{:.0f}"),
+    ("lost", "lost events", "{:.0f}"),
+    ("duplicated_effects", "duplicated effects", "{:.0f}"),
+]
+
+
+def report(figures: dict) -> int:
+    print(f"\nwebhook-ingest bench — {figures['nproc']} cores, {WORKERS} workers × concurrency {CONCURRENCY}\n")
+    print(f"| {'what':<52} | {'figure':>10} |\n| {'-' * 52} | {'-' * 10} |")
+    for key, label, fmt in ROWS:
+        print(f"| {label:<52} | {fmt.format(figures[key]):>10} |")
+    failed = figures["lost"] or figures["duplicated_effects"]
+    print("\nFAIL: lost or duplicated effects" if failed else "\nOK: every event's effect exactly once")
+    print(json.dumps({key: round(value, 3) for key, value in figures.items()}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    sys.exit(asyncio.run(main()))

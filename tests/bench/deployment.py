@@ -1,0 +1,130 @@
+"""A throwaway deployment for one bench run: its own namespace, database,
+sources file, ingress and worker processes; everything removed at the end."""
+
+import asyncio
+import contextlib
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import redis.asyncio as redis
+
+from shared import topology
+from shared.migrate import migrate
+from tests.bench.handler import EFFECTS_TABLE
+from tests.support.processes import Fleet, Process, wait_for_output
+from tests.support.tcpproxy import free_port
+
+AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+SERVER_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+SOURCE, SECRET = "bench", "bench-secret"
+
+
+class Deployment:
+    def __init__(self):
+        run_id = uuid.uuid4().hex[:8]
+        self.namespace = f"bench_{run_id}"
+        self.database_url = SERVER_URL.rsplit("/", 1)[0] + f"/wi_bench_{run_id}"
+        self.amqp_url = AMQP_URL
+        self._dir = Path(tempfile.mkdtemp(prefix="wi-bench-"))
+        self.fleet = Fleet(self._env(), self._dir)
+        self.ingress: Process | None = None
+        self.ingress_port = free_port()
+        self.workers: list[tuple[Process, str]] = []
+
+    def _env(self) -> dict[str, str]:
+        sources = self._dir / "sources.toml"
+        sources.write_text(
+            f'[sources.{SOURCE}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
+            'handler = "tests.bench.handler:record"\nevent_id = ["body:id"]\n')
+        return {"AMQP_URL": AMQP_URL, "REDIS_URLS": REDIS_URL, "DATABASE_URL": self.database_url,
+                "WEBHOOK_INGEST_NAMESPACE": self.namespace, "WEBHOOK_INGEST_SOURCES": str(sources),
+                "LOG_FORMAT": "json"}
+
+    @property
+    def events_queue(self) -> str:
+        return topology.events_queue(self.namespace)
+
+    async def __aenter__(self) -> "Deployment":
+        await migrate(self.database_url)
+        connection = await asyncpg.connect(self.database_url)
+        try:
+            await connection.execute(EFFECTS_TABLE)
+        finally:
+            await connection.close()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.fleet.stop_all()
+        await self._drop_everything()
+
+    async def start_ingress(self) -> None:
+        self.ingress, _ = self.fleet.ingress(self.ingress_port)
+        await wait_for_output(self.ingress, "broker_connected")
+
+    async def start_workers(self, count: int, concurrency: int) -> None:
+        for _ in range(count):
+            port = free_port()
+            worker = self.fleet.worker("--concurrency", str(concurrency), "--metrics-port", str(port))
+            self.workers.append((worker, f"http://127.0.0.1:{port}"))
+        for worker, _ in self.workers:
+            await wait_for_output(worker, "worker_consuming")
+
+    async def purge_events(self) -> None:
+        connection = await aio_pika.connect(self.amqp_url)
+        async with connection:
+            channel = await connection.channel()
+            await (await channel.get_queue(self.events_queue)).purge()
+
+    async def fetchval(self, sql: str, *args):
+        connection = await asyncpg.connect(self.database_url)
+        try:
+            return await connection.fetchval(sql, *args)
+        finally:
+            await connection.close()
+
+    async def _drop_everything(self) -> None:
+        await _delete_queues(self.amqp_url, self.namespace)
+        client = redis.from_url(REDIS_URL)
+        try:
+            keys = [key async for key in client.scan_iter(match=f"{self.namespace}:*", count=1000)]
+            for start in range(0, len(keys), 1000):
+                await client.delete(*keys[start:start + 1000])
+        finally:
+            await client.aclose()
+        server = await asyncpg.connect(SERVER_URL)
+        try:
+            await server.execute(f'DROP DATABASE IF EXISTS "{self.database_url.rsplit("/", 1)[1]}" WITH (FORCE)')
+        finally:
+            await server.close()
+
+
+async def _delete_queues(amqp_url: str, namespace: str) -> None:
+    listing = await asyncio.create_subprocess_exec(
+        "rabbitmqctl", "-q", "list_queues", "name", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    output = (await listing.communicate())[0].decode()
+    names = [line.strip() for line in output.splitlines() if line.strip().startswith(f"{namespace}.")]
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        for name in names:
+            with contextlib.suppress(aio_pika.exceptions.AMQPError):
+                channel = await connection.channel()
+                await channel.queue_delete(name)
+
+
+def peak_rss_mib(pid: int) -> float:
+    """VmHWM: the most resident memory the process ever had."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

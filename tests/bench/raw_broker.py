@@ -1,0 +1,60 @@
+"""The broker's own limit on this machine, the yardstick of every ratio:
+confirmed persistent 1 KiB publishes to a quorum queue with many in flight,
+then a consumer acking each message (prefetch as many)."""
+
+import asyncio
+import time
+
+import aio_pika
+
+IN_FLIGHT = 256
+
+
+async def measure(amqp_url: str, queue_name: str, messages: int) -> tuple[float, float]:
+    """(publishes confirmed per second, messages consumed and acked per second)."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        queue = await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "quorum"})
+        try:
+            publish_rate = await _publish(channel, queue_name, messages)
+            consume_rate = await _consume(connection, queue_name, messages)
+        finally:
+            await queue.delete(if_unused=False, if_empty=False)
+    return publish_rate, consume_rate
+
+
+async def _publish(channel, queue_name: str, messages: int) -> float:
+    body = b"x" * 1024
+    slots = asyncio.Semaphore(IN_FLIGHT)
+
+    async def publish_one() -> None:
+        async with slots:
+            await channel.default_exchange.publish(
+                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue_name)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(publish_one() for _ in range(messages)))
+    return messages / (time.perf_counter() - started)
+
+
+async def _consume(connection, queue_name: str, messages: int) -> float:
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=IN_FLIGHT)
+    queue = await channel.get_queue(queue_name, ensure=False)
+    done = asyncio.get_running_loop().create_future()
+    received = 0
+
+    async def on_message(message) -> None:
+        nonlocal received
+        await message.ack()
+        received += 1
+        if received == messages and not done.done():
+            done.set_result(None)
+
+    started = time.perf_counter()
+    tag = await queue.consume(on_message)
+    await done
+    elapsed = time.perf_counter() - started
+    await queue.cancel(tag)
+    return messages / elapsed
