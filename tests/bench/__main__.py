@@ -45,13 +45,15 @@ async def ingress_phases(deployment: Deployment, figures: dict) -> None:
     await httpload.closed_loop(deployment.ingress_port, requests)  # warm-up: connections, caches
     requests = httpload.signed_requests(SOURCE, SECRET, "load_", 8_000 * INGRESS_SECONDS)
     cpu_before = cpu_seconds(deployment.ingress.pid)
-    sent, elapsed, statuses = await httpload.closed_loop(deployment.ingress_port, requests, seconds=INGRESS_SECONDS)
+    with httpload.gc_paused():
+        sent, elapsed, statuses = await httpload.closed_loop(deployment.ingress_port, requests, seconds=INGRESS_SECONDS)
     check_statuses("ingress throughput", statuses)
     figures["ingress_rps"] = sent / elapsed
     figures["ingress_cpu_ms_per_request"] = 1000 * (cpu_seconds(deployment.ingress.pid) - cpu_before) / sent
 
     requests = httpload.signed_requests(SOURCE, SECRET, "rate_", LATENCY_RATE * LATENCY_SECONDS)
-    latencies, statuses = await httpload.open_loop(deployment.ingress_port, requests, LATENCY_RATE)
+    with httpload.gc_paused():
+        latencies, statuses = await httpload.open_loop(deployment.ingress_port, requests, LATENCY_RATE)
     check_statuses("ingress latency", statuses)
     latencies.sort()
     figures["ingress_p50_ms"] = 1000 * latencies[len(latencies) // 2]

@@ -7,6 +7,8 @@ request, so more of the machine goes to the ingress.
 """
 
 import asyncio
+import contextlib
+import gc
 import re
 import time
 
@@ -69,6 +71,20 @@ class Connection(asyncio.Protocol):
 async def connect(port: int, count: int) -> list[Connection]:
     loop = asyncio.get_running_loop()
     return [(await loop.create_connection(Connection, "127.0.0.1", port))[1] for _ in range(count)]
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """No cyclic GC while measuring: a 20-45 ms collection in the load
+    client would be charged to the ingress's latency."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 async def closed_loop(port: int, requests: list[bytes], connections: int = 64,
