@@ -23,6 +23,7 @@ from shared.message import EventMessage, from_amqp
 from shared.settings import Settings
 from shared.sources import Source
 from workers.batch import BatchProcessor
+from workers.copies import CopiesInFlight
 from workers.handlers import forward
 from workers.idempotency import IdempotencyStore
 from workers.outage import OutageGate, outage_kind
@@ -49,6 +50,7 @@ class Worker:
         self._in_flight: set[asyncio.Task] = set()
         self._pending: list[tuple[AbstractIncomingMessage, EventMessage]] = []
         self._running_batches = 0
+        self._copies = CopiesInFlight()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -96,6 +98,7 @@ class Worker:
         await self._wait_for_stop(side_tasks)
         self.ready = False
         await queue.cancel(consumer_tag)
+        self._copies.abandon([event for _, event in self._pending])  # never started: redelivered
         await self._drain_in_flight()
         for task in side_tasks:
             task.cancel()
@@ -137,8 +140,15 @@ class Worker:
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         event = await self._decode(message)
-        if event is None:
+        if event is not None:
+            self._dispatch(message, event)
+
+    def _dispatch(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
+        leader = self._copies.leader(event.key)
+        if leader is not None:
+            self._track(self._follow(leader, message, event))
             return
+        self._copies.lead(event)
         if not self.processor.batchable(event):
             self._track(self._handle(message, event))
             return
@@ -177,10 +187,21 @@ class Worker:
             except Exception:  # a bug, not the handler (that is a retry): never pin the message
                 log.exception("processing_crashed")
                 await self._requeue(message)
+                self._copies.settle(event, None)
                 return
             await self._ack(message)
             log.debug("event_done", outcome=outcome.value)
+        self._copies.settle(event, outcome)
         _observe(event, outcome, started)
+
+    async def _follow(self, leader, message: AbstractIncomingMessage, event: EventMessage) -> None:
+        """A copy of an event this process is working on (`workers.copies`)."""
+        started = time.perf_counter()
+        if await self._copies.completed_for(leader, event):
+            await self._ack(message)
+            _observe(event, Outcome.DUPLICATE, started)
+        elif not self._stopping.is_set():  # else left unacked: the broker redelivers it
+            self._dispatch(message, event)
 
     def _start_batches(self) -> None:
         # Group commit: while batches are running, deliveries wait in
@@ -208,6 +229,7 @@ class Worker:
             return
         for (message, event), outcome in zip(batch, outcomes):
             await self._ack(message)
+            self._copies.settle(event, outcome)
             _observe(event, outcome, started)
 
     async def _until_done(self, process, work):

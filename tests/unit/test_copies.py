@@ -1,0 +1,42 @@
+"""workers.copies: a copy is a duplicate only once its leader completed with the same payload."""
+
+import asyncio
+
+import pytest
+
+from shared.idempotency import Outcome
+from tests.support.events import make_event
+from workers.copies import CopiesInFlight
+
+
+@pytest.mark.parametrize("outcome, same_payload, duplicate", [
+    (Outcome.PROCESSED, True, True),
+    (Outcome.DUPLICATE, True, True),
+    (Outcome.PROCESSED, False, False),  # a conflict: the state machine records it
+    (Outcome.RETRIED, True, False),
+    (Outcome.DEFERRED, True, False),
+    (Outcome.SUPERSEDED, True, False),
+    (None, True, False),  # the leader crashed or never ran
+])
+async def test_a_copy_waits_for_its_leader(outcome, same_payload, duplicate):
+    copies = CopiesInFlight()
+    first = make_event("acme", "evt_1", {"amount": 1})
+    copy = make_event("acme", "evt_1", {"amount": 1 if same_payload else 2})
+    copies.lead(first)
+    leader = copies.leader(copy.key)
+    waiting = asyncio.create_task(copies.completed_for(leader, copy))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    copies.settle(first, outcome)
+    assert await waiting is duplicate
+    assert copies.leader(copy.key) is None
+
+
+async def test_only_the_leader_settles_its_key():
+    copies = CopiesInFlight()
+    first, copy = make_event("acme", "evt_1"), make_event("acme", "evt_1")
+    copies.lead(first)
+    copies.settle(copy, Outcome.PROCESSED)  # not the leader: ignored
+    assert copies.leader(first.key) is not None
+    copies.abandon([first])
+    assert copies.leader(first.key) is None

@@ -1,0 +1,56 @@
+"""Copies of an event that reach a worker while it is still working on the
+first one wait for it, instead of asking Redis again and again.
+
+Providers send copies together (a retry racing a slow answer), and the
+ingress queues them back to back, so a worker often holds several copies
+of one key at once. Only the first (the leader) goes through the state
+machine; the others wait for its outcome here, in memory: once the leader
+completed — processed, or found completed — with the same payload hash,
+each copy is a duplicate, acked at the cost of a dict lookup. Otherwise
+(the leader failed, was deferred, or the payloads differ) a copy goes
+through the state machine itself, so nothing here can skip an effect:
+it only short-cuts what Redis would have answered.
+"""
+
+import asyncio
+from dataclasses import dataclass, field
+
+from shared.idempotency import Outcome
+from shared.message import EventMessage
+
+_COMPLETED = (Outcome.PROCESSED, Outcome.DUPLICATE)
+
+
+@dataclass
+class _Leader:
+    event: EventMessage
+    outcome: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class CopiesInFlight:
+    def __init__(self):
+        self._leaders: dict[str, _Leader] = {}
+
+    def leader(self, key: str) -> _Leader | None:
+        return self._leaders.get(key)
+
+    def lead(self, event: EventMessage) -> None:
+        self._leaders[event.key] = _Leader(event)
+
+    def settle(self, event: EventMessage, outcome: Outcome | None) -> None:
+        """The leader's outcome (None: it ended without one, e.g. it crashed)."""
+        leader = self._leaders.get(event.key)
+        if leader is not None and leader.event is event:
+            del self._leaders[event.key]
+            leader.outcome.set_result(outcome)
+
+    def abandon(self, events: list[EventMessage]) -> None:
+        """Leaders that will not run (shutdown): their copies stop waiting."""
+        for event in events:
+            self.settle(event, None)
+
+    @staticmethod
+    async def completed_for(leader: _Leader, copy: EventMessage) -> bool:
+        """Waits for the leader; True when the copy is now a plain duplicate."""
+        outcome = await asyncio.shield(leader.outcome)
+        return outcome in _COMPLETED and leader.event.payload_sha256 == copy.payload_sha256
