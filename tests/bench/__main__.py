@@ -23,8 +23,9 @@ WORKERS, CONCURRENCY = 2, 64
 async def main() -> int:
     figures: dict[str, float] = {"nproc": os.cpu_count()}
     async with Deployment() as deployment:
-        figures["raw_publish_rps"], figures["raw_consume_rps"] = await raw_broker.measure(
-            deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES)
+        with httpload.gc_paused():
+            figures.update(await raw_broker.measure(
+                deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES, LATENCY_RATE, LATENCY_SECONDS))
         await deployment.start_ingress()
         await ingress_phases(deployment, figures)
         await deployment.purge_events()  # the ingress phases' events: not part of what follows
@@ -35,21 +36,17 @@ async def main() -> int:
         figures["ingress_rss_mib"] = peak_rss_mib(deployment.ingress.pid)
     figures["ingress_vs_raw"] = figures["ingress_rps"] / figures["raw_publish_rps"]
     figures["e2e_vs_raw"] = figures["e2e_events_per_s"] / figures["raw_consume_rps"]
+    figures["ingress_p99_vs_raw"] = figures["ingress_p99_ms"] / figures["raw_publish_p99_ms"]
     return report(figures)
 
 
 async def ingress_phases(deployment: Deployment, figures: dict) -> None:
-    """Closed loop (64 connections, unique events) for throughput; then a
-    fixed offered rate for latency, counted from each scheduled send."""
+    """A fixed offered rate for latency, counted from each scheduled send,
+    on an empty queue (as the raw broker's was); then a closed loop of 64
+    connections sending unique events for throughput."""
     requests = httpload.signed_requests(SOURCE, SECRET, "warm_", 2_000)
     await httpload.closed_loop(deployment.ingress_port, requests)  # warm-up: connections, caches
-    requests = httpload.signed_requests(SOURCE, SECRET, "load_", 8_000 * INGRESS_SECONDS)
-    cpu_before = cpu_seconds(deployment.ingress.pid)
-    with httpload.gc_paused():
-        sent, elapsed, statuses = await httpload.closed_loop(deployment.ingress_port, requests, seconds=INGRESS_SECONDS)
-    check_statuses("ingress throughput", statuses)
-    figures["ingress_rps"] = sent / elapsed
-    figures["ingress_cpu_ms_per_request"] = 1000 * (cpu_seconds(deployment.ingress.pid) - cpu_before) / sent
+    await deployment.purge_events()
 
     requests = httpload.signed_requests(SOURCE, SECRET, "rate_", LATENCY_RATE * LATENCY_SECONDS)
     with httpload.gc_paused():
@@ -58,6 +55,14 @@ async def ingress_phases(deployment: Deployment, figures: dict) -> None:
     latencies.sort()
     figures["ingress_p50_ms"] = 1000 * latencies[len(latencies) // 2]
     figures["ingress_p99_ms"] = 1000 * latencies[int(len(latencies) * 0.99)]
+
+    requests = httpload.signed_requests(SOURCE, SECRET, "load_", 8_000 * INGRESS_SECONDS)
+    cpu_before = cpu_seconds(deployment.ingress.pid)
+    with httpload.gc_paused():
+        sent, elapsed, statuses = await httpload.closed_loop(deployment.ingress_port, requests, seconds=INGRESS_SECONDS)
+    check_statuses("ingress throughput", statuses)
+    figures["ingress_rps"] = sent / elapsed
+    figures["ingress_cpu_ms_per_request"] = 1000 * (cpu_seconds(deployment.ingress.pid) - cpu_before) / sent
 
 
 async def end_to_end_phase(deployment: Deployment, figures: dict) -> None:
@@ -131,11 +136,13 @@ def check_statuses(phase: str, statuses: dict[int, int]) -> None:
 ROWS = [  # (key, label, format)
     ("raw_publish_rps", "raw broker: confirmed publishes/s (256 in flight)", "{:,.0f}"),
     ("raw_consume_rps", "raw broker: consumed + acked/s", "{:,.0f}"),
+    ("raw_publish_p99_ms", f"raw broker: confirm p99 ms at {LATENCY_RATE:,}/s offered", "{:.2f}"),
     ("ingress_rps", "ingress: accepted req/s (64 connections)", "{:,.0f}"),
     ("ingress_vs_raw", "ingress / raw publish", "{:.2f}"),
     ("ingress_cpu_ms_per_request", "ingress: CPU ms per request", "{:.3f}"),
     ("ingress_p50_ms", f"ingress p50 ms at {LATENCY_RATE:,} req/s offered", "{:.2f}"),
     ("ingress_p99_ms", f"ingress p99 ms at {LATENCY_RATE:,} req/s offered", "{:.2f}"),
+    ("ingress_p99_vs_raw", "ingress p99 / raw broker confirm p99", "{:.2f}"),
     ("e2e_events_per_s", f"end to end: events/s ({E2E_EVENTS:,} unique)", "{:,.0f}"),
     ("e2e_vs_raw", "end to end / raw consume", "{:.2f}"),
     ("worker_cpu_ms_per_event", "workers: CPU ms per fresh event", "{:.3f}"),

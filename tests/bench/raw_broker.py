@@ -10,18 +10,42 @@ import aio_pika
 IN_FLIGHT = 256
 
 
-async def measure(amqp_url: str, queue_name: str, messages: int) -> tuple[float, float]:
-    """(publishes confirmed per second, messages consumed and acked per second)."""
+async def measure(amqp_url: str, queue_name: str, messages: int, rate: float, seconds: float) -> dict[str, float]:
+    """Publishes confirmed per second, messages consumed and acked per
+    second, and the confirm latency (p50/p99 ms) at a fixed offered `rate`."""
     connection = await aio_pika.connect(amqp_url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
         queue = await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "quorum"})
         try:
-            publish_rate = await _publish(channel, queue_name, messages)
-            consume_rate = await _consume(connection, queue_name, messages)
+            figures = {"raw_publish_rps": await _publish(channel, queue_name, messages)}
+            figures["raw_consume_rps"] = await _consume(connection, queue_name, messages)
+            latencies = sorted(await _publish_at(channel, queue_name, rate, int(rate * seconds)))
         finally:
             await queue.delete(if_unused=False, if_empty=False)
-    return publish_rate, consume_rate
+    figures["raw_publish_p50_ms"] = 1000 * latencies[len(latencies) // 2]
+    figures["raw_publish_p99_ms"] = 1000 * latencies[int(len(latencies) * 0.99)]
+    return figures
+
+
+async def _publish_at(channel, queue_name: str, rate: float, messages: int) -> list[float]:
+    """Open loop, as the ingress latency phase: latency from each scheduled send."""
+    body = b"x" * 1024
+    latencies = []
+
+    async def publish_one(scheduled: float) -> None:
+        await channel.default_exchange.publish(
+            aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue_name)
+        latencies.append(time.perf_counter() - scheduled)
+
+    start, tasks = time.perf_counter() + 0.05, []
+    for n in range(messages):
+        scheduled = start + n / rate
+        if (delay := scheduled - time.perf_counter()) > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(publish_one(scheduled)))
+    await asyncio.gather(*tasks)
+    return latencies
 
 
 async def _publish(channel, queue_name: str, messages: int) -> float:
