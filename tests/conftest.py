@@ -14,6 +14,7 @@ import redis.asyncio as redis
 
 from shared.migrate import migrate
 from shared.settings import Settings
+from tests.support.processes import Fleet
 
 SERVER_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -106,3 +107,11 @@ def settings(service_env, monkeypatch) -> Settings:
     for name, value in service_env.items():
         monkeypatch.setenv(name, value)
     return Settings()
+
+
+@pytest.fixture
+def fleet(service_env, tmp_path):
+    """Real `webhook-ingest` processes of this test's deployment; none outlives it."""
+    fleet = Fleet(service_env, tmp_path)
+    yield fleet
+    fleet.stop_all()

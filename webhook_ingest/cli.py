@@ -62,7 +62,8 @@ def migrate() -> None:
 @main.command(epilog=ENV_HELP)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
-def ingress(host: str, port: int) -> None:
+@click.option("--reuse-port", is_flag=True, help="let several ingress processes share the port (SO_REUSEPORT)")
+def ingress(host: str, port: int, reuse_port: bool) -> None:
     """Serve the webhook ingress."""
     from aiohttp import web
 
@@ -71,7 +72,8 @@ def ingress(host: str, port: int) -> None:
     settings, sources = configured()
     install_uvloop()
     log.info("ingress_starting", host=host, port=port, sources=sorted(sources), **settings.masked())
-    web.run_app(create_app(settings, sources), host=host, port=port, print=None, access_log=None)
+    web.run_app(create_app(settings, sources), host=host, port=port, print=None, access_log=None,
+                reuse_port=reuse_port)
 
 
 @main.command(name="send-test", epilog=ENV_HELP)

@@ -4,14 +4,6 @@ import asyncpg
 import pytest
 
 from tests.support.handlers import EFFECTS_TABLES
-from tests.support.processes import Fleet
-
-
-@pytest.fixture
-def fleet(service_env, tmp_path):
-    fleet = Fleet(service_env, tmp_path)
-    yield fleet
-    fleet.stop_all()
 
 
 @pytest.fixture

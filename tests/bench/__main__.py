@@ -17,7 +17,7 @@ INGRESS_SECONDS = 12
 LATENCY_RATE, LATENCY_SECONDS = 1_000, 5
 E2E_EVENTS = 20_000
 DUP_EVENTS, DUP_COPIES = 2_000, 5
-WORKERS, CONCURRENCY = 2, 64
+INGRESS_PROCESSES, WORKERS, CONCURRENCY = 2, 2, 64
 
 
 async def main() -> int:
@@ -26,14 +26,14 @@ async def main() -> int:
         with httpload.gc_paused():
             figures.update(await raw_broker.measure(
                 deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES, LATENCY_RATE, LATENCY_SECONDS))
-        await deployment.start_ingress()
+        await deployment.start_ingress(INGRESS_PROCESSES)
         await ingress_phases(deployment, figures)
         await deployment.purge_events()  # the ingress phases' events: not part of what follows
         await deployment.start_workers(WORKERS, CONCURRENCY)
         await end_to_end_phase(deployment, figures)
         await duplicates_phase(deployment, figures)
         figures["worker_rss_mib"] = max(peak_rss_mib(worker.pid) for worker, _ in deployment.workers)
-        figures["ingress_rss_mib"] = peak_rss_mib(deployment.ingress.pid)
+        figures["ingress_rss_mib"] = max(peak_rss_mib(ingress.pid) for ingress in deployment.ingresses)
     figures["ingress_vs_raw"] = figures["ingress_rps"] / figures["raw_publish_rps"]
     figures["e2e_vs_raw"] = figures["e2e_events_per_s"] / figures["raw_consume_rps"]
     figures["ingress_p99_vs_raw"] = figures["ingress_p99_ms"] / figures["raw_publish_p99_ms"]
@@ -57,12 +57,12 @@ async def ingress_phases(deployment: Deployment, figures: dict) -> None:
     figures["ingress_p99_ms"] = 1000 * latencies[int(len(latencies) * 0.99)]
 
     requests = httpload.signed_requests(SOURCE, SECRET, "load_", 8_000 * INGRESS_SECONDS)
-    cpu_before = cpu_seconds(deployment.ingress.pid)
+    cpu_before = ingress_cpu(deployment)
     with httpload.gc_paused():
         sent, elapsed, statuses = await httpload.closed_loop(deployment.ingress_port, requests, seconds=INGRESS_SECONDS)
     check_statuses("ingress throughput", statuses)
     figures["ingress_rps"] = sent / elapsed
-    figures["ingress_cpu_ms_per_request"] = 1000 * (cpu_seconds(deployment.ingress.pid) - cpu_before) / sent
+    figures["ingress_cpu_ms_per_request"] = 1000 * (ingress_cpu(deployment) - cpu_before) / sent
 
 
 async def end_to_end_phase(deployment: Deployment, figures: dict) -> None:
@@ -95,6 +95,10 @@ async def duplicates_phase(deployment: Deployment, figures: dict) -> None:
     duplicates_cpu_ms = 1000 * (workers_cpu(deployment) - cpu_before) - DUP_EVENTS * fresh_cost
     figures["dup_cost_vs_fresh"] = duplicates_cpu_ms / (messages - DUP_EVENTS) / fresh_cost
     await count_outcome(deployment, "dup_", DUP_EVENTS, figures)
+
+
+def ingress_cpu(deployment: Deployment) -> float:
+    return sum(cpu_seconds(ingress.pid) for ingress in deployment.ingresses)
 
 
 def workers_cpu(deployment: Deployment) -> float:
@@ -137,7 +141,7 @@ ROWS = [  # (key, label, format)
     ("raw_publish_rps", "raw broker: confirmed publishes/s (256 in flight)", "{:,.0f}"),
     ("raw_consume_rps", "raw broker: consumed + acked/s", "{:,.0f}"),
     ("raw_publish_p99_ms", f"raw broker: confirm p99 ms at {LATENCY_RATE:,}/s offered", "{:.2f}"),
-    ("ingress_rps", "ingress: accepted req/s (64 connections)", "{:,.0f}"),
+    ("ingress_rps", f"ingress: accepted req/s (64 conns, {INGRESS_PROCESSES} processes)", "{:,.0f}"),
     ("ingress_vs_raw", "ingress / raw publish", "{:.2f}"),
     ("ingress_cpu_ms_per_request", "ingress: CPU ms per request", "{:.3f}"),
     ("ingress_p50_ms", f"ingress p50 ms at {LATENCY_RATE:,} req/s offered", "{:.2f}"),
@@ -156,7 +160,8 @@ ROWS = [  # (key, label, format)
 
 
 def report(figures: dict) -> int:
-    print(f"\nwebhook-ingest bench — {figures['nproc']} cores, {WORKERS} workers × concurrency {CONCURRENCY}\n")
+    print(f"\nwebhook-ingest bench — {figures['nproc']} cores, {INGRESS_PROCESSES} ingress processes, "
+          f"{WORKERS} workers × concurrency {CONCURRENCY}\n")
     print(f"| {'what':<52} | {'figure':>10} |\n| {'-' * 52} | {'-' * 10} |")
     for key, label, fmt in ROWS:
         print(f"| {label:<52} | {fmt.format(figures[key]):>10} |")

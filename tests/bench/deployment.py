@@ -32,7 +32,7 @@ class Deployment:
         self.amqp_url = AMQP_URL
         self._dir = Path(tempfile.mkdtemp(prefix="wi-bench-"))
         self.fleet = Fleet(self._env(), self._dir)
-        self.ingress: Process | None = None
+        self.ingresses: list[Process] = []
         self.ingress_port = free_port()
         self.workers: list[tuple[Process, str]] = []
 
@@ -62,9 +62,11 @@ class Deployment:
         self.fleet.stop_all()
         await self._drop_everything()
 
-    async def start_ingress(self) -> None:
-        self.ingress, _ = self.fleet.ingress(self.ingress_port)
-        await wait_for_output(self.ingress, "broker_connected")
+    async def start_ingress(self, processes: int = 1) -> None:
+        """`processes` ingress processes sharing one port (SO_REUSEPORT)."""
+        self.ingresses = [self.fleet.ingress(self.ingress_port, reuse_port=True)[0] for _ in range(processes)]
+        for ingress in self.ingresses:
+            await wait_for_output(ingress, "broker_connected")
 
     async def start_workers(self, count: int, concurrency: int) -> None:
         for _ in range(count):

@@ -5,10 +5,14 @@ import os
 import subprocess
 import sys
 
+import aiohttp
 import asyncpg
+import orjson
 
+from shared import signatures
 from shared.settings import ENVIRONMENT_VARIABLES
 from tests.conftest import database_url
+from tests.support.processes import wait_for_output
 from tests.support.tcpproxy import free_port
 
 
@@ -80,3 +84,20 @@ def test_migrate_with_postgres_unreachable_is_one_line(service_env):
     result = webhook_ingest("migrate", env={"DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/x"})
     assert result.returncode != 0
     assert result.stderr.startswith("error: cannot reach PostgreSQL") and "Traceback" not in result.stderr
+
+
+async def test_two_ingress_processes_share_one_port_with_reuse_port(fleet, settings):
+    port = free_port()
+    first, base_url = fleet.ingress(port, reuse_port=True)
+    second, _ = fleet.ingress(port, reuse_port=True)
+    for process in (first, second):
+        await wait_for_output(process, "broker_connected")
+    statuses = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        for n in range(20):  # a new connection each: the kernel spreads them over both
+            body = orjson.dumps({"id": f"evt_{n}"})
+            headers = signatures.sign("hmac-sha256", body, "demo-secret")
+            async with session.post(f"{base_url}/webhooks/demo", data=body, headers=headers) as response:
+                statuses.append(response.status)
+    assert statuses == [200] * 20
+    assert first.popen.poll() is None and second.popen.poll() is None  # the second bound the same port
