@@ -10,7 +10,8 @@ import time
 
 from tests.bench import httpload, raw_broker
 from tests.bench.deployment import SECRET, SOURCE, Deployment, cpu_seconds, peak_rss_mib
-from tests.support.processes import outcomes, wait_until
+from tests.support.exactly_once import until_every_message_handled
+from tests.support.processes import wait_until
 
 RAW_MESSAGES = 15_000
 INGRESS_SECONDS = 12
@@ -114,14 +115,7 @@ async def until_effects(deployment: Deployment, prefix: str, count: int) -> None
 
 
 async def until_handled(deployment: Deployment, messages: int) -> None:
-    """Every message acked as processed or duplicate: nothing in flight."""
-    urls = [url for _, url in deployment.workers]
-
-    async def handled() -> bool:
-        counts = await outcomes(urls)
-        return counts.get("processed", 0) + counts.get("duplicate", 0) >= messages
-
-    await wait_until(handled, 120, interval=0.05, message=f"{messages} messages handled")
+    await until_every_message_handled([url for _, url in deployment.workers], messages)
 
 
 async def count_outcome(deployment: Deployment, prefix: str, expected: int, figures: dict) -> None:
