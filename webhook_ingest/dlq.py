@@ -51,6 +51,10 @@ class BrokerUnavailable(ServiceUnavailable):
     """RabbitMQ cannot be reached."""
 
 
+# "-1" is a (bad) id, not an unknown option: our one-line error, not click's usage text.
+_IDS_MAY_LOOK_LIKE_OPTIONS = {"ignore_unknown_options": True}
+
+
 @click.group(epilog=ENV_HELP)
 def dlq() -> None:
     """Dead letters: what workers gave up on. List, show, replay, discard."""
@@ -72,7 +76,7 @@ def list_command(source: str | None, status: str, limit: int | None, as_json: bo
         click.echo(f"no dead letters with status {status}" + (f" from source {source}" if source else ""))
 
 
-@dlq.command("show", epilog=ENV_HELP)
+@dlq.command("show", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
 @click.argument("dead_letter_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object on stdout")
 def show_command(dead_letter_id: str, as_json: bool) -> None:
@@ -85,7 +89,7 @@ def show_command(dead_letter_id: str, as_json: bool) -> None:
         click.echo(render_detail(detail(row)))
 
 
-@dlq.command("replay", epilog=ENV_HELP)
+@dlq.command("replay", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
 @click.argument("dead_letter_ids", metavar="[ID]...", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="every dead letter with status dead")
 @click.option("--source", default=None, help="with --all: only this source")
@@ -100,7 +104,7 @@ def replay_command(dead_letter_ids: tuple[str, ...], all_: bool, source: str | N
     click.echo(f"replayed {len(replayed)}: {', '.join(map(str, replayed))}" if replayed else "replayed 0")
 
 
-@dlq.command("discard", epilog=ENV_HELP)
+@dlq.command("discard", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
 @click.argument("dead_letter_ids", metavar="ID...", nargs=-1, required=True)
 def discard_command(dead_letter_ids: tuple[str, ...]) -> None:
     """Mark dead letters discarded (kept for audit); all or nothing."""

@@ -176,7 +176,7 @@ def test_dlq_list_and_show_as_table_and_json(settings):
 def test_unknown_or_invalid_ids_are_one_line_errors(settings):
     [known] = asyncio.run(seed(settings.database_url, make_event("acme", "evt_1")))
     for args in (["show", "999"], ["discard", str(known), "999"], ["replay", "999"], ["show", "x1"],
-                 ["replay"], ["replay", str(known), "--all"]):
+                 ["replay"], ["replay", str(known), "--all"], ["show", "-1"], ["discard", "-5"]):
         result = dlq(*args)
         assert result.exit_code != 0, args
         assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("error: "), args
