@@ -24,10 +24,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import asyncpg
 from aiohttp import web
 
-from ingress.appkeys import publisher_key, settings_key
-from ingress.responses import error
-from shared import metrics
-from shared.dead_letters import (
+from webhook_ingest.ingress.appkeys import publisher_key, settings_key
+from webhook_ingest.ingress.responses import error
+from webhook_ingest.shared import metrics
+from webhook_ingest.shared.dead_letters import (
     STATUSES,
     DeadLetterNotFound,
     NotReplayable,
@@ -42,8 +42,8 @@ from shared.dead_letters import (
     summary,
     to_json,
 )
-from shared.logging import get_logger
-from shared.settings import Settings
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.settings import Settings
 
 log = get_logger(__name__)
 

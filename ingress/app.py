@@ -5,12 +5,12 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from ingress import health, webhooks
-from ingress.admin import setup_admin
-from ingress.appkeys import publisher_key, settings_key, sources_key
-from ingress.publisher import Publisher
-from shared.settings import Settings
-from shared.sources import Source
+from webhook_ingest.ingress import health, webhooks
+from webhook_ingest.ingress.admin import setup_admin
+from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.publisher import Publisher
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import Source
 
 
 def create_app(settings: Settings, sources: dict[str, Source], connection_name: str = "ingress") -> web.Application:

@@ -2,9 +2,9 @@
 
 from aiohttp import web
 
-from ingress.publisher import Publisher
-from shared.settings import Settings
-from shared.sources import Source
+from webhook_ingest.ingress.publisher import Publisher
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import Source
 
 settings_key = web.AppKey("settings", Settings)
 sources_key = web.AppKey("sources", dict[str, Source])

@@ -3,8 +3,8 @@
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ingress.appkeys import publisher_key
-from ingress.responses import json_response
+from webhook_ingest.ingress.appkeys import publisher_key
+from webhook_ingest.ingress.responses import json_response
 
 
 async def healthz(request: web.Request) -> web.Response:

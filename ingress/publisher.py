@@ -12,11 +12,11 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 
-from shared import topology
-from shared.errors import ServiceUnavailable
-from shared.logging import get_logger
-from shared.message import EventMessage, to_amqp
-from shared.settings import mask_url
+from webhook_ingest.shared import topology
+from webhook_ingest.shared.errors import ServiceUnavailable
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.message import EventMessage, to_amqp
+from webhook_ingest.shared.settings import mask_url
 
 log = get_logger(__name__)
 

@@ -10,14 +10,14 @@ import time
 
 from aiohttp import web
 
-from ingress.appkeys import publisher_key, sources_key
-from ingress.publisher import BrokerUnavailable
-from ingress.responses import error, json_response
-from shared import event_id, metrics
-from shared.logging import get_logger
-from shared.message import EventMessage, provider_headers
-from shared.signatures import SignatureError
-from shared.sources import Source
+from webhook_ingest.ingress.appkeys import publisher_key, sources_key
+from webhook_ingest.ingress.publisher import BrokerUnavailable
+from webhook_ingest.ingress.responses import error, json_response
+from webhook_ingest.shared import event_id, metrics
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.message import EventMessage, provider_headers
+from webhook_ingest.shared.signatures import SignatureError
+from webhook_ingest.shared.sources import Source
 
 log = get_logger(__name__)
 

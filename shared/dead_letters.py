@@ -17,12 +17,12 @@ from datetime import UTC, datetime
 
 import orjson
 
-from shared import topology
-from shared.errors import WebhookIngestError
-from shared.message import EventMessage, to_amqp
-from shared.queries import load_queries
+from webhook_ingest.shared import topology
+from webhook_ingest.shared.errors import WebhookIngestError
+from webhook_ingest.shared.message import EventMessage, to_amqp
+from webhook_ingest.shared.queries import load_queries
 
-SQL = load_queries("shared")
+SQL = load_queries("webhook_ingest.shared")
 STATUSES = ("dead", "replayed", "discarded")
 REPLAY_PUBLISH_TIMEOUT = 10.0
 MAX_ID = 2**63 - 1  # bigserial

@@ -12,7 +12,7 @@ import aio_pika
 import asyncpg
 import redis.asyncio as redis
 
-from shared.settings import Settings, mask_url
+from webhook_ingest.shared.settings import Settings, mask_url
 
 HOW_TO_START = {
     "PostgreSQL": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",

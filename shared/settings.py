@@ -9,7 +9,7 @@ from functools import cached_property
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.errors import ConfigError
+from webhook_ingest.shared.errors import ConfigError
 
 ENVIRONMENT_VARIABLES = (
     ("AMQP_URL", "RabbitMQ URL"),

@@ -12,8 +12,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import event_id, signatures
-from shared.errors import ConfigError
+from webhook_ingest.shared import event_id, signatures
+from webhook_ingest.shared.errors import ConfigError
 
 BUILTIN_HANDLERS = frozenset({"inbox", "forward"})
 
@@ -49,7 +49,7 @@ class Source:
 def load_sources(path: str | None) -> dict[str, Source]:
     """Read the sources file at `path`, or the built-in demo file when None."""
     if path is None:
-        text = importlib.resources.files("shared").joinpath("demo_sources.toml").read_text()
+        text = importlib.resources.files("webhook_ingest.shared").joinpath("demo_sources.toml").read_text()
         where = "built-in demo sources"
     else:
         try:

@@ -12,8 +12,8 @@ import asyncpg
 import pytest
 import redis.asyncio as redis
 
-from shared.migrate import migrate
-from shared.settings import Settings
+from webhook_ingest.shared.migrate import migrate
+from webhook_ingest.shared.settings import Settings
 from tests.support.processes import Fleet
 
 SERVER_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -6,10 +6,10 @@ import sys
 
 import click
 
-from shared.errors import ConfigError
-from shared.logging import configure_logging, get_logger
-from shared.settings import Settings, load_settings
-from shared.sources import Source, load_sources
+from webhook_ingest.shared.errors import ConfigError
+from webhook_ingest.shared.logging import configure_logging, get_logger
+from webhook_ingest.shared.settings import Settings, load_settings
+from webhook_ingest.shared.sources import Source, load_sources
 from webhook_ingest.console import ENV_HELP, fail
 from webhook_ingest.dlq import dlq, prune
 
@@ -48,7 +48,7 @@ def main() -> None:
 @main.command(epilog=ENV_HELP)
 def migrate() -> None:
     """Create the database if missing and apply schema migrations (idempotent)."""
-    from shared.migrate import migrate as run_migrations
+    from webhook_ingest.shared.migrate import migrate as run_migrations
 
     settings = load_settings()
     configure_logging(settings.log_format)
@@ -67,7 +67,7 @@ def ingress(host: str, port: int, reuse_port: bool) -> None:
     """Serve the webhook ingress."""
     from aiohttp import web
 
-    from ingress.app import create_app
+    from webhook_ingest.ingress.app import create_app
 
     settings, sources = configured()
     install_uvloop()
@@ -114,8 +114,8 @@ def worker(concurrency: int, metrics_port: int | None, grace_seconds: float) -> 
 async def _run_worker(settings, sources, concurrency, metrics_port, grace_seconds) -> None:
     import contextlib
 
-    from workers.health import serve_health
-    from workers.worker import Worker, install_signal_handlers
+    from webhook_ingest.workers.health import serve_health
+    from webhook_ingest.workers.worker import Worker, install_signal_handlers
 
     worker_process = Worker(settings, sources, concurrency, grace_seconds)
     install_signal_handlers(worker_process)
@@ -126,7 +126,7 @@ async def _run_worker(settings, sources, concurrency, metrics_port, grace_second
 
 
 def _validate_handlers(sources: dict[str, Source]) -> None:
-    from workers.handlers import load_handler
+    from webhook_ingest.workers.handlers import load_handler
 
     for source in sources.values():
         try:
@@ -141,8 +141,8 @@ def _validate_handlers(sources: dict[str, Source]) -> None:
 @click.option("--workers", "worker_count", default=2, show_default=True, type=click.IntRange(min=1))
 def run(host: str, port: int, worker_count: int) -> None:
     """Migrate, then run the ingress and N workers under one supervisor."""
-    from shared.migrate import migrate as run_migrations
-    from shared.preflight import unreachable_services
+    from webhook_ingest.shared.migrate import migrate as run_migrations
+    from webhook_ingest.shared.preflight import unreachable_services
     from webhook_ingest.supervisor import Supervisor
 
     settings, sources = configured()

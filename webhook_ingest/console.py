@@ -5,8 +5,8 @@ import sys
 
 import click
 
-from shared.errors import WebhookIngestError
-from shared.settings import ENVIRONMENT_VARIABLES
+from webhook_ingest.shared.errors import WebhookIngestError
+from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES
 
 ENV_HELP = "\b\nEnvironment:\n" + "\n".join(f"  {name:<30} {meaning}" for name, meaning in ENVIRONMENT_VARIABLES)
 

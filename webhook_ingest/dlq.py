@@ -15,8 +15,8 @@ import asyncpg
 import click
 import orjson
 
-from shared import topology
-from shared.dead_letters import (
+from webhook_ingest.shared import topology
+from webhook_ingest.shared.dead_letters import (
     SQL,
     STATUSES,
     DeadLetterNotFound,
@@ -30,9 +30,9 @@ from shared.dead_letters import (
     summary,
     to_json,
 )
-from shared.errors import ConfigError, ServiceUnavailable
-from shared.logging import configure_logging
-from shared.settings import Settings, load_settings
+from webhook_ingest.shared.errors import ConfigError, ServiceUnavailable
+from webhook_ingest.shared.logging import configure_logging
+from webhook_ingest.shared.settings import Settings, load_settings
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 
 CONNECT_TIMEOUT = 10.0

@@ -7,8 +7,8 @@ import uuid
 import aiohttp
 import orjson
 
-from shared import signatures
-from shared.sources import Source
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.sources import Source
 
 # Headers that carry the event id for schemes whose default selector reads a header.
 _ID_HEADERS = {

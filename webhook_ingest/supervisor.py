@@ -8,7 +8,7 @@ import asyncio
 import signal
 import sys
 
-from shared.logging import get_logger
+from webhook_ingest.shared.logging import get_logger
 
 log = get_logger(__name__)
 RESTART_PAUSE = 1.0

@@ -24,11 +24,11 @@ mode) go through `Processor` alone from the start.
 import asyncio
 import contextlib
 
-from shared.idempotency import ClaimState, Outcome
-from shared.message import EventMessage
-from workers.idempotency import IdempotencyStore
-from workers.processor import SQL, HandlerFailed, Processor, _completion_row
-from workers.redlock import REDIS_ERRORS, Lock
+from webhook_ingest.shared.idempotency import ClaimState, Outcome
+from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.workers.idempotency import IdempotencyStore
+from webhook_ingest.workers.processor import SQL, HandlerFailed, Processor, _completion_row
+from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
 
 
 class _RollBack(Exception):

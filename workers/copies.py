@@ -15,8 +15,8 @@ it only short-cuts what Redis would have answered.
 import asyncio
 from dataclasses import dataclass, field
 
-from shared.idempotency import Outcome
-from shared.message import EventMessage
+from webhook_ingest.shared.idempotency import Outcome
+from webhook_ingest.shared.message import EventMessage
 
 _COMPLETED = (Outcome.PROCESSED, Outcome.DUPLICATE)
 

@@ -14,10 +14,10 @@ import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from shared import metrics
-from shared.idempotency import ClaimState
-from shared.logging import get_logger
-from workers.redlock import REDIS_ERRORS, AcquireResult, Lock, Redlock
+from webhook_ingest.shared import metrics
+from webhook_ingest.shared.idempotency import ClaimState
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.workers.redlock import REDIS_ERRORS, AcquireResult, Lock, Redlock
 
 log = get_logger(__name__)
 

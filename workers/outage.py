@@ -13,7 +13,7 @@ import aio_pika
 import aiormq
 import asyncpg
 
-from shared.logging import get_logger
+from webhook_ingest.shared.logging import get_logger
 
 log = get_logger(__name__)
 

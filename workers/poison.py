@@ -27,14 +27,14 @@ from functools import partial
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
-from shared import metrics, topology
-from shared.dead_letters import UNREADABLE, record_dead_letter
-from shared.logging import get_logger
-from shared.message import EventMessage, from_amqp
-from shared.queries import load_queries
+from webhook_ingest.shared import metrics, topology
+from webhook_ingest.shared.dead_letters import UNREADABLE, record_dead_letter
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.message import EventMessage, from_amqp
+from webhook_ingest.shared.queries import load_queries
 
 log = get_logger(__name__)
-SQL = load_queries("shared")
+SQL = load_queries("webhook_ingest.shared")
 
 UNKNOWN_SOURCE = "unknown"
 MAX_RETRY_DELAY = 10.0

@@ -26,20 +26,20 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from shared import metrics
-from shared.idempotency import ClaimState, Outcome, classify_completed
-from shared.logging import get_logger
-from shared.message import EventMessage
-from shared.queries import load_queries
-from shared.sources import Source
-from workers.handlers import Event, HandlerContext, load_handler
-from workers.idempotency import Claim, IdempotencyStore
-from workers.outage import outage_kind
-from workers.redlock import REDIS_ERRORS, Lock
-from workers.retry import FailurePolicy
+from webhook_ingest.shared import metrics
+from webhook_ingest.shared.idempotency import ClaimState, Outcome, classify_completed
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.shared.sources import Source
+from webhook_ingest.workers.handlers import Event, HandlerContext, load_handler
+from webhook_ingest.workers.idempotency import Claim, IdempotencyStore
+from webhook_ingest.workers.outage import outage_kind
+from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
+from webhook_ingest.workers.retry import FailurePolicy
 
 log = get_logger(__name__)
-SQL = load_queries("workers")
+SQL = load_queries("webhook_ingest.workers")
 DEFER_SECONDS = 1.0
 BUSY_RECHECKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.24)  # seconds, ~0.55 in all
 

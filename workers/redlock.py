@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import redis.asyncio as redis
 
-from shared.queries import parse_queries
+from webhook_ingest.shared.queries import parse_queries
 
-_SCRIPTS = parse_queries(importlib.resources.files("workers").joinpath("redlock.lua").read_text())
+_SCRIPTS = parse_queries(importlib.resources.files("webhook_ingest.workers").joinpath("redlock.lua").read_text())
 REDIS_ERRORS = (redis.RedisError, OSError, asyncio.TimeoutError)
 
 

@@ -9,13 +9,13 @@ in between can duplicate a retry message, never an effect.
 import traceback
 from datetime import UTC, datetime
 
-from shared import topology
-from shared.dead_letters import record_dead_letter
-from shared.idempotency import Outcome
-from shared.logging import get_logger
-from shared.message import EventMessage, to_amqp
-from shared.sources import Source
-from workers.handlers import PermanentError
+from webhook_ingest.shared import topology
+from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.idempotency import Outcome
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.message import EventMessage, to_amqp
+from webhook_ingest.shared.sources import Source
+from webhook_ingest.workers.handlers import PermanentError
 
 log = get_logger(__name__)
 

@@ -16,19 +16,19 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from shared import metrics, topology
-from shared.idempotency import Outcome
-from shared.logging import get_logger
-from shared.message import EventMessage, from_amqp
-from shared.settings import Settings
-from shared.sources import Source
-from workers.batch import BatchProcessor
-from workers.copies import CopiesInFlight
-from workers.handlers import forward
-from workers.idempotency import IdempotencyStore
-from workers.outage import OutageGate, outage_kind
-from workers.processor import DEFER_SECONDS, Processor
-from workers.retry import FailurePolicy
+from webhook_ingest.shared import metrics, topology
+from webhook_ingest.shared.idempotency import Outcome
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.message import EventMessage, from_amqp
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import Source
+from webhook_ingest.workers.batch import BatchProcessor
+from webhook_ingest.workers.copies import CopiesInFlight
+from webhook_ingest.workers.handlers import forward
+from webhook_ingest.workers.idempotency import IdempotencyStore
+from webhook_ingest.workers.outage import OutageGate, outage_kind
+from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
+from webhook_ingest.workers.retry import FailurePolicy
 
 log = get_logger(__name__)
 
@@ -113,7 +113,7 @@ class Worker:
         return queue
 
     async def _start_side_tasks(self, channel) -> list[asyncio.Task]:
-        from workers.poison import drain_poison_queue
+        from webhook_ingest.workers.poison import drain_poison_queue
 
         await drain_poison_queue(channel, self.pool, self.settings.namespace, self.settings.delivery_limit)
         return [asyncio.create_task(self._refresh_dead_letter_gauge(), name="dead-letters-gauge")]
@@ -266,7 +266,7 @@ class Worker:
             raise ConnectionError("broker not connected")
 
     async def _refresh_dead_letter_gauge(self) -> None:
-        from shared.dead_letters import count_open
+        from webhook_ingest.shared.dead_letters import count_open
 
         while True:
             with contextlib.suppress(Exception):

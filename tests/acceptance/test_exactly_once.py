@@ -17,7 +17,7 @@ import asyncpg
 import orjson
 import pytest
 
-from shared import signatures, topology
+from webhook_ingest.shared import signatures, topology
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import (
     SECRET, assert_each_once, effects_by_key, metered_worker, until_completed, until_every_message_handled,

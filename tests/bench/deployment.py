@@ -12,8 +12,8 @@ import aio_pika
 import asyncpg
 import redis.asyncio as redis
 
-from shared import topology
-from shared.migrate import migrate
+from webhook_ingest.shared import topology
+from webhook_ingest.shared.migrate import migrate
 from tests.bench.handler import EFFECTS_TABLE
 from tests.support.processes import Fleet, Process, wait_for_output
 from tests.support.tcpproxy import free_port

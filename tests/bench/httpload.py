@@ -14,7 +14,7 @@ import time
 
 import orjson
 
-from shared import signatures
+from webhook_ingest.shared import signatures
 
 _CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length: *(\d+)")
 BODY_BYTES = 1024

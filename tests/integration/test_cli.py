@@ -9,8 +9,8 @@ import aiohttp
 import asyncpg
 import orjson
 
-from shared import signatures
-from shared.settings import ENVIRONMENT_VARIABLES
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES
 from tests.conftest import database_url
 from tests.support.processes import wait_for_output
 from tests.support.tcpproxy import free_port

@@ -13,21 +13,21 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
-from ingress.admin import refresh_dead_letters_gauge
-from shared import metrics, topology
-from shared.dead_letters import get_dead_letter, list_dead_letters, record_dead_letter
-from shared.message import to_amqp
-from shared.idempotency import Outcome
-from shared.settings import Settings
-from shared.sources import load_sources, parse_source
+from webhook_ingest.ingress.admin import refresh_dead_letters_gauge
+from webhook_ingest.shared import metrics, topology
+from webhook_ingest.shared.dead_letters import get_dead_letter, list_dead_letters, record_dead_letter
+from webhook_ingest.shared.message import to_amqp
+from webhook_ingest.shared.idempotency import Outcome
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources, parse_source
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import count_rows, wait_until
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.cli import main
 from webhook_ingest.dlq import prune_completion_records
-from workers.poison import drain_poison_queue, stop_draining
-from workers.retry import FailurePolicy, describe_failure
+from webhook_ingest.workers.poison import drain_poison_queue, stop_draining
+from webhook_ingest.workers.retry import FailurePolicy, describe_failure
 
 TOKEN = "s3cret-admin-token"
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from shared import signatures
-from shared.sources import load_sources
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.sources import load_sources
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.signing import PROVIDER_SECRETS
 from tests.support.tcpproxy import TcpProxy

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import redis.asyncio as redis
 
-from workers.redlock import Redlock
+from webhook_ingest.workers.redlock import Redlock
 from tests.support.redis_server import RedisServer
 
 

@@ -6,8 +6,8 @@ import time
 import aio_pika
 import orjson
 
-from shared import event_id, topology
-from shared.message import EventMessage, to_amqp
+from webhook_ingest.shared import event_id, topology
+from webhook_ingest.shared.message import EventMessage, to_amqp
 
 
 def make_event(source: str, event_key_id: str, extra: dict | None = None) -> EventMessage:

@@ -11,8 +11,8 @@ import time
 
 import asyncpg
 
-from workers.handlers import PermanentError
-from workers.handlers.inbox import handle as inbox
+from webhook_ingest.workers.handlers import PermanentError
+from webhook_ingest.workers.handlers.inbox import handle as inbox
 
 
 EFFECTS_TABLES = """

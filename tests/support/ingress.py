@@ -6,9 +6,9 @@ import contextlib
 import aio_pika
 from aiohttp.test_utils import TestClient, TestServer
 
-from ingress.app import create_app
-from shared import topology
-from shared.message import EventMessage, from_amqp
+from webhook_ingest.ingress.app import create_app
+from webhook_ingest.shared import topology
+from webhook_ingest.shared.message import EventMessage, from_amqp
 
 
 @contextlib.asynccontextmanager

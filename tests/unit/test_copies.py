@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from shared.idempotency import Outcome
+from webhook_ingest.shared.idempotency import Outcome
 from tests.support.events import make_event
-from workers.copies import CopiesInFlight
+from webhook_ingest.workers.copies import CopiesInFlight
 
 
 @pytest.mark.parametrize("outcome, same_payload, duplicate", [

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from multidict import CIMultiDict
 
-from shared.event_id import (
+from webhook_ingest.shared.event_id import (
     DEFAULT_EVENT_ID,
     SelectorError,
     canonical_json,

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from shared import signatures
-from shared.signatures import InvalidSignature, MissingSignature, SignatureError, StaleTimestamp
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.signatures import InvalidSignature, MissingSignature, SignatureError, StaleTimestamp
 from tests.support.signing import PROVIDER_SECRETS
 
 NOW = 1_760_000_000

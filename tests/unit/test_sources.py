@@ -2,8 +2,8 @@
 
 import pytest
 
-from shared.errors import ConfigError
-from shared.sources import load_sources
+from webhook_ingest.shared.errors import ConfigError
+from webhook_ingest.shared.sources import load_sources
 
 VALID = '''
 [sources.shop]

@@ -50,9 +50,9 @@ Handler = Callable[[Event, HandlerContext], Awaitable[dict | None]]
 def load_handler(reference: str) -> Handler:
     """A built-in name (`inbox`, `forward`) or `module:function`."""
     if reference == "inbox":
-        from workers.handlers.inbox import handle
+        from webhook_ingest.workers.handlers.inbox import handle
     elif reference == "forward":
-        from workers.handlers.forward import handle
+        from webhook_ingest.workers.handlers.forward import handle
     else:
         module_name, _, attribute = reference.partition(":")
         handle = getattr(importlib.import_module(module_name), attribute)

@@ -8,7 +8,7 @@ never succeed (PermanentError); anything else is retried.
 
 import aiohttp
 
-from workers.handlers import Event, HandlerContext, PermanentError
+from webhook_ingest.workers.handlers import Event, HandlerContext, PermanentError
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 _RETRYABLE_CLIENT_ERRORS = frozenset({408, 429})

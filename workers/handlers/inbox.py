@@ -1,9 +1,9 @@
 """`inbox`: store the event in table `inbox`, through the completion transaction."""
 
-from shared.queries import load_queries
-from workers.handlers import Event, HandlerContext
+from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.workers.handlers import Event, HandlerContext
 
-_INSERT = load_queries("workers")["insert_inbox"]
+_INSERT = load_queries("webhook_ingest.workers")["insert_inbox"]
 
 
 async def handle(event: Event, ctx: HandlerContext) -> None:
