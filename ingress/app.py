@@ -7,8 +7,10 @@ from aiohttp import web
 
 from webhook_ingest.ingress import health, webhooks
 from webhook_ingest.ingress.admin import setup_admin
-from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.appkeys import done_markers_key, publisher_key, redis_key, settings_key, sources_key
+from webhook_ingest.ingress.done_markers import DoneMarkers
 from webhook_ingest.ingress.publisher import Publisher
+from webhook_ingest.ingress.redis_client import redis_ctx
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
 
@@ -18,6 +20,8 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
     app[settings_key] = settings
     app[sources_key] = sources
     app.cleanup_ctx.append(_publisher_ctx(connection_name))
+    app.cleanup_ctx.append(redis_ctx)
+    app.cleanup_ctx.append(_done_markers_ctx)
     setup_admin(app, settings)
     app.router.add_post("/webhooks/{source}", webhooks.receive_webhook)
     app.router.add_get("/healthz", health.healthz)
@@ -36,3 +40,8 @@ def _publisher_ctx(connection_name: str):
         await publisher.close()
 
     return publisher_ctx
+
+
+async def _done_markers_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[done_markers_key] = DoneMarkers(app[redis_key], app[settings_key].namespace)
+    yield

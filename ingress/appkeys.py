@@ -1,7 +1,9 @@
 """Typed keys of the ingress application's shared resources."""
 
+import redis.asyncio as redis
 from aiohttp import web
 
+from webhook_ingest.ingress.done_markers import DoneMarkers
 from webhook_ingest.ingress.publisher import Publisher
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
@@ -9,3 +11,5 @@ from webhook_ingest.shared.sources import Source
 settings_key = web.AppKey("settings", Settings)
 sources_key = web.AppKey("sources", dict[str, Source])
 publisher_key = web.AppKey("publisher", Publisher)
+redis_key = web.AppKey("redis", redis.Redis)  # one client per process: share it, do not open another
+done_markers_key = web.AppKey("done_markers", DoneMarkers)

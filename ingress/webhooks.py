@@ -10,7 +10,7 @@ import time
 
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import publisher_key, sources_key
+from webhook_ingest.ingress.appkeys import done_markers_key, publisher_key, sources_key
 from webhook_ingest.ingress.publisher import BrokerUnavailable
 from webhook_ingest.ingress.responses import error, json_response
 from webhook_ingest.shared import event_id, metrics
@@ -49,6 +49,9 @@ async def _accept(request: web.Request, source: Source | None) -> web.Response:
     _verify(source, request, body)
     payload = _parse_json(body)
     event = _build_event(source, request, body, payload)
+    if await request.app[done_markers_key].completed_with(event.key, event.payload_sha256):
+        log.debug("duplicate", source=source.name, key=event.key)  # completed, same payload: nothing to queue
+        return json_response(200, {"status": "duplicate", "key": event.key})
     try:
         await request.app[publisher_key].publish(event)
     except BrokerUnavailable as exc:

@@ -1,0 +1,48 @@
+"""The duplicate fast path (SPEC §6, `200 {"status":"duplicate"}`).
+
+The workers write `NS:key:<key>` = `done:<payload_sha256>` on every Redis
+master once a key completed (`workers.idempotency`). A copy of a completed
+event whose payload hash equals the marker's needs no publish and no
+consume: the ingress answers `duplicate` from one GET. Anything uncertain —
+no marker, another hash (a conflict the workers must record), an error or
+a timeout — answers False and the event takes the normal path, so this can
+only save work, never change an outcome. After a Redis error the lookup is
+skipped for `RETRY_AFTER` seconds, so an outage costs one timeout a second,
+not one per request.
+"""
+
+import time
+
+import redis.asyncio as redis
+
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.workers.idempotency import DONE_PREFIX
+from webhook_ingest.workers.redlock import REDIS_ERRORS
+
+log = get_logger(__name__)
+
+RETRY_AFTER = 1.0
+
+
+class DoneMarkers:
+    def __init__(self, client: redis.Redis, namespace: str):
+        self._client = client
+        self._prefix = f"{namespace}:key:"
+        self._skip_until = 0.0
+
+    async def completed_with(self, key: str, payload_sha256: str) -> bool:
+        """True only when Redis says `key` completed with this very payload."""
+        if self._skip_until and time.monotonic() < self._skip_until:
+            return False
+        try:
+            marker = await self._client.get(self._prefix + key)
+        except REDIS_ERRORS as exc:
+            self._skip_until = time.monotonic() + RETRY_AFTER
+            log.warning("duplicate_lookup_failed", error=f"{type(exc).__name__}: {exc}", retry_in=RETRY_AFTER)
+            return False
+        self._skip_until = 0.0
+        return marker == _expected(payload_sha256)
+
+
+def _expected(payload_sha256: str) -> bytes:
+    return (DONE_PREFIX + payload_sha256).encode()

@@ -1,0 +1,33 @@
+"""The ingress's one Redis client, shared by everything in the process that
+reads Redis (the duplicate fast path; a rate limiter may use it too).
+
+It talks to the first master of `REDIS_URLS` only: what the ingress reads
+there is a hint (a done marker), never a decision the Redlock quorum must
+make. Short timeouts and no client-side retries, so a slow or absent Redis
+costs a request at most one timeout and then the normal path.
+"""
+
+from collections.abc import AsyncIterator
+
+import redis.asyncio as redis
+from aiohttp import web
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from webhook_ingest.ingress.appkeys import redis_key, settings_key
+
+TIMEOUT_SECONDS = 0.075
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.from_url(
+        url, socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=TIMEOUT_SECONDS, retry=Retry(NoBackoff(), 0)
+    )
+
+
+async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
+    """aiohttp cleanup_ctx: the client exists for the application's lifetime."""
+    client = connect(app[settings_key].redis_urls[0])
+    app[redis_key] = client
+    yield
+    await client.aclose()
