@@ -10,10 +10,25 @@ from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.logging import configure_logging, get_logger
 from webhook_ingest.shared.settings import Settings, load_settings
 from webhook_ingest.shared.sources import Source, load_sources
+from webhook_ingest import layout
 from webhook_ingest.console import ENV_HELP, fail
 from webhook_ingest.dlq import dlq, prune
 
 log = get_logger("webhook_ingest")
+
+
+class _Processes(click.ParamType):
+    """A process count: a positive integer, or `auto` (one per core)."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or (str(value).isdigit() and int(value) >= 1):
+            return str(value)
+        self.fail(f"{value!r} is neither a positive integer nor auto", param, ctx)
+
+
+PROCESSES = _Processes()
 
 
 def configured() -> tuple[Settings, dict[str, Source]]:
@@ -60,16 +75,21 @@ def migrate() -> None:
 
 
 @main.command(epilog=ENV_HELP)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=8080, show_default=True, type=int, help="port to listen on")
 @click.option("--reuse-port", is_flag=True, help="let several ingress processes share the port (SO_REUSEPORT)")
-def ingress(host: str, port: int, reuse_port: bool) -> None:
+@click.option("--processes", default="1", show_default=True, type=PROCESSES,
+              help="ingress processes sharing the port; auto: one per core (at most 4)")
+def ingress(host: str, port: int, reuse_port: bool, processes: str) -> None:
     """Serve the webhook ingress."""
     from aiohttp import web
 
     from webhook_ingest.ingress.app import create_app
 
     settings, sources = configured()
+    if (count := layout.ingress_processes(processes)) > 1:
+        _supervise(layout.ingress_commands(host, port, count))
+        return
     install_uvloop()
     log.info("ingress_starting", host=host, port=port, sources=sorted(sources), **settings.masked())
     web.run_app(create_app(settings, sources), host=host, port=port, print=None, access_log=None,
@@ -98,7 +118,7 @@ def send_test_command(source_name: str, url: str, duplicates: int) -> None:
 
 
 @main.command(epilog=ENV_HELP)
-@click.option("--concurrency", default=16, show_default=True, type=click.IntRange(min=1), help="messages in flight")
+@click.option("--concurrency", default=layout.CONCURRENCY, show_default=True, type=click.IntRange(min=1), help="messages in flight")
 @click.option("--metrics-port", type=int, default=None, help="serve /metrics, /healthz, /readyz on this port")
 @click.option("--grace-seconds", default=30.0, show_default=True, type=float, help="SIGTERM: time for running handlers")
 def worker(concurrency: int, metrics_port: int | None, grace_seconds: float) -> None:
@@ -136,14 +156,24 @@ def _validate_handlers(sources: dict[str, Source]) -> None:
 
 
 @main.command(epilog=ENV_HELP)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=int)
-@click.option("--workers", "worker_count", default=2, show_default=True, type=click.IntRange(min=1))
-def run(host: str, port: int, worker_count: int) -> None:
-    """Migrate, then run the ingress and N workers under one supervisor."""
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=8080, show_default=True, type=int, help="port to listen on")
+@click.option("--ingress-processes", default="auto", show_default=True, type=PROCESSES,
+              help="ingress processes sharing the port; auto: one per core (at most 4)")
+@click.option("--workers", "worker_count", default=layout.WORKERS, show_default=True, type=click.IntRange(min=1),
+              help="worker processes")
+@click.option("--concurrency", default=layout.CONCURRENCY, show_default=True, type=click.IntRange(min=1),
+              help="messages in flight per worker")
+@click.option("--worker-metrics-port", type=int, default=None,
+              help="worker n serves /metrics, /healthz, /readyz on this port + n - 1")
+def run(host: str, port: int, ingress_processes: str, worker_count: int, concurrency: int,
+        worker_metrics_port: int | None) -> None:
+    """Migrate, then run the ingress and N workers under one supervisor.
+
+    The defaults are the configuration `make bench` measured fastest
+    (docs/performance.md); the options override it."""
     from webhook_ingest.shared.migrate import migrate as run_migrations
     from webhook_ingest.shared.preflight import unreachable_services
-    from webhook_ingest.supervisor import Supervisor
 
     settings, sources = configured()
     _validate_handlers(sources)
@@ -154,10 +184,17 @@ def run(host: str, port: int, worker_count: int) -> None:
         sys.exit(1)
     applied = asyncio.run(run_migrations(settings.database_url))
     click.echo(f"migrations applied: {', '.join(applied)}" if applied else "database is up to date")
-    click.echo(f"ingress on http://{host}:{port}  ({worker_count} workers; Ctrl-C stops all)")
+    ingress_count = layout.ingress_processes(ingress_processes)
+    click.echo(f"ingress on http://{host}:{port}  ({ingress_count} ingress processes, {worker_count} workers × "
+               f"{concurrency} in flight; Ctrl-C stops all)")
     click.echo(f"try it:  webhook-ingest send-test {next(iter(sources))}")
-    commands = {"ingress": ["ingress", "--host", host, "--port", str(port)]}
-    commands.update({f"worker-{n}": ["worker"] for n in range(1, worker_count + 1)})
+    _supervise({**layout.ingress_commands(host, port, ingress_count),
+                **layout.worker_commands(worker_count, concurrency, worker_metrics_port)})
+
+
+def _supervise(commands: dict[str, list[str]]) -> None:
+    from webhook_ingest.supervisor import Supervisor
+
     install_uvloop()
     asyncio.run(Supervisor(commands).run())
 

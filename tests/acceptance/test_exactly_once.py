@@ -259,7 +259,7 @@ async def test_same_key_with_another_payload_is_recorded_as_a_conflict_and_not_r
 
 async def test_run_supervises_ingress_and_workers_and_send_test_with_copies_gives_one_row(service_env, settings, fleet):
     port = free_port()
-    supervisor = fleet.supervisor("--port", str(port), "--workers", "2")
+    supervisor = fleet.supervisor("--port", str(port), "--ingress-processes", "2", "--workers", "2")
     base_url = f"http://127.0.0.1:{port}"
     await _wait_ready(base_url)
     await wait_until(lambda: _consumers(settings), 60, message="two consuming workers")
@@ -276,7 +276,7 @@ async def test_run_supervises_ingress_and_workers_and_send_test_with_copies_give
     assert await count_rows(settings.database_url, "inbox") == 1
 
     children = _child_pids(supervisor.pid)
-    assert len(children) == 3  # the ingress and two workers
+    assert len(children) == 4  # two ingress processes sharing the port, two workers
     supervisor.popen.send_signal(signal.SIGINT)
     assert await asyncio.to_thread(supervisor.popen.wait, 60) == 0
     assert not [pid for pid in children if _alive(pid)]

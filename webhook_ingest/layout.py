@@ -1,0 +1,47 @@
+"""How many processes `webhook-ingest run` (and `ingress --processes auto`)
+start by default, chosen by `make bench` (docs/performance.md, "How the
+default configuration was chosen").
+
+Every process is one Python event loop using at most one core, so the
+ingress gets one process per available core, sharing the port
+(SO_REUSEPORT); the workers' cost per event falls as their batches grow, so
+two processes with many messages in flight each beat more processes with
+fewer. Caps keep a large machine's defaults within a default Postgres
+`max_connections` (each worker pools up to 20 connections).
+"""
+
+import os
+
+WORKERS = 2
+CONCURRENCY = 64
+MAX_AUTO_INGRESS_PROCESSES = 4
+
+
+def available_cores() -> int:
+    """Cores this process may run on (a container's CPU set, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def ingress_processes(requested: str) -> int:
+    """`auto`: one per available core (at most 4); else the number given."""
+    if requested == "auto":
+        return max(1, min(available_cores(), MAX_AUTO_INGRESS_PROCESSES))
+    return int(requested)
+
+
+def ingress_commands(host: str, port: int, processes: int) -> dict[str, list[str]]:
+    """Child name -> argv after `webhook-ingest`: several share the port."""
+    argv = ["ingress", "--host", host, "--port", str(port), *(["--reuse-port"] if processes > 1 else [])]
+    return {f"ingress-{n}": argv for n in range(1, processes + 1)}
+
+
+def worker_commands(workers: int, concurrency: int, metrics_port: int | None) -> dict[str, list[str]]:
+    """Child name -> argv; with `metrics_port`, worker n serves on metrics_port + n - 1."""
+    commands = {}
+    for n in range(1, workers + 1):
+        metrics = ["--metrics-port", str(metrics_port + n - 1)] if metrics_port is not None else []
+        commands[f"worker-{n}"] = ["worker", "--concurrency", str(concurrency), *metrics]
+    return commands
