@@ -1,8 +1,10 @@
 """The sources file (SPEC §3): one section per webhook provider endpoint.
 
-Loaded and validated once at start-up; every mistake becomes one
+Each section is validated once at start-up by a pydantic model
+(`SourceSection`, unknown fields forbidden); its first error becomes one
 `ConfigError` line naming the source and the field, so `ingress`, `worker`
-and `run` refuse to start rather than fail on the first request.
+and `run` refuse to start rather than fail on the first request. Messages
+never echo a secret's value.
 """
 
 import importlib
@@ -10,18 +12,144 @@ import importlib.resources
 import os
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any
+from ipaddress import IPv4Network, IPv6Network, ip_network
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from webhook_ingest.shared import event_id, signatures
 from webhook_ingest.shared.errors import ConfigError
 
 BUILTIN_HANDLERS = frozenset({"inbox", "forward"})
 
-_FIELDS = {
-    "scheme", "secrets", "handler", "event_id", "tolerance_seconds", "max_body_bytes",
-    "max_attempts", "retry_delays", "hash_fields", "fallback_hash", "signature_header",
-    "handler_options",
-}
+Network = IPv4Network | IPv6Network
+
+
+def _problem(message: str) -> PydanticCustomError:
+    """A validation error whose message is ours, word for word."""
+    return PydanticCustomError("source_config", "{problem}", {"problem": message})
+
+
+def resolve_secret(secret: str) -> str:
+    """`env:NAME` reads the environment, `file:/path` a file (Docker and
+    Kubernetes secrets; one trailing newline stripped), anything else is the
+    secret itself."""
+    if secret.startswith("env:"):
+        value = os.environ.get(secret[4:])
+        if not value:
+            raise _problem(f"environment variable {secret[4:]} is not set")
+        return value
+    if secret.startswith("file:"):
+        return _read_secret_file(secret[5:])
+    return secret
+
+
+def _read_secret_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as file:
+            value = file.read().removesuffix("\n").removesuffix("\r")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _problem(f"cannot read secret file {path}: {getattr(exc, 'strerror', None) or 'not UTF-8 text'}") from None
+    if not value:
+        raise _problem(f"secret file {path} is empty")
+    return value
+
+
+def _network(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value  # the strict type check answers
+    try:
+        return ip_network(value)
+    except ValueError as exc:
+        raise _problem(f"{exc} (a CIDR such as 192.30.252.0/22 or 2001:db8::/32)") from None
+
+
+Secret = Annotated[str, Field(min_length=1), AfterValidator(resolve_secret)]
+AllowedNetwork = Annotated[Network, BeforeValidator(_network)]
+
+
+class RateLimit(BaseModel):
+    """A token bucket: `burst` requests at once, refilled at `per_second`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    per_second: float = Field(gt=0)
+    burst: int = Field(ge=1)
+
+
+class SourceSection(BaseModel):
+    """One `[sources.NAME]` table, as written (secrets resolved)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    scheme: str
+    secrets: list[Secret] = Field(min_length=1)
+    handler: str
+    event_id: list[str] | None = None
+    tolerance_seconds: float = Field(300, gt=0)
+    max_body_bytes: int = Field(1_048_576, ge=1)
+    max_attempts: int = Field(5, ge=1)
+    retry_delays: list[Annotated[float, Field(gt=0)]] = Field([1, 10, 60, 300], min_length=1)
+    hash_fields: list[str] = []
+    fallback_hash: bool = True
+    signature_header: str = "X-Signature"
+    handler_options: dict[str, Any] = {}
+    allowed_ips: list[AllowedNetwork] = []
+    rate_limit: RateLimit | None = None
+
+    @field_validator("event_id", mode="before")
+    @classmethod
+    def _one_selector_is_a_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("scheme")
+    @classmethod
+    def _known_scheme(cls, scheme: str) -> str:
+        if scheme not in signatures.SCHEMES:
+            raise _problem(f"unknown scheme {scheme!r} (known: {', '.join(signatures.SCHEMES)})")
+        return scheme
+
+    @field_validator("handler")
+    @classmethod
+    def _importable_handler(cls, handler: str) -> str:
+        validate_handler(handler, lambda _field, message: _problem(message))
+        return handler
+
+    @field_validator("event_id")
+    @classmethod
+    def _valid_selectors(cls, specs: list[str] | None) -> list[str] | None:
+        if specs is not None:
+            _parsed(event_id.parse_selectors, specs)
+        return specs
+
+    @field_validator("hash_fields")
+    @classmethod
+    def _valid_hash_fields(cls, paths: list[str]) -> list[str]:
+        _parsed(event_id.parse_hash_fields, paths)
+        return paths
+
+    @model_validator(mode="after")
+    def _forward_needs_a_url(self) -> "SourceSection":
+        if self.handler == "forward" and not isinstance(self.handler_options.get("url"), str):
+            raise ValueError("handler_options.url: the forward handler needs a url")
+        return self
+
+
+def _parsed(parse, specs):
+    try:
+        return parse(specs)
+    except event_id.SelectorError as exc:
+        raise _problem(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -40,6 +168,8 @@ class Source:
     signature_header: str = "X-Signature"
     handler_options: dict[str, Any] = field(default_factory=dict)
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    allowed_ips: tuple[Network, ...] = ()  # empty: any client address
+    rate_limit: RateLimit | None = None
 
     def retry_delay(self, failed_attempt: int) -> float:
         """Seconds to wait before attempt `failed_attempt + 1`; the last delay repeats."""
@@ -69,51 +199,43 @@ def load_sources(path: str | None) -> dict[str, Source]:
 
 
 def parse_source(name: str, section: Any) -> Source:
-    def fail(field_name: str, problem: str) -> ConfigError:
-        return ConfigError(f"source {name!r}: {field_name}: {problem}")
-
+    """One validated `Source`, or a one-line `ConfigError` naming `name` and the field."""
     if not isinstance(section, dict):
-        raise fail("section", "must be a table")
-    unknown = set(section) - _FIELDS
-    if unknown:
-        raise fail(sorted(unknown)[0], f"unknown field (known: {', '.join(sorted(_FIELDS))})")
-    scheme = _required(section, "scheme", str, fail)
-    if scheme not in signatures.SCHEMES:
-        raise fail("scheme", f"unknown scheme {scheme!r} (known: {', '.join(signatures.SCHEMES)})")
-    secrets = tuple(_resolve_secret(s, i, fail) for i, s in enumerate(_secret_list(section, fail)))
-    handler = _required(section, "handler", str, fail)
-    validate_handler(handler, fail)
-    options = _optional(section, "handler_options", dict, {}, fail)
-    if handler == "forward" and not isinstance(options.get("url"), str):
-        raise fail("handler_options.url", "the forward handler needs a url")
-    tolerance = _number(section, "tolerance_seconds", 300, fail)
-    signature_header = _optional(section, "signature_header", str, "X-Signature", fail)
+        raise ConfigError(f"source {name!r}: section: must be a table")
+    try:
+        config = SourceSection.model_validate(section)
+    except ValidationError as exc:
+        raise ConfigError(f"source {name!r}: {first_problem(exc)}") from None
     try:
         verifier = signatures.build_verifier(
-            scheme, secrets, tolerance_seconds=tolerance, signature_header=signature_header
+            config.scheme, config.secrets,
+            tolerance_seconds=config.tolerance_seconds, signature_header=config.signature_header,
         )
     except ValueError as exc:
-        raise fail("secrets", str(exc)) from exc
+        raise ConfigError(f"source {name!r}: secrets: {exc}") from None
+    selectors = config.event_id if config.event_id is not None else event_id.DEFAULT_EVENT_ID[config.scheme]
     return Source(
         name=name,
-        scheme=scheme,
-        handler=handler,
+        scheme=config.scheme,
+        handler=config.handler,
         verifier=verifier,
-        event_id_selectors=_selectors(section, scheme, fail),
-        hash_fields=_hash_fields(section, fail),
-        fallback_hash=_optional(section, "fallback_hash", bool, True, fail),
-        tolerance_seconds=tolerance,
-        max_body_bytes=_positive_int(section, "max_body_bytes", 1_048_576, fail),
-        max_attempts=_positive_int(section, "max_attempts", 5, fail),
-        retry_delays=_retry_delays(section, fail),
-        signature_header=signature_header,
-        handler_options=options,
-        secrets=secrets,
+        event_id_selectors=event_id.parse_selectors(selectors),
+        hash_fields=tuple(config.hash_fields),
+        fallback_hash=config.fallback_hash,
+        tolerance_seconds=config.tolerance_seconds,
+        max_body_bytes=config.max_body_bytes,
+        max_attempts=config.max_attempts,
+        retry_delays=tuple(float(d) for d in config.retry_delays),
+        signature_header=config.signature_header,
+        handler_options=config.handler_options,
+        secrets=tuple(config.secrets),
+        allowed_ips=tuple(config.allowed_ips),
+        rate_limit=config.rate_limit,
     )
 
 
 def validate_handler(reference: str, fail) -> None:
-    """A built-in name, or `module:function` naming an importable async callable."""
+    """A built-in name, or `module:function` naming an importable callable."""
     if reference in BUILTIN_HANDLERS:
         return
     module_name, sep, attribute = reference.partition(":")
@@ -127,78 +249,58 @@ def validate_handler(reference: str, fail) -> None:
         raise fail("handler", f"{module_name!r} has no callable {attribute!r}")
 
 
-def _secret_list(section: dict, fail) -> list:
-    secrets = section.get("secrets")
-    if not isinstance(secrets, list) or not secrets:
-        raise fail("secrets", "a non-empty list of secrets is required")
-    return secrets
+# What a type or range error means for each field, in the file's own terms
+# ("[]" stands for any list index).
+_EXPECTED = {
+    "scheme": "must be a string",
+    "secrets": "a non-empty list of secrets is required",
+    "secrets[]": "must be a non-empty string",
+    "handler": "must be a string",
+    "event_id": "must be a list of selector strings",
+    "event_id[]": "must be a selector string",
+    "tolerance_seconds": "must be a positive number",
+    "max_body_bytes": "must be a positive integer",
+    "max_attempts": "must be a positive integer",
+    "retry_delays": "must be a non-empty list of positive seconds",
+    "retry_delays[]": "must be a positive number of seconds",
+    "hash_fields": "must be a list of dotted paths",
+    "hash_fields[]": "must be a dotted path string",
+    "fallback_hash": "must be true or false",
+    "signature_header": "must be a string",
+    "handler_options": "must be a table",
+    "allowed_ips": "must be a list of CIDRs",
+    "allowed_ips[]": "must be a CIDR string such as 192.30.252.0/22 or 2001:db8::/32",
+    "rate_limit": "must be a table { per_second = N, burst = N }",
+    "rate_limit.per_second": "must be a positive number",
+    "rate_limit.burst": "must be a positive integer",
+}
 
 
-def _resolve_secret(secret: Any, index: int, fail) -> str:
-    if not isinstance(secret, str) or not secret:
-        raise fail(f"secrets[{index}]", "must be a non-empty string")
-    if not secret.startswith("env:"):
-        return secret
-    variable = secret[4:]
-    value = os.environ.get(variable)
-    if not value:
-        raise fail(f"secrets[{index}]", f"environment variable {variable} is not set")
-    return value
+def first_problem(exc: ValidationError) -> str:
+    """`field: problem` for the error that matters most: an unknown field
+    first (a misspelt name also makes its intended field look missing)."""
+    errors = exc.errors(include_input=False, include_url=False)
+    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    where, pattern = _location(error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown field (known: {', '.join(sorted(SourceSection.model_fields))})"
+    if error["type"] == "missing":
+        return f"{where}: {'a non-empty list of secrets is required' if where == 'secrets' else 'is required'}"
+    if error["type"] == "source_config":
+        return f"{where}: {error['msg']}"
+    if error["type"] == "value_error":  # a model validator's "field: problem"
+        return error["msg"].removeprefix("Value error, ")
+    return f"{where}: {_EXPECTED.get(pattern, _EXPECTED.get(pattern.split('[')[0], 'is invalid'))}"
 
 
-def _selectors(section: dict, scheme: str, fail) -> tuple:
-    specs = section.get("event_id", event_id.DEFAULT_EVENT_ID[scheme])
-    if isinstance(specs, str):
-        specs = [specs]
-    if not isinstance(specs, (list, tuple)) or not all(isinstance(s, str) for s in specs):
-        raise fail("event_id", "must be a list of selector strings")
-    try:
-        return event_id.parse_selectors(specs)
-    except event_id.SelectorError as exc:
-        raise fail("event_id", str(exc)) from exc
-
-
-def _hash_fields(section: dict, fail) -> tuple[str, ...]:
-    paths = _optional(section, "hash_fields", list, [], fail)
-    try:
-        return event_id.parse_hash_fields(paths)
-    except event_id.SelectorError as exc:
-        raise fail("hash_fields", str(exc)) from exc
-
-
-def _retry_delays(section: dict, fail) -> tuple[float, ...]:
-    delays = _optional(section, "retry_delays", list, [1, 10, 60, 300], fail)
-    if not delays or not all(_is_number(d) and d > 0 for d in delays):
-        raise fail("retry_delays", "must be a non-empty list of positive seconds")
-    return tuple(float(d) for d in delays)
-
-
-def _required(section: dict, key: str, kind: type, fail):
-    if key not in section:
-        raise fail(key, "is required")
-    return _optional(section, key, kind, None, fail)
-
-
-def _optional(section: dict, key: str, kind: type, default, fail):
-    value = section.get(key, default)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise fail(key, f"must be a {kind.__name__}")
-    return value
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _number(section: dict, key: str, default: float, fail) -> float:
-    value = section.get(key, default)
-    if not _is_number(value) or value <= 0:
-        raise fail(key, "must be a positive number")
-    return value
-
-
-def _positive_int(section: dict, key: str, default: int, fail) -> int:
-    value = section.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise fail(key, "must be a positive integer")
-    return value
+def _location(loc: tuple) -> tuple[str, str]:
+    """(`secrets[1]`, `secrets[]`) from pydantic's ('secrets', 1); union
+    member tags, which are not field names, are left out."""
+    where = pattern = ""
+    for part in loc:
+        if isinstance(part, int):
+            where, pattern = f"{where}[{part}]", f"{pattern}[]"
+        elif part.isidentifier():
+            dot = "." if where else ""
+            where, pattern = f"{where}{dot}{part}", f"{pattern}{dot}{part}"
+    return where or "section", pattern

@@ -1,9 +1,13 @@
 """The sources file (SPEC §3): what loads, and the one line a mistake gives."""
 
+import ipaddress
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources import SourceSection, load_sources, parse_source, resolve_secret
 
 VALID = '''
 [sources.shop]
@@ -72,3 +76,97 @@ def test_a_broken_file_names_the_file(tmp_path, text, problem):
 def test_a_missing_file_names_the_path(tmp_path):
     with pytest.raises(ConfigError, match="nowhere.toml"):
         load_sources(str(tmp_path / "nowhere.toml"))
+
+
+def test_file_secrets_read_the_file_without_its_trailing_newline(tmp_path):
+    secret_file = tmp_path / "github_secret"
+    secret_file.write_text("from-a-file\n")
+    [source] = load(tmp_path, f'[sources.gh]\nscheme = "github"\nsecrets = ["file:{secret_file}"]\nhandler = "inbox"\n').values()
+    assert source.secrets == ("from-a-file",)
+
+
+@pytest.mark.parametrize("content, problem", [(None, "cannot read secret file"), ("", "is empty"), ("\n", "is empty")])
+def test_an_unusable_secret_file_is_a_start_up_error_naming_source_and_field(tmp_path, content, problem):
+    secret_file = tmp_path / "secret"
+    if content is not None:
+        secret_file.write_text(content)
+    with pytest.raises(ConfigError) as raised:
+        load(tmp_path, f'[sources.gh]\nscheme = "github"\nsecrets = ["s", "file:{secret_file}"]\nhandler = "inbox"\n')
+    assert str(raised.value).startswith("source 'gh': secrets[1]: ") and problem in str(raised.value)
+
+
+def test_allowed_ips_and_rate_limit_load_as_networks_and_a_bucket(tmp_path):
+    [source] = load(tmp_path, '[sources.gh]\nscheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\n'
+                              'allowed_ips = ["192.30.252.0/22", "2001:db8::/32", "127.0.0.1"]\n'
+                              'rate_limit = { per_second = 0.5, burst = 3 }\n').values()
+    assert [str(n) for n in source.allowed_ips] == ["192.30.252.0/22", "2001:db8::/32", "127.0.0.1/32"]
+    assert (source.rate_limit.per_second, source.rate_limit.burst) == (0.5, 3)
+    assert load_sources(None)["demo"].allowed_ips == () and load_sources(None)["demo"].rate_limit is None
+
+
+@pytest.mark.parametrize("line, field, problem", [
+    ('allowed_ips = ["10.0.0.1/8"]', "allowed_ips[0]", "host bits set"),
+    ('allowed_ips = ["github"]', "allowed_ips[0]", "CIDR"),
+    ('allowed_ips = "10.0.0.0/8"', "allowed_ips", "list of CIDRs"),
+    ("rate_limit = { per_second = 0, burst = 1 }", "rate_limit.per_second", "positive number"),
+    ("rate_limit = { per_second = 5 }", "rate_limit.burst", "is required"),
+    ("rate_limit = { per_second = 5, burst = 1, window = 3 }", "rate_limit.window", "unknown field"),
+    ("rate_limit = 5", "rate_limit", "must be a table"),
+])
+def test_allowlist_and_rate_limit_mistakes_name_the_field(tmp_path, line, field, problem):
+    with pytest.raises(ConfigError) as raised:
+        load(tmp_path, f'[sources.acme]\nscheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\n{line}\n')
+    assert str(raised.value).startswith(f"source 'acme': {field}: ") and problem in str(raised.value)
+
+
+# Property-based: whatever a file says, the answer is a loaded source or one
+# line naming the source and a field, and never the secret itself.
+
+SECRET = st.text(alphabet="ABCDEFGHJKLMNPQRSTUVWXYZ23456789", min_size=12, max_size=24).map(lambda s: "zz" + s)
+OPTIONAL_VALUES = {
+    "tolerance_seconds": st.one_of(st.integers(-5, 10_000), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=3), st.booleans()),
+    "max_body_bytes": st.one_of(st.integers(-5, 10**9), st.floats(allow_nan=False), st.booleans(), st.text(max_size=3)),
+    "max_attempts": st.one_of(st.integers(-5, 100), st.booleans(), st.none().map(lambda _: [1])),
+    "retry_delays": st.lists(st.one_of(st.integers(-2, 600), st.floats(-1, 600)), max_size=4),
+    "fallback_hash": st.one_of(st.booleans(), st.integers(0, 1), st.text(max_size=3)),
+    "allowed_ips": st.lists(st.one_of(st.ip_addresses().map(str), st.text(max_size=8)), max_size=3),
+    "rate_limit": st.fixed_dictionaries({"per_second": st.one_of(st.floats(-1, 1e4), st.integers(-1, 10**4)),
+                                         "burst": st.one_of(st.integers(-1, 10**4), st.booleans())}),
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=SECRET, overrides=st.dictionaries(st.sampled_from(sorted(OPTIONAL_VALUES)), st.none(), max_size=4)
+       .flatmap(lambda keys: st.fixed_dictionaries({k: OPTIONAL_VALUES[k] for k in keys})),
+       stray=st.one_of(st.none(), st.from_regex(r"\A[a-z_]{1,12}\Z")))
+def test_any_section_loads_or_fails_with_one_secret_free_line(secret, overrides, stray):
+    section = {"scheme": "github", "secrets": [secret], "handler": "inbox", **overrides}
+    if stray is not None and stray not in SourceSection.model_fields:
+        section[stray] = secret  # an unknown field holding a secret must not echo it either
+    try:
+        source = parse_source("acme", section)
+    except ConfigError as exc:
+        message = str(exc)
+        assert message.startswith("source 'acme': ") and "\n" not in message
+        field_path = message.split(": ")[1]
+        assert field_path.split("[")[0].split(".")[0] in {*SourceSection.model_fields, stray}
+        assert secret not in message
+    else:
+        assert source.secrets == (secret,)
+        for name, value in overrides.items():
+            if name == "allowed_ips":
+                assert [ipaddress.ip_network(v) for v in value] == list(source.allowed_ips)
+            elif name == "rate_limit":
+                assert (source.rate_limit.per_second, source.rate_limit.burst) == (value["per_second"], value["burst"])
+            elif name == "retry_delays":
+                assert source.retry_delays == tuple(float(v) for v in value)
+            else:
+                assert getattr(source, name) == value
+
+
+@settings(max_examples=100, deadline=None)
+@given(content=st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), min_size=1))
+def test_a_file_secret_is_the_file_content_minus_one_trailing_newline(tmp_path_factory, content):
+    secret_file = tmp_path_factory.mktemp("secret") / "value"
+    secret_file.write_text(content + "\n", encoding="utf-8", newline="")
+    assert resolve_secret(f"file:{secret_file}") == content
