@@ -5,6 +5,7 @@ first run needs no configuration at all.
 """
 
 from functools import cached_property
+from ipaddress import IPv4Network, IPv6Network, ip_network
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -21,6 +22,10 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_DELIVERY_LIMIT", "deliveries before a message that kills its worker is dead-lettered"),
     ("WEBHOOK_INGEST_LOCK_TTL", "processing lock TTL in seconds (extended while a handler runs)"),
     ("WEBHOOK_INGEST_DONE_TTL", "seconds Redis remembers a completed key (Postgres remembers until pruned)"),
+    ("WEBHOOK_INGEST_TRUSTED_PROXIES", "comma-separated CIDRs whose X-Forwarded-For / Forwarded set the client address (unset: none)"),
+    ("WEBHOOK_INGEST_HEADER_TIMEOUT", "seconds a connection has to send a request's headers (also the keep-alive idle limit)"),
+    ("WEBHOOK_INGEST_BODY_TIMEOUT", "seconds a request has to send its whole body"),
+    ("WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", "requests one ingress process works on at once; beyond, 503 at once"),
     ("LOG_FORMAT", "json or console (default: console on a TTY, else json)"),
 )
 
@@ -38,12 +43,26 @@ class Settings(BaseSettings):
     lock_ttl: float = Field(30.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
     done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)
     log_format: str | None = Field(None, alias="LOG_FORMAT", pattern=r"^(json|console)$")
+    trusted_proxies_csv: str = Field("", alias="WEBHOOK_INGEST_TRUSTED_PROXIES")
+    header_timeout: float = Field(60.0, alias="WEBHOOK_INGEST_HEADER_TIMEOUT", gt=0)
+    body_timeout: float = Field(60.0, alias="WEBHOOK_INGEST_BODY_TIMEOUT", gt=0)
+    max_concurrent_requests: int = Field(256, alias="WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", ge=1)
 
     @field_validator("sources_path", "admin_token", "log_format", mode="before")
     @classmethod
     def _empty_is_unset(cls, value):
         # Compose and Kubernetes often set a variable to "" to mean "not set".
         return value or None
+
+    @field_validator("trusted_proxies_csv")
+    @classmethod
+    def _cidrs(cls, value: str) -> str:
+        parse_networks(value)  # a typo is a start-up error, not a proxy silently untrusted
+        return value
+
+    @cached_property
+    def trusted_proxies(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        return parse_networks(self.trusted_proxies_csv)
 
     @cached_property
     def redis_urls(self) -> tuple[str, ...]:
@@ -60,7 +79,16 @@ class Settings(BaseSettings):
             "admin_api": "enabled" if self.admin_token else "disabled",
             "delivery_limit": self.delivery_limit,
             "lock_ttl": self.lock_ttl,
+            "trusted_proxies": [str(network) for network in self.trusted_proxies],
+            "header_timeout": self.header_timeout,
+            "body_timeout": self.body_timeout,
+            "max_concurrent_requests": self.max_concurrent_requests,
         }
+
+
+def parse_networks(csv: str) -> tuple[IPv4Network | IPv6Network, ...]:
+    """`"10.0.0.0/8, 2001:db8::/32"` -> networks; ValueError names a bad entry."""
+    return tuple(ip_network(entry.strip()) for entry in csv.split(",") if entry.strip())
 
 
 def mask_url(url: str) -> str:
