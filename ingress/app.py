@@ -8,9 +8,11 @@ from aiohttp import web
 from webhook_ingest.ingress import health, webhooks
 from webhook_ingest.ingress.admin import setup_admin
 from webhook_ingest.ingress.appkeys import done_markers_key, publisher_key, redis_key, settings_key, sources_key
+from webhook_ingest.ingress.database import database_ctx
 from webhook_ingest.ingress.done_markers import DoneMarkers
 from webhook_ingest.ingress.publisher import Publisher
 from webhook_ingest.ingress.redis_client import redis_ctx
+from webhook_ingest.ingress.relay import relay_ctx
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
 
@@ -19,7 +21,9 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
     app = web.Application(client_max_size=max(s.max_body_bytes for s in sources.values()) + 1)
     app[settings_key] = settings
     app[sources_key] = sources
+    app.cleanup_ctx.append(database_ctx)
     app.cleanup_ctx.append(_publisher_ctx(connection_name))
+    app.cleanup_ctx.append(relay_ctx)
     app.cleanup_ctx.append(redis_ctx)
     app.cleanup_ctx.append(_done_markers_ctx)
     setup_admin(app, settings)

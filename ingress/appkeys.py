@@ -1,9 +1,11 @@
 """Typed keys of the ingress application's shared resources."""
 
+import asyncpg
 import redis.asyncio as redis
 from aiohttp import web
 
 from webhook_ingest.ingress.done_markers import DoneMarkers
+from webhook_ingest.ingress.outbox import Outbox
 from webhook_ingest.ingress.publisher import Publisher
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
@@ -13,3 +15,5 @@ sources_key = web.AppKey("sources", dict[str, Source])
 publisher_key = web.AppKey("publisher", Publisher)
 redis_key = web.AppKey("redis", redis.Redis)  # one client per process: share it, do not open another
 done_markers_key = web.AppKey("done_markers", DoneMarkers)
+database_pool_key = web.AppKey("database_pool", asyncpg.Pool)  # one pool per process: share it
+outbox_key = web.AppKey("outbox", Outbox)

@@ -3,7 +3,7 @@
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from webhook_ingest.ingress.appkeys import publisher_key
+from webhook_ingest.ingress.appkeys import outbox_key, publisher_key
 from webhook_ingest.ingress.responses import json_response
 
 
@@ -12,9 +12,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if request.app[publisher_key].ready:
-        return json_response(200, {"status": "ready"})
-    return json_response(503, {"status": "broker_unavailable"})
+    """200 while the ingress can accept by either path: the broker confirms,
+    or (RabbitMQ away) the outbox takes inserts; 503 when neither does."""
+    if request.app[publisher_key].available:
+        return json_response(200, {"status": "ready", "via": "broker"})
+    if await request.app[outbox_key].writable():
+        return json_response(200, {"status": "ready", "via": "outbox"})
+    return json_response(503, {"status": "unavailable"})
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:

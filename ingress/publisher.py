@@ -2,8 +2,13 @@
 
 A robust connection and a single confirm-mode channel shared by every
 request: concurrent requests publish pipelined on it, each awaiting only its
-own confirm. If the broker is down at start the ingress still serves (503 +
-/readyz 503) and keeps connecting in the background.
+own confirm. If the broker is down at start the ingress still serves
+(through the outbox) and keeps connecting in the background.
+
+Once a publish goes unconfirmed (a timeout, a nack, a return, a dropped
+connection) the publisher says it is not `available` until a background
+probe gets a confirm again, so requests meanwhile go to the outbox at once
+instead of each waiting out the publish timeout.
 """
 
 import asyncio
@@ -21,6 +26,7 @@ from webhook_ingest.shared.settings import mask_url
 log = get_logger(__name__)
 
 PUBLISH_TIMEOUT = 5.0
+PROBE_FIRST_DELAY, PROBE_MAX_DELAY = 0.2, 5.0
 _BROKER_ERRORS = (
     aio_pika.exceptions.AMQPError,
     aiormq.exceptions.AMQPError,
@@ -43,6 +49,8 @@ class Publisher:
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractRobustChannel | None = None
         self._connector: asyncio.Task | None = None
+        self._unconfirmed = False  # a publish failed; no probe confirmed since
+        self._prober: asyncio.Task | None = None
         self.queue_name = topology.events_queue(namespace)
 
     @property
@@ -55,6 +63,11 @@ class Publisher:
         )
 
     @property
+    def available(self) -> bool:
+        """Worth a publish now: connected, and confirming since the last failure."""
+        return self.ready and not self._unconfirmed
+
+    @property
     def channel(self) -> AbstractRobustChannel | None:
         """The confirm-mode channel, None until connected (the admin API replays through it)."""
         return self._channel
@@ -63,19 +76,51 @@ class Publisher:
         self._connector = asyncio.create_task(self._connect_until_up(), name="broker-connect")
 
     async def close(self) -> None:
-        if self._connector is not None:
-            self._connector.cancel()
-            await asyncio.gather(self._connector, return_exceptions=True)
+        for task in (self._connector, self._prober):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._connection is not None:
             await self._connection.close()
 
     async def publish(self, event: EventMessage) -> None:
-        if not self.ready:
-            raise BrokerUnavailable("not connected to the broker")
+        if not self.available:
+            raise BrokerUnavailable("not connected to the broker" if not self.ready else "the broker is not confirming")
         try:
             await topology.publish(self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT)
         except _BROKER_ERRORS as exc:
+            self._suspect()
             raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    def _suspect(self) -> None:
+        self._unconfirmed = True
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.create_task(self._probe_until_confirmed(), name="broker-probe")
+
+    async def _probe_until_confirmed(self) -> None:
+        delay = PROBE_FIRST_DELAY
+        while not (self.ready and await self._probe()):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, PROBE_MAX_DELAY)
+        self._unconfirmed = False
+        log.info("broker_confirming", queue=self.queue_name)
+
+    async def _probe(self) -> bool:
+        """Re-declare the events queue (deleted under us, a return says so),
+        then publish an empty message to a queue that does not exist: the
+        broker confirms and drops it, proving a publish gets through (no
+        alarm, no stall) while leaving nothing behind."""
+        try:
+            await asyncio.wait_for(
+                topology.declare_events_queue(self._channel, self._namespace, self._delivery_limit), PUBLISH_TIMEOUT
+            )
+            await self._channel.default_exchange.publish(
+                aio_pika.Message(b""), routing_key=f"{self._namespace}.probe", mandatory=False, timeout=PUBLISH_TIMEOUT
+            )
+        except _BROKER_ERRORS as exc:
+            log.info("broker_probe_failed", error=f"{type(exc).__name__}: {exc}")
+            return False
+        return True
 
     async def _connect_until_up(self) -> None:
         delay = 0.2

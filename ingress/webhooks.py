@@ -2,7 +2,8 @@
 
 The checks run in the order SPEC §6 fixes, the first failure answering:
 source (404), size (413), signature (401), JSON (400), event id (400).
-A 200 is only sent after the broker confirmed the message.
+A 200 is only sent once the event is durably stored: the broker confirmed
+the message, or (RabbitMQ away) the Postgres outbox committed it.
 """
 
 import json
@@ -10,7 +11,8 @@ import time
 
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import done_markers_key, publisher_key, sources_key
+from webhook_ingest.ingress.appkeys import done_markers_key, outbox_key, publisher_key, sources_key
+from webhook_ingest.ingress.outbox import OutboxUnavailable
 from webhook_ingest.ingress.publisher import BrokerUnavailable
 from webhook_ingest.ingress.responses import error, json_response
 from webhook_ingest.shared import event_id, metrics
@@ -52,13 +54,23 @@ async def _accept(request: web.Request, source: Source | None) -> web.Response:
     if await request.app[done_markers_key].completed_with(event.key, event.payload_sha256):
         log.debug("duplicate", source=source.name, key=event.key)  # completed, same payload: nothing to queue
         return json_response(200, {"status": "duplicate", "key": event.key})
-    try:
-        await request.app[publisher_key].publish(event)
-    except BrokerUnavailable as exc:
-        log.warning("broker_unavailable", source=source.name, key=event.key, error=str(exc))
-        raise Rejected(error(503, "broker_unavailable", {"Retry-After": RETRY_AFTER_SECONDS})) from exc
+    await _store(request.app, event)
     log.debug("accepted", source=source.name, key=event.key)
     return json_response(200, {"status": "accepted", "key": event.key})
+
+
+async def _store(app: web.Application, event: EventMessage) -> None:
+    """Durably: a broker confirm, else one committed outbox insert, else 503."""
+    try:
+        return await app[publisher_key].publish(event)
+    except BrokerUnavailable as exc:
+        broker_error = str(exc)
+    try:
+        await app[outbox_key].store(event)
+    except OutboxUnavailable as exc:
+        log.warning("unavailable", source=event.source, key=event.key, broker=broker_error, outbox=str(exc))
+        raise Rejected(error(503, "unavailable", {"Retry-After": RETRY_AFTER_SECONDS})) from exc
+    log.info("stored_in_outbox", source=event.source, key=event.key, broker=broker_error)
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:

@@ -44,3 +44,11 @@ dead_letters_open = Gauge(
     "webhook_dead_letters_open",
     "Dead letters with status 'dead' (waiting for on-call).",
 )
+outbox_pending = Gauge(
+    "webhook_outbox_pending",
+    "Events stored in the outbox while the broker was away, not yet published.",
+)
+outbox_oldest_age = Gauge(
+    "webhook_outbox_oldest_age_seconds",
+    "Age of the oldest event in the outbox (0 when it is empty).",
+)

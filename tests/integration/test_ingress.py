@@ -4,11 +4,14 @@ import asyncio
 import json
 import time
 
+import asyncpg
 import pytest
 
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.sources import load_sources
+from tests.support.events import publish_events
 from tests.support.ingress import queued_events, running_ingress
+from tests.support.processes import wait_until
 from tests.support.signing import PROVIDER_SECRETS
 from tests.support.tcpproxy import TcpProxy
 
@@ -120,36 +123,64 @@ async def test_without_an_event_id_the_key_is_the_payload_hash(settings, sources
     assert answer["key"].startswith("hmac_sha256:sha256:") and len(answer["key"]) == len("hmac_sha256:sha256:") + 64
 
 
-async def test_broker_unreachable_gives_503_with_retry_after_and_readyz_503(settings, sources, monkeypatch):
+async def test_broker_unreachable_the_event_waits_in_the_outbox(settings, sources, monkeypatch):
     monkeypatch.setenv("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/")
     unreachable = type(settings)()
     body = body_for("hmac-sha256")
     async with running_ingress(unreachable, sources, wait_ready=False) as client:
         response = await client.post("/webhooks/hmac_sha256", data=body, headers=signed("hmac-sha256", body))
+        assert (response.status, await response.json()) == (200, {"status": "accepted", "key": "hmac_sha256:evt_1"})
+        assert (await client.get("/readyz")).status == 200  # it can accept: through the outbox
+    [(key, stored_body)] = await outbox_rows(settings.database_url)
+    assert (key, stored_body) == ("hmac_sha256:evt_1", body)
+
+
+async def test_broker_and_postgres_unreachable_gives_503_and_stores_nothing(settings, sources, monkeypatch):
+    monkeypatch.setenv("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://postgres@127.0.0.1:1/nowhere")
+    unreachable = type(settings)()
+    body = body_for("hmac-sha256")
+    async with running_ingress(unreachable, sources, wait_ready=False) as client:
+        response = await client.post("/webhooks/hmac_sha256", data=body, headers=signed("hmac-sha256", body))
         assert response.status == 503
-        assert await response.json() == {"error": "broker_unavailable"}
+        assert await response.json() == {"error": "unavailable"}
         assert int(response.headers["Retry-After"]) > 0
         assert (await client.get("/readyz")).status == 503
         assert (await client.get("/healthz")).status == 200
+    assert await outbox_rows(settings.database_url) == []
+    await publish_events(settings.amqp_url, settings.namespace, [])  # declares the queue, publishes nothing
+    assert await queued_events(settings.amqp_url, settings.namespace) == []
 
 
 async def test_broker_outage_then_recovery_by_itself(settings, sources, monkeypatch):
-    body = body_for("hmac-sha256")
+    """Accepted into the outbox while the broker is cut, relayed once it is back."""
+    first, second = body_for("hmac-sha256", "evt_1"), body_for("hmac-sha256", "evt_2")
     with TcpProxy("127.0.0.1", 5672) as proxy:
         monkeypatch.setenv("AMQP_URL", proxy.url_for(settings.amqp_url))
         proxied = type(settings)()
         async with running_ingress(proxied, sources) as client:
             proxy.cut()
-            response = await client.post("/webhooks/hmac_sha256", data=body, headers=signed("hmac-sha256", body))
-            assert response.status == 503
-            proxy.restore()
-            for _ in range(100):
-                response = await client.post("/webhooks/hmac_sha256", data=body, headers=signed("hmac-sha256", body))
-                if response.status == 200:
-                    break
-                await asyncio.sleep(0.1)
+            response = await client.post("/webhooks/hmac_sha256", data=first, headers=signed("hmac-sha256", first, "evt_1"))
             assert response.status == 200
-    assert len(await queued_events(settings.amqp_url, settings.namespace)) == 1
+            assert len(await outbox_rows(settings.database_url)) == 1
+            proxy.restore()
+            await wait_until(lambda: _outbox_empty(settings.database_url), 30, message="the outbox relayed")
+            response = await client.post("/webhooks/hmac_sha256", data=second, headers=signed("hmac-sha256", second, "evt_2"))
+            assert response.status == 200
+    queued = await queued_events(settings.amqp_url, settings.namespace)
+    assert sorted((e.key, e.body) for e in queued) == [("hmac_sha256:evt_1", first), ("hmac_sha256:evt_2", second)]
+
+
+async def outbox_rows(database_url: str) -> list[tuple[str, bytes]]:
+    connection = await asyncpg.connect(database_url)
+    try:
+        return [(row["key"], row["body"]) for row in await connection.fetch("SELECT key, body FROM outbox ORDER BY id")]
+    finally:
+        await connection.close()
+
+
+async def _outbox_empty(database_url: str) -> bool:
+    return not await outbox_rows(database_url)
 
 
 async def test_metrics_count_requests_by_source_and_status(settings, sources):

@@ -24,10 +24,11 @@ async def running_ingress(settings, sources, wait_ready: bool = True):
 
 
 async def wait_until_ready(client: TestClient, timeout: float = 15.0) -> None:
+    """Until the broker confirms (/readyz is 200 through the outbox before that)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         response = await client.get("/readyz")
-        if response.status == 200:
+        if response.status == 200 and (await response.json())["via"] == "broker":
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the ingress never became ready")

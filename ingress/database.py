@@ -1,0 +1,30 @@
+"""The ingress's one Postgres pool (`DATABASE_URL`, the workers' database),
+shared by everything in the process that reads or writes Postgres: the
+outbox and its relay, the admin API, the dead-letters gauge.
+
+It starts empty (`min_size=0`), so an ingress whose Postgres is away at
+start still starts and serves through the broker; connections are opened
+when first needed.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+from aiohttp import web
+
+from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
+
+MAX_CONNECTIONS = 10
+CLOSE_TIMEOUT = 10.0
+
+
+async def database_ctx(app: web.Application) -> AsyncIterator[None]:
+    """aiohttp cleanup_ctx: the pool exists for the application's lifetime."""
+    pool = await asyncpg.create_pool(app[settings_key].database_url, min_size=0, max_size=MAX_CONNECTIONS)
+    app[database_pool_key] = pool
+    yield
+    try:
+        await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT)
+    except asyncio.TimeoutError:
+        pool.terminate()

@@ -1,0 +1,64 @@
+"""The Postgres outbox: where the ingress keeps an event the broker did not
+confirm (SPEC §6, "When RabbitMQ is away").
+
+A row is the message the ingress would have published — the body and the
+AMQP header table that `to_amqp` builds, in pamqp's wire encoding — so the
+relay republishes through `from_amqp`/`to_amqp` and whatever the message
+format carries (receive time, provider headers, message id) survives the
+detour exactly as it survives the broker. The relay is in `relay.py`.
+"""
+
+import asyncio
+
+import asyncpg
+from pamqp import decode, encode
+
+from webhook_ingest.shared.errors import ServiceUnavailable
+from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp
+from webhook_ingest.shared.queries import load_queries
+
+QUERIES = load_queries("webhook_ingest.ingress")
+TIMEOUT_SECONDS = 5.0
+DATABASE_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+class OutboxUnavailable(ServiceUnavailable):
+    """The outbox insert did not commit: the event is stored nowhere."""
+
+
+class Outbox:
+    def __init__(self, pool: asyncpg.Pool):
+        self.pool = pool
+        self.stored = asyncio.Event()  # set on every insert here: wakes this process's relay
+
+    async def store(self, event: EventMessage) -> None:
+        """One committed insert; raises OutboxUnavailable when it did not commit."""
+        body, headers = encode_message(event)
+        try:
+            async with self.pool.acquire(timeout=TIMEOUT_SECONDS) as connection:
+                await connection.execute(
+                    QUERIES["store_in_outbox"], event.key, event.source, event.event_id,
+                    event.payload_sha256, body, headers, timeout=TIMEOUT_SECONDS,
+                )
+        except DATABASE_ERRORS as exc:
+            raise OutboxUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        self.stored.set()
+
+    async def writable(self) -> bool:
+        """For /readyz: could an insert commit now?"""
+        try:
+            async with self.pool.acquire(timeout=TIMEOUT_SECONDS) as connection:
+                return bool(await connection.fetchval(QUERIES["outbox_writable"], timeout=TIMEOUT_SECONDS))
+        except DATABASE_ERRORS:
+            return False
+
+
+def encode_message(event: EventMessage) -> tuple[bytes, bytes]:
+    """(body, header table) of the AMQP message `event` would be published as."""
+    message = to_amqp(event)
+    return message.body, encode.field_table(message.headers)
+
+
+def decode_message(body: bytes, amqp_headers: bytes) -> EventMessage:
+    _, headers = decode.field_table(amqp_headers)
+    return from_amqp(body, headers)

@@ -1,0 +1,24 @@
+-- Named SQL blocks of the ingress (loaded by webhook_ingest.shared.queries).
+
+-- name: store_in_outbox
+-- One committed insert: the event is accepted once this returns.
+INSERT INTO outbox (key, source, event_id, payload_sha256, body, amqp_headers)
+VALUES ($1, $2, $3, $4, $5, $6)
+
+-- name: outbox_writable
+-- Cheap readiness check: the table exists, we may insert, and this server
+-- is not a read-only standby (an HA failover in progress).
+SELECT has_table_privilege('outbox', 'INSERT') AND NOT pg_is_in_recovery()
+
+-- name: claim_outbox_batch
+-- The oldest rows no other relay holds; the row locks last until the
+-- transaction ends, which is after the batch's publishes and deletes.
+SELECT id, body, amqp_headers FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+
+-- name: delete_outbox_rows
+DELETE FROM outbox WHERE id = ANY($1::bigint[])
+
+-- name: outbox_backlog
+SELECT count(*) AS pending,
+       coalesce(extract(epoch FROM clock_timestamp() - min(stored_at)), 0)::float8 AS oldest_age_seconds
+FROM outbox

@@ -1,0 +1,132 @@
+"""The outbox relay: one task per ingress process moves outbox rows to the
+events queue once the broker confirms again (SPEC §6).
+
+A round claims the oldest `BATCH_SIZE` rows that no other relay holds
+(`FOR UPDATE SKIP LOCKED`) in a transaction held across their publishes,
+publishes them with publisher confirms, deletes the confirmed ones and
+commits. So several ingress processes never publish one row at the same
+time, and a row leaves the table only after its confirm. A crash between
+the confirm and the commit leaves the row to be published again: a copy,
+which the workers settle like any other.
+
+Pacing: after a batch the relay rests as long as the batch took, so a
+backlog drains at about half of what the process could do and live
+requests keep the other half (they publish straight to the broker meanwhile).
+"""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+from aiohttp import web
+
+from webhook_ingest.ingress.appkeys import database_pool_key, outbox_key, publisher_key
+from webhook_ingest.ingress.outbox import DATABASE_ERRORS, QUERIES, TIMEOUT_SECONDS, Outbox, decode_message
+from webhook_ingest.ingress.publisher import BrokerUnavailable, Publisher
+from webhook_ingest.shared import metrics
+from webhook_ingest.shared.logging import get_logger
+
+log = get_logger(__name__)
+
+BATCH_SIZE = 100
+IDLE_POLL_SECONDS = 2.0  # rows stored by another process, or left by a killed one
+BROKER_POLL_SECONDS = 0.2  # the publisher's own probe says when the broker confirms again
+DATABASE_RETRY_SECONDS = 1.0
+GAUGE_REFRESH_SECONDS = 5.0
+
+
+async def relay_ctx(app: web.Application) -> AsyncIterator[None]:
+    """aiohttp cleanup_ctx: the outbox, its relay and its gauges."""
+    outbox = Outbox(app[database_pool_key])
+    app[outbox_key] = outbox
+    tasks = [
+        asyncio.create_task(Relay(outbox, app[publisher_key]).run(), name="outbox-relay"),
+        asyncio.create_task(refresh_backlog_gauges(outbox.pool), name="outbox-gauges"),
+    ]
+    yield
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Relay:
+    def __init__(self, outbox: Outbox, publisher: Publisher, batch_size: int = BATCH_SIZE):
+        self._outbox = outbox
+        self._publisher = publisher
+        self._batch_size = batch_size
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._publisher.available:
+                await asyncio.sleep(BROKER_POLL_SECONDS)
+                continue
+            started = loop.time()
+            self._outbox.stored.clear()
+            moved = await self._round()
+            if moved:
+                await asyncio.sleep(loop.time() - started)
+            elif moved == 0:
+                await self._idle()
+
+    async def _round(self) -> int | None:
+        """Rows moved, or None after a failure (already logged and waited on)."""
+        try:
+            return await self.relay_batch()
+        except BrokerUnavailable as exc:  # the publisher now probes; we wait for it
+            log.warning("outbox_relay_interrupted", error=str(exc))
+        except DATABASE_ERRORS as exc:
+            log.warning("outbox_unreachable", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(DATABASE_RETRY_SECONDS)
+        return None
+
+    async def _idle(self) -> None:
+        try:
+            await asyncio.wait_for(self._outbox.stored.wait(), IDLE_POLL_SECONDS)
+        except asyncio.TimeoutError:
+            pass
+
+    async def relay_batch(self) -> int:
+        """One round; raises BrokerUnavailable after committing the deletes of
+        the rows that were confirmed before the broker failed."""
+        async with self._outbox.pool.acquire(timeout=TIMEOUT_SECONDS) as connection, connection.transaction():
+            rows = await connection.fetch(QUERIES["claim_outbox_batch"], self._batch_size, timeout=TIMEOUT_SECONDS)
+            confirmed, failure = await self._publish(rows)
+            if confirmed:
+                await connection.execute(QUERIES["delete_outbox_rows"], confirmed, timeout=TIMEOUT_SECONDS)
+        if confirmed:
+            log.info("outbox_relayed", events=len(confirmed))
+        if failure is not None:
+            raise failure
+        return len(confirmed)
+
+    async def _publish(self, rows: list[asyncpg.Record]) -> tuple[list[int], BrokerUnavailable | None]:
+        """Publishes the rows pipelined; the ids confirmed, and the first failure."""
+        results = await asyncio.gather(*(self._publish_row(row) for row in rows), return_exceptions=True)
+        confirmed = [row["id"] for row, result in zip(rows, results) if result is True]
+        failures = [result for result in results if isinstance(result, BaseException)]
+        for unexpected in (f for f in failures if not isinstance(f, BrokerUnavailable)):
+            raise unexpected
+        return confirmed, failures[0] if failures else None
+
+    async def _publish_row(self, row: asyncpg.Record) -> bool:
+        try:
+            event = decode_message(row["body"], row["amqp_headers"])
+        except (KeyError, ValueError, TypeError) as exc:  # not ours to drop: stays for an operator
+            log.error("outbox_row_unreadable", outbox_id=row["id"], error=f"{type(exc).__name__}: {exc}")
+            return False
+        await self._publisher.publish(event)
+        return True
+
+
+async def refresh_backlog_gauges(pool: asyncpg.Pool, every: float = GAUGE_REFRESH_SECONDS) -> None:
+    """Forever: the gauges follow the table; a Postgres outage leaves them stale."""
+    while True:
+        try:
+            async with pool.acquire(timeout=TIMEOUT_SECONDS) as connection:
+                backlog = await connection.fetchrow(QUERIES["outbox_backlog"], timeout=TIMEOUT_SECONDS)
+            metrics.outbox_pending.set(backlog["pending"])
+            metrics.outbox_oldest_age.set(backlog["oldest_age_seconds"])
+        except DATABASE_ERRORS as exc:
+            log.warning("outbox_gauges_stale", error=f"{type(exc).__name__}: {exc}")
+        await asyncio.sleep(every)
