@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.markdown import heading_anchors
+
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOK = ROOT / "docs" / "oncall.md"
 ALERTS_FILE = ROOT / "deploy" / "prometheus" / "alerts.yml"
@@ -13,17 +15,6 @@ REQUIRED_ANCHORS = {
     "ingress-5xx", "broker-unavailable", "dead-letters", "slow-processing",
     "idempotency-store-degraded", "conflicts",
 }
-
-
-def heading_anchors(markdown: str) -> set[str]:
-    """The anchors GitHub (and most renderers) give the headings: lower case,
-    punctuation other than `-` and `_` dropped, spaces to `-`."""
-    text = re.sub(r"^```.*?^```", "", markdown, flags=re.MULTILINE | re.DOTALL)  # no headings in code
-    anchors = set()
-    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, flags=re.MULTILINE):
-        plain = re.sub(r"[`*_]", "", heading).strip().lower()
-        anchors.add(re.sub(r"[^\w\- ]", "", plain).replace(" ", "-"))
-    return anchors
 
 
 def test_anchor_rule():
