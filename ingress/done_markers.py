@@ -1,4 +1,4 @@
-"""The duplicate fast path (SPEC §6, `200 {"status":"duplicate"}`).
+"""The duplicate fast path (docs/reference.md §6, `200 {"status":"duplicate"}`).
 
 The workers write `NS:key:<key>` = `done:<payload_sha256>` on every Redis
 master once a key completed (`workers.idempotency`). A copy of a completed

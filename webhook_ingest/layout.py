@@ -10,6 +10,7 @@ fewer. Caps keep a large machine's defaults within a default Postgres
 `max_connections` (each worker pools up to 20 connections).
 """
 
+import math
 import os
 
 WORKERS = 2
@@ -18,11 +19,23 @@ MAX_AUTO_INGRESS_PROCESSES = 4
 
 
 def available_cores() -> int:
-    """Cores this process may run on (a container's CPU set, not the host's)."""
+    """Cores this process may use: its CPU set, and a container's CPU limit
+    (cgroup v2 `cpu.max`), not the host's core count."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    return min(cores, _cgroup_cpu_limit() or cores)
+
+
+def _cgroup_cpu_limit(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
+    """`quota period` -> whole cores (at least 1); None when unlimited or unknown."""
+    try:
+        with open(path) as cpu_max:
+            quota, period = cpu_max.read().split()
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):  # no file, "max", or not cgroup v2
+        return None
 
 
 def ingress_processes(requested: str) -> int:

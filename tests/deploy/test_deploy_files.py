@@ -1,4 +1,4 @@
-"""The deployment files agree with each other, with SPEC §3/§10 and with the code.
+"""The deployment files agree with each other, with docs/reference.md §3/§10 and with the code.
 
 Static checks, no services: compose and the Kubernetes manifests use one image
 and one set of environment variables, start in order, stop gracefully; every
@@ -107,7 +107,7 @@ def test_compose_starts_in_order():
 def test_compose_runs_the_spec_commands():
     services = compose()["services"]
     assert services["migrate"]["command"] == ["migrate"]
-    assert services["ingress"]["command"] == ["ingress", "--host", "0.0.0.0", "--port", "8080"]
+    assert services["ingress"]["command"] == ["ingress", "--host", "0.0.0.0", "--port", "8080", "--processes", "auto"]
     worker = services["worker"]
     assert worker["command"][0] == "worker"
     assert worker["deploy"]["replicas"] >= 2
