@@ -1,5 +1,5 @@
 """The Postgres outbox: where the ingress keeps an event the broker did not
-confirm (SPEC §6, "When RabbitMQ is away").
+confirm (docs/reference.md §6, "When RabbitMQ is away").
 
 A row is the message the ingress would have published — the body and the
 AMQP header table that `to_amqp` builds, in pamqp's wire encoding — so the

@@ -1,5 +1,5 @@
 """The outbox relay: one task per ingress process moves outbox rows to the
-events queue once the broker confirms again (SPEC §6).
+events queue once the broker confirms again (docs/reference.md §6).
 
 A round claims the oldest `BATCH_SIZE` rows that no other relay holds
 (`FOR UPDATE SKIP LOCKED`) in a transaction held across their publishes,

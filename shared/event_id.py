@@ -1,4 +1,4 @@
-"""Event ids, content hashes and idempotency keys (SPEC §5).
+"""Event ids, content hashes and idempotency keys (docs/reference.md §5).
 
 A source's `event_id` selectors are compiled once, at start-up, into small
 frozen dataclasses: a dotted path is split into (key, list index) steps and a
@@ -115,7 +115,7 @@ def resolve_event_id(selectors: Sequence[Selector], headers: Mapping[str, str], 
 
 
 def canonical_json(value: object) -> bytes:
-    """SPEC §5's canonical form. Stdlib json on purpose: see the module docstring."""
+    """docs/reference.md §5's canonical form. Stdlib json on purpose: see the module docstring."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     # Identical to strict UTF-8 for every encodable string; "surrogatepass" only
     # keeps a lone surrogate (json.loads accepts "\ud800") from raising mid-request.

@@ -1,4 +1,4 @@
-"""Webhook signature verification for the six schemes of SPEC §4.
+"""Webhook signature verification for the six schemes of docs/reference.md §4.
 
 `build_verifier()` runs once per source at start-up and does every per-secret
 step there: it decodes the secret into key bytes and keys one HMAC object per

@@ -1,4 +1,4 @@
-"""The sources file (SPEC §3): one section per webhook provider endpoint.
+"""The sources file (docs/reference.md §3): one section per webhook provider endpoint.
 
 Each section is validated once at start-up by a pydantic model
 (`SourceSection`, unknown fields forbidden); its first error becomes one

@@ -1,4 +1,4 @@
-"""Broker names and declarations (SPEC §9), shared by ingress and workers.
+"""Broker names and declarations (docs/reference.md §9), shared by ingress and workers.
 
 Everything goes through the default exchange, addressed by queue name, so
 there is no exchange to keep in step. All queues are quorum queues: they are

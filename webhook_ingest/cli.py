@@ -1,4 +1,4 @@
-"""`webhook-ingest`: every command of SPEC §2."""
+"""`webhook-ingest`: every command of docs/reference.md §2."""
 
 import asyncio
 import gc

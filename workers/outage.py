@@ -1,4 +1,4 @@
-"""Outages are not failures (SPEC §7): telling them apart, and waiting them out.
+"""Outages are not failures (docs/reference.md §7): telling them apart, and waiting them out.
 
 An exception that says Postgres or RabbitMQ cannot be reached uses no
 attempt. The message stays unacknowledged while the worker waits; since

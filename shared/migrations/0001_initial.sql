@@ -1,4 +1,4 @@
--- The tables SPEC §9 names, and the internal ones the workers need.
+-- The tables docs/reference.md §9 names, and the internal ones the workers need.
 
 CREATE TABLE processed_events (
     key             text PRIMARY KEY,

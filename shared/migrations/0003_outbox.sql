@@ -1,4 +1,4 @@
--- The ingress's outbox (SPEC §6, "When RabbitMQ is away"): an event the
+-- The ingress's outbox (docs/reference.md §6, "When RabbitMQ is away"): an event the
 -- broker did not confirm, stored in one committed insert and answered 200;
 -- the relay in every ingress process publishes the rows oldest first and
 -- deletes each one only after its publisher confirm.

@@ -1,4 +1,4 @@
-"""Retries, dead letters and poison messages with real worker processes (SPEC §8).
+"""Retries, dead letters and poison messages with real worker processes (docs/reference.md §8).
 
 A local aiohttp server stands in for the receiver of the `forward` handler;
 it records every request it gets, so the test counts deliveries and reads

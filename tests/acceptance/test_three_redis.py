@@ -1,4 +1,4 @@
-"""Redlock's quorum with three real Redis masters (SPEC §7, deployment):
+"""Redlock's quorum with three real Redis masters (docs/reference.md §7, deployment):
 one master dies mid-run, the other two still make a majority, and every
 event's effect happens once, without falling back to degraded mode."""
 

@@ -1,4 +1,4 @@
-"""The dead-letter store and on-call's tools on it (SPEC §2, §8): the store
+"""The dead-letter store and on-call's tools on it (docs/reference.md §2, §8): the store
 itself, `webhook-ingest dlq …` and `prune`, the admin HTTP API, the poison
 drainer. Real Postgres and RabbitMQ; the CLI through click's CliRunner.
 """

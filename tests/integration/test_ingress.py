@@ -1,4 +1,4 @@
-"""The ingress HTTP contract (SPEC §6) against the real RabbitMQ."""
+"""The ingress HTTP contract (docs/reference.md §6) against the real RabbitMQ."""
 
 import asyncio
 import json

@@ -1,4 +1,4 @@
-"""shared.event_id: selectors, canonical JSON, content hashes (SPEC §5)."""
+"""shared.event_id: selectors, canonical JSON, content hashes (docs/reference.md §5)."""
 
 import hashlib
 import json
@@ -143,7 +143,7 @@ def test_selectors_keep_their_spec_for_messages():
     assert [selector.spec for selector in parse_selectors(specs)] == specs
 
 
-# --- defaults per scheme (SPEC §4) ---------------------------------------------------------------
+# --- defaults per scheme (docs/reference.md §4) ---------------------------------------------------------------
 
 
 def test_defaults_cover_every_scheme_and_parse():

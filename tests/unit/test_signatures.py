@@ -1,4 +1,4 @@
-"""The six signature schemes of SPEC §4, against our signer, the providers'
+"""The six signature schemes of docs/reference.md §4, against our signer, the providers'
 own libraries (`standardwebhooks`, the Stripe SDK) and published vectors."""
 
 import base64

@@ -1,4 +1,4 @@
-"""The sources file (SPEC §3): what loads, and the one line a mistake gives."""
+"""The sources file (docs/reference.md §3): what loads, and the one line a mistake gives."""
 
 import ipaddress
 

@@ -1,4 +1,4 @@
-"""The handler interface (SPEC §7) and how a source's `handler` is found.
+"""The handler interface (docs/reference.md §7) and how a source's `handler` is found.
 
     async def handle(event, ctx) -> dict | None
 
