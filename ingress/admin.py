@@ -1,4 +1,4 @@
-"""The admin HTTP API on the ingress (SPEC §8): dead letters for on-call.
+"""The admin HTTP API on the ingress (docs/reference.md §8): dead letters for on-call.
 
     GET  /admin/dead-letters?source=&status=&limit=
     GET  /admin/dead-letters/{id}

@@ -1,4 +1,4 @@
-"""JSON answers of the ingress (SPEC §6)."""
+"""JSON answers of the ingress (docs/reference.md §6)."""
 
 import orjson
 from aiohttp import web

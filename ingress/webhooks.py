@@ -1,6 +1,6 @@
 """`POST /webhooks/{source}`: verify, identify, publish, then answer.
 
-The checks run in the order SPEC §6 fixes, the first failure answering:
+The checks run in the order docs/reference.md §6 fixes, the first failure answering:
 source (404), size (413), signature (401), JSON (400), event id (400).
 A 200 is only sent once the event is durably stored: the broker confirmed
 the message, or (RabbitMQ away) the Postgres outbox committed it.

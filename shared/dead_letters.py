@@ -1,7 +1,7 @@
-"""The dead-letter store (SPEC §8): what workers give up on, for on-call.
+"""The dead-letter store (docs/reference.md §8): what workers give up on, for on-call.
 
 Workers record; `webhook-ingest dlq …` and the admin HTTP API list, show,
-replay and discard. The JSON shapes of SPEC §2 are defined here once
+replay and discard. The JSON shapes of docs/reference.md §2 are defined here once
 (`summary`, `detail`) so the CLI and the API cannot drift apart.
 
 Every function takes an asyncpg connection (or pool). The raw body is kept as
@@ -231,7 +231,7 @@ def rebuilt_event(row) -> EventMessage:
     ).fresh()
 
 
-# -- the JSON shapes of SPEC §2 --------------------------------------------------
+# -- the JSON shapes of docs/reference.md §2 --------------------------------------------------
 
 
 def summary(row) -> dict:

@@ -1,7 +1,7 @@
 """Every Prometheus metric the pipeline exports, in one place.
 
 Both sides import this module; each process only moves the series it owns.
-Names and labels are the contract of SPEC §10 (alerts and dashboards in
+Names and labels are the contract of docs/reference.md §10 (alerts and dashboards in
 `deploy/` refer to them).
 """
 

@@ -1,4 +1,4 @@
-"""Process configuration from the environment (SPEC §3).
+"""Process configuration from the environment (docs/reference.md §3).
 
 Every variable has a default that works against services on loopback, so a
 first run needs no configuration at all.

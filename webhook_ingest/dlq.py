@@ -1,4 +1,4 @@
-"""`webhook-ingest dlq …` and `webhook-ingest prune`: on-call's commands (SPEC §2).
+"""`webhook-ingest dlq …` and `webhook-ingest prune`: on-call's commands (docs/reference.md §2).
 
 They need only `DATABASE_URL` (and `AMQP_URL` for a replay), never the
 sources' secrets, so they run from any machine that reaches the services.
@@ -62,7 +62,8 @@ def dlq() -> None:
 
 @dlq.command("list", epilog=ENV_HELP)
 @click.option("--source", default=None, help="only this source")
-@click.option("--status", default="dead", show_default=True, type=click.Choice([*STATUSES, "all"]))
+@click.option("--status", default="dead", show_default=True, type=click.Choice([*STATUSES, "all"]),
+              help="which dead letters")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="at most this many (newest first)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON array on stdout")
 def list_command(source: str | None, status: str, limit: int | None, as_json: bool) -> None:
