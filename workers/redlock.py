@@ -14,18 +14,9 @@ also carry the idempotency claim. The algorithm is ~100 lines:
 - release: a compare-and-delete script, so we never delete a lock that
   expired and was taken by someone else, nor a done marker.
 
-Safety, and why the fencing token makes a stale holder harmless: a lock
-that expires while its holder is paused (GC, a stalled VM, a partition) can
-be granted to a second worker, so the lock alone cannot guarantee one
-writer. Each holder therefore also takes a fencing token from a Postgres
-sequence (which only grows, whatever Redis forgets), registered for the key
-in `key_fences` when the lock is won. The completion — in the same
-transaction as the handler's own writes — is only inserted if the key's
-registered token is still ours (`SELECT … FOR UPDATE` on the fence row), so
-a paused holder that wakes up after a takeover has its whole transaction
-refused. The lock is an efficiency and a courtesy to external systems (they
-are not called twice at once in the normal case); correctness rests on
-Postgres.
+This lock alone cannot guarantee one writer (it can expire under a paused
+holder, or be forgotten); what does, and the fencing token's part:
+docs/design.md#exclusion-advisory-lock-and-fencing-token.
 """
 
 import asyncio
