@@ -7,7 +7,9 @@ from aiohttp import web
 
 from webhook_ingest.ingress import health, webhooks
 from webhook_ingest.ingress.admin import setup_admin
+from webhook_ingest.ingress.console import setup_console
 from webhook_ingest.ingress.appkeys import done_markers_key, publisher_key, redis_key, settings_key, sources_key
+from webhook_ingest.ingress.limits import handler_args, setup_limits
 from webhook_ingest.ingress.database import database_ctx
 from webhook_ingest.ingress.done_markers import DoneMarkers
 from webhook_ingest.ingress.publisher import Publisher
@@ -18,15 +20,19 @@ from webhook_ingest.shared.sources import Source
 
 
 def create_app(settings: Settings, sources: dict[str, Source], connection_name: str = "ingress") -> web.Application:
-    app = web.Application(client_max_size=max(s.max_body_bytes for s in sources.values()) + 1)
+    app = web.Application(
+        client_max_size=max(s.max_body_bytes for s in sources.values()) + 1, handler_args=handler_args(settings)
+    )
     app[settings_key] = settings
     app[sources_key] = sources
     app.cleanup_ctx.append(database_ctx)
     app.cleanup_ctx.append(_publisher_ctx(connection_name))
     app.cleanup_ctx.append(relay_ctx)
     app.cleanup_ctx.append(redis_ctx)
+    setup_limits(app, settings)
     app.cleanup_ctx.append(_done_markers_ctx)
     setup_admin(app, settings)
+    setup_console(app, settings)
     app.router.add_post("/webhooks/{source}", webhooks.receive_webhook)
     app.router.add_get("/healthz", health.healthz)
     app.router.add_get("/readyz", health.readyz)

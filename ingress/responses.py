@@ -4,6 +4,13 @@ import orjson
 from aiohttp import web
 
 
+class Rejected(Exception):
+    """A check failed; `response` is the answer."""
+
+    def __init__(self, response: web.Response):
+        self.response = response
+
+
 def json_response(status: int, document: object, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(document), content_type="application/json", headers=headers)
 

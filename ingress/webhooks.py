@@ -1,7 +1,8 @@
 """`POST /webhooks/{source}`: verify, identify, publish, then answer.
 
 The checks run in the order docs/reference.md §6 fixes, the first failure answering:
-source (404), size (413), signature (401), JSON (400), event id (400).
+source (404), client address (403), rate limit (429), size (413, the body
+read within a time limit), signature (401), JSON (400), event id (400).
 A 200 is only sent once the event is durably stored: the broker confirmed
 the message, or (RabbitMQ away) the Postgres outbox committed it.
 """
@@ -12,9 +13,10 @@ import time
 from aiohttp import web
 
 from webhook_ingest.ingress.appkeys import done_markers_key, outbox_key, publisher_key, sources_key
+from webhook_ingest.ingress.limits import check_client_address, check_rate_limit, read_body_within
 from webhook_ingest.ingress.outbox import OutboxUnavailable
 from webhook_ingest.ingress.publisher import BrokerUnavailable
-from webhook_ingest.ingress.responses import error, json_response
+from webhook_ingest.ingress.responses import Rejected, error, json_response
 from webhook_ingest.shared import event_id, metrics
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, provider_headers
@@ -24,11 +26,6 @@ from webhook_ingest.shared.sources import Source
 log = get_logger(__name__)
 
 RETRY_AFTER_SECONDS = "5"
-
-
-class Rejected(Exception):
-    def __init__(self, response: web.Response):
-        self.response = response
 
 
 async def receive_webhook(request: web.Request) -> web.Response:
@@ -47,7 +44,9 @@ async def receive_webhook(request: web.Request) -> web.Response:
 async def _accept(request: web.Request, source: Source | None) -> web.Response:
     if source is None:
         raise Rejected(error(404, "unknown_source"))
-    body = await _read_body(request, source.max_body_bytes)
+    check_client_address(request, source)
+    await check_rate_limit(request, source)
+    body = await read_body_within(request, source.max_body_bytes)
     _verify(source, request, body)
     payload = _parse_json(body)
     event = _build_event(source, request, body, payload)
@@ -71,19 +70,6 @@ async def _store(app: web.Application, event: EventMessage) -> None:
         log.warning("unavailable", source=event.source, key=event.key, broker=broker_error, outbox=str(exc))
         raise Rejected(error(503, "unavailable", {"Retry-After": RETRY_AFTER_SECONDS})) from exc
     log.info("stored_in_outbox", source=event.source, key=event.key, broker=broker_error)
-
-
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    """The raw body, never reading past `limit` bytes (413 beyond)."""
-    if request.content_length is not None and request.content_length > limit:
-        raise Rejected(error(413, "body_too_large"))
-    chunks, size = [], 0
-    while chunk := await request.content.readany():
-        size += len(chunk)
-        if size > limit:
-            raise Rejected(error(413, "body_too_large"))
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _verify(source: Source, request: web.Request, body: bytes) -> None:

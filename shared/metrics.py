@@ -40,6 +40,10 @@ idempotency_degraded = Gauge(
     "webhook_idempotency_degraded",
     "1 while Redis is unreachable and workers rely on Postgres alone.",
 )
+ingress_rate_limit_local = Gauge(
+    "webhook_ingress_rate_limit_local",
+    "1 while Redis is unreachable and each ingress process counts rate limits on its own.",
+)
 dead_letters_open = Gauge(
     "webhook_dead_letters_open",
     "Dead letters with status 'dead' (waiting for on-call).",

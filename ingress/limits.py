@@ -1,0 +1,129 @@
+"""What an endpoint facing the internet needs besides signatures: who the
+client is, per-source allowlists and rate limits, time limits for slow
+clients, a bound on concurrent requests, and the console's sign-in throttle.
+
+Time limits: a connection must deliver a request's headers within
+`header_timeout` of opening (or of its previous response) — aiohttp's own
+keep-alive timer, armed when a connection opens, enforces that and also
+closes idle keep-alive connections — and the whole body within
+`body_timeout` (`read_body_within`); then the connection is closed.
+"""
+
+import asyncio
+import math
+import resource
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from webhook_ingest.ingress.appkeys import redis_key, settings_key, sources_key
+from webhook_ingest.ingress.client_address import is_within, parse_address, setup_client_address
+from webhook_ingest.ingress.ratelimit import RateLimiter, SignInThrottle
+from webhook_ingest.ingress.responses import Rejected, error
+from webhook_ingest.shared import metrics
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import Source
+
+log = get_logger(__name__)
+
+rate_limiter_key = web.AppKey("rate_limiter", RateLimiter)
+# The console (a sub-app) reads it as request.config_dict[sign_in_throttle_key].
+sign_in_throttle_key = web.AppKey("sign_in_throttle", SignInThrottle)
+
+
+def handler_args(settings: Settings) -> dict[str, float]:
+    """`web.Application(handler_args=…)`: the header time limit."""
+    return {"keepalive_timeout": settings.header_timeout}
+
+
+def setup_limits(app: web.Application, settings: Settings) -> None:
+    """Middlewares (client address first, so everything after sees it) and
+    the rate limiter, which needs the process's Redis client (`redis_ctx`
+    must come earlier in `cleanup_ctx`)."""
+    setup_client_address(app, settings.trusted_proxies)
+    app.middlewares.append(_bounded_concurrency(settings.max_concurrent_requests))
+    app.cleanup_ctx.append(_rate_limiter_ctx)
+    app.on_startup.append(_raise_open_files_limit)
+
+
+def check_client_address(request: web.Request, source: Source) -> None:
+    """403 `forbidden_source_ip` when the client is outside `allowed_ips`."""
+    if source.allowed_ips and not is_within(parse_address(request.remote), source.allowed_ips):
+        log.info("forbidden_source_ip", source=source.name, client=request.remote)
+        raise Rejected(error(403, "forbidden_source_ip"))
+
+
+async def check_rate_limit(request: web.Request, source: Source) -> None:
+    """429 `rate_limited` + `Retry-After` (whole seconds) beyond `rate_limit`."""
+    limit = source.rate_limit
+    if limit is None:
+        return
+    wait = await request.app[rate_limiter_key].retry_after(f"source:{source.name}", limit.per_second, limit.burst)
+    if wait > 0:
+        raise Rejected(error(429, "rate_limited", {"Retry-After": str(max(1, math.ceil(wait)))}))
+
+
+async def read_body_within(request: web.Request, limit: int) -> bytes:
+    """The raw body, never past `limit` bytes (413), within `body_timeout`
+    (else 408 and the connection closed: a client dribbling its body holds
+    a connection and a concurrency slot for nothing)."""
+    try:
+        async with asyncio.timeout(request.app[settings_key].body_timeout):
+            return await _read_body(request, limit)
+    except TimeoutError:
+        log.info("body_timeout", client=request.remote, path=request.path)
+        response = error(408, "request_timeout")
+        response.force_close()
+        raise Rejected(response) from None
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise Rejected(error(413, "body_too_large"))
+    chunks, size = [], 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > limit:
+            raise Rejected(error(413, "body_too_large"))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _bounded_concurrency(limit: int):
+    """Beyond `limit` webhook requests in this process at once, answer 503
+    at once: queueing without end only turns overload into timeouts."""
+    in_flight = 0
+
+    @web.middleware
+    async def bounded_concurrency(request: web.Request, handler):
+        nonlocal in_flight
+        if not request.path.startswith("/webhooks/"):
+            return await handler(request)
+        if in_flight >= limit:
+            source = request.match_info.get("source", "")
+            label = source if source in request.app[sources_key] else "unknown"
+            metrics.ingress_requests.labels(label, "503").inc()
+            return error(503, "unavailable", {"Retry-After": "1"})
+        in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            in_flight -= 1
+
+    return bounded_concurrency
+
+
+async def _rate_limiter_ctx(app: web.Application) -> AsyncIterator[None]:
+    limiter = RateLimiter(app[redis_key], app[settings_key].namespace)
+    app[rate_limiter_key] = limiter
+    app[sign_in_throttle_key] = SignInThrottle(limiter)
+    yield
+
+
+async def _raise_open_files_limit(app: web.Application) -> None:
+    """Each connection is a file descriptor; the usual soft limit (1,024)
+    would let a thousand idle connections stop the ingress accepting."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

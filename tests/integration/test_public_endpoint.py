@@ -1,0 +1,127 @@
+"""The ingress as a public endpoint: allowlists, trusted proxies, the rate
+limit without Redis, the concurrency bound and the sign-in throttle, on the
+real app against the real services."""
+
+import asyncio
+
+import orjson
+import pytest
+
+from webhook_ingest.ingress.limits import sign_in_throttle_key
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources
+from tests.support.ingress import queued_events, running_ingress
+from tests.support.tcpproxy import free_port
+
+SECRET = "public-endpoint-secret"
+
+
+@pytest.fixture
+def sources(tmp_path):
+    path = tmp_path / "sources.toml"
+    path.write_text(
+        f'[sources.outside]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
+        'allowed_ips = ["203.0.113.0/24", "2001:db8::/32"]\n'
+        f'[sources.inside]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
+        'allowed_ips = ["127.0.0.0/8", "::1/128"]\n'
+        f'[sources.limited]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
+        'rate_limit = { per_second = 0.01, burst = 3 }\n'
+    )
+    return load_sources(str(path))
+
+
+def signed(n: int = 1, **extra_headers: str) -> tuple[bytes, dict[str, str]]:
+    body = orjson.dumps({"id": f"evt_{n}"})
+    return body, {**signatures.sign("hmac-sha256", body, SECRET), **extra_headers}
+
+
+def settings_with(monkeypatch, **env: str) -> Settings:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return Settings()
+
+
+async def test_the_allowlist_answers_403_before_the_signature_and_queues_nothing(settings, sources):
+    body, headers = signed()
+    async with running_ingress(settings, sources) as client:
+        refused = await client.post("/webhooks/outside", data=b"not even signed")
+        assert (refused.status, await refused.json()) == (403, {"error": "forbidden_source_ip"})
+        accepted = await client.post("/webhooks/inside", data=body, headers=headers)
+        assert accepted.status == 200, await accepted.text()
+    [event] = await queued_events(settings.amqp_url, settings.namespace)
+    assert event.source == "inside"
+
+
+@pytest.mark.parametrize("header", ["X-Forwarded-For", "Forwarded"])
+async def test_a_trusted_proxy_sets_the_client_address(settings, sources, monkeypatch, header):
+    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32, ::1")
+
+    def forwarded(address: str) -> dict[str, str]:
+        hops = f"{address}, 127.0.0.1" if header == "X-Forwarded-For" else f'for="{address}", for="127.0.0.1"'
+        return {header: hops}
+
+    async with running_ingress(proxied, sources) as client:
+        body, headers = signed(1, **forwarded("203.0.113.7"))
+        assert (await client.post("/webhooks/outside", data=body, headers=headers)).status == 200
+        body, headers = signed(2, **forwarded("[2001:db8::5]:443" if header == "Forwarded" else "2001:db8::5"))
+        assert (await client.post("/webhooks/outside", data=body, headers=headers)).status == 200
+        body, headers = signed(3, **forwarded("198.51.100.1"))
+        assert (await client.post("/webhooks/outside", data=body, headers=headers)).status == 403
+        body, headers = signed(4, **forwarded("198.51.100.1"))  # the proxy's client is not loopback
+        assert (await client.post("/webhooks/inside", data=body, headers=headers)).status == 403
+    assert len(await queued_events(settings.amqp_url, settings.namespace)) == 2
+
+
+async def test_forwarding_headers_from_an_untrusted_peer_are_ignored(settings, sources, monkeypatch):
+    elsewhere = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="10.0.0.0/8")
+    async with running_ingress(elsewhere, sources) as client:
+        for header, value in [("X-Forwarded-For", "203.0.113.7"), ("Forwarded", "for=203.0.113.7")]:
+            body, headers = signed(1, **{header: value})
+            assert (await client.post("/webhooks/outside", data=body, headers=headers)).status == 403
+        assert (await client.post("/webhooks/inside", data=body, headers=headers)).status == 200
+
+
+async def test_with_redis_away_the_rate_limit_holds_per_process_and_never_fails_closed(settings, sources, monkeypatch):
+    no_redis = settings_with(monkeypatch, REDIS_URLS=f"redis://127.0.0.1:{free_port()}/0")
+    async with running_ingress(no_redis, sources) as client:
+        statuses = []
+        for n in range(5):
+            body, headers = signed(n)
+            response = await client.post("/webhooks/limited", data=body, headers=headers)
+            statuses.append((response.status, response.headers.get("Retry-After")))
+        body, headers = signed(9)
+        unlimited = await client.post("/webhooks/inside", data=body, headers=headers)
+        metrics = await (await client.get("/metrics")).text()
+    assert statuses[:3] == [(200, None)] * 3
+    assert [status for status, _ in statuses[3:]] == [429, 429] and all(int(wait) >= 1 for _, wait in statuses[3:])
+    assert unlimited.status == 200
+    assert "webhook_ingress_rate_limit_local 1.0" in metrics
+    assert 'webhook_ingress_requests_total{source="limited",status="429"} 2.0' in metrics
+
+
+async def test_beyond_the_concurrency_bound_the_ingress_answers_503_at_once(settings, sources, monkeypatch):
+    bounded = settings_with(monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="1")
+    body, headers = signed()
+    async with running_ingress(bounded, sources) as client:
+        reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+        head = f"POST /webhooks/inside HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        writer.write(head.encode() + b"\r\n" + body[:3])  # in flight: its body is not all there
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        busy = await client.post("/webhooks/inside", data=body, headers=headers)
+        assert (busy.status, await busy.json()) == (503, {"error": "unavailable"})
+        assert busy.headers["Retry-After"] == "1"
+        writer.write(body[3:])
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+        writer.close()
+        assert (await client.post("/webhooks/inside", data=body, headers=headers)).status == 200
+
+
+async def test_console_sign_in_is_throttled_per_client_address(settings, sources):
+    async with running_ingress(settings, sources) as client:
+        throttle = client.app[sign_in_throttle_key]
+        waits = [await throttle.retry_after("198.51.100.1") for _ in range(6)]
+        assert waits[:5] == [0.0] * 5 and waits[5] > 0
+        assert await throttle.retry_after("198.51.100.2") == 0.0

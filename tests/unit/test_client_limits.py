@@ -1,0 +1,78 @@
+"""Who the client is behind proxies, and the rate-limit bucket, as pure logic."""
+
+from ipaddress import ip_address, ip_network
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook_ingest.ingress.client_address import parse_address, resolve_client
+from webhook_ingest.ingress.ratelimit import LocalBuckets
+
+TRUSTED = (ip_network("10.0.0.0/8"), ip_network("fd00::/8"))
+trusted_ips = st.one_of(st.ip_addresses(network="10.0.0.0/8"), st.ip_addresses(network="fd00::/8"))
+public_ips = st.one_of(st.ip_addresses(network="203.0.113.0/24"), st.ip_addresses(network="2001:db8::/32"))
+
+
+def hop_text(address, with_port: bool) -> str:
+    if not with_port:
+        return str(address)
+    return f"[{address}]:443" if address.version == 6 else f"{address}:443"
+
+
+@given(address=st.ip_addresses(), with_port=st.booleans())
+def test_a_hop_parses_with_or_without_a_port(address, with_port):
+    assert parse_address(hop_text(address, with_port)) == (address.ipv4_mapped or address
+                                                           if address.version == 6 else address)
+
+
+@given(junk=st.sampled_from(["unknown", "_hidden", "", "example.com", "1.2.3", "[::1", "999.1.1.1"]))
+def test_junk_is_no_address(junk):
+    assert parse_address(junk) is None
+
+
+@given(peer=public_ips, hops=st.lists(st.one_of(public_ips.map(str), trusted_ips.map(str), st.text(max_size=5))))
+def test_an_untrusted_peer_is_the_client_whatever_it_says(peer, hops):
+    assert resolve_client(peer, hops, TRUSTED) == peer
+
+
+@given(peer=trusted_ips, client=public_ips, spoofed=st.lists(public_ips.map(str), max_size=3),
+       proxies=st.lists(trusted_ips, max_size=3), with_port=st.booleans())
+def test_behind_trusted_proxies_the_client_is_the_rightmost_untrusted_hop(peer, client, spoofed, proxies, with_port):
+    # Whatever the client wrote itself (spoofed) stays left of what the proxies recorded.
+    hops = [*spoofed, hop_text(client, with_port), *(hop_text(p, with_port) for p in proxies)]
+    assert resolve_client(peer, hops, TRUSTED) == client
+
+
+@given(peer=trusted_ips, proxies=st.lists(trusted_ips, min_size=1, max_size=3))
+def test_a_junk_hop_ends_the_walk_at_the_last_trusted_address(peer, proxies):
+    hops = ["203.0.113.9", "garbage", *map(str, proxies)]
+    assert resolve_client(peer, hops, TRUSTED) == proxies[0]
+
+
+def test_no_peer_address_is_no_client():
+    assert resolve_client(None, ["203.0.113.9"], TRUSTED) is None
+    assert parse_address("::ffff:127.0.0.1") == ip_address("127.0.0.1")
+
+
+@settings(max_examples=300)
+@given(per_second=st.floats(0.5, 1000), burst=st.integers(1, 50),
+       gaps=st.lists(st.floats(0, 0.5), min_size=1, max_size=200))
+def test_the_bucket_never_admits_more_than_burst_plus_rate_times_time(per_second, burst, gaps):
+    buckets, now, admitted = LocalBuckets(), 1000.0, []
+    for gap in gaps:
+        now += gap
+        if buckets.retry_after("k", per_second, burst, now) == 0:
+            admitted.append(now)
+    for i, start in enumerate(admitted):
+        for j in range(i, len(admitted)):
+            assert j - i + 1 <= burst + per_second * (admitted[j] - start) + 1e-6
+
+
+@given(per_second=st.floats(0.5, 1000), burst=st.integers(1, 50))
+def test_a_burst_is_admitted_at_once_and_retry_after_is_exact(per_second, burst):
+    buckets = LocalBuckets()
+    assert [buckets.retry_after("k", per_second, burst, 5.0) for _ in range(burst)] == [0.0] * burst
+    wait = buckets.retry_after("k", per_second, burst, 5.0)
+    assert wait > 0
+    assert buckets.retry_after("other", per_second, burst, 5.0) == 0.0  # keys are independent
+    assert buckets.retry_after("k", per_second, burst, 5.0 + wait + 1e-9) == 0.0
