@@ -1,6 +1,7 @@
-"""`python -m tests.bench`: raw broker, ingress throughput and latency, end
-to end, duplicates; a table, then one JSON line. Exit 1 on a lost or
-duplicated effect."""
+"""`python -m tests.bench`: raw broker and raw pipeline, ingress throughput
+and latency, end to end, duplicates (concurrent copies, and late copies of
+completed events), recovery after a worker's kill -9; a table, then one JSON
+line. Exit 1 on a lost or duplicated effect."""
 
 import asyncio
 import json
@@ -8,8 +9,9 @@ import os
 import sys
 import time
 
-from tests.bench import httpload, raw_broker
-from tests.bench.deployment import SECRET, SOURCE, Deployment, cpu_seconds, peak_rss_mib
+from tests.bench import httpload, raw_broker, raw_pipeline
+from tests.bench.cpu import CpuMeter, cpu_seconds
+from tests.bench.deployment import CONCURRENCY, INGRESS_PROCESSES, SECRET, SOURCE, WORKERS, Deployment, peak_rss_mib
 from tests.support.exactly_once import until_every_message_handled
 from tests.support.processes import wait_until
 
@@ -18,7 +20,8 @@ INGRESS_SECONDS = 12
 LATENCY_RATE, LATENCY_SECONDS = 1_000, 5
 E2E_EVENTS = 20_000
 DUP_EVENTS, DUP_COPIES = 2_000, 5
-INGRESS_PROCESSES, WORKERS, CONCURRENCY = 2, 2, 64
+LATE_COPIES = 5_000
+RECOVERY_RATE, RECOVERY_SECONDS = 400, 3
 
 
 async def main() -> int:
@@ -27,16 +30,22 @@ async def main() -> int:
         with httpload.gc_paused():
             figures.update(await raw_broker.measure(
                 deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES, LATENCY_RATE, LATENCY_SECONDS))
-        await deployment.start_ingress(INGRESS_PROCESSES)
+            figures.update(await raw_pipeline.measure(deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES))
+        await deployment.start_ingress()
         await ingress_phases(deployment, figures)
         await deployment.purge_events()  # the ingress phases' events: not part of what follows
-        await deployment.start_workers(WORKERS, CONCURRENCY)
-        await end_to_end_phase(deployment, figures)
+        await deployment.start_workers()
+        meter = CpuMeter(deployment.pids(), deployment.database_name, deployment.redis_port)
+        await meter.measure_background()
+        await end_to_end_phase(deployment, meter, figures)
         await duplicates_phase(deployment, figures)
+        await late_duplicates_phase(deployment, meter, figures)
         figures["worker_rss_mib"] = max(peak_rss_mib(worker.pid) for worker, _ in deployment.workers)
         figures["ingress_rss_mib"] = max(peak_rss_mib(ingress.pid) for ingress in deployment.ingresses)
+        await recovery_phase(deployment, figures)
     figures["ingress_vs_raw"] = figures["ingress_rps"] / figures["raw_publish_rps"]
     figures["e2e_vs_raw"] = figures["e2e_events_per_s"] / figures["raw_consume_rps"]
+    figures["e2e_vs_raw_pipeline"] = figures["e2e_events_per_s"] / figures["raw_pipeline_rps"]
     figures["ingress_p99_vs_raw"] = figures["ingress_p99_ms"] / figures["raw_publish_p99_ms"]
     return report(figures)
 
@@ -66,36 +75,86 @@ async def ingress_phases(deployment: Deployment, figures: dict) -> None:
     figures["ingress_cpu_ms_per_request"] = 1000 * (ingress_cpu(deployment) - cpu_before) / sent
 
 
-async def end_to_end_phase(deployment: Deployment, figures: dict) -> None:
+async def end_to_end_phase(deployment: Deployment, meter: CpuMeter, figures: dict) -> None:
     """20,000 unique events through the ingress, from the first send to the
-    last effect committed."""
+    last effect committed; CPU per event in the workers, and summed over
+    every process an event passes through."""
     requests = httpload.signed_requests(SOURCE, SECRET, "e2e_", E2E_EVENTS)
     cpu_before = workers_cpu(deployment)
+    meter.start()
     started = time.perf_counter()
     _, _, statuses = await httpload.closed_loop(deployment.ingress_port, requests)
     check_statuses("end to end", statuses)
     await until_effects(deployment, "e2e_", E2E_EVENTS)
     figures["e2e_events_per_s"] = E2E_EVENTS / (time.perf_counter() - started)
-    await until_handled(deployment, E2E_EVENTS)
+    deployment.handled = E2E_EVENTS
+    await until_handled(deployment, deployment.handled)
     figures["worker_cpu_ms_per_event"] = 1000 * (workers_cpu(deployment) - cpu_before) / E2E_EVENTS
+    shares = meter.stop()
+    figures["total_cpu_ms_per_event"] = 1000 * sum(shares.values()) / E2E_EVENTS
+    for name, seconds in shares.items():
+        figures[f"e2e_cpu_ms_{name.split('.')[0].replace('-', '_')}"] = 1000 * seconds / E2E_EVENTS
     await count_outcome(deployment, "e2e_", E2E_EVENTS, figures)
 
 
 async def duplicates_phase(deployment: Deployment, figures: dict) -> None:
-    """2,000 new events × 5 copies, copies sent together: the cost of a
-    duplicate in worker CPU, against a fresh event's in the phase before."""
+    """2,000 new events × 5 copies, copies sent together: most reach the
+    workers before their first completed (the ingress answers `duplicate`
+    only for a completed key). A copy's worker CPU against a fresh event's."""
     requests = httpload.signed_requests(SOURCE, SECRET, "dup_", DUP_EVENTS, copies=DUP_COPIES)
-    messages = DUP_EVENTS * DUP_COPIES
+    answered_before = httpload.Connection.duplicates
     cpu_before = workers_cpu(deployment)
     started = time.perf_counter()
     _, _, statuses = await httpload.closed_loop(deployment.ingress_port, requests)
     check_statuses("duplicates", statuses)
-    await until_handled(deployment, E2E_EVENTS + messages)
-    figures["dup_events_per_s"] = messages / (time.perf_counter() - started)
+    queued = DUP_EVENTS * DUP_COPIES - (httpload.Connection.duplicates - answered_before)
+    deployment.handled += queued
+    await until_handled(deployment, deployment.handled)
+    figures["dup_events_per_s"] = DUP_EVENTS * DUP_COPIES / (time.perf_counter() - started)
     fresh_cost = figures["worker_cpu_ms_per_event"]
     duplicates_cpu_ms = 1000 * (workers_cpu(deployment) - cpu_before) - DUP_EVENTS * fresh_cost
-    figures["dup_cost_vs_fresh"] = duplicates_cpu_ms / (messages - DUP_EVENTS) / fresh_cost
+    figures["dup_cost_vs_fresh"] = duplicates_cpu_ms / (queued - DUP_EVENTS) / fresh_cost
     await count_outcome(deployment, "dup_", DUP_EVENTS, figures)
+
+
+async def late_duplicates_phase(deployment: Deployment, meter: CpuMeter, figures: dict) -> None:
+    """5,000 copies of events completed in the end-to-end phase (a provider's
+    retry after a lost answer): their CPU summed over every process, against
+    a fresh event's; the copies the ingress could not answer go through."""
+    requests = httpload.signed_requests(SOURCE, SECRET, "e2e_", LATE_COPIES)
+    answered_before = httpload.Connection.duplicates
+    rows_before = await effect_rows(deployment, "e2e_")
+    meter.start()
+    started = time.perf_counter()
+    _, _, statuses = await httpload.closed_loop(deployment.ingress_port, requests)
+    check_statuses("late duplicates", statuses)
+    answered = httpload.Connection.duplicates - answered_before
+    deployment.handled += LATE_COPIES - answered
+    await until_handled(deployment, deployment.handled)
+    elapsed = time.perf_counter() - started
+    total_ms = 1000 * sum(meter.stop().values())
+    figures["late_dup_per_s"] = LATE_COPIES / elapsed
+    figures["late_dup_answered_at_ingress"] = answered / LATE_COPIES
+    figures["dup_total_cost_vs_fresh"] = total_ms / LATE_COPIES / figures["total_cpu_ms_per_event"]
+    # a copy of a completed event must add no effect
+    figures["duplicated_effects"] += await effect_rows(deployment, "e2e_") - rows_before
+
+
+async def recovery_phase(deployment: Deployment, figures: dict) -> None:
+    """400 events/s for 3 s, then kill -9 of one worker while it holds
+    events: `recovery_s` from the kill until every accepted event's effect
+    is committed (the other worker takes the killed one's events over)."""
+    prefix, count = "rec_", RECOVERY_RATE * RECOVERY_SECONDS
+    requests = httpload.signed_requests(SOURCE, SECRET, prefix, count)
+    _, statuses = await httpload.open_loop(deployment.ingress_port, requests, RECOVERY_RATE)
+    check_statuses("recovery", statuses)
+    victim, _ = deployment.workers[0]
+    victim.kill()
+    killed = time.perf_counter()
+    figures["recovery_pending_at_kill"] = count - await effects(deployment, prefix)
+    await until_effects(deployment, prefix, count)
+    figures["recovery_s"] = time.perf_counter() - killed
+    await count_outcome(deployment, prefix, count, figures)
 
 
 def ingress_cpu(deployment: Deployment) -> float:
@@ -106,22 +165,29 @@ def workers_cpu(deployment: Deployment) -> float:
     return sum(cpu_seconds(worker.pid) for worker, _ in deployment.workers)
 
 
+async def effects(deployment: Deployment, prefix: str) -> int:
+    return await deployment.fetchval(
+        "SELECT count(DISTINCT key) FROM bench_effects WHERE key LIKE $1", f"{SOURCE}:{prefix}%")
+
+
 async def until_effects(deployment: Deployment, prefix: str, count: int) -> None:
     async def committed() -> bool:
-        return await deployment.fetchval(
-            "SELECT count(DISTINCT key) FROM bench_effects WHERE key LIKE $1", f"{SOURCE}:{prefix}%") >= count
+        return await effects(deployment, prefix) >= count
 
-    await wait_until(committed, 120, interval=0.05, message=f"{count} {prefix} effects")
+    await wait_until(committed, 180, interval=0.05, message=f"{count} {prefix} effects")
 
 
 async def until_handled(deployment: Deployment, messages: int) -> None:
     await until_every_message_handled([url for _, url in deployment.workers], messages)
 
 
+async def effect_rows(deployment: Deployment, prefix: str) -> int:
+    return await deployment.fetchval("SELECT count(*) FROM bench_effects WHERE key LIKE $1", f"{SOURCE}:{prefix}%")
+
+
 async def count_outcome(deployment: Deployment, prefix: str, expected: int, figures: dict) -> None:
-    pattern = f"{SOURCE}:{prefix}%"
-    distinct = await deployment.fetchval("SELECT count(DISTINCT key) FROM bench_effects WHERE key LIKE $1", pattern)
-    rows = await deployment.fetchval("SELECT count(*) FROM bench_effects WHERE key LIKE $1", pattern)
+    distinct = await effects(deployment, prefix)
+    rows = await effect_rows(deployment, prefix)
     figures["lost"] = figures.get("lost", 0) + expected - distinct
     figures["duplicated_effects"] = figures.get("duplicated_effects", 0) + rows - distinct
 
@@ -135,6 +201,7 @@ ROWS = [  # (key, label, format)
     ("raw_publish_rps", "raw broker: confirmed publishes/s (256 in flight)", "{:,.0f}"),
     ("raw_consume_rps", "raw broker: consumed + acked/s", "{:,.0f}"),
     ("raw_publish_p99_ms", f"raw broker: confirm p99 ms at {LATENCY_RATE:,}/s offered", "{:.2f}"),
+    ("raw_pipeline_rps", "raw pipeline: published + consumed/s, concurrently", "{:,.0f}"),
     ("ingress_rps", f"ingress: accepted req/s (64 conns, {INGRESS_PROCESSES} processes)", "{:,.0f}"),
     ("ingress_vs_raw", "ingress / raw publish", "{:.2f}"),
     ("ingress_cpu_ms_per_request", "ingress: CPU ms per request", "{:.3f}"),
@@ -143,9 +210,16 @@ ROWS = [  # (key, label, format)
     ("ingress_p99_vs_raw", "ingress p99 / raw broker confirm p99", "{:.2f}"),
     ("e2e_events_per_s", f"end to end: events/s ({E2E_EVENTS:,} unique)", "{:,.0f}"),
     ("e2e_vs_raw", "end to end / raw consume", "{:.2f}"),
+    ("e2e_vs_raw_pipeline", "end to end / raw pipeline", "{:.2f}"),
     ("worker_cpu_ms_per_event", "workers: CPU ms per fresh event", "{:.3f}"),
+    ("total_cpu_ms_per_event", "every process: CPU ms per fresh event", "{:.3f}"),
     ("dup_events_per_s", f"duplicates: messages/s ({DUP_EVENTS:,} × {DUP_COPIES})", "{:,.0f}"),
-    ("dup_cost_vs_fresh", "a duplicate's worker CPU / a fresh event's", "{:.2f}"),
+    ("dup_cost_vs_fresh", "a concurrent copy's worker CPU / a fresh event's", "{:.2f}"),
+    ("late_dup_per_s", f"late copies of completed events/s ({LATE_COPIES:,})", "{:,.0f}"),
+    ("late_dup_answered_at_ingress", "late copies answered `duplicate` by the ingress", "{:.2f}"),
+    ("dup_total_cost_vs_fresh", "a late copy's CPU, every process / a fresh event's", "{:.2f}"),
+    ("recovery_pending_at_kill", "kill -9 of a worker: events without effect at the kill", "{:.0f}"),
+    ("recovery_s", "kill -9 of a worker: s until every effect committed", "{:.1f}"),
     ("worker_rss_mib", f"worker peak RSS MiB (concurrency {CONCURRENCY})", "{:.0f}"),
     ("ingress_rss_mib", "ingress peak RSS MiB", "{:.0f}"),
     ("lost", "lost events", "{:.0f}"),

@@ -1,5 +1,10 @@
 """A throwaway deployment for one bench run: its own namespace, database,
-sources file, ingress and worker processes; everything removed at the end."""
+sources file, ingress and worker processes; everything removed at the end.
+
+The processes are the ones `webhook-ingest run` starts by default, with the
+same arguments (`webhook_ingest.layout`), so the bench measures what a new
+user gets. BENCH_INGRESS_PROCESSES, BENCH_WORKERS and BENCH_CONCURRENCY
+override the layout, only to compare candidates for the defaults."""
 
 import asyncio
 import contextlib
@@ -7,11 +12,13 @@ import os
 import tempfile
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aio_pika
 import asyncpg
 import redis.asyncio as redis
 
+from webhook_ingest import layout
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.migrate import migrate
 from tests.bench.handler import EFFECTS_TABLE
@@ -22,6 +29,9 @@ AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 SERVER_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 SOURCE, SECRET = "bench", "bench-secret"
+INGRESS_PROCESSES = layout.ingress_processes(os.environ.get("BENCH_INGRESS_PROCESSES", "auto"))
+WORKERS = int(os.environ.get("BENCH_WORKERS", layout.WORKERS))
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", layout.CONCURRENCY))
 
 
 class Deployment:
@@ -35,6 +45,7 @@ class Deployment:
         self.ingresses: list[Process] = []
         self.ingress_port = free_port()
         self.workers: list[tuple[Process, str]] = []
+        self.handled = 0  # messages the workers have acked so far, by the bench's count
 
     def _env(self) -> dict[str, str]:
         sources = self._dir / "sources.toml"
@@ -44,6 +55,14 @@ class Deployment:
         return {"AMQP_URL": AMQP_URL, "REDIS_URLS": REDIS_URL, "DATABASE_URL": self.database_url,
                 "WEBHOOK_INGEST_NAMESPACE": self.namespace, "WEBHOOK_INGEST_SOURCES": str(sources),
                 "LOG_FORMAT": "json"}
+
+    @property
+    def database_name(self) -> str:
+        return self.database_url.rsplit("/", 1)[1]
+
+    @property
+    def redis_port(self) -> int:
+        return urlsplit(REDIS_URL).port or 6379
 
     @property
     def events_queue(self) -> str:
@@ -62,19 +81,25 @@ class Deployment:
         self.fleet.stop_all()
         await self._drop_everything()
 
-    async def start_ingress(self, processes: int = 1) -> None:
-        """`processes` ingress processes sharing one port (SO_REUSEPORT)."""
-        self.ingresses = [self.fleet.ingress(self.ingress_port, reuse_port=True)[0] for _ in range(processes)]
+    async def start_ingress(self) -> None:
+        """The ingress processes `run` starts (sharing one port when several)."""
+        commands = layout.ingress_commands("127.0.0.1", self.ingress_port, INGRESS_PROCESSES)
+        self.ingresses = [self.fleet._start(argv, None) for argv in commands.values()]
         for ingress in self.ingresses:
             await wait_for_output(ingress, "broker_connected")
 
-    async def start_workers(self, count: int, concurrency: int) -> None:
-        for _ in range(count):
+    async def start_workers(self) -> None:
+        """The workers `run` starts, each with a metrics port to read its counts."""
+        for argv in layout.worker_commands(WORKERS, CONCURRENCY, None).values():
             port = free_port()
-            worker = self.fleet.worker("--concurrency", str(concurrency), "--metrics-port", str(port))
+            worker = self.fleet._start([*argv, "--metrics-port", str(port)], None)
             self.workers.append((worker, f"http://127.0.0.1:{port}"))
         for worker, _ in self.workers:
             await wait_for_output(worker, "worker_consuming")
+
+    def pids(self) -> dict[str, list[int]]:
+        return {"ingress": [ingress.pid for ingress in self.ingresses],
+                "workers": [worker.pid for worker, _ in self.workers]}
 
     async def purge_events(self) -> None:
         connection = await aio_pika.connect(self.amqp_url)
@@ -124,9 +149,3 @@ def peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmHWM for pid {pid}")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time the process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

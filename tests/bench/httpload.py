@@ -35,6 +35,8 @@ def signed_requests(source: str, secret: str, prefix: str, count: int, copies: i
 
 
 class Connection(asyncio.Protocol):
+    duplicates = 0  # answers `{"status":"duplicate"}`, over every connection
+
     def __init__(self):
         self._buffer = bytearray()
         self._waiter: asyncio.Future | None = None
@@ -52,6 +54,8 @@ class Connection(asyncio.Protocol):
         total = end + 4 + (int(length.group(1)) if length else 0)
         if len(self._buffer) >= total:
             status = int(self._buffer[9:12])
+            if self._buffer.find(b'"duplicate"', end, total) >= 0:
+                Connection.duplicates += 1
             del self._buffer[:total]
             self._waiter.set_result(status)
 

@@ -49,6 +49,13 @@ async def _publish_at(channel, queue_name: str, rate: float, messages: int) -> l
 
 
 async def _publish(channel, queue_name: str, messages: int) -> float:
+    started = time.perf_counter()
+    await publish_many(channel, queue_name, messages)
+    return messages / (time.perf_counter() - started)
+
+
+async def publish_many(channel, queue_name: str, messages: int) -> None:
+    """`messages` confirmed persistent 1 KiB publishes, IN_FLIGHT at a time."""
     body = b"x" * 1024
     slots = asyncio.Semaphore(IN_FLIGHT)
 
@@ -57,9 +64,7 @@ async def _publish(channel, queue_name: str, messages: int) -> float:
             await channel.default_exchange.publish(
                 aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue_name)
 
-    started = time.perf_counter()
     await asyncio.gather(*(publish_one() for _ in range(messages)))
-    return messages / (time.perf_counter() - started)
 
 
 async def _consume(connection, queue_name: str, messages: int) -> float:
