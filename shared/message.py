@@ -3,8 +3,18 @@
 The AMQP body is the request body exactly as the provider sent it (a JSON
 round trip could change numbers and break hashes); what the pipeline knows
 about the event travels in AMQP headers.
+
+Two encodings are chosen for the wire, not for Python:
+- the receive time travels as integer milliseconds (`x-received-at-ms`):
+  pamqp writes a Python float in a header table as a 32-bit float, tens of
+  seconds off for a unix time. `x-received-at` (that float) is still written
+  for workers of the previous release and read from messages it queued.
+- every publish carries its own AMQP `message_id`: the client matches a
+  broker's return (unroutable) to its publish by that id, so two copies of
+  one key published at once must not share it.
 """
 
+import uuid
 from dataclasses import dataclass, field, replace
 
 import aio_pika
@@ -54,13 +64,14 @@ def to_amqp(event: EventMessage) -> aio_pika.Message:
         body=event.body,
         content_type="application/json",
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        message_id=event.key,
+        message_id=uuid.uuid4().hex,
         headers={
             "x-key": event.key,
             "x-source": event.source,
             "x-event-id": event.event_id,
             "x-payload-sha256": event.payload_sha256,
-            "x-received-at": event.received_at,
+            "x-received-at-ms": round(event.received_at * 1000),
+            "x-received-at": event.received_at,  # the previous release's workers read only this
             "x-attempt": event.attempt,
             "x-provider-headers": event.headers,
             "x-errors": orjson.dumps(event.errors).decode() if event.errors else "[]",
@@ -76,7 +87,7 @@ def from_amqp(body: bytes, headers: dict) -> EventMessage:
         source=_text(headers["x-source"]),
         event_id=_text(headers["x-event-id"]),
         payload_sha256=_text(headers["x-payload-sha256"]),
-        received_at=float(headers["x-received-at"]),
+        received_at=_received_at(headers),
         body=body,
         headers={_text(k): _text(v) for k, v in (headers.get("x-provider-headers") or {}).items()},
         attempt=int(headers.get("x-attempt", 1)),
@@ -84,6 +95,13 @@ def from_amqp(body: bytes, headers: dict) -> EventMessage:
         # x-delivery-count: set by the quorum queue on a redelivery
         deliveries=int(headers.get("x-deliveries") or 0) + int(headers.get("x-delivery-count") or 0),
     )
+
+
+def _received_at(headers: dict) -> float:
+    """Unix seconds: exact from the milliseconds, else (a message queued by
+    the previous release) the float header, as close as it got."""
+    milliseconds = headers.get("x-received-at-ms")
+    return int(milliseconds) / 1000 if milliseconds is not None else float(headers["x-received-at"])
 
 
 def _text(value) -> str:
