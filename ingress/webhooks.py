@@ -7,7 +7,6 @@ A 200 is only sent once the event is durably stored: the broker confirmed
 the message, or (RabbitMQ away) the Postgres outbox committed it.
 """
 
-import json
 import time
 
 from aiohttp import web
@@ -17,7 +16,7 @@ from webhook_ingest.ingress.limits import check_client_address, check_rate_limit
 from webhook_ingest.ingress.outbox import OutboxUnavailable
 from webhook_ingest.ingress.publisher import BrokerUnavailable
 from webhook_ingest.ingress.responses import Rejected, error, json_response
-from webhook_ingest.shared import event_id, metrics
+from webhook_ingest.shared import event_id, metrics, storable_json
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, provider_headers
 from webhook_ingest.shared.signatures import SignatureError
@@ -82,10 +81,11 @@ def _verify(source: Source, request: web.Request, body: bytes) -> None:
 
 def _parse_json(body: bytes) -> dict:
     # stdlib json, not orjson: orjson turns integers past 64 bits into floats,
-    # silently changing the payload and its hash.
+    # silently changing the payload and its hash. storable_json also refuses
+    # what Postgres's jsonb would (accepted, it could be stored nowhere).
     try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        payload = storable_json.parse(body)
+    except ValueError as exc:  # UnicodeDecodeError and NotStorable included
         raise Rejected(error(400, "invalid_json")) from exc
     if not isinstance(payload, dict):
         raise Rejected(error(400, "invalid_json"))
