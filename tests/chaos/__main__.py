@@ -1,0 +1,52 @@
+"""`python -m tests.chaos` (`make chaos`): one seeded fault run; exit 1 on any violation.
+
+Without --url it builds its own deployment on this machine (its own
+namespace, database and private Redis) and removes it afterwards. With
+--url it sends traffic to that ingress only and checks the deployment's
+tables (DATABASE_URL) and queues (AMQP_URL, WEBHOOK_INGEST_NAMESPACE).
+"""
+
+import argparse
+import asyncio
+import random
+import sys
+
+from tests.chaos.run import Options, run_local, run_staging, staging_environment
+
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=None, help="reproduce a run (default: a new random seed)")
+    parser.add_argument("--events", type=int, default=2000, help="distinct events (each sent 1-4 times)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic and faults")
+    parser.add_argument("--drain-timeout", type=float, default=180.0, help="most seconds to wait for the queues")
+    parser.add_argument("--concurrency", type=int, default=8, help="each local worker's --concurrency")
+    parser.add_argument("--lock-ttl", type=float, default=5.0, help="local workers' WEBHOOK_INGEST_LOCK_TTL")
+    parser.add_argument("--work-ms", type=int, default=100, help="default handler work per run, in ms")
+    parser.add_argument("--no-faults", action="store_true", help="traffic only (a baseline)")
+    parser.add_argument("--keep-database", action="store_true", help="leave a local run's database for reading")
+    parser.add_argument("--url", help="an operator's ingress: send traffic there instead of a local deployment")
+    parser.add_argument("--source", default="chaos", help="with --url: the hmac-sha256 source to post to")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    arguments = parse_arguments(argv)
+    options = Options(seed=arguments.seed if arguments.seed is not None else random.randrange(1_000_000),
+                      events=arguments.events, duration=arguments.duration, drain_timeout=arguments.drain_timeout,
+                      concurrency=arguments.concurrency, lock_ttl=arguments.lock_ttl, work_ms=arguments.work_ms,
+                      faults=not arguments.no_faults, keep_database=arguments.keep_database)
+    if arguments.url:
+        environment = staging_environment()
+        if not environment["secret"] or not environment["database_url"]:
+            print("--url needs CHAOS_SECRET (the source's secret) and DATABASE_URL set", file=sys.stderr)
+            return 2
+        result = asyncio.run(run_staging(options, arguments.url.rstrip("/"), arguments.source, **environment))
+    else:
+        result = asyncio.run(run_local(options))
+    print(result.report)
+    return 1 if result.verdict.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,191 @@
+"""The end-of-run verdict: what Postgres and the broker show for every
+event the plan sent, against SPEC §6–§8. Each violation names its key.
+
+- an accepted key has exactly one effect (an inbox row and one
+  `chaos_effects` row) and no open dead letter, or exactly one open dead
+  letter and no effect; a dead letter exactly when the handler was told to
+  fail for good;
+- no two runs of one key overlap, and none starts after the key's effect
+  was written (`chaos_runs` intervals);
+- a key accepted with two payloads has its conflict in `event_conflicts`;
+- a lone surrogate escape is refused with 400, a valid body never is;
+- no queue of the namespace holds a message once the workers are stopped.
+
+A repeat after `prune` is allowed: a completion record pruned (the window
+had passed when prune ran) is forgotten by design, and SPEC §2 says a later
+copy runs again.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import asyncpg
+
+from tests.chaos.plan import PlannedEvent
+from tests.chaos.traffic import Sent
+
+PRUNE_WINDOW_SECONDS = 1.0
+
+
+@dataclass
+class Observed:
+    """What the database shows, per key."""
+    effects: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))  # (at, txn start)
+    runs: dict[str, list[tuple[float, float | None, int]]] = field(default_factory=lambda: defaultdict(list))
+    inbox: set[str] = field(default_factory=set)
+    completions: set[str] = field(default_factory=set)
+    open_dead_letters: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # key -> last errors
+    conflicts: set[str] = field(default_factory=set)
+    recorder: bool = True   # the chaos handler's tables exist (always in a local run)
+    workers: dict[int, str] = field(default_factory=dict)  # pid -> which worker (a local run knows)
+
+    def who(self, pid: int) -> str:
+        return f"pid {pid} ({self.workers[pid]})" if pid in self.workers else f"pid {pid}"
+
+
+@dataclass
+class Verdict:
+    outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    violations: list[tuple[str, str]] = field(default_factory=list)  # (kind, detail with the key)
+
+    def violate(self, kind: str, detail: str) -> None:
+        self.violations.append((kind, detail))
+
+
+async def observe(database_url: str, key_pattern: str = "%") -> Observed:
+    """The rows of the keys matching `key_pattern` (SQL LIKE): only this run's, in a shared database."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await _observe(connection, key_pattern)
+    finally:
+        await connection.close()
+
+
+async def _observe(connection, pattern: str) -> Observed:
+    seen = Observed()
+    seen.recorder = await connection.fetchval("SELECT to_regclass('chaos_runs') IS NOT NULL")
+    if seen.recorder:
+        for row in await connection.fetch(
+                "SELECT key, extract(epoch FROM at) AS at, extract(epoch FROM transaction_started) AS t"
+                " FROM chaos_effects WHERE key LIKE $1", pattern):
+            seen.effects[row["key"]].append((float(row["at"]), float(row["t"])))
+        for row in await connection.fetch(
+                "SELECT key, pid, extract(epoch FROM started) AS s, extract(epoch FROM ended) AS e"
+                " FROM chaos_runs WHERE key LIKE $1", pattern):
+            seen.runs[row["key"]].append((float(row["s"]), None if row["e"] is None else float(row["e"]), row["pid"]))
+    if await connection.fetchval("SELECT to_regclass('inbox') IS NOT NULL"):
+        seen.inbox = await _keys(connection, "SELECT key FROM inbox WHERE key LIKE $1", pattern)
+    seen.completions = await _keys(connection, "SELECT key FROM processed_events WHERE key LIKE $1", pattern)
+    for row in await connection.fetch(
+            "SELECT key, errors -> -1 ->> 'type' AS last FROM dead_letters"
+            " WHERE status = 'dead' AND key LIKE $1 ORDER BY id", pattern):
+        seen.open_dead_letters[row["key"]].append(row["last"] or "?")
+    seen.conflicts = await _keys(connection, "SELECT DISTINCT key FROM event_conflicts WHERE key LIKE $1", pattern)
+    return seen
+
+
+async def _keys(connection, sql: str, pattern: str) -> set[str]:
+    return {row["key"] for row in await connection.fetch(sql, pattern)}
+
+
+def resolved(sent: Sent, seen: Observed) -> int:
+    """Accepted keys that have an effect (or a completion) or an open dead letter: the drain's progress."""
+    done = seen.inbox | seen.completions | set(seen.effects) | set(seen.open_dead_letters)
+    return sum(1 for key in sent.accepted.values() if key in done)
+
+
+def judge(events: list[PlannedEvent], sent: Sent, seen: Observed, prunes: list[tuple[float, float]],
+          leftover: dict[str, int]) -> Verdict:
+    verdict = Verdict()
+    for event in events:
+        _judge_answers(event, sent, verdict)
+        key = sent.accepted.get(event.event_id)
+        if key is not None:
+            _judge_key(event, key, sent, seen, prunes, verdict)
+    for queue, count in sorted(leftover.items()):
+        if count:
+            verdict.violate("left in a queue", f"{count} message(s) in {queue} after the workers stopped")
+    return verdict
+
+
+def _judge_answers(event: PlannedEvent, sent: Sent, verdict: Verdict) -> None:
+    answers = sent.answers.get(event.event_id, {})
+    if event.must_be_refused:
+        verdict.outcomes["refused at the door"] += answers.get("400 invalid_json", 0)
+        if any(answer.startswith("200") for answer in answers):
+            verdict.violate("unstorable body accepted", f"{event.event_id}: a lone surrogate escape got 200, "
+                            "SPEC §6 wants 400 invalid_json")
+        return
+    for answer, count in answers.items():
+        if not answer.startswith("200"):
+            verdict.violate("valid body not accepted", f"{event.event_id} ({event.kind}): {count} x {answer}")
+
+
+def _judge_key(event, key: str, sent: Sent, seen: Observed, prunes, verdict: Verdict) -> None:
+    if not seen.recorder:
+        return _judge_contract_tables(event, key, seen, verdict)
+    effects, dead = sorted(seen.effects.get(key, [])), seen.open_dead_letters.get(key, [])
+    repeats = sum(1 for before, after in pairwise(effects) if not _pruned_between(before[1], after[0], prunes))
+    verdict.outcomes["repeated after prune (allowed)"] += len(effects) - 1 - repeats if effects else 0
+    if not effects and not dead:
+        verdict.violate("lost", f"{key}: accepted, but no effect and no dead letter")
+    elif effects and dead:
+        verdict.violate("completed and dead-lettered", f"{key}: effect and open dead letter ({dead[-1]})")
+    elif len(dead) > 1:
+        verdict.violate("several open dead letters", f"{key}: {len(dead)} open dead letters")
+    elif dead and not event.expect_dead_letter:
+        verdict.violate("false dead letter", f"{key}: dead-lettered ({dead[-1]}), fail={event.fail or 'none'}")
+    elif effects and event.expect_dead_letter:
+        verdict.violate("missing dead letter", f"{key}: completed although told to fail ({event.fail})")
+    else:
+        verdict.outcomes["dead letter, as told" if dead else "completed once"] += 1
+    if repeats:
+        verdict.violate("effect repeated", f"{key}: {len(effects)} effects in the completion transaction")
+    if effects and key not in seen.inbox:
+        verdict.violate("effect without inbox row", f"{key}: the inbox insert did not commit with the effect")
+    _judge_runs(key, seen, effects[:1], prunes, verdict)
+    _judge_conflict(event, key, sent, seen, bool(effects), verdict)
+
+
+def _judge_contract_tables(event, key: str, seen: Observed, verdict: Verdict) -> None:
+    """Without the chaos handler (a staging deployment's own handler): the tables SPEC §9 names."""
+    done, dead = key in seen.completions or key in seen.inbox, seen.open_dead_letters.get(key, [])
+    if not done and not dead:
+        verdict.violate("lost", f"{key}: accepted, but no completion record and no dead letter")
+    elif done and dead:
+        verdict.violate("completed and dead-lettered", f"{key}: completion and open dead letter ({dead[-1]})")
+    elif len(dead) > 1:
+        verdict.violate("several open dead letters", f"{key}: {len(dead)} open dead letters")
+    else:
+        verdict.outcomes["dead letter" if dead else "completed"] += 1
+
+
+def _judge_runs(key: str, seen: Observed, first_effect: list[tuple[float, float]], prunes, verdict: Verdict) -> None:
+    """Intervals sorted by start: one starting before an earlier one ended ran at the same time."""
+    latest_end, latest_pid = None, None
+    for started, ended, pid in sorted(seen.runs.get(key, []), key=lambda run: run[0]):
+        if latest_end is not None and started < latest_end:
+            verdict.violate("two runs at once", f"{key}: {seen.who(pid)} started {latest_end - started:.3f}s "
+                            f"before {seen.who(latest_pid)}'s run ended")
+        if first_effect and started > first_effect[0][0] and not _pruned_between(first_effect[0][1], started, prunes):
+            verdict.violate("ran after completion", f"{key}: {seen.who(pid)} started "
+                            f"{started - first_effect[0][0]:.3f}s after the effect was written")
+        end = ended if ended is not None else started  # killed mid-run: only its start is known
+        if latest_end is None or end > latest_end:
+            latest_end, latest_pid = end, pid
+
+
+def _judge_conflict(event, key: str, sent: Sent, seen: Observed, completed: bool, verdict: Verdict) -> None:
+    if sent.accepted_variants.get(event.event_id) == {0, 1} and completed:
+        if key in seen.conflicts:
+            verdict.outcomes["conflict recorded"] += 1
+        else:
+            verdict.violate("conflict not recorded", f"{key}: two payloads accepted, no event_conflicts row")
+
+
+def _pruned_between(completed_at: float, later: float, prunes: list[tuple[float, float]]) -> bool:
+    """A prune that may have deleted the completion (`completed_at` was past
+    the window before that prune ended) started before `later`: given the
+    benefit of the doubt, as the prune's own clock reading is not known."""
+    return any(completed_at + PRUNE_WINDOW_SECONDS < ended and started < later for started, ended in prunes)

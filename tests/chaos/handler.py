@@ -1,0 +1,68 @@
+"""The fault run's handler, `tests.chaos.handler:record`.
+
+Each run of the handler is an *interval* in `chaos_runs` (start, end, key,
+pid), written through its own connection outside the completion
+transaction, as an HTTP call would be: two intervals of one key that
+overlap are two external effects at once (SPEC §7.2). Its Postgres effect
+is a row in `chaos_effects` (no unique key, so a second effect is a second
+row) plus the built-in `inbox` insert, both in the completion transaction
+(SPEC §7.1).
+
+The payload says what to do: `chaos.work_ms` of "work", and
+`chaos.fail` = "permanent" (PermanentError), "always" (a retryable error on
+every attempt) or "first" (a retryable error on attempts up to
+`chaos.fail_attempts`).
+"""
+
+import asyncio
+import os
+
+import asyncpg
+from webhook_ingest.workers.handlers.inbox import handle as inbox
+
+from webhook_ingest import PermanentError
+
+CHAOS_TABLES = """
+CREATE TABLE IF NOT EXISTS chaos_runs (
+    id bigserial PRIMARY KEY, key text NOT NULL, pid integer NOT NULL, attempt integer NOT NULL,
+    started timestamptz NOT NULL DEFAULT clock_timestamp(), ended timestamptz);
+CREATE INDEX IF NOT EXISTS chaos_runs_key ON chaos_runs (key);
+CREATE TABLE IF NOT EXISTS chaos_effects (
+    key text NOT NULL, pid integer NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    transaction_started timestamptz NOT NULL DEFAULT now());  -- = processed_events.completed_at, which prune reads
+"""
+
+_pools: dict[str, asyncio.Task] = {}
+
+
+async def record(event, ctx):
+    directive = event.payload.get("chaos") or {}
+    intervals = await _pool(ctx.options["runs_database_url"])
+    run_id = await intervals.fetchval(
+        "INSERT INTO chaos_runs (key, pid, attempt) VALUES ($1, $2, $3) RETURNING id",
+        event.key, os.getpid(), event.attempt)
+    try:
+        await asyncio.sleep(directive.get("work_ms", int(ctx.options.get("work_ms", 100))) / 1000)
+    finally:
+        await intervals.execute("UPDATE chaos_runs SET ended = clock_timestamp() WHERE id = $1", run_id)
+    _fail_if_told(directive, event.attempt)
+    await ctx.db.execute("INSERT INTO chaos_effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+    await inbox(event, ctx)
+
+
+def _fail_if_told(directive: dict, attempt: int) -> None:
+    match directive.get("fail"):
+        case "permanent":
+            raise PermanentError("chaos: permanent failure injected")
+        case "always":
+            raise RuntimeError(f"chaos: retryable failure injected (attempt {attempt})")
+        case "first" if attempt <= directive.get("fail_attempts", 1):
+            raise RuntimeError(f"chaos: retryable failure injected on attempt {attempt}")
+
+
+async def _pool(database_url: str) -> asyncpg.Pool:
+    """One small pool per process for the interval records: the external
+    system is not the completion's database connection."""
+    if database_url not in _pools:  # a task, so concurrent first calls share one pool
+        _pools[database_url] = asyncio.ensure_future(asyncpg.create_pool(database_url, min_size=1, max_size=8))
+    return await asyncio.shield(_pools[database_url])

@@ -1,0 +1,123 @@
+"""One fault run, end to end: plan from the seed, traffic and faults
+together, a bounded drain, the checks, the report.
+
+Two targets: `run_local` builds its own deployment on this machine and
+injects faults into it; `run_staging` only sends signed traffic to an
+operator's ingress (`--url`) and reads that deployment's tables and queues.
+"""
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.chaos.checks import Verdict, judge, observe, resolved
+from tests.chaos.deployment import (
+    SECRET,
+    SOURCE,
+    LocalDeployment,
+    known_queues,
+    namespace_queues,
+)
+from tests.chaos.plan import make_plan
+from tests.chaos.queues import held_by_rabbitmqctl, ready_by_passive_declare
+from tests.chaos.report import render
+from tests.chaos.traffic import Sent, send_all
+
+POLL_SECONDS = 2.0
+
+
+@dataclass
+class Options:
+    seed: int
+    events: int = 2000
+    duration: float = 60.0       # seconds of traffic, and of faults beside it
+    drain_timeout: float = 180.0  # the most the drain may take after the traffic
+    stall_seconds: float = 30.0   # the drain gives up once nothing moved for this long
+    concurrency: int = 8
+    lock_ttl: float = 5.0
+    work_ms: int = 100
+    faults: bool = True
+    keep_database: bool = False  # a local run's database stays, to be read after a failure
+
+
+@dataclass
+class Result:
+    report: str
+    verdict: Verdict
+
+
+async def run_local(options: Options, namespace: str | None = None, database_url: str | None = None,
+                    log_dir: Path | None = None) -> Result:
+    plan = make_plan(options.seed, options.events, options.duration, faults=options.faults)
+    deployment = LocalDeployment(namespace, database_url, concurrency=options.concurrency,
+                                 lock_ttl=options.lock_ttl, work_ms=options.work_ms, log_dir=log_dir,
+                                 keep_database=options.keep_database)
+    async with deployment:
+        faults = asyncio.create_task(deployment.run_faults(plan.faults))
+        sent = await send_all(deployment.base_url, SOURCE, SECRET, plan.requests)
+        applied = await faults
+        deployment.all_restored()
+
+        async def held() -> int | None:
+            counts = await held_by_rabbitmqctl(deployment.namespace)
+            return None if counts is None else sum(counts.values())
+
+        drained = await drain(deployment.database_url, sent, held, options)
+        await deployment.stop_workers()
+        names = await namespace_queues(deployment.amqp_url, deployment.namespace) or known_queues(deployment.namespace)
+        leftover = await ready_by_passive_declare(deployment.amqp_url, names)
+        seen = await observe(deployment.database_url)
+        seen.workers = deployment.pids
+        verdict = judge(plan.events, sent, seen, deployment.prunes, leftover)
+    (deployment.log_dir / "faults.txt").write_text("".join(f"{line}\n" for line in applied))
+    kept = f"; database kept: {deployment.database_url}" if deployment.keep_database else ""
+    report = render(plan, sent, verdict, "a local deployment (3 workers, 1 degraded)", drained,
+                    f"{deployment.log_dir}{kept}")
+    return Result(report, verdict)
+
+
+async def run_staging(options: Options, url: str, source: str, secret: str, database_url: str,
+                      amqp_url: str | None, namespace: str | None) -> Result:
+    """Traffic to `url` only; no fault is injected (cause your own while it runs)."""
+    prefix = f"chaos-{options.seed}-{uuid.uuid4().hex[:6]}-"
+    plan = make_plan(options.seed, options.events, options.duration, faults=False, id_prefix=prefix)
+    sent = await send_all(url, source, secret, plan.requests)
+    queue_names = known_queues(namespace) if amqp_url and namespace else []
+
+    async def held() -> int | None:
+        return sum((await ready_by_passive_declare(amqp_url, queue_names)).values()) if queue_names else 0
+
+    pattern = f"{source}:{prefix}%"
+    drained = await drain(database_url, sent, held, options, pattern)
+    leftover = await ready_by_passive_declare(amqp_url, queue_names) if queue_names else {}
+    verdict = judge(plan.events, sent, await observe(database_url, pattern), [], leftover)
+    return Result(render(plan, sent, verdict, url, drained, ""), verdict)
+
+
+async def drain(database_url: str, sent: Sent, held: Callable[[], Awaitable[int | None]], options: Options,
+                key_pattern: str = "%") -> str:
+    """Waits until every accepted key is resolved and the queues hold nothing
+    (twice in a row), or nothing moved for `stall_seconds`, or the timeout."""
+    started = last_change = time.monotonic()
+    last_state, calm, keys = None, 0, len(set(sent.accepted.values()))
+    while True:
+        done, in_queues = resolved(sent, await observe(database_url, key_pattern)), await held()
+        now = time.monotonic()
+        calm = calm + 1 if done == keys and not in_queues else 0
+        if calm >= 2:
+            return f"settled {now - started:.0f}s after the traffic ({keys} keys resolved, queues empty)"
+        if (done, in_queues) != last_state:
+            last_state, last_change = (done, in_queues), now
+        if now - last_change > options.stall_seconds or now - started > options.drain_timeout:
+            return (f"gave up after {now - started:.0f}s: {done}/{keys} keys resolved, "
+                    f"{in_queues} message(s) still held, no change for {now - last_change:.0f}s")
+        await asyncio.sleep(POLL_SECONDS)
+
+
+def staging_environment() -> dict[str, str | None]:
+    return {"secret": os.environ.get("CHAOS_SECRET"), "database_url": os.environ.get("DATABASE_URL"),
+            "amqp_url": os.environ.get("AMQP_URL"), "namespace": os.environ.get("WEBHOOK_INGEST_NAMESPACE")}
