@@ -1,6 +1,7 @@
-"""Accepting while RabbitMQ is away (SPEC §6): the Postgres outbox and its
-relay, with real ingress and worker processes. The ingress reaches the
-broker through a TCP proxy the test cuts; workers reach it directly.
+"""Accepting while RabbitMQ is away (docs/reference.md §6): the Postgres
+outbox and its relay, with real ingress and worker processes. The ingress
+reaches the broker through a TCP proxy the test cuts; workers reach it
+directly.
 
 Effects are counted with tests.support.handlers:counted_inbox (one
 `effects` row per run), so an event processed twice shows as two rows.

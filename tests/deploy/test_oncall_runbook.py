@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNBOOK = ROOT / "docs" / "oncall.md"
 ALERTS_FILE = ROOT / "deploy" / "prometheus" / "alerts.yml"
 REQUIRED_ANCHORS = {
-    "ingress-5xx", "broker-unavailable", "dead-letters", "slow-processing",
+    "ingress-5xx", "ingress-unavailable", "outbox-backlog", "dead-letters", "slow-processing",
     "idempotency-store-degraded", "conflicts",
 }
 
