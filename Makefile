@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run migrate test test-fast bench clean
+.PHONY: install run migrate test test-fast lint docs bench clean
 
 install: $(STAMP)
 
@@ -20,14 +20,28 @@ run: install  ## migrate, then the ingress on :8080 and 2 workers (Ctrl-C stops)
 migrate: install
 	$(BIN)/webhook-ingest migrate
 
-test: install  ## the whole suite against the local RabbitMQ, Redis and Postgres
+test: install lint  ## lint, then the whole suite against the local RabbitMQ, Redis and Postgres
 	$(BIN)/pytest -q
 
 test-fast: install  ## pure-logic tests only, no services
 	$(BIN)/pytest -q tests/unit
 
+# mypy checks the package as it is installed: a throw-away tree where
+# webhook_ingest/ingress is ingress/ and so on (the package-dir mapping).
+lint: install  ## ruff and mypy (a few seconds)
+	$(BIN)/ruff check --quiet .
+	@tree=$$(mktemp -d) && mkdir $$tree/webhook_ingest \
+	  && ln -s $(CURDIR)/webhook_ingest/* $$tree/webhook_ingest/ \
+	  && for folder in ingress workers shared; do ln -s $(CURDIR)/$$folder $$tree/webhook_ingest/$$folder; done \
+	  && cd $$tree && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
+	     --cache-dir $(CURDIR)/build/mypy-cache -p webhook_ingest; \
+	  status=$$?; rm -rf $$tree; exit $$status
+
+docs: install  ## rewrite the generated tables of docs/reference.md from the code
+	$(BIN)/python -m tests.support.reference_docs
+
 bench: install  ## throughput/latency figures and ratios against the raw broker
 	$(BIN)/python -m tests.bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache build *.egg-info

@@ -25,6 +25,7 @@ def configure_logging(log_format: str | None = None, level: int = logging.INFO) 
     ]
     if log_format == "json":
         processors = [*shared_processors, structlog.processors.format_exc_info, _json_renderer(bytes)]
+        factory: structlog.BytesLoggerFactory | structlog.PrintLoggerFactory
         factory = structlog.BytesLoggerFactory(sys.stderr.buffer)
     else:
         processors = [*shared_processors, structlog.dev.ConsoleRenderer()]

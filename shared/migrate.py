@@ -37,7 +37,7 @@ async def migrate(database_url: str) -> list[str]:
 
 def migrations() -> list[tuple[str, str]]:
     folder = importlib.resources.files("webhook_ingest.shared").joinpath("migrations")
-    files = sorted(f for f in folder.iterdir() if f.name.endswith(".sql"))
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
     return [(f.name, f.read_text()) for f in files]
 
 

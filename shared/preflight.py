@@ -26,7 +26,9 @@ async def unreachable_services(settings: Settings) -> list[str]:
     checks = [("PostgreSQL", url, _check_postgres(url)) for url in [settings.database_url]]
     checks += [("Redis", url, _check_redis(url)) for url in settings.redis_urls]
     checks += [("RabbitMQ", settings.amqp_url, _check_rabbitmq(settings.amqp_url))]
-    results = await asyncio.gather(*(asyncio.wait_for(check, TIMEOUT) for _, _, check in checks), return_exceptions=True)
+    results = await asyncio.gather(
+        *(asyncio.wait_for(check, TIMEOUT) for _, _, check in checks), return_exceptions=True
+    )
     return [
         f"{service} is not reachable at {mask_url(url)} ({_reason(result)}); start it with:"
         f" {HOW_TO_START[service]}   (or: docker compose up -d)"

@@ -99,7 +99,8 @@ def ingress(host: str, port: int, reuse_port: bool, processes: str) -> None:
 @main.command(name="send-test", epilog=ENV_HELP)
 @click.argument("source_name", metavar="SOURCE")
 @click.option("--url", default="http://127.0.0.1:8080", show_default=True, help="ingress base URL")
-@click.option("--duplicates", default=0, show_default=True, type=click.IntRange(min=0), help="identical copies sent alongside")
+@click.option("--duplicates", default=0, show_default=True, type=click.IntRange(min=0),
+              help="identical copies sent alongside")
 def send_test_command(source_name: str, url: str, duplicates: int) -> None:
     """Sign a sample event with SOURCE's secret and send it; one line per request."""
     import aiohttp
@@ -118,7 +119,8 @@ def send_test_command(source_name: str, url: str, duplicates: int) -> None:
 
 
 @main.command(epilog=ENV_HELP)
-@click.option("--concurrency", default=layout.CONCURRENCY, show_default=True, type=click.IntRange(min=1), help="messages in flight")
+@click.option("--concurrency", default=layout.CONCURRENCY, show_default=True, type=click.IntRange(min=1),
+              help="messages in flight")
 @click.option("--metrics-port", type=int, default=None, help="serve /metrics, /healthz, /readyz on this port")
 @click.option("--grace-seconds", default=30.0, show_default=True, type=float, help="SIGTERM: time for running handlers")
 def worker(concurrency: int, metrics_port: int | None, grace_seconds: float) -> None:

@@ -2,6 +2,8 @@
 
 import asyncio
 import sys
+from collections.abc import Coroutine
+from typing import Any, NoReturn
 
 import click
 
@@ -11,13 +13,13 @@ from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES
 ENV_HELP = "\b\nEnvironment:\n" + "\n".join(f"  {name:<30} {meaning}" for name, meaning in ENVIRONMENT_VARIABLES)
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """One line on stderr, exit 2."""
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
 
 
-def run_or_fail(coroutine) -> object:
+def run_or_fail(coroutine: Coroutine[Any, Any, Any]) -> Any:
     """Run the coroutine; the project's own errors become `fail`."""
     try:
         return asyncio.run(coroutine)

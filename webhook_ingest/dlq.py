@@ -19,6 +19,7 @@ from webhook_ingest.shared import topology
 from webhook_ingest.shared.dead_letters import (
     SQL,
     STATUSES,
+    Actor,
     DeadLetterNotFound,
     describe_error,
     detail,
@@ -109,7 +110,7 @@ def replay_command(dead_letter_ids: tuple[str, ...], all_: bool, source: str | N
 @click.argument("dead_letter_ids", metavar="ID...", nargs=-1, required=True)
 def discard_command(dead_letter_ids: tuple[str, ...]) -> None:
     """Mark dead letters discarded (kept for audit); all or nothing."""
-    discarded = run_or_fail(_with_database(_settings(), discard, parse_ids(dead_letter_ids)))
+    discarded = run_or_fail(_with_database(_settings(), discard, parse_ids(dead_letter_ids), Actor.cli()))
     click.echo(f"discarded {len(discarded)}: {', '.join(map(str, discarded))}")
 
 
@@ -135,7 +136,7 @@ def parse_ids(values) -> list[int]:
     if None in ids:
         bad = next(value for value, parsed in zip(values, ids) if parsed is None)
         fail(f"invalid dead-letter id {bad!r}: ids are positive integers")
-    return list(dict.fromkeys(ids))
+    return list(dict.fromkeys(id_ for id_ in ids if id_ is not None))
 
 
 def parse_duration(text: str) -> timedelta:
@@ -224,7 +225,8 @@ async def _ensure_events_queue(connection, settings: Settings) -> None:
 
 async def _replay(settings: Settings, ids: list[int], all_: bool, source: str | None) -> list[int]:
     async with database(settings) as connection, confirm_channel(settings) as channel:
-        return await replay(connection, channel, settings.namespace, ids=ids, all_=all_, source=source)
+        return await replay(connection, channel, settings.namespace, ids=ids, all_=all_, source=source,
+                            actor=Actor.cli())
 
 
 async def prune_completion_records(connection, window: timedelta, batch_size: int = PRUNE_BATCH) -> int:
@@ -277,7 +279,8 @@ def render_detail(document: dict) -> str:
     fields = ("id", "status", "source", "key", "event_id", "attempts", "received_at", "created_at", "updated_at")
     lines = [f"{name + ':':<13} {document[name]}" for name in fields]
     lines += ["", "headers:", _indented_json(document["headers"]), "", "payload:"]
-    lines.append(_indented_json(document["payload"]) if document["payload"] is not None else "  " + document.get("body", ""))
+    payload = document["payload"]
+    lines.append(_indented_json(payload) if payload is not None else "  " + document.get("body", ""))
     lines += ["", f"errors ({len(document['errors'])}):"]
     for error in document["errors"]:
         lines.append(f"  attempt {error['attempt']} at {error['at']}: {describe_error(error)}")

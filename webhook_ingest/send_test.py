@@ -20,10 +20,13 @@ _ID_HEADERS = {
 
 def sample_body(source: Source) -> bytes:
     unique = uuid.uuid4().hex[:16]
+    document: dict[str, object]
     if source.scheme == "paystack":
-        document = {"event": "charge.success", "data": {"id": int(time.time() * 1000), "reference": f"ref_{unique}", "amount": 5000}}
+        data = {"id": int(time.time() * 1000), "reference": f"ref_{unique}", "amount": 5000}
+        document = {"event": "charge.success", "data": data}
     else:
-        document = {"id": f"evt_{unique}", "type": "test.event", "created": int(time.time()), "data": {"message": "hello from send-test"}}
+        document = {"id": f"evt_{unique}", "type": "test.event", "created": int(time.time()),
+                    "data": {"message": "hello from send-test"}}
     return orjson.dumps(document)
 
 

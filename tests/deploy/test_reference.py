@@ -5,7 +5,6 @@ table and test folders match the tree. Static, no services."""
 
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import click
@@ -13,9 +12,9 @@ import pytest
 
 from tests.support import reference_docs
 from tests.support.markdown import anchor, heading_anchors, headings
+from tests.support.repository import ROOT, repository_files
 from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES, Settings
 
-ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference.md"
 TEXT_SUFFIXES = (".md", ".py", ".toml", ".yml", ".yaml", ".cfg", ".ini", ".txt", ".sh", ".json",
                  ".sql", ".lua", ".html", ".css", ".js")
@@ -25,13 +24,6 @@ OUTSIDE_CONTRACT = re.compile(r"\bSPEC(?:\.md|\s*§)")
 PARENT_PATH = re.compile(r"(?:\.\./)+[A-Za-z0-9_.\-/]*")
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 DOC_ANCHOR = re.compile(r"(?<![\w/.])(docs/[\w.\-]+\.md)#([\w\-]+)")
-
-
-def repository_files() -> list[Path]:
-    """Tracked files and new ones not ignored: what a commit would hold."""
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, text=True, check=True).stdout.splitlines()
-    return [ROOT / name for name in listed if (ROOT / name).is_file()]
 
 
 def text_files() -> list[Path]:

@@ -1,6 +1,5 @@
 """The ingress HTTP contract (docs/reference.md §6) against the real RabbitMQ."""
 
-import asyncio
 import json
 import time
 
@@ -169,6 +168,31 @@ async def test_broker_outage_then_recovery_by_itself(settings, sources, monkeypa
             assert response.status == 200
     queued = await queued_events(settings.amqp_url, settings.namespace)
     assert sorted((e.key, e.body) for e in queued) == [("hmac_sha256:evt_1", first), ("hmac_sha256:evt_2", second)]
+
+
+async def test_a_broker_that_stops_confirming_sends_events_to_the_outbox_until_it_confirms_again(
+        settings, sources, monkeypatch):
+    """The connection stays open but nothing comes back (as under a memory
+    alarm): the first publish waits out its timeout, then every request
+    goes to the outbox at once; once the broker answers, the relay empties it."""
+    bodies = [body_for("hmac-sha256", f"evt_{n}") for n in range(21)]
+
+    async def post(n: int) -> int:
+        headers = signed("hmac-sha256", bodies[n], f"evt_{n}")
+        return (await client.post("/webhooks/hmac_sha256", data=bodies[n], headers=headers)).status
+
+    with TcpProxy("127.0.0.1", 5672) as proxy:
+        monkeypatch.setenv("AMQP_URL", proxy.url_for(settings.amqp_url))
+        async with running_ingress(type(settings)(), sources) as client:
+            proxy.stall()
+            assert await post(0) == 200  # after the publish timeout
+            assert await asyncio.gather(*(post(n) for n in range(1, 21))) == [200] * 20
+            assert len(await outbox_rows(settings.database_url)) == 21
+            assert (await (await client.get("/readyz")).json())["via"] == "outbox"
+            proxy.flow()
+            await wait_until(lambda: _outbox_empty(settings.database_url), 60, message="the outbox relayed")
+    queued = {event.key for event in await queued_events(settings.amqp_url, settings.namespace)}
+    assert queued == {f"hmac_sha256:evt_{n}" for n in range(21)}
 
 
 async def outbox_rows(database_url: str) -> list[tuple[str, bytes]]:

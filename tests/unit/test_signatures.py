@@ -138,9 +138,9 @@ def test_we_accept_what_the_standard_webhooks_library_signs(prefix, body):
 
 
 def _utc(timestamp):
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc)
+    return datetime.fromtimestamp(timestamp, tz=UTC)
 
 
 @given(body=utf8_bodies)
