@@ -1,5 +1,6 @@
 """The ingress HTTP contract (docs/reference.md §6) against the real RabbitMQ."""
 
+import asyncio
 import json
 import time
 
