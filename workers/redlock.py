@@ -16,7 +16,7 @@ also carry the idempotency claim. The algorithm is ~100 lines:
 
 This lock alone cannot guarantee one writer (it can expire under a paused
 holder, or be forgotten); what does, and the fencing token's part:
-docs/design.md#exclusion-advisory-lock-and-fencing-token.
+docs/design.md#exclusion.
 """
 
 import asyncio
