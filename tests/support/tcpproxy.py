@@ -24,6 +24,8 @@ class TcpProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._flowing = asyncio.Event()  # cleared: bytes wait, connections stay open
+        self._flowing.set()
 
     def url_for(self, url: str) -> str:
         """`url` with its host:port replaced by the proxy's."""
@@ -43,7 +45,16 @@ class TcpProxy:
     def restore(self) -> None:
         self._call(self._listen())
 
+    def stall(self) -> None:
+        """Keep the connections open but forward nothing: a hung peer (a
+        broker blocked by an alarm looks like this to a publisher)."""
+        self._loop.call_soon_threadsafe(self._flowing.clear)
+
+    def flow(self) -> None:
+        self._loop.call_soon_threadsafe(self._flowing.set)
+
     def stop(self) -> None:
+        self.flow()
         self.cut()
         self._call(self._cancel_pipes())
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -93,6 +104,7 @@ class TcpProxy:
     async def _pipe(self, reader, writer) -> None:
         try:
             while data := await reader.read(65536):
+                await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
