@@ -1,5 +1,5 @@
 """The end-of-run verdict: what Postgres and the broker show for every
-event the plan sent, against SPEC §6–§8. Each violation names its key.
+event the plan sent, against docs/reference.md §6–§8. Each violation names its key.
 
 - an accepted key has exactly one effect (an inbox row and one
   `chaos_effects` row) and no open dead letter, or exactly one open dead
@@ -12,7 +12,7 @@ event the plan sent, against SPEC §6–§8. Each violation names its key.
 - no queue of the namespace holds a message once the workers are stopped.
 
 A repeat after `prune` is allowed: a completion record pruned (the window
-had passed when prune ran) is forgotten by design, and SPEC §2 says a later
+had passed when prune ran) is forgotten by design, and docs/reference.md §2 says a later
 copy runs again.
 """
 
@@ -115,7 +115,7 @@ def _judge_answers(event: PlannedEvent, sent: Sent, verdict: Verdict) -> None:
         verdict.outcomes["refused at the door"] += answers.get("400 invalid_json", 0)
         if any(answer.startswith("200") for answer in answers):
             verdict.violate("unstorable body accepted", f"{event.event_id}: a lone surrogate escape got 200, "
-                            "SPEC §6 wants 400 invalid_json")
+                            "docs/reference.md §6 wants 400 invalid_json")
         return
     for answer, count in answers.items():
         if not answer.startswith("200"):
@@ -149,7 +149,7 @@ def _judge_key(event, key: str, sent: Sent, seen: Observed, prunes, verdict: Ver
 
 
 def _judge_contract_tables(event, key: str, seen: Observed, verdict: Verdict) -> None:
-    """Without the chaos handler (a staging deployment's own handler): the tables SPEC §9 names."""
+    """Without the chaos handler (a staging deployment's own handler): the tables docs/reference.md §9 names."""
     done, dead = key in seen.completions or key in seen.inbox, seen.open_dead_letters.get(key, [])
     if not done and not dead:
         verdict.violate("lost", f"{key}: accepted, but no completion record and no dead letter")

@@ -3,7 +3,7 @@ database, a private redis-server (the only Redis it flushes), one ingress
 and three workers, each worker reaching Redis, Postgres and RabbitMQ through
 its own TCP proxies so the schedule can cut them one by one. One worker is
 pointed at a port where no Redis listens: it runs degraded from the start,
-beside two that reach Redis (mixed modes, SPEC §7).
+beside two that reach Redis (mixed modes, docs/reference.md §7).
 
 Nothing here touches the shared services beyond this run's namespace and
 database, and everything is removed at the end.

@@ -3,10 +3,10 @@
 Each run of the handler is an *interval* in `chaos_runs` (start, end, key,
 pid), written through its own connection outside the completion
 transaction, as an HTTP call would be: two intervals of one key that
-overlap are two external effects at once (SPEC §7.2). Its Postgres effect
+overlap are two external effects at once (docs/reference.md §7.2). Its Postgres effect
 is a row in `chaos_effects` (no unique key, so a second effect is a second
 row) plus the built-in `inbox` insert, both in the completion transaction
-(SPEC §7.1).
+(docs/reference.md §7.1).
 
 The payload says what to do: `chaos.work_ms` of "work", and
 `chaos.fail` = "permanent" (PermanentError), "always" (a retryable error on

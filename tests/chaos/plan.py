@@ -32,7 +32,7 @@ class PlannedEvent:
 
     @property
     def must_be_refused(self) -> bool:
-        """A lone surrogate escape: jsonb cannot hold it, so 400 at the door (SPEC §6)."""
+        """A lone surrogate escape: jsonb cannot hold it, so 400 at the door (docs/reference.md §6)."""
         return self.kind == "unstorable"
 
 
