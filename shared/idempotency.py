@@ -26,7 +26,6 @@ class Outcome(enum.Enum):
     RETRIED = "retried"
     DEAD = "dead"
     DEFERRED = "deferred"      # in flight elsewhere: comes back after a short delay
-    SUPERSEDED = "superseded"  # our lock expired and another holder took over (fencing)
 
 
 def classify_completed(completed_sha256: str, payload_sha256: str) -> Outcome:

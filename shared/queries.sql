@@ -62,6 +62,131 @@ SELECT payload_sha256 FROM processed_events WHERE key = $1
 -- name: count_open_dead_letters
 SELECT count(*) FROM dead_letters WHERE status = 'dead'
 
+-- name: search_dead_letters
+-- The console's filtered list, newest first, one page: $1 source, $2
+-- status, $3 last error type, $4 created at or after, $5 created before, $6
+-- free text in the key or the last error's message (case-insensitive, no
+-- wildcards), $7 only ids below this one (the next page), $8 page size.
+-- NULL: no filter.
+SELECT id, key, source, event_id, status, attempts, created_at, updated_at,
+       errors -> -1 AS last_error
+FROM dead_letters
+WHERE ($1::text IS NULL OR source = $1)
+  AND ($2::text IS NULL OR status = $2)
+  AND ($3::text IS NULL OR errors -> -1 ->> 'type' = $3)
+  AND ($4::timestamptz IS NULL OR created_at >= $4)
+  AND ($5::timestamptz IS NULL OR created_at < $5)
+  AND ($6::text IS NULL OR strpos(lower(key), lower($6)) > 0
+       OR strpos(lower(coalesce(errors -> -1 ->> 'message', '')), lower($6)) > 0)
+  AND ($7::bigint IS NULL OR id < $7)
+ORDER BY id DESC
+LIMIT $8
+
+-- name: matching_open_dead_letter_ids
+-- The open (dead) rows the same filter matches: the set a bulk action
+-- freezes. Oldest first, the order they failed in.
+SELECT id
+FROM dead_letters
+WHERE status = 'dead'
+  AND ($1::text IS NULL OR source = $1)
+  AND ($2::text IS NULL OR errors -> -1 ->> 'type' = $2)
+  AND ($3::timestamptz IS NULL OR created_at >= $3)
+  AND ($4::timestamptz IS NULL OR created_at < $4)
+  AND ($5::text IS NULL OR strpos(lower(key), lower($5)) > 0
+       OR strpos(lower(coalesce(errors -> -1 ->> 'message', '')), lower($5)) > 0)
+ORDER BY id
+
+-- name: dead_letter_choices
+-- What the filter form offers: every source and last error type seen.
+SELECT array(SELECT DISTINCT source FROM dead_letters ORDER BY 1) AS sources,
+       array(SELECT DISTINCT errors -> -1 ->> 'type' FROM dead_letters
+             WHERE errors -> -1 ->> 'type' IS NOT NULL ORDER BY 1) AS error_types
+
+-- name: lock_dead_letter
+-- A replay or discard from the console: the row, locked until the action
+-- commits, so a second click (or another on-call person) waits, then sees
+-- the new status instead of acting twice.
+SELECT id, key, source, event_id, payload_sha256, body, headers, received_at, status,
+       errors -> -1 ->> 'type' AS last_error_type
+FROM dead_letters
+WHERE id = $1
+FOR UPDATE
+
+-- name: insert_replay
+INSERT INTO dead_letter_replays (dead_letter_id, actor, bulk_action_id)
+SELECT unnest($1::bigint[]), $2::text, $3::bigint
+
+-- name: replays_of
+SELECT replayed_at, actor, bulk_action_id
+FROM dead_letter_replays
+WHERE dead_letter_id = $1
+ORDER BY id
+
+-- name: insert_audit
+INSERT INTO audit_log (role, name, via, action, dead_letter_ids, detail)
+VALUES ($1, $2, $3, $4, $5::bigint[], $6::jsonb)
+RETURNING id
+
+-- name: list_audit
+-- Newest first; $1 only entries naming this dead letter (NULL: all), $2
+-- only ids below this one (the next page), $3 page size.
+SELECT id, at, role, name, via, action, dead_letter_ids, detail
+FROM audit_log
+WHERE ($1::bigint IS NULL OR dead_letter_ids @> ARRAY[$1::bigint])
+  AND ($2::bigint IS NULL OR id < $2)
+ORDER BY id DESC
+LIMIT $3
+
+-- name: insert_bulk_action
+INSERT INTO console_bulk_actions (action, dead_letter_ids, filter, created_by)
+VALUES ($1, $2::bigint[], $3::jsonb, $4)
+RETURNING id
+
+-- name: get_bulk_action
+SELECT * FROM console_bulk_actions WHERE id = $1
+
+-- name: claim_bulk_action
+-- Start (or resume after a failure) at $2 per second: only one process runs it.
+UPDATE console_bulk_actions
+SET state = 'running', rate = $2, error = NULL, started_at = coalesce(started_at, now())
+WHERE id = $1 AND state IN ('prepared', 'failed')
+RETURNING *
+
+-- name: bulk_action_step
+-- One dead letter handled: $2 the id, $3 true when it was acted on, false
+-- when it was skipped (changed meanwhile, or not replayable).
+UPDATE console_bulk_actions
+SET done = CASE WHEN $3 THEN done || $2::bigint ELSE done END,
+    skipped = CASE WHEN $3 THEN skipped ELSE skipped || $2::bigint END
+WHERE id = $1
+
+-- name: finish_bulk_action
+UPDATE console_bulk_actions
+SET state = $2, error = $3, finished_at = now()
+WHERE id = $1 AND state = 'running'
+
+-- name: cancel_bulk_action
+UPDATE console_bulk_actions SET state = 'cancelled', finished_at = now()
+WHERE id = $1 AND state IN ('prepared', 'running', 'failed')
+RETURNING id
+
+-- name: bulk_action_state
+SELECT state FROM console_bulk_actions WHERE id = $1
+
+-- name: outcomes_last_hour
+-- The console's overview, from what Postgres knows (retries and duplicates
+-- are counted only in the workers' metrics).
+SELECT (SELECT count(*) FROM processed_events WHERE completed_at > now() - interval '1 hour') AS processed,
+       (SELECT count(*) FROM dead_letters WHERE created_at > now() - interval '1 hour') AS dead,
+       (SELECT count(*) FROM dead_letter_replays WHERE replayed_at > now() - interval '1 hour') AS replayed,
+       (SELECT count(*) FROM event_conflicts WHERE seen_at > now() - interval '1 hour') AS conflict
+
+-- name: outbox_exists
+SELECT to_regclass('outbox') IS NOT NULL
+
+-- name: count_outbox
+SELECT count(*) FROM outbox
+
 -- retention (webhook-ingest prune) --------------------------------------------
 -- Each block deletes one batch; the caller loops, one short transaction per
 -- batch, so pruning never holds locks on many rows at once.
@@ -70,9 +195,14 @@ SELECT count(*) FROM dead_letters WHERE status = 'dead'
 SELECT now() - $1::interval
 
 -- name: prune_completed_events
+-- The outer condition is repeated on purpose: when a row changed while the
+-- DELETE waited for its lock, Postgres re-checks only the outer WHERE on the
+-- new version (a fence a worker just refreshed must survive).
 DELETE FROM processed_events
 WHERE key IN (SELECT key FROM processed_events WHERE completed_at < $1 LIMIT $2)
+  AND completed_at < $1
 
 -- name: prune_key_fences
 DELETE FROM key_fences
 WHERE key IN (SELECT key FROM key_fences WHERE updated_at < $1 LIMIT $2)
+  AND updated_at < $1

@@ -6,10 +6,10 @@ is ~50–100 µs of Python on our side and as much again on the server's — so
 the steps that do not depend on one another are done for the whole batch:
 
 1. one pipelined `SET NX` per Redis master claims every key;
-2. one statement registers every acquired key's fencing token;
-3. one transaction runs every handler, in key order, then inserts every
-   completion row in one statement (each still refused unless its token is
-   current), and commits;
+2. one transaction takes every acquired key's turn (advisory lock) in one
+   statement, registers their fencing tokens in another, runs every handler
+   in key order, then inserts every completion row in one statement (each
+   still refused unless its token is current), and commits;
 4. one pipeline per master writes the done markers.
 
 Only handlers marked `batchable` (effects through `ctx.db` alone, like
@@ -27,7 +27,7 @@ import contextlib
 from webhook_ingest.shared.idempotency import ClaimState, Outcome
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.workers.idempotency import IdempotencyStore
-from webhook_ingest.workers.processor import SQL, HandlerFailed, Processor, _completion_row
+from webhook_ingest.workers.processor import SQL, HandlerFailed, LockLost, Processor, completion_row, found_in_chain
 from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
 
 
@@ -74,39 +74,53 @@ class BatchProcessor:
         if not locks:
             return {}
         order = sorted(locks, key=lambda i: messages[i].key)
-        async with self._processor.kept_alive(*locks.values()):
+        async with self._processor.kept_alive(*(locks[i] for i in order)) as keepers:
             async with self._pool.acquire() as connection:
-                fences = await connection.fetch(SQL["acquire_fences"], [messages[i].key for i in order])
-                by_key = {fence["key"]: fence for fence in fences}
-                fresh = [i for i in order if by_key[messages[i].key]["completed_sha256"] is None]
-                tokens = {i: by_key[messages[i].key]["token"] for i in fresh}
-                committed = await self._commit(connection, messages, tokens) if fresh else False
-        outcomes = {}
-        for i in order:
-            completed_sha256 = by_key[messages[i].key]["completed_sha256"]
-            if completed_sha256 is not None:  # Postgres knew, Redis forgot
-                outcomes[i] = await self._processor.completed(messages[i], completed_sha256)
-        if committed:
-            await _quietly(self._store.complete_many([(messages[i].key, messages[i].payload_sha256) for i in fresh]))
-            outcomes.update((i, Outcome.PROCESSED) for i in fresh)
-        else:
-            settled = await _all(*(self._processor.run_locked(messages[i], locks[i]) for i in fresh))
-            outcomes.update(zip(fresh, settled))
+                passed = await self._commit(connection, messages, order, keepers)
+        if passed is None:  # rolled back: each on its own, still under its lock
+            settled = await _all(*(self._processor.run_locked(messages[i], locks[i]) for i in order))
+            return dict(zip(order, settled))
+        fresh, completed, turn_taken = passed
+        outcomes = {i: Outcome.PROCESSED for i in fresh}
+        await _quietly(self._store.complete_many([(messages[i].key, messages[i].payload_sha256) for i in fresh]))
+        for i, completed_sha256 in completed.items():  # Postgres knew, Redis forgot
+            outcomes[i] = await self._processor.completed(messages[i], completed_sha256)
+        settled = await _all(*(self._processor.run_locked(messages[i], locks[i]) for i in turn_taken))
+        outcomes.update(zip(turn_taken, settled))
         return outcomes
 
-    async def _commit(self, connection, messages: list[EventMessage], tokens: dict[int, int]) -> bool:
-        """Handlers and completions of the batch in one transaction; False when rolled back."""
-        rows = [_completion_row(messages[i], token) for i, token in tokens.items()]
+    async def _commit(self, connection, messages: list[EventMessage], order: list[int], keepers) -> tuple | None:
+        """Turns, fences, handlers and completions of the batch in one
+        transaction. Returns the indexes completed now, those found completed
+        (with their hash) and those whose turn another run holds; None when
+        the transaction rolled back."""
         try:
             async with connection.transaction():
-                for i in tokens:
+                turned = {row["key"] for row in await connection.fetch(SQL["take_turns"], _keys(messages, order))}
+                mine = [i for i in order if messages[i].key in turned]
+                fences = await connection.fetch(SQL["acquire_fences"], _keys(messages, mine)) if mine else []
+                by_key = {fence["key"]: fence for fence in fences}
+                completed = {i: by_key[messages[i].key]["completed_sha256"] for i in mine
+                             if by_key[messages[i].key]["completed_sha256"] is not None}
+                fresh = [i for i in mine if i not in completed]
+                for i in fresh:
                     await self._processor.call_handler(connection, messages[i])
-                inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)))
-                if len(inserted) != len(rows):
-                    raise _RollBack()
-        except (HandlerFailed, _RollBack):
-            return False
-        return True
+                for keeper in keepers:
+                    keeper.check()
+                if fresh:
+                    rows = [completion_row(messages[i], by_key[messages[i].key]["token"]) for i in fresh]
+                    inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)))
+                    if len(inserted) != len(rows):
+                        raise _RollBack()
+        except Exception as exc:
+            if found_in_chain(exc, (HandlerFailed, LockLost, _RollBack)) is None:
+                raise
+            return None
+        return fresh, completed, [i for i in order if messages[i].key not in turned]
+
+
+def _keys(messages: list[EventMessage], indexes: list[int]) -> list[str]:
+    return [messages[i].key for i in indexes]
 
 
 def _split_copies(messages: list[EventMessage]) -> tuple[list[int], dict[int, int]]:

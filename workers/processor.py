@@ -2,27 +2,32 @@
 
 1. Claim the key in Redis (`SET NX` on a majority of masters = the Redlock
    processing lock). A key Redis knows completed is a duplicate (or a
-   conflict, when the payload hash differs) and is acked at once; a key held
-   in flight elsewhere is deferred (sent back after a short delay) rather
-   than run twice; no Redis quorum means degraded mode (step 3b).
-2. Take a fencing token from Postgres (`key_fences`): it also tells whether
-   the key is completed — Postgres is the truth when Redis forgot.
-3. In one Postgres transaction: run the handler with that transaction's
-   connection as `ctx.db`, then insert the completion row, refused if our
-   token is no longer the key's current one or the key is already done.
-   3b. Degraded: the transaction first takes an advisory lock on the key,
-   then its token, so workers still take turns on Postgres alone.
-4. Tell Redis the key is done (best effort), which also frees the lock.
+   conflict, when the payload hash differs) and is acked at once. A key
+   held elsewhere is claimed again a few times (its holder is usually done
+   within milliseconds), then goes on to Postgres without the Redis lock:
+   the holder may be dead, and Postgres decides. No Redis quorum is
+   degraded mode, which goes on to Postgres the same way.
+2. In one Postgres transaction: take the key's turn (a transaction-scoped
+   advisory lock, without waiting: a key whose turn is held elsewhere is
+   deferred), take a fencing token — which also says whether the key is
+   completed, read after the turn so a completion committed by the previous
+   holder is seen —, run the handler with this transaction's connection as
+   `ctx.db`, and insert the completion row (refused unless our token is
+   current and the key not completed).
+3. Tell Redis the key is done (best effort), which also frees the lock.
 
-A handler failure rolls the transaction back, frees the lock and becomes a
-retry or a dead letter (`workers.retry`). Outages of Postgres or RabbitMQ
-are not failures: their exceptions leave this module, and the worker waits
-for the service and runs the message again, no attempt used.
+Why the turn, and what the lock and the token are for: docs/design.md,
+"Exclusion". A handler failure rolls the transaction back, frees the lock
+and becomes a retry or a dead letter (`workers.retry`). Outages of Postgres
+or RabbitMQ are not failures: their exceptions leave this module, and the
+worker waits for the service and runs the message again, no attempt used.
 """
 
 import asyncio
 import contextlib
+import time
 from datetime import UTC, datetime
+from typing import assert_never
 
 import asyncpg
 
@@ -42,10 +47,13 @@ log = get_logger(__name__)
 SQL = load_queries("webhook_ingest.workers")
 DEFER_SECONDS = 1.0
 BUSY_RECHECKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.24)  # seconds, ~0.55 in all
+TURN_RECHECKS = (0.02, 0.05, 0.1, 0.2)  # seconds: a turn held in Postgres, before deferring
+EXTEND_RETRY_SECONDS = 0.2
+_RELEASED_BY_DONE_MARKER = (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT)
 
 
 class CompletionRefused(Exception):
-    """Our fencing token is stale, or the key completed meanwhile."""
+    """Our fencing token is not the key's current one, or the key completed meanwhile."""
 
 
 class HandlerFailed(Exception):
@@ -55,6 +63,14 @@ class HandlerFailed(Exception):
 class AlreadyCompleted(Exception):
     def __init__(self, completed_sha256: str):
         self.completed_sha256 = completed_sha256
+
+
+class TurnTaken(Exception):
+    """Another run holds the key's turn in Postgres."""
+
+
+class LockLost(Exception):
+    """The Redis lock could not be kept while the handler ran: do not complete under it."""
 
 
 class Processor:
@@ -73,25 +89,27 @@ class Processor:
         return await self.process_claimed(message, await self._store.claim(message.key))
 
     async def process_claimed(self, message: EventMessage, claim: Claim) -> Outcome:
-        if claim.state is ClaimState.COMPLETED:
-            return await self.completed(message, claim.completed_sha256, redis_knows=True)
-        if claim.state is ClaimState.BUSY:
-            claim = await self._claim_when_free(message.key)
-            if claim.state is not ClaimState.BUSY:
+        match claim.state:
+            case ClaimState.COMPLETED:
+                return await self.completed(message, claim.completed_sha256, redis_knows=True)
+            case ClaimState.BUSY:
+                claim = await self._claim_when_free(message.key)
+                if claim.state is ClaimState.BUSY:  # its holder may be dead: Postgres decides
+                    return await self._run(message, None)
                 return await self.process_claimed(message, claim)
-            await self._failures.delay(message, DEFER_SECONDS)
-            return Outcome.DEFERRED
-        if claim.state is ClaimState.ACQUIRED:
-            return await self.run_locked(message, claim.lock)
-        return await self._run(message, locked=False)
+            case ClaimState.ACQUIRED:
+                return await self.run_locked(message, claim.lock)
+            case ClaimState.UNAVAILABLE:
+                return await self._run(message, None)
+            case _:
+                assert_never(claim.state)
 
     async def _claim_when_free(self, key: str) -> Claim:
         """Claims again a few times while the key is in flight elsewhere.
 
         Copies of one event arrive together; the first is usually done within
         milliseconds, and a re-claim (one SET NX) then finds it completed —
-        much cheaper than a round through the retry queue. A slow handler
-        still sends the copy to the retry queue after about half a second.
+        much cheaper than a round through Postgres or the retry queue.
         """
         for pause in BUSY_RECHECKS:
             await asyncio.sleep(pause)
@@ -101,52 +119,59 @@ class Processor:
         return claim
 
     async def run_locked(self, message: EventMessage, lock: Lock) -> Outcome:
-        async with self.kept_alive(lock):
-            try:
-                outcome = await self._run(message, locked=True)
-            except BaseException:
+        """`_run` under our Redis lock, kept alive meanwhile; the lock ends
+        replaced by a done marker or released, whatever the outcome."""
+        outcome = None
+        try:
+            async with self.kept_alive(lock) as (keeper,):
+                outcome = await self._run(message, keeper)
+        finally:
+            if outcome not in _RELEASED_BY_DONE_MARKER:
                 await _quietly(self._store.release(lock))
-                raise
-        if outcome is Outcome.RETRIED or outcome is Outcome.DEAD:
-            await _quietly(self._store.release(lock))
         return outcome
 
-    async def _run(self, message: EventMessage, locked: bool) -> Outcome:
-        """Steps 2 to 4; `locked` False means degraded mode (no Redis lock).
-
-        One pooled connection for the whole pass; what follows a failure
-        (dead letter, conflict row) runs after it is back in the pool, so a
-        full pool never waits on itself.
-        """
-        source = self._sources[message.source]
+    async def _run(self, message: EventMessage, keeper: "LockKeeper | None") -> Outcome:
+        """Step 2 and 3. One pooled connection for the whole pass; what
+        follows a failure (dead letter, conflict row, deferral) runs after it
+        is back in the pool, so a full pool never waits on itself."""
         try:
             async with self._pool.acquire() as connection:
-                token = await self._register_fence(connection, message.key) if locked else None
                 async with connection.transaction():
-                    if token is None:
-                        token = await self._take_turn(connection, message.key)
+                    await self._take_turn(connection, message.key)
+                    token = await self._register_fence(connection, message.key)
                     await self.call_handler(connection, message)
-                    if await connection.fetchval(SQL["complete_event"], *_completion_row(message, token)) is None:
+                    if keeper is not None:
+                        keeper.check()
+                    if await connection.fetchval(SQL["complete_event"], *completion_row(message, token)) is None:
                         raise CompletionRefused()
         except AlreadyCompleted as done:
             return await self.completed(message, done.completed_sha256)
         except CompletionRefused:
             return await self._refused(message)
-        except HandlerFailed as failed:
-            return await self._failures.fail(message, source, failed.__cause__)
+        except (TurnTaken, LockLost) as busy:
+            return await self.defer(message, reason=type(busy).__name__)
+        except Exception as exc:
+            failed = found_in_chain(exc, HandlerFailed)
+            if failed is None:
+                raise  # an outage (the worker waits for the service) or a bug
+            return await self._failures.fail(message, self._sources[message.source], failed.__cause__)
         await _quietly(self._store.complete(message.key, message.payload_sha256))
         return Outcome.PROCESSED
 
+    async def _take_turn(self, connection, key: str) -> None:
+        """The key's advisory lock; a few short waits while another run holds it."""
+        for pause in (*TURN_RECHECKS, None):
+            if await connection.fetchval(SQL["take_turn"], key):
+                return
+            if pause is None:
+                raise TurnTaken()
+            await asyncio.sleep(pause)
+
     async def _register_fence(self, connection, key: str) -> int:
-        """Outside the transaction, so a takeover is visible to the older holder at once."""
         fence = await connection.fetchrow(SQL["acquire_fence"], key)
         if fence["completed_sha256"] is not None:
             raise AlreadyCompleted(fence["completed_sha256"])
         return fence["token"]
-
-    async def _take_turn(self, connection, key: str) -> int:
-        await connection.execute(SQL["lock_key_for_transaction"], key)
-        return await self._register_fence(connection, key)
 
     async def call_handler(self, connection, message: EventMessage) -> None:
         source = self._sources[message.source]
@@ -163,11 +188,12 @@ class Processor:
         try:
             await self._handlers[message.source](event, context)
         except Exception as exc:
-            if outage_kind(exc, in_handler=True):
-                raise  # ctx.db lost its connection: Postgres is down, not the handler
+            if outage_kind(exc, in_handler=True) and connection.is_closed():
+                raise  # ctx.db lost its connection: Postgres is away, not the handler's fault
             raise HandlerFailed() from exc
 
     async def completed(self, message: EventMessage, completed_sha256: str, redis_knows: bool = False) -> Outcome:
+        """A key found completed: a duplicate, or a conflict (the first payload stays)."""
         outcome = classify_completed(completed_sha256, message.payload_sha256)
         if outcome is Outcome.CONFLICT:
             log.warning("payload_conflict", completed_sha256=completed_sha256, conflicting_sha256=message.payload_sha256)
@@ -176,7 +202,7 @@ class Processor:
                     SQL["record_conflict"], message.key, message.source, message.event_id,
                     completed_sha256, message.payload_sha256,
                 )
-        elif not redis_knows:  # Redis forgot (flushed, expired): teach it again
+        if not redis_knows:  # Redis forgot (flushed, expired), or holds our lock: the marker replaces it
             await _quietly(self._store.complete(message.key, completed_sha256))
         return outcome
 
@@ -185,35 +211,81 @@ class Processor:
             completed_sha256 = await connection.fetchval(SQL["completed_sha256"], message.key)
         if completed_sha256 is not None:
             return await self.completed(message, completed_sha256)
-        # Another worker took the key over after our lock expired; its own
-        # delivery of this event completes it. Ours rolled back, harmlessly.
+        # Not completed, and our token is not the key's: never read that as
+        # "done" — the event comes back and runs again.
         log.warning("completion_refused_stale_token")
-        return Outcome.SUPERSEDED
+        return await self.defer(message, reason="CompletionRefused")
+
+    async def defer(self, message: EventMessage, reason: str) -> Outcome:
+        """Sends the event back to the queue after a short delay; no attempt used."""
+        log.info("event_deferred", reason=reason, retry_in=DEFER_SECONDS)
+        await self._failures.delay(message, DEFER_SECONDS)
+        return Outcome.DEFERRED
 
     @contextlib.asynccontextmanager
     async def kept_alive(self, *locks: Lock):
-        """Extends the locks every third of their TTL while the block runs."""
-        tasks = [asyncio.create_task(self._extend_forever(lock)) for lock in locks]
+        """Extends the locks while the block runs; yields their `LockKeeper`s."""
+        keepers = [LockKeeper(self._store, lock) for lock in locks]
+        tasks = [asyncio.create_task(keeper.keep()) for keeper in keepers]
         try:
-            yield
+            yield keepers
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _extend_forever(self, lock: Lock) -> None:
+
+class LockKeeper:
+    """Keeps one Redis lock extended; knows whether it was kept throughout.
+
+    A failed extension is tried again (a Redis blip must not cost the lock);
+    the lock counts as lost only once its validity ran out without a
+    successful extension — then the handler's work must not complete under
+    it (`check`), and the event runs again later.
+    """
+
+    def __init__(self, store: IdempotencyStore, lock: Lock):
+        self._store = store
+        self.lock = lock
+        self.lost = False
+
+    def check(self) -> None:
+        if self.lost or time.monotonic() > self.lock.valid_until:
+            raise LockLost()
+
+    async def keep(self) -> None:
         interval = self._store.redlock.ttl_ms / 3000
-        while True:
+        while not self.lost:
             await asyncio.sleep(interval)
-            extended = await self._store.extend(lock)
-            if extended is None:
-                log.warning("processing_lock_lost", key=lock.key)
-                metrics.idempotency_store_errors.labels("redis").inc()
+            await self._extend()
+
+    async def _extend(self) -> None:
+        while True:
+            extended = await self._store.extend(self.lock)
+            if extended is not None:
+                self.lock = extended
                 return
-            lock = extended
+            metrics.idempotency_store_errors.labels("redis").inc()
+            if time.monotonic() + EXTEND_RETRY_SECONDS > self.lock.valid_until:
+                self.lost = True
+                log.warning("processing_lock_lost", key=self.lock.key)
+                return
+            await asyncio.sleep(EXTEND_RETRY_SECONDS)
 
 
-def _completion_row(message: EventMessage, token: int) -> tuple:
+def found_in_chain(exc: BaseException | None, kinds) -> BaseException | None:
+    """The first exception of `kinds` in `exc`'s context chain. A handler that
+    left a query running on `ctx.db` (say, `asyncio.gather` on it) makes the
+    rollback fail too; that is still the handler's failure, not a Postgres
+    outage (the pool discards the connection)."""
+    while exc is not None:
+        if isinstance(exc, kinds):
+            return exc
+        exc = exc.__context__
+    return None
+
+
+def completion_row(message: EventMessage, token: int) -> tuple:
     return (message.key, message.source, message.event_id, message.payload_sha256, token, message.attempt)
 
 

@@ -1,7 +1,20 @@
+-- name: take_turn
+-- The key's turn in Postgres: a transaction-scoped advisory lock, without
+-- waiting. Every run takes it, Redis-locked or degraded, and keeps it until
+-- its transaction ends (also when its session dies): the mutual exclusion
+-- that holds whatever Redis forgets (docs/design.md, "Exclusion").
+SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))
+
+-- name: take_turns
+-- take_turn for a batch of distinct keys; the keys whose turn we got.
+SELECT key FROM unnest($1::text[]) AS batch(key)
+WHERE pg_try_advisory_xact_lock(hashtextextended(key, 0))
+
 -- name: acquire_fence
--- A new fencing token for the key (the sequence only grows), registered at
--- once (outside any transaction) so an older holder's completion is refused
--- from now on; also says whether the key is already completed.
+-- A new fencing token for the key (the sequence only grows), and whether
+-- the key is already completed. Run in the turn's transaction, as its own
+-- statement after take_turn: its snapshot is then taken after the previous
+-- holder's commit, so it sees that completion.
 WITH fence AS (
     INSERT INTO key_fences (key, token) VALUES ($1, nextval('fencing_tokens'))
     ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, updated_at = now()
@@ -11,14 +24,10 @@ SELECT fence.token,
        (SELECT payload_sha256 FROM processed_events WHERE key = $1) AS completed_sha256
 FROM fence
 
--- name: lock_key_for_transaction
--- Degraded mode (no Redis): serialise workers on the key inside Postgres.
-SELECT pg_advisory_xact_lock(hashtextextended($1, 0))
-
 -- name: complete_event
 -- The completion, in the handler's transaction: inserted only while our
 -- fencing token is the key's current one and the key is not completed yet.
--- FOR UPDATE makes a concurrent takeover wait for us, or us see its token.
+-- Defence in depth: under the turn no other token can be registered.
 WITH fence AS (SELECT token FROM key_fences WHERE key = $1 FOR UPDATE)
 INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts)
 SELECT $1, $2, $3, $4, $5, $6 FROM fence WHERE fence.token = $5
@@ -33,11 +42,15 @@ INSERT INTO event_conflicts (key, source, event_id, completed_sha256, conflictin
 VALUES ($1, $2, $3, $4, $5)
 
 -- name: insert_inbox
+-- Idempotent on its own: a copy that arrives after `prune` forgot the key is
+-- processed again (docs/design.md, "Retention"), and keeps the first row.
 INSERT INTO inbox (key, source, event_id, payload, received_at)
 VALUES ($1, $2, $3, $4::jsonb, $5)
+ON CONFLICT (key) DO NOTHING
 
 -- name: acquire_fences
--- acquire_fence for a batch of distinct keys, in key order (a fixed lock order).
+-- acquire_fence for a batch of distinct keys whose turns we hold, in key
+-- order (a fixed lock order).
 WITH fence AS (
     INSERT INTO key_fences (key, token)
     SELECT key, nextval('fencing_tokens') FROM unnest($1::text[]) AS batch(key) ORDER BY key

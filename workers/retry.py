@@ -34,6 +34,13 @@ def describe_failure(exc: BaseException, attempt: int) -> dict:
     }
 
 
+def retry_decision(event: EventMessage, source: Source, exc: BaseException) -> float | None:
+    """Seconds before the next attempt, or None: a dead letter now."""
+    if isinstance(exc, PermanentError) or event.attempt >= source.max_attempts:
+        return None
+    return source.retry_delay(event.attempt)
+
+
 class FailurePolicy:
     def __init__(self, channel, pool, namespace: str):
         self._channel = channel  # confirm-mode
@@ -42,16 +49,21 @@ class FailurePolicy:
 
     async def fail(self, event: EventMessage, source: Source, exc: BaseException) -> Outcome:
         error = describe_failure(exc, event.attempt)
-        if isinstance(exc, PermanentError) or event.attempt >= source.max_attempts:
-            async with self._pool.acquire() as connection:
-                dead_letter_id = await record_dead_letter(connection, event, (*event.errors, error))
-            log.error("event_dead_lettered", dead_letter_id=dead_letter_id, error_type=error["type"],
-                      error=error["message"][:200], permanent=isinstance(exc, PermanentError))
+        retry_in = retry_decision(event, source, exc)
+        if retry_in is None:
+            await self.dead_letter(event, error, permanent=isinstance(exc, PermanentError))
             return Outcome.DEAD
-        delay = source.retry_delay(event.attempt)
-        await self.delay(event.next_attempt(error), delay)
-        log.warning("event_retry_scheduled", retry_in=delay, error_type=error["type"], error=error["message"][:200])
+        await self.delay(event.next_attempt(error), retry_in)
+        log.warning("event_retry_scheduled", retry_in=retry_in, error_type=error["type"], error=error["message"][:200])
         return Outcome.RETRIED
+
+    async def dead_letter(self, event: EventMessage, error: dict, permanent: bool = False) -> int:
+        """Records the event with its whole error history; returns only once committed."""
+        async with self._pool.acquire() as connection:
+            dead_letter_id = await record_dead_letter(connection, event, (*event.errors, error))
+        log.error("event_dead_lettered", dead_letter_id=dead_letter_id, error_type=error["type"],
+                  error=error["message"][:200], permanent=permanent)
+        return dead_letter_id
 
     async def delay(self, event: EventMessage, delay_seconds: float) -> None:
         """Publish `event` to come back to the main queue after `delay_seconds`."""

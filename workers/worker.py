@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import signal
 import time
+from dataclasses import replace
+from datetime import UTC, datetime
 
 import aio_pika
 import asyncpg
@@ -35,6 +37,8 @@ log = get_logger(__name__)
 MAX_POOL_SIZE = 20
 GAUGE_REFRESH_SECONDS = 15.0
 PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
+UNKNOWN_SOURCE_RETRY = 5.0  # seconds between looks for a worker that knows the source
+UNKNOWN_SOURCE_PATIENCE = 600.0  # seconds since arrival, then a dead letter
 
 
 class Worker:
@@ -84,8 +88,8 @@ class Worker:
         consume_channel = await self.connection.channel()
         await consume_channel.set_qos(prefetch_count=self.concurrency)
         queue = await self._declare_queues(consume_channel)
-        failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace)
-        self.processor = Processor(self.sources, self.store, self.pool, failures)
+        self.failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace)
+        self.processor = Processor(self.sources, self.store, self.pool, self.failures)
         self.batch_processor = BatchProcessor(self.processor, self.store, self.pool)
         self._gates = {
             "postgres": OutageGate(self._probe_postgres, "postgres"),
@@ -107,7 +111,7 @@ class Worker:
     async def _declare_queues(self, channel):
         namespace = self.settings.namespace
         queue = await topology.declare_events_queue(channel, namespace, self.settings.delivery_limit)
-        delays = {DEFER_SECONDS, *(d for s in self.sources.values() for d in s.retry_delays)}
+        delays = {DEFER_SECONDS, UNKNOWN_SOURCE_RETRY, *(d for s in self.sources.values() for d in s.retry_delays)}
         for delay in sorted(delays):
             await topology.declare_retry_queue(channel, namespace, delay)
         return queue
@@ -172,12 +176,27 @@ class Worker:
             await message.reject(requeue=False)  # a poison message
             return None
         if event.source not in self.sources:
-            # Sources files out of step (a rolling deploy): another worker may
-            # know it; past the delivery limit it is a dead letter.
-            log.error("unknown_source_in_message", source=event.source, key=event.key)
-            await self._requeue(message)
+            self._track(self._unknown_source(message, event))
             return None
         return event
+
+    async def _unknown_source(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
+        """Sources files out of step (a rolling deploy): the event waits in a
+        delay queue for a worker that knows its source — no requeue loop, no
+        delivery spent. Past `UNKNOWN_SOURCE_PATIENCE` it is a dead letter
+        on-call sees (and replays once the sources file is fixed)."""
+        started = time.perf_counter()
+        waited = time.time() - event.received_at
+        if waited < UNKNOWN_SOURCE_PATIENCE:
+            log.warning("unknown_source_waiting", source=event.source, key=event.key, retry_in=UNKNOWN_SOURCE_RETRY)
+            await self._until_done(lambda e: self.failures.delay(e, UNKNOWN_SOURCE_RETRY), event)
+            outcome = Outcome.DEFERRED
+        else:
+            error = unknown_source_error(event, waited)
+            await self._until_done(lambda e: self.failures.dead_letter(e, error), event)
+            outcome = Outcome.DEAD
+        await self._ack(message)
+        _observe(event, outcome, started)
 
     async def _handle(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
         started = time.perf_counter()
@@ -186,11 +205,10 @@ class Worker:
                 outcome = await self._until_done(self.processor.process, event)
             except Exception:  # a bug, not the handler (that is a retry): never pin the message
                 log.exception("processing_crashed")
-                await self._requeue(message)
+                await self._send_back_counted(message, event)
                 self._copies.settle(event, None)
                 return
             await self._ack(message)
-            log.debug("event_done", outcome=outcome.value)
         self._copies.settle(event, outcome)
         _observe(event, outcome, started)
 
@@ -249,13 +267,20 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - the broker redelivers; the copy is a duplicate
             log.warning("ack_failed", error=f"{type(exc).__name__}: {exc}")
 
-    async def _requeue(self, message: AbstractIncomingMessage) -> None:
-        # Counts towards the queue's delivery limit: a message that always
-        # crashes us ends in the dead letters, not in a hot loop.
+    async def _send_back_counted(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
+        """A crash in our own code: the event comes back after a short delay
+        with one more delivery counted, so one that always crashes us ends in
+        the dead letters. Counted by us, not by the queue: RabbitMQ 4.3 and
+        later no longer count a requeue toward the delivery limit."""
+        counted = replace(event, deliveries=event.deliveries + 1)
         try:
-            await message.nack(requeue=True)
-        except Exception as exc:  # noqa: BLE001 - the channel is gone: redelivered anyway
-            log.warning("requeue_failed", error=f"{type(exc).__name__}: {exc}")
+            if counted.deliveries > self.settings.delivery_limit:
+                await message.reject(requeue=False)  # NS.dead: the drainer records it
+                return
+            await self.failures.delay(counted, DEFER_SECONDS)
+            await self._ack(message)
+        except Exception as exc:  # noqa: BLE001 - the broker is away: it redelivers anyway
+            log.warning("send_back_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _probe_postgres(self) -> None:
         async with self.pool.acquire(timeout=2) as connection:
@@ -276,9 +301,19 @@ class Worker:
 
 
 def _observe(event: EventMessage, outcome: Outcome, started: float) -> None:
+    """The settled message's metrics and its one log line (follow a key through the logs)."""
+    elapsed = time.perf_counter() - started
     if outcome.value in _COUNTED_OUTCOMES:
         metrics.events.labels(event.source, outcome.value).inc()
-    metrics.processing_duration.labels(event.source).observe(time.perf_counter() - started)
+    metrics.processing_duration.labels(event.source).observe(elapsed)
+    log.info("event_processed", source=event.source, key=event.key, attempt=event.attempt,
+             outcome=outcome.value, duration_ms=round(elapsed * 1000, 1))
+
+
+def unknown_source_error(event: EventMessage, waited: float) -> dict:
+    return {"attempt": event.attempt, "at": datetime.now(UTC).isoformat(), "type": "UnknownSource",
+            "message": f"no worker knew source {event.source!r} within {waited:.0f} s of its arrival"
+                       " (add it to the workers' sources file, then replay)"}
 
 
 _COUNTED_OUTCOMES = {o.value for o in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)}

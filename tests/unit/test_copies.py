@@ -15,7 +15,6 @@ from webhook_ingest.workers.copies import CopiesInFlight
     (Outcome.PROCESSED, False, False),  # a conflict: the state machine records it
     (Outcome.RETRIED, True, False),
     (Outcome.DEFERRED, True, False),
-    (Outcome.SUPERSEDED, True, False),
     (None, True, False),  # the leader crashed or never ran
 ])
 async def test_a_copy_waits_for_its_leader(outcome, same_payload, duplicate):

@@ -1,0 +1,197 @@
+"""The worker's state machine at its edges, against the real Postgres and
+Redis: a turn held in Postgres, a completion committed while we waited, a
+handler's own InterfaceError, a conflict's lock, a lock that cannot be kept,
+and retention running beside a refreshed fence.
+
+`Processor` runs in the test process; the failure policy only records what
+it was asked to do (the broker side of retries is tested elsewhere).
+"""
+
+import asyncio
+import time
+from datetime import timedelta
+
+import asyncpg
+import pytest
+import redis.asyncio as redis
+
+from tests.conftest import REDIS_URL
+from tests.support.events import make_event
+from webhook_ingest.shared.idempotency import Outcome
+from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.workers import processor as processor_module
+from webhook_ingest.workers.idempotency import IdempotencyStore
+from webhook_ingest.workers.processor import LockKeeper, LockLost, Processor
+from webhook_ingest.workers.redlock import Lock
+
+SHARED_SQL = load_queries("webhook_ingest.shared")
+CALLS: list[str] = []
+
+
+class RecordingFailures:
+    """Stands in for FailurePolicy: what the processor asked for, nothing sent."""
+
+    def __init__(self):
+        self.delayed: list[tuple[str, float]] = []
+        self.failed: list[BaseException] = []
+
+    async def delay(self, event, delay_seconds: float) -> None:
+        self.delayed.append((event.key, delay_seconds))
+
+    async def fail(self, event, source, exc: BaseException) -> Outcome:
+        self.failed.append(exc)
+        return Outcome.RETRIED
+
+
+async def counting_handler(event, ctx):
+    CALLS.append(event.key)
+    await ctx.db.execute("SELECT 1")
+
+
+async def concurrent_queries_on_ctx_db(event, ctx):
+    """A handler bug: two queries at once on one connection (asyncpg's InterfaceError)."""
+    await asyncio.gather(ctx.db.fetchval("SELECT pg_sleep(0.05)"), ctx.db.fetchval("SELECT 1"))
+
+
+@pytest.fixture
+async def pool(database):
+    pool = await asyncpg.create_pool(database, min_size=1, max_size=4)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+def sources(tmp_path):
+    def write(handler: str):
+        path = tmp_path / "sources.toml"
+        path.write_text(f'[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\nhandler = "{handler}"\n')
+        return load_sources(str(path))
+
+    return write
+
+
+@pytest.fixture
+async def store(namespace, redis_cleanup):
+    store = IdempotencyStore((REDIS_URL,), namespace, lock_ttl=30, done_ttl=60)
+    yield store
+    await store.close()
+
+
+def make_processor(sources, store, pool, handler="tests.integration.test_processor_edges:counting_handler"):
+    CALLS.clear()
+    failures = RecordingFailures()
+    return Processor(sources(handler), store, pool, failures), failures
+
+
+async def test_a_turn_held_in_postgres_defers_a_redis_locked_run(sources, store, pool):
+    """Mixed modes: a degraded worker (no Redis) holds the key's turn; one
+    that won the Redis lock must not run the handler beside it."""
+    processor, failures = make_processor(sources, store, pool)
+    event = make_event("acme", "evt_turn")
+    async with pool.acquire() as holder, holder.transaction():
+        await holder.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", event.key)
+        outcome = await processor.process(event)
+    assert outcome is Outcome.DEFERRED
+    assert CALLS == [] and failures.delayed == [(event.key, processor_module.DEFER_SECONDS)]
+    assert (await store.claim(event.key)).state.value == "acquired"  # the Redis lock was given back
+
+
+async def test_a_completion_committed_while_we_waited_for_the_turn_is_seen(sources, store, pool, monkeypatch):
+    """The stale-snapshot bug: the previous holder commits its completion
+    while we wait for the turn; we must see it and not run the handler."""
+    monkeypatch.setattr(processor_module, "TURN_RECHECKS", (0.2, 0.2, 0.2, 0.2))
+    processor, _ = make_processor(sources, store, pool)
+    event = make_event("acme", "evt_stale")
+    async with pool.acquire() as holder:
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", event.key)
+        await holder.execute(
+            "INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts)"
+            " VALUES ($1, 'acme', $2, $3, 0, 1)", event.key, event.event_id, event.payload_sha256)
+        running = asyncio.create_task(processor._run(event, None))
+        await asyncio.sleep(0.1)  # it is waiting for the turn now
+        await transaction.commit()
+        outcome = await running
+    assert outcome is Outcome.DUPLICATE
+    assert CALLS == []
+
+
+async def test_a_handlers_own_interface_error_is_a_failure_not_an_outage(sources, store, pool):
+    processor, failures = make_processor(
+        sources, store, pool, "tests.integration.test_processor_edges:concurrent_queries_on_ctx_db")
+    outcome = await asyncio.wait_for(processor.process(make_event("acme", "evt_gather")), 10)
+    assert outcome is Outcome.RETRIED
+    assert [type(exc).__name__ for exc in failures.failed] == ["InterfaceError"]
+
+
+async def test_a_conflict_leaves_a_done_marker_not_a_lock_and_the_first_payload_wins(sources, store, pool, namespace):
+    processor, _ = make_processor(sources, store, pool)
+    first = make_event("acme", "evt_conflict", {"amount": 1})
+    assert await processor.process(first) is Outcome.PROCESSED
+    client = redis.from_url(REDIS_URL)
+    try:
+        await client.delete(f"{namespace}:key:{first.key}")  # Redis forgot the completion
+        other = make_event("acme", "evt_conflict", {"amount": 2})
+        assert await processor.process(other) is Outcome.CONFLICT
+        marker = await client.get(f"{namespace}:key:{first.key}")
+    finally:
+        await client.aclose()
+    assert marker == f"done:{first.payload_sha256}".encode()  # not a lock held until its TTL
+    assert await processor.process(first) is Outcome.DUPLICATE  # at once, not deferred
+    async with pool.acquire() as connection:
+        completed = await connection.fetchval("SELECT payload_sha256 FROM processed_events WHERE key = $1", first.key)
+        conflicts = await connection.fetchval("SELECT count(*) FROM event_conflicts WHERE key = $1", first.key)
+    assert completed == first.payload_sha256 and conflicts == 1
+    assert CALLS == [first.key]
+
+
+class FlakyRedis:
+    """A store whose extensions fail `failures` times, then succeed (or never)."""
+
+    def __init__(self, failures: int, ttl_seconds: float):
+        self.failures = failures
+        self.redlock = type("R", (), {"ttl_ms": int(ttl_seconds * 1000)})()
+
+    async def extend(self, lock: Lock) -> Lock | None:
+        if self.failures > 0:
+            self.failures -= 1
+            return None
+        return Lock(lock.key, lock.value, time.monotonic() + self.redlock.ttl_ms / 1000)
+
+
+async def test_a_redis_blip_during_a_long_handler_does_not_cost_the_lock():
+    keeper = LockKeeper(FlakyRedis(failures=2, ttl_seconds=1.5), Lock("k", "v", time.monotonic() + 1.5))
+    task = asyncio.create_task(keeper.keep())
+    await asyncio.sleep(2.5)  # past the first validity: only kept by the retried extension
+    task.cancel()
+    keeper.check()  # still ours
+    assert not keeper.lost
+
+
+async def test_a_lock_that_cannot_be_extended_is_lost_and_refuses_completion():
+    keeper = LockKeeper(FlakyRedis(failures=10**6, ttl_seconds=0.6), Lock("k", "v", time.monotonic() + 0.6))
+    task = asyncio.create_task(keeper.keep())
+    await asyncio.sleep(1.0)
+    task.cancel()
+    assert keeper.lost
+    with pytest.raises(LockLost):
+        keeper.check()
+
+
+async def test_prune_keeps_a_fence_refreshed_while_it_waited(pool):
+    """`prune` must never delete a fence row a worker just refreshed."""
+    async with pool.acquire() as connection:
+        await connection.execute(
+            "INSERT INTO key_fences (key, token, updated_at) VALUES ('acme:old', 1, now() - interval '40 days')")
+        cutoff = await connection.fetchval(SHARED_SQL["retention_cutoff"], timedelta(days=30))
+    async with pool.acquire() as worker, pool.acquire() as pruner:
+        transaction = worker.transaction()
+        await transaction.start()
+        await worker.execute("UPDATE key_fences SET token = 2, updated_at = now() WHERE key = 'acme:old'")
+        pruning = asyncio.create_task(pruner.execute(SHARED_SQL["prune_key_fences"], cutoff, 1000))
+        await asyncio.sleep(0.2)  # the DELETE now waits for the worker's row lock
+        await transaction.commit()
+        await pruning
+        assert await worker.fetchval("SELECT token FROM key_fences WHERE key = 'acme:old'") == 2
