@@ -19,6 +19,7 @@ from webhook_ingest.shared.queries import load_queries
 
 QUERIES = load_queries("webhook_ingest.ingress")
 TIMEOUT_SECONDS = 5.0
+READY_TIMEOUT_SECONDS = 1.0  # a readiness probe's own default timeout is 1 s
 DATABASE_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
@@ -47,8 +48,8 @@ class Outbox:
     async def writable(self) -> bool:
         """For /readyz: could an insert commit now?"""
         try:
-            async with self.pool.acquire(timeout=TIMEOUT_SECONDS) as connection:
-                return bool(await connection.fetchval(QUERIES["outbox_writable"], timeout=TIMEOUT_SECONDS))
+            async with asyncio.timeout(READY_TIMEOUT_SECONDS), self.pool.acquire() as connection:
+                return bool(await connection.fetchval(QUERIES["outbox_writable"]))
         except DATABASE_ERRORS:
             return False
 

@@ -78,6 +78,9 @@ class Relay:
         except DATABASE_ERRORS as exc:
             log.warning("outbox_unreachable", error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(DATABASE_RETRY_SECONDS)
+        except Exception:  # noqa: BLE001 - a bug here must not end the relay: the rows would wait forever
+            log.exception("outbox_relay_failed")
+            await asyncio.sleep(DATABASE_RETRY_SECONDS)
         return None
 
     async def _idle(self) -> None:
