@@ -20,6 +20,8 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--events", type=int, default=2000, help="distinct events (each sent 1-4 times)")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic and faults")
     parser.add_argument("--drain-timeout", type=float, default=180.0, help="most seconds to wait for the queues")
+    parser.add_argument("--stall-seconds", type=float, default=30.0,
+                        help="the drain gives up when nothing moved this long")
     parser.add_argument("--concurrency", type=int, default=8, help="each local worker's --concurrency")
     parser.add_argument("--lock-ttl", type=float, default=5.0, help="local workers' WEBHOOK_INGEST_LOCK_TTL")
     parser.add_argument("--work-ms", type=int, default=100, help="default handler work per run, in ms")
@@ -34,6 +36,7 @@ def main(argv: list[str]) -> int:
     arguments = parse_arguments(argv)
     options = Options(seed=arguments.seed if arguments.seed is not None else random.randrange(1_000_000),
                       events=arguments.events, duration=arguments.duration, drain_timeout=arguments.drain_timeout,
+                      stall_seconds=arguments.stall_seconds,
                       concurrency=arguments.concurrency, lock_ttl=arguments.lock_ttl, work_ms=arguments.work_ms,
                       faults=not arguments.no_faults, keep_database=arguments.keep_database)
     if arguments.url:

@@ -145,7 +145,7 @@ def _judge_key(event, key: str, sent: Sent, seen: Observed, prunes, verdict: Ver
     if effects and key not in seen.inbox:
         verdict.violate("effect without inbox row", f"{key}: the inbox insert did not commit with the effect")
     _judge_runs(key, seen, effects[:1], prunes, verdict)
-    _judge_conflict(event, key, sent, seen, bool(effects), verdict)
+    _judge_conflict(event, key, sent, seen, len(effects) == 1, verdict)
 
 
 def _judge_contract_tables(event, key: str, seen: Observed, verdict: Verdict) -> None:
@@ -176,8 +176,10 @@ def _judge_runs(key: str, seen: Observed, first_effect: list[tuple[float, float]
             latest_end, latest_pid = end, pid
 
 
-def _judge_conflict(event, key: str, sent: Sent, seen: Observed, completed: bool, verdict: Verdict) -> None:
-    if sent.accepted_variants.get(event.event_id) == {0, 1} and completed:
+def _judge_conflict(event, key: str, sent: Sent, seen: Observed, completed_once: bool, verdict: Verdict) -> None:
+    """Completed more than once means a prune forgot the key (allowed above):
+    the other payload then ran as a new event, with nothing to conflict with."""
+    if sent.accepted_variants.get(event.event_id) == {0, 1} and completed_once:
         if key in seen.conflicts:
             verdict.outcomes["conflict recorded"] += 1
         else:

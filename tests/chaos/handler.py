@@ -1,5 +1,8 @@
 """The fault run's handler, `tests.chaos.handler:record`.
 
+Options: `runs_database_url` (default: the worker's DATABASE_URL), where
+the intervals go; `work_ms`, the work of an event that does not say.
+
 Each run of the handler is an *interval* in `chaos_runs` (start, end, key,
 pid), written through its own connection outside the completion
 transaction, as an HTTP call would be: two intervals of one key that
@@ -37,7 +40,7 @@ _pools: dict[str, asyncio.Task] = {}
 
 async def record(event, ctx):
     directive = event.payload.get("chaos") or {}
-    intervals = await _pool(ctx.options["runs_database_url"])
+    intervals = await _pool(ctx.options.get("runs_database_url") or os.environ["DATABASE_URL"])
     run_id = await intervals.fetchval(
         "INSERT INTO chaos_runs (key, pid, attempt) VALUES ($1, $2, $3) RETURNING id",
         event.key, os.getpid(), event.attempt)
@@ -64,5 +67,14 @@ async def _pool(database_url: str) -> asyncpg.Pool:
     """One small pool per process for the interval records: the external
     system is not the completion's database connection."""
     if database_url not in _pools:  # a task, so concurrent first calls share one pool
-        _pools[database_url] = asyncio.ensure_future(asyncpg.create_pool(database_url, min_size=1, max_size=8))
+        _pools[database_url] = asyncio.ensure_future(_create_pool(database_url))
     return await asyncio.shield(_pools[database_url])
+
+
+async def _create_pool(database_url: str) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=8)
+    try:
+        await pool.execute(CHAOS_TABLES)  # a staging deployment gets its tables from its first run
+    except (asyncpg.UniqueViolationError, asyncpg.DuplicateObjectError, asyncpg.DuplicateTableError):
+        pass  # another worker created them at the same moment
+    return pool
