@@ -5,30 +5,35 @@
     POST /admin/dead-letters/{id}/replay
     POST /admin/dead-letters/{id}/discard
 
-Only when `WEBHOOK_INGEST_ADMIN_TOKEN` is set (`Authorization: Bearer
-TOKEN`, else 401); unset, the routes do not exist (404). The documents are
-the CLI's (`shared.dead_letters.summary` / `detail`); replay and discard
-answer with the dead letter's summary after the change.
+A sub-application mounted at `/admin/` only when `WEBHOOK_INGEST_ADMIN_TOKEN`
+is set (unset: the routes do not exist, 404). Its middleware does what every
+route needs: the bearer token first (`Authorization: Bearer TOKEN`, else
+401; the viewer token may GET and gets 403 on a POST), then the expected
+failures as JSON answers. The documents are the CLI's
+(`shared.dead_letters.summary` / `detail`); replay and discard answer with
+the dead letter's summary after the change, and are written to the audit log.
+No CSRF token here: a bearer header is never sent by a browser on its own.
 
 The Postgres pool (and the `webhook_dead_letters_open` gauge it keeps fresh)
-exists whether or not the API is enabled: the gauge is part of the ingress's
-metrics. The pool starts empty, so the ingress serves webhooks while
-Postgres is down.
+belongs to the main application, whether or not the API is enabled: the
+gauge is part of the ingress's metrics, and the console uses the pool too.
+The pool starts empty, so the ingress serves webhooks while Postgres is down.
 """
 
 import asyncio
 import contextlib
-import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import publisher_key, settings_key
+from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
 from webhook_ingest.ingress.responses import error
+from webhook_ingest.ingress.tokens import may_change, role_of
 from webhook_ingest.shared import metrics
 from webhook_ingest.shared.dead_letters import (
     STATUSES,
+    Actor,
     DeadLetterNotFound,
     NotReplayable,
     ReplayInterrupted,
@@ -50,33 +55,36 @@ log = get_logger(__name__)
 admin_pool_key = web.AppKey("admin_pool", asyncpg.Pool)
 GAUGE_REFRESH_SECONDS = 15.0
 ACQUIRE_TIMEOUT = 5.0
-POOL_CLOSE_TIMEOUT = 10.0
 _DATABASE_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
-Handler = Callable[[web.Request], Awaitable[web.Response]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+role_key = web.RequestKey("admin_role", str)
 
 
 def setup_admin(app: web.Application, settings: Settings) -> None:
     app.cleanup_ctx.append(admin_ctx)
-    if not settings.admin_token:
-        return
-    app.router.add_get("/admin/dead-letters", _admin_route(list_route))
-    app.router.add_get("/admin/dead-letters/{id}", _admin_route(show_route))
-    app.router.add_post("/admin/dead-letters/{id}/replay", _admin_route(replay_route))
-    app.router.add_post("/admin/dead-letters/{id}/discard", _admin_route(discard_route))
+    if settings.admin_token:
+        app.add_subapp("/admin/", admin_app())
+
+
+def admin_app() -> web.Application:
+    admin = web.Application(middlewares=[bearer_token, expected_failures])
+    admin.router.add_get("/dead-letters", list_route)
+    admin.router.add_get("/dead-letters/{id}", show_route)
+    admin.router.add_post("/dead-letters/{id}/replay", replay_route)
+    admin.router.add_post("/dead-letters/{id}/discard", discard_route)
+    return admin
 
 
 async def admin_ctx(app: web.Application) -> AsyncIterator[None]:
-    pool = await asyncpg.create_pool(app[settings_key].database_url, min_size=0, max_size=4)
+    pool = app[database_pool_key]  # the process's one pool (ingress/database.py owns it)
     app[admin_pool_key] = pool
     gauge = asyncio.create_task(refresh_dead_letters_gauge(pool), name="dead-letters-gauge")
     yield
     gauge.cancel()
     await asyncio.gather(gauge, return_exceptions=True)
-    try:
-        await asyncio.wait_for(pool.close(), POOL_CLOSE_TIMEOUT)
-    except asyncio.TimeoutError:
-        pool.terminate()
 
 
 async def refresh_dead_letters_gauge(pool: asyncpg.Pool, every: float = GAUGE_REFRESH_SECONDS) -> None:
@@ -114,12 +122,13 @@ async def show_route(request: web.Request) -> web.Response:
 
 async def replay_route(request: web.Request) -> web.Response:
     dead_letter_id = _dead_letter_id(request)
-    publisher = request.app[publisher_key]
+    publisher = request.config_dict[publisher_key]
     if not publisher.ready:
         return error(503, "broker_unavailable", {"Retry-After": "5"})
     async with _connection(request) as connection:
         try:
-            await replay(connection, publisher.channel, request.app[settings_key].namespace, ids=[dead_letter_id])
+            await replay(connection, publisher.channel, request.config_dict[settings_key].namespace,
+                         ids=[dead_letter_id], actor=_actor(request))
         except ReplayInterrupted as exc:
             log.warning("dead_letter_replay_failed", dead_letter_id=dead_letter_id, error=str(exc))
             return error(503, "broker_unavailable", {"Retry-After": "5"})
@@ -129,7 +138,7 @@ async def replay_route(request: web.Request) -> web.Response:
 async def discard_route(request: web.Request) -> web.Response:
     dead_letter_id = _dead_letter_id(request)
     async with _connection(request) as connection:
-        await discard(connection, [dead_letter_id])
+        await discard(connection, [dead_letter_id], _actor(request))
         return await _summary_of(connection, dead_letter_id)
 
 
@@ -140,32 +149,36 @@ class _BadId(Exception):
     pass
 
 
-def _admin_route(handler: Handler) -> Handler:
-    """Bearer token first, then the handler; its expected failures as JSON answers."""
-
-    async def route(request: web.Request) -> web.Response:
-        if not authorized(request, request.app[settings_key].admin_token):
-            return error(401, "unauthorized", {"WWW-Authenticate": "Bearer"})
-        try:
-            return await handler(request)
-        except _BadId:
-            return error(400, "invalid_id")
-        except DeadLetterNotFound:
-            return error(404, "not_found")
-        except NotReplayable:
-            return error(409, "not_replayable")
-        except _DATABASE_ERRORS as exc:
-            log.warning("admin_database_unavailable", error=f"{type(exc).__name__}: {exc}")
-            return error(503, "database_unavailable", {"Retry-After": "5"})
-
-    return route
-
-
-def authorized(request: web.Request, token: str) -> bool:
+@web.middleware
+async def bearer_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """401 without a token of ours; 403 for the viewer's POST."""
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(presented.strip().encode(), token.encode())
+    role = role_of(presented.strip(), request.config_dict[settings_key]) if scheme.lower() == "bearer" else None
+    if role is None:
+        return error(401, "unauthorized", {"WWW-Authenticate": "Bearer"})
+    if request.method not in ("GET", "HEAD") and not may_change(role):
+        return error(403, "forbidden")
+    request[role_key] = role
+    return await handler(request)
+
+
+@web.middleware
+async def expected_failures(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except _BadId:
+        return error(400, "invalid_id")
+    except DeadLetterNotFound:
+        return error(404, "not_found")
+    except NotReplayable:
+        return error(409, "not_replayable")
+    except _DATABASE_ERRORS as exc:
+        log.warning("admin_database_unavailable", error=f"{type(exc).__name__}: {exc}")
+        return error(503, "database_unavailable", {"Retry-After": "5"})
+
+
+def _actor(request: web.Request) -> Actor:
+    return Actor(request[role_key], "admin-api")
 
 
 def _dead_letter_id(request: web.Request) -> int:
@@ -177,7 +190,7 @@ def _dead_letter_id(request: web.Request) -> int:
 
 @contextlib.asynccontextmanager
 async def _connection(request: web.Request) -> AsyncIterator[asyncpg.Connection]:
-    async with request.app[admin_pool_key].acquire(timeout=ACQUIRE_TIMEOUT) as connection:
+    async with request.config_dict[admin_pool_key].acquire(timeout=ACQUIRE_TIMEOUT) as connection:
         yield connection
 
 

@@ -1,7 +1,9 @@
 """The dead-letter store (docs/reference.md §8): what workers give up on, for on-call.
 
-Workers record; `webhook-ingest dlq …` and the admin HTTP API list, show,
-replay and discard. The JSON shapes of docs/reference.md §2 are defined here once
+Workers record; `webhook-ingest dlq …`, the admin HTTP API and the on-call
+console list, show, replay and discard. Every replay and discard says who
+did it (an `Actor`) and lands in `audit_log`; a replay also adds to the dead
+letter's own history (`dead_letter_replays`) instead of overwriting it. The JSON shapes of docs/reference.md §2 are defined here once
 (`summary`, `detail`) so the CLI and the API cannot drift apart.
 
 Every function takes an asyncpg connection (or pool). The raw body is kept as
@@ -11,13 +13,16 @@ Postgres can store.
 """
 
 import contextlib
+import getpass
 import json
+import os
 from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 import orjson
 
-from webhook_ingest.shared import topology
+from webhook_ingest.shared import storable_json, topology
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.message import EventMessage, to_amqp
 from webhook_ingest.shared.queries import load_queries
@@ -54,6 +59,14 @@ class NotReplayable(DeadLetterError):
                          " replayed (discard it)")
 
 
+class ChangedMeanwhile(DeadLetterError):
+    """Someone else replayed or discarded it since it was shown: nothing done."""
+
+    def __init__(self, dead_letter_id: int, status: str):
+        self.dead_letter_id, self.status = dead_letter_id, status
+        super().__init__(f"dead letter {dead_letter_id} was {status} meanwhile; nothing was done")
+
+
 class ReplayInterrupted(DeadLetterError):
     """The broker failed during a replay; the ids named were replayed before it did."""
 
@@ -61,6 +74,54 @@ class ReplayInterrupted(DeadLetterError):
         self.replayed = list(replayed)
         done = f"replayed {len(self.replayed)} ({', '.join(map(str, self.replayed))})" if replayed else "replayed none"
         super().__init__(f"broker failed during replay, {done}: {type(cause).__name__}: {cause}")
+
+
+# -- who acts ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who replays or discards, for the audit log: a token's role
+    (`operator`, `viewer`) through the `console` or the `admin-api`, or
+    `cli` with the OS user who ran the command."""
+
+    role: str
+    via: str
+    name: str | None = None
+
+    @classmethod
+    def cli(cls) -> "Actor":
+        return cls("cli", "cli", os_user())
+
+    def __str__(self) -> str:
+        return f"{self.role}:{self.name}" if self.name else f"{self.role} ({self.via})"
+
+
+UNKNOWN_ACTOR = Actor("unknown", "unknown")
+
+
+def os_user() -> str:
+    """The login name; a container without a passwd entry has only a uid."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
+async def record_audit(conn, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None) -> int:
+    return await conn.fetchval(SQL["insert_audit"], actor.role, actor.name, actor.via, action, list(ids),
+                               _jsonb(detail or {}))
+
+
+async def list_audit(conn, dead_letter_id: int | None = None, before: int | None = None, limit: int = 100) -> list[dict]:
+    """Newest first; only entries naming `dead_letter_id` when given."""
+    rows = await conn.fetch(SQL["list_audit"], dead_letter_id, before, limit)
+    return [dict(row) | {"detail": json.loads(row["detail"])} for row in rows]
+
+
+async def replays_of(conn, dead_letter_id: int) -> list[dict]:
+    """Every replay of the dead letter, oldest first: when, who, which bulk action."""
+    return [dict(row) for row in await conn.fetch(SQL["replays_of"], dead_letter_id)]
 
 
 # -- recording -----------------------------------------------------------------
@@ -86,22 +147,34 @@ async def record_dead_letter(conn, event: EventMessage, errors: Sequence[dict]) 
 
 
 def storable_payload(body: bytes) -> str | None:
-    """The body as JSON text jsonb accepts, or None (not UTF-8, not JSON,
-    NaN/Infinity, or a NUL character, which jsonb refuses)."""
+    """The body as JSON text jsonb accepts, or None: the raw body is kept
+    anyway, so a dead letter can always be recorded (`shared.storable_json`
+    says what jsonb refuses)."""
     try:
-        text = body.decode()
-        json.loads(text, parse_constant=_refuse)
-    except (ValueError, RecursionError):
+        storable_json.parse(body)
+    except ValueError:
         return None
-    return None if "\\u0000" in text else text
-
-
-def _refuse(constant: str):
-    raise ValueError(f"{constant} is not JSON")
+    return body.decode()
 
 
 def _jsonb(value) -> str:
-    return orjson.dumps(value, default=str).replace(b"\\u0000", b"\\ufffd").decode()
+    """Headers and errors as jsonb text, whatever strings they hold: a lone
+    surrogate (an undecodable header byte) or NUL becomes U+FFFD."""
+    try:
+        text = orjson.dumps(value, default=str)
+    except TypeError:  # orjson refuses lone surrogates
+        text = orjson.dumps(_clean(value), default=str)
+    return text.replace(b"\\u0000", b"\\ufffd").decode()
+
+
+def _clean(value):
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {_clean(str(key)): _clean(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(item) for item in value]
+    return value
 
 
 # -- reading -------------------------------------------------------------------
@@ -120,6 +193,43 @@ async def get_dead_letter(conn, dead_letter_id: int) -> dict | None:
 
 async def count_open(conn) -> int:
     return await conn.fetchval(SQL["count_open_dead_letters"])
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    """The console's filter; None is "any". `text` is looked for, case
+    insensitively and literally, in the key and the last error's message."""
+
+    source: str | None = None
+    status: str | None = "dead"
+    error_type: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    text: str | None = None
+
+    def as_json(self) -> dict:
+        return {name: iso_utc(value) if isinstance(value, datetime) else value
+                for name, value in asdict(self).items() if value is not None}
+
+
+async def search_dead_letters(conn, where: DeadLetterFilter, before: int | None = None, limit: int = 50) -> list[dict]:
+    """One page, newest first: rows with ids below `before` (None: the newest)."""
+    rows = await conn.fetch(SQL["search_dead_letters"], where.source, where.status, where.error_type, where.since,
+                            where.until, where.text, before, limit)
+    return [_decoded(row) for row in rows]
+
+
+async def matching_open_ids(conn, where: DeadLetterFilter) -> list[int]:
+    """The open dead letters the filter matches (its status aside): the set a bulk action freezes."""
+    rows = await conn.fetch(SQL["matching_open_dead_letter_ids"], where.source, where.error_type, where.since,
+                            where.until, where.text)
+    return [row["id"] for row in rows]
+
+
+async def filter_choices(conn) -> tuple[list[str], list[str]]:
+    """Every source and last error type the table holds."""
+    row = await conn.fetchrow(SQL["dead_letter_choices"])
+    return list(row["sources"]), list(row["error_types"])
 
 
 def parse_id(text: str) -> int | None:
@@ -154,17 +264,62 @@ def _decoded(row) -> dict:
 # -- acting --------------------------------------------------------------------
 
 
-async def mark_replayed(conn, ids: Sequence[int]) -> list[int]:
-    return [row["id"] for row in await conn.fetch(SQL["set_dead_letter_status"], list(ids), "replayed")]
+async def mark_replayed(conn, ids: Sequence[int], actor: Actor = UNKNOWN_ACTOR,
+                        bulk_action_id: int | None = None) -> list[int]:
+    """Status `replayed`, and one more entry in each one's replay history."""
+    async with conn.transaction():
+        marked = [row["id"] for row in await conn.fetch(SQL["set_dead_letter_status"], list(ids), "replayed")]
+        await conn.execute(SQL["insert_replay"], marked, str(actor), bulk_action_id)
+    return marked
 
 
-async def discard(conn, ids: Sequence[int]) -> list[int]:
+async def discard(conn, ids: Sequence[int], actor: Actor = UNKNOWN_ACTOR) -> list[int]:
     """Marks them discarded (kept for audit); all or nothing: an unknown id
     raises DeadLetterNotFound and changes nothing."""
     async with _connection(conn) as connection, connection.transaction():
         discarded = await connection.fetch(SQL["set_dead_letter_status"], list(ids), "discarded")
         _require_all_found(ids, discarded)
+        await record_audit(connection, actor, "discard", [row["id"] for row in discarded])
     return [row["id"] for row in discarded]
+
+
+async def replay_if_open(conn, channel, namespace: str, dead_letter_id: int, actor: Actor,
+                         bulk_action_id: int | None = None) -> None:
+    """Replay one dead letter only while it is still open: the console's
+    button, and each step of a bulk replay. Its row stays locked from the
+    check to the commit, so two people clicking at once replay it once; the
+    second gets ChangedMeanwhile. A single replay is audited here, a bulk
+    one by its caller, once for the whole set."""
+    async with conn.transaction():
+        row = await _lock_open(conn, dead_letter_id)
+        if row["last_error_type"] == UNREADABLE:
+            raise NotReplayable([dead_letter_id])
+        try:
+            await topology.publish(channel, to_amqp(rebuilt_event(row)), topology.events_queue(namespace),
+                                   timeout=REPLAY_PUBLISH_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - any broker failure: nothing was replayed
+            raise ReplayInterrupted([], exc) from exc
+        await mark_replayed(conn, [dead_letter_id], actor, bulk_action_id)
+        if bulk_action_id is None:
+            await record_audit(conn, actor, "replay", [dead_letter_id])
+
+
+async def discard_if_open(conn, dead_letter_id: int, actor: Actor, bulk_action_id: int | None = None) -> None:
+    """Discard one dead letter only while it is still open (see replay_if_open)."""
+    async with conn.transaction():
+        await _lock_open(conn, dead_letter_id)
+        await conn.execute(SQL["set_dead_letter_status"], [dead_letter_id], "discarded")
+        if bulk_action_id is None:
+            await record_audit(conn, actor, "discard", [dead_letter_id])
+
+
+async def _lock_open(conn, dead_letter_id: int):
+    row = await conn.fetchrow(SQL["lock_dead_letter"], dead_letter_id)
+    if row is None:
+        raise DeadLetterNotFound([dead_letter_id])
+    if row["status"] != "dead":
+        raise ChangedMeanwhile(dead_letter_id, row["status"])
+    return row
 
 
 @contextlib.asynccontextmanager
@@ -177,7 +332,7 @@ async def _connection(conn_or_pool) -> AsyncIterator:
 
 
 async def replay(conn, channel, namespace: str, ids: Sequence[int] | None = None, all_: bool = False,
-                 source: str | None = None) -> list[int]:
+                 source: str | None = None, actor: Actor = UNKNOWN_ACTOR) -> list[int]:
     """Publish dead letters back to the events queue with a fresh attempt
     budget: the given `ids`, or with `all_` every open one (of `source`).
     Unknown ids raise DeadLetterNotFound before anything is published.
@@ -192,13 +347,17 @@ async def replay(conn, channel, namespace: str, ids: Sequence[int] | None = None
     _require_all_found(ids or (), rows)
     rows = _replayable(rows, refuse=not all_)
     replayed: list[int] = []
-    for row in rows:
-        try:
-            await topology.publish(channel, to_amqp(rebuilt_event(row)), topology.events_queue(namespace),
-                                   timeout=REPLAY_PUBLISH_TIMEOUT)
-        except Exception as exc:  # noqa: BLE001 - any broker failure: report what was done
-            raise ReplayInterrupted(replayed, exc) from exc
-        replayed += await mark_replayed(conn, [row["id"]])
+    try:
+        for row in rows:
+            try:
+                await topology.publish(channel, to_amqp(rebuilt_event(row)), topology.events_queue(namespace),
+                                       timeout=REPLAY_PUBLISH_TIMEOUT)
+            except Exception as exc:  # noqa: BLE001 - any broker failure: report what was done
+                raise ReplayInterrupted(replayed, exc) from exc
+            replayed += await mark_replayed(conn, [row["id"]], actor)
+    finally:
+        if replayed:  # also what a replay that stopped half way did
+            await record_audit(conn, actor, "replay", replayed)
     return replayed
 
 

@@ -18,7 +18,9 @@ ENVIRONMENT_VARIABLES = (
     ("DATABASE_URL", "Postgres URL; `migrate` creates the database if missing"),
     ("WEBHOOK_INGEST_NAMESPACE", "prefix of every queue and Redis key"),
     ("WEBHOOK_INGEST_SOURCES", "path of the sources TOML file (unset: built-in demo source)"),
-    ("WEBHOOK_INGEST_ADMIN_TOKEN", "bearer token of the admin HTTP API (unset: API disabled)"),
+    ("WEBHOOK_INGEST_ADMIN_TOKEN", "operator token of the admin HTTP API and the console (unset: both disabled)"),
+    ("WEBHOOK_INGEST_VIEWER_TOKEN", "read-only token of the admin HTTP API and the console (unset: none)"),
+    ("WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", "how long a console sign-in lasts"),
     ("WEBHOOK_INGEST_DELIVERY_LIMIT", "deliveries before a message that kills its worker is dead-lettered"),
     ("WEBHOOK_INGEST_LOCK_TTL", "processing lock TTL in seconds (extended while a handler runs)"),
     ("WEBHOOK_INGEST_DONE_TTL", "seconds Redis remembers a completed key (Postgres remembers until pruned)"),
@@ -39,6 +41,8 @@ class Settings(BaseSettings):
     namespace: str = Field("webhooks", alias="WEBHOOK_INGEST_NAMESPACE", pattern=r"^[A-Za-z0-9_\-]+$")
     sources_path: str | None = Field(None, alias="WEBHOOK_INGEST_SOURCES")
     admin_token: str | None = Field(None, alias="WEBHOOK_INGEST_ADMIN_TOKEN")
+    viewer_token: str | None = Field(None, alias="WEBHOOK_INGEST_VIEWER_TOKEN")
+    console_session_seconds: int = Field(28800, alias="WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", ge=1)
     delivery_limit: int = Field(20, alias="WEBHOOK_INGEST_DELIVERY_LIMIT", ge=1)
     lock_ttl: float = Field(30.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
     done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)
@@ -48,7 +52,7 @@ class Settings(BaseSettings):
     body_timeout: float = Field(60.0, alias="WEBHOOK_INGEST_BODY_TIMEOUT", gt=0)
     max_concurrent_requests: int = Field(256, alias="WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", ge=1)
 
-    @field_validator("sources_path", "admin_token", "log_format", mode="before")
+    @field_validator("sources_path", "admin_token", "viewer_token", "log_format", mode="before")
     @classmethod
     def _empty_is_unset(cls, value):
         # Compose and Kubernetes often set a variable to "" to mean "not set".
@@ -77,6 +81,8 @@ class Settings(BaseSettings):
             "namespace": self.namespace,
             "sources_path": self.sources_path or "(built-in demo)",
             "admin_api": "enabled" if self.admin_token else "disabled",
+            "console": "enabled" if self.admin_token else "disabled",
+            "viewer_token": "set" if self.viewer_token else "unset",
             "delivery_limit": self.delivery_limit,
             "lock_ttl": self.lock_ttl,
             "trusted_proxies": [str(network) for network in self.trusted_proxies],

@@ -190,6 +190,7 @@ def run(host: str, port: int, ingress_processes: str, worker_count: int, concurr
     click.echo(f"ingress on http://{host}:{port}  ({ingress_count} ingress processes, {worker_count} workers × "
                f"{concurrency} in flight; Ctrl-C stops all)")
     click.echo(f"try it:  webhook-ingest send-test {next(iter(sources))}")
+    click.echo(console_line(settings, host, port))
     _supervise({**layout.ingress_commands(host, port, ingress_count),
                 **layout.worker_commands(worker_count, concurrency, worker_metrics_port)})
 
@@ -199,6 +200,13 @@ def _supervise(commands: dict[str, list[str]]) -> None:
 
     install_uvloop()
     asyncio.run(Supervisor(commands).run())
+
+
+def console_line(settings: Settings, host: str, port: int) -> str:
+    """Where on-call reviews dead letters, or how to turn the console on."""
+    if settings.admin_token:
+        return f"console: http://{host}:{port}/console/  (sign in with WEBHOOK_INGEST_ADMIN_TOKEN)"
+    return "console: off (set WEBHOOK_INGEST_ADMIN_TOKEN to a long random token to turn it on)"
 
 
 main.add_command(dlq)

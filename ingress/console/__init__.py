@@ -1,0 +1,57 @@
+"""The on-call console (docs/reference.md §8.1): dead letters in a browser.
+
+A sub-application of the ingress under `/console/`, mounted only when
+`WEBHOOK_INGEST_ADMIN_TOKEN` is set (unset: 404, as the admin API). Pages
+are rendered on the server (aiohttp-jinja2, autoescaping on) and work
+without JavaScript; htmx, vendored in `static/` and pinned by version and
+checksum (`vendor.py`), only refreshes figures and progress in place.
+Nothing is loaded from another host. Sessions and CSRF: `security.py`.
+It shares the ingress's Postgres pool and its broker connection (a replay
+publishes on the ingress's confirm-mode channel).
+"""
+
+from pathlib import Path
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+from aiohttp_session import session_middleware
+
+from webhook_ingest.ingress.console import middlewares
+from webhook_ingest.ingress.console.bulk import BulkRunner
+from webhook_ingest.ingress.console.security import cookie_storage
+from webhook_ingest.ingress.console.vendor import HTMX_FILE
+from webhook_ingest.ingress.console.views import add_routes, bulk_runner_key
+from webhook_ingest.shared.dead_letters import iso_utc
+from webhook_ingest.shared.settings import Settings
+
+HERE = Path(__file__).parent
+
+
+def setup_console(app: web.Application, settings: Settings) -> None:
+    if not settings.admin_token:
+        return
+    app.add_subapp("/console/", console_app(settings))
+    app.router.add_get("/console", _to_console)
+
+
+def console_app(settings: Settings) -> web.Application:
+    console = web.Application(middlewares=[
+        session_middleware(cookie_storage(settings)),
+        middlewares.security_headers,
+        middlewares.expected_failures,
+        middlewares.signed_in,
+        middlewares.csrf_protected,
+    ])
+    environment = aiohttp_jinja2.setup(console, loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+    environment.globals["htmx_file"] = HTMX_FILE
+    environment.filters["when"] = lambda moment: iso_utc(moment).replace("+00:00", "Z") if moment else "—"
+    add_routes(console)
+    console.router.add_static("/static/", HERE / "static", append_version=True)
+    console[bulk_runner_key] = BulkRunner()
+    console.on_shutdown.append(console[bulk_runner_key].stop)
+    return console
+
+
+async def _to_console(request: web.Request) -> web.Response:
+    raise web.HTTPPermanentRedirect("/console/")

@@ -1,0 +1,99 @@
+"""What every console request goes through, in this order: the session,
+the security headers, sign-in, CSRF and role checks, then the page; the
+failures a page can expect become a page with a clear message, never a 500.
+"""
+
+import asyncio
+
+import asyncpg
+from aiohttp import web
+from aiohttp_session import get_session
+
+from webhook_ingest.ingress.appkeys import settings_key
+from webhook_ingest.ingress.console.rendering import message_page
+from webhook_ingest.ingress.console.security import (
+    Handler,
+    csrf_matches,
+    presented_csrf,
+    role_key,
+    same_origin,
+    session_role,
+)
+from webhook_ingest.ingress.tokens import may_change
+from webhook_ingest.shared.logging import get_logger
+
+log = get_logger(__name__)
+
+PUBLIC_PREFIXES = ("/console/login", "/console/static/")
+ANYONE_MAY_POST = ("/console/login", "/console/logout")
+_DATABASE_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+# Nothing from another host, no inline script; the page works without script at all.
+CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                           "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+
+
+@web.middleware
+async def security_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        _protect(exc)
+        raise
+    return _protect(response)
+
+
+def _protect(response: web.StreamResponse) -> web.StreamResponse:
+    response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "same-origin")
+    response.headers.setdefault("Cache-Control", "no-store")
+    return response
+
+
+@web.middleware
+async def signed_in(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Pages need a session; without one, GET goes to the sign-in page."""
+    if request.path.startswith(PUBLIC_PREFIXES):
+        return await handler(request)
+    session = await get_session(request)
+    role = session_role(session, request.config_dict[settings_key])
+    if role is None:
+        expired = "role" in session
+        session.invalidate()
+        if request.method in ("GET", "HEAD"):
+            raise web.HTTPSeeOther("/console/login" + ("?expired=1" if expired else ""))
+        return await message_page(request, 403, "Sign in first", "Your session has ended. Sign in again.")
+    request[role_key] = role
+    return await handler(request)
+
+
+@web.middleware
+async def csrf_protected(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every POST: same origin, the session's CSRF token, and (but for
+    sign-in and sign-out) the operator's role."""
+    if request.method in ("GET", "HEAD", "OPTIONS"):
+        return await handler(request)
+    if not same_origin(request.headers, request.host):
+        return await message_page(request, 403, "Refused", "This request came from another site.")
+    session = await get_session(request)
+    if not csrf_matches(await presented_csrf(request), session.get("csrf")):
+        return await message_page(request, 403, "Refused",
+                            "The form was missing its security token or it was out of date. Reload the page and try again.")
+    if not request.path.startswith(ANYONE_MAY_POST) and not may_change(request.get(role_key)):
+        return await message_page(request, 403, "Read only", "The viewer token may look at everything but change nothing.")
+    return await handler(request)
+
+
+@web.middleware
+async def expected_failures(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return await message_page(request, 404, "Not found", "There is no such page.")
+    except _DATABASE_ERRORS as exc:
+        log.warning("console_database_unavailable", error=f"{type(exc).__name__}: {exc}")
+        return await message_page(request, 503, "PostgreSQL is unreachable",
+                            "The console reads everything from PostgreSQL. Try again in a moment.",
+                            headers={"Retry-After": "5"})
+

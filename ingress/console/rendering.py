@@ -1,0 +1,36 @@
+"""Rendering a console page: every template gets the signed-in role, the
+session's CSRF token (for its forms) and the messages left for it by the
+request before (post/redirect/get)."""
+
+import aiohttp_jinja2
+from aiohttp import web
+from aiohttp_session import get_session
+
+from webhook_ingest.ingress.console.security import csrf_token, role_key
+from webhook_ingest.ingress.tokens import may_change
+
+
+async def render(request: web.Request, template: str, context: dict, status: int = 200,
+                 headers: dict[str, str] | None = None) -> web.Response:
+    role = request.get(role_key)
+    base = {"role": role, "may_change": may_change(role), "csrf_token": await csrf_token(request),
+            "messages": await take_messages(request), "path": request.path}
+    response = aiohttp_jinja2.render_template(template, request, base | context, status=status)
+    response.headers.update(headers or {})
+    return response
+
+
+async def message_page(request: web.Request, status: int, title: str, text: str,
+                       headers: dict[str, str] | None = None) -> web.Response:
+    return await render(request, "message.html", {"title": title, "text": text}, status, headers)
+
+
+async def leave_message(request: web.Request, kind: str, text: str) -> None:
+    """Shown once, on the next page this session renders (`kind`: ok or error)."""
+    session = await get_session(request)
+    session["messages"] = [*session.get("messages", []), [kind, text]]
+
+
+async def take_messages(request: web.Request) -> list[list[str]]:
+    session = await get_session(request)
+    return session.pop("messages", []) if "messages" in session else []

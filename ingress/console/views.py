@@ -1,0 +1,276 @@
+"""The console's pages (docs/reference.md §8.1). Every GET renders a whole page that
+works without JavaScript; every POST redirects (post/redirect/get) with a
+message for the next page. Bad input — an unknown id, a garbled filter, a
+dead letter someone else handled meanwhile — is a message, never a 500."""
+
+import json
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+
+from webhook_ingest.ingress.admin import admin_pool_key
+from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.console.bulk import DEFAULT_RATE, MAX_RATE, BulkRunner
+from webhook_ingest.ingress.console.filters import form_values, parse_before, parse_filter, query_string
+from webhook_ingest.ingress.console.overview import overview
+from webhook_ingest.ingress.console.rendering import leave_message, message_page, render
+from webhook_ingest.ingress.console.security import role_key, session_role, sign_in, sign_out
+from webhook_ingest.ingress.tokens import role_of
+from webhook_ingest.shared import bulk_actions
+from webhook_ingest.shared.dead_letters import (
+    STATUSES,
+    Actor,
+    ChangedMeanwhile,
+    DeadLetterNotFound,
+    NotReplayable,
+    ReplayInterrupted,
+    describe_error,
+    detail,
+    discard_if_open,
+    filter_choices,
+    get_dead_letter,
+    list_audit,
+    matching_open_ids,
+    parse_id,
+    replay_if_open,
+    replays_of,
+    search_dead_letters,
+)
+from aiohttp_session import get_session
+
+PAGE_SIZE = 50
+ACQUIRE_TIMEOUT = 5.0
+bulk_runner_key = web.AppKey("bulk_runner", BulkRunner)
+
+
+def add_routes(console: web.Application) -> None:
+    console.router.add_get("/login", login_page)
+    console.router.add_post("/login", login)
+    console.router.add_post("/logout", logout)
+    console.router.add_get("/", overview_page)
+    console.router.add_get("/dead-letters", dead_letters_page)
+    console.router.add_get("/dead-letters/{id}", dead_letter_page)
+    console.router.add_post("/dead-letters/{id}/replay", replay_one)
+    console.router.add_post("/dead-letters/{id}/discard", discard_one)
+    console.router.add_post("/bulk", prepare_bulk)
+    console.router.add_get("/bulk/{id}", bulk_page)
+    console.router.add_post("/bulk/{id}/start", start_bulk)
+    console.router.add_post("/bulk/{id}/cancel", cancel_bulk)
+    console.router.add_get("/audit", audit_page)
+
+
+@asynccontextmanager
+async def connection(request: web.Request):
+    async with request.config_dict[admin_pool_key].acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+        yield conn
+
+
+def actor(request: web.Request) -> Actor:
+    return Actor(request[role_key], "console")
+
+
+# -- signing in ------------------------------------------------------------------
+
+
+async def login_page(request: web.Request) -> web.Response:
+    settings = request.config_dict[settings_key]
+    if session_role(await get_session(request), settings):
+        raise web.HTTPSeeOther("/console/")
+    notice = "Your session expired. Sign in again." if request.query.get("expired") else None
+    return await render(request, "login.html", {"error": None, "notice": notice})
+
+
+async def login(request: web.Request) -> web.Response:
+    form = await request.post()
+    token = form.get("token")
+    role = role_of(token, request.config_dict[settings_key]) if isinstance(token, str) and token else None
+    if role is None:
+        return await render(request, "login.html", {"error": "That token is not valid.", "notice": None}, status=401)
+    await sign_in(request, role, token)
+    raise web.HTTPSeeOther("/console/")
+
+
+async def logout(request: web.Request) -> web.Response:
+    await sign_out(request)
+    raise web.HTTPSeeOther("/console/login")
+
+
+# -- reading ---------------------------------------------------------------------
+
+
+async def overview_page(request: web.Request) -> web.Response:
+    settings = request.config_dict[settings_key]
+    figures = await overview(request.config_dict[admin_pool_key], settings.amqp_url, settings.namespace,
+                             request.config_dict[sources_key])
+    template = "overview_figures.html" if request.headers.get("HX-Request") else "overview.html"
+    return await render(request, template, {"overview": figures})
+
+
+async def dead_letters_page(request: web.Request) -> web.Response:
+    where, problems = parse_filter(request.query)
+    before, cursor_problems = parse_before(request.query)
+    rows = []
+    async with connection(request) as conn:
+        sources, error_types = await filter_choices(conn)
+        if not problems:
+            rows = await search_dead_letters(conn, where, before, PAGE_SIZE + 1)
+    values = form_values(request.query)
+    older = query_string(values, before=str(rows[PAGE_SIZE - 1]["id"])) if len(rows) > PAGE_SIZE else None
+    context = {"rows": [_row_view(row) for row in rows[:PAGE_SIZE]], "problems": problems + cursor_problems,
+               "values": values, "sources": sources, "error_types": error_types, "statuses": [*STATUSES, "all"],
+               "older": older, "newest": query_string(values) if before else None, "bulk_allowed": not problems}
+    return await render(request, "dead_letters.html", context, status=400 if problems else 200)
+
+
+def _row_view(row: dict) -> dict:
+    return row | {"last_error_text": describe_error(row["last_error"]) or "—"}
+
+
+async def dead_letter_page(request: web.Request) -> web.Response:
+    dead_letter_id = parse_id(request.match_info["id"])
+    if dead_letter_id is None:
+        return await message_page(request, 400, "Not a dead-letter id",
+                                  "Dead-letter ids are positive whole numbers, as in the list.")
+    async with connection(request) as conn:
+        row = await get_dead_letter(conn, dead_letter_id)
+        if row is None:
+            return await message_page(request, 404, "No such dead letter",
+                                      f"There is no dead letter with id {dead_letter_id}.")
+        history = await replays_of(conn, dead_letter_id)
+        audit = await list_audit(conn, dead_letter_id=dead_letter_id, limit=50)
+    document = detail(row)
+    return await render(request, "dead_letter.html", {
+        "letter": document, "payload_text": _pretty(document), "headers": sorted(document["headers"].items()),
+        "errors": row["errors"], "replays": history, "audit": audit})
+
+
+def _pretty(document: dict) -> str:
+    if document["payload"] is None:
+        return document.get("body", "")
+    return json.dumps(document["payload"], indent=2, ensure_ascii=False, sort_keys=False)
+
+
+async def audit_page(request: web.Request) -> web.Response:
+    before, problems = parse_before(request.query)
+    async with connection(request) as conn:
+        entries = await list_audit(conn, before=before, limit=PAGE_SIZE + 1)
+    older = str(entries[PAGE_SIZE - 1]["id"]) if len(entries) > PAGE_SIZE else None
+    return await render(request, "audit.html", {"entries": entries[:PAGE_SIZE], "older": older,
+                                                "problems": problems})
+
+
+# -- acting on one ---------------------------------------------------------------
+
+
+async def replay_one(request: web.Request) -> web.Response:
+    dead_letter_id = _id_or_404(request)
+    publisher = request.config_dict[publisher_key]
+    if not publisher.ready:
+        return await _back_to(request, dead_letter_id, "error", "RabbitMQ is unreachable: nothing was replayed. "
+                              "Try again once it is back.")
+    namespace = request.config_dict[settings_key].namespace
+    try:
+        async with connection(request) as conn:
+            await replay_if_open(conn, publisher.channel, namespace, dead_letter_id, actor(request))
+    except ReplayInterrupted:
+        return await _back_to(request, dead_letter_id, "error", "RabbitMQ did not confirm: nothing was replayed.")
+    except (ChangedMeanwhile, NotReplayable, DeadLetterNotFound) as exc:
+        return await _back_to(request, dead_letter_id, "error", _sentence(exc))
+    return await _back_to(request, dead_letter_id, "ok", f"Dead letter {dead_letter_id} replayed.")
+
+
+async def discard_one(request: web.Request) -> web.Response:
+    dead_letter_id = _id_or_404(request)
+    try:
+        async with connection(request) as conn:
+            await discard_if_open(conn, dead_letter_id, actor(request))
+    except (ChangedMeanwhile, DeadLetterNotFound) as exc:
+        return await _back_to(request, dead_letter_id, "error", _sentence(exc))
+    return await _back_to(request, dead_letter_id, "ok", f"Dead letter {dead_letter_id} discarded.")
+
+
+def _id_or_404(request: web.Request) -> int:
+    dead_letter_id = parse_id(request.match_info["id"])
+    if dead_letter_id is None:
+        raise web.HTTPNotFound()
+    return dead_letter_id
+
+
+def _sentence(exc: Exception) -> str:
+    text = str(exc)
+    return text[:1].upper() + text[1:] + "."
+
+
+async def _back_to(request: web.Request, dead_letter_id: int, kind: str, text: str) -> web.Response:
+    await leave_message(request, kind, text)
+    raise web.HTTPSeeOther(f"/console/dead-letters/{dead_letter_id}")
+
+
+# -- acting on all that match ------------------------------------------------------
+
+
+async def prepare_bulk(request: web.Request) -> web.Response:
+    """Freeze the open dead letters the filter matches now; ask to confirm."""
+    form = await request.post()
+    action = form.get("action")
+    where, problems = parse_filter({k: v for k, v in form.items() if isinstance(v, str)})
+    if action not in bulk_actions.ACTIONS or problems:
+        return await message_page(request, 400, "Nothing was done", " ".join(problems) or "Unknown action.")
+    async with connection(request) as conn:
+        ids = await matching_open_ids(conn, where)
+        if not ids:
+            await leave_message(request, "error", "No open dead letters match this filter: nothing to do.")
+            raise web.HTTPSeeOther("/console/dead-letters?" + query_string(form_values(form)))
+        bulk_action_id = await bulk_actions.prepare(conn, action, ids, where, actor(request))
+    raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")
+
+
+async def bulk_page(request: web.Request) -> web.Response:
+    bulk_action_id = _id_or_404(request)
+    async with connection(request) as conn:
+        action = await bulk_actions.get(conn, bulk_action_id)
+    if action is None:
+        return await message_page(request, 404, "No such bulk action", f"There is no bulk action {bulk_action_id}.")
+    template = "bulk_progress.html" if request.headers.get("HX-Request") else "bulk.html"
+    return await render(request, template, {"action": action, "default_rate": DEFAULT_RATE, "max_rate": MAX_RATE,
+                                            "filter_text": _describe_filter(action.filter)})
+
+
+def _describe_filter(saved: dict) -> str:
+    names = {"source": "source", "error_type": "error type", "since": "from", "until": "until", "text": "text"}
+    parts = [f"{label} {saved[name]!r}" for name, label in names.items() if saved.get(name)]
+    return ", ".join(parts) or "no filter: every open dead letter"
+
+
+async def start_bulk(request: web.Request) -> web.Response:
+    bulk_action_id = _id_or_404(request)
+    rate = _rate((await request.post()).get("rate"))
+    if rate is None:
+        await leave_message(request, "error", f"The rate must be a number above 0 and at most {MAX_RATE:g} per second.")
+        raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")
+    async with connection(request) as conn:
+        action = await bulk_actions.claim(conn, bulk_action_id, rate)
+    if action is None:
+        await leave_message(request, "error", "This bulk action is not waiting to start: nothing was changed.")
+    else:
+        request.config_dict[bulk_runner_key].start(action, actor(request), request.config_dict[admin_pool_key],
+                                                   request.config_dict[publisher_key],
+                                                   request.config_dict[settings_key].namespace)
+    raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")
+
+
+def _rate(raw) -> float | None:
+    try:
+        rate = float(raw)
+    except (TypeError, ValueError):
+        return None
+    return rate if 0 < rate <= MAX_RATE else None
+
+
+async def cancel_bulk(request: web.Request) -> web.Response:
+    bulk_action_id = _id_or_404(request)
+    async with connection(request) as conn:
+        cancelled = await bulk_actions.cancel(conn, bulk_action_id)
+    await leave_message(request, "ok" if cancelled else "error",
+                        "Cancelled: what was done stays done." if cancelled else "This bulk action had already ended.")
+    raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")
