@@ -26,6 +26,7 @@ from webhook_ingest.shared.settings import mask_url
 log = get_logger(__name__)
 
 PUBLISH_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 10.0
 PROBE_FIRST_DELAY, PROBE_MAX_DELAY = 0.2, 5.0
 _BROKER_ERRORS = (
     aio_pika.exceptions.AMQPError,
@@ -114,9 +115,9 @@ class Publisher:
             await asyncio.wait_for(
                 topology.declare_events_queue(self._channel, self._namespace, self._delivery_limit), PUBLISH_TIMEOUT
             )
-            await self._channel.default_exchange.publish(
+            await asyncio.wait_for(self._channel.default_exchange.publish(  # bounded also while reconnecting
                 aio_pika.Message(b""), routing_key=f"{self._namespace}.probe", mandatory=False, timeout=PUBLISH_TIMEOUT
-            )
+            ), PUBLISH_TIMEOUT)
         except _BROKER_ERRORS as exc:
             log.info("broker_probe_failed", error=f"{type(exc).__name__}: {exc}")
             return False
@@ -126,7 +127,7 @@ class Publisher:
         delay = 0.2
         while True:
             try:
-                await self._connect()
+                await asyncio.wait_for(self._connect(), CONNECT_TIMEOUT)  # a hung broker: try again
                 return
             except _BROKER_ERRORS + (OSError,) as exc:
                 log.warning("broker_unreachable", url=mask_url(self._amqp_url), error=str(exc), retry_in=delay)

@@ -12,9 +12,12 @@ overflow) means a message moving between them is never dropped.
 - `NS.dead`: poison messages, drained into the `dead_letters` table.
 """
 
+import asyncio
+
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractQueue
 
+PUBLISH_TIMEOUT = 5.0  # seconds; a publish with no limit could hold a request or a message for ever
 _QUORUM = {"x-queue-type": "quorum"}
 _SAFE_DEAD_LETTERING = {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
 
@@ -70,8 +73,12 @@ async def declare_retry_queue(channel: AbstractChannel, namespace: str, delay_se
 
 
 async def publish(
-    channel: AbstractChannel, message: aio_pika.Message, queue_name: str, timeout: float | None = None
+    channel: AbstractChannel, message: aio_pika.Message, queue_name: str, timeout: float = PUBLISH_TIMEOUT
 ) -> None:
     """Publish through the default exchange; with a confirm-mode channel this
-    returns only once the broker has the message (raises otherwise)."""
-    await channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True, timeout=timeout)
+    returns only once the broker has the message, and raises otherwise —
+    asyncio.TimeoutError after `timeout` seconds in all. The limit covers the
+    whole call: aio-pika's own `timeout` starts only once a robust channel
+    has its connection back, and it waits for that without a limit."""
+    async with asyncio.timeout(timeout):
+        await channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True, timeout=timeout)

@@ -1,0 +1,43 @@
+"""Every broker wait has a limit: a publish through a broker that hangs (an
+alarm, a stalled network) ends with an error instead of waiting for ever
+(the ingress then answers from the outbox or 503; a worker lets the broker
+redeliver)."""
+
+import asyncio
+
+import aio_pika
+import pytest
+
+from webhook_ingest.shared import topology
+from tests.support.tcpproxy import TcpProxy
+
+GUARD_SECONDS = 60  # only so that a regression fails instead of hanging the suite
+
+
+async def publish_outcome(channel, namespace: str) -> BaseException | None:
+    """What a publish with the default limit (as the workers' retry publish makes it) ended with."""
+    message = aio_pika.Message(b"{}")
+    task = asyncio.create_task(topology.publish(channel, message, topology.events_queue(namespace)))
+    done, _ = await asyncio.wait({task}, timeout=GUARD_SECONDS)
+    if task not in done:
+        task.cancel()
+        pytest.fail("the publish was still waiting")
+    return task.exception()
+
+
+@pytest.fixture
+async def proxied_channel(settings):
+    with TcpProxy("127.0.0.1", 5672) as proxy:
+        connection = await aio_pika.connect_robust(proxy.url_for(settings.amqp_url))
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await topology.declare_events_queue(channel, settings.namespace, settings.delivery_limit)
+        yield proxy, channel
+        proxy.flow()
+        proxy.restore()
+        await connection.close()
+
+
+async def test_a_publish_to_a_hung_broker_ends_within_its_limit(settings, proxied_channel):
+    proxy, channel = proxied_channel
+    proxy.stall()
+    assert isinstance(await publish_outcome(channel, settings.namespace), asyncio.TimeoutError)
