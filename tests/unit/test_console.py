@@ -1,0 +1,98 @@
+"""The console's pure parts: the filter parser (whatever a URL holds), the
+origin and CSRF checks, the roles the tokens give, the vendored htmx."""
+
+import hashlib
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from hypothesis import given
+from hypothesis import strategies as st
+from multidict import CIMultiDict
+
+from webhook_ingest.ingress.console import vendor
+from webhook_ingest.ingress.console.filters import FIELDS, MAX_TEXT, form_values, parse_before, parse_filter, query_string
+from webhook_ingest.ingress.console.security import csrf_matches, same_origin, session_key
+from webhook_ingest.ingress.tokens import OPERATOR, VIEWER, role_of
+from webhook_ingest.shared.dead_letters import DeadLetterFilter
+from webhook_ingest.shared.settings import Settings
+
+STATIC = Path(__file__).resolve().parents[2] / "ingress" / "console" / "static"
+query_values = st.dictionaries(st.sampled_from([*FIELDS, "before", "junk"]), st.text(max_size=300))
+
+
+@given(query_values)
+def test_any_query_is_a_filter_or_plain_problems(query):
+    where, problems = parse_filter(query)
+    assert isinstance(where, DeadLetterFilter)
+    assert all(isinstance(problem, str) and problem.endswith(".") for problem in problems)
+    if not problems:
+        assert where.text is None or len(where.text) <= MAX_TEXT
+        assert where.since is None or where.since.tzinfo is not None
+    before, cursor_problems = parse_before(query)
+    assert before is None or before > 0 or cursor_problems == []
+
+
+@given(query_values)
+def test_the_form_values_survive_a_round_trip_through_the_url(query):
+    values = form_values(query)
+    again = form_values(dict(parse_qsl(query_string(values))))
+    assert again == values
+    assert parse_filter(values) == parse_filter(again)
+
+
+def test_what_a_filter_means():
+    where, problems = parse_filter({"source": " acme ", "status": "all", "since": "2026-11-23T10:00",
+                                    "until": "2026-11-23T12:00+01:00", "q": "timeout", "error_type": "RuntimeError"})
+    assert problems == []
+    assert where == DeadLetterFilter(source="acme", status=None, error_type="RuntimeError",
+                                     since=datetime(2026, 11, 23, 10, tzinfo=UTC),
+                                     until=datetime.fromisoformat("2026-11-23T12:00+01:00"), text="timeout")
+    assert parse_filter({})[0] == DeadLetterFilter(status="dead")
+
+
+def test_garbage_is_named_not_applied():
+    for query, words in (({"status": "zombie"}, "Status"), ({"since": "yesterday"}, "not a date"),
+                         ({"q": "x" * 5000}, "too long"), ({"since": "2026-01-02", "until": "2026-01-01"}, "empty"),
+                         ({"until": "0001-01-01"}, "out of range")):
+        _, problems = parse_filter(query)
+        assert len(problems) == 1 and words in problems[0], query
+    assert parse_before({"before": "-3"}) == (None, ["The page link is not valid; showing the newest."])
+    assert parse_before({"before": "42"}) == (42, [])
+
+
+def test_a_post_from_another_site_is_told_apart():
+    host = "ingress.internal:8080"
+    assert same_origin(CIMultiDict(), host)
+    assert same_origin(CIMultiDict({"Origin": "https://ingress.internal:8080", "Sec-Fetch-Site": "same-origin"}), host)
+    for headers in ({"Origin": "https://attacker.example"}, {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"},
+                    {"Sec-Fetch-Site": "same-site"}, {"Origin": "https://ingress.internal:8081"}):
+        assert not same_origin(CIMultiDict(headers), host), headers
+
+
+def test_csrf_tokens_must_match_and_exist():
+    assert csrf_matches("abc", "abc")
+    assert not csrf_matches("abc", "abd")
+    assert not csrf_matches("", "")
+    assert not csrf_matches(None, "abc")
+    assert not csrf_matches("abc", None)
+
+
+def test_each_token_gives_its_role_and_nothing_else_does():
+    settings = Settings(WEBHOOK_INGEST_ADMIN_TOKEN="operator-secret", WEBHOOK_INGEST_VIEWER_TOKEN="viewer-secret")
+    assert role_of("operator-secret", settings) == OPERATOR
+    assert role_of("viewer-secret", settings) == VIEWER
+    for wrong in ("", "operator-secre", "operator-secret ", "viewer", "OPERATOR-SECRET"):
+        assert role_of(wrong, settings) is None, wrong
+    assert role_of("", Settings(WEBHOOK_INGEST_ADMIN_TOKEN="t")) is None  # no viewer token: no empty match
+
+
+def test_the_session_key_follows_the_operator_token():
+    assert session_key("a") == session_key("a") and len(session_key("a")) == 32
+    assert session_key("a") != session_key("b")
+
+
+def test_the_vendored_htmx_is_the_pinned_file():
+    script = STATIC / vendor.HTMX_FILE
+    assert hashlib.sha256(script.read_bytes()).hexdigest() == vendor.HTMX_SHA256
+    assert sorted(path.name for path in STATIC.glob("*.js")) == [vendor.HTMX_FILE]
