@@ -73,9 +73,20 @@ async def read_body_within(request: web.Request, limit: int) -> bytes:
             return await _read_body(request, limit)
     except TimeoutError:
         log.info("body_timeout", client=request.remote, path=request.path)
-        response = error(408, "request_timeout")
-        response.force_close()
-        raise Rejected(response) from None
+        raise Rejected(await _answered_and_closed(request, error(408, "request_timeout"))) from None
+
+
+async def _answered_and_closed(request: web.Request, response: web.Response) -> web.Response:
+    """Sends `response`, then closes the connection at once: left to
+    aiohttp, a response before the body was read is followed by up to 10 s
+    of reading the rest (its lingering close), which is what a slow client
+    wants."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    if request.transport is not None:
+        request.transport.close()
+    return response
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
