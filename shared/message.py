@@ -53,10 +53,28 @@ class EventMessage:
 
 def provider_headers(request_headers) -> dict[str, str]:
     return {
-        name.lower(): value
+        name.lower(): utf8_text(value)
         for name, value in request_headers.items()
         if name.lower() not in _DROPPED_HEADERS
     }
+
+
+def utf8_text(header_value: str) -> str:
+    """A header value that UTF-8 (AMQP, Postgres) can carry.
+
+    HTTP allows bytes 0x80-0xff in a header value (obs-text); aiohttp decodes
+    the value as UTF-8 with surrogateescape, so a byte that is not UTF-8
+    becomes a lone surrogate, which no encoder downstream takes. Such a byte
+    becomes the four characters `\\xNN` instead: readable, and the same bytes
+    always give the same text (an event id from such a header stays one key).
+    """
+    if header_value.isascii():
+        return header_value
+    try:
+        header_value.encode()
+    except UnicodeEncodeError:
+        return header_value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return header_value
 
 
 def to_amqp(event: EventMessage) -> aio_pika.Message:

@@ -12,7 +12,7 @@ import pytest
 from webhook_ingest.shared import signatures, topology
 from webhook_ingest.shared.message import from_amqp
 from webhook_ingest.shared.sources import load_sources
-from tests.support.ingress import running_ingress
+from tests.support.ingress import queued_events, running_ingress
 
 SECRET = "edge-secret"
 
@@ -100,3 +100,38 @@ async def test_json_that_postgres_cannot_store_is_refused_at_the_door(settings, 
             assert await post(client, body) == (400, {"error": "invalid_json"}), case
         assert (await post(client, rb'{"id":"ok","t":"\ud83d\ude00","n":1e308}'))[0] == 200
     assert await stored_copies(settings) == {"edge:ok": 1}
+
+
+async def raw_post(client, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
+    """One HTTP/1.1 request written byte for byte (aiohttp's client would not send obs-text)."""
+    reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+    try:
+        head = [f"POST {path} HTTP/1.1".encode(), b"Host: x", b"Connection: close",
+                b"Content-Length: " + str(len(body)).encode(), *(name + b": " + value for name, value in headers)]
+        writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        response = await reader.read()
+    finally:
+        writer.close()
+    status_line, _, rest = response.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+async def test_a_header_byte_that_is_not_utf8_is_escaped_never_a_5xx(settings, sources):
+    """obs-text (bytes 0x80-0xff that are not UTF-8) is allowed in a header
+    value; it reaches the handler escaped as the text \\xNN."""
+    body = json.dumps({"id": "latin1"}).encode()
+    signature = [(name.encode(), value.encode()) for name, value in signed(body).items()]
+    async with running_ingress(settings, sources) as client:
+        in_provider_header = await raw_post(client, "/webhooks/edge", body, [*signature, (b"X-Note", b"caf\xe9 \xc3\xa9")])
+        no_body_id = json.dumps({"type": "latin1"}).encode()
+        in_event_id = await raw_post(client, "/webhooks/edge", no_body_id,
+                                     [*signature_for(no_body_id), (b"X-Event-ID", b"id-\xff")])
+    assert in_provider_header == (200, {"status": "accepted", "key": "edge:latin1"})
+    assert in_event_id == (200, {"status": "accepted", "key": "edge:id-\\xff"})
+    [first, second] = sorted(await queued_events(settings.amqp_url, settings.namespace), key=lambda e: e.key)
+    assert second.headers["x-note"] == "caf\\xe9 é"
+    assert first.key == "edge:id-\\xff" and first.event_id == "id-\\xff"
+
+
+def signature_for(body: bytes) -> list[tuple[bytes, bytes]]:
+    return [(name.encode(), value.encode()) for name, value in signed(body).items()]

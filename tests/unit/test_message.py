@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import frame, header
 
-from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp
+from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp, utf8_text
 
 # 2001-09-09 .. 2100-01-01 in milliseconds since the epoch (unix seconds as a
 # float keep microseconds exact until about 2242)
@@ -44,3 +44,15 @@ def test_a_message_queued_by_the_previous_release_is_still_read():
 def test_every_publish_of_one_key_has_its_own_message_id():
     first, second = to_amqp(event(1.0)), to_amqp(event(1.0))
     assert first.message_id and second.message_id and first.message_id != second.message_id
+
+
+@given(st.binary(max_size=40))
+def test_any_header_bytes_become_utf8_text_the_same_way_every_time(raw):
+    as_aiohttp_decodes = raw.decode("utf-8", "surrogateescape")
+    text = utf8_text(as_aiohttp_decodes)
+    text.encode("utf-8")  # never raises
+    assert text == utf8_text(raw.decode("utf-8", "surrogateescape"))
+    try:
+        assert text == raw.decode("utf-8")  # valid UTF-8 is left alone
+    except UnicodeDecodeError:
+        assert "\\x" in text
