@@ -7,13 +7,12 @@ from aiohttp import web
 
 from webhook_ingest.ingress import health, webhooks
 from webhook_ingest.ingress.admin import setup_admin
+from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.console import setup_console
-from webhook_ingest.ingress.appkeys import done_markers_key, publisher_key, redis_key, settings_key, sources_key
 from webhook_ingest.ingress.limits import handler_args, setup_limits
 from webhook_ingest.ingress.database import database_ctx
-from webhook_ingest.ingress.done_markers import DoneMarkers
 from webhook_ingest.ingress.publisher import Publisher
-from webhook_ingest.ingress.redis_client import redis_ctx
+from webhook_ingest.ingress.redis_client import done_markers_ctx, redis_ctx
 from webhook_ingest.ingress.relay import relay_ctx
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
@@ -30,7 +29,7 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
     app.cleanup_ctx.append(relay_ctx)
     app.cleanup_ctx.append(redis_ctx)
     setup_limits(app, settings)
-    app.cleanup_ctx.append(_done_markers_ctx)
+    app.cleanup_ctx.append(done_markers_ctx)
     setup_admin(app, settings)
     setup_console(app, settings)
     app.router.add_post("/webhooks/{source}", webhooks.receive_webhook)
@@ -50,8 +49,3 @@ def _publisher_ctx(connection_name: str):
         await publisher.close()
 
     return publisher_ctx
-
-
-async def _done_markers_ctx(app: web.Application) -> AsyncIterator[None]:
-    app[done_markers_key] = DoneMarkers(app[redis_key], app[settings_key].namespace)
-    yield

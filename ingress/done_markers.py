@@ -12,9 +12,9 @@ not one per request.
 """
 
 import time
+from collections.abc import Awaitable, Callable
 
-import redis.asyncio as redis
-
+from webhook_ingest.ingress.redis_get import RedisReplyError
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.workers.idempotency import DONE_PREFIX
 from webhook_ingest.workers.redlock import REDIS_ERRORS
@@ -22,11 +22,12 @@ from webhook_ingest.workers.redlock import REDIS_ERRORS
 log = get_logger(__name__)
 
 RETRY_AFTER = 1.0
+LOOKUP_ERRORS = (*REDIS_ERRORS, RedisReplyError)
 
 
 class DoneMarkers:
-    def __init__(self, client: redis.Redis, namespace: str):
-        self._client = client
+    def __init__(self, get: Callable[[str], Awaitable[bytes | None]], namespace: str):
+        self._get = get  # GetPipeline.get, or the shared redis-py client's get
         self._prefix = f"{namespace}:key:"
         self._skip_until = 0.0
 
@@ -35,8 +36,8 @@ class DoneMarkers:
         if self._skip_until and time.monotonic() < self._skip_until:
             return False
         try:
-            marker = await self._client.get(self._prefix + key)
-        except REDIS_ERRORS as exc:
+            marker = await self._get(self._prefix + key)
+        except LOOKUP_ERRORS as exc:
             self._skip_until = time.monotonic() + RETRY_AFTER
             log.warning("duplicate_lookup_failed", error=f"{type(exc).__name__}: {exc}", retry_in=RETRY_AFTER)
             return False

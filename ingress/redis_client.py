@@ -14,14 +14,18 @@ from aiohttp import web
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from webhook_ingest.ingress.appkeys import redis_key, settings_key
+from webhook_ingest.ingress.appkeys import done_markers_key, redis_key, settings_key
+from webhook_ingest.ingress.done_markers import DoneMarkers
+from webhook_ingest.ingress.redis_get import connect_get
 
-TIMEOUT_SECONDS = 0.075
+TIMEOUT_SECONDS = 0.075  # a command's answer
+CONNECT_TIMEOUT_SECONDS = 0.5  # a new pooled connection: rare, and slower on a busy machine
 
 
 def connect(url: str) -> redis.Redis:
     return redis.from_url(
-        url, socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=TIMEOUT_SECONDS, retry=Retry(NoBackoff(), 0)
+        url, socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        retry=Retry(NoBackoff(), 0),
     )
 
 
@@ -31,3 +35,14 @@ async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
     app[redis_key] = client
     yield
     await client.aclose()
+
+
+async def done_markers_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The duplicate lookup: GETs pipelined on a connection of its own when
+    the URL allows (`ingress.redis_get`), else through the shared client."""
+    settings = app[settings_key]
+    pipeline = connect_get(settings.redis_urls[0], TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS)
+    app[done_markers_key] = DoneMarkers(pipeline.get if pipeline else app[redis_key].get, settings.namespace)
+    yield
+    if pipeline is not None:
+        await pipeline.close()

@@ -1,7 +1,9 @@
 """The ingress answers `duplicate` for a copy of a completed event, from the
 done marker the workers write, and takes the normal path whenever unsure."""
 
+import asyncio
 import json
+import subprocess
 
 import pytest
 
@@ -10,8 +12,9 @@ from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from tests.support.ingress import queued_events, running_ingress
+from tests.support.processes import wait_until
 from tests.support.signing import PROVIDER_SECRETS
-from tests.support.tcpproxy import TcpProxy
+from tests.support.tcpproxy import TcpProxy, free_port
 
 SECRET = PROVIDER_SECRETS["hmac-sha256"]
 
@@ -76,3 +79,33 @@ async def test_with_redis_unreachable_a_copy_is_accepted_and_queued(settings, so
             assert await post(client, event_body) == (200, {"status": "accepted", "key": "acme:evt_1"})
     [copy] = await queued_events(settings.amqp_url, settings.namespace)
     assert copy.key == "acme:evt_1"
+
+
+async def test_a_redis_with_a_password_and_a_database_number_is_read_where_the_workers_write(
+        settings, sources, monkeypatch, tmp_path):
+    port = free_port()
+    server = subprocess.Popen(  # noqa: ASYNC220 - starting it is instant; the test waits for its port
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--requirepass", "s3cret", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        await wait_until(lambda: _accepts_connections(port), 10, interval=0.05, message="redis-server up")
+        monkeypatch.setenv("REDIS_URLS", f"redis://:s3cret@127.0.0.1:{port}/3")
+        private = Settings()
+        event_body = {"id": "evt_1", "amount": 10}
+        async with running_ingress(private, sources) as client:
+            await post(client, event_body)
+            [first] = await queued_events(settings.amqp_url, settings.namespace)
+            await complete_as_a_worker_would(private, first)
+            assert await post(client, event_body) == (200, {"status": "duplicate", "key": "acme:evt_1"})
+    finally:
+        server.kill()
+        server.wait()
+
+
+async def _accepts_connections(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    return True

@@ -1,0 +1,44 @@
+"""The duplicate lookup's RESP reply parser: the same replies whatever the
+chunks the socket delivers them in."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from webhook_ingest.ingress.redis_get import RedisReplyError, ReplyParser
+
+REPLIES = st.one_of(
+    st.none(),
+    st.binary(max_size=200),
+    st.sampled_from([("+", b"OK"), ("-", "ERR wrong number of arguments"), (":", 7)]),
+)
+
+
+def encode(reply) -> bytes:
+    if reply is None:
+        return b"$-1\r\n"
+    if isinstance(reply, bytes):
+        return b"$%d\r\n%s\r\n" % (len(reply), reply)
+    kind, value = reply
+    return f"{kind}{value.decode() if isinstance(value, bytes) else value}\r\n".encode()
+
+
+def expected(reply):
+    if isinstance(reply, tuple):
+        kind, value = reply
+        return {"+": value, ":": value}.get(kind, ("error", value))
+    return reply
+
+
+@given(st.lists(REPLIES, max_size=20), st.data())
+def test_replies_come_out_whole_and_in_order_from_any_chunks(replies, data):
+    stream = b"".join(encode(reply) for reply in replies)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
+    parser, parsed = ReplyParser(), []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+        parsed.extend(parser.feed(stream[start:end]))
+    assert [("error", str(r)) if isinstance(r, RedisReplyError) else r for r in parsed] == [
+        expected(reply) for reply in replies]
+
+
+def test_a_value_holding_crlf_is_read_by_its_length():
+    assert ReplyParser().feed(b"$6\r\na\r\nb\r\n\r\n$-1\r\n") == [b"a\r\nb\r\n", None]
