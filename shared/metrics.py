@@ -56,3 +56,7 @@ outbox_oldest_age = Gauge(
     "webhook_outbox_oldest_age_seconds",
     "Age of the oldest event in the outbox (0 when it is empty).",
 )
+dead_letter_record_failures = Counter(
+    "webhook_dead_letter_record_failures_total",
+    "Failed attempts to record a poison message as a dead letter (it waits unacked in NS.dead meanwhile).",
+)

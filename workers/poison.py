@@ -123,6 +123,7 @@ async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) ->
                     return None
                 return await record_dead_letter(connection, event, errors)
         except Exception as exc:  # noqa: BLE001 - never drop it: wait and try again
+            metrics.dead_letter_record_failures.inc()
             log.warning("poison_record_failed", key=event.key, error=f"{type(exc).__name__}: {exc}", retry_in=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_RETRY_DELAY)
