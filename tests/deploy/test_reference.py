@@ -172,3 +172,11 @@ def test_the_reference_headings_have_the_anchors_the_contents_list_uses():
     text = REFERENCE.read_text()
     assert anchor("## 6. Ingress HTTP contract".lstrip("# ")) == "6-ingress-http-contract"
     assert "6-ingress-http-contract" in heading_anchors(text)
+
+
+def test_the_sources_table_has_every_field_of_the_model():
+    from webhook_ingest.shared.sources import SourceSection
+
+    section = REFERENCE.read_text().split("### Sources file", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE))
+    assert documented == set(SourceSection.model_fields), "docs/reference.md §3's sources table and SourceSection differ"
