@@ -17,7 +17,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 
-from webhook_ingest.shared import topology
+from webhook_ingest.shared import amqp, topology
 from webhook_ingest.shared.errors import ServiceUnavailable
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, to_amqp
@@ -135,7 +135,7 @@ class Publisher:
                 delay = min(delay * 2, 5.0)
 
     async def _connect(self) -> None:
-        connection = await aio_pika.connect_robust(
+        connection = await amqp.connect_robust(
             self._amqp_url, client_properties={"connection_name": self._connection_name}
         )
         try:

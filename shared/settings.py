@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from webhook_ingest.shared.errors import ConfigError
 
 ENVIRONMENT_VARIABLES = (
-    ("AMQP_URL", "RabbitMQ URL"),
+    ("AMQP_URL", "RabbitMQ URL; the nodes of a cluster comma-separated, tried in turn"),
     ("REDIS_URLS", "comma-separated independent Redis masters (Redlock quorum over all)"),
     ("DATABASE_URL", "Postgres URL; `migrate` creates the database if missing"),
     ("WEBHOOK_INGEST_NAMESPACE", "prefix of every queue and Redis key"),
@@ -98,7 +98,9 @@ def parse_networks(csv: str) -> tuple[IPv4Network | IPv6Network, ...]:
 
 
 def mask_url(url: str) -> str:
-    """amqp://guest:secret@host/ -> amqp://guest:***@host/"""
+    """amqp://guest:secret@host/ -> amqp://guest:***@host/, each of a comma-separated list."""
+    if "," in url:
+        return ",".join(mask_url(part) for part in url.split(","))
     scheme, sep, rest = url.partition("://")
     userinfo, at, hostpart = rest.rpartition("@")
     if not sep or not at or ":" not in userinfo:

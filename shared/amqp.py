@@ -1,0 +1,78 @@
+"""Connections to RabbitMQ, one node or a cluster.
+
+`AMQP_URL` may list several nodes of one cluster, comma-separated
+(`amqp://u:p@rabbit-1/,amqp://u:p@rabbit-2/`). A connection tries them in
+turn until one answers; a robust connection that loses its node retries it
+once and then moves on to the next, round the list, for as long as it takes.
+Any node serves: quorum queues are replicated and reachable from every node
+of the cluster. Options in a URL's query string (`?heartbeat=…`) are read
+from the node first connected to.
+"""
+
+import asyncio
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractConnection, AbstractRobustConnection
+from aio_pika.robust_connection import RobustConnection
+from yarl import URL
+
+# The rotation below wraps aio-pika's private reconnect step; fail at import,
+# not silently at the first outage, if an upgrade renames it.
+assert hasattr(RobustConnection, "_RobustConnection__connect_transport"), "aio-pika changed its reconnect step"
+
+
+def node_urls(amqp_url: str) -> list[str]:
+    urls = [url.strip() for url in amqp_url.split(",") if url.strip()]
+    if not urls:
+        raise ValueError("AMQP_URL names no RabbitMQ node")
+    return urls
+
+
+async def connect(amqp_url: str, **kwargs: Any) -> AbstractConnection:
+    """A plain connection (no reconnect) to the first node that answers."""
+    return await _first_answering(node_urls(amqp_url), lambda url: aio_pika.connect(url, **kwargs))
+
+
+async def connect_robust(amqp_url: str, timeout: float | None = None, **kwargs: Any) -> AbstractRobustConnection:
+    """A reconnecting connection to the first node that answers; it moves to
+    the next node when its own stops answering."""
+    nodes = node_urls(amqp_url)
+
+    async def attempt(url: str) -> AbstractRobustConnection:
+        connection = NodeRotatingConnection(URL(url), nodes=nodes, **kwargs)
+        try:
+            await connection.connect(timeout=timeout)
+        except BaseException:
+            await connection.close()
+            raise
+        return connection
+
+    return await _first_answering(nodes, attempt)
+
+
+async def _first_answering(urls: list[str], attempt):
+    for url in urls[:-1]:
+        try:
+            return await attempt(url)
+        except (OSError, asyncio.TimeoutError, aio_pika.exceptions.AMQPError):
+            continue
+    return await attempt(urls[-1])
+
+
+class NodeRotatingConnection(RobustConnection):
+    def __init__(self, url: URL, *, nodes: list[str], **kwargs: Any):
+        super().__init__(url, **kwargs)
+        self._nodes = [URL(node) for node in nodes]
+
+    async def _RobustConnection__connect_transport(self) -> None:  # noqa: N802 - aio-pika's own (mangled) name
+        try:
+            await super()._RobustConnection__connect_transport()  # type: ignore[misc]
+        except BaseException:
+            self._move_to_next_node()
+            raise
+
+    def _move_to_next_node(self) -> None:
+        if len(self._nodes) > 1:
+            index = self._nodes.index(self.url) if self.url in self._nodes else -1
+            self.url = self._nodes[(index + 1) % len(self._nodes)]
