@@ -1,6 +1,7 @@
 """The parts of docs/reference.md that are generated from the code, so they
 cannot drift from it: the command table from the click commands themselves,
-the environment table from the settings model.
+the environment table from the settings model, the metrics table from
+shared/metrics.py.
 
 `make docs` (``python -m tests.support.reference_docs``) rewrites the blocks
 between their BEGIN/END markers; tests/deploy/test_reference.py fails while
@@ -12,8 +13,10 @@ import sys
 from pathlib import Path
 
 import click
+from prometheus_client.metrics import MetricWrapperBase
 
 from webhook_ingest.cli import main as cli
+from webhook_ingest.shared import metrics
 from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES, Settings
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
@@ -100,7 +103,17 @@ def render_environment() -> str:
     return "\n".join(lines) + "\n"
 
 
-RENDERERS = {"commands": render_commands, "environment": render_environment}
+def render_metrics() -> str:
+    lines = ["| metric | type | labels | what |", "| --- | --- | --- | --- |"]
+    for metric in vars(metrics).values():
+        if isinstance(metric, MetricWrapperBase):
+            name = metric._name + ("_total" if metric._type == "counter" else "")
+            labels = ", ".join(f"`{label}`" for label in metric._labelnames)
+            lines.append(f"| `{name}` | {metric._type} | {labels} | {cell(metric._documentation)} |")
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS = {"commands": render_commands, "environment": render_environment, "metrics": render_metrics}
 
 
 def rewrite(text: str) -> str:
