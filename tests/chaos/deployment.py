@@ -71,6 +71,14 @@ class LocalDeployment:
     # -- start and stop ----------------------------------------------------------
 
     async def __aenter__(self) -> Self:
+        try:
+            await self._start_everything()
+        except BaseException:
+            await self.__aexit__(None, None, None)  # a half-started run leaves nothing behind either
+            raise
+        return self
+
+    async def _start_everything(self) -> None:
         if self.owns_database:
             await migrate(self.database_url)
         await _execute(self.database_url, CHAOS_TABLES)
@@ -82,7 +90,6 @@ class LocalDeployment:
             self._start(slot)
         for slot in self.slots:
             await wait_for_output(slot.process, "worker_consuming", timeout=60)
-        return self
 
     async def __aexit__(self, *exc) -> None:
         for task in self.tasks:
