@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run migrate test test-fast lint docs bench clean
+.PHONY: install run migrate test test-fast lint docs bench chaos clean
 
 install: $(STAMP)
 
@@ -42,6 +42,10 @@ docs: install  ## rewrite the generated tables of docs/reference.md from the cod
 
 bench: install  ## throughput/latency figures and ratios against the raw broker
 	$(BIN)/python -m tests.bench
+
+# SEED=N reproduces a run; CHAOS_ARGS passes more options (python -m tests.chaos --help).
+chaos: install  ## a seeded fault run: kills, cuts, flushes, prunes; checks every accepted event (a few minutes)
+	$(BIN)/python -m tests.chaos $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache build *.egg-info
