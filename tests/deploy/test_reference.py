@@ -143,9 +143,7 @@ def link_problem(source: Path, target: str) -> str | None:
 
 
 def layout_rows() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
-    return [row.split("|")[1] for row in section.splitlines() if row.startswith("| `")]
+    return [folder for folder, _ in layout_rows_with_text()]
 
 
 def test_the_layout_table_names_what_exists():
@@ -180,3 +178,20 @@ def test_the_sources_table_has_every_field_of_the_model():
     section = REFERENCE.read_text().split("### Sources file", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE))
     assert documented == set(SourceSection.model_fields), "docs/reference.md §3's sources table and SourceSection differ"
+
+
+def test_the_files_the_layout_table_names_exist():
+    """A row's `x.py`, `x.md` and `x/` are somewhere under that row's folders."""
+    missing = []
+    for row in layout_rows_with_text():
+        folders = [ROOT / name for name in re.findall(r"`([^`]+/)`", row[0])] or [ROOT]
+        for name in re.findall(r"`([\w.]+(?:\.py|\.md|/))`", row[1]):
+            if not any((folder / name).exists() or any(folder.rglob(name.rstrip("/"))) for folder in folders):
+                missing.append(f"{row[0].strip()}: {name}")
+    assert not missing, missing
+
+
+def layout_rows_with_text() -> list[tuple[str, str]]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    return [(row.split("|")[1], row.split("|")[2]) for row in section.splitlines() if row.startswith("| `")]
