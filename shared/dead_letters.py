@@ -3,8 +3,9 @@
 Workers record; `webhook-ingest dlq …`, the admin HTTP API and the on-call
 console list, show, replay and discard. Every replay and discard says who
 did it (an `Actor`) and lands in `audit_log`; a replay also adds to the dead
-letter's own history (`dead_letter_replays`) instead of overwriting it. The JSON shapes of docs/reference.md §2 are defined here once
-(`summary`, `detail`) so the CLI and the API cannot drift apart.
+letter's own history (`dead_letter_replays`) instead of overwriting it.
+The JSON shapes of docs/reference.md §2 are defined here once (`summary`,
+`detail`) so the CLI and the API cannot drift apart.
 
 Every function takes an asyncpg connection (or pool). The raw body is kept as
 received (`body`, bytea): a replay publishes exactly those bytes. `payload`
@@ -113,7 +114,9 @@ async def record_audit(conn, actor: Actor, action: str, ids: Sequence[int], deta
                                _jsonb(detail or {}))
 
 
-async def list_audit(conn, dead_letter_id: int | None = None, before: int | None = None, limit: int = 100) -> list[dict]:
+async def list_audit(
+    conn, dead_letter_id: int | None = None, before: int | None = None, limit: int = 100
+) -> list[dict]:
     """Newest first; only entries naming `dead_letter_id` when given."""
     rows = await conn.fetch(SQL["list_audit"], dead_letter_id, before, limit)
     return [dict(row) | {"detail": json.loads(row["detail"])} for row in rows]
@@ -180,7 +183,9 @@ def _clean(value):
 # -- reading -------------------------------------------------------------------
 
 
-async def list_dead_letters(conn, source: str | None = None, status: str = "dead", limit: int | None = None) -> list[dict]:
+async def list_dead_letters(
+    conn, source: str | None = None, status: str = "dead", limit: int | None = None
+) -> list[dict]:
     """Newest first; `status` one of STATUSES or "all"."""
     rows = await conn.fetch(SQL["list_dead_letters"], source, _status_filter(status), limit)
     return [_decoded(row) for row in rows]

@@ -59,7 +59,8 @@ def _read_secret_file(path: str) -> str:
         with open(path, encoding="utf-8") as file:
             value = file.read().removesuffix("\n").removesuffix("\r")
     except (OSError, UnicodeDecodeError) as exc:
-        raise _problem(f"cannot read secret file {path}: {getattr(exc, 'strerror', None) or 'not UTF-8 text'}") from None
+        reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+        raise _problem(f"cannot read secret file {path}: {reason}") from None
     if not value:
         raise _problem(f"secret file {path} is empty")
     return value
@@ -240,7 +241,8 @@ def validate_handler(reference: str, fail) -> None:
         return
     module_name, sep, attribute = reference.partition(":")
     if not sep or not module_name or not attribute:
-        raise fail("handler", f"{reference!r} is neither a built-in ({', '.join(sorted(BUILTIN_HANDLERS))}) nor 'module:function'")
+        builtins = ", ".join(sorted(BUILTIN_HANDLERS))
+        raise fail("handler", f"{reference!r} is neither a built-in ({builtins}) nor 'module:function'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
