@@ -42,6 +42,10 @@ class EventMessage:
     # died), counted across the messages that carried it: a deferral or a
     # retry is a new message, whose quorum-queue delivery count starts at 0.
     deliveries: int = 0
+    # The AMQP message id of the delivery that carried it (each publish has
+    # its own): a completion records it, so a redelivery can tell that its own
+    # earlier delivery completed the event. Not part of the event itself.
+    message_id: str = ""
 
     def next_attempt(self, error: dict) -> "EventMessage":
         return replace(self, attempt=self.attempt + 1, errors=(*self.errors, error))

@@ -286,7 +286,8 @@ def found_in_chain(exc: BaseException | None, kinds) -> BaseException | None:
 
 
 def completion_row(message: EventMessage, token: int) -> tuple:
-    return (message.key, message.source, message.event_id, message.payload_sha256, token, message.attempt)
+    return (message.key, message.source, message.event_id, message.payload_sha256, token, message.attempt,
+            message.message_id or None)
 
 
 async def _quietly(coroutine) -> None:

@@ -29,8 +29,8 @@ FROM fence
 -- fencing token is the key's current one and the key is not completed yet.
 -- Defence in depth: under the turn no other token can be registered.
 WITH fence AS (SELECT token FROM key_fences WHERE key = $1 FOR UPDATE)
-INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts)
-SELECT $1, $2, $3, $4, $5, $6 FROM fence WHERE fence.token = $5
+INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
+SELECT $1, $2, $3, $4, $5, $6, $7 FROM fence WHERE fence.token = $5
 ON CONFLICT (key) DO NOTHING
 RETURNING key
 
@@ -65,12 +65,19 @@ FROM fence LEFT JOIN processed_events USING (key)
 -- one (fences locked in key order) and not completed yet; returns the keys
 -- it inserted.
 WITH batch AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[])
-        AS b(key, source, event_id, payload_sha256, fencing_token, attempts)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[])
+        AS b(key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
 ), fence AS (
     SELECT key, token FROM key_fences WHERE key = ANY($1::text[]) ORDER BY key FOR UPDATE
 )
-INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts)
+INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
 SELECT batch.* FROM batch JOIN fence ON fence.key = batch.key AND fence.token = batch.fencing_token
 ON CONFLICT (key) DO NOTHING
 RETURNING key
+
+-- name: settled_before
+-- A redelivered message (its worker died before the ack): did its own
+-- earlier delivery complete the event ($3: its message id), or is the event
+-- an open dead letter already? Either way it is settled; ack it.
+SELECT coalesce((SELECT message_id FROM processed_events WHERE key = $1) = $3, false) AS completed,
+       EXISTS (SELECT FROM dead_letters WHERE key = $1 AND payload_sha256 = $2 AND status = 'dead') AS dead

@@ -18,7 +18,7 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from webhook_ingest.shared import metrics, topology
+from webhook_ingest.shared import amqp, metrics, topology
 from webhook_ingest.shared.idempotency import Outcome
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
@@ -29,7 +29,7 @@ from webhook_ingest.workers.copies import CopiesInFlight
 from webhook_ingest.workers.handlers import forward
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.outage import OutageGate, outage_kind
-from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
+from webhook_ingest.workers.processor import DEFER_SECONDS, SQL, Processor
 from webhook_ingest.workers.retry import FailurePolicy
 
 log = get_logger(__name__)
@@ -79,7 +79,7 @@ class Worker:
         )
 
     async def _connect_broker(self):
-        return await aio_pika.connect_robust(
+        return await amqp.connect_robust(
             self.settings.amqp_url, client_properties={"connection_name": self.name}
         )
 
@@ -148,6 +148,9 @@ class Worker:
             self._dispatch(message, event)
 
     def _dispatch(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
+        if message.redelivered:  # alone, so its earlier delivery's settlement is looked up
+            self._track(self._handle(message, event))
+            return
         leader = self._copies.leader(event.key)
         if leader is not None:
             self._track(self._follow(leader, message, event))
@@ -167,7 +170,7 @@ class Worker:
     async def _decode(self, message: AbstractIncomingMessage) -> EventMessage | None:
         """The event, or None once an unusable message is rejected to NS.dead."""
         try:
-            event = from_amqp(message.body, message.headers)
+            event = replace(from_amqp(message.body, message.headers), message_id=message.message_id or "")
         except (KeyError, ValueError, TypeError):
             log.error("unreadable_message", message_id=message.message_id)
             await message.reject(requeue=False)  # the drainer records it
@@ -202,7 +205,11 @@ class Worker:
         started = time.perf_counter()
         with structlog.contextvars.bound_contextvars(source=event.source, key=event.key, attempt=event.attempt):
             try:
-                outcome = await self._until_done(self.processor.process, event)
+                outcome = None
+                if message.redelivered:
+                    outcome = await self._until_done(self._settled_before, event)
+                if outcome is None:
+                    outcome = await self._until_done(self.processor.process, event)
             except Exception:  # a bug, not the handler (that is a retry): never pin the message
                 log.exception("processing_crashed")
                 await self._send_back_counted(message, event)
@@ -211,6 +218,17 @@ class Worker:
             await self._ack(message)
         self._copies.settle(event, outcome)
         _observe(event, outcome, started)
+
+    async def _settled_before(self, event: EventMessage) -> Outcome | None:
+        """A redelivery (its worker died before the ack) whose earlier
+        delivery completed the event or recorded its dead letter: counted
+        now as what it was, since the dead process never counted it."""
+        async with self.pool.acquire() as connection:
+            settled = await connection.fetchrow(SQL["settled_before"], event.key, event.payload_sha256,
+                                                event.message_id)
+        if settled["completed"]:
+            return Outcome.PROCESSED
+        return Outcome.DEAD if settled["dead"] else None
 
     async def _follow(self, leader, message: AbstractIncomingMessage, event: EventMessage) -> None:
         """A copy of an event this process is working on (`workers.copies`)."""
