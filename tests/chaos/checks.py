@@ -64,7 +64,9 @@ async def observe(database_url: str, key_pattern: str = "%") -> Observed:
 
 async def _observe(connection, pattern: str) -> Observed:
     seen = Observed()
-    seen.recorder = await connection.fetchval("SELECT to_regclass('chaos_runs') IS NOT NULL")
+    seen.recorder = await connection.fetchval(  # this run's handler is the recorder: it left intervals
+        "SELECT to_regclass('chaos_runs') IS NOT NULL") and await connection.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM chaos_runs WHERE key LIKE $1)", pattern)
     if seen.recorder:
         for row in await connection.fetch(
                 "SELECT key, extract(epoch FROM at) AS at, extract(epoch FROM transaction_started) AS t"
