@@ -6,7 +6,6 @@ which URL, and how to start it — not a traceback.
 
 import asyncio
 import logging
-from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import asyncpg
@@ -38,8 +37,13 @@ async def unreachable_services(settings: Settings) -> list[str]:
 
 
 async def _check_postgres(database_url: str) -> None:
-    maintenance_url = urlunsplit(urlsplit(database_url)._replace(path="/postgres"))
-    connection = await asyncpg.connect(maintenance_url, timeout=TIMEOUT)
+    """The target database, not `postgres` (a managed server may forbid that
+    one); one that does not exist yet still proves the server answers, and
+    `migrate` then creates it."""
+    try:
+        connection = await asyncpg.connect(database_url, timeout=TIMEOUT)
+    except asyncpg.InvalidCatalogNameError:
+        return
     await connection.close()
 
 

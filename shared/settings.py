@@ -7,7 +7,7 @@ first run needs no configuration at all.
 from functools import cached_property
 from ipaddress import IPv4Network, IPv6Network, ip_network
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from webhook_ingest.shared.errors import ConfigError
@@ -112,5 +112,13 @@ def mask_url(url: str) -> str:
 def load_settings() -> Settings:
     try:
         return Settings()
-    except ValueError as exc:
-        raise ConfigError(f"bad environment: {exc}") from exc
+    except ValueError as exc:  # pydantic's ValidationError among them
+        raise ConfigError(f"bad environment: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: ValueError) -> str:
+    """`WEBHOOK_INGEST_DELIVERY_LIMIT: Input should be a valid integer, …`,
+    one clause per bad variable (the values are not repeated: they may be secrets)."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, error['loc']))}: {error['msg']}" for error in exc.errors())
+    return " ".join(str(exc).split())

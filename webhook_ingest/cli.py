@@ -63,14 +63,25 @@ def main() -> None:
 @main.command(epilog=ENV_HELP)
 def migrate() -> None:
     """Create the database if missing and apply schema migrations (idempotent)."""
+    import asyncpg
+
+    from webhook_ingest.shared.errors import WebhookIngestError
     from webhook_ingest.shared.migrate import migrate as run_migrations
 
-    settings = load_settings()
+    try:
+        settings = load_settings()  # not the sources file: migrating does not need it
+    except ConfigError as exc:
+        fail(str(exc))
     configure_logging(settings.log_format)
+    where = settings.masked()["database_url"]
     try:
         applied = asyncio.run(run_migrations(settings.database_url))
+    except WebhookIngestError as exc:
+        fail(str(exc))
     except (OSError, asyncio.TimeoutError) as exc:
-        fail(f"cannot reach PostgreSQL at {settings.masked()['database_url']}: {exc}")
+        fail(f"cannot reach PostgreSQL at {where}: {' '.join(str(exc).split()) or type(exc).__name__}")
+    except asyncpg.PostgresError as exc:
+        fail(f"PostgreSQL at {where}: {type(exc).__name__}: {' '.join(str(exc).split())}")
     click.echo(f"migrations applied: {', '.join(applied)}" if applied else "database is up to date")
 
 
