@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 import orjson
+from aio_pika.abc import AbstractChannel
 
 from webhook_ingest.shared import storable_json, topology
 from webhook_ingest.shared.errors import WebhookIngestError
@@ -288,7 +289,7 @@ async def discard(conn, ids: Sequence[int], actor: Actor = UNKNOWN_ACTOR) -> lis
     return [row["id"] for row in discarded]
 
 
-async def replay_if_open(conn, channel, namespace: str, dead_letter_id: int, actor: Actor,
+async def replay_if_open(conn, channel: AbstractChannel, namespace: str, dead_letter_id: int, actor: Actor,
                          bulk_action_id: int | None = None) -> None:
     """Replay one dead letter only while it is still open: the console's
     button, and each step of a bulk replay. Its row stays locked from the
@@ -336,7 +337,7 @@ async def _connection(conn_or_pool) -> AsyncIterator:
         yield conn_or_pool
 
 
-async def replay(conn, channel, namespace: str, ids: Sequence[int] | None = None, all_: bool = False,
+async def replay(conn, channel: AbstractChannel, namespace: str, ids: Sequence[int] | None = None, all_: bool = False,
                  source: str | None = None, actor: Actor = UNKNOWN_ACTOR) -> list[int]:
     """Publish dead letters back to the events queue with a fresh attempt
     budget: the given `ids`, or with `all_` every open one (of `source`).
