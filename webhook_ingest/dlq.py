@@ -15,7 +15,7 @@ import asyncpg
 import click
 import orjson
 
-from webhook_ingest.shared import topology
+from webhook_ingest.shared import amqp, topology
 from webhook_ingest.shared.dead_letters import (
     SQL,
     STATUSES,
@@ -194,7 +194,7 @@ async def confirm_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.Abst
     """A confirm-mode channel, the events queue known to exist."""
     where = settings.masked()["amqp_url"]
     try:
-        connection = await aio_pika.connect(
+        connection = await amqp.connect(
             settings.amqp_url, timeout=CONNECT_TIMEOUT, client_properties={"connection_name": "dlq-replay"}
         )
     except _BROKER_ERRORS as exc:

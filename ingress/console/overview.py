@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import aio_pika
 
-from webhook_ingest.shared import topology
+from webhook_ingest.shared import amqp, topology
 from webhook_ingest.shared.dead_letters import SQL, count_open
 from webhook_ingest.shared.sources import Source
 
@@ -43,8 +43,8 @@ async def queue_depths(amqp_url: str, names: list[str]) -> list[tuple[str, int |
     missing queue closes its channel, which must never be the ingress's."""
     depths: dict[str, int | None] = dict.fromkeys(names)
     with contextlib.suppress(Exception):  # noqa: BLE001 - the broker away: every depth n/a
-        connection = await aio_pika.connect(amqp_url, timeout=BROKER_TIMEOUT,
-                                            client_properties={"connection_name": "console-overview"})
+        connection = await amqp.connect(amqp_url, timeout=BROKER_TIMEOUT,
+                                        client_properties={"connection_name": "console-overview"})
         async with connection:
             for name in names:
                 depths[name] = await _depth(connection, name)
