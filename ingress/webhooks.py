@@ -18,7 +18,14 @@ from webhook_ingest.ingress.publisher import BrokerUnavailable
 from webhook_ingest.ingress.responses import Rejected, error, json_response
 from webhook_ingest.shared import event_id, metrics, storable_json
 from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.message import EventMessage, provider_headers, utf8_text
+from webhook_ingest.shared.message import (
+    MAX_EVENT_ID_BYTES,
+    MAX_PROVIDER_HEADERS_BYTES,
+    EventMessage,
+    headers_size,
+    provider_headers,
+    utf8_text,
+)
 from webhook_ingest.shared.signatures import SignatureError
 from webhook_ingest.shared.sources import Source
 
@@ -94,13 +101,10 @@ def _parse_json(body: bytes) -> dict:
 
 def _build_event(source: Source, request: web.Request, body: bytes, payload: dict) -> EventMessage:
     payload_hash = event_id.payload_sha256(payload, source.hash_fields)
-    resolved_id = event_id.resolve_event_id(source.event_id_selectors, request.headers, payload)
-    if resolved_id is not None:
-        resolved_id = utf8_text(resolved_id)  # from a header with bytes that are not UTF-8
-    elif source.fallback_hash:
-        resolved_id = event_id.fallback_event_id(payload_hash)
-    else:
-        raise Rejected(error(400, "missing_event_id"))
+    resolved_id = _event_id(source, request, payload, payload_hash)
+    headers = provider_headers(request.headers)
+    if headers_size(headers) > MAX_PROVIDER_HEADERS_BYTES:
+        raise Rejected(error(431, "headers_too_large"))
     return EventMessage(
         key=event_id.idempotency_key(source.name, resolved_id),
         source=source.name,
@@ -108,5 +112,17 @@ def _build_event(source: Source, request: web.Request, body: bytes, payload: dic
         payload_sha256=payload_hash,
         received_at=time.time(),
         body=body,
-        headers=provider_headers(request.headers),
+        headers=headers,
     )
+
+
+def _event_id(source: Source, request: web.Request, payload: dict, payload_hash: str) -> str:
+    resolved_id = event_id.resolve_event_id(source.event_id_selectors, request.headers, payload)
+    if resolved_id is None:
+        if not source.fallback_hash:
+            raise Rejected(error(400, "missing_event_id"))
+        return event_id.fallback_event_id(payload_hash)
+    resolved_id = utf8_text(resolved_id)  # from a header with bytes that are not UTF-8
+    if len(resolved_id.encode()) > MAX_EVENT_ID_BYTES:
+        raise Rejected(error(400, "invalid_event_id"))
+    return resolved_id

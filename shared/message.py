@@ -20,6 +20,13 @@ from dataclasses import dataclass, field, replace
 import aio_pika
 import orjson
 
+# What one AMQP content header frame must hold (RabbitMQ's frame_max is
+# 128 KiB, and a message whose headers do not fit makes the broker close the
+# whole connection): the provider's headers and the event id are bounded at
+# the door, leaving room for the retries' error history.
+MAX_PROVIDER_HEADERS_BYTES = 64 * 1024
+MAX_EVENT_ID_BYTES = 1024  # also keeps the key within a Postgres btree entry (2704 bytes)
+
 # Request headers that are transport details or credentials, never handed on.
 _DROPPED_HEADERS = frozenset({
     "authorization", "proxy-authorization", "cookie", "host", "content-length",
@@ -61,6 +68,11 @@ def provider_headers(request_headers) -> dict[str, str]:
         for name, value in request_headers.items()
         if name.lower() not in _DROPPED_HEADERS
     }
+
+
+def headers_size(headers: dict[str, str]) -> int:
+    """Bytes the headers take in the AMQP header table, give or take a few per entry."""
+    return sum(len(name) + len(value.encode()) + 6 for name, value in headers.items())
 
 
 def utf8_text(header_value: str) -> str:

@@ -135,3 +135,20 @@ async def test_a_header_byte_that_is_not_utf8_is_escaped_never_a_5xx(settings, s
 
 def signature_for(body: bytes) -> list[tuple[bytes, bytes]]:
     return [(name.encode(), value.encode()) for name, value in signed(body).items()]
+
+
+async def test_what_would_not_fit_an_amqp_frame_is_refused_and_the_ingress_keeps_publishing(settings, sources):
+    """Headers of 320 KB made the broker close the ingress's connection (a
+    frame over frame_max); from the outbox the event did it again at every
+    relay attempt. Too much header, or too long an event id, is a 4xx now."""
+    body = json.dumps({"id": "big"}).encode()
+    padding = [(f"X-Pad-{n}".encode(), b"v" * 8000) for n in range(40)]
+    long_id_in_body = json.dumps({"id": "i" * 200_000}).encode()
+    async with running_ingress(settings, sources) as client:
+        assert await raw_post(client, "/webhooks/edge", body, [*signature_for(body), *padding]) == (
+            431, {"error": "headers_too_large"})
+        assert await post(client, long_id_in_body) == (400, {"error": "invalid_event_id"})
+        assert await post(client, body, event_id="h" * 1025) == (400, {"error": "invalid_event_id"})
+        assert (await post(client, body, event_id="h" * 1024))[0] == 200
+        assert (await post(client, json.dumps({"id": "next"}).encode()))[0] == 200
+    assert await _queued_keys(settings) == {"edge:" + "h" * 1024: 1, "edge:next": 1}  # none in the outbox
