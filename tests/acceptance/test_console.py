@@ -28,6 +28,7 @@ VIEWER_TOKEN = "viewer-token-for-the-console-tests"
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+expect.set_options(timeout=20_000)  # a shared, busy CI machine: generous waits, never a fixed sleep
 
 
 # -- fixtures --------------------------------------------------------------------
