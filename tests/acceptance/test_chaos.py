@@ -5,7 +5,11 @@ from the seed kills workers, cuts their Redis/Postgres/RabbitMQ, flushes
 Redis and prunes. Every guarantee it checks is listed in tests.chaos.checks.
 """
 
+import pytest
+
 from tests.chaos.run import Options, run_local
+
+pytestmark = pytest.mark.slow
 
 # Before the worker fixes of issue 10 (e20fd50), this seed failed with 19
 # violations: 11 keys run at once by the degraded worker and a Redis-locked

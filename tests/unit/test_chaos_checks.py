@@ -1,0 +1,95 @@
+"""The fault run's own logic (tests/chaos): the plan is a function of its
+seed, and the verdict flags what it must and allows what the contract
+allows (a repeat after prune)."""
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.chaos.checks import Observed, judge
+from tests.chaos.plan import PlannedEvent, make_plan
+from tests.chaos.traffic import Sent
+
+KEY = "chaos:evt_1"
+
+
+def _accepted(event_id: str = "evt_1", variants=(0,)) -> Sent:
+    sent = Sent()
+    sent.accepted[event_id] = f"chaos:{event_id}"
+    sent.accepted_variants[event_id] = set(variants)
+    sent.answers[event_id] = {"200 accepted": len(variants)}
+    return sent
+
+
+def _completed_once(**runs) -> Observed:
+    seen = Observed()
+    seen.effects[KEY] = [(10.5, 10.0)]
+    seen.inbox = {KEY}
+    seen.runs[KEY] = runs.get("runs", [(10.0, 10.4, 1)])
+    return seen
+
+
+def _kinds(events, sent, seen, prunes=()) -> list[str]:
+    return [kind for kind, _ in judge(events, sent, seen, list(prunes), {}).violations]
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32))
+def test_a_seed_gives_one_plan_whose_bodies_are_json_and_whose_faults_fit_the_duration(seed):
+    plan = make_plan(seed, events=30, duration=10)
+    assert plan == make_plan(seed, events=30, duration=10)
+    for request in plan.requests:
+        assert json.loads(request.body)["id"] == request.event_id
+    assert all(0 < fault.at < 10 for fault in plan.faults)
+    assert not any(f.service == "redis" and f.worker == 2 for f in plan.faults)  # the degraded worker has none
+
+
+def test_one_effect_and_one_run_is_no_violation():
+    assert _kinds([PlannedEvent("evt_1", "", "plain")], _accepted(), _completed_once()) == []
+
+
+def test_two_runs_of_one_key_that_overlap_are_flagged():
+    seen = _completed_once(runs=[(10.0, 10.4, 1), (10.3, 10.45, 2)])
+    assert _kinds([PlannedEvent("evt_1", "", "plain")], _accepted(), seen) == ["two runs at once"]
+
+
+def test_a_second_effect_is_a_violation_unless_a_prune_could_have_forgotten_the_first():
+    seen = _completed_once(runs=[(10.0, 10.4, 1), (20.0, 20.4, 2)])
+    seen.effects[KEY].append((20.5, 20.0))
+    event = PlannedEvent("evt_1", "", "plain")
+    assert _kinds([event], _accepted(), seen) == ["effect repeated", "ran after completion"]
+    assert _kinds([event], _accepted(), seen, prunes=[(15.0, 16.0)]) == []
+    assert _kinds([event], _accepted(), seen, prunes=[(10.2, 10.9)]) != []  # the first was not yet past the window
+
+
+def test_a_key_told_to_fail_for_good_must_be_one_open_dead_letter():
+    event = PlannedEvent("evt_1", "permanent", "plain")
+    assert _kinds([event], _accepted(), _completed_once()) == ["missing dead letter"]
+    seen = Observed()
+    seen.open_dead_letters[KEY] = ["PermanentError"]
+    seen.runs[KEY] = [(10.0, 10.4, 1)]
+    assert _kinds([event], _accepted(), seen) == []
+    seen.open_dead_letters[KEY].append("PermanentError")
+    assert _kinds([event], _accepted(), seen) == ["several open dead letters"]
+
+
+def test_an_accepted_key_with_nothing_to_show_is_lost():
+    seen = Observed()
+    seen.runs[KEY] = [(10.0, 10.4, 1)]
+    assert _kinds([PlannedEvent("evt_1", "", "plain")], _accepted(), seen) == ["lost"]
+
+
+def test_two_accepted_payloads_need_a_recorded_conflict():
+    event = PlannedEvent("evt_1", "", "conflict")
+    seen = _completed_once()
+    assert _kinds([event], _accepted(variants=(0, 1)), seen) == ["conflict not recorded"]
+    seen.conflicts = {KEY}
+    assert _kinds([event], _accepted(variants=(0, 1)), seen) == []
+
+
+def test_a_lone_surrogate_must_be_refused_at_the_door():
+    event = PlannedEvent("evt_1", "", "unstorable")
+    refused = Sent(answers={"evt_1": {"400 invalid_json": 1}})
+    assert _kinds([event], refused, Observed()) == []
+    assert "unstorable body accepted" in _kinds([event], _accepted(), _completed_once())
