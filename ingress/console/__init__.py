@@ -10,11 +10,13 @@ It shares the ingress's Postgres pool and its broker connection (a replay
 publishes on the ingress's confirm-mode channel).
 """
 
+import warnings
 from pathlib import Path
 
 import aiohttp_jinja2
 import jinja2
 from aiohttp import web
+from aiohttp.web_exceptions import NotAppKeyWarning
 from aiohttp_session import session_middleware
 
 from webhook_ingest.ingress.console import middlewares
@@ -26,6 +28,9 @@ from webhook_ingest.shared.dead_letters import iso_utc
 from webhook_ingest.shared.settings import Settings
 
 HERE = Path(__file__).parent
+# aiohttp-session keeps its storage under plain string request keys; it
+# works, and the warning would otherwise be logged by every ingress process.
+warnings.filterwarnings("ignore", category=NotAppKeyWarning, module="aiohttp_session")
 
 
 def setup_console(app: web.Application, settings: Settings) -> None:

@@ -1,0 +1,74 @@
+"""The console's pages against bad input (docs/reference.md §8.1): unknown
+ids, garbage filters, long search text, a dead letter someone else replayed
+meanwhile — each a clear message in the page, never a 500. The ingress app
+with aiohttp's test client; the browser tests are in
+tests/acceptance/test_console.py."""
+
+import asyncio
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from webhook_ingest.cli import main
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources
+from tests.support.dead_letters import seed_dead_letters
+from tests.support.ingress import running_ingress
+
+OPERATOR = "operator-token-for-the-page-tests"
+
+
+@pytest.fixture
+def console_settings(settings, monkeypatch) -> Settings:
+    monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", OPERATOR)
+    return Settings()
+
+
+def csrf_of(page: str) -> str:
+    return re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
+
+
+async def signed_in(client) -> str:
+    """Signs the client's cookie jar in as the operator; the session's CSRF token."""
+    login = await (await client.get("/console/login")).text()
+    response = await client.post("/console/login", data={"csrf_token": csrf_of(login), "token": OPERATOR})
+    assert response.status == 200 and "Overview" in await response.text()
+    return csrf_of(await (await client.get("/console/dead-letters")).text())
+
+
+async def test_the_console_is_absent_without_an_operator_token(settings):
+    async with running_ingress(settings, load_sources(None)) as client:
+        for path in ("/console/", "/console/login", "/console/static/console.css"):
+            assert (await client.get(path)).status == 404, path
+
+
+async def test_bad_input_is_a_message_in_the_page_never_a_500(console_settings):
+    [dead] = await seed_dead_letters(console_settings.database_url, "acme", 1)
+    async with running_ingress(console_settings, load_sources(None)) as client:
+        csrf = await signed_in(client)
+        for path, status, text in (
+            ("/console/dead-letters/999999", 404, "There is no dead letter with id 999999."),
+            ("/console/dead-letters/-1", 400, "Dead-letter ids are positive whole numbers"),
+            ("/console/dead-letters/99999999999999999999999", 400, "Dead-letter ids are positive whole numbers"),
+            ("/console/dead-letters?status=zombie", 400, "Status must be one of"),
+            ("/console/dead-letters?since=yesterday&until=%00", 400, "is not a date and time"),
+            ("/console/dead-letters?q=" + "x" * 5000, 400, "The search text is too long (5000 characters"),
+            ("/console/dead-letters?before=%F0%9F%92%A5", 200, "The page link is not valid"),
+            ("/console/bulk/424242", 404, "There is no bulk action 424242."),
+            ("/console/no-such-page", 404, "There is no such page."),
+        ):
+            response = await client.get(path)
+            assert (response.status, response.content_type) == (status, "text/html"), path
+            assert text in await response.text(), path
+
+        refused = await client.post("/console/bulk", data={"csrf_token": csrf, "action": "replay", "since": "soon"})
+        assert refused.status == 400 and "is not a date and time" in await refused.text()
+        nothing = await client.post("/console/bulk", data={"csrf_token": csrf, "action": "replay", "source": "none"})
+        assert "No open dead letters match this filter" in await nothing.text()
+
+        replayed_meanwhile = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead)])
+        assert replayed_meanwhile.exit_code == 0, replayed_meanwhile.stderr
+        again = await client.post(f"/console/dead-letters/{dead}/replay", data={"csrf_token": csrf})
+        assert again.status == 200
+        assert f"Dead letter {dead} was replayed meanwhile; nothing was done." in await again.text()
