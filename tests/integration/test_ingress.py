@@ -135,6 +135,15 @@ async def test_broker_unreachable_the_event_waits_in_the_outbox(settings, source
     assert (key, stored_body) == ("hmac_sha256:evt_1", body)
 
 
+async def test_postgres_unreachable_from_the_start_the_ingress_serves_through_the_broker(settings, sources, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql://postgres@127.0.0.1:1/nowhere")
+    body = body_for("hmac-sha256")
+    async with running_ingress(type(settings)(), sources) as client:
+        response = await client.post("/webhooks/hmac_sha256", data=body, headers=signed("hmac-sha256", body))
+        assert (response.status, await response.json()) == (200, {"status": "accepted", "key": "hmac_sha256:evt_1"})
+    assert [event.key for event in await queued_events(settings.amqp_url, settings.namespace)] == ["hmac_sha256:evt_1"]
+
+
 async def test_broker_and_postgres_unreachable_gives_503_and_stores_nothing(settings, sources, monkeypatch):
     monkeypatch.setenv("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/")
     monkeypatch.setenv("DATABASE_URL", "postgresql://postgres@127.0.0.1:1/nowhere")
