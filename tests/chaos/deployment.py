@@ -17,6 +17,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Self
 from urllib.parse import urlsplit
@@ -153,7 +154,8 @@ class LocalDeployment:
         started, applied = time.monotonic(), []
         for fault in faults:
             await asyncio.sleep(max(0.0, started + fault.at - time.monotonic()))
-            applied.append(f"{time.monotonic() - started:6.1f}s  {fault.describe()}")
+            wall = datetime.now(UTC).strftime("%H:%M:%S.%f")[:-3]  # to set beside the logs and tables
+            applied.append(f"{wall}Z {time.monotonic() - started:6.1f}s  {fault.describe()}")
             task = asyncio.create_task(self._apply(fault))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
