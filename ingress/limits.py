@@ -74,6 +74,8 @@ async def read_body_within(request: web.Request, limit: int) -> bytes:
     except TimeoutError:
         log.info("body_timeout", client=request.remote, path=request.path)
         raise Rejected(await _answered_and_closed(request, error(408, "request_timeout"))) from None
+    except web.RequestPayloadError as exc:  # aiohttp could not decode it (a broken gzip stream): bad input, not a 500
+        raise Rejected(error(400, "invalid_json")) from exc
 
 
 async def _answered_and_closed(request: web.Request, response: web.Response) -> web.Response:
