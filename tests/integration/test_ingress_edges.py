@@ -152,3 +152,11 @@ async def test_what_would_not_fit_an_amqp_frame_is_refused_and_the_ingress_keeps
         assert (await post(client, body, event_id="h" * 1024))[0] == 200
         assert (await post(client, json.dumps({"id": "next"}).encode()))[0] == 200
     assert await _queued_keys(settings) == {"edge:" + "h" * 1024: 1, "edge:next": 1}  # none in the outbox
+
+
+async def test_a_body_that_cannot_be_decoded_is_a_400_not_a_500(settings, sources):
+    """aiohttp decodes a Content-Encoding itself; a broken gzip stream raised out of the handler."""
+    body = b"not gzip at all"
+    async with running_ingress(settings, sources) as client:
+        answer = await raw_post(client, "/webhooks/edge", body, [*signature_for(body), (b"Content-Encoding", b"gzip")])
+    assert answer == (400, {"error": "invalid_json"})
