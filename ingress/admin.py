@@ -123,11 +123,12 @@ async def show_route(request: web.Request) -> web.Response:
 async def replay_route(request: web.Request) -> web.Response:
     dead_letter_id = _dead_letter_id(request)
     publisher = request.config_dict[publisher_key]
-    if not publisher.ready:
+    channel = publisher.channel
+    if not publisher.ready or channel is None:
         return error(503, "broker_unavailable", {"Retry-After": "5"})
     async with _connection(request) as connection:
         try:
-            await replay(connection, publisher.channel, request.config_dict[settings_key].namespace,
+            await replay(connection, channel, request.config_dict[settings_key].namespace,
                          ids=[dead_letter_id], actor=_actor(request))
         except ReplayInterrupted as exc:
             log.warning("dead_letter_replay_failed", dead_letter_id=dead_letter_id, error=str(exc))

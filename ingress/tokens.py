@@ -27,4 +27,6 @@ def may_change(role: str | None) -> bool:
 
 
 def _same(presented: bytes, token: str | None) -> bool:
-    return bool(token) and hmac.compare_digest(presented, token.encode())
+    if not token:  # unset: nothing matches it, not even an empty string
+        return False
+    return hmac.compare_digest(presented, token.encode())

@@ -77,10 +77,11 @@ class _Run:
 
     async def _steps(self, acted: list[int]) -> str:
         action = self.action
+        rate = action.rate or DEFAULT_RATE  # claim() always sets it
         loop = asyncio.get_running_loop()
         started = loop.time()
         for n, dead_letter_id in enumerate(action.remaining):
-            await asyncio.sleep(max(0.0, started + n / action.rate - loop.time()))
+            await asyncio.sleep(max(0.0, started + n / rate - loop.time()))
             async with self._pool.acquire() as connection:
                 if await bulk_actions.state_of(connection, action.id) != "running":
                     return "cancelled"

@@ -78,10 +78,11 @@ async def csrf_protected(request: web.Request, handler: Handler) -> web.StreamRe
         return await message_page(request, 403, "Refused", "This request came from another site.")
     session = await get_session(request)
     if not csrf_matches(await presented_csrf(request), session.get("csrf")):
-        return await message_page(request, 403, "Refused",
-                            "The form was missing its security token or it was out of date. Reload the page and try again.")
+        return await message_page(request, 403, "Refused", "The form was missing its security token or it was"
+                                  " out of date. Reload the page and try again.")
     if not request.path.startswith(ANYONE_MAY_POST) and not may_change(request.get(role_key)):
-        return await message_page(request, 403, "Read only", "The viewer token may look at everything but change nothing.")
+        return await message_page(request, 403, "Read only",
+                                  "The viewer token may look at everything but change nothing.")
     return await handler(request)
 
 
@@ -94,6 +95,6 @@ async def expected_failures(request: web.Request, handler: Handler) -> web.Strea
     except _DATABASE_ERRORS as exc:
         log.warning("console_database_unavailable", error=f"{type(exc).__name__}: {exc}")
         return await message_page(request, 503, "PostgreSQL is unreachable",
-                            "The console reads everything from PostgreSQL. Try again in a moment.",
-                            headers={"Retry-After": "5"})
+                                  "The console reads everything from PostgreSQL. Try again in a moment.",
+                                  headers={"Retry-After": "5"})
 

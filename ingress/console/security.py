@@ -115,7 +115,9 @@ def same_origin(headers, host: str) -> bool:
 
 
 def csrf_matches(presented: str | None, expected: str | None) -> bool:
-    return bool(presented and expected) and hmac.compare_digest(presented.encode(), expected.encode())
+    if not presented or not expected:
+        return False
+    return hmac.compare_digest(presented.encode(), expected.encode())
 
 
 async def presented_csrf(request: web.Request) -> str | None:

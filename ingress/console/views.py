@@ -81,9 +81,10 @@ async def login_page(request: web.Request) -> web.Response:
 
 
 async def login(request: web.Request) -> web.Response:
-    form = await request.post()
-    token = form.get("token")
-    role = role_of(token, request.config_dict[settings_key]) if isinstance(token, str) and token else None
+    token = (await request.post()).get("token")
+    if not isinstance(token, str):
+        token = ""
+    role = role_of(token, request.config_dict[settings_key]) if token else None
     if role is None:
         return await render(request, "login.html", {"error": "That token is not valid.", "notice": None}, status=401)
     await sign_in(request, role, token)
@@ -165,13 +166,14 @@ async def audit_page(request: web.Request) -> web.Response:
 async def replay_one(request: web.Request) -> web.Response:
     dead_letter_id = _id_or_404(request)
     publisher = request.config_dict[publisher_key]
-    if not publisher.ready:
+    channel = publisher.channel
+    if not publisher.ready or channel is None:
         return await _back_to(request, dead_letter_id, "error", "RabbitMQ is unreachable: nothing was replayed. "
                               "Try again once it is back.")
     namespace = request.config_dict[settings_key].namespace
     try:
         async with connection(request) as conn:
-            await replay_if_open(conn, publisher.channel, namespace, dead_letter_id, actor(request))
+            await replay_if_open(conn, channel, namespace, dead_letter_id, actor(request))
     except ReplayInterrupted:
         return await _back_to(request, dead_letter_id, "error", "RabbitMQ did not confirm: nothing was replayed.")
     except (ChangedMeanwhile, NotReplayable, DeadLetterNotFound) as exc:
@@ -211,9 +213,9 @@ async def _back_to(request: web.Request, dead_letter_id: int, kind: str, text: s
 
 async def prepare_bulk(request: web.Request) -> web.Response:
     """Freeze the open dead letters the filter matches now; ask to confirm."""
-    form = await request.post()
+    form = {name: value for name, value in (await request.post()).items() if isinstance(value, str)}
     action = form.get("action")
-    where, problems = parse_filter({k: v for k, v in form.items() if isinstance(v, str)})
+    where, problems = parse_filter(form)
     if action not in bulk_actions.ACTIONS or problems:
         return await message_page(request, 400, "Nothing was done", " ".join(problems) or "Unknown action.")
     async with connection(request) as conn:
