@@ -1,0 +1,85 @@
+"""The processing guarantees (docs/reference.md §7, §8) read as an adversary
+would: interleavings and faults that break them, each forced with real
+worker processes and real services. A test marked xfail(strict) is a
+finding not fixed yet: it fails on purpose, and the suite says so once it
+passes.
+
+Handlers come from tests.support.adversary_handlers and record their runs
+through their own connection, as an external effect would be.
+"""
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from tests.support.events import make_event, publish_events, queue_depth
+from tests.support.exactly_once import until_completed, write_sources
+from tests.support.processes import count_rows, wait_for_output, wait_until
+from tests.support.tcpproxy import TcpProxy
+from webhook_ingest.shared import topology
+
+pytestmark = pytest.mark.usefixtures("effects_tables")
+HANDLERS = "tests.support.adversary_handlers"
+
+
+async def _runs(database_url: str) -> list[asyncpg.Record]:
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await connection.fetch("SELECT key, pid, started, ended FROM runs ORDER BY started")
+    finally:
+        await connection.close()
+
+
+def _overlapping(runs) -> list[tuple]:
+    """Pairs of runs of one key whose intervals intersect."""
+    return [(a["pid"], b["pid"]) for i, a in enumerate(runs) for b in runs[i + 1:]
+            if a["key"] == b["key"] and a["started"] < b["ended"] and b["started"] < a["ended"]]
+
+
+async def _first_run_pid(database_url: str) -> int:
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await connection.fetchval("SELECT pid FROM runs_started ORDER BY ctid LIMIT 1")
+    finally:
+        await connection.close()
+
+
+async def _queue_empty(settings) -> bool:
+    return await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace)) == 0
+
+
+@pytest.mark.xfail(strict=True, reason="finding 1: a holder whose Postgres session dies mid-handler loses the key's "
+                   "turn while its external effect still runs; a copy that finds the Redis lock BUSY goes on to "
+                   "Postgres after ~0.55 s, takes the freed turn and runs beside it")
+async def test_a_holder_that_loses_its_postgres_session_mid_handler_has_no_run_beside_it(settings, fleet, tmp_path):
+    """Worker A (Postgres through a proxy, Redis fine) runs a 4 s external
+    effect; its Postgres connection is cut as it starts (a failover, a network
+    cut): the server ends A's session and with it the key's advisory lock,
+    while A's handler — which does not touch ctx.db until its end — keeps
+    running, and A keeps its Redis lock extended. A copy of the event
+    reaches worker B: no two runs of the key may overlap (§7.2)."""
+    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:long_external",
+                            database_url=settings.database_url, seconds=4)
+    event = make_event("acme", "evt_session_lost")
+    with TcpProxy("127.0.0.1", 5432) as first, TcpProxy("127.0.0.1", 5432) as second:
+        proxies = {}
+        for proxy in (first, second):  # each worker reaches Postgres through its own proxy
+            worker = fleet.worker("--concurrency", "1", env={
+                "WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": proxy.url_for(settings.database_url)})
+            proxies[worker.pid] = proxy
+        for worker in fleet.processes:
+            await wait_for_output(worker, "worker_consuming")
+        await publish_events(settings.amqp_url, settings.namespace, [event])
+        await wait_until(lambda: count_rows(settings.database_url, "runs_started"), 30, interval=0.05,
+                         message="the holder's run")
+        holder_proxy = proxies[await _first_run_pid(settings.database_url)]
+        holder_proxy.cut()  # the holder's session ends; its handler runs on
+        await publish_events(settings.amqp_url, settings.namespace, [event])  # the provider's retry: the other worker
+        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, message="the holder's run ends")
+        holder_proxy.restore()
+        await until_completed(settings.database_url, 1, timeout=60)
+        await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+        await asyncio.sleep(2)  # a deferred copy comes back after 1 s
+    runs = await _runs(settings.database_url)
+    assert _overlapping(runs) == [], runs

@@ -1,0 +1,40 @@
+"""Handlers of tests/acceptance/test_adversary.py (`tests.support.adversary_handlers:NAME`).
+
+Like tests.support.handlers, they record what they did in the `effects`,
+`runs` and `runs_started` tables (created by the `effects_tables` fixture)
+through a connection of their own, outside the completion transaction, as
+an external side effect (an HTTP call) would be.
+"""
+
+import asyncio
+import os
+import time
+
+import asyncpg
+
+
+async def long_external(event, ctx):
+    """An external effect of `seconds` (default 5) that touches `ctx.db` only
+    at its end: its start goes to `runs_started`, its interval to `runs`."""
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        await connection.execute("INSERT INTO runs_started (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+        started = time.time()
+        await asyncio.sleep(float(ctx.options.get("seconds", 5)))
+        await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+                                 event.key, os.getpid(), started, time.time())
+    finally:
+        await connection.close()
+    await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+
+
+async def failing_external(event, ctx):
+    """An external effect that always fails: each run is a row in `runs`
+    (`started` is the attempt number, `ended` the time), then it raises."""
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+                                 event.key, os.getpid(), float(event.attempt), time.time())
+    finally:
+        await connection.close()
+    raise RuntimeError(f"the receiver is down (attempt {event.attempt})")
