@@ -96,3 +96,12 @@ def test_the_vendored_htmx_is_the_pinned_file():
     script = STATIC / vendor.HTMX_FILE
     assert hashlib.sha256(script.read_bytes()).hexdigest() == vendor.HTMX_SHA256
     assert sorted(path.name for path in STATIC.glob("*.js")) == [vendor.HTMX_FILE]
+
+
+def test_make_run_says_where_the_console_is_or_how_to_turn_it_on():
+    from webhook_ingest.cli import console_line
+
+    on = console_line(Settings(WEBHOOK_INGEST_ADMIN_TOKEN="t"), "127.0.0.1", 8080)
+    assert on.startswith("console: http://127.0.0.1:8080/console/")
+    off = console_line(Settings(WEBHOOK_INGEST_ADMIN_TOKEN=""), "127.0.0.1", 8080)
+    assert "WEBHOOK_INGEST_ADMIN_TOKEN" in off and "http" not in off
