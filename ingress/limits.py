@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import redis_key, settings_key, sources_key
+from webhook_ingest.ingress import ratelimit
+from webhook_ingest.ingress.appkeys import settings_key, sources_key
 from webhook_ingest.ingress.client_address import is_within, parse_address, setup_client_address
 from webhook_ingest.ingress.ratelimit import RateLimiter, SignInThrottle
 from webhook_ingest.ingress.responses import Rejected, error
@@ -38,9 +39,8 @@ def handler_args(settings: Settings) -> dict[str, float]:
 
 
 def setup_limits(app: web.Application, settings: Settings) -> None:
-    """Middlewares (client address first, so everything after sees it) and
-    the rate limiter, which needs the process's Redis client (`redis_ctx`
-    must come earlier in `cleanup_ctx`)."""
+    """Middlewares (client address first, so everything after sees it),
+    the rate limiter and its Redis client."""
     setup_client_address(app, settings.trusted_proxies)
     app.middlewares.append(_bounded_concurrency(settings.max_concurrent_requests))
     app.cleanup_ctx.append(_rate_limiter_ctx)
@@ -128,10 +128,14 @@ def _bounded_concurrency(limit: int):
 
 
 async def _rate_limiter_ctx(app: web.Application) -> AsyncIterator[None]:
-    limiter = RateLimiter(app[redis_key], app[settings_key].namespace)
+    settings = app[settings_key]
+    client = ratelimit.connect(settings.redis_urls[0])
+    limiter = RateLimiter(client, settings.namespace)
     app[rate_limiter_key] = limiter
     app[sign_in_throttle_key] = SignInThrottle(limiter)
     yield
+    await limiter.close()
+    await client.aclose()
 
 
 async def _raise_open_files_limit(app: web.Application) -> None:

@@ -6,8 +6,10 @@ import asyncio
 
 import orjson
 import pytest
+import redis.asyncio as redis
 
 from webhook_ingest.ingress.limits import sign_in_throttle_key
+from webhook_ingest.ingress.ratelimit import RateLimiter
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
@@ -125,3 +127,18 @@ async def test_console_sign_in_is_throttled_per_client_address(settings, sources
         waits = [await throttle.retry_after("198.51.100.1") for _ in range(6)]
         assert waits[:5] == [0.0] * 5 and waits[5] > 0
         assert await throttle.retry_after("198.51.100.2") == 0.0
+
+
+async def test_concurrent_requests_share_one_bucket_across_limiters(settings):
+    """Two limiters (as two processes) on the real Redis: however the
+    concurrent requests are batched, exactly `burst` are allowed at once."""
+    clients = [redis.from_url(settings.redis_urls[0]) for _ in range(2)]
+    limiters = [RateLimiter(client, settings.namespace) for client in clients]
+    try:
+        waits = await asyncio.gather(*(limiters[n % 2].retry_after("source:x", 0.01, 25) for n in range(300)))
+    finally:
+        for limiter, client in zip(limiters, clients):
+            await limiter.close()
+            await client.aclose()
+    assert sum(1 for wait in waits if wait == 0) == 25
+    assert all(90 < wait <= 100 for wait in waits if wait)  # the next token, 1 / 0.01 s away
