@@ -25,7 +25,8 @@ def render(plan: Plan, sent: Sent, verdict: Verdict, target: str, drained: str, 
     lines += _violations(verdict)
     lines.append(f"logs       {log_dir} (each process's log, faults.txt: when each fault was applied)"
                  if log_dir else "")
-    lines.append(f"reproduce  --seed {plan.seed} (same events, copies and fault schedule; the machine's timing varies)")
+    replayed = "events, copies and fault schedule" if plan.faults else "events and copies"
+    lines.append(f"reproduce  --seed {plan.seed} (same {replayed}; the machine's timing varies)")
     return "\n".join(line for line in lines if line)
 
 
