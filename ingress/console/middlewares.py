@@ -61,8 +61,11 @@ async def signed_in(request: web.Request, handler: Handler) -> web.StreamRespons
     if role is None:
         expired = "role" in session
         session.invalidate()
+        login = "/console/login" + ("?expired=1" if expired else "")
+        if request.headers.get("HX-Request"):  # a refresh in place: the whole page goes to sign-in
+            return web.Response(status=204, headers={"HX-Redirect": login})
         if request.method in ("GET", "HEAD"):
-            raise web.HTTPSeeOther("/console/login" + ("?expired=1" if expired else ""))
+            raise web.HTTPSeeOther(login)
         return await message_page(request, 403, "Sign in first", "Your session has ended. Sign in again.")
     request[role_key] = role
     return await handler(request)
