@@ -28,6 +28,7 @@ log = get_logger(__name__)
 PUBLISH_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 10.0
 PROBE_FIRST_DELAY, PROBE_MAX_DELAY = 0.2, 5.0
+PROBE_QUEUE_ARGUMENTS = {"x-queue-type": "quorum", "x-max-length": 1}  # overflow drops the older probe
 _BROKER_ERRORS = (
     aio_pika.exceptions.AMQPError,
     aiormq.exceptions.AMQPError,
@@ -53,6 +54,7 @@ class Publisher:
         self._unconfirmed = False  # a publish failed; no probe confirmed since
         self._prober: asyncio.Task | None = None
         self.queue_name = topology.events_queue(namespace)
+        self._probe_queue = f"{namespace}.ingress-probe"
 
     @property
     def ready(self) -> bool:
@@ -108,15 +110,18 @@ class Publisher:
 
     async def _probe(self) -> bool:
         """Re-declare the events queue (deleted under us, a return says so),
-        then publish an empty message to a queue that does not exist: the
-        broker confirms and drops it, proving a publish gets through (no
-        alarm, no stall) while leaving nothing behind."""
+        then publish to the probe queue: a quorum queue on the same nodes,
+        holding at most one message, so a confirm proves that publishes get
+        through (no alarm, no stall, a quorum of nodes up) while the probes
+        pile up nowhere."""
         try:
             await asyncio.wait_for(
                 topology.declare_events_queue(self._channel, self._namespace, self._delivery_limit), PUBLISH_TIMEOUT
             )
+            await asyncio.wait_for(self._channel.declare_queue(
+                self._probe_queue, durable=True, arguments=PROBE_QUEUE_ARGUMENTS), PUBLISH_TIMEOUT)
             await asyncio.wait_for(self._channel.default_exchange.publish(  # bounded also while reconnecting
-                aio_pika.Message(b""), routing_key=f"{self._namespace}.probe", mandatory=False, timeout=PUBLISH_TIMEOUT
+                aio_pika.Message(b""), routing_key=self._probe_queue, timeout=PUBLISH_TIMEOUT
             ), PUBLISH_TIMEOUT)
         except _BROKER_ERRORS as exc:
             log.info("broker_probe_failed", error=f"{type(exc).__name__}: {exc}")
