@@ -83,3 +83,30 @@ async def test_a_holder_that_loses_its_postgres_session_mid_handler_has_no_run_b
         await asyncio.sleep(2)  # a deferred copy comes back after 1 s
     runs = await _runs(settings.database_url)
     assert _overlapping(runs) == [], runs
+
+
+@pytest.mark.xfail(strict=True, reason="finding 2: with RabbitMQ blocked (an alarm: the connection "
+                   "stays open, publishes hang), the retry publish of a failed handler times out "
+                   "(asyncio.TimeoutError), which outage_kind reads as a Postgres outage; Postgres answers the "
+                   "probe, so the worker runs the handler again every ~5 s instead of pausing")
+async def test_while_rabbitmq_is_blocked_a_failed_event_is_not_run_again_and_again(settings, fleet, tmp_path):
+    """The handler (an external call) fails; RabbitMQ stops taking the
+    worker's publishes before it can publish the retry (a memory or disk
+    alarm blocks publishers; the connection stays open). Until RabbitMQ
+    takes them again the worker must wait (§7: an outage pauses consuming,
+    uses no attempt), not run the external effect again and again."""
+    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:failing_external",
+                            database_url=settings.database_url, seconds=1)
+    event = make_event("acme", "evt_broker_away")
+    with TcpProxy("127.0.0.1", 5672) as broker:
+        worker = fleet.worker("--concurrency", "1", env={
+            "WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)})
+        await wait_for_output(worker, "worker_consuming")
+        await publish_events(settings.amqp_url, settings.namespace, [event])
+        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05,
+                         message="the first run")
+        broker.stall()  # before the failed run's retry is published
+        await asyncio.sleep(12)  # two publish timeouts and more
+        runs_while_away = await count_rows(settings.database_url, "runs")
+        broker.flow()
+    assert runs_while_away == 1  # the first run only

@@ -29,12 +29,14 @@ async def long_external(event, ctx):
 
 
 async def failing_external(event, ctx):
-    """An external effect that always fails: each run is a row in `runs`
-    (`started` is the attempt number, `ended` the time), then it raises."""
+    """An external effect that always fails after `seconds` (default 0): each
+    run is a row in `runs` (`started` is the attempt number, `ended` the
+    time it started), then it raises."""
     connection = await asyncpg.connect(ctx.options["database_url"])
     try:
         await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
                                  event.key, os.getpid(), float(event.attempt), time.time())
     finally:
         await connection.close()
+    await asyncio.sleep(float(ctx.options.get("seconds", 0)))
     raise RuntimeError(f"the receiver is down (attempt {event.attempt})")
