@@ -7,6 +7,7 @@ tests/acceptance/test_console.py."""
 import asyncio
 import re
 
+import asyncpg
 import pytest
 from click.testing import CliRunner
 
@@ -15,6 +16,7 @@ from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import running_ingress
+from tests.support.processes import wait_until
 
 OPERATOR = "operator-token-for-the-page-tests"
 
@@ -72,3 +74,38 @@ async def test_bad_input_is_a_message_in_the_page_never_a_500(console_settings):
         again = await client.post(f"/console/dead-letters/{dead}/replay", data={"csrf_token": csrf})
         assert again.status == 200
         assert f"Dead letter {dead} was replayed meanwhile; nothing was done." in await again.text()
+
+
+async def test_a_bulk_discard_acts_on_the_frozen_set_and_skips_what_changed_meanwhile(console_settings):
+    database = console_settings.database_url
+    first, second, third = await seed_dead_letters(database, "acme", 3)
+    [other] = await seed_dead_letters(database, "other", 1, start=10)
+    async with running_ingress(console_settings, load_sources(None)) as client:
+        csrf = await signed_in(client)
+        prepared = await client.post("/console/bulk", data={"csrf_token": csrf, "action": "discard", "source": "acme"})
+        assert "3</strong> open dead letters match" in await prepared.text()
+        bulk_path = prepared.url.path
+        [late] = await seed_dead_letters(database, "acme", 1, start=20)  # after the count: not in the set
+        replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(second)])
+        assert replayed.exit_code == 0, replayed.stderr  # changed meanwhile: skipped
+
+        await client.post(f"{bulk_path}/start", data={"csrf_token": csrf, "rate": "1000"})
+        await wait_until(_page_says(client, bulk_path, "State: <strong>done</strong>"), 30, message="bulk done")
+        page = await (await client.get(bulk_path)).text()
+    assert "2 of 3 discarded" in page and "1 skipped" in page
+    assert await _statuses(database) == {first: "discarded", second: "replayed", third: "discarded",
+                                         other: "dead", late: "dead"}
+
+
+def _page_says(client, path: str, text: str):
+    async def check() -> bool:
+        return text in await (await client.get(path)).text()
+    return check
+
+
+async def _statuses(database_url: str) -> dict[int, str]:
+    connection = await asyncpg.connect(database_url)
+    try:
+        return {row["id"]: row["status"] for row in await connection.fetch("SELECT id, status FROM dead_letters")}
+    finally:
+        await connection.close()
