@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run migrate test test-fast lint docs bench chaos clean
+.PHONY: install run migrate test test-fast lint docs bench chaos chaos-cluster clean
 
 install: $(STAMP)
 
@@ -46,6 +46,9 @@ bench: install  ## throughput/latency figures and ratios against the raw broker
 # SEED=N reproduces a run; CHAOS_ARGS passes more options (python -m tests.chaos --help).
 chaos: install  ## a seeded fault run: kills, cuts, flushes, prunes; checks every accepted event (a few minutes)
 	$(BIN)/python -m tests.chaos $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
+
+chaos-cluster: install  ## three private RabbitMQ nodes: one SIGKILLed, another restarted under traffic (about 2 minutes)
+	$(BIN)/python -m tests.chaos.cluster $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache build *.egg-info

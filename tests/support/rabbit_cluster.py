@@ -1,0 +1,136 @@
+"""Three private RabbitMQ nodes of one cluster on free ports, for the
+cluster fault run (`make chaos-cluster`); never the shared broker.
+
+Each node has its own name (`wi<id>-<n>@localhost`), data and log folders,
+AMQP and distribution ports, an empty plugin list and its own config; all
+share a private Erlang cookie in a private HOME. The shared broker has
+another cookie, so a command of ours can never reach it, even by mistake.
+A node runs in its own process group, so it is killed (SIGKILL) or stopped
+without touching any process but its own.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from tests.support.tcpproxy import free_port
+
+SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # not the /usr/sbin wrapper: it switches user and cookie
+CTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
+
+
+class RabbitNode:
+    def __init__(self, base: Path, name: str, home: Path):
+        self.name = name
+        self.folder = base / name.split("@")[0]
+        self.folder.mkdir()
+        self.port, self.dist_port = free_port(), free_port()
+        (self.folder / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users = none\n")
+        (self.folder / "env.conf").write_text("")
+        (self.folder / "plugins").write_text("[].\n")
+        self.env = {
+            **os.environ, "HOME": str(home),
+            "RABBITMQ_CONF_ENV_FILE": str(self.folder / "env.conf"),  # not /etc/rabbitmq's (the shared node's name)
+            "RABBITMQ_CONFIG_FILE": str(self.folder / "rabbitmq.conf"),
+            "RABBITMQ_CONFIG_FILES": str(self.folder / "conf.d"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.folder / "advanced.config"),
+            "RABBITMQ_NODENAME": name, "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.folder / "data"), "RABBITMQ_LOG_BASE": str(self.folder / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.folder / "plugins"),
+            "RABBITMQ_PID_FILE": str(self.folder / "pid"),
+        }
+        self.process: subprocess.Popen | None = None
+
+    def url(self, user: str = "guest", password: str = "guest") -> str:
+        return f"amqp://{user}:{password}@127.0.0.1:{self.port}/"
+
+    def start(self) -> None:
+        with open(self.folder / "out.log", "ab") as log:
+            self.process = subprocess.Popen([SERVER], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        self._await_startup()
+
+    def _await_startup(self, timeout: float = 120) -> None:
+        """`await_startup` fails at once until the node has registered its name."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.ctl("await_startup", timeout=timeout)
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise
+                time.sleep(0.5)
+
+    def kill(self) -> None:
+        """SIGKILL to the node's whole process group: a crashed machine."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+        self.process = None
+
+    def stop(self) -> None:
+        """A clean stop, as for a rolling restart."""
+        self.ctl("stop", timeout=120)
+        if self.process is not None:
+            self.process.wait(timeout=60)
+        self.process = None
+
+    def ctl(self, *args: str, timeout: float = 60) -> str:
+        done = subprocess.run([CTL, "-n", self.name, *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl -n {self.name} {' '.join(args)}: {done.stderr.strip() or done.stdout}")
+        return done.stdout
+
+
+class RabbitCluster:
+    def __init__(self, size: int = 3):
+        self.base = Path(tempfile.mkdtemp(prefix="wi-rabbit-cluster-"))
+        home = self.base / "home"
+        home.mkdir()
+        cookie = home / ".erlang.cookie"
+        cookie.write_text(uuid.uuid4().hex)
+        cookie.chmod(0o400)
+        run_id = uuid.uuid4().hex[:6]
+        self.nodes = [RabbitNode(self.base, f"wi{run_id}-{n}@localhost", home) for n in range(1, size + 1)]
+
+    @property
+    def amqp_url(self) -> str:
+        """Every node, comma-separated: what AMQP_URL holds for a cluster."""
+        return ",".join(node.url() for node in self.nodes)
+
+    def start(self) -> "RabbitCluster":
+        first, *others = self.nodes
+        first.start()
+        for node in others:
+            node.start()
+            node.ctl("stop_app")
+            node.ctl("join_cluster", first.name)
+            node.ctl("start_app", timeout=120)
+        return self
+
+    def running_nodes(self) -> str:
+        return self.nodes[0].ctl("cluster_status", "--formatter", "json")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.kill()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> "RabbitCluster":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
