@@ -9,6 +9,8 @@ through their own connection, as an external effect would be.
 """
 
 import asyncio
+import dataclasses
+import time
 
 import asyncpg
 import pytest
@@ -148,3 +150,32 @@ async def _admin(sql: str) -> None:
         await connection.execute(sql)
     finally:
         await connection.close()
+
+
+@pytest.mark.xfail(strict=True, reason="finding 4: the unknown-source patience (10 min) is counted from the event's "
+                   "received_at, not from when a worker first failed to know its source: an event that waited "
+                   "10 minutes anywhere before (an outbox during a broker outage, a backlog, a long retry delay, a "
+                   "replay) is dead-lettered by the first old worker, at once, during a rolling deploy")
+async def test_an_old_event_of_a_source_no_worker_knows_yet_still_waits_for_one(settings, fleet, tmp_path):
+    """A rolling deploy after a 12-minute RabbitMQ outage: the ingress kept
+    the event in its outbox and relays it now; the worker that gets it does
+    not know its source yet. It must wait for a worker that does (§8), as a
+    fresh event would, not become a dead letter on its first look."""
+    old = write_sources(tmp_path / "old.toml", "tests.support.handlers:counted_inbox")
+    old_text = (tmp_path / "old.toml").read_text()
+    new = tmp_path / "new.toml"
+    new.write_text(old_text + old_text.replace("[sources.acme]", "[sources.newer]"))
+    old_worker = fleet.worker("--concurrency", "4", env={"WEBHOOK_INGEST_SOURCES": old})
+    await wait_for_output(old_worker, "worker_consuming")
+    event = dataclasses.replace(make_event("newer", "evt_from_the_outbox"), received_at=time.time() - 12 * 60)
+    await publish_events(settings.amqp_url, settings.namespace, [event])
+    await asyncio.sleep(1)  # the old worker has looked at it
+    fleet.worker("--concurrency", "4", env={"WEBHOOK_INGEST_SOURCES": str(new)})
+
+    async def settled() -> bool:
+        return await count_rows(settings.database_url, "processed_events") + \
+            await count_rows(settings.database_url, "dead_letters") > 0
+
+    await wait_until(settled, 60, message="the event processed or dead-lettered")
+    assert await count_rows(settings.database_url, "dead_letters") == 0
+    assert await count_rows(settings.database_url, "inbox") == 1
