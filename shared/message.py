@@ -26,6 +26,7 @@ import orjson
 # the door, leaving room for the retries' error history.
 MAX_PROVIDER_HEADERS_BYTES = 64 * 1024
 MAX_EVENT_ID_BYTES = 1024  # also keeps the key within a Postgres btree entry (2704 bytes)
+MAX_ERRORS_BYTES = 32 * 1024  # the error history a retry message carries
 
 # Request headers that are transport details or credentials, never handed on.
 _DROPPED_HEADERS = frozenset({
@@ -108,7 +109,7 @@ def to_amqp(event: EventMessage) -> aio_pika.Message:
             "x-received-at": event.received_at,  # the previous release's workers read only this
             "x-attempt": event.attempt,
             "x-provider-headers": event.headers,
-            "x-errors": orjson.dumps(event.errors).decode() if event.errors else "[]",
+            "x-errors": errors_header(event.errors),
             "x-deliveries": event.deliveries,
         },
     )
@@ -129,6 +130,34 @@ def from_amqp(body: bytes, headers: dict) -> EventMessage:
         # x-delivery-count: set by the quorum queue on a redelivery
         deliveries=int(headers.get("x-deliveries") or 0) + int(headers.get("x-delivery-count") or 0),
     )
+
+
+def errors_header(errors: tuple[dict, ...]) -> str:
+    """The failed attempts as JSON, within MAX_ERRORS_BYTES: with many
+    attempts (a large `max_attempts`, long messages) the history would
+    outgrow the frame, and the broker would close the worker's connection at
+    every retry publish. Over the budget the last error keeps the end of its
+    traceback, every earlier one loses its traceback and has its message
+    clipped, and past a few hundred attempts the oldest (but the first) are
+    left out. Each kept error keeps its attempt, time and type."""
+    text = orjson.dumps(errors)
+    if len(text) <= MAX_ERRORS_BYTES:
+        return text.decode()
+    *earlier, last = errors
+    last = {**_slim_error(last, MAX_ERRORS_BYTES // 4), "traceback": str(last.get("traceback", ""))[-2048:]}
+    share = (MAX_ERRORS_BYTES - len(orjson.dumps(last))) // max(len(earlier), 1)
+    slim = [_slim_error(error, share) for error in earlier]
+    while len(slim) > 1 and len(orjson.dumps([*slim, last])) > MAX_ERRORS_BYTES:
+        del slim[1]  # the first failure is the one worth keeping
+    return orjson.dumps([*slim, last]).decode()
+
+
+def _slim_error(error: dict, budget: int) -> dict:
+    """`error` without its traceback, its message clipped to fit about `budget` bytes."""
+    slim = {name: value for name, value in error.items() if name != "traceback"}
+    room = max(budget - len(orjson.dumps({**slim, "message": ""})), 40) // 4  # up to 4 bytes a character
+    slim["message"] = str(slim.get("message", ""))[:room]
+    return slim
 
 
 def _received_at(headers: dict) -> float:

@@ -1,8 +1,10 @@
 """The event message through pamqp's real wire encoding, as the broker sees it."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import aio_pika
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import frame, header
@@ -56,3 +58,24 @@ def test_any_header_bytes_become_utf8_text_the_same_way_every_time(raw):
         assert text == raw.decode("utf-8")  # valid UTF-8 is left alone
     except UnicodeDecodeError:
         assert "\\x" in text
+
+
+def failure(attempt: int, message: str) -> dict:
+    return {"attempt": attempt, "at": "2026-11-23T12:00:00+00:00", "type": "ValueError",
+            "message": message, "traceback": "Traceback (most recent call last):\n" + "  line\n" * 11 + message}
+
+
+@pytest.mark.parametrize(("attempts", "message_chars"), [(5, 1000), (40, 1990), (1000, 1990), (2, 500_000)])
+def test_a_long_error_history_still_fits_one_frame_and_names_each_kept_attempt(attempts, message_chars):
+    """RabbitMQ's frame_max is 128 KiB; a bigger content header closed the worker's connection."""
+    errors = tuple(failure(n, f"failed {n}: " + "é" * message_chars) for n in range(1, attempts + 1))
+    message = to_amqp(replace(event(1.0), attempt=attempts + 1, errors=errors))
+    encoded = frame.marshal(header.ContentHeader(0, len(message.body), message.properties), 1)
+    assert len(encoded) < 131072 - 8
+    carried = from_amqp(message.body, over_the_wire(message)).errors
+    assert carried[0]["attempt"] == 1 and carried[-1]["attempt"] == attempts  # the first and the last
+    assert carried[-1]["traceback"].endswith("é")  # the end of the last traceback
+    assert all(error["type"] == "ValueError" and error["message"].startswith(f"failed {error['attempt']}")
+               for error in carried)
+    if attempts == 5:
+        assert carried == errors  # a usual history is left as it is
