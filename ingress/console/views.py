@@ -4,6 +4,7 @@ message for the next page. Bad input — an unknown id, a garbled filter, a
 dead letter someone else handled meanwhile — is a message, never a 500."""
 
 import json
+import math
 from contextlib import asynccontextmanager
 
 from aiohttp import web
@@ -15,6 +16,7 @@ from webhook_ingest.ingress.console.filters import form_values, parse_before, pa
 from webhook_ingest.ingress.console.overview import overview
 from webhook_ingest.ingress.console.rendering import leave_message, message_page, render
 from webhook_ingest.ingress.console.security import role_key, session_role, sign_in, sign_out
+from webhook_ingest.ingress.limits import sign_in_throttle_key
 from webhook_ingest.ingress.tokens import role_of
 from webhook_ingest.shared import bulk_actions
 from webhook_ingest.shared.dead_letters import (
@@ -81,6 +83,14 @@ async def login_page(request: web.Request) -> web.Response:
 
 
 async def login(request: web.Request) -> web.Response:
+    """Throttled per client address before the token is even looked at
+    (ingress/limits.py: a few at once, then a few a minute)."""
+    wait = await request.config_dict[sign_in_throttle_key].retry_after(request.remote)
+    if wait > 0:
+        seconds = math.ceil(wait)
+        return await render(request, "login.html", {"notice": None, "error": "Too many sign-in attempts from your "
+                                                    f"address. Try again in {seconds} seconds."},
+                            status=429, headers={"Retry-After": str(seconds)})
     token = (await request.post()).get("token")
     if not isinstance(token, str):
         token = ""

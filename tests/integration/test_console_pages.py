@@ -109,3 +109,15 @@ async def _statuses(database_url: str) -> dict[int, str]:
         return {row["id"]: row["status"] for row in await connection.fetch("SELECT id, status FROM dead_letters")}
     finally:
         await connection.close()
+
+
+async def test_sign_in_is_throttled_before_the_token_is_checked(console_settings):
+    async with running_ingress(console_settings, load_sources(None)) as client:
+        login = await (await client.get("/console/login")).text()
+        answers = [await client.post("/console/login", data={"csrf_token": csrf_of(login), "token": "guess"})
+                   for _ in range(6)]
+        assert [answer.status for answer in answers] == [401] * 5 + [429]
+        assert int(answers[-1].headers["Retry-After"]) > 0
+        assert "Too many sign-in attempts" in await answers[-1].text()
+        right = await client.post("/console/login", data={"csrf_token": csrf_of(login), "token": OPERATOR})
+        assert right.status == 429  # the right token too: nothing tells a guess it was right
