@@ -8,6 +8,7 @@ import math
 from contextlib import asynccontextmanager
 
 from aiohttp import web
+from aiohttp_session import get_session
 
 from webhook_ingest.ingress.admin import admin_pool_key
 from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
@@ -38,8 +39,9 @@ from webhook_ingest.shared.dead_letters import (
     replays_of,
     search_dead_letters,
 )
-from aiohttp_session import get_session
+from webhook_ingest.shared.logging import get_logger
 
+log = get_logger(__name__)
 PAGE_SIZE = 50
 ACQUIRE_TIMEOUT = 5.0
 bulk_runner_key = web.AppKey("bulk_runner", BulkRunner)
@@ -96,7 +98,9 @@ async def login(request: web.Request) -> web.Response:
         token = ""
     role = role_of(token, request.config_dict[settings_key]) if token else None
     if role is None:
+        log.warning("console_sign_in_refused", client=request.remote)
         return await render(request, "login.html", {"error": "That token is not valid.", "notice": None}, status=401)
+    log.info("console_signed_in", role=role, client=request.remote)
     await sign_in(request, role, token)
     raise web.HTTPSeeOther("/console/")
 

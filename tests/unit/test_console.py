@@ -105,3 +105,24 @@ def test_make_run_says_where_the_console_is_or_how_to_turn_it_on():
     assert on.startswith("console: http://127.0.0.1:8080/console/")
     off = console_line(Settings(WEBHOOK_INGEST_ADMIN_TOKEN=""), "127.0.0.1", 8080)
     assert "WEBHOOK_INGEST_ADMIN_TOKEN" in off and "http" not in off
+
+
+async def test_the_session_cookie_is_httponly_strict_expiring_and_secure_over_https():
+    import ssl
+
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+    from aiohttp_session import Session
+
+    from webhook_ingest.ingress.console.security import COOKIE_NAME, cookie_storage
+
+    storage = cookie_storage(Settings(WEBHOOK_INGEST_ADMIN_TOKEN="t", WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS=60))
+    for request, secure in ((make_mocked_request("GET", "/console/"), False),
+                            (make_mocked_request("GET", "/console/", sslcontext=ssl.create_default_context()), True)):
+        session = Session(None, data=None, new=True, max_age=storage.max_age)
+        session["role"] = "operator"
+        response = web.Response()
+        await storage.save_session(request, response, session)
+        cookie = response.cookies[COOKIE_NAME]
+        assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/console/"
+        assert cookie["secure"] == secure and int(cookie["max-age"]) > 60
