@@ -179,3 +179,25 @@ async def test_an_old_event_of_a_source_no_worker_knows_yet_still_waits_for_one(
     await wait_until(settled, 60, message="the event processed or dead-lettered")
     assert await count_rows(settings.database_url, "dead_letters") == 0
     assert await count_rows(settings.database_url, "inbox") == 1
+
+
+@pytest.mark.xfail(strict=True, reason="finding 5: copies of a failing event multiply its attempts: a copy waiting on "
+                   "a leader that ended RETRIED is dispatched again and runs the handler at once (no retry delay), "
+                   "and each copy starts its own retry chain: 3 copies, max_attempts 3 -> 9 runs")
+async def test_copies_of_a_failing_event_do_not_multiply_its_attempts(settings, fleet, tmp_path):
+    """A provider sends an event three times at once (it timed out waiting
+    for our 200); the receiver behind the handler is down. The event is
+    attempted max_attempts (3) times, each after its retry delay (§8) —
+    not three times as often, copies hammering the receiver back to back."""
+    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:failing_external",
+                            database_url=settings.database_url, seconds=0.3)
+    worker = fleet.worker("--concurrency", "4", env={"WEBHOOK_INGEST_SOURCES": sources})
+    await wait_for_output(worker, "worker_consuming")
+    event = make_event("acme", "evt_failing_copies")
+    await publish_events(settings.amqp_url, settings.namespace, [event] * 3)
+
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(2)  # any other chain's last attempt
+    attempts = [run["started"] for run in await _runs(settings.database_url)]
+    assert sorted(attempts) == [1.0, 2.0, 3.0]
