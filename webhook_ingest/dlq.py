@@ -201,8 +201,9 @@ async def confirm_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.Abst
         raise BrokerUnavailable(f"cannot reach RabbitMQ at {where}: {one_line(exc)}") from exc
     async with connection:
         try:
-            await _ensure_events_queue(connection, settings)
-            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            async with asyncio.timeout(CONNECT_TIMEOUT):  # a broker that hangs once connected
+                await _ensure_events_queue(connection, settings)
+                channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         except _BROKER_ERRORS as exc:
             raise BrokerUnavailable(f"RabbitMQ at {where}: {one_line(exc)}") from exc
         yield channel

@@ -41,3 +41,33 @@ async def test_a_publish_to_a_hung_broker_ends_within_its_limit(settings, proxie
     proxy, channel = proxied_channel
     proxy.stall()
     assert isinstance(await publish_outcome(channel, settings.namespace), asyncio.TimeoutError)
+
+
+async def test_dlq_replay_against_a_broker_that_hangs_after_connecting_is_one_error(settings, monkeypatch):
+    """The replay command's channel and queue check waited for ever once connected."""
+    from webhook_ingest import dlq
+
+    with TcpProxy("127.0.0.1", 5672) as proxy:
+        connect = dlq.amqp.connect
+
+        async def connect_then_hang(*args, **kwargs):
+            connection = await connect(*args, **kwargs)
+            proxy.stall()
+            await asyncio.sleep(0.1)  # the proxy's loop has stalled
+            return connection
+
+        monkeypatch.setattr(dlq.amqp, "connect", connect_then_hang)
+        monkeypatch.setattr(dlq, "CONNECT_TIMEOUT", 1.0)
+        monkeypatch.setenv("AMQP_URL", proxy.url_for(settings.amqp_url))
+
+        async def open_channel():
+            async with dlq.confirm_channel(type(settings)()):
+                pass
+
+        task = asyncio.create_task(open_channel())
+        done, _ = await asyncio.wait({task}, timeout=GUARD_SECONDS)
+        if task not in done:
+            task.cancel()
+            pytest.fail("the replay was still waiting for the broker")
+        proxy.flow()
+    assert isinstance(task.exception(), dlq.BrokerUnavailable)
