@@ -10,6 +10,8 @@ through their own connection, as an external effect would be.
 
 import asyncio
 import dataclasses
+import os
+import sys
 import time
 
 import asyncpg
@@ -201,3 +203,41 @@ async def test_copies_of_a_failing_event_do_not_multiply_its_attempts(settings, 
     await asyncio.sleep(2)  # any other chain's last attempt
     attempts = [run["started"] for run in await _runs(settings.database_url)]
     assert sorted(attempts) == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.xfail(strict=True, reason="finding 6: a replay racing the replayed event's new failure loses the dead "
+                   "letter: the worker's insert_dead_letter still sees the old row open (the replay has published "
+                   "but not committed 'replayed'), records nothing new and acks; then the old row turns 'replayed' "
+                   "and no open dead letter is left")
+async def test_a_replayed_event_that_fails_again_at_once_is_an_open_dead_letter(settings, service_env, fleet, tmp_path):
+    """An event fails permanently and is a dead letter. On-call replays it;
+    the worker fails it again before the replay's own transaction commits
+    (forced here by holding a lock that the replay's history insert waits
+    for: a slow commit, a busy table). Afterwards the event must again be
+    an open dead letter on-call can see (§7.3, §8)."""
+    sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:permanently_fails")
+    worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
+    await wait_for_output(worker, "worker_consuming")
+    await publish_events(settings.amqp_url, settings.namespace, [make_event("acme", "evt_replayed")])
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
+
+    blocker = await asyncpg.connect(settings.database_url)
+    try:
+        transaction = blocker.transaction()
+        await transaction.start()
+        await blocker.execute("LOCK TABLE dead_letter_replays IN SHARE MODE")  # the replay's commit waits
+        replay = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "webhook_ingest", "dlq", "replay", "1", env={**os.environ, **service_env},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        await wait_until(lambda: _logged_twice(worker, "event_dead_lettered"), 30, interval=0.05,
+                         message="the replayed event failed again")
+        await transaction.commit()
+    finally:
+        await blocker.close()
+    output = (await replay.communicate())[0].decode()
+    assert replay.returncode == 0, output
+    assert await count_rows(settings.database_url, "dead_letters", "status = 'dead'") == 1
+
+
+async def _logged_twice(worker, text: str) -> bool:
+    return worker.output().count(text) >= 2
