@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from webhook_ingest.ingress.appkeys import settings_key
+from webhook_ingest.ingress.client_address import is_within, parse_address
 from webhook_ingest.ingress.tokens import OPERATOR, VIEWER
 from webhook_ingest.shared.settings import Settings
 
@@ -54,8 +55,23 @@ class CookieStorage(EncryptedCookieStorage):
 
     async def save_session(self, request: web.Request, response: web.StreamResponse, session: Session) -> None:
         # No await between setting the flag and the parent writing the cookie.
-        self._cookie_params["secure"] = request.secure
+        self._cookie_params["secure"] = came_over_https(request)
         await super().save_session(request, response, session)
+
+
+def came_over_https(request: web.Request) -> bool:
+    """HTTPS to this process, or to a trusted proxy that says so
+    (`X-Forwarded-Proto` or `Forwarded: proto=`), as when a load balancer
+    terminates TLS."""
+    if request.secure:
+        return True
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    trusted = request.config_dict[settings_key].trusted_proxies
+    if not peer or not is_within(parse_address(peer[0]), trusted):
+        return False
+    forwarded = [element.get("proto") for element in request.forwarded][:1]
+    proto = forwarded[0] if forwarded else request.headers.get("X-Forwarded-Proto", "").split(",")[0]
+    return (proto or "").strip().lower() == "https"
 
 
 def cookie_storage(settings: Settings) -> CookieStorage:

@@ -109,20 +109,35 @@ def test_make_run_says_where_the_console_is_or_how_to_turn_it_on():
 
 async def test_the_session_cookie_is_httponly_strict_expiring_and_secure_over_https():
     import ssl
+    from unittest import mock
 
     from aiohttp import web
     from aiohttp.test_utils import make_mocked_request
     from aiohttp_session import Session
 
+    from webhook_ingest.ingress.appkeys import settings_key
     from webhook_ingest.ingress.console.security import COOKIE_NAME, cookie_storage
 
-    storage = cookie_storage(Settings(WEBHOOK_INGEST_ADMIN_TOKEN="t", WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS=60))
-    for request, secure in ((make_mocked_request("GET", "/console/"), False),
-                            (make_mocked_request("GET", "/console/", sslcontext=ssl.create_default_context()), True)):
+    settings = Settings(WEBHOOK_INGEST_ADMIN_TOKEN="t", WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS=60,
+                        WEBHOOK_INGEST_TRUSTED_PROXIES="10.0.0.0/8")
+    app = web.Application()
+    app[settings_key] = settings
+    storage = cookie_storage(settings)
+
+    def request(peer: str, headers: dict | None = None, tls: bool = False):
+        transport = mock.Mock()
+        transport.get_extra_info.side_effect = lambda name, default=None: (peer, 5000) if name == "peername" else None
+        return make_mocked_request("GET", "/console/", headers=headers, app=app, transport=transport,
+                                   sslcontext=ssl.create_default_context() if tls else None)
+
+    for incoming, secure in ((request("192.0.2.1"), False), (request("192.0.2.1", tls=True), True),
+                             (request("10.1.2.3", {"X-Forwarded-Proto": "https"}), True),
+                             (request("10.1.2.3", {"Forwarded": "for=192.0.2.1;proto=https"}), True),
+                             (request("192.0.2.1", {"X-Forwarded-Proto": "https"}), False)):  # not a trusted proxy
         session = Session(None, data=None, new=True, max_age=storage.max_age)
         session["role"] = "operator"
         response = web.Response()
-        await storage.save_session(request, response, session)
+        await storage.save_session(incoming, response, session)
         cookie = response.cookies[COOKIE_NAME]
         assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/console/"
-        assert cookie["secure"] == secure and int(cookie["max-age"]) > 60
+        assert bool(cookie["secure"]) is secure and int(cookie["max-age"]) > 60
