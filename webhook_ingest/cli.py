@@ -63,16 +63,21 @@ def main() -> None:
 @main.command(epilog=ENV_HELP)
 def migrate() -> None:
     """Create the database if missing and apply schema migrations (idempotent)."""
-    import asyncpg
-
-    from webhook_ingest.shared.errors import WebhookIngestError
-    from webhook_ingest.shared.migrate import migrate as run_migrations
-
     try:
         settings = load_settings()  # not the sources file: migrating does not need it
     except ConfigError as exc:
         fail(str(exc))
     configure_logging(settings.log_format)
+    _migrate_or_fail(settings)
+
+
+def _migrate_or_fail(settings: Settings) -> None:
+    """Migrate and say what was applied, or one line on stderr and exit 2."""
+    import asyncpg
+
+    from webhook_ingest.shared.errors import WebhookIngestError
+    from webhook_ingest.shared.migrate import migrate as run_migrations
+
     where = settings.masked()["database_url"]
     try:
         applied = asyncio.run(run_migrations(settings.database_url))
@@ -185,7 +190,6 @@ def run(host: str, port: int, ingress_processes: str, worker_count: int, concurr
 
     The defaults are the configuration `make bench` measured fastest
     (docs/performance.md); the options override it."""
-    from webhook_ingest.shared.migrate import migrate as run_migrations
     from webhook_ingest.shared.preflight import unreachable_services
 
     settings, sources = configured()
@@ -195,8 +199,7 @@ def run(host: str, port: int, ingress_processes: str, worker_count: int, concurr
         for problem in problems:
             click.echo(f"error: {problem}", err=True)
         sys.exit(1)
-    applied = asyncio.run(run_migrations(settings.database_url))
-    click.echo(f"migrations applied: {', '.join(applied)}" if applied else "database is up to date")
+    _migrate_or_fail(settings)
     ingress_count = layout.ingress_processes(ingress_processes)
     click.echo(f"ingress on http://{host}:{port}  ({ingress_count} ingress processes, {worker_count} workers × "
                f"{concurrency} in flight; Ctrl-C stops all)")

@@ -68,3 +68,14 @@ async def test_the_preflight_needs_only_the_target_database(database, monkeypatc
             problems = await unreachable_services(Settings())
             assert not [problem for problem in problems if problem.startswith("PostgreSQL")], problems
     assert "postgres" not in gatekeeper.asked_for
+
+
+async def test_run_says_in_one_line_that_it_cannot_create_the_database(service_env, namespace):
+    from tests.support.tcpproxy import free_port
+
+    missing = f"wi_{namespace}_run"
+    async with PostgresGatekeeper(refused={"postgres"}) as gatekeeper:
+        env = {**service_env, "DATABASE_URL": gatekeeper.url_for(missing)}
+        result = await asyncio.to_thread(webhook_ingest, "run", "--port", str(free_port()), env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error: database '{missing}' does not exist and cannot be created here:")
