@@ -71,3 +71,25 @@ async def test_dlq_replay_against_a_broker_that_hangs_after_connecting_is_one_er
             pytest.fail("the replay was still waiting for the broker")
         proxy.flow()
     assert isinstance(task.exception(), dlq.BrokerUnavailable)
+
+
+async def test_a_publish_while_the_robust_connection_reconnects_ends_within_its_limit(settings):
+    """Between a lost connection and its recovery aio-pika's robust channel
+    waits for the connection, before its own publish timeout starts. That
+    state, held: the connection's `connected` event cleared, as a reconnect
+    leaves it, on an otherwise healthy connection."""
+    connection = await aio_pika.connect_robust(settings.amqp_url)
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await topology.declare_events_queue(channel, settings.namespace, settings.delivery_limit)
+        connection.connected.clear()
+        task = asyncio.create_task(topology.publish(channel, aio_pika.Message(b"{}"),
+                                                    topology.events_queue(settings.namespace), timeout=1.0))
+        done, _ = await asyncio.wait({task}, timeout=GUARD_SECONDS)
+        if task not in done:
+            task.cancel()
+            pytest.fail("the publish was still waiting for the connection")
+        assert isinstance(task.exception(), asyncio.TimeoutError)
+    finally:
+        connection.connected.set()
+        await connection.close()
