@@ -27,6 +27,7 @@ log = get_logger(__name__)
 
 PUBLISH_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 10.0
+PATIENCE = 1.0  # a live request's wait for its confirm: longer, and the broker is suspect (see publish)
 PROBE_FIRST_DELAY, PROBE_MAX_DELAY = 0.2, 5.0
 PROBE_QUEUE_ARGUMENTS = {"x-queue-type": "quorum", "x-max-length": 1}  # overflow drops the older probe
 _BROKER_ERRORS = (
@@ -52,6 +53,7 @@ class Publisher:
         self._channel: AbstractRobustChannel | None = None
         self._connector: asyncio.Task | None = None
         self._unconfirmed = False  # a publish failed; no probe confirmed since
+        self._suspicion: asyncio.Future = asyncio.get_running_loop().create_future()  # done while unconfirmed
         self._prober: asyncio.Task | None = None
         self.queue_name = topology.events_queue(namespace)
         self._probe_queue = f"{namespace}.ingress-probe"
@@ -86,17 +88,32 @@ class Publisher:
         if self._connection is not None:
             await self._connection.close()
 
-    async def publish(self, event: EventMessage) -> None:
+    async def publish(self, event: EventMessage, patience: float | None = None) -> None:
+        """Returns once the broker confirmed. With `patience` (a live
+        request), gives up after that many seconds, or as soon as any other
+        publish made the broker suspect; the publish itself goes on, and a
+        late confirm only makes a copy, which the workers settle."""
         if not self.available:
             raise BrokerUnavailable("not connected to the broker" if not self.ready else "the broker is not confirming")
+        publishing = topology.publish(self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT)
         try:
-            await topology.publish(self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT)
+            await (publishing if patience is None else self._within(asyncio.ensure_future(publishing), patience))
         except _BROKER_ERRORS as exc:
             self._suspect()
             raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
+    async def _within(self, publishing: asyncio.Future, patience: float) -> None:
+        await asyncio.wait((publishing, self._suspicion), timeout=patience, return_when=asyncio.FIRST_COMPLETED)
+        if publishing.done():
+            return publishing.result()
+        publishing.add_done_callback(_ignore_outcome)
+        raise asyncio.TimeoutError(f"no confirm within {patience:g} s" if not self._suspicion.done()
+                                   else "another publish went unconfirmed")
+
     def _suspect(self) -> None:
         self._unconfirmed = True
+        if not self._suspicion.done():
+            self._suspicion.set_result(None)  # wakes every publish still waiting with patience
         if self._prober is None or self._prober.done():
             self._prober = asyncio.create_task(self._probe_until_confirmed(), name="broker-probe")
 
@@ -106,6 +123,7 @@ class Publisher:
             await asyncio.sleep(delay)
             delay = min(delay * 2, PROBE_MAX_DELAY)
         self._unconfirmed = False
+        self._suspicion = asyncio.get_running_loop().create_future()
         log.info("broker_confirming", queue=self.queue_name)
 
     async def _probe(self) -> bool:
@@ -151,3 +169,10 @@ class Publisher:
             raise
         self._connection, self._channel = connection, channel
         log.info("broker_connected", queue=self.queue_name)
+
+
+def _ignore_outcome(publishing: asyncio.Future) -> None:
+    """A publish nobody waits for any more: its outcome is only read, so
+    asyncio does not log it as never retrieved."""
+    if not publishing.cancelled():
+        publishing.exception()
