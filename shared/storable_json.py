@@ -46,7 +46,7 @@ def parse(body: bytes) -> object:
     """The parsed body; ValueError when it is not JSON, or not storable."""
     try:
         text = body.decode("utf-8")
-        value = json.loads(text, parse_float=_float, parse_constant=_refuse_constant)
+        value = _DECODER.decode(text)
     except RecursionError as exc:
         raise NotStorable("nested too deeply") from exc
     if "\\u" in text or body.count(b"[") + body.count(b"{") > MAX_DEPTH:
@@ -60,7 +60,8 @@ def _float(literal: str) -> float:
     value = float(literal)
     if not math.isfinite(value):
         raise NotStorable(f"{literal[:20]} is beyond a 64-bit float")
-    if not numeric_accepts(literal):
+    short_without_exponent = len(literal) <= _MAX_DISPLAY_SCALE and "e" not in literal and "E" not in literal
+    if not (short_without_exponent or numeric_accepts(literal)):
         raise NotStorable(f"{literal[:20]} is beyond Postgres numeric")
     return value
 
@@ -76,6 +77,9 @@ def numeric_accepts(literal: str) -> bool:
 
 def _refuse_constant(name: str):
     raise NotStorable(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_float=_float, parse_constant=_refuse_constant)  # built once, not per body
 
 
 def _check_tree(value: object) -> None:
