@@ -16,12 +16,14 @@ from aiohttp import web
 from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
 
 MAX_CONNECTIONS = 10
+IDLE_SECONDS = 30.0  # the connections an outage's outbox inserts opened are closed soon after
 CLOSE_TIMEOUT = 10.0
 
 
 async def database_ctx(app: web.Application) -> AsyncIterator[None]:
     """aiohttp cleanup_ctx: the pool exists for the application's lifetime."""
-    pool = await asyncpg.create_pool(app[settings_key].database_url, min_size=0, max_size=MAX_CONNECTIONS)
+    pool = await asyncpg.create_pool(app[settings_key].database_url, min_size=0, max_size=MAX_CONNECTIONS,
+                                     max_inactive_connection_lifetime=IDLE_SECONDS)
     app[database_pool_key] = pool
     yield
     try:
