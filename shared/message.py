@@ -54,13 +54,16 @@ class EventMessage:
     # its own): a completion records it, so a redelivery can tell that its own
     # earlier delivery completed the event. Not part of the event itself.
     message_id: str = ""
+    # When a worker first found no source of this name (unix ms; 0: never):
+    # how long it has waited for a worker that knows it (a rolling deploy).
+    unknown_source_since_ms: int = 0
 
     def next_attempt(self, error: dict) -> "EventMessage":
         return replace(self, attempt=self.attempt + 1, errors=(*self.errors, error))
 
     def fresh(self) -> "EventMessage":
         """The same event with a new attempt budget (a dead-letter replay)."""
-        return replace(self, attempt=1, errors=(), deliveries=0)
+        return replace(self, attempt=1, errors=(), deliveries=0, unknown_source_since_ms=0)
 
 
 def provider_headers(request_headers) -> dict[str, str]:
@@ -111,6 +114,7 @@ def to_amqp(event: EventMessage) -> aio_pika.Message:
             "x-provider-headers": event.headers,
             "x-errors": errors_header(event.errors),
             "x-deliveries": event.deliveries,
+            **({"x-unknown-source-since-ms": event.unknown_source_since_ms} if event.unknown_source_since_ms else {}),
         },
     )
 
@@ -129,6 +133,7 @@ def from_amqp(body: bytes, headers: dict) -> EventMessage:
         errors=tuple(orjson.loads(headers.get("x-errors") or "[]")),
         # x-delivery-count: set by the quorum queue on a redelivery
         deliveries=int(headers.get("x-deliveries") or 0) + int(headers.get("x-delivery-count") or 0),
+        unknown_source_since_ms=int(headers.get("x-unknown-source-since-ms") or 0),
     )
 
 

@@ -205,4 +205,4 @@ WHERE key IN (SELECT key FROM processed_events WHERE completed_at < $1 LIMIT $2)
 -- name: prune_key_fences
 DELETE FROM key_fences
 WHERE key IN (SELECT key FROM key_fences WHERE updated_at < $1 LIMIT $2)
-  AND updated_at < $1
+  AND updated_at < $1 AND (lease_until IS NULL OR lease_until < now())

@@ -22,7 +22,7 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_VIEWER_TOKEN", "read-only token of the admin HTTP API and the console (unset: none)"),
     ("WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", "how long a console sign-in lasts"),
     ("WEBHOOK_INGEST_DELIVERY_LIMIT", "deliveries before a message that kills its worker is dead-lettered"),
-    ("WEBHOOK_INGEST_LOCK_TTL", "processing lock TTL in seconds (extended while a handler runs)"),
+    ("WEBHOOK_INGEST_LOCK_TTL", "TTL in seconds of the Redis processing lock and the Postgres lease of a key (renewed every third of it while a handler runs; a killed worker's keys are free after it)"),
     ("WEBHOOK_INGEST_DONE_TTL", "seconds Redis remembers a completed key (Postgres remembers until pruned)"),
     ("WEBHOOK_INGEST_TRUSTED_PROXIES", "comma-separated CIDRs whose X-Forwarded-For / Forwarded set the client address (unset: none)"),
     ("WEBHOOK_INGEST_HEADER_TIMEOUT", "seconds a connection has to send a request's headers (also the keep-alive idle limit)"),
@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     viewer_token: str | None = Field(None, alias="WEBHOOK_INGEST_VIEWER_TOKEN")
     console_session_seconds: int = Field(28800, alias="WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", ge=1)
     delivery_limit: int = Field(20, alias="WEBHOOK_INGEST_DELIVERY_LIMIT", ge=1)
-    lock_ttl: float = Field(30.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
+    lock_ttl: float = Field(5.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
     done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)
     log_format: str | None = Field(None, alias="LOG_FORMAT", pattern=r"^(json|console)$")
     trusted_proxies_csv: str = Field("", alias="WEBHOOK_INGEST_TRUSTED_PROXIES")

@@ -6,10 +6,11 @@ is ~50–100 µs of Python on our side and as much again on the server's — so
 the steps that do not depend on one another are done for the whole batch:
 
 1. one pipelined `SET NX` per Redis master claims every key;
-2. one transaction takes every acquired key's turn (advisory lock) in one
-   statement, registers their fencing tokens in another, runs every handler
-   in key order, then inserts every completion row in one statement (each
-   still refused unless its token is current), and commits;
+2. one statement takes every acquired key's lease (and fencing token);
+3. one transaction takes the leased keys' turns in one statement, reads
+   which are completed in another, runs every handler in key order, then
+   inserts every completion row in one statement (each still refused
+   unless its token is current), and commits;
 4. one pipeline per master writes the done markers.
 
 Only handlers marked `batchable` (effects through `ctx.db` alone, like
@@ -27,7 +28,8 @@ import contextlib
 from webhook_ingest.shared.idempotency import ClaimState, Outcome
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.workers.idempotency import IdempotencyStore
-from webhook_ingest.workers.processor import SQL, HandlerFailed, LockLost, Processor, completion_row, found_in_chain
+from webhook_ingest.workers.lease import Lease, LockLost, release_leases, take_leases
+from webhook_ingest.workers.processor import SQL, HandlerFailed, Processor, completion_row, found_in_chain, kept_alive
 from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
 
 
@@ -74,41 +76,52 @@ class BatchProcessor:
         if not locks:
             return {}
         order = sorted(locks, key=lambda i: messages[i].key)
-        async with self._processor.kept_alive(*(locks[i] for i in order)) as keepers:
+        leases: dict[str, Lease] = {}
+        passed = None
+        try:
             async with self._pool.acquire() as connection:
-                passed = await self._commit(connection, messages, order, keepers)
-        if passed is None:  # rolled back: each on its own, still under its lock
+                leases = await take_leases(connection, _keys(messages, order), self._store.redlock.ttl_ms)
+                leased = [i for i in order if messages[i].key in leases]
+                keepers = [self._processor.redis_keeper(locks[i]) for i in leased]
+                keepers.append(self._processor.lease_keeper(list(leases.values())))
+                async with kept_alive(keepers):
+                    passed = await self._commit(connection, messages, leased, leases, keepers) if leased else None
+        finally:
+            completed_now = set() if passed is None else {messages[i].key for i in passed[0]}
+            await release_leases(self._pool, [lease for key, lease in leases.items() if key not in completed_now])
+        if passed is None:  # rolled back, or nothing leased: each on its own, still under its lock
             settled = await _all(*(self._processor.run_locked(messages[i], locks[i]) for i in order))
             return dict(zip(order, settled))
-        fresh, completed, turn_taken = passed
+        fresh, completed, busy = passed
+        busy += [i for i in order if i not in leased]
         outcomes = {i: Outcome.PROCESSED for i in fresh}
         await _quietly(self._store.complete_many([(messages[i].key, messages[i].payload_sha256) for i in fresh]))
         for i, completed_sha256 in completed.items():  # Postgres knew, Redis forgot
             outcomes[i] = await self._processor.completed(messages[i], completed_sha256)
-        settled = await _all(*(self._processor.run_locked(messages[i], locks[i]) for i in turn_taken))
-        outcomes.update(zip(turn_taken, settled))
+        settled = await _all(*(self._processor.run_locked(messages[i], locks[i]) for i in busy))
+        outcomes.update(zip(busy, settled))
         return outcomes
 
-    async def _commit(self, connection, messages: list[EventMessage], order: list[int], keepers) -> tuple | None:
-        """Turns, fences, handlers and completions of the batch in one
+    async def _commit(self, connection, messages: list[EventMessage], leased: list[int],
+                      leases: dict[str, Lease], keepers) -> tuple | None:
+        """Turns, handlers and completions of the leased keys in one
         transaction. Returns the indexes completed now, those found completed
         (with their hash) and those whose turn another run holds; None when
         the transaction rolled back."""
         try:
             async with connection.transaction():
-                turned = {row["key"] for row in await connection.fetch(SQL["take_turns"], _keys(messages, order))}
-                mine = [i for i in order if messages[i].key in turned]
-                fences = await connection.fetch(SQL["acquire_fences"], _keys(messages, mine)) if mine else []
-                by_key = {fence["key"]: fence for fence in fences}
-                completed = {i: by_key[messages[i].key]["completed_sha256"] for i in mine
-                             if by_key[messages[i].key]["completed_sha256"] is not None}
+                turned = {row["key"] for row in await connection.fetch(SQL["take_turns"], _keys(messages, leased))}
+                mine = [i for i in leased if messages[i].key in turned]
+                done = {row["key"]: row["payload_sha256"]
+                        for row in await connection.fetch(SQL["completed_keys"], _keys(messages, mine))}
+                completed = {i: done[messages[i].key] for i in mine if messages[i].key in done}
                 fresh = [i for i in mine if i not in completed]
                 for i in fresh:
                     await self._processor.call_handler(connection, messages[i])
                 for keeper in keepers:
                     keeper.check()
                 if fresh:
-                    rows = [completion_row(messages[i], by_key[messages[i].key]["token"]) for i in fresh]
+                    rows = [completion_row(messages[i], leases[messages[i].key].token) for i in fresh]
                     inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)))
                     if len(inserted) != len(rows):
                         raise _RollBack()
@@ -116,7 +129,7 @@ class BatchProcessor:
             if found_in_chain(exc, (HandlerFailed, LockLost, _RollBack)) is None:
                 raise
             return None
-        return fresh, completed, [i for i in order if messages[i].key not in turned]
+        return fresh, completed, [i for i in leased if messages[i].key not in turned]
 
 
 def _keys(messages: list[EventMessage], indexes: list[int]) -> list[str]:

@@ -7,17 +7,18 @@
    within milliseconds), then goes on to Postgres without the Redis lock:
    the holder may be dead, and Postgres decides. No Redis quorum is
    degraded mode, which goes on to Postgres the same way.
-2. In one Postgres transaction: take the key's turn (a transaction-scoped
-   advisory lock, without waiting: a key whose turn is held elsewhere is
-   deferred), take a fencing token — which also says whether the key is
-   completed, read after the turn so a completion committed by the previous
-   holder is seen —, run the handler with this transaction's connection as
-   `ctx.db`, and insert the completion row (refused unless our token is
-   current and the key not completed).
+2. Take the key's lease in Postgres (one autocommit statement, which also
+   registers a new fencing token); a key leased elsewhere is deferred.
+   Then, in one Postgres transaction: take the key's turn (an advisory
+   lock), read whether the key is completed — after the turn, so a
+   completion committed by the previous holder is seen —, run the handler
+   with this transaction's connection as `ctx.db`, and insert the
+   completion row (refused unless our token is current), which ends the
+   lease in the same commit.
 3. Tell Redis the key is done (best effort), which also frees the lock.
 
-Why the turn, and what the lock and the token are for: docs/design.md,
-"Exclusion". A handler failure rolls the transaction back, frees the lock
+Why the lease and the turn, and what the lock and the token are for:
+docs/design.md, "Exclusion". A handler failure rolls the transaction back, frees the lock
 and becomes a retry or a dead letter (`workers.retry`). Outages of Postgres
 or RabbitMQ are not failures: their exceptions leave this module, and the
 worker waits for the service and runs the message again, no attempt used.
@@ -39,6 +40,7 @@ from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.handlers import Event, HandlerContext, load_handler
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore
+from webhook_ingest.workers.lease import Keeper, Lease, LockLost, extend_leases, release_leases, take_leases
 from webhook_ingest.workers.outage import outage_kind
 from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
 from webhook_ingest.workers.retry import FailurePolicy
@@ -48,7 +50,6 @@ SQL = load_queries("webhook_ingest.workers")
 DEFER_SECONDS = 1.0
 BUSY_RECHECKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.24)  # seconds, ~0.55 in all
 TURN_RECHECKS = (0.02, 0.05, 0.1, 0.2)  # seconds: a turn held in Postgres, before deferring
-EXTEND_RETRY_SECONDS = 0.2
 _RELEASED_BY_DONE_MARKER = (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT)
 
 
@@ -69,13 +70,13 @@ class TurnTaken(Exception):
     """Another run holds the key's turn in Postgres."""
 
 
-class LockLost(Exception):
-    """The Redis lock could not be kept while the handler ran: do not complete under it."""
-
-
 class Processor:
-    def __init__(self, sources: dict[str, Source], store: IdempotencyStore, pool: asyncpg.Pool, failures: FailurePolicy):
+    def __init__(self, sources: dict[str, Source], store: IdempotencyStore, pool: asyncpg.Pool, failures: FailurePolicy,
+                 renewals: asyncpg.Pool | None = None):
         self._sources = sources
+        # Lease renewals never wait behind the runs that hold every pooled
+        # connection in their transactions: a pool of their own.
+        self._renewals = renewals or pool
         self._handlers = {name: load_handler(source.handler) for name, source in sources.items()}
         self._store = store
         self._pool = pool
@@ -123,27 +124,30 @@ class Processor:
         replaced by a done marker or released, whatever the outcome."""
         outcome = None
         try:
-            async with self.kept_alive(lock) as (keeper,):
-                outcome = await self._run(message, keeper)
+            outcome = await self._run(message, self.redis_keeper(lock))
         finally:
             if outcome not in _RELEASED_BY_DONE_MARKER:
                 await _quietly(self._store.release(lock))
         return outcome
 
-    async def _run(self, message: EventMessage, keeper: "LockKeeper | None") -> Outcome:
+    async def _run(self, message: EventMessage, lock_keeper: Keeper | None) -> Outcome:
         """Step 2 and 3. One pooled connection for the whole pass; what
         follows a failure (dead letter, conflict row, deferral) runs after it
         is back in the pool, so a full pool never waits on itself."""
+        lease = None
         try:
             async with self._pool.acquire() as connection:
-                async with connection.transaction():
+                lease = await self._take_lease(connection, message.key)
+                keepers = [k for k in (lock_keeper, self.lease_keeper([lease])) if k is not None]
+                async with kept_alive(keepers), connection.transaction():
                     await self._take_turn(connection, message.key)
-                    token = await self._register_fence(connection, message.key)
+                    await self._check_not_completed(connection, message.key)
                     await self.call_handler(connection, message)
-                    if keeper is not None:
+                    for keeper in keepers:
                         keeper.check()
-                    if await connection.fetchval(SQL["complete_event"], *completion_row(message, token)) is None:
+                    if await connection.fetchval(SQL["complete_event"], *completion_row(message, lease.token)) is None:
                         raise CompletionRefused()
+                lease = None  # ended by the completion
         except AlreadyCompleted as done:
             return await self.completed(message, done.completed_sha256)
         except CompletionRefused:
@@ -155,23 +159,48 @@ class Processor:
             if failed is None:
                 raise  # an outage (the worker waits for the service) or a bug
             return await self._failures.fail(message, self._sources[message.source], failed.__cause__)
+        finally:
+            if lease is not None:
+                await release_leases(self._pool, [lease])
         await _quietly(self._store.complete(message.key, message.payload_sha256))
         return Outcome.PROCESSED
 
-    async def _take_turn(self, connection, key: str) -> None:
-        """The key's advisory lock; a few short waits while another run holds it."""
+    async def _take_lease(self, connection, key: str) -> Lease:
+        """The key's lease; a few short waits while another run holds it."""
         for pause in (*TURN_RECHECKS, None):
-            if await connection.fetchval(SQL["take_turn"], key):
-                return
+            granted = await take_leases(connection, [key], self._store.redlock.ttl_ms)
+            if key in granted:
+                return granted[key]
             if pause is None:
                 raise TurnTaken()
             await asyncio.sleep(pause)
+        raise AssertionError("unreachable")
 
-    async def _register_fence(self, connection, key: str) -> int:
-        fence = await connection.fetchrow(SQL["acquire_fence"], key)
-        if fence["completed_sha256"] is not None:
-            raise AlreadyCompleted(fence["completed_sha256"])
-        return fence["token"]
+    async def _take_turn(self, connection, key: str) -> None:
+        """The key's advisory lock: held by a run whose lease ran out while
+        its session lives on (a paused holder), it keeps us out still."""
+        if not await connection.fetchval(SQL["take_turn"], key):
+            raise TurnTaken()
+
+    async def _check_not_completed(self, connection, key: str) -> None:
+        completed = await connection.fetchrow(SQL["completed_keys"], [key])
+        if completed is not None:
+            raise AlreadyCompleted(completed["payload_sha256"])
+
+    def redis_keeper(self, lock: Lock) -> Keeper:
+        async def renew() -> bool:
+            return await self._store.extend(lock) is not None
+
+        return Keeper("redis", renew, self._store.redlock.ttl_ms / 1000, lock.valid_until)
+
+    def lease_keeper(self, leases: list[Lease]) -> Keeper:
+        ttl_ms = self._store.redlock.ttl_ms
+
+        async def renew() -> bool:
+            return await extend_leases(self._renewals, leases, ttl_ms)
+
+        # valid from before it was taken: the statement's own time is not ours
+        return Keeper("postgres", renew, ttl_ms / 1000, time.monotonic() + ttl_ms / 1000 * 0.9)
 
     async def call_handler(self, connection, message: EventMessage) -> None:
         source = self._sources[message.source]
@@ -222,55 +251,18 @@ class Processor:
         await self._failures.delay(message, DEFER_SECONDS)
         return Outcome.DEFERRED
 
-    @contextlib.asynccontextmanager
-    async def kept_alive(self, *locks: Lock):
-        """Extends the locks while the block runs; yields their `LockKeeper`s."""
-        keepers = [LockKeeper(self._store, lock) for lock in locks]
-        tasks = [asyncio.create_task(keeper.keep()) for keeper in keepers]
-        try:
-            yield keepers
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class LockKeeper:
-    """Keeps one Redis lock extended; knows whether it was kept throughout.
-
-    A failed extension is tried again (a Redis blip must not cost the lock);
-    the lock counts as lost only once its validity ran out without a
-    successful extension — then the handler's work must not complete under
-    it (`check`), and the event runs again later.
-    """
-
-    def __init__(self, store: IdempotencyStore, lock: Lock):
-        self._store = store
-        self.lock = lock
-        self.lost = False
-
-    def check(self) -> None:
-        if self.lost or time.monotonic() > self.lock.valid_until:
-            raise LockLost()
-
-    async def keep(self) -> None:
-        interval = self._store.redlock.ttl_ms / 3000
-        while not self.lost:
-            await asyncio.sleep(interval)
-            await self._extend()
-
-    async def _extend(self) -> None:
-        while True:
-            extended = await self._store.extend(self.lock)
-            if extended is not None:
-                self.lock = extended
-                return
-            metrics.idempotency_store_errors.labels("redis").inc()
-            if time.monotonic() + EXTEND_RETRY_SECONDS > self.lock.valid_until:
-                self.lost = True
-                log.warning("processing_lock_lost", key=self.lock.key)
-                return
-            await asyncio.sleep(EXTEND_RETRY_SECONDS)
+@contextlib.asynccontextmanager
+async def kept_alive(keepers: list[Keeper]):
+    """Renews the locks and leases while the block runs."""
+    tasks = [asyncio.create_task(keeper.keep()) for keeper in keepers]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def found_in_chain(exc: BaseException | None, kinds) -> BaseException | None:

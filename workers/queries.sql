@@ -10,27 +10,51 @@ SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))
 SELECT key FROM unnest($1::text[]) AS batch(key)
 WHERE pg_try_advisory_xact_lock(hashtextextended(key, 0))
 
--- name: acquire_fence
--- A new fencing token for the key (the sequence only grows), and whether
--- the key is already completed. Run in the turn's transaction, as its own
--- statement after take_turn: its snapshot is then taken after the previous
--- holder's commit, so it sees that completion.
-WITH fence AS (
-    INSERT INTO key_fences (key, token) VALUES ($1, nextval('fencing_tokens'))
-    ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, updated_at = now()
-    RETURNING token
+-- name: take_leases
+-- The key's lease and a new fencing token (the sequence only grows), for
+-- each of the distinct keys $1 whose lease is free or ran out; $2: the
+-- lease's length in ms. One autocommit statement, before the turn's
+-- transaction, so the lease outlives its holder's session
+-- (workers/lease.py). Returns the keys granted, with their tokens.
+INSERT INTO key_fences (key, token, lease_until)
+SELECT key, nextval('fencing_tokens'), clock_timestamp() + $2 * interval '1 millisecond'
+FROM unnest($1::text[]) AS batch(key) ORDER BY key
+ON CONFLICT (key) DO UPDATE
+    SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, updated_at = now()
+    WHERE key_fences.lease_until IS NULL OR key_fences.lease_until < clock_timestamp()
+RETURNING key, token
+
+-- name: extend_leases
+-- Our leases ($1 keys, $2 tokens) run $3 ms longer, if still ours and not
+-- ended by a completion; returns how many.
+WITH extended AS (
+    UPDATE key_fences SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
+    FROM unnest($1::text[], $2::bigint[]) AS ours(key, token)
+    WHERE key_fences.key = ours.key AND key_fences.token = ours.token AND key_fences.lease_until IS NOT NULL
+    RETURNING 1
 )
-SELECT fence.token,
-       (SELECT payload_sha256 FROM processed_events WHERE key = $1) AS completed_sha256
-FROM fence
+SELECT count(*) FROM extended
+
+-- name: release_leases
+UPDATE key_fences SET lease_until = NULL
+FROM unnest($1::text[], $2::bigint[]) AS ours(key, token)
+WHERE key_fences.key = ours.key AND key_fences.token = ours.token
+
+-- name: completed_keys
+-- Which of the keys $1 are completed, with their payload hash. Run under
+-- the turn, as its own statement: its snapshot is taken after the previous
+-- holder's commit, so it sees that completion.
+SELECT key, payload_sha256 FROM processed_events WHERE key = ANY($1::text[])
 
 -- name: complete_event
 -- The completion, in the handler's transaction: inserted only while our
--- fencing token is the key's current one and the key is not completed yet.
--- Defence in depth: under the turn no other token can be registered.
-WITH fence AS (SELECT token FROM key_fences WHERE key = $1 FOR UPDATE)
+-- fencing token is the key's current one and the key is not completed
+-- yet; it ends our lease in the same commit.
+WITH fence AS (
+    UPDATE key_fences SET lease_until = NULL WHERE key = $1 AND token = $5 RETURNING token
+)
 INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
-SELECT $1, $2, $3, $4, $5, $6, $7 FROM fence WHERE fence.token = $5
+SELECT $1, $2, $3, $4, $5, $6, $7 FROM fence
 ON CONFLICT (key) DO NOTHING
 RETURNING key
 
@@ -48,30 +72,19 @@ INSERT INTO inbox (key, source, event_id, payload, received_at)
 VALUES ($1, $2, $3, $4::jsonb, $5)
 ON CONFLICT (key) DO NOTHING
 
--- name: acquire_fences
--- acquire_fence for a batch of distinct keys whose turns we hold, in key
--- order (a fixed lock order).
-WITH fence AS (
-    INSERT INTO key_fences (key, token)
-    SELECT key, nextval('fencing_tokens') FROM unnest($1::text[]) AS batch(key) ORDER BY key
-    ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, updated_at = now()
-    RETURNING key, token
-)
-SELECT fence.key, fence.token, processed_events.payload_sha256 AS completed_sha256
-FROM fence LEFT JOIN processed_events USING (key)
-
 -- name: complete_events
 -- complete_event for a batch: rows whose token is still the key's current
--- one (fences locked in key order) and not completed yet; returns the keys
--- it inserted.
+-- one and not completed yet; ends their leases; returns the keys it inserted.
 WITH batch AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[])
         AS b(key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
 ), fence AS (
-    SELECT key, token FROM key_fences WHERE key = ANY($1::text[]) ORDER BY key FOR UPDATE
+    UPDATE key_fences SET lease_until = NULL FROM batch
+    WHERE key_fences.key = batch.key AND key_fences.token = batch.fencing_token
+    RETURNING key_fences.key
 )
 INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
-SELECT batch.* FROM batch JOIN fence ON fence.key = batch.key AND fence.token = batch.fencing_token
+SELECT batch.* FROM batch JOIN fence USING (key)
 ON CONFLICT (key) DO NOTHING
 RETURNING key
 

@@ -35,10 +35,11 @@ from webhook_ingest.workers.retry import FailurePolicy
 log = get_logger(__name__)
 
 MAX_POOL_SIZE = 20
+RENEWAL_CONNECTIONS = 2  # lease renewals: one statement each, every third of the lease
 GAUGE_REFRESH_SECONDS = 15.0
 PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
 UNKNOWN_SOURCE_RETRY = 5.0  # seconds between looks for a worker that knows the source
-UNKNOWN_SOURCE_PATIENCE = 600.0  # seconds since arrival, then a dead letter
+UNKNOWN_SOURCE_PATIENCE = 600.0  # seconds since a worker first did not know it, then a dead letter
 
 
 class Worker:
@@ -63,6 +64,8 @@ class Worker:
         async with contextlib.AsyncExitStack() as stack:
             self.pool = await _wait_for("postgres", self._open_pool)
             stack.push_async_callback(self.pool.close)
+            self.renewals = await _wait_for("postgres", self._open_renewals_pool)
+            stack.push_async_callback(self.renewals.close)
             self.store = IdempotencyStore(
                 self.settings.redis_urls, self.settings.namespace, self.settings.lock_ttl, self.settings.done_ttl
             )
@@ -78,6 +81,10 @@ class Worker:
             reset=_keep_session,
         )
 
+    async def _open_renewals_pool(self) -> asyncpg.Pool:
+        return await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=RENEWAL_CONNECTIONS,
+                                         reset=_keep_session)
+
     async def _connect_broker(self):
         return await amqp.connect_robust(
             self.settings.amqp_url, client_properties={"connection_name": self.name}
@@ -89,7 +96,7 @@ class Worker:
         await consume_channel.set_qos(prefetch_count=self.concurrency)
         queue = await self._declare_queues(consume_channel)
         self.failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace)
-        self.processor = Processor(self.sources, self.store, self.pool, self.failures)
+        self.processor = Processor(self.sources, self.store, self.pool, self.failures, self.renewals)
         self.batch_processor = BatchProcessor(self.processor, self.store, self.pool)
         self._gates = {
             "postgres": OutageGate(self._probe_postgres, "postgres"),
@@ -187,12 +194,17 @@ class Worker:
         """Sources files out of step (a rolling deploy): the event waits in a
         delay queue for a worker that knows its source — no requeue loop, no
         delivery spent. Past `UNKNOWN_SOURCE_PATIENCE` it is a dead letter
-        on-call sees (and replays once the sources file is fixed)."""
+        on-call sees (and replays once the sources file is fixed), counted
+        from the first time a worker did not know the source — not from the
+        event's arrival, which may be long ago (an outbox, a backlog)."""
         started = time.perf_counter()
-        waited = time.time() - event.received_at
+        now_ms = round(time.time() * 1000)
+        since_ms = event.unknown_source_since_ms or now_ms
+        waited = (now_ms - since_ms) / 1000
         if waited < UNKNOWN_SOURCE_PATIENCE:
             log.warning("unknown_source_waiting", source=event.source, key=event.key, retry_in=UNKNOWN_SOURCE_RETRY)
-            await self._until_done(lambda e: self.failures.delay(e, UNKNOWN_SOURCE_RETRY), event)
+            waiting = replace(event, unknown_source_since_ms=since_ms)
+            await self._until_done(lambda e: self.failures.delay(e, UNKNOWN_SOURCE_RETRY), waiting)
             outcome = Outcome.DEFERRED
         else:
             error = unknown_source_error(event, waited)
@@ -330,7 +342,7 @@ def _observe(event: EventMessage, outcome: Outcome, started: float) -> None:
 
 def unknown_source_error(event: EventMessage, waited: float) -> dict:
     return {"attempt": event.attempt, "at": datetime.now(UTC).isoformat(), "type": "UnknownSource",
-            "message": f"no worker knew source {event.source!r} within {waited:.0f} s of its arrival"
+            "message": f"no worker knew source {event.source!r} for {waited:.0f} s"
                        " (add it to the workers' sources file, then replay)"}
 
 

@@ -54,9 +54,6 @@ async def _queue_empty(settings) -> bool:
     return await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace)) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: a holder whose Postgres session dies mid-handler loses the key's "
-                   "turn while its external effect still runs; a copy that finds the Redis lock BUSY goes on to "
-                   "Postgres after ~0.55 s, takes the freed turn and runs beside it")
 async def test_a_holder_that_loses_its_postgres_session_mid_handler_has_no_run_beside_it(settings, fleet, tmp_path):
     """Worker A (Postgres through a proxy, Redis fine) runs a 4 s external
     effect; its Postgres connection is cut as it starts (a failover, a network
@@ -154,10 +151,6 @@ async def _admin(sql: str) -> None:
         await connection.close()
 
 
-@pytest.mark.xfail(strict=True, reason="finding 4: the unknown-source patience (10 min) is counted from the event's "
-                   "received_at, not from when a worker first failed to know its source: an event that waited "
-                   "10 minutes anywhere before (an outbox during a broker outage, a backlog, a long retry delay, a "
-                   "replay) is dead-lettered by the first old worker, at once, during a rolling deploy")
 async def test_an_old_event_of_a_source_no_worker_knows_yet_still_waits_for_one(settings, fleet, tmp_path):
     """A rolling deploy after a 12-minute RabbitMQ outage: the ingress kept
     the event in its outbox and relays it now; the worker that gets it does

@@ -2,6 +2,9 @@
 a failure inside a shared transaction costs the others nothing and leaves
 no effect behind; copies inside one batch complete once."""
 
+import dataclasses
+import time
+
 import asyncpg
 
 from tests.support.events import make_event, publish_events
@@ -58,13 +61,19 @@ async def _attempts_by_key(database_url: str) -> dict[str, int]:
         await connection.close()
 
 
-async def test_an_event_of_a_source_this_worker_does_not_know_ends_as_a_dead_letter(service_env, settings, fleet, tmp_path):
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "inbox"), "WEBHOOK_INGEST_DELIVERY_LIMIT": "2"}
-    stray, good = make_event("ghost", "evt_stray"), make_event("acme", "evt_good")
-    await publish_events(settings.amqp_url, settings.namespace, [stray, good], delivery_limit=2)
+async def test_an_event_of_a_source_no_worker_knew_for_ten_minutes_ends_as_a_dead_letter(service_env, settings, fleet, tmp_path):
+    """Not a requeue loop: the stray event has waited for a worker that knows
+    its source for 11 minutes already (the header the waiting carries), so
+    it becomes an UnknownSource dead letter; the good one is not blocked."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "inbox")}
+    waited_since = round((time.time() - 11 * 60) * 1000)
+    stray = dataclasses.replace(make_event("ghost", "evt_stray"), unknown_source_since_ms=waited_since)
+    good = make_event("acme", "evt_good")
+    await publish_events(settings.amqp_url, settings.namespace, [stray, good])
     worker = fleet.worker("--concurrency", "8", env=env)
 
     await wait_until(lambda: count_rows(settings.database_url, "dead_letters", "source = 'ghost'"), 60,
                      message="the stray event as a dead letter")
+    assert await count_rows(settings.database_url, "dead_letters", "errors -> -1 ->> 'type' = 'UnknownSource'") == 1
     assert await count_rows(settings.database_url, "inbox") == 1  # the good one, not blocked
-    assert "unknown_source_in_message" in worker.output()
+    assert "unknown_source_waiting" not in worker.output()

@@ -22,7 +22,8 @@ from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers import processor as processor_module
 from webhook_ingest.workers.idempotency import IdempotencyStore
-from webhook_ingest.workers.processor import LockKeeper, LockLost, Processor
+from webhook_ingest.workers.lease import Keeper, LockLost
+from webhook_ingest.workers.processor import Processor
 from webhook_ingest.workers.redlock import Lock
 
 SHARED_SQL = load_queries("webhook_ingest.shared")
@@ -97,25 +98,44 @@ async def test_a_turn_held_in_postgres_defers_a_redis_locked_run(sources, store,
     assert (await store.claim(event.key)).state.value == "acquired"  # the Redis lock was given back
 
 
-async def test_a_completion_committed_while_we_waited_for_the_turn_is_seen(sources, store, pool, monkeypatch):
+async def test_a_completion_committed_while_we_waited_for_the_lease_is_seen(sources, store, pool):
     """The stale-snapshot bug: the previous holder commits its completion
-    while we wait for the turn; we must see it and not run the handler."""
-    monkeypatch.setattr(processor_module, "TURN_RECHECKS", (0.2, 0.2, 0.2, 0.2))
+    (ending its lease) while we wait for the lease; we must see that
+    completion and not run the handler."""
     processor, _ = make_processor(sources, store, pool)
     event = make_event("acme", "evt_stale")
     async with pool.acquire() as holder:
+        await holder.execute("INSERT INTO key_fences (key, token, lease_until) VALUES ($1, 1, now() + interval '1 min')",
+                             event.key)
         transaction = holder.transaction()
         await transaction.start()
         await holder.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", event.key)
         await holder.execute(
             "INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts)"
-            " VALUES ($1, 'acme', $2, $3, 0, 1)", event.key, event.event_id, event.payload_sha256)
+            " VALUES ($1, 'acme', $2, $3, 1, 1)", event.key, event.event_id, event.payload_sha256)
+        await holder.execute("UPDATE key_fences SET lease_until = NULL WHERE key = $1", event.key)
         running = asyncio.create_task(processor._run(event, None))
-        await asyncio.sleep(0.1)  # it is waiting for the turn now
+        await asyncio.sleep(0.2)  # it waits for the fence row now
         await transaction.commit()
         outcome = await running
     assert outcome is Outcome.DUPLICATE
     assert CALLS == []
+
+
+async def test_a_lease_outlives_its_holders_session(sources, store, pool):
+    """A holder whose Postgres session died (its turn gone with it) keeps
+    the key leased: nobody else runs it until the lease ran out."""
+    processor, failures = make_processor(sources, store, pool)
+    event = make_event("acme", "evt_partitioned")
+    async with pool.acquire() as holder:  # took the lease, then its session died
+        await holder.execute("INSERT INTO key_fences (key, token, lease_until) VALUES ($1, 1, now() + interval '1 min')",
+                             event.key)
+    assert await processor._run(event, None) is Outcome.DEFERRED
+    assert CALLS == [] and failures.delayed == [(event.key, processor_module.DEFER_SECONDS)]
+    async with pool.acquire() as connection:  # the lease ran out
+        await connection.execute("UPDATE key_fences SET lease_until = now() - interval '1 s' WHERE key = $1", event.key)
+    assert await processor._run(event, None) is Outcome.PROCESSED
+    assert CALLS == [event.key]
 
 
 async def test_a_handlers_own_interface_error_is_a_failure_not_an_outage(sources, store, pool):
@@ -147,31 +167,30 @@ async def test_a_conflict_leaves_a_done_marker_not_a_lock_and_the_first_payload_
     assert CALLS == [first.key]
 
 
-class FlakyRedis:
-    """A store whose extensions fail `failures` times, then succeed (or never)."""
+class Flaky:
+    """A renewal that fails `failures` times, then succeeds (or never)."""
 
-    def __init__(self, failures: int, ttl_seconds: float):
+    def __init__(self, failures: int):
         self.failures = failures
-        self.redlock = type("R", (), {"ttl_ms": int(ttl_seconds * 1000)})()
 
-    async def extend(self, lock: Lock) -> Lock | None:
+    async def __call__(self) -> bool:
         if self.failures > 0:
             self.failures -= 1
-            return None
-        return Lock(lock.key, lock.value, time.monotonic() + self.redlock.ttl_ms / 1000)
+            return False
+        return True
 
 
-async def test_a_redis_blip_during_a_long_handler_does_not_cost_the_lock():
-    keeper = LockKeeper(FlakyRedis(failures=2, ttl_seconds=1.5), Lock("k", "v", time.monotonic() + 1.5))
+async def test_a_blip_during_a_long_handler_does_not_cost_the_lock():
+    keeper = Keeper("redis", Flaky(failures=2), ttl_seconds=1.5)
     task = asyncio.create_task(keeper.keep())
-    await asyncio.sleep(2.5)  # past the first validity: only kept by the retried extension
+    await asyncio.sleep(2.5)  # past the first validity: only kept by the retried renewal
     task.cancel()
     keeper.check()  # still ours
     assert not keeper.lost
 
 
-async def test_a_lock_that_cannot_be_extended_is_lost_and_refuses_completion():
-    keeper = LockKeeper(FlakyRedis(failures=10**6, ttl_seconds=0.6), Lock("k", "v", time.monotonic() + 0.6))
+async def test_a_lock_that_cannot_be_renewed_is_lost_and_refuses_completion():
+    keeper = Keeper("postgres", Flaky(failures=10**6), ttl_seconds=0.6)
     task = asyncio.create_task(keeper.keep())
     await asyncio.sleep(1.0)
     task.cancel()
