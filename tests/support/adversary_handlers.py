@@ -40,3 +40,19 @@ async def failing_external(event, ctx):
         await connection.close()
     await asyncio.sleep(float(ctx.options.get("seconds", 0)))
     raise RuntimeError(f"the receiver is down (attempt {event.attempt})")
+
+
+async def fails_until_dead_lettered(event, ctx):
+    """A receiver that is down until the event's first dead letter is
+    recorded (on-call would look then), and up again from that moment."""
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        dead = await connection.fetchval("SELECT count(*) FROM dead_letters WHERE key = $1", event.key)
+        await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+                                 event.key, os.getpid(), float(event.attempt), time.time())
+    finally:
+        await connection.close()
+    await asyncio.sleep(float(ctx.options.get("seconds", 0)))
+    if not dead:
+        raise RuntimeError(f"the receiver is down (attempt {event.attempt})")
+    await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
