@@ -6,7 +6,8 @@ turn until one answers; a robust connection that loses its node retries it
 once and then moves on to the next, round the list, for as long as it takes.
 Any node serves: quorum queues are replicated and reachable from every node
 of the cluster. Options in a URL's query string (`?heartbeat=…`) are read
-from the node first connected to.
+from the node first connected to; a robust connection tries again every
+second unless the URL says otherwise (`?reconnect_interval=5`).
 """
 
 import asyncio
@@ -20,6 +21,9 @@ from yarl import URL
 # The rotation below wraps aio-pika's private reconnect step; fail at import,
 # not silently at the first outage, if an upgrade renames it.
 assert hasattr(RobustConnection, "_RobustConnection__connect_transport"), "aio-pika changed its reconnect step"
+
+
+RECONNECT_INTERVAL = 1  # seconds between attempts (aio-pika's default, 5, is long when another node is up)
 
 
 def node_urls(amqp_url: str) -> list[str]:
@@ -40,7 +44,8 @@ async def connect_robust(amqp_url: str, timeout: float | None = None, **kwargs: 
     nodes = node_urls(amqp_url)
 
     async def attempt(url: str) -> AbstractRobustConnection:
-        connection = NodeRotatingConnection(URL(url), nodes=nodes, **kwargs)
+        quick = {} if "reconnect_interval" in URL(url).query else {"reconnect_interval": RECONNECT_INTERVAL}
+        connection = NodeRotatingConnection(URL(url), nodes=nodes, **quick, **kwargs)
         try:
             await connection.connect(timeout=timeout)
         except BaseException:
