@@ -106,20 +106,20 @@ async def test_outbox_outlives_a_killed_ingress(settings, fleet, env, broker_pro
 
 
 async def test_two_ingresses_drain_one_outbox_without_publishing_a_row_twice(settings, fleet, env):
-    """1,000 rows stored as the ingress stores them; two ingress processes
+    """2,000 rows stored as the ingress stores them; two ingress processes
     started together both relay; the queue then holds exactly one message
     per row (a row published twice would be a second message)."""
-    events = [make_event("acme", f"evt_{n}") for n in range(1000)]
+    events = [make_event("acme", f"evt_{n}") for n in range(2000)]
     await store_in_outbox(settings.database_url, events)
     relays = [fleet.ingress(env=env)[0] for _ in range(2)]
 
     await wait_until(lambda: _outbox_empty(settings), 60, message="the outbox drained")
-    assert await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace)) == 1000
+    assert await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace)) == 2000
     assert all("outbox_relayed" in relay.output() for relay in relays), "both relays took part"
 
     worker = fleet.worker("--concurrency", "32", env=env)
     await wait_for_output(worker, "worker_consuming")
-    await until_completed(settings.database_url, 1000, timeout=60)
+    await until_completed(settings.database_url, 2000, timeout=90)
     await settle(settings)
     await assert_each_once(settings.database_url, events)
 
