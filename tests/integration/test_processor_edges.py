@@ -8,7 +8,6 @@ it was asked to do (the broker side of retries is tested elsewhere).
 """
 
 import asyncio
-import time
 from datetime import timedelta
 
 import asyncpg
@@ -24,7 +23,6 @@ from webhook_ingest.workers import processor as processor_module
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.lease import Keeper, LockLost
 from webhook_ingest.workers.processor import Processor
-from webhook_ingest.workers.redlock import Lock
 
 SHARED_SQL = load_queries("webhook_ingest.shared")
 CALLS: list[str] = []
