@@ -5,11 +5,12 @@ Providers send copies together (a retry racing a slow answer), and the
 ingress queues them back to back, so a worker often holds several copies
 of one key at once. Only the first (the leader) goes through the state
 machine; the others wait for its outcome here, in memory: once the leader
-completed — processed, or found completed — with the same payload hash,
-each copy is a duplicate, acked at the cost of a dict lookup. Otherwise
-(the leader failed, was deferred, or the payloads differ) a copy goes
-through the state machine itself, so nothing here can skip an effect:
-it only short-cuts what Redis would have answered.
+settled the event with the same payload hash — completed it, found it
+completed, or handed it on durably (a retry or deferral message confirmed
+by the broker, a dead letter committed) — each copy is acked as a
+duplicate at the cost of a dict lookup. Otherwise (the leader crashed or
+never ran, or the payloads differ) a copy goes through the state machine
+itself, so nothing here can lose an event.
 """
 
 import asyncio
@@ -18,7 +19,11 @@ from dataclasses import dataclass, field
 from webhook_ingest.shared.idempotency import Outcome
 from webhook_ingest.shared.message import EventMessage
 
-_COMPLETED = (Outcome.PROCESSED, Outcome.DUPLICATE)
+# The leader settled the event for its copies too: completed, or carried on
+# by the retry or deferral message it published, or recorded as a dead
+# letter. A copy run again would start a second retry chain (more attempts,
+# sooner, than the source allows).
+_SETTLED = (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.RETRIED, Outcome.DEAD, Outcome.DEFERRED)
 
 
 @dataclass
@@ -51,6 +56,6 @@ class CopiesInFlight:
 
     @staticmethod
     async def completed_for(leader: _Leader, copy: EventMessage) -> bool:
-        """Waits for the leader; True when the copy is now a plain duplicate."""
+        """Waits for the leader; True when the copy is settled with it (ack it as a duplicate)."""
         outcome = await asyncio.shield(leader.outcome)
-        return outcome in _COMPLETED and leader.event.payload_sha256 == copy.payload_sha256
+        return outcome in _SETTLED and leader.event.payload_sha256 == copy.payload_sha256

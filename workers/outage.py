@@ -24,6 +24,7 @@ POSTGRES_LOST = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.ReadOnlySQLTransactionError,  # 25006: a demoted primary (a failover) refuses writes for a while
 )
 BROKER_LOST = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError)
 # OSError/TimeoutError count only outside handlers: a handler's own network

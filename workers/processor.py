@@ -42,6 +42,8 @@ from webhook_ingest.workers.handlers import Event, HandlerContext, load_handler
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore
 from webhook_ingest.workers.lease import Keeper, Lease, LockLost, extend_leases, release_leases, take_leases
 from webhook_ingest.workers.outage import outage_kind
+
+READ_ONLY = asyncpg.ReadOnlySQLTransactionError
 from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
 from webhook_ingest.workers.retry import FailurePolicy
 
@@ -217,8 +219,8 @@ class Processor:
         try:
             await self._handlers[message.source](event, context)
         except Exception as exc:
-            if outage_kind(exc, in_handler=True) and connection.is_closed():
-                raise  # ctx.db lost its connection: Postgres is away, not the handler's fault
+            if outage_kind(exc, in_handler=True) and (connection.is_closed() or isinstance(exc, READ_ONLY)):
+                raise  # ctx.db lost its connection or its writes: Postgres is away, not the handler's fault
             raise HandlerFailed() from exc
 
     async def completed(self, message: EventMessage, completed_sha256: str, redis_knows: bool = False) -> Outcome:

@@ -6,6 +6,7 @@ confirmed the retry message or Postgres committed the dead letter; a crash
 in between can duplicate a retry message, never an effect.
 """
 
+import asyncio
 import traceback
 from datetime import UTC, datetime
 
@@ -16,9 +17,12 @@ from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, to_amqp
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.handlers import PermanentError
+from webhook_ingest.workers.outage import BROKER_LOST, POSTGRES_LOST
 
 log = get_logger(__name__)
 
+MAX_PUBLISH_PAUSE = 5.0
+BROKER_NOT_CONFIRMING = (*BROKER_LOST, asyncio.TimeoutError, ConnectionError, RuntimeError)
 TRACEBACK_LINES = 12
 MESSAGE_CHARS = 2000
 
@@ -58,14 +62,39 @@ class FailurePolicy:
         return Outcome.RETRIED
 
     async def dead_letter(self, event: EventMessage, error: dict, permanent: bool = False) -> int:
-        """Records the event with its whole error history; returns only once committed."""
-        async with self._pool.acquire() as connection:
-            dead_letter_id = await record_dead_letter(connection, event, (*event.errors, error))
+        """Records the event with its whole error history; returns only once
+        committed, waiting while Postgres is away (not running the handler again)."""
+        pause = 0.2
+        while True:
+            try:
+                async with self._pool.acquire(timeout=10) as connection:
+                    dead_letter_id = await record_dead_letter(connection, event, (*event.errors, error))
+                break
+            except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
+                log.warning("dead_letter_waiting_for_postgres", error=f"{type(exc).__name__}: {exc}", retry_in=pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, MAX_PUBLISH_PAUSE)
         log.error("event_dead_lettered", dead_letter_id=dead_letter_id, error_type=error["type"],
                   error=error["message"][:200], permanent=permanent)
         return dead_letter_id
 
     async def delay(self, event: EventMessage, delay_seconds: float) -> None:
-        """Publish `event` to come back to the main queue after `delay_seconds`."""
+        """Publish `event` to come back to the main queue after `delay_seconds`.
+
+        Returns once the broker confirmed it. While the broker does not (down,
+        or blocked by an alarm: each try bounded by the publish timeout) it
+        waits and tries again, holding the original message: the handler
+        already ran, and running it again because a publish failed would
+        repeat its external effects.
+        """
         queue_name = topology.retry_queue(self._namespace, delay_seconds)
-        await topology.publish(self._channel, to_amqp(event), queue_name)
+        pause = 0.2
+        while True:
+            try:
+                await topology.publish(self._channel, to_amqp(event), queue_name)
+                return
+            except BROKER_NOT_CONFIRMING as exc:
+                log.warning("broker_publish_waiting", queue=queue_name, error=f"{type(exc).__name__}: {exc}",
+                            retry_in=pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, MAX_PUBLISH_PAUSE)

@@ -35,6 +35,7 @@ from webhook_ingest.workers.retry import FailurePolicy
 log = get_logger(__name__)
 
 MAX_POOL_SIZE = 20
+WRITABLE = "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
 RENEWAL_CONNECTIONS = 2  # lease renewals: one statement each, every third of the lease
 GAUGE_REFRESH_SECONDS = 15.0
 PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
@@ -313,8 +314,10 @@ class Worker:
             log.warning("send_back_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _probe_postgres(self) -> None:
+        """Up means writable: a demoted primary answers reads but refuses every write."""
         async with self.pool.acquire(timeout=2) as connection:
-            await connection.fetchval("SELECT 1")
+            if not await connection.fetchval(WRITABLE):
+                raise ConnectionError("Postgres answers but is read-only")
 
     async def _probe_broker(self) -> None:
         if not self.connection.connected.is_set():

@@ -106,17 +106,21 @@ async def test_a_retry_is_confirmed_by_the_broker_before_fail_returns(settings):
     pool = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=1)
     try:
         with TcpProxy("127.0.0.1", 5672) as proxy:
-            connection = await aio_pika.connect(proxy.url_for(settings.amqp_url))
+            connection = await aio_pika.connect_robust(proxy.url_for(settings.amqp_url))  # as the worker's
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             retry_queue = await topology.declare_retry_queue(channel, settings.namespace, 30)
             failures = FailurePolicy(channel, pool, settings.namespace)
             assert await failures.fail(event, source, RuntimeError("boom")) is Outcome.RETRIED
             assert await queue_depth(settings.amqp_url, retry_queue.name) == 1  # there when fail returned
             proxy.cut()
-            with pytest.raises(Exception):  # noqa: B017 - whatever the client raises: not RETRIED, so no ack
-                await asyncio.wait_for(failures.fail(event, source, RuntimeError("boom")), 10)
+            waiting = asyncio.create_task(failures.fail(event, source, RuntimeError("boom")))
+            await asyncio.sleep(3)  # not RETRIED while the broker is away, so no ack (and no second run)
+            assert not waiting.done()
+            assert await queue_depth(settings.amqp_url, retry_queue.name) == 1
+            proxy.restore()
+            assert await asyncio.wait_for(waiting, 30) is Outcome.RETRIED  # once the broker confirmed it
             await connection.close()
-        assert await queue_depth(settings.amqp_url, retry_queue.name) == 1
+        assert await queue_depth(settings.amqp_url, retry_queue.name) == 2
     finally:
         await pool.close()
 
@@ -131,11 +135,15 @@ async def test_a_dead_letter_is_committed_before_fail_returns(settings):
             assert await failures.fail(event, source, RuntimeError("boom")) is Outcome.DEAD
             assert await count_rows(settings.database_url, "dead_letters") == 1  # committed, seen from outside
             proxy.cut()
-            with pytest.raises(Exception):  # noqa: B017 - not DEAD, so no ack
-                await asyncio.wait_for(failures.fail(make_event("acme", "evt_2"), source, RuntimeError("boom")), 10)
+            waiting = asyncio.create_task(failures.fail(make_event("acme", "evt_2"), source, RuntimeError("boom")))
+            await asyncio.sleep(3)  # not DEAD while Postgres is away, so no ack (and no second run)
+            assert not waiting.done()
+            assert await count_rows(settings.database_url, "dead_letters") == 1
+            proxy.restore()
+            assert await asyncio.wait_for(waiting, 30) is Outcome.DEAD  # once committed
         finally:
             pool.terminate()
-    assert await count_rows(settings.database_url, "dead_letters") == 1
+    assert await count_rows(settings.database_url, "dead_letters") == 2
 
 
 # -- the CLI -------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""workers.copies: a copy is a duplicate only once its leader completed with the same payload."""
+"""workers.copies: a copy is settled with its leader only when the leader settled the same payload."""
 
 import asyncio
 
@@ -13,8 +13,10 @@ from webhook_ingest.workers.copies import CopiesInFlight
     (Outcome.PROCESSED, True, True),
     (Outcome.DUPLICATE, True, True),
     (Outcome.PROCESSED, False, False),  # a conflict: the state machine records it
-    (Outcome.RETRIED, True, False),
-    (Outcome.DEFERRED, True, False),
+    (Outcome.RETRIED, True, True),  # its retry message carries the event: no second chain
+    (Outcome.DEAD, True, True),
+    (Outcome.DEFERRED, True, True),
+    (Outcome.RETRIED, False, False),
     (None, True, False),  # the leader crashed or never ran
 ])
 async def test_a_copy_waits_for_its_leader(outcome, same_payload, duplicate):
