@@ -5,6 +5,7 @@ any log line of a full run."""
 
 import asyncio
 import os
+import re
 import resource
 import sys
 import time
@@ -207,6 +208,9 @@ async def test_no_secret_or_token_reaches_a_log_line_or_a_metric(fleet, tmp_path
         await wait_until(lambda: count_rows(settings.database_url, "inbox"), 60, message="an inbox row")
         async with session.get(f"{base_url}/admin/dead-letters", headers={"Authorization": f"Bearer {secrets['admin']}"}) as response:
             assert response.status == 200
+        # The console keeps its session in a cookie: a jar that accepts one from an IP host.
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+            assert [await console_sign_in(browser, base_url, token) for token in ("wrong", secrets["viewer"])] == [401, 303]
         metrics_text = await (await session.get(f"{base_url}/metrics")).text()
     fleet.stop_all()
 
@@ -216,6 +220,14 @@ async def test_no_secret_or_token_reaches_a_log_line_or_a_metric(fleet, tmp_path
     for name, secret in secrets.items():
         assert not [where for where, line in logs if secret in line], f"the {name} secret is in a log line"
         assert secret not in metrics_text
+
+
+async def console_sign_in(session: aiohttp.ClientSession, base_url: str, token: str) -> int:
+    async with session.get(f"{base_url}/console/login") as page:
+        csrf = re.search(r'name="csrf_token" value="([^"]+)"', await page.text())
+    form = {"token": token, "csrf_token": csrf[1] if csrf else ""}
+    async with session.post(f"{base_url}/console/login", data=form, allow_redirects=False) as response:
+        return response.status
 
 
 async def send_test(source_name: str, base_url: str, env: dict[str, str]) -> str:
