@@ -152,9 +152,12 @@ def errors_header(errors: tuple[dict, ...]) -> str:
     last = {**_slim_error(last, MAX_ERRORS_BYTES // 4), "traceback": str(last.get("traceback", ""))[-2048:]}
     share = (MAX_ERRORS_BYTES - len(orjson.dumps(last))) // max(len(earlier), 1)
     slim = [_slim_error(error, share) for error in earlier]
-    while len(slim) > 1 and len(orjson.dumps([*slim, last])) > MAX_ERRORS_BYTES:
-        del slim[1]  # the first failure is the one worth keeping
-    return orjson.dumps([*slim, last]).decode()
+    sizes = [len(orjson.dumps(error)) + 1 for error in slim]
+    room, total, keep_from = MAX_ERRORS_BYTES - len(orjson.dumps(last)) - 2, sum(sizes), 1
+    while total > room and keep_from < len(slim):
+        total -= sizes[keep_from]  # the oldest go first, but the first failure is the one worth keeping
+        keep_from += 1
+    return orjson.dumps([*slim[:1], *slim[keep_from:], last]).decode()
 
 
 def _slim_error(error: dict, budget: int) -> dict:
