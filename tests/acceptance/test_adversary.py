@@ -277,3 +277,31 @@ async def test_an_event_that_completes_is_not_also_an_open_dead_letter(settings,
     await asyncio.sleep(2)  # the other chain's last message, if any
     open_dead_letters = await count_rows(settings.database_url, "dead_letters", "status = 'dead'")
     assert open_dead_letters == 0  # it completed: nothing for on-call to replay
+
+
+@pytest.mark.xfail(strict=True, reason="finding 8: a publish that timed out may still reach the broker: re-publishing "
+                   "the retry message while RabbitMQ is blocked (or re-running the handler, finding 2) leaves several "
+                   "retry messages of one attempt once it takes publishes again, each a retry chain of its own")
+async def test_a_blocked_broker_does_not_multiply_an_events_attempts(settings, fleet, tmp_path):
+    """As in finding 2, RabbitMQ stops taking the worker's publishes (an
+    alarm) before the failed run's retry is published, for 12 s, then takes
+    them again. The event is then attempted max_attempts (3) times in all —
+    one retry message per failed attempt, however long the broker was blocked."""
+    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:failing_external",
+                            database_url=settings.database_url, seconds=1)
+    event = make_event("acme", "evt_blocked_broker")
+    with TcpProxy("127.0.0.1", 5672) as broker:
+        worker = fleet.worker("--concurrency", "1", env={
+            "WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)})
+        await wait_for_output(worker, "worker_consuming")
+        await publish_events(settings.amqp_url, settings.namespace, [event])
+        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05,
+                         message="the first run")
+        broker.stall()
+        await asyncio.sleep(12)  # two publish timeouts and more
+        broker.flow()
+        await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 60, message="the dead letter")
+        await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+        await asyncio.sleep(2)  # any other chain's last attempt
+    attempts = [run["started"] for run in await _runs(settings.database_url)]
+    assert sorted(attempts) == [1.0, 2.0, 3.0]
