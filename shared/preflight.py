@@ -7,10 +7,10 @@ which URL, and how to start it — not a traceback.
 import asyncio
 import logging
 
-import aio_pika
 import asyncpg
 import redis.asyncio as redis
 
+from webhook_ingest.shared import amqp
 from webhook_ingest.shared.settings import Settings, mask_url
 
 HOW_TO_START = {
@@ -59,7 +59,7 @@ async def _check_rabbitmq(url: str) -> None:
     # aiormq logs its own traceback-ish line on a refused connection; the
     # one line we print instead says the same and how to fix it.
     logging.getLogger("aiormq.connection").setLevel(logging.CRITICAL)
-    connection = await aio_pika.connect(url, timeout=TIMEOUT)
+    connection = await amqp.connect(url, timeout=TIMEOUT)
     await connection.close()
 
 
