@@ -134,7 +134,7 @@ class Publisher:
         pile up nowhere."""
         try:
             await asyncio.wait_for(
-                topology.declare_events_queue(self._channel, self._namespace, self._delivery_limit), PUBLISH_TIMEOUT
+                topology.ensure_events_queue(self._connection, self._namespace, self._delivery_limit), PUBLISH_TIMEOUT
             )
             await asyncio.wait_for(self._channel.declare_queue(
                 self._probe_queue, durable=True, arguments=PROBE_QUEUE_ARGUMENTS), PUBLISH_TIMEOUT)
@@ -162,8 +162,8 @@ class Publisher:
             self._amqp_url, client_properties={"connection_name": self._connection_name}
         )
         try:
+            await topology.ensure_events_queue(connection, self._namespace, self._delivery_limit)
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-            await topology.declare_events_queue(channel, self._namespace, self._delivery_limit)
         except BaseException:
             await connection.close()
             raise

@@ -15,7 +15,7 @@ overflow) means a message moving between them is never dropped.
 import asyncio
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
 
 PUBLISH_TIMEOUT = 5.0  # seconds; a publish with no limit could hold a request or a message for ever
 _QUORUM = {"x-queue-type": "quorum"}
@@ -52,6 +52,27 @@ async def declare_events_queue(channel: AbstractChannel, namespace: str, deliver
             "x-dead-letter-routing-key": dead_queue(namespace),
         },
     )
+
+
+async def ensure_events_queue(connection: AbstractConnection, namespace: str, delivery_limit: int) -> None:
+    """The events queue exists afterwards; one that exists is left as it is.
+
+    Declared with its arguments, an existing queue created with others (a
+    WEBHOOK_INGEST_DELIVERY_LIMIT changed since) fails with PRECONDITION_FAILED,
+    and a publisher that insisted would never publish again. So only a queue
+    that does not exist is declared, each step on a channel of its own (a
+    failed declare closes its channel)."""
+    probe = await connection.channel()
+    try:
+        await probe.declare_queue(events_queue(namespace), passive=True)
+    except aio_pika.exceptions.ChannelNotFoundEntity:  # it also closed the probe channel
+        declaring = await connection.channel()
+        try:
+            await declare_events_queue(declaring, namespace, delivery_limit)
+        finally:
+            await declaring.close()
+    else:
+        await probe.close()
 
 
 async def declare_dead_queue(channel: AbstractChannel, namespace: str) -> AbstractQueue:

@@ -160,3 +160,17 @@ async def test_a_body_that_cannot_be_decoded_is_a_400_not_a_500(settings, source
     async with running_ingress(settings, sources) as client:
         answer = await raw_post(client, "/webhooks/edge", body, [*signature_for(body), (b"Content-Encoding", b"gzip")])
     assert answer == (400, {"error": "invalid_json"})
+
+
+async def test_an_events_queue_created_with_another_delivery_limit_is_published_to(settings, sources, monkeypatch):
+    """WEBHOOK_INGEST_DELIVERY_LIMIT changed after the queue was created: the
+    ingress's declaration failed (PRECONDITION_FAILED) at every connect, and
+    every event went to the outbox for good."""
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        await topology.declare_events_queue(await connection.channel(), settings.namespace, settings.delivery_limit)
+    monkeypatch.setenv("WEBHOOK_INGEST_DELIVERY_LIMIT", str(settings.delivery_limit + 1))
+    async with running_ingress(type(settings)(), sources) as client:
+        assert (await post(client, json.dumps({"id": "limit"}).encode()))[0] == 200
+    assert await stored_copies(settings) == {"edge:limit": 1}
+    assert await _outbox_keys(settings.database_url) == {}
