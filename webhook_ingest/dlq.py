@@ -202,26 +202,11 @@ async def confirm_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.Abst
     async with connection:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):  # a broker that hangs once connected
-                await _ensure_events_queue(connection, settings)
+                await topology.ensure_events_queue(connection, settings.namespace, settings.delivery_limit)
                 channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         except _BROKER_ERRORS as exc:
             raise BrokerUnavailable(f"RabbitMQ at {where}: {one_line(exc)}") from exc
         yield channel
-
-
-async def _ensure_events_queue(connection, settings: Settings) -> None:
-    """Leaves an existing queue as it is: declaring it with arguments would
-    fail if this shell's WEBHOOK_INGEST_DELIVERY_LIMIT differs from the
-    deployment's. Only a queue that does not exist yet is declared."""
-    probe = await connection.channel()
-    try:
-        await probe.declare_queue(topology.events_queue(settings.namespace), passive=True)
-    except aio_pika.exceptions.ChannelNotFoundEntity:  # it also closed the probe channel
-        declaring = await connection.channel()
-        await topology.declare_events_queue(declaring, settings.namespace, settings.delivery_limit)
-        await declaring.close()
-    else:
-        await probe.close()
 
 
 async def _replay(settings: Settings, ids: list[int], all_: bool, source: str | None) -> list[int]:
