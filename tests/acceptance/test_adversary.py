@@ -106,10 +106,6 @@ async def _runs_with_the_holders_session_cut(settings, fleet, tmp_path, handler_
     return await _runs(settings.database_url)
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: with RabbitMQ blocked (an alarm: the connection "
-                   "stays open, publishes hang), the retry publish of a failed handler times out "
-                   "(asyncio.TimeoutError), which outage_kind reads as a Postgres outage; Postgres answers the "
-                   "probe, so the worker runs the handler again every ~5 s instead of pausing")
 async def test_while_rabbitmq_is_blocked_a_failed_event_is_not_run_again_and_again(settings, fleet, tmp_path):
     """The handler (an external call) fails; RabbitMQ stops taking the
     worker's publishes before it can publish the retry (a memory or disk
@@ -133,9 +129,6 @@ async def test_while_rabbitmq_is_blocked_a_failed_event_is_not_run_again_and_aga
     assert runs_while_away == 1  # the first run only
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: a Postgres that refuses writes (SQLSTATE 25006, a primary demoted "
-                   "in a failover) is not taken for an outage: the fence insert's ReadOnlySQLTransactionError is a "
-                   "'crash', each one spends a delivery, and the event ends as a DeliveryLimitExceeded dead letter")
 async def test_a_postgres_that_refuses_writes_for_a_while_dead_letters_nothing(settings, fleet, tmp_path):
     """A failover as clients see it: for a few seconds the server they are
     connected to is a read-only standby (the old primary, demoted), then
@@ -195,9 +188,6 @@ async def test_an_old_event_of_a_source_no_worker_knows_yet_still_waits_for_one(
     assert await count_rows(settings.database_url, "inbox") == 1
 
 
-@pytest.mark.xfail(strict=True, reason="finding 5: copies of a failing event multiply its attempts: a copy waiting on "
-                   "a leader that ended RETRIED is dispatched again and runs the handler at once (no retry delay), "
-                   "and each copy starts its own retry chain: 3 copies, max_attempts 3 -> 9 runs")
 async def test_copies_of_a_failing_event_do_not_multiply_its_attempts(settings, fleet, tmp_path):
     """A provider sends an event three times at once (it timed out waiting
     for our 200); the receiver behind the handler is down. The event is
