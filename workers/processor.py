@@ -32,7 +32,6 @@ from typing import assert_never
 
 import asyncpg
 
-from webhook_ingest.shared import metrics
 from webhook_ingest.shared.idempotency import ClaimState, Outcome, classify_completed
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage
@@ -42,11 +41,10 @@ from webhook_ingest.workers.handlers import Event, HandlerContext, load_handler
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore
 from webhook_ingest.workers.lease import Keeper, Lease, LockLost, extend_leases, release_leases, take_leases
 from webhook_ingest.workers.outage import outage_kind
-
-READ_ONLY = asyncpg.ReadOnlySQLTransactionError
 from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
 from webhook_ingest.workers.retry import FailurePolicy
 
+READ_ONLY = asyncpg.ReadOnlySQLTransactionError
 log = get_logger(__name__)
 SQL = load_queries("webhook_ingest.workers")
 DEFER_SECONDS = 1.0
