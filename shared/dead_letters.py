@@ -30,7 +30,7 @@ from webhook_ingest.shared.message import EventMessage, to_amqp
 from webhook_ingest.shared.queries import load_queries
 
 SQL = load_queries("webhook_ingest.shared")
-STATUSES = ("dead", "replayed", "discarded")
+STATUSES = ("dead", "replayed", "discarded", "completed")  # completed: by another delivery, after all
 REPLAY_PUBLISH_TIMEOUT = 10.0
 MAX_ID = 2**63 - 1  # bigserial
 UNREADABLE = "UnreadableMessage"  # the error type of a message that was not ours (workers.poison)
@@ -131,10 +131,11 @@ async def replays_of(conn, dead_letter_id: int) -> list[dict]:
 # -- recording -----------------------------------------------------------------
 
 
-async def record_dead_letter(conn, event: EventMessage, errors: Sequence[dict]) -> int:
+async def record_dead_letter(conn, event: EventMessage, errors: Sequence[dict]) -> int | None:
     """One dead letter for `event`, whose failed attempts are `errors`; its
     id. An event that already has an open one keeps it (a redelivery after a
-    crash between this commit and the ack): no second row."""
+    crash between this commit and the ack): no second row. None, recording
+    nothing, when the event has completed meanwhile (another copy)."""
     return await conn.fetchval(
         SQL["insert_dead_letter"],
         event.key,
@@ -300,12 +301,14 @@ async def replay_if_open(conn, channel: AbstractChannel, namespace: str, dead_le
         row = await _lock_open(conn, dead_letter_id)
         if row["last_error_type"] == UNREADABLE:
             raise NotReplayable([dead_letter_id])
+        # Marked before the publish: a new failure of the replayed event
+        # waits for this commit, then records a new open row (insert_dead_letter).
+        await mark_replayed(conn, [dead_letter_id], actor, bulk_action_id)
         try:
             await topology.publish(channel, to_amqp(rebuilt_event(row)), topology.events_queue(namespace),
                                    timeout=REPLAY_PUBLISH_TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - any broker failure: nothing was replayed
             raise ReplayInterrupted([], exc) from exc
-        await mark_replayed(conn, [dead_letter_id], actor, bulk_action_id)
         if bulk_action_id is None:
             await record_audit(conn, actor, "replay", [dead_letter_id])
 
@@ -355,12 +358,14 @@ async def replay(conn, channel: AbstractChannel, namespace: str, ids: Sequence[i
     replayed: list[int] = []
     try:
         for row in rows:
-            try:
-                await topology.publish(channel, to_amqp(rebuilt_event(row)), topology.events_queue(namespace),
-                                       timeout=REPLAY_PUBLISH_TIMEOUT)
-            except Exception as exc:  # noqa: BLE001 - any broker failure: report what was done
-                raise ReplayInterrupted(replayed, exc) from exc
-            replayed += await mark_replayed(conn, [row["id"]], actor)
+            async with conn.transaction():  # marked before the publish, committed after its confirm
+                marked = await mark_replayed(conn, [row["id"]], actor)
+                try:
+                    await topology.publish(channel, to_amqp(rebuilt_event(row)), topology.events_queue(namespace),
+                                           timeout=REPLAY_PUBLISH_TIMEOUT)
+                except Exception as exc:  # noqa: BLE001 - any broker failure: report what was done
+                    raise ReplayInterrupted(replayed, exc) from exc
+            replayed += marked
     finally:
         if replayed:  # also what a replay that stopped half way did
             await record_audit(conn, actor, "replay", replayed)

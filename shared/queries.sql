@@ -5,23 +5,28 @@
 -- acted on by `webhook-ingest dlq …` and the admin HTTP API.
 
 -- name: insert_dead_letter
--- One open dead letter per event: when the same key and payload already
--- has one (a worker died between recording it and acking the message, and
--- the redelivery failed again), that one's id, nothing inserted. A replayed
--- event that fails again gets a new row: its old one is no longer open.
-WITH open AS (
-    SELECT id FROM dead_letters
-    WHERE key = $1::text AND payload_sha256 = $4::text AND status = 'dead'
-    ORDER BY id LIMIT 1
+-- One open dead letter per event (key + payload; a unique partial index):
+-- when one is open already (a worker died between recording it and acking
+-- the message, and the redelivery failed again), that one's id, nothing
+-- inserted. A replay marks the row `replayed` in the transaction that
+-- publishes it, so a replayed event that fails again before that commit
+-- waits here for it, then gets a new row. An event completed meanwhile
+-- (another copy's chain) gets none: no row is returned.
+WITH done AS (
+    SELECT FROM processed_events WHERE key = $1::text AND payload_sha256 = $4::text
 ), inserted AS (
     INSERT INTO dead_letters (key, source, event_id, payload_sha256, body, payload, headers,
                               received_at, attempts, errors)
     SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::jsonb, $7::jsonb,
            $8::timestamptz, $9::integer, $10::jsonb
-    WHERE NOT EXISTS (SELECT FROM open)
+    WHERE NOT EXISTS (SELECT FROM done)
+    ON CONFLICT (key, payload_sha256) WHERE status = 'dead' DO NOTHING
     RETURNING id
 )
-SELECT id FROM inserted UNION ALL SELECT id FROM open
+SELECT id FROM inserted
+UNION ALL
+SELECT id FROM dead_letters
+WHERE key = $1::text AND payload_sha256 = $4::text AND status = 'dead' AND NOT EXISTS (SELECT FROM inserted)
 
 -- name: list_dead_letters
 -- Newest first; $1 source (NULL: every source), $2 status (NULL: every

@@ -52,6 +52,9 @@ SELECT key, payload_sha256 FROM processed_events WHERE key = ANY($1::text[])
 -- yet; it ends our lease in the same commit.
 WITH fence AS (
     UPDATE key_fences SET lease_until = NULL WHERE key = $1 AND token = $5 RETURNING token
+), resolved AS (  -- another copy's chain dead-lettered it: that row is closed, not left open
+    UPDATE dead_letters SET status = 'completed', updated_at = now()
+    WHERE key = $1 AND payload_sha256 = $4 AND status = 'dead' AND EXISTS (SELECT FROM fence)
 )
 INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
 SELECT $1, $2, $3, $4, $5, $6, $7 FROM fence
@@ -82,6 +85,10 @@ WITH batch AS (
     UPDATE key_fences SET lease_until = NULL FROM batch
     WHERE key_fences.key = batch.key AND key_fences.token = batch.fencing_token
     RETURNING key_fences.key
+), resolved AS (
+    UPDATE dead_letters SET status = 'completed', updated_at = now() FROM batch
+    WHERE dead_letters.key = batch.key AND dead_letters.payload_sha256 = batch.payload_sha256
+      AND dead_letters.status = 'dead' AND batch.key IN (SELECT key FROM fence)
 )
 INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
 SELECT batch.* FROM batch JOIN fence USING (key)

@@ -55,13 +55,13 @@ class FailurePolicy:
         error = describe_failure(exc, event.attempt)
         retry_in = retry_decision(event, source, exc)
         if retry_in is None:
-            await self.dead_letter(event, error, permanent=isinstance(exc, PermanentError))
-            return Outcome.DEAD
+            dead_letter_id = await self.dead_letter(event, error, permanent=isinstance(exc, PermanentError))
+            return Outcome.DEAD if dead_letter_id is not None else Outcome.DUPLICATE  # None: completed meanwhile
         await self.delay(event.next_attempt(error), retry_in)
         log.warning("event_retry_scheduled", retry_in=retry_in, error_type=error["type"], error=error["message"][:200])
         return Outcome.RETRIED
 
-    async def dead_letter(self, event: EventMessage, error: dict, permanent: bool = False) -> int:
+    async def dead_letter(self, event: EventMessage, error: dict, permanent: bool = False) -> int | None:
         """Records the event with its whole error history; returns only once
         committed, waiting while Postgres is away (not running the handler again)."""
         pause = 0.2

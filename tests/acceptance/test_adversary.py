@@ -10,10 +10,9 @@ through their own connection, as an external effect would be.
 
 import asyncio
 import dataclasses
-import os
-import sys
 import time
 
+import aio_pika
 import asyncpg
 import pytest
 
@@ -23,6 +22,7 @@ from tests.support.exactly_once import until_completed, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import topology
+from webhook_ingest.shared.dead_letters import Actor, replay_if_open
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.adversary_handlers"
@@ -207,16 +207,13 @@ async def test_copies_of_a_failing_event_do_not_multiply_its_attempts(settings, 
     assert sorted(attempts) == [1.0, 2.0, 3.0]
 
 
-@pytest.mark.xfail(strict=True, reason="finding 6: a replay racing the replayed event's new failure loses the dead "
-                   "letter: the worker's insert_dead_letter still sees the old row open (the replay has published "
-                   "but not committed 'replayed'), records nothing new and acks; then the old row turns 'replayed' "
-                   "and no open dead letter is left")
 async def test_a_replayed_event_that_fails_again_at_once_is_an_open_dead_letter(settings, service_env, fleet, tmp_path):
-    """An event fails permanently and is a dead letter. On-call replays it;
-    the worker fails it again before the replay's own transaction commits
-    (forced here by holding a lock that the replay's history insert waits
-    for: a slow commit, a busy table). Afterwards the event must again be
-    an open dead letter on-call can see (§7.3, §8)."""
+    """Finding 6. An event fails permanently and is a dead letter. On-call
+    replays it (the console's button: `replay_if_open`); the worker fails it
+    again before the replay's transaction commits (forced here by holding a
+    lock its audit insert waits for, after the publish). Afterwards the
+    event must again be an open dead letter on-call can see (§7.3, §8): the
+    worker's insert waits for the replay's commit, then adds a new row."""
     sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:permanently_fails")
     worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
     await wait_for_output(worker, "worker_consuming")
@@ -224,30 +221,40 @@ async def test_a_replayed_event_that_fails_again_at_once_is_an_open_dead_letter(
     await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
 
     blocker = await asyncpg.connect(settings.database_url)
+    replayer = await asyncpg.connect(settings.database_url)
+    replayer_watch = await asyncpg.connect(settings.database_url)  # outside any transaction: a fresh view each time
+    broker = await aio_pika.connect_robust(settings.amqp_url)
     try:
+        channel = await broker.channel(publisher_confirms=True, on_return_raises=True)
         transaction = blocker.transaction()
         await transaction.start()
-        await blocker.execute("LOCK TABLE dead_letter_replays IN SHARE MODE")  # the replay's commit waits
-        replay = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "webhook_ingest", "dlq", "replay", "1", env={**os.environ, **service_env},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        await wait_until(lambda: _logged_twice(worker, "event_dead_lettered"), 30, interval=0.05,
-                         message="the replayed event failed again")
+        await blocker.execute("LOCK TABLE audit_log IN SHARE MODE")  # the replay's commit waits
+        replaying = asyncio.create_task(replay_if_open(replayer, channel, settings.namespace, 1,
+                                                       Actor("operator", "test")))
+        await wait_until(lambda: _waiting_insert(replayer_watch), 30, interval=0.05,
+                         message="the worker's dead-letter insert waiting for the replay")
         await transaction.commit()
+        await asyncio.wait_for(replaying, 10)
+        await wait_until(lambda: _logged_twice(worker, "event_dead_lettered"), 30, message="the second dead letter")
     finally:
+        await broker.close()
+        await replayer_watch.close()
+        await replayer.close()
         await blocker.close()
-    output = (await replay.communicate())[0].decode()
-    assert replay.returncode == 0, output
     assert await count_rows(settings.database_url, "dead_letters", "status = 'dead'") == 1
+    assert await count_rows(settings.database_url, "dead_letters", "status = 'replayed'") == 1
+
+
+async def _waiting_insert(connection) -> bool:
+    return await connection.fetchval(
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND query LIKE '%INSERT INTO dead_letters%' AND pid <> pg_backend_pid()")
 
 
 async def _logged_twice(worker, text: str) -> bool:
     return worker.output().count(text) >= 2
 
 
-@pytest.mark.xfail(strict=True, reason="finding 7: two retry chains of one event (copies on two workers; also a lost "
-                   "ack after a retry publish, an outbox or provider duplicate) end with the event both completed "
-                   "and an open dead letter: the first chain's dead letter stays open when the second completes")
 async def test_an_event_that_completes_is_not_also_an_open_dead_letter(settings, fleet, tmp_path):
     """Two copies of an event reach two workers; the receiver is down, so
     each copy starts its own retry chain. One chain gives up (a dead
