@@ -32,10 +32,12 @@ def signed(n: int, secret: str = SECRET, **extra_headers: str) -> tuple[bytes, d
 
 
 async def ready(base_url: str) -> None:
+    """Until the broker confirms: /readyz is 200 through the outbox before
+    that, and an event stored there is not on the queue yet."""
     async def answers() -> bool:
         try:
             async with aiohttp.ClientSession() as session, session.get(f"{base_url}/readyz") as response:
-                return response.status == 200
+                return response.status == 200 and (await response.json())["via"] == "broker"
         except aiohttp.ClientError:
             return False
 
