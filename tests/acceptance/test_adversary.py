@@ -16,9 +16,9 @@ import aio_pika
 import asyncpg
 import pytest
 
-from tests.conftest import SERVER_URL
+from tests.conftest import _admin
 from tests.support.events import make_event, publish_events, queue_depth
-from tests.support.exactly_once import until_completed, write_sources
+from tests.support.exactly_once import recorded_runs, until_completed, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import topology
@@ -27,13 +27,6 @@ from webhook_ingest.shared.dead_letters import Actor, replay_if_open
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.adversary_handlers"
 
-
-async def _runs(database_url: str) -> list[asyncpg.Record]:
-    connection = await asyncpg.connect(database_url)
-    try:
-        return await connection.fetch("SELECT key, pid, started, ended FROM runs ORDER BY started")
-    finally:
-        await connection.close()
 
 
 def _overlapping(runs) -> list[tuple]:
@@ -103,7 +96,7 @@ async def _runs_with_the_holders_session_cut(settings, fleet, tmp_path, handler_
         await until_completed(settings.database_url, 1, timeout=60)
         await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
         await asyncio.sleep(2)  # a deferred copy comes back after 1 s
-    return await _runs(settings.database_url)
+    return await recorded_runs(settings.database_url)
 
 
 async def test_while_rabbitmq_is_blocked_a_failed_event_is_not_run_again_and_again(settings, fleet, tmp_path):
@@ -155,13 +148,6 @@ async def test_a_postgres_that_refuses_writes_for_a_while_dead_letters_nothing(s
     assert await count_rows(settings.database_url, "inbox") == 1
 
 
-async def _admin(sql: str) -> None:
-    connection = await asyncpg.connect(SERVER_URL)
-    try:
-        await connection.execute(sql)
-    finally:
-        await connection.close()
-
 
 async def test_an_old_event_of_a_source_no_worker_knows_yet_still_waits_for_one(settings, fleet, tmp_path):
     """A rolling deploy after a 12-minute RabbitMQ outage: the ingress kept
@@ -203,7 +189,7 @@ async def test_copies_of_a_failing_event_do_not_multiply_its_attempts(settings, 
     await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
     await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
     await asyncio.sleep(2)  # any other chain's last attempt
-    attempts = [run["started"] for run in await _runs(settings.database_url)]
+    attempts = [run["started"] for run in await recorded_runs(settings.database_url)]
     assert sorted(attempts) == [1.0, 2.0, 3.0]
 
 
@@ -300,5 +286,5 @@ async def test_a_blocked_broker_does_not_multiply_an_events_attempts(settings, f
         await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 60, message="the dead letter")
         await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
         await asyncio.sleep(2)  # any other chain's last attempt
-    attempts = [run["started"] for run in await _runs(settings.database_url)]
+    attempts = [run["started"] for run in await recorded_runs(settings.database_url)]
     assert sorted(attempts) == [1.0, 2.0, 3.0]

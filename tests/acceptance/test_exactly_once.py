@@ -20,8 +20,8 @@ import pytest
 from webhook_ingest.shared import signatures, topology
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import (
-    SECRET, assert_each_once, effects_by_key, metered_worker, until_completed, until_every_message_handled,
-    write_sources)
+    SECRET, assert_each_once, effects_by_key, metered_worker, recorded_runs, until_completed,
+    until_every_message_handled, write_sources)
 from tests.support.processes import count_rows, outcomes, wait_for_output, wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.tcpproxy import TcpProxy, free_port
@@ -177,17 +177,10 @@ async def test_an_external_effect_sent_ten_times_to_three_workers_never_overlaps
     await until_completed(settings.database_url, 1)
     await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
     await asyncio.sleep(2)  # a deferred copy comes back after 1 s: let every one finish
-    runs = await _runs(settings.database_url)
+    runs = await recorded_runs(settings.database_url)
     assert len(runs) == 1, runs
     assert await count_rows(settings.database_url, "inbox") == 1
 
-
-async def _runs(database_url: str) -> list[asyncpg.Record]:
-    connection = await asyncpg.connect(database_url)
-    try:
-        return await connection.fetch("SELECT key, pid, started, ended FROM runs ORDER BY started")
-    finally:
-        await connection.close()
 
 
 async def test_a_lock_holder_paused_past_its_ttl_keeps_its_turn_and_nothing_runs_beside_it(settings, fleet, tmp_path):
@@ -242,7 +235,7 @@ async def test_mixed_modes_never_run_one_key_at_the_same_time(settings, fleet, t
     await until_completed(settings.database_url, 16, timeout=90)
     await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
     await asyncio.sleep(1.5)  # a deferred copy comes back after 1 s
-    runs = await _runs(settings.database_url)
+    runs = await recorded_runs(settings.database_url)
     by_key: dict[str, list] = {}
     for run in runs:
         by_key.setdefault(run["key"], []).append(run)

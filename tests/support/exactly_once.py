@@ -60,3 +60,12 @@ async def until_every_message_handled(metrics_urls: list[str], messages: int, ti
         return sum(counts.get(o, 0) for o in ("processed", "duplicate", "conflict")) >= messages
 
     await wait_until(handled, timeout, message=f"{messages} messages handled")
+
+
+async def recorded_runs(database_url: str) -> list[asyncpg.Record]:
+    """The external-effect handlers' `runs` rows (one per run, with its interval), oldest first."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await connection.fetch("SELECT key, pid, started, ended FROM runs ORDER BY started")
+    finally:
+        await connection.close()
