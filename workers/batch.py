@@ -25,12 +25,12 @@ mode) go through `Processor` alone from the start.
 import asyncio
 import contextlib
 
-from webhook_ingest.shared.idempotency import ClaimState, Outcome
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.lease import Lease, LockLost, release_leases, take_leases
 from webhook_ingest.workers.processor import SQL, HandlerFailed, Processor, completion_row, found_in_chain, kept_alive
 from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
+from webhook_ingest.workers.states import ClaimState, Outcome
 
 
 class _RollBack(Exception):

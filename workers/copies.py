@@ -16,8 +16,8 @@ itself, so nothing here can lose an event.
 import asyncio
 from dataclasses import dataclass, field
 
-from webhook_ingest.shared.idempotency import Outcome
 from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.workers.states import Outcome
 
 # The leader settled the event for its copies too: completed, or carried on
 # by the retry or deferral message it published, or recorded as a dead

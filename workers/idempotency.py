@@ -15,9 +15,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from webhook_ingest.shared import metrics
-from webhook_ingest.shared.idempotency import ClaimState
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.workers.redlock import REDIS_ERRORS, AcquireResult, Lock, Redlock
+from webhook_ingest.workers.states import ClaimState
 
 log = get_logger(__name__)
 

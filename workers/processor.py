@@ -32,7 +32,6 @@ from typing import assert_never
 
 import asyncpg
 
-from webhook_ingest.shared.idempotency import ClaimState, Outcome, classify_completed
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.queries import load_queries
@@ -43,6 +42,7 @@ from webhook_ingest.workers.lease import Keeper, Lease, LockLost, extend_leases,
 from webhook_ingest.workers.outage import outage_kind
 from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
 from webhook_ingest.workers.retry import FailurePolicy
+from webhook_ingest.workers.states import ClaimState, Outcome, classify_completed
 
 READ_ONLY = asyncpg.ReadOnlySQLTransactionError
 log = get_logger(__name__)

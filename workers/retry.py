@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.shared.idempotency import Outcome
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, to_amqp
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.handlers import PermanentError
 from webhook_ingest.workers.outage import BROKER_LOST, POSTGRES_LOST
+from webhook_ingest.workers.states import Outcome
 
 log = get_logger(__name__)
 

@@ -19,7 +19,6 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
 from webhook_ingest.shared import amqp, metrics, topology
-from webhook_ingest.shared.idempotency import Outcome
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
 from webhook_ingest.shared.settings import Settings
@@ -31,6 +30,7 @@ from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.outage import OutageGate, outage_kind
 from webhook_ingest.workers.processor import DEFER_SECONDS, SQL, Processor
 from webhook_ingest.workers.retry import FailurePolicy
+from webhook_ingest.workers.states import Outcome
 
 log = get_logger(__name__)
 

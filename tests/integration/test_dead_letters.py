@@ -17,7 +17,6 @@ from webhook_ingest.ingress.admin import refresh_dead_letters_gauge
 from webhook_ingest.shared import metrics, topology
 from webhook_ingest.shared.dead_letters import get_dead_letter, list_dead_letters, record_dead_letter
 from webhook_ingest.shared.message import to_amqp
-from webhook_ingest.shared.idempotency import Outcome
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources, parse_source
 from tests.support.events import make_event, publish_events, queue_depth
@@ -28,6 +27,7 @@ from webhook_ingest.cli import main
 from webhook_ingest.dlq import prune_completion_records
 from webhook_ingest.workers.poison import drain_poison_queue, stop_draining
 from webhook_ingest.workers.retry import FailurePolicy, describe_failure
+from webhook_ingest.workers.states import Outcome
 
 TOKEN = "s3cret-admin-token"
 

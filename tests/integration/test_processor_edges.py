@@ -16,13 +16,13 @@ import redis.asyncio as redis
 
 from tests.conftest import REDIS_URL
 from tests.support.events import make_event
-from webhook_ingest.shared.idempotency import Outcome
 from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers import processor as processor_module
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.lease import Keeper, LockLost
 from webhook_ingest.workers.processor import Processor
+from webhook_ingest.workers.states import Outcome
 
 SHARED_SQL = load_queries("webhook_ingest.shared")
 CALLS: list[str] = []

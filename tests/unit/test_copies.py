@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from webhook_ingest.shared.idempotency import Outcome
 from tests.support.events import make_event
 from webhook_ingest.workers.copies import CopiesInFlight
+from webhook_ingest.workers.states import Outcome
 
 
 @pytest.mark.parametrize("outcome, same_payload, duplicate", [

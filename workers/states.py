@@ -1,5 +1,6 @@
 """The idempotency model as plain code: what a key's claim can say, and what
-became of an event. The Redis and Postgres steps live in `workers/`.
+became of an event. The Redis and Postgres steps live beside it
+(`idempotency.py`, `lease.py`, `processor.py`).
 
 A key moves FREE -> IN_FLIGHT (claimed, lock held) -> COMPLETED (completion
 row committed). IN_FLIGHT falls back to FREE when its holder fails, releases
