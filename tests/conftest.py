@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 import redis.asyncio as redis
 
-from webhook_ingest.shared.migrate import migrate
+from webhook_ingest.migrate import migrate
 from webhook_ingest.shared.settings import Settings
 from tests.support.processes import Fleet
 

@@ -76,7 +76,7 @@ def _migrate_or_fail(settings: Settings) -> None:
     import asyncpg
 
     from webhook_ingest.shared.errors import WebhookIngestError
-    from webhook_ingest.shared.migrate import migrate as run_migrations
+    from webhook_ingest.migrate import migrate as run_migrations
 
     where = settings.masked()["database_url"]
     try:
@@ -190,7 +190,7 @@ def run(host: str, port: int, ingress_processes: str, worker_count: int, concurr
 
     The defaults are the configuration `make bench` measured fastest
     (docs/performance.md); the options override it."""
-    from webhook_ingest.shared.preflight import unreachable_services
+    from webhook_ingest.preflight import unreachable_services
 
     settings, sources = configured()
     _validate_handlers(sources)

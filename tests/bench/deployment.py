@@ -20,7 +20,7 @@ import redis.asyncio as redis
 
 from webhook_ingest import layout
 from webhook_ingest.shared import topology
-from webhook_ingest.shared.migrate import migrate
+from webhook_ingest.migrate import migrate
 from tests.bench.handler import EFFECTS_TABLE
 from tests.support.processes import Fleet, Process, wait_for_output
 from tests.support.tcpproxy import free_port

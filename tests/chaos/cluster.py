@@ -27,8 +27,8 @@ import aiohttp
 import asyncpg
 import orjson
 
+from webhook_ingest.migrate import migrate
 from webhook_ingest.shared import amqp, signatures, topology
-from webhook_ingest.shared.migrate import migrate
 from tests.support.exactly_once import SECRET, effects_by_key, metered_worker, write_sources
 from tests.support.handlers import EFFECTS_TABLES
 from tests.support.processes import Fleet, count_rows, wait_for_output, wait_until

@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 import aio_pika
 import asyncpg
 import redis.asyncio as redis
+from webhook_ingest.migrate import migrate
 from webhook_ingest.shared import topology
-from webhook_ingest.shared.migrate import migrate
 
 from tests.chaos.handler import CHAOS_TABLES
 from tests.chaos.plan import MAX_ATTEMPTS, RETRY_DELAYS, Fault

@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from webhook_ingest.shared.preflight import unreachable_services
+from webhook_ingest.preflight import unreachable_services
 from webhook_ingest.shared.settings import Settings
 from tests.integration.test_cli import webhook_ingest
 from tests.support.pg_gatekeeper import PostgresGatekeeper

@@ -1,5 +1,6 @@
 """`webhook-ingest migrate`: create the database if missing, apply numbered
-SQL migrations once each.
+SQL migrations once each (`shared/migrations/`: the schema ingress and
+workers share).
 
 Each migration runs in its own transaction together with its row in
 `schema_migrations`, under a session advisory lock, so two processes
