@@ -164,13 +164,14 @@ async def _run_worker(settings, sources, concurrency, metrics_port, grace_second
 
 
 def _validate_handlers(sources: dict[str, Source]) -> None:
-    from webhook_ingest.workers.handlers import load_handler
+    """Run where handlers run (`worker`, and `run` before it starts any):
+    the ingress never imports handler code."""
+    from webhook_ingest.workers.handlers import load_handlers
 
-    for source in sources.values():
-        try:
-            load_handler(source.handler)
-        except (ImportError, AttributeError) as exc:
-            fail(f"source {source.name!r}: handler: {exc}")
+    try:
+        load_handlers(sources)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 @main.command(epilog=ENV_HELP)

@@ -40,6 +40,24 @@ def test_a_bad_sources_file_stops_each_process_with_one_line(tmp_path, service_e
         assert "Traceback" not in result.stdout + result.stderr
 
 
+async def test_a_handler_that_cannot_be_imported_stops_the_workers_not_the_ingress(fleet, tmp_path, service_env):
+    path = tmp_path / "sources.toml"
+    path.write_text('[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\nhandler = "no_such_module_xyz:handle"\n')
+    env = {"WEBHOOK_INGEST_SOURCES": str(path)}
+    for command in (["worker"], ["run", "--port", str(free_port())]):
+        result = webhook_ingest(*command, env={**service_env, **env})
+        assert result.returncode == 2
+        assert result.stderr.strip() == ("error: source 'acme': handler: cannot import 'no_such_module_xyz':"
+                                         " No module named 'no_such_module_xyz'"), command
+    ingress, base_url = fleet.ingress(env=env)  # it never imports handler code
+    await wait_for_output(ingress, "broker_connected")
+    body = orjson.dumps({"id": "evt_1"})
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{base_url}/webhooks/acme", data=body,
+                                headers=signatures.sign("hmac-sha256", body, "s")) as response:
+            assert response.status == 200
+
+
 def test_run_names_each_unreachable_service_and_how_to_start_it(service_env):
     closed = free_port()
     env = {**service_env, "REDIS_URLS": f"redis://127.0.0.1:{closed}/0",

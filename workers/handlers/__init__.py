@@ -6,15 +6,26 @@
 attempt; `ctx` carries db (the asyncpg connection inside the completion
 transaction), options (the source's handler_options) and logger. Raising
 `PermanentError` dead-letters the event at once; anything else is retried.
+
+Handlers are looked up here only, by the processes that run them: `worker`
+(and `run`, before it starts any) refuse to start on a source whose handler
+cannot be loaded; the ingress never imports handler code.
 """
 
 import importlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from webhook_ingest.shared.errors import ConfigError
+
+if TYPE_CHECKING:  # the handler API stays light to import
+    from webhook_ingest.shared.sources import Source
+
+BUILTINS = ("forward", "inbox")
 
 
 class PermanentError(Exception):
@@ -47,13 +58,43 @@ class HandlerContext:
 Handler = Callable[[Event, HandlerContext], Awaitable[dict | None]]
 
 
+def load_handlers(sources: Mapping[str, "Source"]) -> dict[str, Handler]:
+    """Every source's handler, or a one-line ConfigError naming the source
+    and the field whose handler cannot run."""
+    return {name: _source_handler(source) for name, source in sources.items()}
+
+
+def _source_handler(source: "Source") -> Handler:
+    try:
+        handle = load_handler(source.handler)
+    except ConfigError as exc:
+        raise ConfigError(f"source {source.name!r}: handler: {exc}") from None
+    if source.handler == "forward" and not isinstance(source.handler_options.get("url"), str):
+        raise ConfigError(f"source {source.name!r}: handler_options.url: the forward handler needs a url")
+    return handle
+
+
 def load_handler(reference: str) -> Handler:
-    """A built-in name (`inbox`, `forward`) or `module:function`."""
+    """A built-in name (`inbox`, `forward`) or `module:function`; ConfigError
+    saying why when it names no callable."""
     if reference == "inbox":
         from webhook_ingest.workers.handlers.inbox import handle
     elif reference == "forward":
         from webhook_ingest.workers.handlers.forward import handle
     else:
-        module_name, _, attribute = reference.partition(":")
-        handle = getattr(importlib.import_module(module_name), attribute)
+        handle = _imported(reference)
+    return handle
+
+
+def _imported(reference: str) -> Handler:
+    module_name, sep, attribute = reference.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigError(f"{reference!r} is neither a built-in ({', '.join(BUILTINS)}) nor 'module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
+    handle = getattr(module, attribute, None)
+    if not callable(handle):
+        raise ConfigError(f"{module_name!r} has no callable {attribute!r}")
     return handle

@@ -1,0 +1,33 @@
+"""A source's handler, looked up where it runs (the workers): what loads, and the one line a mistake gives."""
+
+import pytest
+
+from webhook_ingest.shared.errors import ConfigError
+from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.workers.handlers import load_handlers
+from webhook_ingest.workers.handlers.forward import handle as forward
+from webhook_ingest.workers.handlers.inbox import handle as inbox
+
+
+def source(handler: str, **options: str):
+    return parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": handler, "handler_options": options})
+
+
+def test_built_ins_and_module_functions_load():
+    handlers = load_handlers({"a": source("inbox"), "b": source("forward", url="http://x"), "c": source("json:loads")})
+    assert handlers == {"a": inbox, "b": forward, "c": __import__("json").loads}
+
+
+@pytest.mark.parametrize("handler, options, field, problem", [
+    ("nope", {}, "handler", "'nope' is neither a built-in (forward, inbox) nor 'module:function'"),
+    ("no_such_module_xyz:handle", {}, "handler", "cannot import 'no_such_module_xyz'"),
+    ("json:no_such_function", {}, "handler", "'json' has no callable 'no_such_function'"),
+    ("json:__doc__", {}, "handler", "'json' has no callable '__doc__'"),
+    ("forward", {}, "handler_options.url", "the forward handler needs a url"),
+])
+def test_each_mistake_is_one_line_naming_the_source_and_the_field(handler, options, field, problem):
+    with pytest.raises(ConfigError) as raised:
+        load_handlers({"acme": source(handler, **options)})
+    message = str(raised.value)
+    assert message.startswith(f"source 'acme': {field}: ")
+    assert problem in message and "\n" not in message
