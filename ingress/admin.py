@@ -47,7 +47,9 @@ from webhook_ingest.shared.dead_letters import (
     summary,
     to_json,
 )
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 from webhook_ingest.shared.settings import Settings
 
 log = get_logger(__name__)
@@ -55,7 +57,6 @@ log = get_logger(__name__)
 admin_pool_key = web.AppKey("admin_pool", asyncpg.Pool)
 GAUGE_REFRESH_SECONDS = 15.0
 ACQUIRE_TIMEOUT = 5.0
-_DATABASE_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -94,7 +95,7 @@ async def refresh_dead_letters_gauge(pool: asyncpg.Pool, every: float = GAUGE_RE
             async with pool.acquire(timeout=ACQUIRE_TIMEOUT) as connection:
                 metrics.dead_letters_open.set(await count_open(connection))
         except Exception as exc:  # noqa: BLE001 - a stale gauge, never a dead task
-            log.warning("dead_letters_gauge_stale", error=f"{type(exc).__name__}: {exc}")
+            log.warning("dead_letters_gauge_stale", error=describe(exc))
         await asyncio.sleep(every)
 
 
@@ -173,8 +174,8 @@ async def expected_failures(request: web.Request, handler: Handler) -> web.Strea
         return error(404, "not_found")
     except NotReplayable:
         return error(409, "not_replayable")
-    except _DATABASE_ERRORS as exc:
-        log.warning("admin_database_unavailable", error=f"{type(exc).__name__}: {exc}")
+    except POSTGRES_ERRORS as exc:
+        log.warning("admin_database_unavailable", error=describe(exc))
         return error(503, "database_unavailable", {"Retry-After": "5"})
 
 

@@ -15,9 +15,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 from webhook_ingest.ingress.redis_get import RedisReplyError
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.service_errors import REDIS_ERRORS
 from webhook_ingest.workers.idempotency import DONE_PREFIX
-from webhook_ingest.workers.redlock import REDIS_ERRORS
 
 log = get_logger(__name__)
 
@@ -39,7 +40,7 @@ class DoneMarkers:
             marker = await self._get(self._prefix + key)
         except LOOKUP_ERRORS as exc:
             self._skip_until = time.monotonic() + RETRY_AFTER
-            log.warning("duplicate_lookup_failed", error=f"{type(exc).__name__}: {exc}", retry_in=RETRY_AFTER)
+            log.warning("duplicate_lookup_failed", error=describe(exc), retry_in=RETRY_AFTER)
             return False
         self._skip_until = 0.0
         return marker == _expected(payload_sha256)

@@ -36,8 +36,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from webhook_ingest.shared import metrics
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.workers.redlock import REDIS_ERRORS
+from webhook_ingest.shared.service_errors import REDIS_ERRORS
 
 log = get_logger(__name__)
 
@@ -165,7 +166,7 @@ class RateLimiter:
     def _fall_back(self, exc: BaseException) -> None:
         if not self._redis_retry_at:
             metrics.ingress_rate_limit_local.set(1)
-            log.warning("rate_limit_per_process", error=f"{type(exc).__name__}: {exc}", retry_in=RETRY_REDIS_AFTER)
+            log.warning("rate_limit_per_process", error=describe(exc), retry_in=RETRY_REDIS_AFTER)
         self._redis_retry_at = time.monotonic() + RETRY_REDIS_AFTER
 
 

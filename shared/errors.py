@@ -14,3 +14,15 @@ class ConfigError(WebhookIngestError):
 
 class ServiceUnavailable(WebhookIngestError):
     """A backing service (RabbitMQ, Redis, Postgres) cannot be reached."""
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` on one line, for a log field or an error message; just
+    `Type` when the exception says nothing (a bare TimeoutError)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def one_line(exc: BaseException) -> str:
+    """The message alone on one line, or the type's name when it has none."""
+    return " ".join(str(exc).split()) or type(exc).__name__

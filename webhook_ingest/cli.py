@@ -75,7 +75,7 @@ def _migrate_or_fail(settings: Settings) -> None:
     """Migrate and say what was applied, or one line on stderr and exit 2."""
     import asyncpg
 
-    from webhook_ingest.shared.errors import WebhookIngestError
+    from webhook_ingest.shared.errors import WebhookIngestError, describe, one_line
     from webhook_ingest.migrate import migrate as run_migrations
 
     where = settings.masked()["database_url"]
@@ -84,9 +84,9 @@ def _migrate_or_fail(settings: Settings) -> None:
     except WebhookIngestError as exc:
         fail(str(exc))
     except (OSError, asyncio.TimeoutError) as exc:
-        fail(f"cannot reach PostgreSQL at {where}: {' '.join(str(exc).split()) or type(exc).__name__}")
+        fail(f"cannot reach PostgreSQL at {where}: {one_line(exc)}")
     except asyncpg.PostgresError as exc:
-        fail(f"PostgreSQL at {where}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+        fail(f"PostgreSQL at {where}: {describe(exc)}")
     click.echo(f"migrations applied: {', '.join(applied)}" if applied else "database is up to date")
 
 

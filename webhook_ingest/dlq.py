@@ -31,8 +31,9 @@ from webhook_ingest.shared.dead_letters import (
     summary,
     to_json,
 )
-from webhook_ingest.shared.errors import ConfigError, ServiceUnavailable
+from webhook_ingest.shared.errors import ConfigError, ServiceUnavailable, one_line
 from webhook_ingest.shared.logging import configure_logging
+from webhook_ingest.shared.service_errors import BROKER_ERRORS, POSTGRES_ERRORS
 from webhook_ingest.shared.settings import Settings, load_settings
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 
@@ -40,8 +41,6 @@ CONNECT_TIMEOUT = 10.0
 PRUNE_BATCH = 5000
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_POSTGRES_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
-_BROKER_ERRORS = (OSError, asyncio.TimeoutError, aio_pika.exceptions.AMQPError, RuntimeError)
 
 
 class DatabaseUnavailable(ServiceUnavailable):
@@ -176,13 +175,13 @@ async def database(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
     where = settings.masked()["database_url"]
     try:
         connection = await asyncpg.connect(settings.database_url, timeout=CONNECT_TIMEOUT)
-    except _POSTGRES_ERRORS as exc:
+    except POSTGRES_ERRORS as exc:
         raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}: {one_line(exc)}") from exc
     try:
         yield connection
     except asyncpg.UndefinedTableError as exc:
         raise DatabaseUnavailable(f"{one_line(exc)} at {where}: run `webhook-ingest migrate` first") from exc
-    except _POSTGRES_ERRORS as exc:
+    except POSTGRES_ERRORS as exc:
         raise DatabaseUnavailable(f"PostgreSQL at {where} failed: {one_line(exc)}") from exc
     finally:
         with contextlib.suppress(Exception):
@@ -197,14 +196,14 @@ async def confirm_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.Abst
         connection = await amqp.connect(
             settings.amqp_url, timeout=CONNECT_TIMEOUT, client_properties={"connection_name": "dlq-replay"}
         )
-    except _BROKER_ERRORS as exc:
+    except BROKER_ERRORS as exc:
         raise BrokerUnavailable(f"cannot reach RabbitMQ at {where}: {one_line(exc)}") from exc
     async with connection:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):  # a broker that hangs once connected
                 await topology.ensure_events_queue(connection, settings.namespace, settings.delivery_limit)
                 channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        except _BROKER_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             raise BrokerUnavailable(f"RabbitMQ at {where}: {one_line(exc)}") from exc
         yield channel
 
@@ -233,11 +232,6 @@ async def _delete_in_batches(connection, query: str, cutoff: datetime, batch_siz
         total += deleted
         if deleted < batch_size:
             return total
-
-
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 # -- output ----------------------------------------------------------------------

@@ -11,6 +11,7 @@ import asyncpg
 import redis.asyncio as redis
 
 from webhook_ingest.shared import amqp
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.settings import Settings, mask_url
 
 HOW_TO_START = {
@@ -66,4 +67,4 @@ async def _check_rabbitmq(url: str) -> None:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, asyncio.TimeoutError):
         return "timed out"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return describe(exc)

@@ -16,7 +16,8 @@ from redis.backoff import NoBackoff
 
 from webhook_ingest.shared import metrics
 from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.workers.redlock import REDIS_ERRORS, AcquireResult, Lock, Redlock
+from webhook_ingest.shared.service_errors import REDIS_ERRORS
+from webhook_ingest.workers.redlock import AcquireResult, Lock, Redlock
 from webhook_ingest.workers.states import ClaimState
 
 log = get_logger(__name__)

@@ -13,6 +13,7 @@ import aio_pika
 import aiormq
 import asyncpg
 
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -56,7 +57,7 @@ class OutageGate:
     async def wait(self, exc: BaseException) -> None:
         if self._over is None:
             self._over = asyncio.Event()
-            log.warning("service_outage", service=self._name, error=f"{type(exc).__name__}: {exc}")
+            log.warning("service_outage", service=self._name, error=describe(exc))
             asyncio.create_task(self._probe_until_up(self._over))
         await self._over.wait()
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import redis.asyncio as redis
 
 from webhook_ingest.shared.queries import parse_queries
+from webhook_ingest.shared.service_errors import REDIS_ERRORS
 
 _SCRIPTS = parse_queries(importlib.resources.files("webhook_ingest.workers").joinpath("redlock.lua").read_text())
-REDIS_ERRORS = (redis.RedisError, OSError, asyncio.TimeoutError)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from webhook_ingest.shared.dead_letters import (
     record_audit,
     replay_if_open,
 )
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -70,7 +71,7 @@ class _Run:
             state, error = "failed", "the ingress stopped during the run; resume it"
             raise
         except Exception as exc:  # noqa: BLE001 - broker or Postgres failed: resumable
-            state, error = "failed", f"{type(exc).__name__}: {exc}"
+            state, error = "failed", describe(exc)
             log.warning("bulk_action_failed", bulk_action_id=action.id, error=error)
         finally:
             await asyncio.shield(self._finish(acted, state, error))

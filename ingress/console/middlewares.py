@@ -3,9 +3,6 @@ the security headers, sign-in, CSRF and role checks, then the page; the
 failures a page can expect become a page with a clear message, never a 500.
 """
 
-import asyncio
-
-import asyncpg
 from aiohttp import web
 from aiohttp_session import get_session
 
@@ -20,13 +17,14 @@ from webhook_ingest.ingress.console.security import (
     session_role,
 )
 from webhook_ingest.ingress.tokens import may_change
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 
 log = get_logger(__name__)
 
 PUBLIC_PREFIXES = ("/console/login", "/console/static/")
 ANYONE_MAY_POST = ("/console/login", "/console/logout")
-_DATABASE_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 # Nothing from another host, no inline script; the page works without script at all.
 CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                            "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -95,8 +93,8 @@ async def expected_failures(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except web.HTTPNotFound:
         return await message_page(request, 404, "Not found", "There is no such page.")
-    except _DATABASE_ERRORS as exc:
-        log.warning("console_database_unavailable", error=f"{type(exc).__name__}: {exc}")
+    except POSTGRES_ERRORS as exc:
+        log.warning("console_database_unavailable", error=describe(exc))
         return await message_page(request, 503, "PostgreSQL is unreachable",
                                   "The console reads everything from PostgreSQL. Try again in a moment.",
                                   headers={"Retry-After": "5"})
