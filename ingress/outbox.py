@@ -13,14 +13,14 @@ import asyncio
 import asyncpg
 from pamqp import decode, encode
 
-from webhook_ingest.shared.errors import ServiceUnavailable
+from webhook_ingest.shared.errors import ServiceUnavailable, describe
 from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp
 from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 
 QUERIES = load_queries("webhook_ingest.ingress")
 TIMEOUT_SECONDS = 5.0
 READY_TIMEOUT_SECONDS = 1.0  # a readiness probe's own default timeout is 1 s
-DATABASE_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
 class OutboxUnavailable(ServiceUnavailable):
@@ -41,8 +41,8 @@ class Outbox:
                     QUERIES["store_in_outbox"], event.key, event.source, event.event_id,
                     event.payload_sha256, body, headers, timeout=TIMEOUT_SECONDS,
                 )
-        except DATABASE_ERRORS as exc:
-            raise OutboxUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except POSTGRES_ERRORS as exc:
+            raise OutboxUnavailable(describe(exc)) from exc
         self.stored.set()
 
     async def writable(self) -> bool:
@@ -50,7 +50,7 @@ class Outbox:
         try:
             async with asyncio.timeout(READY_TIMEOUT_SECONDS), self.pool.acquire() as connection:
                 return bool(await connection.fetchval(QUERIES["outbox_writable"]))
-        except DATABASE_ERRORS:
+        except POSTGRES_ERRORS:
             return False
 
 

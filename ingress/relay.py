@@ -21,10 +21,12 @@ import asyncpg
 from aiohttp import web
 
 from webhook_ingest.ingress.appkeys import database_pool_key, outbox_key, publisher_key
-from webhook_ingest.ingress.outbox import DATABASE_ERRORS, QUERIES, TIMEOUT_SECONDS, Outbox, decode_message
+from webhook_ingest.ingress.outbox import QUERIES, TIMEOUT_SECONDS, Outbox, decode_message
 from webhook_ingest.ingress.publisher import BrokerUnavailable, Publisher
 from webhook_ingest.shared import metrics
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 
 log = get_logger(__name__)
 
@@ -75,8 +77,8 @@ class Relay:
             return await self.relay_batch()
         except BrokerUnavailable as exc:  # the publisher now probes; we wait for it
             log.warning("outbox_relay_interrupted", error=str(exc))
-        except DATABASE_ERRORS as exc:
-            log.warning("outbox_unreachable", error=f"{type(exc).__name__}: {exc}")
+        except POSTGRES_ERRORS as exc:
+            log.warning("outbox_unreachable", error=describe(exc))
             await asyncio.sleep(DATABASE_RETRY_SECONDS)
         except Exception:  # noqa: BLE001 - a bug here must not end the relay: the rows would wait forever
             log.exception("outbox_relay_failed")
@@ -116,7 +118,7 @@ class Relay:
         try:
             event = decode_message(row["body"], row["amqp_headers"])
         except (KeyError, ValueError, TypeError) as exc:  # not ours to drop: stays for an operator
-            log.error("outbox_row_unreadable", outbox_id=row["id"], error=f"{type(exc).__name__}: {exc}")
+            log.error("outbox_row_unreadable", outbox_id=row["id"], error=describe(exc))
             return False
         await self._publisher.publish(event)
         return True
@@ -130,6 +132,6 @@ async def refresh_backlog_gauges(pool: asyncpg.Pool, every: float = GAUGE_REFRES
                 backlog = await connection.fetchrow(QUERIES["outbox_backlog"], timeout=TIMEOUT_SECONDS)
             metrics.outbox_pending.set(backlog["pending"])
             metrics.outbox_oldest_age.set(backlog["oldest_age_seconds"])
-        except DATABASE_ERRORS as exc:
-            log.warning("outbox_gauges_stale", error=f"{type(exc).__name__}: {exc}")
+        except POSTGRES_ERRORS as exc:
+            log.warning("outbox_gauges_stale", error=describe(exc))
         await asyncio.sleep(every)
