@@ -18,7 +18,7 @@ import aiormq
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 
 from webhook_ingest.shared import amqp, topology
-from webhook_ingest.shared.errors import ServiceUnavailable
+from webhook_ingest.shared.errors import BrokerUnavailable
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, to_amqp
 from webhook_ingest.shared.settings import mask_url
@@ -37,10 +37,6 @@ _BROKER_ERRORS = (
     asyncio.TimeoutError,
     RuntimeError,  # aio-pika raises it for a channel closed while reconnecting
 )
-
-
-class BrokerUnavailable(ServiceUnavailable):
-    """The broker did not confirm the publish."""
 
 
 class Publisher:

@@ -16,6 +16,10 @@ class ServiceUnavailable(WebhookIngestError):
     """A backing service (RabbitMQ, Redis, Postgres) cannot be reached."""
 
 
+class BrokerUnavailable(ServiceUnavailable):
+    """RabbitMQ cannot be reached or does not confirm."""
+
+
 def describe(exc: BaseException) -> str:
     """`Type: message` on one line, for a log field or an error message; just
     `Type` when the exception says nothing (a bare TimeoutError)."""

@@ -31,7 +31,7 @@ from webhook_ingest.shared.dead_letters import (
     summary,
     to_json,
 )
-from webhook_ingest.shared.errors import ConfigError, ServiceUnavailable, one_line
+from webhook_ingest.shared.errors import BrokerUnavailable, ConfigError, ServiceUnavailable, one_line
 from webhook_ingest.shared.logging import configure_logging
 from webhook_ingest.shared.service_errors import BROKER_ERRORS, POSTGRES_ERRORS
 from webhook_ingest.shared.settings import Settings, load_settings
@@ -45,10 +45,6 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 class DatabaseUnavailable(ServiceUnavailable):
     """PostgreSQL cannot be reached."""
-
-
-class BrokerUnavailable(ServiceUnavailable):
-    """RabbitMQ cannot be reached."""
 
 
 # "-1" is a (bad) id, not an unknown option: our one-line error, not click's usage text.
