@@ -1,7 +1,6 @@
-"""Liveness, readiness and metrics endpoints."""
+"""Liveness and readiness endpoints (/metrics is `shared.metrics.endpoint`)."""
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from webhook_ingest.ingress.appkeys import outbox_key, publisher_key
 from webhook_ingest.ingress.responses import json_response
@@ -19,9 +18,3 @@ async def readyz(request: web.Request) -> web.Response:
     if await request.app[outbox_key].writable():
         return json_response(200, {"status": "ready", "via": "outbox"})
     return json_response(503, {"status": "unavailable"})
-
-
-async def metrics_endpoint(request: web.Request) -> web.Response:
-    response = web.Response(body=generate_latest())
-    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-    return response

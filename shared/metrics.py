@@ -5,7 +5,8 @@ Names and labels are the contract of docs/reference.md §10 (alerts and dashboar
 `deploy/` refer to them).
 """
 
-from prometheus_client import Counter, Gauge, Histogram
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -60,3 +61,8 @@ dead_letter_record_failures = Counter(
     "webhook_dead_letter_record_failures_total",
     "Failed attempts to record a poison message as a dead letter (it waits unacked in NS.dead meanwhile).",
 )
+
+
+async def endpoint(request: web.Request) -> web.Response:
+    """GET /metrics, in the ingress and on a worker's --metrics-port: this process's series."""
+    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -4,7 +4,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from webhook_ingest.shared import metrics
 
 
 @asynccontextmanager
@@ -15,15 +16,10 @@ async def serve_health(worker, port: int, host: str = "0.0.0.0") -> AsyncIterato
     async def readyz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ready" if worker.ready else "starting"}, status=200 if worker.ready else 503)
 
-    async def metrics(request: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest())
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return response
-
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", metrics.endpoint)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
