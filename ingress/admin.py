@@ -30,17 +30,16 @@ from aiohttp import web
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.ingress.tokens import may_change, role_of
-from webhook_ingest.shared import metrics
 from webhook_ingest.shared.dead_letters import (
     STATUSES,
     Actor,
     DeadLetterNotFound,
     NotReplayable,
     ReplayInterrupted,
-    count_open,
     detail,
     discard,
     get_dead_letter,
+    keep_open_gauge,
     list_dead_letters,
     parse_id,
     replay,
@@ -55,7 +54,6 @@ from webhook_ingest.shared.settings import Settings
 log = get_logger(__name__)
 
 admin_pool_key = web.AppKey("admin_pool", asyncpg.Pool)
-GAUGE_REFRESH_SECONDS = 15.0
 ACQUIRE_TIMEOUT = 5.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -82,21 +80,10 @@ def admin_app() -> web.Application:
 async def admin_ctx(app: web.Application) -> AsyncIterator[None]:
     pool = app[database_pool_key]  # the process's one pool (ingress/database.py owns it)
     app[admin_pool_key] = pool
-    gauge = asyncio.create_task(refresh_dead_letters_gauge(pool), name="dead-letters-gauge")
+    gauge = asyncio.create_task(keep_open_gauge(pool), name="dead-letters-gauge")
     yield
     gauge.cancel()
     await asyncio.gather(gauge, return_exceptions=True)
-
-
-async def refresh_dead_letters_gauge(pool: asyncpg.Pool, every: float = GAUGE_REFRESH_SECONDS) -> None:
-    """Forever: the gauge follows the table; a Postgres outage is logged and waited out."""
-    while True:
-        try:
-            async with pool.acquire(timeout=ACQUIRE_TIMEOUT) as connection:
-                metrics.dead_letters_open.set(await count_open(connection))
-        except Exception as exc:  # noqa: BLE001 - a stale gauge, never a dead task
-            log.warning("dead_letters_gauge_stale", error=describe(exc))
-        await asyncio.sleep(every)
 
 
 # -- routes ------------------------------------------------------------------------

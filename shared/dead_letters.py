@@ -13,6 +13,7 @@ received (`body`, bytea): a replay publishes exactly those bytes. `payload`
 Postgres can store.
 """
 
+import asyncio
 import contextlib
 import getpass
 import json
@@ -24,14 +25,18 @@ from datetime import UTC, datetime
 import orjson
 from aio_pika.abc import AbstractChannel
 
-from webhook_ingest.shared import storable_json, topology
-from webhook_ingest.shared.errors import WebhookIngestError
+from webhook_ingest.shared import metrics, storable_json, topology
+from webhook_ingest.shared.errors import WebhookIngestError, describe
+from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, to_amqp
 from webhook_ingest.shared.queries import load_queries
 
+log = get_logger(__name__)
 SQL = load_queries("webhook_ingest.shared")
 STATUSES = ("dead", "replayed", "discarded", "completed")  # completed: by another delivery, after all
 REPLAY_PUBLISH_TIMEOUT = 10.0
+GAUGE_REFRESH_SECONDS = 15.0
+ACQUIRE_TIMEOUT = 5.0
 MAX_ID = 2**63 - 1  # bigserial
 UNREADABLE = "UnreadableMessage"  # the error type of a message that was not ours (workers.poison)
 
@@ -200,6 +205,18 @@ async def get_dead_letter(conn, dead_letter_id: int) -> dict | None:
 
 async def count_open(conn) -> int:
     return await conn.fetchval(SQL["count_open_dead_letters"])
+
+
+async def keep_open_gauge(pool, every: float = GAUGE_REFRESH_SECONDS) -> None:
+    """Forever (the ingress and each worker run it): `webhook_dead_letters_open`
+    follows the table; a Postgres outage leaves it stale, logged, never a dead task."""
+    while True:
+        try:
+            async with pool.acquire(timeout=ACQUIRE_TIMEOUT) as connection:
+                metrics.dead_letters_open.set(await count_open(connection))
+        except Exception as exc:  # noqa: BLE001 - a stale gauge, never a dead task
+            log.warning("dead_letters_gauge_stale", error=describe(exc))
+        await asyncio.sleep(every)
 
 
 @dataclass(frozen=True)

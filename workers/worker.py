@@ -19,6 +19,7 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
 from webhook_ingest.shared import amqp, metrics, topology
+from webhook_ingest.shared.dead_letters import keep_open_gauge
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
 from webhook_ingest.shared.settings import Settings
@@ -37,7 +38,6 @@ log = get_logger(__name__)
 MAX_POOL_SIZE = 20
 WRITABLE = "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
 RENEWAL_CONNECTIONS = 2  # lease renewals: one statement each, every third of the lease
-GAUGE_REFRESH_SECONDS = 15.0
 PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
 UNKNOWN_SOURCE_RETRY = 5.0  # seconds between looks for a worker that knows the source
 UNKNOWN_SOURCE_PATIENCE = 600.0  # seconds since a worker first did not know it, then a dead letter
@@ -128,7 +128,7 @@ class Worker:
         from webhook_ingest.workers.poison import drain_poison_queue
 
         await drain_poison_queue(channel, self.pool, self.settings.namespace, self.settings.delivery_limit)
-        return [asyncio.create_task(self._refresh_dead_letter_gauge(), name="dead-letters-gauge")]
+        return [asyncio.create_task(keep_open_gauge(self.pool), name="dead-letters-gauge")]
 
     async def _wait_for_stop(self, side_tasks: list[asyncio.Task]) -> None:
         """Until stop(); a side task that dies stops the worker too."""
@@ -322,15 +322,6 @@ class Worker:
     async def _probe_broker(self) -> None:
         if not self.connection.connected.is_set():
             raise ConnectionError("broker not connected")
-
-    async def _refresh_dead_letter_gauge(self) -> None:
-        from webhook_ingest.shared.dead_letters import count_open
-
-        while True:
-            with contextlib.suppress(Exception):
-                async with self.pool.acquire(timeout=5) as connection:
-                    metrics.dead_letters_open.set(await count_open(connection))
-            await asyncio.sleep(GAUGE_REFRESH_SECONDS)
 
 
 def _observe(event: EventMessage, outcome: Outcome, started: float) -> None:

@@ -13,9 +13,8 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
-from webhook_ingest.ingress.admin import refresh_dead_letters_gauge
 from webhook_ingest.shared import metrics, topology
-from webhook_ingest.shared.dead_letters import get_dead_letter, list_dead_letters, record_dead_letter
+from webhook_ingest.shared.dead_letters import get_dead_letter, keep_open_gauge, list_dead_letters, record_dead_letter
 from webhook_ingest.shared.message import to_amqp
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources, parse_source
@@ -320,7 +319,7 @@ async def _rows(settings) -> list[dict]:
 async def test_the_open_dead_letters_gauge_follows_the_table(settings):
     one, _ = await seed(settings.database_url, make_event("acme", "evt_1"), make_event("acme", "evt_2"))
     pool = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=1)
-    gauge = asyncio.create_task(refresh_dead_letters_gauge(pool, every=0.05))
+    gauge = asyncio.create_task(keep_open_gauge(pool, every=0.05))
     try:
         await wait_until(_gauge_is(2), 5, message="gauge 2")
         assert (await asyncio.to_thread(dlq, "discard", str(one))).exit_code == 0
