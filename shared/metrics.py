@@ -37,6 +37,10 @@ idempotency_store_errors = Counter(
     "Failed calls to an idempotency store (redis), by store.",
     ["store"],
 )
+handlers_cancelled = Counter(
+    "webhook_handlers_cancelled_total",
+    "Handlers cancelled because their key's lease could not be renewed in time (the event runs again later).",
+)
 idempotency_degraded = Gauge(
     "webhook_idempotency_degraded",
     "1 while Redis is unreachable and workers rely on Postgres alone.",

@@ -27,7 +27,7 @@ import contextlib
 
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.workers.idempotency import IdempotencyStore
-from webhook_ingest.workers.lease import Lease, LockLost, release_leases, take_leases
+from webhook_ingest.workers.lease import Lease, LockLost, cancelled_when_lost, release_leases, take_leases
 from webhook_ingest.workers.processor import SQL, HandlerFailed, Processor, completion_row, found_in_chain, kept_alive
 from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
 from webhook_ingest.workers.states import ClaimState, Outcome
@@ -105,30 +105,35 @@ class BatchProcessor:
     async def _commit(self, connection, messages: list[EventMessage], leased: list[int],
                       leases: dict[str, Lease], keepers) -> tuple | None:
         """Turns, handlers and completions of the leased keys in one
-        transaction. Returns the indexes completed now, those found completed
-        (with their hash) and those whose turn another run holds; None when
-        the transaction rolled back."""
+        transaction, cancelled if the leases are lost meanwhile. Returns the
+        indexes completed now, those found completed (with their hash) and
+        those whose turn another run holds; None when it rolled back."""
         try:
             async with connection.transaction():
-                turned = {row["key"] for row in await connection.fetch(SQL["take_turns"], _keys(messages, leased))}
-                mine = [i for i in leased if messages[i].key in turned]
-                done = {row["key"]: row["payload_sha256"]
-                        for row in await connection.fetch(SQL["completed_keys"], _keys(messages, mine))}
-                completed = {i: done[messages[i].key] for i in mine if messages[i].key in done}
-                fresh = [i for i in mine if i not in completed]
-                for i in fresh:
-                    await self._processor.call_handler(connection, messages[i])
-                for keeper in keepers:
-                    keeper.check()
-                if fresh:
-                    rows = [completion_row(messages[i], leases[messages[i].key].token) for i in fresh]
-                    inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)))
-                    if len(inserted) != len(rows):
-                        raise _RollBack()
+                with cancelled_when_lost(keepers[-1]):
+                    return await self._in_transaction(connection, messages, leased, leases, keepers)
         except Exception as exc:
             if found_in_chain(exc, (HandlerFailed, LockLost, _RollBack)) is None:
                 raise
             return None
+
+    async def _in_transaction(self, connection, messages: list[EventMessage], leased: list[int],
+                              leases: dict[str, Lease], keepers) -> tuple:
+        turned = {row["key"] for row in await connection.fetch(SQL["take_turns"], _keys(messages, leased))}
+        mine = [i for i in leased if messages[i].key in turned]
+        done = {row["key"]: row["payload_sha256"]
+                for row in await connection.fetch(SQL["completed_keys"], _keys(messages, mine))}
+        completed = {i: done[messages[i].key] for i in mine if messages[i].key in done}
+        fresh = [i for i in mine if i not in completed]
+        for i in fresh:
+            await self._processor.call_handler(connection, messages[i])
+        for keeper in keepers:
+            keeper.check()
+        if fresh:
+            rows = [completion_row(messages[i], leases[messages[i].key].token) for i in fresh]
+            inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)))
+            if len(inserted) != len(rows):
+                raise _RollBack()
         return fresh, completed, [i for i in leased if messages[i].key not in turned]
 
 

@@ -16,6 +16,7 @@ a new token for the key.
 """
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -27,18 +28,21 @@ from webhook_ingest.shared.queries import load_queries
 log = get_logger(__name__)
 SQL = load_queries("webhook_ingest.workers")
 RENEW_RETRY_SECONDS = 0.2
+SAFETY_MARGIN = 1 / 3  # of the TTL: what is left of a validity when it counts as lost
 
 
 @dataclass(frozen=True)
 class Lease:
     key: str
     token: int
+    sent_at: float  # time.monotonic() before the statement that took it was sent
 
 
 async def take_leases(connection, keys: list[str], ttl_ms: int) -> dict[str, Lease]:
     """The leases granted among `keys` (distinct), in one statement outside any transaction."""
+    sent_at = time.monotonic()
     rows = await connection.fetch(SQL["take_leases"], keys, ttl_ms)
-    return {row["key"]: Lease(row["key"], row["token"]) for row in rows}
+    return {row["key"]: Lease(row["key"], row["token"], sent_at) for row in rows}
 
 
 async def extend_leases(pool, leases: list[Lease], ttl_ms: int) -> bool:
@@ -71,10 +75,13 @@ class Keeper:
     """Keeps one lock or lease renewed while a handler runs; knows whether
     it was kept throughout.
 
-    A failed renewal is tried again (a blip must not cost it); it counts as
-    lost only once its validity ran out without a successful renewal — then
-    the handler's work must not complete under it (`check`), and the event
-    runs again later.
+    A failed renewal is tried again (a blip must not cost it). It counts as
+    lost once a third of the TTL is all that is left of its validity since
+    the last renewal that succeeded — a margin for the clocks and for what
+    the handler's cancellation takes (`cancelled_when_lost`). The loss is
+    decided by a timer, not by a renewal's answer: a renewal that hangs
+    (a black-holed server) must not postpone it. Then the handler's work
+    must not complete under it (`check`), and the event runs again later.
     """
 
     def __init__(self, name: str, renew: Callable[[], Awaitable[bool]], ttl_seconds: float,
@@ -84,29 +91,98 @@ class Keeper:
         self._ttl = ttl_seconds
         self.valid_until = valid_until if valid_until is not None else time.monotonic() + ttl_seconds
         self.lost = False
+        self._on_lost: list[Callable[[], None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def deadline(self) -> float:
+        """When it counts as lost, unless renewed before (time.monotonic())."""
+        return self.valid_until - self._ttl * SAFETY_MARGIN
 
     def check(self) -> None:
-        if self.lost or time.monotonic() > self.valid_until:
+        if self.lost or time.monotonic() > self.deadline:
             raise LockLost(self.name)
 
+    def when_lost(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Calls `callback` (once) when it is lost; returns the function that unregisters it."""
+        self._on_lost.append(callback)
+        return lambda: self._on_lost.remove(callback)
+
     async def keep(self) -> None:
-        while not self.lost:
-            await asyncio.sleep(self._ttl / 3)
-            await self._renew_until_lost()
+        self._arm()
+        try:
+            while not self.lost:
+                await asyncio.sleep(self._ttl / 3)
+                await self._renew_until_lost()
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
 
     async def _renew_until_lost(self) -> None:
-        while True:
+        while not self.lost:
             started = time.monotonic()
             try:
                 renewed = await self._renew()
             except Exception:  # noqa: BLE001 - a failed renewal is retried below
                 renewed = False
-            if renewed:
+            if renewed and not self.lost:
                 self.valid_until = started + self._ttl * 0.99
+                self._arm()
                 return
             metrics.idempotency_store_errors.labels(self.name).inc()
-            if time.monotonic() + RENEW_RETRY_SECONDS > self.valid_until:
-                self.lost = True
-                log.warning("processing_lock_lost", holder=self.name)
-                return
             await asyncio.sleep(RENEW_RETRY_SECONDS)
+
+    def _arm(self) -> None:
+        """The loss, at the deadline (asyncio's clock is time.monotonic())."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(self.deadline, self._lose)
+
+    def _lose(self) -> None:
+        self.lost = True
+        log.warning("processing_lock_lost", holder=self.name)
+        for callback in list(self._on_lost):
+            callback()
+
+
+@contextlib.contextmanager
+def cancelled_when_lost(keeper: Keeper):
+    """The block's task is cancelled as soon as `keeper` is lost, and the
+    block raises LockLost: a handler still calling the outside world stops
+    before another worker can take the key (docs/design.md, "Exclusion").
+    A handler that swallows the cancellation still gets LockLost here."""
+    task = asyncio.current_task()
+    assert task is not None
+    cancelled = False
+
+    def cancel() -> None:
+        nonlocal cancelled
+        cancelled = True
+        task.cancel()
+
+    keeper.check()
+    unregister = keeper.when_lost(cancel)
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not cancelled or task.uncancel() > 0:
+            raise  # someone else cancels us too (a shutdown): let it through
+        _count_cancelled()
+        raise LockLost(keeper.name) from None
+    except Exception:
+        if not cancelled:
+            raise
+        task.uncancel()  # the handler turned its cancellation into an error: still ours, not its failure
+        _count_cancelled()
+        raise LockLost(keeper.name)  # noqa: B904 - the handler's error stays as the context
+    finally:
+        unregister()
+    if cancelled:  # the handler went on after the cancellation
+        task.uncancel()
+        _count_cancelled()
+        raise LockLost(keeper.name)
+
+
+def _count_cancelled() -> None:
+    metrics.handlers_cancelled.inc()
+    log.warning("lease_lost_handler_cancelled")

@@ -26,7 +26,6 @@ worker waits for the service and runs the message again, no attempt used.
 
 import asyncio
 import contextlib
-import time
 from datetime import UTC, datetime
 from typing import assert_never
 
@@ -38,7 +37,9 @@ from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.handlers import Event, HandlerContext, load_handler
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore
-from webhook_ingest.workers.lease import Keeper, Lease, LockLost, extend_leases, release_leases, take_leases
+from webhook_ingest.workers.lease import (
+    Keeper, Lease, LockLost, cancelled_when_lost, extend_leases, release_leases, take_leases,
+)
 from webhook_ingest.workers.outage import outage_kind
 from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
 from webhook_ingest.workers.retry import FailurePolicy
@@ -139,14 +140,8 @@ class Processor:
             async with self._pool.acquire() as connection:
                 lease = await self._take_lease(connection, message.key)
                 keepers = [k for k in (lock_keeper, self.lease_keeper([lease])) if k is not None]
-                async with kept_alive(keepers), connection.transaction():
-                    await self._take_turn(connection, message.key)
-                    await self._check_not_completed(connection, message.key)
-                    await self.call_handler(connection, message)
-                    for keeper in keepers:
-                        keeper.check()
-                    if await connection.fetchval(SQL["complete_event"], *completion_row(message, lease.token)) is None:
-                        raise CompletionRefused()
+                async with kept_alive(keepers):
+                    await self._complete(connection, message, lease, keepers)
                 lease = None  # ended by the completion
         except AlreadyCompleted as done:
             return await self.completed(message, done.completed_sha256)
@@ -164,6 +159,19 @@ class Processor:
                 await release_leases(self._pool, [lease])
         await _quietly(self._store.complete(message.key, message.payload_sha256))
         return Outcome.PROCESSED
+
+    async def _complete(self, connection, message: EventMessage, lease: Lease, keepers: list[Keeper]) -> None:
+        """The transaction: the turn, the completion check, the handler
+        (cancelled if the lease is lost meanwhile), the completion row."""
+        async with connection.transaction():
+            with cancelled_when_lost(keepers[-1]):
+                await self._take_turn(connection, message.key)
+                await self._check_not_completed(connection, message.key)
+                await self.call_handler(connection, message)
+                for keeper in keepers:
+                    keeper.check()
+                if await connection.fetchval(SQL["complete_event"], *completion_row(message, lease.token)) is None:
+                    raise CompletionRefused()
 
     async def _take_lease(self, connection, key: str) -> Lease:
         """The key's lease; a few short waits while another run holds it."""
@@ -199,8 +207,9 @@ class Processor:
         async def renew() -> bool:
             return await extend_leases(self._renewals, leases, ttl_ms)
 
-        # valid from before it was taken: the statement's own time is not ours
-        return Keeper("postgres", renew, ttl_ms / 1000, time.monotonic() + ttl_ms / 1000 * 0.9)
+        # valid from before it was taken: the server's clock starts later than that
+        taken_at = min(lease.sent_at for lease in leases)
+        return Keeper("postgres", renew, ttl_ms / 1000, taken_at + ttl_ms / 1000)
 
     async def call_handler(self, connection, message: EventMessage) -> None:
         source = self._sources[message.source]

@@ -58,15 +58,12 @@ async def test_a_holder_that_loses_its_postgres_session_mid_handler_has_no_run_b
     assert _overlapping(runs) == [], runs
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1b: the lease only delays the overlap of finding 1 — the holder cut "
-                   "from Postgres cannot renew its lease, the lease runs out after WEBHOOK_INGEST_LOCK_TTL (5 s), "
-                   "but nothing stops the holder's handler: a handler longer than the lease (forward's default "
-                   "timeout is 10 s) still has a second run beside it")
 async def test_a_holder_cut_from_postgres_during_a_handler_longer_than_its_lease_has_no_run_beside_it(
         settings, fleet, tmp_path):
     """Finding 1 again with a 9 s external effect (a slow receiver; forward
     waits up to 10 s): the holder's lease runs out while its handler still
-    calls the outside world. No two runs of the key may overlap (§7.2)."""
+    calls the outside world. No two runs of the key may overlap (§7.2): the
+    holder, unable to renew its lease, cancels its handler first."""
     runs = await _runs_with_the_holders_session_cut(settings, fleet, tmp_path, handler_seconds=9)
     assert _overlapping(runs) == [], runs
 

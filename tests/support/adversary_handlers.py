@@ -15,14 +15,17 @@ import asyncpg
 
 async def long_external(event, ctx):
     """An external effect of `seconds` (default 5) that touches `ctx.db` only
-    at its end: its start goes to `runs_started`, its interval to `runs`."""
+    at its end: its start goes to `runs_started`, its interval to `runs` —
+    also when it is cancelled, as an effect that stopped then."""
     connection = await asyncpg.connect(ctx.options["database_url"])
     try:
         await connection.execute("INSERT INTO runs_started (key, pid) VALUES ($1, $2)", event.key, os.getpid())
         started = time.time()
-        await asyncio.sleep(float(ctx.options.get("seconds", 5)))
-        await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
-                                 event.key, os.getpid(), started, time.time())
+        try:
+            await asyncio.sleep(float(ctx.options.get("seconds", 5)))
+        finally:  # also when cancelled: the effect stopped then, and its interval ends there
+            await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+                                     event.key, os.getpid(), started, time.time())
     finally:
         await connection.close()
     await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
