@@ -14,17 +14,16 @@ failures as JSON answers. The documents are the CLI's
 the dead letter's summary after the change, and are written to the audit log.
 No CSRF token here: a bearer header is never sent by a browser on its own.
 
-The Postgres pool (and the `webhook_dead_letters_open` gauge it keeps fresh)
-belongs to the main application, whether or not the API is enabled: the
-gauge is part of the ingress's metrics, and the console uses the pool too.
-The pool starts empty, so the ingress serves webhooks while Postgres is down.
+The dead-letter store over the process's Postgres pool (and the
+`webhook_dead_letters_open` gauge it keeps fresh) belongs to the main
+application, whether or not the API is enabled: the gauge is part of the
+ingress's metrics, and the console uses the store too. The pool starts
+empty, so the ingress serves webhooks while Postgres is down.
 """
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import asyncpg
 from aiohttp import web
 
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
@@ -37,15 +36,11 @@ from webhook_ingest.shared.dead_letters import (
     NotReplayable,
     ReplayInterrupted,
     detail,
-    discard,
-    get_dead_letter,
-    keep_open_gauge,
-    list_dead_letters,
     parse_id,
-    replay,
     summary,
     to_json,
 )
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
@@ -53,8 +48,7 @@ from webhook_ingest.shared.settings import Settings
 
 log = get_logger(__name__)
 
-admin_pool_key = web.AppKey("admin_pool", asyncpg.Pool)
-ACQUIRE_TIMEOUT = 5.0
+dead_letters_key = web.AppKey("dead_letters", DeadLetterStore)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -78,9 +72,9 @@ def admin_app() -> web.Application:
 
 
 async def admin_ctx(app: web.Application) -> AsyncIterator[None]:
-    pool = app[database_pool_key]  # the process's one pool (ingress/database.py owns it)
-    app[admin_pool_key] = pool
-    gauge = asyncio.create_task(keep_open_gauge(pool), name="dead-letters-gauge")
+    store = DeadLetterStore(app[database_pool_key])  # the process's one pool (ingress/database.py owns it)
+    app[dead_letters_key] = store
+    gauge = asyncio.create_task(store.keep_open_gauge(), name="dead-letters-gauge")
     yield
     gauge.cancel()
     await asyncio.gather(gauge, return_exceptions=True)
@@ -96,15 +90,13 @@ async def list_route(request: web.Request) -> web.Response:
         return error(400, "invalid_status")
     if limit is not None and not parse_id(limit):
         return error(400, "invalid_limit")
-    async with _connection(request) as connection:
-        rows = await list_dead_letters(connection, request.query.get("source") or None, status,
-                                       int(limit) if limit else None)
+    source = request.query.get("source") or None
+    rows = await _store(request).newest_first(source, status, int(limit) if limit else None)
     return _json(200, [summary(row) for row in rows])
 
 
 async def show_route(request: web.Request) -> web.Response:
-    async with _connection(request) as connection:
-        row = await get_dead_letter(connection, _dead_letter_id(request))
+    row = await _store(request).get(_dead_letter_id(request))
     return error(404, "not_found") if row is None else _json(200, detail(row))
 
 
@@ -114,21 +106,19 @@ async def replay_route(request: web.Request) -> web.Response:
     channel = publisher.channel
     if not publisher.ready or channel is None:
         return error(503, "broker_unavailable", {"Retry-After": "5"})
-    async with _connection(request) as connection:
-        try:
-            await replay(connection, channel, request.config_dict[settings_key].namespace,
-                         ids=[dead_letter_id], actor=_actor(request))
-        except ReplayInterrupted as exc:
-            log.warning("dead_letter_replay_failed", dead_letter_id=dead_letter_id, error=str(exc))
-            return error(503, "broker_unavailable", {"Retry-After": "5"})
-        return await _summary_of(connection, dead_letter_id)
+    try:
+        await _store(request).replay(channel, request.config_dict[settings_key].namespace,
+                                     ids=[dead_letter_id], actor=_actor(request))
+    except ReplayInterrupted as exc:
+        log.warning("dead_letter_replay_failed", dead_letter_id=dead_letter_id, error=str(exc))
+        return error(503, "broker_unavailable", {"Retry-After": "5"})
+    return await _summary_of(request, dead_letter_id)
 
 
 async def discard_route(request: web.Request) -> web.Response:
     dead_letter_id = _dead_letter_id(request)
-    async with _connection(request) as connection:
-        await discard(connection, [dead_letter_id], _actor(request))
-        return await _summary_of(connection, dead_letter_id)
+    await _store(request).discard([dead_letter_id], _actor(request))
+    return await _summary_of(request, dead_letter_id)
 
 
 # -- the pieces every route shares -------------------------------------------------
@@ -177,14 +167,12 @@ def _dead_letter_id(request: web.Request) -> int:
     return dead_letter_id
 
 
-@contextlib.asynccontextmanager
-async def _connection(request: web.Request) -> AsyncIterator[asyncpg.Connection]:
-    async with request.config_dict[admin_pool_key].acquire(timeout=ACQUIRE_TIMEOUT) as connection:
-        yield connection
+def _store(request: web.Request) -> DeadLetterStore:
+    return request.config_dict[dead_letters_key]
 
 
-async def _summary_of(connection, dead_letter_id: int) -> web.Response:
-    return _json(200, summary(await get_dead_letter(connection, dead_letter_id)))
+async def _summary_of(request: web.Request, dead_letter_id: int) -> web.Response:
+    return _json(200, summary(await _store(request).get(dead_letter_id)))
 
 
 def _json(status: int, document: object) -> web.Response:

@@ -3,17 +3,13 @@
 The set is frozen when the operator asks: the ids the filter matches then
 are stored with the action, and only those are ever acted on — never a row
 that failed after, never one the filter hid. Progress lives in Postgres, not
-in a process, so any ingress process behind the same port shows it.
+in a process, so any ingress process behind the same port shows it. The
+rows are read and written by `DeadLetterStore` (`shared/dead_letter_store.py`).
 """
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-
-import orjson
-
-from webhook_ingest.shared.dead_letters import SQL, Actor, DeadLetterFilter
 
 ACTIONS = ("replay", "discard")
 
@@ -48,37 +44,3 @@ class BulkAction:
     @property
     def handled(self) -> int:
         return len(self.done) + len(self.skipped)
-
-
-async def prepare(conn, action: str, ids: Sequence[int], where: DeadLetterFilter, actor: Actor) -> int:
-    """A new bulk action over exactly `ids`, waiting for its confirmation."""
-    return await conn.fetchval(SQL["insert_bulk_action"], action, list(ids),
-                              orjson.dumps(where.as_json()).decode(), str(actor))
-
-
-async def get(conn, bulk_action_id: int) -> BulkAction | None:
-    row = await conn.fetchrow(SQL["get_bulk_action"], bulk_action_id)
-    return None if row is None else BulkAction.from_row(row)
-
-
-async def claim(conn, bulk_action_id: int, rate: float) -> BulkAction | None:
-    """Running at `rate` per second, if it was waiting (prepared, or failed
-    half way); None when it runs already, finished or was cancelled."""
-    row = await conn.fetchrow(SQL["claim_bulk_action"], bulk_action_id, rate)
-    return None if row is None else BulkAction.from_row(row)
-
-
-async def step(conn, bulk_action_id: int, dead_letter_id: int, acted: bool) -> None:
-    await conn.execute(SQL["bulk_action_step"], bulk_action_id, dead_letter_id, acted)
-
-
-async def finish(conn, bulk_action_id: int, state: str, error: str | None = None) -> None:
-    await conn.execute(SQL["finish_bulk_action"], bulk_action_id, state, error)
-
-
-async def cancel(conn, bulk_action_id: int) -> bool:
-    return await conn.fetchval(SQL["cancel_bulk_action"], bulk_action_id) is not None
-
-
-async def state_of(conn, bulk_action_id: int) -> str | None:
-    return await conn.fetchval(SQL["bulk_action_state"], bulk_action_id)

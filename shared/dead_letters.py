@@ -1,44 +1,36 @@
-"""The dead-letter store (docs/reference.md §8): what workers give up on, for on-call.
+"""Dead letters (docs/reference.md §8): what workers give up on, for on-call.
 
-Workers record; `webhook-ingest dlq …`, the admin HTTP API and the on-call
-console list, show, replay and discard. Every replay and discard says who
-did it (an `Actor`) and lands in `audit_log`; a replay also adds to the dead
-letter's own history (`dead_letter_replays`) instead of overwriting it.
-The JSON shapes of docs/reference.md §2 are defined here once (`summary`,
-`detail`) so the CLI and the API cannot drift apart.
+Workers record (`record_dead_letter`); `webhook-ingest dlq …`, the admin
+HTTP API and the on-call console list, show, replay and discard through
+one `DeadLetterStore` (`shared/dead_letter_store.py`). Every replay and
+discard says who did it (an `Actor`) and lands in `audit_log`; a replay
+also adds to the dead letter's own history (`dead_letter_replays`) instead
+of overwriting it. The JSON shapes of docs/reference.md §2 are defined here
+once (`summary`, `detail`) so the CLI and the API cannot drift apart.
 
-Every function takes an asyncpg connection (or pool). The raw body is kept as
-received (`body`, bytea): a replay publishes exactly those bytes. `payload`
-(jsonb) is only the readable copy, NULL when the body is not JSON that
-Postgres can store.
+The raw body is kept as received (`body`, bytea): a replay publishes exactly
+those bytes. `payload` (jsonb) is only the readable copy, NULL when the
+body is not JSON that Postgres can store.
 """
 
-import asyncio
-import contextlib
 import getpass
 import json
 import os
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 import orjson
-from aio_pika.abc import AbstractChannel
 
-from webhook_ingest.shared import metrics, storable_json, topology
-from webhook_ingest.shared.errors import WebhookIngestError, describe
-from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.message import EventMessage, to_amqp
+from webhook_ingest.shared import storable_json
+from webhook_ingest.shared.errors import WebhookIngestError
+from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.queries import load_queries
 
-log = get_logger(__name__)
 SQL = load_queries("webhook_ingest.shared")
 STATUSES = ("dead", "replayed", "discarded", "completed")  # completed: by another delivery, after all
-REPLAY_PUBLISH_TIMEOUT = 10.0
-GAUGE_REFRESH_SECONDS = 15.0
-ACQUIRE_TIMEOUT = 5.0
 MAX_ID = 2**63 - 1  # bigserial
-UNREADABLE = "UnreadableMessage"  # the error type of a message that was not ours (workers.poison)
+UNREADABLE = "UnreadableMessage"  # the error type of a message that was not an event: never replayable
 
 
 class DeadLetterError(WebhookIngestError):
@@ -115,24 +107,6 @@ def os_user() -> str:
         return f"uid {os.getuid()}"
 
 
-async def record_audit(conn, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None) -> int:
-    return await conn.fetchval(SQL["insert_audit"], actor.role, actor.name, actor.via, action, list(ids),
-                               _jsonb(detail or {}))
-
-
-async def list_audit(
-    conn, dead_letter_id: int | None = None, before: int | None = None, limit: int = 100
-) -> list[dict]:
-    """Newest first; only entries naming `dead_letter_id` when given."""
-    rows = await conn.fetch(SQL["list_audit"], dead_letter_id, before, limit)
-    return [dict(row) | {"detail": json.loads(row["detail"])} for row in rows]
-
-
-async def replays_of(conn, dead_letter_id: int) -> list[dict]:
-    """Every replay of the dead letter, oldest first: when, who, which bulk action."""
-    return [dict(row) for row in await conn.fetch(SQL["replays_of"], dead_letter_id)]
-
-
 # -- recording -----------------------------------------------------------------
 
 
@@ -149,10 +123,10 @@ async def record_dead_letter(conn, event: EventMessage, errors: Sequence[dict]) 
         event.payload_sha256,
         event.body,
         storable_payload(event.body),
-        _jsonb(event.headers),
+        jsonb(event.headers),
         datetime.fromtimestamp(event.received_at, UTC),
         event.attempt,
-        _jsonb(list(errors)),
+        jsonb(list(errors)),
     )
 
 
@@ -167,7 +141,7 @@ def storable_payload(body: bytes) -> str | None:
     return body.decode()
 
 
-def _jsonb(value) -> str:
+def jsonb(value) -> str:
     """Headers and errors as jsonb text, whatever strings they hold: a lone
     surrogate (an undecodable header byte) or NUL becomes U+FFFD."""
     try:
@@ -190,35 +164,6 @@ def _clean(value):
 # -- reading -------------------------------------------------------------------
 
 
-async def list_dead_letters(
-    conn, source: str | None = None, status: str = "dead", limit: int | None = None
-) -> list[dict]:
-    """Newest first; `status` one of STATUSES or "all"."""
-    rows = await conn.fetch(SQL["list_dead_letters"], source, _status_filter(status), limit)
-    return [_decoded(row) for row in rows]
-
-
-async def get_dead_letter(conn, dead_letter_id: int) -> dict | None:
-    row = await conn.fetchrow(SQL["get_dead_letter"], dead_letter_id)
-    return None if row is None else _decoded(row)
-
-
-async def count_open(conn) -> int:
-    return await conn.fetchval(SQL["count_open_dead_letters"])
-
-
-async def keep_open_gauge(pool, every: float = GAUGE_REFRESH_SECONDS) -> None:
-    """Forever (the ingress and each worker run it): `webhook_dead_letters_open`
-    follows the table; a Postgres outage leaves it stale, logged, never a dead task."""
-    while True:
-        try:
-            async with pool.acquire(timeout=ACQUIRE_TIMEOUT) as connection:
-                metrics.dead_letters_open.set(await count_open(connection))
-        except Exception as exc:  # noqa: BLE001 - a stale gauge, never a dead task
-            log.warning("dead_letters_gauge_stale", error=describe(exc))
-        await asyncio.sleep(every)
-
-
 @dataclass(frozen=True)
 class DeadLetterFilter:
     """The console's filter; None is "any". `text` is looked for, case
@@ -236,26 +181,6 @@ class DeadLetterFilter:
                 for name, value in asdict(self).items() if value is not None}
 
 
-async def search_dead_letters(conn, where: DeadLetterFilter, before: int | None = None, limit: int = 50) -> list[dict]:
-    """One page, newest first: rows with ids below `before` (None: the newest)."""
-    rows = await conn.fetch(SQL["search_dead_letters"], where.source, where.status, where.error_type, where.since,
-                            where.until, where.text, before, limit)
-    return [_decoded(row) for row in rows]
-
-
-async def matching_open_ids(conn, where: DeadLetterFilter) -> list[int]:
-    """The open dead letters the filter matches (its status aside): the set a bulk action freezes."""
-    rows = await conn.fetch(SQL["matching_open_dead_letter_ids"], where.source, where.error_type, where.since,
-                            where.until, where.text)
-    return [row["id"] for row in rows]
-
-
-async def filter_choices(conn) -> tuple[list[str], list[str]]:
-    """Every source and last error type the table holds."""
-    row = await conn.fetchrow(SQL["dead_letter_choices"])
-    return list(row["sources"]), list(row["error_types"])
-
-
 def parse_id(text: str) -> int | None:
     """A dead-letter id from user input, or None when it cannot be one."""
     text = text.strip()
@@ -264,18 +189,10 @@ def parse_id(text: str) -> int | None:
     return int(text)
 
 
-def _status_filter(status: str) -> str | None:
-    if status == "all":
-        return None
-    if status not in STATUSES:
-        raise InvalidStatus(f"unknown status {status!r} (one of {', '.join(STATUSES)}, all)")
-    return status
-
-
 _JSONB_COLUMNS = ("payload", "headers", "errors", "last_error")
 
 
-def _decoded(row) -> dict:
+def decoded(row) -> dict:
     """A row as a dict, jsonb columns parsed (json, not orjson: payloads may
     hold integers wider than 64 bits, which jsonb keeps exactly)."""
     record = dict(row)
@@ -286,122 +203,6 @@ def _decoded(row) -> dict:
 
 
 # -- acting --------------------------------------------------------------------
-
-
-async def mark_replayed(conn, ids: Sequence[int], actor: Actor = UNKNOWN_ACTOR,
-                        bulk_action_id: int | None = None) -> list[int]:
-    """Status `replayed`, and one more entry in each one's replay history."""
-    async with conn.transaction():
-        marked = [row["id"] for row in await conn.fetch(SQL["set_dead_letter_status"], list(ids), "replayed")]
-        await conn.execute(SQL["insert_replay"], marked, str(actor), bulk_action_id)
-    return marked
-
-
-async def discard(conn, ids: Sequence[int], actor: Actor = UNKNOWN_ACTOR) -> list[int]:
-    """Marks them discarded (kept for audit); all or nothing: an unknown id
-    raises DeadLetterNotFound and changes nothing."""
-    async with _connection(conn) as connection, connection.transaction():
-        discarded = await connection.fetch(SQL["set_dead_letter_status"], list(ids), "discarded")
-        _require_all_found(ids, discarded)
-        await record_audit(connection, actor, "discard", [row["id"] for row in discarded])
-    return [row["id"] for row in discarded]
-
-
-async def replay_if_open(conn, channel: AbstractChannel, namespace: str, dead_letter_id: int, actor: Actor,
-                         bulk_action_id: int | None = None) -> None:
-    """Replay one dead letter only while it is still open: the console's
-    button, and each step of a bulk replay. Its row stays locked from the
-    check to the commit, so two people clicking at once replay it once; the
-    second gets ChangedMeanwhile. A single replay is audited here, a bulk
-    one by its caller, once for the whole set."""
-    async with conn.transaction():
-        row = await _lock_open(conn, dead_letter_id)
-        if row["last_error_type"] == UNREADABLE:
-            raise NotReplayable([dead_letter_id])
-        # Marked before the publish: a new failure of the replayed event
-        # waits for this commit, then records a new open row (insert_dead_letter).
-        await mark_replayed(conn, [dead_letter_id], actor, bulk_action_id)
-        try:
-            await topology.publish(channel, to_amqp(rebuilt_event(row)), topology.events_queue(namespace),
-                                   timeout=REPLAY_PUBLISH_TIMEOUT)
-        except Exception as exc:  # noqa: BLE001 - any broker failure: nothing was replayed
-            raise ReplayInterrupted([], exc) from exc
-        if bulk_action_id is None:
-            await record_audit(conn, actor, "replay", [dead_letter_id])
-
-
-async def discard_if_open(conn, dead_letter_id: int, actor: Actor, bulk_action_id: int | None = None) -> None:
-    """Discard one dead letter only while it is still open (see replay_if_open)."""
-    async with conn.transaction():
-        await _lock_open(conn, dead_letter_id)
-        await conn.execute(SQL["set_dead_letter_status"], [dead_letter_id], "discarded")
-        if bulk_action_id is None:
-            await record_audit(conn, actor, "discard", [dead_letter_id])
-
-
-async def _lock_open(conn, dead_letter_id: int):
-    row = await conn.fetchrow(SQL["lock_dead_letter"], dead_letter_id)
-    if row is None:
-        raise DeadLetterNotFound([dead_letter_id])
-    if row["status"] != "dead":
-        raise ChangedMeanwhile(dead_letter_id, row["status"])
-    return row
-
-
-@contextlib.asynccontextmanager
-async def _connection(conn_or_pool) -> AsyncIterator:
-    if hasattr(conn_or_pool, "acquire"):  # a pool
-        async with conn_or_pool.acquire() as connection:
-            yield connection
-    else:
-        yield conn_or_pool
-
-
-async def replay(conn, channel: AbstractChannel, namespace: str, ids: Sequence[int] | None = None, all_: bool = False,
-                 source: str | None = None, actor: Actor = UNKNOWN_ACTOR) -> list[int]:
-    """Publish dead letters back to the events queue with a fresh attempt
-    budget: the given `ids`, or with `all_` every open one (of `source`).
-    Unknown ids raise DeadLetterNotFound before anything is published.
-
-    `channel` must be in confirm mode: a row is marked replayed only after
-    the broker confirmed its message. A crash between the two leaves it
-    `dead` though it was published; replaying it again publishes a second
-    copy, which the workers' idempotency (same key, same payload) makes a
-    harmless duplicate.
-    """
-    rows = await conn.fetch(SQL["dead_letters_to_replay"], list(ids or ()), all_, source)
-    _require_all_found(ids or (), rows)
-    rows = _replayable(rows, refuse=not all_)
-    replayed: list[int] = []
-    try:
-        for row in rows:
-            async with conn.transaction():  # marked before the publish, committed after its confirm
-                marked = await mark_replayed(conn, [row["id"]], actor)
-                try:
-                    await topology.publish(channel, to_amqp(rebuilt_event(row)), topology.events_queue(namespace),
-                                           timeout=REPLAY_PUBLISH_TIMEOUT)
-                except Exception as exc:  # noqa: BLE001 - any broker failure: report what was done
-                    raise ReplayInterrupted(replayed, exc) from exc
-            replayed += marked
-    finally:
-        if replayed:  # also what a replay that stopped half way did
-            await record_audit(conn, actor, "replay", replayed)
-    return replayed
-
-
-def _replayable(rows, refuse: bool) -> list:
-    """Rows that are events; the others raise NotReplayable when `refuse`
-    (explicit ids), else are left dead (`--all`)."""
-    unreadable = [row["id"] for row in rows if row["last_error_type"] == UNREADABLE]
-    if unreadable and refuse:
-        raise NotReplayable(unreadable)
-    return [row for row in rows if row["last_error_type"] != UNREADABLE]
-
-
-def _require_all_found(ids: Iterable[int], rows) -> None:
-    missing = set(ids) - {row["id"] for row in rows}
-    if missing:
-        raise DeadLetterNotFound(missing)
 
 
 def rebuilt_event(row) -> EventMessage:

@@ -1,8 +1,9 @@
 -- Named SQL blocks of the `shared` package (loaded by shared.queries.load_queries).
 
 -- dead letters ---------------------------------------------------------------
--- The dead-letter store (shared.dead_letters): written by workers, read and
--- acted on by `webhook-ingest dlq …` and the admin HTTP API.
+-- Written by workers (shared.dead_letters.record_dead_letter), read and
+-- acted on through shared.dead_letter_store by `webhook-ingest dlq …`, the
+-- admin HTTP API and the console.
 
 -- name: insert_dead_letter
 -- One open dead letter per event (key + payload; a unique partial index):
@@ -68,7 +69,8 @@ SELECT payload_sha256 FROM processed_events WHERE key = $1
 SELECT count(*) FROM dead_letters WHERE status = 'dead'
 
 -- name: search_dead_letters
--- The console's filtered list, newest first, one page: $1 source, $2
+-- The console's filtered list, newest first, one page (or, with status
+-- 'dead' and no limit, the set a bulk action freezes): $1 source, $2
 -- status, $3 last error type, $4 created at or after, $5 created before, $6
 -- free text in the key or the last error's message (case-insensitive, no
 -- wildcards), $7 only ids below this one (the next page), $8 page size.
@@ -86,20 +88,6 @@ WHERE ($1::text IS NULL OR source = $1)
   AND ($7::bigint IS NULL OR id < $7)
 ORDER BY id DESC
 LIMIT $8
-
--- name: matching_open_dead_letter_ids
--- The open (dead) rows the same filter matches: the set a bulk action
--- freezes. Oldest first, the order they failed in.
-SELECT id
-FROM dead_letters
-WHERE status = 'dead'
-  AND ($1::text IS NULL OR source = $1)
-  AND ($2::text IS NULL OR errors -> -1 ->> 'type' = $2)
-  AND ($3::timestamptz IS NULL OR created_at >= $3)
-  AND ($4::timestamptz IS NULL OR created_at < $4)
-  AND ($5::text IS NULL OR strpos(lower(key), lower($5)) > 0
-       OR strpos(lower(coalesce(errors -> -1 ->> 'message', '')), lower($5)) > 0)
-ORDER BY id
 
 -- name: dead_letter_choices
 -- What the filter form offers: every source and last error type seen.

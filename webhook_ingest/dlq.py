@@ -7,8 +7,9 @@ sources' secrets, so they run from any machine that reaches the services.
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import aio_pika
 import asyncpg
@@ -23,14 +24,11 @@ from webhook_ingest.shared.dead_letters import (
     DeadLetterNotFound,
     describe_error,
     detail,
-    discard,
-    get_dead_letter,
-    list_dead_letters,
     parse_id,
-    replay,
     summary,
     to_json,
 )
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.errors import BrokerUnavailable, ConfigError, ServiceUnavailable, one_line
 from webhook_ingest.shared.logging import configure_logging
 from webhook_ingest.shared.service_errors import BROKER_ERRORS, POSTGRES_ERRORS
@@ -64,7 +62,7 @@ def dlq() -> None:
 @click.option("--json", "as_json", is_flag=True, help="one JSON array on stdout")
 def list_command(source: str | None, status: str, limit: int | None, as_json: bool) -> None:
     """Dead letters, newest first."""
-    rows = run_or_fail(_with_database(_settings(), list_dead_letters, source=source, status=status, limit=limit))
+    rows = run_or_fail(_with_store(_settings(), lambda store: store.newest_first(source, status, limit)))
     if as_json:
         _echo_json([summary(row) for row in rows])
     elif rows:
@@ -79,7 +77,7 @@ def list_command(source: str | None, status: str, limit: int | None, as_json: bo
 def show_command(dead_letter_id: str, as_json: bool) -> None:
     """One dead letter: payload, headers, attempts, every error."""
     [parsed_id] = parse_ids([dead_letter_id])
-    row = run_or_fail(_with_database(_settings(), _get_existing, parsed_id))
+    row = run_or_fail(_with_store(_settings(), lambda store: _get_existing(store, parsed_id)))
     if as_json:
         _echo_json(detail(row))
     else:
@@ -105,7 +103,8 @@ def replay_command(dead_letter_ids: tuple[str, ...], all_: bool, source: str | N
 @click.argument("dead_letter_ids", metavar="ID...", nargs=-1, required=True)
 def discard_command(dead_letter_ids: tuple[str, ...]) -> None:
     """Mark dead letters discarded (kept for audit); all or nothing."""
-    discarded = run_or_fail(_with_database(_settings(), discard, parse_ids(dead_letter_ids), Actor.cli()))
+    ids = parse_ids(dead_letter_ids)
+    discarded = run_or_fail(_with_store(_settings(), lambda store: store.discard(ids, Actor.cli())))
     click.echo(f"discarded {len(discarded)}: {', '.join(map(str, discarded))}")
 
 
@@ -158,8 +157,13 @@ async def _with_database(settings: Settings, operation, *args, **kwargs):
         return await operation(connection, *args, **kwargs)
 
 
-async def _get_existing(connection, dead_letter_id: int) -> dict:
-    row = await get_dead_letter(connection, dead_letter_id)
+async def _with_store(settings: Settings, use: Callable[[DeadLetterStore], Awaitable[Any]]) -> Any:
+    async with database(settings) as connection:
+        return await use(DeadLetterStore(connection))
+
+
+async def _get_existing(store: DeadLetterStore, dead_letter_id: int) -> dict:
+    row = await store.get(dead_letter_id)
     if row is None:
         raise DeadLetterNotFound([dead_letter_id])
     return row
@@ -206,8 +210,8 @@ async def confirm_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.Abst
 
 async def _replay(settings: Settings, ids: list[int], all_: bool, source: str | None) -> list[int]:
     async with database(settings) as connection, confirm_channel(settings) as channel:
-        return await replay(connection, channel, settings.namespace, ids=ids, all_=all_, source=source,
-                            actor=Actor.cli())
+        return await DeadLetterStore(connection).replay(channel, settings.namespace, ids=ids, all_=all_,
+                                                        source=source, actor=Actor.cli())
 
 
 async def prune_completion_records(connection, window: timedelta, batch_size: int = PRUNE_BATCH) -> int:

@@ -19,7 +19,7 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
 from webhook_ingest.shared import amqp, metrics, topology
-from webhook_ingest.shared.dead_letters import keep_open_gauge
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
 from webhook_ingest.shared.settings import Settings
@@ -128,7 +128,7 @@ class Worker:
         from webhook_ingest.workers.poison import drain_poison_queue
 
         await drain_poison_queue(channel, self.pool, self.settings.namespace, self.settings.delivery_limit)
-        return [asyncio.create_task(keep_open_gauge(self.pool), name="dead-letters-gauge")]
+        return [asyncio.create_task(DeadLetterStore(self.pool).keep_open_gauge(), name="dead-letters-gauge")]
 
     async def _wait_for_stop(self, side_tasks: list[asyncio.Task]) -> None:
         """Until stop(); a side task that dies stops the worker too."""

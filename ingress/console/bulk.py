@@ -15,17 +15,9 @@ when it ends (the ids acted on).
 import asyncio
 import contextlib
 
-from webhook_ingest.shared import bulk_actions
 from webhook_ingest.shared.bulk_actions import BulkAction
-from webhook_ingest.shared.dead_letters import (
-    Actor,
-    ChangedMeanwhile,
-    DeadLetterNotFound,
-    NotReplayable,
-    discard_if_open,
-    record_audit,
-    replay_if_open,
-)
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.dead_letters import Actor, ChangedMeanwhile, DeadLetterNotFound, NotReplayable
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 
@@ -42,8 +34,8 @@ class BulkRunner:
     def __init__(self):
         self._tasks: set[asyncio.Task] = set()
 
-    def start(self, action: BulkAction, actor: Actor, pool, publisher, namespace: str) -> None:
-        run = _Run(action, actor, pool, publisher, namespace)
+    def start(self, action: BulkAction, actor: Actor, store: DeadLetterStore, publisher, namespace: str) -> None:
+        run = _Run(action, actor, store, publisher, namespace)
         task = asyncio.create_task(run.run(), name=f"bulk-action-{action.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -57,9 +49,9 @@ class BulkRunner:
 class _Run:
     """One bulk action, from its first remaining id to its last."""
 
-    def __init__(self, action: BulkAction, actor: Actor, pool, publisher, namespace: str):
+    def __init__(self, action: BulkAction, actor: Actor, store: DeadLetterStore, publisher, namespace: str):
         self.action, self.actor = action, actor
-        self._pool, self._publisher, self._namespace = pool, publisher, namespace
+        self._store, self._publisher, self._namespace = store, publisher, namespace
 
     async def run(self) -> None:
         action = self.action
@@ -83,25 +75,24 @@ class _Run:
         started = loop.time()
         for n, dead_letter_id in enumerate(action.remaining):
             await asyncio.sleep(max(0.0, started + n / rate - loop.time()))
-            async with self._pool.acquire() as connection:
-                if await bulk_actions.state_of(connection, action.id) != "running":
-                    return "cancelled"
-                done = await self._act(connection, dead_letter_id)
-                await bulk_actions.step(connection, action.id, dead_letter_id, done)
+            if await self._store.bulk_state(action.id) != "running":
+                return "cancelled"
+            done = await self._act(dead_letter_id)
+            await self._store.bulk_step(action.id, dead_letter_id, done)
             if done:
                 acted.append(dead_letter_id)
         return "done"
 
-    async def _act(self, connection, dead_letter_id: int) -> bool:
+    async def _act(self, dead_letter_id: int) -> bool:
         action, actor = self.action, self.actor
         try:
             if action.action == "replay":
                 if not self._publisher.ready:
                     raise ConnectionError("RabbitMQ is unreachable")
-                await replay_if_open(connection, self._publisher.channel, self._namespace, dead_letter_id, actor,
-                                     bulk_action_id=action.id)
+                await self._store.replay_if_open(self._publisher.channel, self._namespace, dead_letter_id, actor,
+                                                 bulk_action_id=action.id)
             else:
-                await discard_if_open(connection, dead_letter_id, actor, bulk_action_id=action.id)
+                await self._store.discard_if_open(dead_letter_id, actor, bulk_action_id=action.id)
         except _SKIPPED:
             return False
         return True
@@ -109,16 +100,15 @@ class _Run:
     async def _finish(self, acted: list[int], state: str, error: str | None) -> None:
         action = self.action
         with contextlib.suppress(Exception):  # noqa: BLE001 - Postgres away: the page shows it still running
-            async with self._pool.acquire(timeout=5) as connection:
-                if state != "cancelled":
-                    await bulk_actions.finish(connection, action.id, state, error)
+            if state != "cancelled":
+                await self._store.finish_bulk(action.id, state, error)
         await self._audit(f"bulk_{action.action}", acted, state=state)
 
     async def _audit(self, what: str, ids: list[int], **detail) -> None:
         action = self.action
         with contextlib.suppress(Exception):  # noqa: BLE001 - logged instead when Postgres is away
-            async with self._pool.acquire(timeout=5) as connection:
-                await record_audit(connection, self.actor, what, ids,
-                                   {"bulk_action_id": action.id, "rate": action.rate, "filter": action.filter} | detail)
-                return
+            await self._store.record_audit(self.actor, what, ids,
+                                           {"bulk_action_id": action.id, "rate": action.rate, "filter": action.filter}
+                                           | detail)
+            return
         log.warning("bulk_action_audit_lost", bulk_action_id=action.id, action=what, ids=ids)

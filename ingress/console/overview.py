@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import aio_pika
 
 from webhook_ingest.shared import amqp, topology
-from webhook_ingest.shared.dead_letters import SQL, count_open
+from webhook_ingest.shared.dead_letters import SQL
 from webhook_ingest.shared.sources import Source
 
 BROKER_TIMEOUT = 3.0
@@ -67,7 +67,7 @@ async def database_figures(pool) -> tuple[dict[str, int] | None, int | None, int
     try:
         async with pool.acquire(timeout=BROKER_TIMEOUT) as connection:
             outcomes = dict(await connection.fetchrow(SQL["outcomes_last_hour"]))
-            open_count = await count_open(connection)
+            open_count = await connection.fetchval(SQL["count_open_dead_letters"])
             has_outbox = await connection.fetchval(SQL["outbox_exists"])
             outbox = await connection.fetchval(SQL["count_outbox"]) if has_outbox else None
     except Exception:  # noqa: BLE001 - Postgres away: the figures are n/a, the page still shows

@@ -5,13 +5,12 @@ dead letter someone else handled meanwhile — is a message, never a 500."""
 
 import json
 import math
-from contextlib import asynccontextmanager
 
 from aiohttp import web
 from aiohttp_session import get_session
 
-from webhook_ingest.ingress.admin import admin_pool_key
-from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.admin import dead_letters_key
+from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.console.bulk import DEFAULT_RATE, MAX_RATE, BulkRunner
 from webhook_ingest.ingress.console.filters import form_values, parse_before, parse_filter, query_string
 from webhook_ingest.ingress.console.overview import overview
@@ -29,44 +28,23 @@ from webhook_ingest.shared.dead_letters import (
     ReplayInterrupted,
     describe_error,
     detail,
-    discard_if_open,
-    filter_choices,
-    get_dead_letter,
-    list_audit,
-    matching_open_ids,
     parse_id,
-    replay_if_open,
-    replays_of,
-    search_dead_letters,
 )
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.logging import get_logger
 
 log = get_logger(__name__)
 PAGE_SIZE = 50
-ACQUIRE_TIMEOUT = 5.0
 bulk_runner_key = web.AppKey("bulk_runner", BulkRunner)
+routes = web.RouteTableDef()  # each page's method and path stand above its handler
 
 
 def add_routes(console: web.Application) -> None:
-    console.router.add_get("/login", login_page)
-    console.router.add_post("/login", login)
-    console.router.add_post("/logout", logout)
-    console.router.add_get("/", overview_page)
-    console.router.add_get("/dead-letters", dead_letters_page)
-    console.router.add_get("/dead-letters/{id}", dead_letter_page)
-    console.router.add_post("/dead-letters/{id}/replay", replay_one)
-    console.router.add_post("/dead-letters/{id}/discard", discard_one)
-    console.router.add_post("/bulk", prepare_bulk)
-    console.router.add_get("/bulk/{id}", bulk_page)
-    console.router.add_post("/bulk/{id}/start", start_bulk)
-    console.router.add_post("/bulk/{id}/cancel", cancel_bulk)
-    console.router.add_get("/audit", audit_page)
+    console.router.add_routes(routes)
 
 
-@asynccontextmanager
-async def connection(request: web.Request):
-    async with request.config_dict[admin_pool_key].acquire(timeout=ACQUIRE_TIMEOUT) as conn:
-        yield conn
+def store(request: web.Request) -> DeadLetterStore:
+    return request.config_dict[dead_letters_key]
 
 
 def actor(request: web.Request) -> Actor:
@@ -76,6 +54,7 @@ def actor(request: web.Request) -> Actor:
 # -- signing in ------------------------------------------------------------------
 
 
+@routes.get("/login")
 async def login_page(request: web.Request) -> web.Response:
     settings = request.config_dict[settings_key]
     if session_role(await get_session(request), settings):
@@ -84,6 +63,7 @@ async def login_page(request: web.Request) -> web.Response:
     return await render(request, "login.html", {"error": None, "notice": notice})
 
 
+@routes.post("/login")
 async def login(request: web.Request) -> web.Response:
     """Throttled per client address before the token is even looked at
     (ingress/limits.py: a few at once, then a few a minute)."""
@@ -105,6 +85,7 @@ async def login(request: web.Request) -> web.Response:
     raise web.HTTPSeeOther("/console/")
 
 
+@routes.post("/logout")
 async def logout(request: web.Request) -> web.Response:
     await sign_out(request)
     raise web.HTTPSeeOther("/console/login")
@@ -113,22 +94,21 @@ async def logout(request: web.Request) -> web.Response:
 # -- reading ---------------------------------------------------------------------
 
 
+@routes.get("/")
 async def overview_page(request: web.Request) -> web.Response:
     settings = request.config_dict[settings_key]
-    figures = await overview(request.config_dict[admin_pool_key], settings.amqp_url, settings.namespace,
+    figures = await overview(request.config_dict[database_pool_key], settings.amqp_url, settings.namespace,
                              request.config_dict[sources_key])
     template = "overview_figures.html" if request.headers.get("HX-Request") else "overview.html"
     return await render(request, template, {"overview": figures})
 
 
+@routes.get("/dead-letters")
 async def dead_letters_page(request: web.Request) -> web.Response:
     where, problems = parse_filter(request.query)
     before, cursor_problems = parse_before(request.query)
-    rows = []
-    async with connection(request) as conn:
-        sources, error_types = await filter_choices(conn)
-        if not problems:
-            rows = await search_dead_letters(conn, where, before, PAGE_SIZE + 1)
+    sources, error_types = await store(request).filter_choices()
+    rows = [] if problems else await store(request).search(where, before, PAGE_SIZE + 1)
     values = form_values(request.query)
     older = query_string(values, before=str(rows[PAGE_SIZE - 1]["id"])) if len(rows) > PAGE_SIZE else None
     context = {"rows": [_row_view(row) for row in rows[:PAGE_SIZE]], "problems": problems + cursor_problems,
@@ -141,18 +121,18 @@ def _row_view(row: dict) -> dict:
     return row | {"last_error_text": describe_error(row["last_error"]) or "—"}
 
 
+@routes.get("/dead-letters/{id}")
 async def dead_letter_page(request: web.Request) -> web.Response:
     dead_letter_id = parse_id(request.match_info["id"])
     if dead_letter_id is None:
         return await message_page(request, 400, "Not a dead-letter id",
                                   "Dead-letter ids are positive whole numbers, as in the list.")
-    async with connection(request) as conn:
-        row = await get_dead_letter(conn, dead_letter_id)
-        if row is None:
-            return await message_page(request, 404, "No such dead letter",
-                                      f"There is no dead letter with id {dead_letter_id}.")
-        history = await replays_of(conn, dead_letter_id)
-        audit = await list_audit(conn, dead_letter_id=dead_letter_id, limit=50)
+    row = await store(request).get(dead_letter_id)
+    if row is None:
+        return await message_page(request, 404, "No such dead letter",
+                                  f"There is no dead letter with id {dead_letter_id}.")
+    history = await store(request).replays_of(dead_letter_id)
+    audit = await store(request).audit(dead_letter_id=dead_letter_id, limit=50)
     document = detail(row)
     return await render(request, "dead_letter.html", {
         "letter": document, "payload_text": _pretty(document), "headers": sorted(document["headers"].items()),
@@ -165,10 +145,10 @@ def _pretty(document: dict) -> str:
     return json.dumps(document["payload"], indent=2, ensure_ascii=False, sort_keys=False)
 
 
+@routes.get("/audit")
 async def audit_page(request: web.Request) -> web.Response:
     before, problems = parse_before(request.query)
-    async with connection(request) as conn:
-        entries = await list_audit(conn, before=before, limit=PAGE_SIZE + 1)
+    entries = await store(request).audit(before=before, limit=PAGE_SIZE + 1)
     older = str(entries[PAGE_SIZE - 1]["id"]) if len(entries) > PAGE_SIZE else None
     return await render(request, "audit.html", {"entries": entries[:PAGE_SIZE], "older": older,
                                                 "problems": problems})
@@ -177,6 +157,7 @@ async def audit_page(request: web.Request) -> web.Response:
 # -- acting on one ---------------------------------------------------------------
 
 
+@routes.post("/dead-letters/{id}/replay")
 async def replay_one(request: web.Request) -> web.Response:
     dead_letter_id = _id_or_404(request)
     publisher = request.config_dict[publisher_key]
@@ -186,8 +167,7 @@ async def replay_one(request: web.Request) -> web.Response:
                               "Try again once it is back.")
     namespace = request.config_dict[settings_key].namespace
     try:
-        async with connection(request) as conn:
-            await replay_if_open(conn, channel, namespace, dead_letter_id, actor(request))
+        await store(request).replay_if_open(channel, namespace, dead_letter_id, actor(request))
     except ReplayInterrupted:
         return await _back_to(request, dead_letter_id, "error", "RabbitMQ did not confirm: nothing was replayed.")
     except (ChangedMeanwhile, NotReplayable, DeadLetterNotFound) as exc:
@@ -195,11 +175,11 @@ async def replay_one(request: web.Request) -> web.Response:
     return await _back_to(request, dead_letter_id, "ok", f"Dead letter {dead_letter_id} replayed.")
 
 
+@routes.post("/dead-letters/{id}/discard")
 async def discard_one(request: web.Request) -> web.Response:
     dead_letter_id = _id_or_404(request)
     try:
-        async with connection(request) as conn:
-            await discard_if_open(conn, dead_letter_id, actor(request))
+        await store(request).discard_if_open(dead_letter_id, actor(request))
     except (ChangedMeanwhile, DeadLetterNotFound) as exc:
         return await _back_to(request, dead_letter_id, "error", _sentence(exc))
     return await _back_to(request, dead_letter_id, "ok", f"Dead letter {dead_letter_id} discarded.")
@@ -225,6 +205,7 @@ async def _back_to(request: web.Request, dead_letter_id: int, kind: str, text: s
 # -- acting on all that match ------------------------------------------------------
 
 
+@routes.post("/bulk")
 async def prepare_bulk(request: web.Request) -> web.Response:
     """Freeze the open dead letters the filter matches now; ask to confirm."""
     form = {name: value for name, value in (await request.post()).items() if isinstance(value, str)}
@@ -232,19 +213,18 @@ async def prepare_bulk(request: web.Request) -> web.Response:
     where, problems = parse_filter(form)
     if action not in bulk_actions.ACTIONS or problems:
         return await message_page(request, 400, "Nothing was done", " ".join(problems) or "Unknown action.")
-    async with connection(request) as conn:
-        ids = await matching_open_ids(conn, where)
-        if not ids:
-            await leave_message(request, "error", "No open dead letters match this filter: nothing to do.")
-            raise web.HTTPSeeOther("/console/dead-letters?" + query_string(form_values(form)))
-        bulk_action_id = await bulk_actions.prepare(conn, action, ids, where, actor(request))
+    ids = await store(request).matching_open_ids(where)
+    if not ids:
+        await leave_message(request, "error", "No open dead letters match this filter: nothing to do.")
+        raise web.HTTPSeeOther("/console/dead-letters?" + query_string(form_values(form)))
+    bulk_action_id = await store(request).prepare_bulk(action, ids, where, actor(request))
     raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")
 
 
+@routes.get("/bulk/{id}")
 async def bulk_page(request: web.Request) -> web.Response:
     bulk_action_id = _id_or_404(request)
-    async with connection(request) as conn:
-        action = await bulk_actions.get(conn, bulk_action_id)
+    action = await store(request).bulk_action(bulk_action_id)
     if action is None:
         return await message_page(request, 404, "No such bulk action", f"There is no bulk action {bulk_action_id}.")
     template = "bulk_progress.html" if request.headers.get("HX-Request") else "bulk.html"
@@ -258,18 +238,18 @@ def _describe_filter(saved: dict) -> str:
     return ", ".join(parts) or "no filter: every open dead letter"
 
 
+@routes.post("/bulk/{id}/start")
 async def start_bulk(request: web.Request) -> web.Response:
     bulk_action_id = _id_or_404(request)
     rate = _rate((await request.post()).get("rate"))
     if rate is None:
         await leave_message(request, "error", f"The rate must be a number above 0 and at most {MAX_RATE:g} per second.")
         raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")
-    async with connection(request) as conn:
-        action = await bulk_actions.claim(conn, bulk_action_id, rate)
+    action = await store(request).claim_bulk(bulk_action_id, rate)
     if action is None:
         await leave_message(request, "error", "This bulk action is not waiting to start: nothing was changed.")
     else:
-        request.config_dict[bulk_runner_key].start(action, actor(request), request.config_dict[admin_pool_key],
+        request.config_dict[bulk_runner_key].start(action, actor(request), store(request),
                                                    request.config_dict[publisher_key],
                                                    request.config_dict[settings_key].namespace)
     raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")
@@ -283,10 +263,10 @@ def _rate(raw) -> float | None:
     return rate if 0 < rate <= MAX_RATE else None
 
 
+@routes.post("/bulk/{id}/cancel")
 async def cancel_bulk(request: web.Request) -> web.Response:
     bulk_action_id = _id_or_404(request)
-    async with connection(request) as conn:
-        cancelled = await bulk_actions.cancel(conn, bulk_action_id)
+    cancelled = await store(request).cancel_bulk(bulk_action_id)
     await leave_message(request, "ok" if cancelled else "error",
                         "Cancelled: what was done stays done." if cancelled else "This bulk action had already ended.")
     raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")

@@ -22,7 +22,8 @@ from tests.support.exactly_once import recorded_runs, until_completed, write_sou
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import topology
-from webhook_ingest.shared.dead_letters import Actor, replay_if_open
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.dead_letters import Actor
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.adversary_handlers"
@@ -192,7 +193,7 @@ async def test_copies_of_a_failing_event_do_not_multiply_its_attempts(settings, 
 
 async def test_a_replayed_event_that_fails_again_at_once_is_an_open_dead_letter(settings, service_env, fleet, tmp_path):
     """Finding 6. An event fails permanently and is a dead letter. On-call
-    replays it (the console's button: `replay_if_open`); the worker fails it
+    replays it (the console's button: `DeadLetterStore.replay_if_open`); the worker fails it
     again before the replay's transaction commits (forced here by holding a
     lock its audit insert waits for, after the publish). Afterwards the
     event must again be an open dead letter on-call can see (§7.3, §8): the
@@ -212,8 +213,8 @@ async def test_a_replayed_event_that_fails_again_at_once_is_an_open_dead_letter(
         transaction = blocker.transaction()
         await transaction.start()
         await blocker.execute("LOCK TABLE audit_log IN SHARE MODE")  # the replay's commit waits
-        replaying = asyncio.create_task(replay_if_open(replayer, channel, settings.namespace, 1,
-                                                       Actor("operator", "test")))
+        replaying = asyncio.create_task(DeadLetterStore(replayer).replay_if_open(channel, settings.namespace, 1,
+                                                                                 Actor("operator", "test")))
         await wait_until(lambda: _waiting_insert(replayer_watch), 30, interval=0.05,
                          message="the worker's dead-letter insert waiting for the replay")
         await transaction.commit()

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from webhook_ingest.cli import main
-from webhook_ingest.shared.dead_letters import list_audit, os_user, replays_of
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.dead_letters import os_user
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
 from tests.support.dead_letters import seed_dead_letters
@@ -30,7 +31,8 @@ def both_tokens(settings, monkeypatch) -> Settings:
 async def audit_and_history(database_url: str, dead_letter_id: int) -> tuple[list[dict], list[dict]]:
     connection = await asyncpg.connect(database_url)
     try:
-        return await list_audit(connection), await replays_of(connection, dead_letter_id)
+        store = DeadLetterStore(connection)
+        return await store.audit(), await store.replays_of(dead_letter_id)
     finally:
         await connection.close()
 

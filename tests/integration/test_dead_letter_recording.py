@@ -6,7 +6,8 @@ import asyncpg
 import pytest
 
 from tests.support.events import make_event
-from webhook_ingest.shared.dead_letters import get_dead_letter, record_dead_letter
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.dead_letters import record_dead_letter
 
 UNSTORABLE_BODIES = [
     b'{"id":"e1","t":"\\ud83d"}',  # half an emoji
@@ -23,7 +24,7 @@ async def test_an_unstorable_body_is_still_recorded_with_its_raw_bytes(database,
     connection = await asyncpg.connect(database)
     try:
         dead_letter_id = await record_dead_letter(connection, event, [{"attempt": 1, "type": "E", "message": "m"}])
-        row = await get_dead_letter(connection, dead_letter_id)
+        row = await DeadLetterStore(connection).get(dead_letter_id)
         raw = await connection.fetchval("SELECT body FROM dead_letters WHERE id = $1", dead_letter_id)
     finally:
         await connection.close()

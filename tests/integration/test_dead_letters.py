@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from webhook_ingest.shared import metrics, topology
-from webhook_ingest.shared.dead_letters import get_dead_letter, keep_open_gauge, list_dead_letters, record_dead_letter
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import to_amqp
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources, parse_source
@@ -63,9 +64,8 @@ async def test_a_dead_letter_keeps_the_event_as_received_and_every_error(setting
 
     connection = await asyncpg.connect(settings.database_url)
     try:
-        row = await get_dead_letter(connection, first)
-        raw = await get_dead_letter(connection, second)
-        listed = await list_dead_letters(connection)
+        store = DeadLetterStore(connection)
+        row, raw, listed = await store.get(first), await store.get(second), await store.newest_first()
     finally:
         await connection.close()
     assert bytes(row["body"]) == event.body and row["payload"] == json.loads(event.body)
@@ -308,7 +308,7 @@ async def test_admin_api_lists_shows_replays_and_discards_like_the_cli(admin_set
 async def _rows(settings) -> list[dict]:
     connection = await asyncpg.connect(settings.database_url)
     try:
-        return await list_dead_letters(connection, status="all")
+        return await DeadLetterStore(connection).newest_first(status="all")
     finally:
         await connection.close()
 
@@ -319,7 +319,7 @@ async def _rows(settings) -> list[dict]:
 async def test_the_open_dead_letters_gauge_follows_the_table(settings):
     one, _ = await seed(settings.database_url, make_event("acme", "evt_1"), make_event("acme", "evt_2"))
     pool = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=1)
-    gauge = asyncio.create_task(keep_open_gauge(pool, every=0.05))
+    gauge = asyncio.create_task(DeadLetterStore(pool).keep_open_gauge(every=0.05))
     try:
         await wait_until(_gauge_is(2), 5, message="gauge 2")
         assert (await asyncio.to_thread(dlq, "discard", str(one))).exit_code == 0
@@ -357,7 +357,7 @@ async def test_the_poison_drainer_records_what_reaches_the_dead_queue(settings):
         await stop_draining(consumer)
     finally:
         await connection.close()
-        rows = {row["key"]: row for row in await list_dead_letters(pool)}
+        rows = {row["key"]: row for row in await DeadLetterStore(pool).newest_first()}
         await pool.close()
     assert await queue_depth(settings.amqp_url, dead_queue) == 0  # every one acked, none returned
     assert set(rows) == {poison.key, "unknown:m-1"}  # the completed one was a lost ack, not poison

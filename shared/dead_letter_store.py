@@ -1,0 +1,277 @@
+"""The dead-letter store: reading dead letters and acting on them, the audit
+log, and the console's bulk actions — one object the admin API, the console
+and `webhook-ingest dlq` share (docs/reference.md §8).
+
+It talks to Postgres through one asyncpg pool (each call takes a connection
+of its own) or one connection (the CLI), with the named SQL of
+`shared/queries.sql`. What the rows mean (statuses, errors, the JSON shapes)
+is `shared/dead_letters.py`; the workers' one write, recording a dead letter,
+stays there beside it.
+"""
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterable, Sequence
+
+import orjson
+from aio_pika.abc import AbstractChannel
+
+from webhook_ingest.shared import metrics, topology
+from webhook_ingest.shared.bulk_actions import BulkAction
+from webhook_ingest.shared.dead_letters import (
+    SQL,
+    STATUSES,
+    UNKNOWN_ACTOR,
+    UNREADABLE,
+    Actor,
+    ChangedMeanwhile,
+    DeadLetterFilter,
+    DeadLetterNotFound,
+    InvalidStatus,
+    NotReplayable,
+    ReplayInterrupted,
+    decoded,
+    jsonb,
+    rebuilt_event,
+)
+from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.message import to_amqp
+
+log = get_logger(__name__)
+REPLAY_PUBLISH_TIMEOUT = 10.0
+ACQUIRE_TIMEOUT = 5.0
+GAUGE_REFRESH_SECONDS = 15.0
+
+
+class DeadLetterStore:
+    def __init__(self, database):
+        self._database = database  # an asyncpg.Pool, or one asyncpg.Connection
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator:
+        if hasattr(self._database, "acquire"):  # a pool
+            async with self._database.acquire(timeout=ACQUIRE_TIMEOUT) as connection:
+                yield connection
+        else:
+            yield self._database
+
+    # -- reading ---------------------------------------------------------------
+
+    async def newest_first(self, source: str | None = None, status: str = "dead",
+                           limit: int | None = None) -> list[dict]:
+        """`status` one of STATUSES or "all"; `source` None: every source."""
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["list_dead_letters"], source, _status_filter(status), limit)
+        return [decoded(row) for row in rows]
+
+    async def get(self, dead_letter_id: int) -> dict | None:
+        async with self._connection() as connection:
+            row = await connection.fetchrow(SQL["get_dead_letter"], dead_letter_id)
+        return None if row is None else decoded(row)
+
+    async def count_open(self) -> int:
+        async with self._connection() as connection:
+            return await connection.fetchval(SQL["count_open_dead_letters"])
+
+    async def search(self, where: DeadLetterFilter, before: int | None = None, limit: int | None = 50) -> list[dict]:
+        """One page, newest first: rows with ids below `before` (None: the newest)."""
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["search_dead_letters"], where.source, where.status, where.error_type,
+                                          where.since, where.until, where.text, before, limit)
+        return [decoded(row) for row in rows]
+
+    async def matching_open_ids(self, where: DeadLetterFilter) -> list[int]:
+        """The open dead letters the filter matches (its status aside), oldest
+        first: the set a bulk action freezes."""
+        open_ones = DeadLetterFilter(where.source, "dead", where.error_type, where.since, where.until, where.text)
+        return [row["id"] for row in reversed(await self.search(open_ones, limit=None))]
+
+    async def filter_choices(self) -> tuple[list[str], list[str]]:
+        """Every source and last error type the table holds."""
+        async with self._connection() as connection:
+            row = await connection.fetchrow(SQL["dead_letter_choices"])
+        return list(row["sources"]), list(row["error_types"])
+
+    async def replays_of(self, dead_letter_id: int) -> list[dict]:
+        """Every replay of the dead letter, oldest first: when, who, which bulk action."""
+        async with self._connection() as connection:
+            return [dict(row) for row in await connection.fetch(SQL["replays_of"], dead_letter_id)]
+
+    async def audit(self, dead_letter_id: int | None = None, before: int | None = None,
+                    limit: int = 100) -> list[dict]:
+        """The audit log, newest first; only entries naming `dead_letter_id` when given."""
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["list_audit"], dead_letter_id, before, limit)
+        return [dict(row) | {"detail": json.loads(row["detail"])} for row in rows]
+
+    async def keep_open_gauge(self, every: float = GAUGE_REFRESH_SECONDS) -> None:
+        """Forever (the ingress and each worker run it): `webhook_dead_letters_open`
+        follows the table; a Postgres outage leaves it stale, logged, never a dead task."""
+        while True:
+            try:
+                metrics.dead_letters_open.set(await self.count_open())
+            except Exception as exc:  # noqa: BLE001 - a stale gauge, never a dead task
+                log.warning("dead_letters_gauge_stale", error=describe(exc))
+            await asyncio.sleep(every)
+
+    # -- acting ----------------------------------------------------------------
+
+    async def record_audit(self, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None) -> int:
+        async with self._connection() as connection:
+            return await _record_audit(connection, actor, action, ids, detail)
+
+    async def discard(self, ids: Sequence[int], actor: Actor = UNKNOWN_ACTOR) -> list[int]:
+        """Marks them discarded (kept for audit); all or nothing: an unknown id
+        raises DeadLetterNotFound and changes nothing."""
+        async with self._connection() as connection, connection.transaction():
+            discarded = await connection.fetch(SQL["set_dead_letter_status"], list(ids), "discarded")
+            _require_all_found(ids, discarded)
+            await _record_audit(connection, actor, "discard", [row["id"] for row in discarded])
+        return [row["id"] for row in discarded]
+
+    async def replay_if_open(self, channel: AbstractChannel, namespace: str, dead_letter_id: int, actor: Actor,
+                             bulk_action_id: int | None = None) -> None:
+        """Replay one dead letter only while it is still open: the console's
+        button, and each step of a bulk replay. Its row stays locked from the
+        check to the commit, so two people clicking at once replay it once; the
+        second gets ChangedMeanwhile. A single replay is audited here, a bulk
+        one by its caller, once for the whole set."""
+        async with self._connection() as connection, connection.transaction():
+            row = await _lock_open(connection, dead_letter_id)
+            if row["last_error_type"] == UNREADABLE:
+                raise NotReplayable([dead_letter_id])
+            # Marked before the publish: a new failure of the replayed event
+            # waits for this commit, then records a new open row (insert_dead_letter).
+            await _mark_replayed(connection, [dead_letter_id], actor, bulk_action_id)
+            try:
+                await _publish(channel, namespace, row)
+            except Exception as exc:  # noqa: BLE001 - any broker failure: nothing was replayed
+                raise ReplayInterrupted([], exc) from exc
+            if bulk_action_id is None:
+                await _record_audit(connection, actor, "replay", [dead_letter_id])
+
+    async def discard_if_open(self, dead_letter_id: int, actor: Actor, bulk_action_id: int | None = None) -> None:
+        """Discard one dead letter only while it is still open (see replay_if_open)."""
+        async with self._connection() as connection, connection.transaction():
+            await _lock_open(connection, dead_letter_id)
+            await connection.execute(SQL["set_dead_letter_status"], [dead_letter_id], "discarded")
+            if bulk_action_id is None:
+                await _record_audit(connection, actor, "discard", [dead_letter_id])
+
+    async def replay(self, channel: AbstractChannel, namespace: str, ids: Sequence[int] | None = None,
+                     all_: bool = False, source: str | None = None, actor: Actor = UNKNOWN_ACTOR) -> list[int]:
+        """Publish dead letters back to the events queue with a fresh attempt
+        budget: the given `ids`, or with `all_` every open one (of `source`).
+        Unknown ids raise DeadLetterNotFound before anything is published.
+
+        `channel` must be in confirm mode: a row is marked replayed in the
+        transaction that publishes it, committed after the broker's confirm. A
+        crash between the two leaves it `dead` though it was published;
+        replaying it again publishes a second copy, which the workers'
+        idempotency (same key, same payload) makes a harmless duplicate.
+        """
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["dead_letters_to_replay"], list(ids or ()), all_, source)
+            _require_all_found(ids or (), rows)
+            replayed: list[int] = []
+            try:
+                for row in _replayable(rows, refuse=not all_):
+                    async with connection.transaction():
+                        marked = await _mark_replayed(connection, [row["id"]], actor)
+                        try:
+                            await _publish(channel, namespace, row)
+                        except Exception as exc:  # noqa: BLE001 - any broker failure: report what was done
+                            raise ReplayInterrupted(replayed, exc) from exc
+                    replayed += marked
+            finally:
+                if replayed:  # also what a replay that stopped half way did
+                    await _record_audit(connection, actor, "replay", replayed)
+        return replayed
+
+    # -- bulk actions (shared/bulk_actions.py) ---------------------------------
+
+    async def prepare_bulk(self, action: str, ids: Sequence[int], where: DeadLetterFilter, actor: Actor) -> int:
+        """A new bulk action over exactly `ids`, waiting for its confirmation."""
+        async with self._connection() as connection:
+            return await connection.fetchval(SQL["insert_bulk_action"], action, list(ids),
+                                             orjson.dumps(where.as_json()).decode(), str(actor))
+
+    async def bulk_action(self, bulk_action_id: int) -> BulkAction | None:
+        async with self._connection() as connection:
+            row = await connection.fetchrow(SQL["get_bulk_action"], bulk_action_id)
+        return None if row is None else BulkAction.from_row(row)
+
+    async def claim_bulk(self, bulk_action_id: int, rate: float) -> BulkAction | None:
+        """Running at `rate` per second, if it was waiting (prepared, or failed
+        half way); None when it runs already, finished or was cancelled."""
+        async with self._connection() as connection:
+            row = await connection.fetchrow(SQL["claim_bulk_action"], bulk_action_id, rate)
+        return None if row is None else BulkAction.from_row(row)
+
+    async def bulk_step(self, bulk_action_id: int, dead_letter_id: int, acted: bool) -> None:
+        async with self._connection() as connection:
+            await connection.execute(SQL["bulk_action_step"], bulk_action_id, dead_letter_id, acted)
+
+    async def finish_bulk(self, bulk_action_id: int, state: str, error: str | None = None) -> None:
+        async with self._connection() as connection:
+            await connection.execute(SQL["finish_bulk_action"], bulk_action_id, state, error)
+
+    async def cancel_bulk(self, bulk_action_id: int) -> bool:
+        async with self._connection() as connection:
+            return await connection.fetchval(SQL["cancel_bulk_action"], bulk_action_id) is not None
+
+    async def bulk_state(self, bulk_action_id: int) -> str | None:
+        async with self._connection() as connection:
+            return await connection.fetchval(SQL["bulk_action_state"], bulk_action_id)
+
+
+async def _record_audit(connection, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None) -> int:
+    return await connection.fetchval(SQL["insert_audit"], actor.role, actor.name, actor.via, action, list(ids),
+                                     jsonb(detail or {}))
+
+
+async def _mark_replayed(connection, ids: Sequence[int], actor: Actor, bulk_action_id: int | None = None) -> list[int]:
+    """Status `replayed`, and one more entry in each one's replay history."""
+    async with connection.transaction():
+        marked = [row["id"] for row in await connection.fetch(SQL["set_dead_letter_status"], list(ids), "replayed")]
+        await connection.execute(SQL["insert_replay"], marked, str(actor), bulk_action_id)
+    return marked
+
+
+async def _publish(channel: AbstractChannel, namespace: str, row) -> None:
+    await topology.publish(channel, to_amqp(rebuilt_event(row)), topology.events_queue(namespace),
+                           timeout=REPLAY_PUBLISH_TIMEOUT)
+
+
+async def _lock_open(connection, dead_letter_id: int):
+    row = await connection.fetchrow(SQL["lock_dead_letter"], dead_letter_id)
+    if row is None:
+        raise DeadLetterNotFound([dead_letter_id])
+    if row["status"] != "dead":
+        raise ChangedMeanwhile(dead_letter_id, row["status"])
+    return row
+
+
+def _status_filter(status: str) -> str | None:
+    if status == "all":
+        return None
+    if status not in STATUSES:
+        raise InvalidStatus(f"unknown status {status!r} (one of {', '.join(STATUSES)}, all)")
+    return status
+
+
+def _replayable(rows, refuse: bool) -> list:
+    """Rows that are events; the others raise NotReplayable when `refuse`
+    (explicit ids), else are left dead (`--all`)."""
+    unreadable = [row["id"] for row in rows if row["last_error_type"] == UNREADABLE]
+    if unreadable and refuse:
+        raise NotReplayable(unreadable)
+    return [row for row in rows if row["last_error_type"] != UNREADABLE]
+
+
+def _require_all_found(ids: Iterable[int], rows) -> None:
+    missing = set(ids) - {row["id"] for row in rows}
+    if missing:
+        raise DeadLetterNotFound(missing)
