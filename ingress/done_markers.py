@@ -27,7 +27,7 @@ LOOKUP_ERRORS = (*REDIS_ERRORS, RedisReplyError)
 
 
 class DoneMarkers:
-    def __init__(self, get: Callable[[str], Awaitable[bytes | None]], namespace: str):
+    def __init__(self, get: Callable[[str], Awaitable[bytes | str | None]], namespace: str):
         self._get = get  # GetPipeline.get, or the shared redis-py client's get
         self._prefix = f"{namespace}:key:"
         self._skip_until = 0.0

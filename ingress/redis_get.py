@@ -14,6 +14,7 @@ uses the shared redis-py client instead.
 
 import asyncio
 from collections import deque
+from typing import cast
 
 from redis.asyncio.connection import parse_url
 
@@ -66,14 +67,15 @@ _INCOMPLETE = object()
 
 
 class _Connection(asyncio.Protocol):
+    transport: asyncio.Transport  # set by connection_made, before create_connection returns us
+
     def __init__(self):
-        self.transport: asyncio.Transport | None = None
         self.waiting: deque[asyncio.Future] = deque()
         self.closed = False
         self._parser = ReplyParser()
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -136,7 +138,7 @@ class GetPipeline:
             return await connection.send(b"GET", key.encode())
 
     async def close(self) -> None:
-        if self._connection is not None and self._connection.transport is not None:
+        if self._connection is not None:
             self._connection.transport.close()
 
     async def _connect(self) -> _Connection:

@@ -16,9 +16,11 @@ Two encodings are chosen for the wire, not for Python:
 
 import uuid
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import aio_pika
 import orjson
+from pamqp.common import FieldTable
 
 # What one AMQP content header frame must hold (RabbitMQ's frame_max is
 # 128 KiB, and a message whose headers do not fit makes the broker close the
@@ -111,7 +113,7 @@ def to_amqp(event: EventMessage) -> aio_pika.Message:
             "x-received-at-ms": round(event.received_at * 1000),
             "x-received-at": event.received_at,  # the previous release's workers read only this
             "x-attempt": event.attempt,
-            "x-provider-headers": event.headers,
+            "x-provider-headers": cast(FieldTable, event.headers),  # str values: a table as it is
             "x-errors": errors_header(event.errors),
             "x-deliveries": event.deliveries,
             **({"x-unknown-source-since-ms": event.unknown_source_since_ms} if event.unknown_source_since_ms else {}),

@@ -70,7 +70,10 @@ def numeric_accepts(literal: str) -> bool:
     """Would Postgres `numeric` (and so `jsonb`) take this JSON number, given
     that it is within a float's range? (Its display scale: the digits after
     the point, trailing zeros included, less the exponent.)"""
-    _, fraction, exponent_text = _NUMBER.fullmatch(literal).groups()
+    number = _NUMBER.fullmatch(literal)
+    if number is None:  # not a JSON number at all
+        return False
+    _, fraction, exponent_text = number.groups()
     exponent = int(exponent_text or 0)
     return abs(exponent) < _MAX_EXPONENT_LITERAL and len(fraction or "") - exponent <= _MAX_DISPLAY_SCALE
 

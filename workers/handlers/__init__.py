@@ -78,12 +78,14 @@ def load_handler(reference: str) -> Handler:
     """A built-in name (`inbox`, `forward`) or `module:function`; ConfigError
     saying why when it names no callable."""
     if reference == "inbox":
-        from webhook_ingest.workers.handlers.inbox import handle
-    elif reference == "forward":
-        from webhook_ingest.workers.handlers.forward import handle
-    else:
-        handle = _imported(reference)
-    return handle
+        from webhook_ingest.workers.handlers import inbox
+
+        return inbox.handle
+    if reference == "forward":
+        from webhook_ingest.workers.handlers import forward
+
+        return forward.handle
+    return _imported(reference)
 
 
 def _imported(reference: str) -> Handler:

@@ -13,4 +13,4 @@ async def handle(event: Event, ctx: HandlerContext) -> None:
 
 # Its only effect goes through ctx.db: the worker may run many events'
 # inbox inserts in one transaction (`workers.batch`).
-handle.batchable = True
+handle.batchable = True  # type: ignore[attr-defined]  # a function attribute, read with getattr
