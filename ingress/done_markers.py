@@ -1,7 +1,7 @@
 """The duplicate fast path (docs/reference.md §6, `200 {"status":"duplicate"}`).
 
 The workers write `NS:key:<key>` = `done:<payload_sha256>` on every Redis
-master once a key completed (`workers.idempotency`). A copy of a completed
+master once a key completed (`shared/redis_keys.py`). A copy of a completed
 event whose payload hash equals the marker's needs no publish and no
 consume: the ingress answers `duplicate` from one GET. Anything uncertain —
 no marker, another hash (a conflict the workers must record), an error or
@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from webhook_ingest.ingress.redis_get import RedisReplyError
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.redis_keys import done_marker, key_prefix
 from webhook_ingest.shared.service_errors import REDIS_ERRORS
-from webhook_ingest.workers.idempotency import DONE_PREFIX
 
 log = get_logger(__name__)
 
@@ -29,7 +29,7 @@ LOOKUP_ERRORS = (*REDIS_ERRORS, RedisReplyError)
 class DoneMarkers:
     def __init__(self, get: Callable[[str], Awaitable[bytes | str | None]], namespace: str):
         self._get = get  # GetPipeline.get, or the shared redis-py client's get
-        self._prefix = f"{namespace}:key:"
+        self._prefix = key_prefix(namespace)
         self._skip_until = 0.0
 
     async def completed_with(self, key: str, payload_sha256: str) -> bool:
@@ -47,4 +47,4 @@ class DoneMarkers:
 
 
 def _expected(payload_sha256: str) -> bytes:
-    return (DONE_PREFIX + payload_sha256).encode()
+    return done_marker(payload_sha256).encode()

@@ -16,6 +16,7 @@ from redis.backoff import NoBackoff
 
 from webhook_ingest.shared import metrics
 from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.redis_keys import DONE_PREFIX, done_marker, key_prefix
 from webhook_ingest.shared.service_errors import REDIS_ERRORS
 from webhook_ingest.workers.redlock import AcquireResult, Lock, Redlock
 from webhook_ingest.workers.states import ClaimState
@@ -24,7 +25,6 @@ log = get_logger(__name__)
 
 RETRY_AFTER = 1.0
 SOCKET_TIMEOUT = 0.5
-DONE_PREFIX = "done:"
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class IdempotencyStore:
     def __init__(self, redis_urls: tuple[str, ...], namespace: str, lock_ttl: float, done_ttl: int):
         self._clients = [_client(url) for url in redis_urls]
         self.redlock = Redlock(self._clients, lock_ttl)
-        self._prefix = f"{namespace}:key:"
+        self._prefix = key_prefix(namespace)
         self._done_ttl = done_ttl
         self._skip_until = 0.0
         self.degraded = False
@@ -84,7 +84,7 @@ class IdempotencyStore:
         if time.monotonic() < self._skip_until:
             return
         taken = await self.redlock.set_everywhere(
-            self._prefix + idempotency_key, DONE_PREFIX + payload_sha256, self._done_ttl
+            self._prefix + idempotency_key, done_marker(payload_sha256), self._done_ttl
         )
         self._count_errors(len(self._clients) - taken)
 
@@ -92,7 +92,7 @@ class IdempotencyStore:
         """`complete` for many (key, payload_sha256) pairs, pipelined."""
         if time.monotonic() < self._skip_until or not completions:
             return
-        items = [(self._prefix + key, DONE_PREFIX + sha256) for key, sha256 in completions]
+        items = [(self._prefix + key, done_marker(sha256)) for key, sha256 in completions]
         self._count_errors(await self.redlock.set_many_everywhere(items, self._done_ttl))
 
     async def release(self, lock: Lock) -> None:
