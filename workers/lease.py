@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from webhook_ingest.shared import metrics
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.queries import load_queries
 
@@ -60,7 +61,7 @@ async def release_leases(pool, leases: list[Lease]) -> None:
         async with pool.acquire(timeout=5) as connection:
             await connection.execute(SQL["release_leases"], *_columns(leases))
     except Exception as exc:  # noqa: BLE001 - Postgres away: the lease expires instead
-        log.info("lease_release_failed", error=f"{type(exc).__name__}: {exc}")
+        log.info("lease_release_failed", error=describe(exc))
 
 
 def _columns(leases: list[Lease]) -> tuple[list[str], list[int]]:

@@ -13,6 +13,7 @@ import aio_pika
 import aiormq
 import asyncpg
 
+from webhook_ingest.shared import backoff
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 
@@ -62,14 +63,13 @@ class OutageGate:
         await self._over.wait()
 
     async def _probe_until_up(self, over: asyncio.Event) -> None:
-        delay = 0.2
-        while True:
-            await asyncio.sleep(delay)
+        for pause in backoff.pauses():
+            await asyncio.sleep(pause)
             try:
                 await self._probe()
-                break
             except Exception:  # noqa: BLE001 - any failure means not yet
-                delay = min(delay * 2, 5.0)
+                continue
+            break
         log.info("service_recovered", service=self._name)
         self._over = None
         over.set()

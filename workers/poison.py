@@ -27,8 +27,9 @@ from functools import partial
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
-from webhook_ingest.shared import metrics, topology
+from webhook_ingest.shared import backoff, metrics, topology
 from webhook_ingest.shared.dead_letters import UNREADABLE, record_dead_letter
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
 from webhook_ingest.shared.queries import load_queries
@@ -82,7 +83,7 @@ def poison_record(message: AbstractIncomingMessage, delivery_limit: int | None) 
         event = from_amqp(message.body, headers)
     except (KeyError, ValueError, TypeError) as exc:
         event = unreadable_event(message)
-        return event, [_error(event.attempt, UNREADABLE, f"not an event message of webhook-ingest ({type(exc).__name__}: {exc})")]
+        return event, [_error(event.attempt, UNREADABLE, f"not an event message of webhook-ingest ({describe(exc)})")]
     return event, [*event.errors, _error(event.attempt, "DeliveryLimitExceeded", delivery_limit_message(delivery_limit))]
 
 
@@ -115,7 +116,7 @@ async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) ->
     """The dead letter's id; None, recording nothing, when the event was
     completed: a message delivered beside a poison one to the worker it
     killed, whose ack died with that worker."""
-    delay = 0.5
+    pauses = backoff.pauses(0.5, MAX_RETRY_DELAY)
     while True:
         try:
             async with pool.acquire() as connection:
@@ -124,6 +125,6 @@ async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) ->
                 return await record_dead_letter(connection, event, errors)
         except Exception as exc:  # noqa: BLE001 - never drop it: wait and try again
             metrics.dead_letter_record_failures.inc()
-            log.warning("poison_record_failed", key=event.key, error=f"{type(exc).__name__}: {exc}", retry_in=delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_RETRY_DELAY)
+            pause = next(pauses)
+            log.warning("poison_record_failed", key=event.key, error=describe(exc), retry_in=pause)
+            await asyncio.sleep(pause)

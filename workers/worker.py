@@ -18,8 +18,9 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from webhook_ingest.shared import amqp, metrics, topology
+from webhook_ingest.shared import amqp, backoff, metrics, topology
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
 from webhook_ingest.shared.settings import Settings
@@ -311,7 +312,7 @@ class Worker:
             await self.failures.delay(counted, DEFER_SECONDS)
             await self._ack(message)
         except Exception as exc:  # noqa: BLE001 - the broker is away: it redelivers anyway
-            log.warning("send_back_failed", error=f"{type(exc).__name__}: {exc}")
+            log.warning("send_back_failed", error=describe(exc))
 
     async def _probe_postgres(self) -> None:
         """Up means writable: a demoted primary answers reads but refuses every write."""
@@ -354,14 +355,14 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
 
 async def _wait_for(service: str, connect):
     """Connect, retrying while the service is down: work waits, it does not fail."""
-    delay = 0.2
+    pauses = backoff.pauses()
     while True:
         try:
             return await connect()
         except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, aio_pika.exceptions.AMQPError) as exc:
-            log.warning("service_unreachable", service=service, error=str(exc), retry_in=delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            pause = next(pauses)
+            log.warning("service_unreachable", service=service, error=describe(exc), retry_in=pause)
+            await asyncio.sleep(pause)
 
 
 def install_signal_handlers(worker: Worker) -> None:
