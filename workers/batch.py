@@ -23,13 +23,12 @@ mode) go through `Processor` alone from the start.
 """
 
 import asyncio
-import contextlib
 
 from webhook_ingest.shared.message import EventMessage
-from webhook_ingest.workers.idempotency import IdempotencyStore
+from webhook_ingest.workers.idempotency import IdempotencyStore, quietly
 from webhook_ingest.workers.lease import Lease, LockLost, cancelled_when_lost, release_leases, take_leases
 from webhook_ingest.workers.processor import SQL, HandlerFailed, Processor, completion_row, found_in_chain, kept_alive
-from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
+from webhook_ingest.workers.redlock import Lock
 from webhook_ingest.workers.states import ClaimState, Outcome
 
 
@@ -66,7 +65,7 @@ class BatchProcessor:
                 *(self._processor.process_claimed(messages[i], claims[i]) for i in alone),
             )
         except BaseException:
-            await _quietly(asyncio.gather(*(self._store.release(lock) for lock in acquired.values())))
+            await quietly(asyncio.gather(*(self._store.release(lock) for lock in acquired.values())))
             raise
         outcomes.update(batched)
         outcomes.update(zip(alone, one_by_one))
@@ -95,7 +94,7 @@ class BatchProcessor:
         fresh, completed, busy = passed
         busy += [i for i in order if i not in leased]
         outcomes = {i: Outcome.PROCESSED for i in fresh}
-        await _quietly(self._store.complete_many([(messages[i].key, messages[i].payload_sha256) for i in fresh]))
+        await quietly(self._store.complete_many([(messages[i].key, messages[i].payload_sha256) for i in fresh]))
         for i, completed_sha256 in completed.items():  # Postgres knew, Redis forgot
             outcomes[i] = await self._processor.completed(messages[i], completed_sha256)
         settled = await _all(*(self._processor.run_locked(messages[i], locks[i]) for i in busy))
@@ -161,8 +160,3 @@ async def _all(*coroutines) -> list:
     except BaseExceptionGroup as failed:
         raise failed.exceptions[0] from None
     return [task.result() for task in tasks]
-
-
-async def _quietly(awaitable) -> None:
-    with contextlib.suppress(*REDIS_ERRORS):
-        await awaitable

@@ -8,6 +8,7 @@ an outage costs one timeout a second, not one per message.
 """
 
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import redis.asyncio as redis
@@ -15,6 +16,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from webhook_ingest.shared import metrics
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.redis_keys import DONE_PREFIX, done_marker, key_prefix
 from webhook_ingest.shared.service_errors import REDIS_ERRORS
@@ -123,3 +125,12 @@ def _client(url: str) -> redis.Redis:
     return redis.from_url(
         url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT, retry=Retry(NoBackoff(), 0)
     )
+
+
+async def quietly(awaitable: Awaitable[object]) -> None:
+    """Redis bookkeeping after the fact (a release, a done marker): Postgres
+    already has the truth, so a Redis error is logged, never raised."""
+    try:
+        await awaitable
+    except REDIS_ERRORS as exc:
+        log.info("redis_bookkeeping_failed", error=describe(exc))

@@ -36,12 +36,12 @@ from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.handlers import Event, HandlerContext, load_handler
-from webhook_ingest.workers.idempotency import Claim, IdempotencyStore
+from webhook_ingest.workers.idempotency import Claim, IdempotencyStore, quietly
 from webhook_ingest.workers.lease import (
     Keeper, Lease, LockLost, cancelled_when_lost, extend_leases, release_leases, take_leases,
 )
 from webhook_ingest.workers.outage import outage_kind
-from webhook_ingest.workers.redlock import REDIS_ERRORS, Lock
+from webhook_ingest.workers.redlock import Lock
 from webhook_ingest.workers.retry import FailurePolicy
 from webhook_ingest.workers.states import ClaimState, Outcome, classify_completed
 
@@ -128,7 +128,7 @@ class Processor:
             outcome = await self._run(message, self.redis_keeper(lock))
         finally:
             if outcome not in _RELEASED_BY_DONE_MARKER:
-                await _quietly(self._store.release(lock))
+                await quietly(self._store.release(lock))
         return outcome
 
     async def _run(self, message: EventMessage, lock_keeper: Keeper | None) -> Outcome:
@@ -157,7 +157,7 @@ class Processor:
         finally:
             if lease is not None:
                 await release_leases(self._pool, [lease])
-        await _quietly(self._store.complete(message.key, message.payload_sha256))
+        await quietly(self._store.complete(message.key, message.payload_sha256))
         return Outcome.PROCESSED
 
     async def _complete(self, connection, message: EventMessage, lease: Lease, keepers: list[Keeper]) -> None:
@@ -241,7 +241,7 @@ class Processor:
                     completed_sha256, message.payload_sha256,
                 )
         if not redis_knows:  # Redis forgot (flushed, expired), or holds our lock: the marker replaces it
-            await _quietly(self._store.complete(message.key, completed_sha256))
+            await quietly(self._store.complete(message.key, completed_sha256))
         return outcome
 
     async def _refused(self, message: EventMessage) -> Outcome:
@@ -289,11 +289,3 @@ def found_in_chain(exc: BaseException | None, kinds) -> BaseException | None:
 def completion_row(message: EventMessage, token: int) -> tuple:
     return (message.key, message.source, message.event_id, message.payload_sha256, token, message.attempt,
             message.message_id or None)
-
-
-async def _quietly(coroutine) -> None:
-    """Redis bookkeeping after the fact: Postgres already has the truth."""
-    try:
-        await coroutine
-    except REDIS_ERRORS as exc:
-        log.info("redis_bookkeeping_failed", error=str(exc))
