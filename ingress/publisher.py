@@ -14,13 +14,13 @@ instead of each waiting out the publish timeout.
 import asyncio
 
 import aio_pika
-import aiormq
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 
 from webhook_ingest.shared import amqp, topology
-from webhook_ingest.shared.errors import BrokerUnavailable
+from webhook_ingest.shared.errors import BrokerUnavailable, describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, to_amqp
+from webhook_ingest.shared.service_errors import BROKER_ERRORS
 from webhook_ingest.shared.settings import mask_url
 
 log = get_logger(__name__)
@@ -30,13 +30,6 @@ CONNECT_TIMEOUT = 10.0
 PATIENCE = 1.0  # a live request's wait for its confirm: longer, and the broker is suspect (see publish)
 PROBE_FIRST_DELAY, PROBE_MAX_DELAY = 0.2, 5.0
 PROBE_QUEUE_ARGUMENTS = {"x-queue-type": "quorum", "x-max-length": 1}  # overflow drops the older probe
-_BROKER_ERRORS = (
-    aio_pika.exceptions.AMQPError,
-    aiormq.exceptions.AMQPError,
-    ConnectionError,
-    asyncio.TimeoutError,
-    RuntimeError,  # aio-pika raises it for a channel closed while reconnecting
-)
 
 
 class Publisher:
@@ -94,9 +87,9 @@ class Publisher:
         publishing = topology.publish(self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT)
         try:
             await (publishing if patience is None else self._within(asyncio.ensure_future(publishing), patience))
-        except _BROKER_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             self._suspect()
-            raise BrokerUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            raise BrokerUnavailable(describe(exc)) from exc
 
     async def _within(self, publishing: asyncio.Future, patience: float) -> None:
         await asyncio.wait((publishing, self._suspicion), timeout=patience, return_when=asyncio.FIRST_COMPLETED)
@@ -137,8 +130,8 @@ class Publisher:
             await asyncio.wait_for(self._channel.default_exchange.publish(  # bounded also while reconnecting
                 aio_pika.Message(b""), routing_key=self._probe_queue, timeout=PUBLISH_TIMEOUT
             ), PUBLISH_TIMEOUT)
-        except _BROKER_ERRORS as exc:
-            log.info("broker_probe_failed", error=f"{type(exc).__name__}: {exc}")
+        except BROKER_ERRORS as exc:
+            log.info("broker_probe_failed", error=describe(exc))
             return False
         return True
 
@@ -148,7 +141,7 @@ class Publisher:
             try:
                 await asyncio.wait_for(self._connect(), CONNECT_TIMEOUT)  # a hung broker: try again
                 return
-            except _BROKER_ERRORS + (OSError,) as exc:
+            except BROKER_ERRORS as exc:
                 log.warning("broker_unreachable", url=mask_url(self._amqp_url), error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
