@@ -35,7 +35,7 @@ from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sources import Source
-from webhook_ingest.workers.handlers import Event, HandlerContext, load_handler
+from webhook_ingest.workers.handlers import Event, HandlerContext, load_handlers
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore, quietly
 from webhook_ingest.workers.lease import (
     Keeper, Lease, LockLost, cancelled_when_lost, extend_leases, release_leases, take_leases,
@@ -78,7 +78,7 @@ class Processor:
         # Lease renewals never wait behind the runs that hold every pooled
         # connection in their transactions: a pool of their own.
         self._renewals = renewals or pool
-        self._handlers = {name: load_handler(source.handler) for name, source in sources.items()}
+        self._handlers = load_handlers(sources)
         self._store = store
         self._pool = pool
         self._failures = failures
