@@ -43,7 +43,8 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
 def _publisher_ctx(connection_name: str):
     async def publisher_ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[settings_key]
-        publisher = Publisher(settings.amqp_url, settings.namespace, settings.delivery_limit, connection_name)
+        publisher = Publisher(settings.amqp_url, settings.namespace, settings.delivery_limit, connection_name,
+                              max_waiting=max(1, settings.max_concurrent_requests // 2))
         publisher.start()
         app[publisher_key] = publisher
         yield

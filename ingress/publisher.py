@@ -6,9 +6,10 @@ own confirm. If the broker is down at start the ingress still serves
 (through the outbox) and keeps connecting in the background.
 
 Once a publish goes unconfirmed (a timeout, a nack, a return, a dropped
-connection) the publisher says it is not `available` until a background
-probe gets a confirm again, so requests meanwhile go to the outbox at once
-instead of each waiting out the publish timeout.
+connection), or too many live requests wait for their confirms at once, the
+publisher says it is not `available` until a background probe gets a
+confirm again, so requests meanwhile go to the outbox at once instead of
+each waiting out the publish timeout (docs/design.md, "The outbox").
 """
 
 import asyncio
@@ -33,7 +34,8 @@ PROBE_QUEUE_ARGUMENTS = {"x-queue-type": "quorum", "x-max-length": 1}  # overflo
 
 
 class Publisher:
-    def __init__(self, amqp_url: str, namespace: str, delivery_limit: int, connection_name: str = "ingress"):
+    def __init__(self, amqp_url: str, namespace: str, delivery_limit: int, connection_name: str = "ingress",
+                 max_waiting: int | None = None):
         self._amqp_url = amqp_url
         self._namespace = namespace
         self._delivery_limit = delivery_limit
@@ -44,6 +46,8 @@ class Publisher:
         self._unconfirmed = False  # a publish failed; no probe confirmed since
         self._suspicion: asyncio.Future = asyncio.get_running_loop().create_future()  # done while unconfirmed
         self._prober: asyncio.Task | None = None
+        self._waiting = 0  # live requests waiting for their confirm now
+        self._max_waiting = max_waiting  # more, and the broker is suspect
         self.queue_name = topology.events_queue(namespace)
         self._probe_queue = f"{namespace}.ingress-probe"
 
@@ -81,9 +85,14 @@ class Publisher:
         """Returns once the broker confirmed. With `patience` (a live
         request), gives up after that many seconds, or as soon as any other
         publish made the broker suspect; the publish itself goes on, and a
-        late confirm only makes a copy, which the workers settle."""
+        late confirm only makes a copy, which the workers settle. A live
+        request that would make more than `max_waiting` wait is not
+        published: the broker becomes suspect."""
         if not self.available:
             raise BrokerUnavailable("not connected to the broker" if not self.ready else "the broker is not confirming")
+        if patience is not None and self._crowded():
+            self._suspect()
+            raise BrokerUnavailable(f"{self._waiting} requests already wait for a confirm")
         publishing = topology.publish(self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT)
         try:
             await (publishing if patience is None else self._within(asyncio.ensure_future(publishing), patience))
@@ -91,8 +100,15 @@ class Publisher:
             self._suspect()
             raise BrokerUnavailable(describe(exc)) from exc
 
+    def _crowded(self) -> bool:
+        return self._max_waiting is not None and self._waiting >= self._max_waiting
+
     async def _within(self, publishing: asyncio.Future, patience: float) -> None:
-        await asyncio.wait((publishing, self._suspicion), timeout=patience, return_when=asyncio.FIRST_COMPLETED)
+        self._waiting += 1
+        try:
+            await asyncio.wait((publishing, self._suspicion), timeout=patience, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._waiting -= 1
         if publishing.done():
             return publishing.result()
         publishing.add_done_callback(_ignore_outcome)

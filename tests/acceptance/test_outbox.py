@@ -86,6 +86,36 @@ async def _answered(statuses: dict[int, int], count: int) -> bool:
     return sum(statuses.values()) >= count
 
 
+async def test_broker_stalled_under_load_every_delivery_200_and_once(settings, fleet, env, broker_proxy):
+    """The broker path stalls (connections open, nothing answered: a hung
+    broker, or one blocked by an alarm) under a steady 150 req/s: more
+    requests than the ingress's bound of 64 at once would wait out their
+    1 s for a confirm. Still every delivery gets 200 while the outbox takes
+    inserts, and every event is processed once, including those whose
+    given-up publish the broker confirms once it answers again (copies)."""
+    bounded = {**env, "AMQP_URL": broker_proxy.url_for(settings.amqp_url),
+               "WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS": "64"}
+    ingress, base_url = fleet.ingress(env=bounded)
+    for _ in range(2):
+        await wait_for_output(metered_worker(fleet, env, "--concurrency", "32")[0], "worker_consuming")
+    await until_ready(base_url, via="broker")
+    events = event_bodies(range(900))
+
+    answered: dict[int, int] = {}
+    load = asyncio.create_task(post_at_rate(base_url, events, 150, answered))
+    await wait_until(lambda: _answered(answered, 150), 60, interval=0.01, message="150 answers")
+    broker_proxy.stall()
+    await wait_until(lambda: _answered(answered, 600), 60, interval=0.01, message="600 answers")
+    broker_proxy.flow()
+    statuses = await load
+
+    assert statuses == {200: 900}
+    assert "stored_in_outbox" in ingress.output()
+    await until_completed(settings.database_url, 900, timeout=90)
+    await settle(settings)
+    await assert_each_once(settings.database_url, keys_of(events))
+
+
 async def test_outbox_outlives_a_killed_ingress(settings, fleet, env, broker_proxy):
     """300 events in the outbox, the ingress SIGKILLed, the broker back, a
     new ingress process: its relay publishes all 300, each processed once."""
@@ -162,6 +192,26 @@ async def post_all(base_url: str, bodies: list[bytes], connections: int = 32,
                 statuses[response.status] = statuses.get(response.status, 0) + 1
 
         await asyncio.gather(*(post(body) for body in bodies))
+    return statuses
+
+
+async def post_at_rate(base_url: str, bodies: list[bytes], rate: float, statuses: dict[int, int]) -> dict[int, int]:
+    """Open loop: one request every 1/`rate` s whatever the answers do, as
+    providers send, each on a connection of its own if need be."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def post(body: bytes) -> None:
+            headers = signatures.sign("hmac-sha256", body, SECRET) | {"Content-Type": "application/json"}
+            async with session.post(f"{base_url}/webhooks/acme", data=body, headers=headers) as response:
+                await response.read()
+                statuses[response.status] = statuses.get(response.status, 0) + 1
+
+        loop, posts = asyncio.get_running_loop(), []
+        started = loop.time()
+        for n, body in enumerate(bodies):
+            await asyncio.sleep(max(0.0, started + n / rate - loop.time()))
+            posts.append(asyncio.create_task(post(body)))
+        await asyncio.gather(*posts)
     return statuses
 
 
