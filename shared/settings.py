@@ -22,10 +22,14 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_VIEWER_TOKEN", "read-only token of the admin HTTP API and the console (unset: none)"),
     ("WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", "how long a console sign-in lasts"),
     ("WEBHOOK_INGEST_DELIVERY_LIMIT", "deliveries before a message that kills its worker is dead-lettered"),
-    ("WEBHOOK_INGEST_LOCK_TTL", "TTL in seconds of the Redis processing lock and the Postgres lease of a key (renewed every third of it while a handler runs; a killed worker's keys are free after it)"),
+    ("WEBHOOK_INGEST_LOCK_TTL", "TTL in seconds of the Redis processing lock and the Postgres lease of a key"
+                                " (renewed every third of it while a handler runs; a killed worker's keys are free"
+                                " after it)"),
     ("WEBHOOK_INGEST_DONE_TTL", "seconds Redis remembers a completed key (Postgres remembers until pruned)"),
-    ("WEBHOOK_INGEST_TRUSTED_PROXIES", "comma-separated CIDRs whose X-Forwarded-For / Forwarded set the client address (unset: none)"),
-    ("WEBHOOK_INGEST_HEADER_TIMEOUT", "seconds a connection has to send a request's headers (also the keep-alive idle limit)"),
+    ("WEBHOOK_INGEST_TRUSTED_PROXIES", "comma-separated CIDRs whose X-Forwarded-For / Forwarded set the client"
+                                       " address (unset: none)"),
+    ("WEBHOOK_INGEST_HEADER_TIMEOUT", "seconds a connection has to send a request's headers"
+                                      " (also the keep-alive idle limit)"),
     ("WEBHOOK_INGEST_BODY_TIMEOUT", "seconds a request has to send its whole body"),
     ("WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", "requests one ingress process works on at once; beyond, 503 at once"),
     ("LOG_FORMAT", "json or console (default: console on a TTY, else json)"),
