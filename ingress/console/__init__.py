@@ -6,8 +6,9 @@ are rendered on the server (aiohttp-jinja2, autoescaping on) and work
 without JavaScript; htmx, vendored in `static/` and pinned by version and
 checksum (`vendor.py`), only refreshes figures and progress in place.
 Nothing is loaded from another host. Sessions and CSRF: `security.py`.
-It shares the ingress's Postgres pool and its broker connection (a replay
-publishes on the ingress's confirm-mode channel).
+It shares the admin API's dead-letter store (over the ingress's Postgres
+pool) and the ingress's broker connection (a replay publishes on its
+confirm-mode channel).
 """
 
 import warnings
