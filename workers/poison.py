@@ -39,6 +39,7 @@ SQL = load_queries("webhook_ingest.shared")
 
 UNKNOWN_SOURCE = "unknown"
 MAX_RETRY_DELAY = 10.0
+POISON_PREFETCH = 8  # dead messages are rare; each is one Postgres write
 _HEADER_CHARS = 500
 
 
@@ -51,7 +52,11 @@ class PoisonConsumer:
 async def drain_poison_queue(channel: AbstractChannel, pool, namespace: str,
                              delivery_limit: int | None = None) -> PoisonConsumer:
     """Start consuming `NS.dead` on `channel`, for as long as the channel lives.
+    The channel is the drainer's own: a worker's batches settle the consume
+    channel's deliveries with one `multiple` ack (`workers.acks`), which
+    must never cover a dead message before it is recorded.
     `delivery_limit` (the events queue's) only makes the recorded error precise."""
+    await channel.set_qos(prefetch_count=POISON_PREFETCH)
     queue = await topology.declare_dead_queue(channel, namespace)
     consumer_tag = await queue.consume(partial(_on_poison_message, pool, delivery_limit))
     log.info("poison_drain_started", queue=queue.name)

@@ -25,6 +25,7 @@ from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
+from webhook_ingest.workers.acks import OpenDeliveries
 from webhook_ingest.workers.batch import BatchProcessor
 from webhook_ingest.workers.copies import CopiesInFlight
 from webhook_ingest.workers.handlers import forward
@@ -58,6 +59,7 @@ class Worker:
         self._pending: list[tuple[AbstractIncomingMessage, EventMessage]] = []
         self._running_batches = 0
         self._copies = CopiesInFlight()
+        self._deliveries = OpenDeliveries()  # what a batch's one `multiple` ack may cover
 
     def stop(self) -> None:
         self._stopping.set()
@@ -104,7 +106,7 @@ class Worker:
             "postgres": OutageGate(self._probe_postgres, "postgres"),
             "rabbitmq": OutageGate(self._probe_broker, "rabbitmq"),
         }
-        side_tasks = await self._start_side_tasks(consume_channel)
+        side_tasks = await self._start_side_tasks()
         consumer_tag = await queue.consume(self._on_message)
         self.ready = True
         log.info("worker_consuming", queue=queue.name, concurrency=self.concurrency)
@@ -125,10 +127,13 @@ class Worker:
             await topology.declare_retry_queue(channel, namespace, delay)
         return queue
 
-    async def _start_side_tasks(self, channel) -> list[asyncio.Task]:
+    async def _start_side_tasks(self) -> list[asyncio.Task]:
         from webhook_ingest.workers.poison import drain_poison_queue
 
-        await drain_poison_queue(channel, self.pool, self.settings.namespace, self.settings.delivery_limit)
+        # A channel of its own: its deliveries must never sit below a batch's
+        # `multiple` ack on the consume channel (workers.acks).
+        poison_channel = await self.connection.channel()
+        await drain_poison_queue(poison_channel, self.pool, self.settings.namespace, self.settings.delivery_limit)
         return [asyncio.create_task(DeadLetterStore(self.pool).keep_open_gauge(), name="dead-letters-gauge")]
 
     async def _wait_for_stop(self, side_tasks: list[asyncio.Task]) -> None:
@@ -152,6 +157,7 @@ class Worker:
             log.warning("handlers_cancelled_at_grace_end", count=len(unfinished))
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self._deliveries.delivered(message)
         event = await self._decode(message)
         if event is not None:
             self._dispatch(message, event)
@@ -182,10 +188,10 @@ class Worker:
             event = replace(from_amqp(message.body, message.headers), message_id=message.message_id or "")
         except (KeyError, ValueError, TypeError):
             log.error("unreadable_message", message_id=message.message_id)
-            await message.reject(requeue=False)  # the drainer records it
+            await self._deliveries.reject(message)  # the drainer records it
             return None
         if event.deliveries > self.settings.delivery_limit:  # the queue's limit, counted across deferrals
-            await message.reject(requeue=False)  # a poison message
+            await self._deliveries.reject(message)  # a poison message
             return None
         if event.source not in self.sources:
             self._track(self._unknown_source(message, event))
@@ -212,7 +218,7 @@ class Worker:
             error = unknown_source_error(event, waited)
             await self._until_done(lambda e: self.failures.dead_letter(e, error), event)
             outcome = Outcome.DEAD
-        await self._ack(message)
+        await self._deliveries.ack(message)
         _observe(event, outcome, started)
 
     async def _handle(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
@@ -229,7 +235,7 @@ class Worker:
                 await self._send_back_counted(message, event)
                 self._copies.settle(event, None)
                 return
-            await self._ack(message)
+            await self._deliveries.ack(message)
         self._copies.settle(event, outcome)
         _observe(event, outcome, started)
 
@@ -248,7 +254,7 @@ class Worker:
         """A copy of an event this process is working on (`workers.copies`)."""
         started = time.perf_counter()
         if await self._copies.completed_for(leader, event):
-            await self._ack(message)
+            await self._deliveries.ack(message)
             _observe(event, Outcome.DUPLICATE, started)
         elif not self._stopping.is_set():  # else left unacked: the broker redelivers it
             self._dispatch(message, event)
@@ -277,8 +283,8 @@ class Worker:
         if outcomes is None:  # one by one, so only the culprit goes back to the queue
             await asyncio.gather(*(self._handle(message, event) for message, event in batch))
             return
-        for (message, event), outcome in zip(batch, outcomes):
-            await self._ack(message)
+        await self._deliveries.ack_batch([message for message, _ in batch])
+        for (_, event), outcome in zip(batch, outcomes):
             self._copies.settle(event, outcome)
             _observe(event, outcome, started)
 
@@ -293,12 +299,6 @@ class Worker:
                     raise
                 await self._gates[kind].wait(exc)
 
-    async def _ack(self, message: AbstractIncomingMessage) -> None:
-        try:
-            await message.ack()
-        except Exception as exc:  # noqa: BLE001 - the broker redelivers; the copy is a duplicate
-            log.warning("ack_failed", error=f"{type(exc).__name__}: {exc}")
-
     async def _send_back_counted(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
         """A crash in our own code: the event comes back after a short delay
         with one more delivery counted, so one that always crashes us ends in
@@ -307,10 +307,10 @@ class Worker:
         counted = replace(event, deliveries=event.deliveries + 1)
         try:
             if counted.deliveries > self.settings.delivery_limit:
-                await message.reject(requeue=False)  # NS.dead: the drainer records it
+                await self._deliveries.reject(message)  # NS.dead: the drainer records it
                 return
             await self.failures.delay(counted, DEFER_SECONDS)
-            await self._ack(message)
+            await self._deliveries.ack(message)
         except Exception as exc:  # noqa: BLE001 - the broker is away: it redelivers anyway
             log.warning("send_back_failed", error=describe(exc))
 

@@ -102,3 +102,14 @@ async def inbox_failing_odd_ids_once(event, ctx):
 
 
 inbox_failing_odd_ids_once.batchable = True
+
+
+async def holds_its_first_run(event, ctx):
+    """A key's first run marks itself started, then never ends (its worker is
+    killed); any later run is counted_inbox. Not batchable: it runs alone,
+    beside the batches."""
+    first = await ctx.db.fetchval("SELECT count(*) = 0 FROM runs_started WHERE key = $1", event.key)
+    if first:
+        await _mark_started(ctx.options["database_url"], event.key)
+        await asyncio.sleep(3600)
+    await counted_inbox(event, ctx)
