@@ -106,6 +106,16 @@ class DeadLetterStore:
             rows = await connection.fetch(SQL["list_audit"], dead_letter_id, before, limit)
         return [dict(row) | {"detail": json.loads(row["detail"])} for row in rows]
 
+    async def overview(self) -> tuple[dict[str, int], int, int | None]:
+        """The console's overview from Postgres: outcomes in the last hour,
+        open dead letters, the outbox's backlog (None: no outbox table)."""
+        async with self._connection() as connection:
+            outcomes = dict(await connection.fetchrow(SQL["outcomes_last_hour"]))
+            open_count = await connection.fetchval(SQL["count_open_dead_letters"])
+            has_outbox = await connection.fetchval(SQL["outbox_exists"])
+            outbox = await connection.fetchval(SQL["count_outbox"]) if has_outbox else None
+        return outcomes, open_count, outbox
+
     async def keep_open_gauge(self, every: float = GAUGE_REFRESH_SECONDS) -> None:
         """Forever (the ingress and each worker run it): `webhook_dead_letters_open`
         follows the table; a Postgres outage leaves it stale, logged, never a dead task."""

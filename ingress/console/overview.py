@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import aio_pika
 
 from webhook_ingest.shared import amqp, topology
-from webhook_ingest.shared.dead_letters import SQL
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.sources import Source
 
 BROKER_TIMEOUT = 3.0
@@ -25,9 +25,9 @@ class Overview:
     outbox_pending: int | None
 
 
-async def overview(pool, amqp_url: str, namespace: str, sources: dict[str, Source]) -> Overview:
+async def overview(store: DeadLetterStore, amqp_url: str, namespace: str, sources: dict[str, Source]) -> Overview:
     queues, database = await asyncio.gather(queue_depths(amqp_url, queue_names(namespace, sources)),
-                                            database_figures(pool))
+                                            database_figures(store))
     return Overview(queues, *database)
 
 
@@ -62,14 +62,9 @@ async def _depth(connection, name: str) -> int | None:
     return count
 
 
-async def database_figures(pool) -> tuple[dict[str, int] | None, int | None, int | None]:
+async def database_figures(store: DeadLetterStore) -> tuple[dict[str, int] | None, int | None, int | None]:
     """Outcomes in the last hour, open dead letters, outbox pending (None: no outbox table)."""
     try:
-        async with pool.acquire(timeout=BROKER_TIMEOUT) as connection:
-            outcomes = dict(await connection.fetchrow(SQL["outcomes_last_hour"]))
-            open_count = await connection.fetchval(SQL["count_open_dead_letters"])
-            has_outbox = await connection.fetchval(SQL["outbox_exists"])
-            outbox = await connection.fetchval(SQL["count_outbox"]) if has_outbox else None
+        return await store.overview()
     except Exception:  # noqa: BLE001 - Postgres away: the figures are n/a, the page still shows
         return None, None, None
-    return outcomes, open_count, outbox

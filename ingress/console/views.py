@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp_session import get_session
 
 from webhook_ingest.ingress.admin import dead_letters_key
-from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.console.bulk import DEFAULT_RATE, MAX_RATE, BulkRunner
 from webhook_ingest.ingress.console.filters import form_values, parse_before, parse_filter, query_string
 from webhook_ingest.ingress.console.overview import overview
@@ -97,7 +97,7 @@ async def logout(request: web.Request) -> web.Response:
 @routes.get("/")
 async def overview_page(request: web.Request) -> web.Response:
     settings = request.config_dict[settings_key]
-    figures = await overview(request.config_dict[database_pool_key], settings.amqp_url, settings.namespace,
+    figures = await overview(store(request), settings.amqp_url, settings.namespace,
                              request.config_dict[sources_key])
     template = "overview_figures.html" if request.headers.get("HX-Request") else "overview.html"
     return await render(request, template, {"overview": figures})

@@ -97,6 +97,16 @@ async def test_a_bulk_discard_acts_on_the_frozen_set_and_skips_what_changed_mean
                                          other: "dead", late: "dead"}
 
 
+async def test_the_overview_shows_the_open_dead_letters_and_the_last_hour(console_settings):
+    await seed_dead_letters(console_settings.database_url, "acme", 2)
+    async with running_ingress(console_settings, load_sources(None)) as client:
+        await signed_in(client)
+        figures = await (await client.get("/console/", headers={"HX-Request": "true"})).text()
+    assert '<a href="/console/dead-letters">2</a>' in figures
+    assert '<td>dead</td><td class="number">2</td>' in figures
+    assert "PostgreSQL is unreachable" not in figures
+
+
 def _page_says(client, path: str, text: str):
     async def check() -> bool:
         return text in await (await client.get(path)).text()
