@@ -6,6 +6,10 @@ AMQP header table that `to_amqp` builds, in pamqp's wire encoding — so the
 relay republishes through `from_amqp`/`to_amqp` and whatever the message
 format carries (receive time, provider headers, message id) survives the
 detour exactly as it survives the broker. The relay is in `relay.py`.
+
+Inserts made at the same time share one statement and one commit
+(`group_commit.py`): when the broker goes away, a whole process's traffic
+turns to the outbox at once, and one commit per event would fall behind.
 """
 
 import asyncio
@@ -13,6 +17,7 @@ import asyncio
 import asyncpg
 from pamqp import decode, encode
 
+from webhook_ingest.ingress.group_commit import GroupCommit
 from webhook_ingest.shared.errors import ServiceUnavailable, describe
 from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp
 from webhook_ingest.shared.queries import load_queries
@@ -21,6 +26,8 @@ from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 QUERIES = load_queries("webhook_ingest.ingress")
 TIMEOUT_SECONDS = 5.0
 READY_TIMEOUT_SECONDS = 1.0  # a readiness probe's own default timeout is 1 s
+WRITERS, MAX_BATCH = 3, 100  # inserts at once (of the pool's 10 connections), and events in one
+Row = tuple[str, str, str, str, bytes, bytes]
 
 
 class OutboxUnavailable(ServiceUnavailable):
@@ -31,19 +38,20 @@ class Outbox:
     def __init__(self, pool: asyncpg.Pool):
         self.pool = pool
         self.stored = asyncio.Event()  # set on every insert here: wakes this process's relay
+        self._inserts: GroupCommit[Row] = GroupCommit(self._insert, WRITERS, MAX_BATCH)
 
     async def store(self, event: EventMessage) -> None:
-        """One committed insert; raises OutboxUnavailable when it did not commit."""
-        body, headers = encode_message(event)
+        """Returns once a committed insert holds the event; raises
+        OutboxUnavailable when it did not commit."""
         try:
-            async with self.pool.acquire(timeout=TIMEOUT_SECONDS) as connection:
-                await connection.execute(
-                    QUERIES["store_in_outbox"], event.key, event.source, event.event_id,
-                    event.payload_sha256, body, headers, timeout=TIMEOUT_SECONDS,
-                )
+            await self._inserts.submit(outbox_row(event))
         except POSTGRES_ERRORS as exc:
             raise OutboxUnavailable(describe(exc)) from exc
         self.stored.set()
+
+    async def _insert(self, rows: list[Row]) -> None:
+        async with self.pool.acquire(timeout=TIMEOUT_SECONDS) as connection:
+            await connection.execute(QUERIES["store_in_outbox"], *outbox_columns(rows), timeout=TIMEOUT_SECONDS)
 
     async def writable(self) -> bool:
         """For /readyz: could an insert commit now?"""
@@ -52,6 +60,15 @@ class Outbox:
                 return bool(await connection.fetchval(QUERIES["outbox_writable"]))
         except POSTGRES_ERRORS:
             return False
+
+
+def outbox_row(event: EventMessage) -> Row:
+    return (event.key, event.source, event.event_id, event.payload_sha256, *encode_message(event))
+
+
+def outbox_columns(rows: list[Row]) -> list[list]:
+    """The arguments of `store_in_outbox`: one list per column."""
+    return [list(column) for column in zip(*rows)]
 
 
 def encode_message(event: EventMessage) -> tuple[bytes, bytes]:

@@ -1,9 +1,10 @@
 -- Named SQL blocks of the ingress (loaded by webhook_ingest.shared.queries).
 
 -- name: store_in_outbox
--- One committed insert: the event is accepted once this returns.
+-- One committed insert of a batch, a column per array (ingress/group_commit.py):
+-- each event of the batch is accepted once this returns.
 INSERT INTO outbox (key, source, event_id, payload_sha256, body, amqp_headers)
-VALUES ($1, $2, $3, $4, $5, $6)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bytea[])
 
 -- name: outbox_writable
 -- Cheap readiness check: the table exists, we may insert, and this server

@@ -14,7 +14,7 @@ import asyncpg
 import orjson
 import pytest
 
-from webhook_ingest.ingress.outbox import QUERIES, encode_message
+from webhook_ingest.ingress.outbox import QUERIES, outbox_columns, outbox_row
 from webhook_ingest.shared import signatures, topology
 from tests.support.events import make_event, queue_depth
 from tests.support.exactly_once import SECRET, assert_each_once, metered_worker, until_completed, write_sources
@@ -86,13 +86,18 @@ async def _answered(statuses: dict[int, int], count: int) -> bool:
     return sum(statuses.values()) >= count
 
 
-async def test_broker_stalled_under_load_every_delivery_200_and_once(settings, fleet, env, broker_proxy):
+@pytest.mark.parametrize("commit_seconds", [0, 0.1], ids=["prompt-commits", "slow-commits"])
+async def test_broker_stalled_under_load_every_delivery_200_and_once(
+        settings, fleet, env, broker_proxy, commit_seconds):
     """The broker path stalls (connections open, nothing answered: a hung
     broker, or one blocked by an alarm) under a steady 150 req/s: more
     requests than the ingress's bound of 64 at once would wait out their
     1 s for a confirm. Still every delivery gets 200 while the outbox takes
     inserts, and every event is processed once, including those whose
-    given-up publish the broker confirms once it answers again (copies)."""
+    given-up publish the broker confirms once it answers again (copies).
+    slow-commits: every outbox statement takes 0.1 s more (a synchronous
+    standby far away), so one commit per event could not keep up."""
+    await slow_outbox_statements(settings.database_url, commit_seconds)
     bounded = {**env, "AMQP_URL": broker_proxy.url_for(settings.amqp_url),
                "WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS": "64"}
     ingress, base_url = fleet.ingress(env=bounded)
@@ -215,6 +220,21 @@ async def post_at_rate(base_url: str, bodies: list[bytes], rate: float, statuses
     return statuses
 
 
+async def slow_outbox_statements(database_url: str, seconds: float) -> None:
+    """Every INSERT statement on the outbox takes `seconds` more (none for 0)."""
+    if not seconds:
+        return
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute(f"""
+            CREATE FUNCTION slow_statement() RETURNS trigger LANGUAGE plpgsql
+                AS $$ BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$;
+            CREATE TRIGGER slow_outbox AFTER INSERT ON outbox FOR EACH STATEMENT EXECUTE FUNCTION slow_statement();
+        """)
+    finally:
+        await connection.close()
+
+
 async def until_ready(base_url: str, via: str | None = None) -> None:
     async def ready() -> bool:
         try:
@@ -239,8 +259,6 @@ async def settle(settings) -> None:
 async def store_in_outbox(database_url: str, events) -> None:
     connection = await asyncpg.connect(database_url)
     try:
-        await connection.executemany(QUERIES["store_in_outbox"], [
-            (e.key, e.source, e.event_id, e.payload_sha256, *encode_message(e)) for e in events
-        ])
+        await connection.execute(QUERIES["store_in_outbox"], *outbox_columns([outbox_row(e) for e in events]))
     finally:
         await connection.close()
