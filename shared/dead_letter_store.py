@@ -14,6 +14,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 
+import asyncpg
 import orjson
 from aio_pika.abc import AbstractChannel
 
@@ -46,12 +47,12 @@ GAUGE_REFRESH_SECONDS = 15.0
 
 
 class DeadLetterStore:
-    def __init__(self, database):
-        self._database = database  # an asyncpg.Pool, or one asyncpg.Connection
+    def __init__(self, database: asyncpg.Pool | asyncpg.Connection):
+        self._database = database  # a pool (ingress, workers), or the CLI's one connection
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator:
-        if hasattr(self._database, "acquire"):  # a pool
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        if isinstance(self._database, asyncpg.Pool):
             async with self._database.acquire(timeout=ACQUIRE_TIMEOUT) as connection:
                 yield connection
         else:
