@@ -44,6 +44,8 @@ def used_queries(path: Path) -> set[tuple[str, str]]:
 
 def test_the_parser_keeps_each_named_block_and_refuses_a_name_twice():
     assert parse_queries("-- name: a\nSELECT 1;\n\n-- name: b\nSELECT 2;\n") == {"a": "SELECT 1;", "b": "SELECT 2;"}
+    text = "-- name: a\n-- What a does.\nSELECT 1  -- one\nFROM t\n\n-- next section ---\n\n-- name: b\nSELECT 2\n"
+    assert parse_queries(text) == {"a": "SELECT 1  -- one\nFROM t", "b": "SELECT 2"}  # descriptions are for readers
     with pytest.raises(ValueError, match="'a' is defined twice"):
         parse_queries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
 
