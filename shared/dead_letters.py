@@ -206,7 +206,8 @@ def decoded(row) -> dict:
 
 
 def rebuilt_event(row) -> EventMessage:
-    """The event as the ingress queued it, with a new attempt budget."""
+    """The event as the ingress queued it, with a new attempt budget: a new
+    retry chain, named after the dead letter it starts from."""
     headers = row["headers"]
     return EventMessage(
         key=row["key"],
@@ -216,7 +217,7 @@ def rebuilt_event(row) -> EventMessage:
         received_at=row["received_at"].timestamp(),
         body=bytes(row["body"]),
         headers=json.loads(headers) if isinstance(headers, str) else dict(headers),
-    ).fresh()
+    ).fresh(replay_of=row["id"])
 
 
 # -- the JSON shapes of docs/reference.md §2 --------------------------------------------------

@@ -59,13 +59,17 @@ class EventMessage:
     # When a worker first found no source of this name (unix ms; 0: never):
     # how long it has waited for a worker that knows it (a rolling deploy).
     unknown_source_since_ms: int = 0
+    # The dead letter a replay started this retry chain from (0: the
+    # ingress's event): a newer chain's attempt 1 is not a copy of an older
+    # chain's attempt already run (workers/attempts.py).
+    replay_of: int = 0
 
     def next_attempt(self, error: dict) -> "EventMessage":
         return replace(self, attempt=self.attempt + 1, errors=(*self.errors, error))
 
-    def fresh(self) -> "EventMessage":
-        """The same event with a new attempt budget (a dead-letter replay)."""
-        return replace(self, attempt=1, errors=(), deliveries=0, unknown_source_since_ms=0)
+    def fresh(self, replay_of: int = 0) -> "EventMessage":
+        """The same event with a new attempt budget (a replay of dead letter `replay_of`)."""
+        return replace(self, attempt=1, errors=(), deliveries=0, unknown_source_since_ms=0, replay_of=replay_of)
 
 
 def provider_headers(request_headers) -> dict[str, str]:
@@ -117,6 +121,7 @@ def to_amqp(event: EventMessage) -> aio_pika.Message:
             "x-errors": errors_header(event.errors),
             "x-deliveries": event.deliveries,
             **({"x-unknown-source-since-ms": event.unknown_source_since_ms} if event.unknown_source_since_ms else {}),
+            **({"x-replay-of": event.replay_of} if event.replay_of else {}),
         },
     )
 
@@ -136,6 +141,7 @@ def from_amqp(body: bytes, headers: dict) -> EventMessage:
         # x-delivery-count: set by the quorum queue on a redelivery
         deliveries=int(headers.get("x-deliveries") or 0) + int(headers.get("x-delivery-count") or 0),
         unknown_source_since_ms=int(headers.get("x-unknown-source-since-ms") or 0),
+        replay_of=int(headers.get("x-replay-of") or 0),
     )
 
 

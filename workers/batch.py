@@ -25,6 +25,7 @@ mode) go through `Processor` alone from the start.
 import asyncio
 
 from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.workers.attempts import already_handed_on
 from webhook_ingest.workers.idempotency import IdempotencyStore, quietly
 from webhook_ingest.workers.lease import Lease, LockLost, cancelled_when_lost, release_leases, take_leases
 from webhook_ingest.workers.processor import SQL, HandlerFailed, Processor, completion_row, found_in_chain, kept_alive
@@ -80,7 +81,9 @@ class BatchProcessor:
         try:
             async with self._pool.acquire() as connection:
                 leases = await take_leases(connection, _keys(messages, order), self._store.redlock.ttl_ms)
-                leased = [i for i in order if messages[i].key in leases]
+                handed_on = [i for i in order if messages[i].key in leases
+                             and already_handed_on(messages[i], leases[messages[i].key].handed_on)]
+                leased = [i for i in order if messages[i].key in leases and i not in handed_on]
                 keepers = [self._processor.redis_keeper(locks[i]) for i in leased]
                 keepers.append(self._processor.lease_keeper(list(leases.values())))
                 async with kept_alive(keepers):
@@ -92,8 +95,10 @@ class BatchProcessor:
             settled = await _all(*(self._processor.run_locked(messages[i], locks[i]) for i in order))
             return dict(zip(order, settled))
         fresh, completed, busy = passed
-        busy += [i for i in order if i not in leased]
+        busy += [i for i in order if messages[i].key not in leases]
         outcomes = {i: Outcome.PROCESSED for i in fresh}
+        outcomes.update({i: Outcome.DUPLICATE for i in handed_on})  # copies of an attempt already run
+        await quietly(asyncio.gather(*(self._store.release(locks[i]) for i in handed_on)))
         await quietly(self._store.complete_many([(messages[i].key, messages[i].payload_sha256) for i in fresh]))
         for i, completed_sha256 in completed.items():  # Postgres knew, Redis forgot
             outcomes[i] = await self._processor.completed(messages[i], completed_sha256)

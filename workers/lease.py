@@ -25,6 +25,7 @@ from webhook_ingest.shared import metrics
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.workers.attempts import HandedOn
 
 log = get_logger(__name__)
 SQL = load_queries("webhook_ingest.workers")
@@ -37,13 +38,15 @@ class Lease:
     key: str
     token: int
     sent_at: float  # time.monotonic() before the statement that took it was sent
+    handed_on: HandedOn = HandedOn()  # the key's last attempt handed on (workers.attempts)
 
 
 async def take_leases(connection, keys: list[str], ttl_ms: int) -> dict[str, Lease]:
     """The leases granted among `keys` (distinct), in one statement outside any transaction."""
     sent_at = time.monotonic()
     rows = await connection.fetch(SQL["take_leases"], keys, ttl_ms)
-    return {row["key"]: Lease(row["key"], row["token"], sent_at) for row in rows}
+    return {row["key"]: Lease(row["key"], row["token"], sent_at, HandedOn(row["replay_of"], row["attempt"]))
+            for row in rows}
 
 
 async def extend_leases(pool, leases: list[Lease], ttl_ms: int) -> bool:

@@ -35,6 +35,7 @@ from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sources import Source
+from webhook_ingest.workers.attempts import already_handed_on, record_handed_on
 from webhook_ingest.workers.handlers import Event, HandlerContext, load_handlers
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore, quietly
 from webhook_ingest.workers.lease import (
@@ -69,6 +70,10 @@ class AlreadyCompleted(Exception):
 
 class TurnTaken(Exception):
     """Another run holds the key's turn in Postgres."""
+
+
+class AttemptHandedOn(Exception):
+    """This message's attempt already ran and was handed on: it is a copy (`workers.attempts`)."""
 
 
 class Processor:
@@ -134,26 +139,26 @@ class Processor:
     async def _run(self, message: EventMessage, lock_keeper: Keeper | None) -> Outcome:
         """Step 2 and 3. One pooled connection for the whole pass; what
         follows a failure (dead letter, conflict row, deferral) runs after it
-        is back in the pool, so a full pool never waits on itself."""
+        is back in the pool, so a full pool never waits on itself. The lease
+        is kept until a failed attempt is handed on (`workers.attempts`)."""
         lease = None
         try:
-            async with self._pool.acquire() as connection:
-                lease = await self._take_lease(connection, message.key)
-                keepers = [k for k in (lock_keeper, self.lease_keeper([lease])) if k is not None]
-                async with kept_alive(keepers):
-                    await self._complete(connection, message, lease, keepers)
-                lease = None  # ended by the completion
-        except AlreadyCompleted as done:
-            return await self.completed(message, done.completed_sha256)
-        except CompletionRefused:
-            return await self._refused(message)
-        except (TurnTaken, LockLost) as busy:
-            return await self.defer(message, reason=type(busy).__name__)
-        except Exception as exc:
-            failed = found_in_chain(exc, HandlerFailed)
-            if failed is None:
-                raise  # an outage (the worker waits for the service) or a bug
-            return await self._failures.fail(message, self._sources[message.source], failed.__cause__)
+            async with contextlib.AsyncExitStack() as keeping:
+                try:
+                    async with self._pool.acquire() as connection:
+                        lease = await self._take_lease(connection, message.key)
+                        if already_handed_on(message, lease.handed_on):
+                            raise AttemptHandedOn()
+                        lease_keeper = self.lease_keeper([lease])
+                        keepers = [k for k in (lock_keeper, lease_keeper) if k is not None]
+                        await keeping.enter_async_context(kept_alive(keepers))
+                        await self._complete(connection, message, lease, keepers)
+                    lease = None  # ended by the completion
+                except Exception as exc:
+                    outcome = await self._settle_unfinished(message, exc)
+                    if outcome is None:
+                        raise  # an outage (the worker waits for the service) or a bug
+                    return outcome
         finally:
             if lease is not None:
                 await release_leases(self._pool, [lease])
@@ -172,6 +177,27 @@ class Processor:
                     keeper.check()
                 if await connection.fetchval(SQL["complete_event"], *completion_row(message, lease.token)) is None:
                     raise CompletionRefused()
+
+    async def _settle_unfinished(self, message: EventMessage, exc: Exception) -> Outcome | None:
+        """What a pass that did not complete becomes; None for an outage or a bug."""
+        match found_in_chain(exc, (AttemptHandedOn, AlreadyCompleted, CompletionRefused, TurnTaken, LockLost,
+                                   HandlerFailed)):
+            case AttemptHandedOn():
+                log.info("attempt_already_handed_on", replay_of=message.replay_of)
+                return Outcome.DUPLICATE
+            case AlreadyCompleted() as done:
+                return await self.completed(message, done.completed_sha256)
+            case CompletionRefused():
+                return await self._refused(message)
+            case TurnTaken() | LockLost() as busy:
+                return await self.defer(message, reason=type(busy).__name__)
+            case HandlerFailed() as failed:
+                assert failed.__cause__ is not None
+                outcome = await self._failures.fail(message, self._sources[message.source], failed.__cause__)
+                if outcome is not Outcome.DUPLICATE:
+                    await record_handed_on(self._pool, message)
+                return outcome
+        return None
 
     async def _take_lease(self, connection, key: str) -> Lease:
         """The key's lease; a few short waits while another run holds it."""

@@ -15,14 +15,15 @@ WHERE pg_try_advisory_xact_lock(hashtextextended(key, 0))
 -- each of the distinct keys $1 whose lease is free or ran out; $2: the
 -- lease's length in ms. One autocommit statement, before the turn's
 -- transaction, so the lease outlives its holder's session
--- (workers/lease.py). Returns the keys granted, with their tokens.
+-- (workers/lease.py). Returns the keys granted, with their tokens and the
+-- last attempt handed on (workers/attempts.py).
 INSERT INTO key_fences (key, token, lease_until)
 SELECT key, nextval('fencing_tokens'), clock_timestamp() + $2 * interval '1 millisecond'
 FROM unnest($1::text[]) AS batch(key) ORDER BY key
 ON CONFLICT (key) DO UPDATE
     SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, updated_at = now()
     WHERE key_fences.lease_until IS NULL OR key_fences.lease_until < clock_timestamp()
-RETURNING key, token
+RETURNING key, token, replay_of, attempt
 
 -- name: extend_leases
 -- Our leases ($1 keys, $2 tokens) run $3 ms longer, if still ours and not
@@ -39,6 +40,12 @@ SELECT count(*) FROM extended
 UPDATE key_fences SET lease_until = NULL
 FROM unnest($1::text[], $2::bigint[]) AS ours(key, token)
 WHERE key_fences.key = ours.key AND key_fences.token = ours.token
+
+-- name: record_handed_on
+-- Attempt $3 of chain $2 (workers/attempts.py) was handed on: its retry
+-- message is confirmed or its dead letter committed. Only ever moves forward.
+UPDATE key_fences SET replay_of = $2, attempt = $3, updated_at = now()
+WHERE key = $1 AND (replay_of < $2 OR (replay_of = $2 AND attempt < $3))
 
 -- name: completed_keys
 -- Which of the keys $1 are completed, with their payload hash. Run under

@@ -10,6 +10,8 @@ through their own connection, as an external effect would be.
 
 import asyncio
 import dataclasses
+import os
+import sys
 import time
 
 import aio_pika
@@ -23,7 +25,7 @@ from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.dead_letters import Actor, record_dead_letter
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.adversary_handlers"
@@ -240,29 +242,31 @@ async def _logged_twice(worker, text: str) -> bool:
 
 
 async def test_an_event_that_completes_is_not_also_an_open_dead_letter(settings, fleet, tmp_path):
-    """Two copies of an event reach two workers; the receiver is down, so
-    each copy starts its own retry chain. One chain gives up (a dead
-    letter); the receiver is back, and the other chain's next attempt
-    succeeds. On-call must not be shown a dead letter for an event that
-    was processed (issue 10: the dead-letter list tells the truth)."""
-    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:fails_until_dead_lettered",
-                            database_url=settings.database_url, seconds=0.3)
-    workers = [fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources}) for _ in range(2)]
-    for worker in workers:
-        await wait_for_output(worker, "worker_consuming")
+    """Finding 7. An event is an open dead letter — one of its messages hit
+    the delivery limit and the drainer recorded it (recorded here as the
+    drainer does) — while another copy of it is still queued; the receiver
+    is back, and that copy completes. On-call must not be shown a dead
+    letter for an event that was processed (issue 10: the dead-letter list
+    tells the truth). Two copies failing side by side no longer make two
+    chains (finding 8), so the dead letter is set up directly."""
     event = make_event("acme", "evt_two_chains")
-    await publish_events(settings.amqp_url, settings.namespace, [event] * 2)
+    database = await asyncpg.connect(settings.database_url)
+    try:
+        await record_dead_letter(database, event, [{"attempt": 1, "type": "DeliveryLimitExceeded",
+                                                    "message": "redelivered 20 times"}])
+    finally:
+        await database.close()
+    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:fails_until_dead_lettered",
+                            database_url=settings.database_url)
+    worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
+    await wait_for_output(worker, "worker_consuming")
+    await publish_events(settings.amqp_url, settings.namespace, [event])
 
     await until_completed(settings.database_url, 1, timeout=60)
-    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
-    await asyncio.sleep(2)  # the other chain's last message, if any
     open_dead_letters = await count_rows(settings.database_url, "dead_letters", "status = 'dead'")
     assert open_dead_letters == 0  # it completed: nothing for on-call to replay
 
 
-@pytest.mark.xfail(strict=True, reason="finding 8: a publish that timed out may still reach the broker: re-publishing "
-                   "the retry message while RabbitMQ is blocked (or re-running the handler, finding 2) leaves several "
-                   "retry messages of one attempt once it takes publishes again, each a retry chain of its own")
 async def test_a_blocked_broker_does_not_multiply_an_events_attempts(settings, fleet, tmp_path):
     """As in finding 2, RabbitMQ stops taking the worker's publishes (an
     alarm) before the failed run's retry is published, for 12 s, then takes
@@ -286,3 +290,64 @@ async def test_a_blocked_broker_does_not_multiply_an_events_attempts(settings, f
         await asyncio.sleep(2)  # any other chain's last attempt
     attempts = [run["started"] for run in await recorded_runs(settings.database_url)]
     assert sorted(attempts) == [1.0, 2.0, 3.0]
+
+
+async def test_two_messages_of_one_retry_attempt_on_two_workers_run_it_once(settings, fleet, tmp_path):
+    """Finding 8 at its root: a retry message that exists twice (a publish
+    whose confirm was lost, a lost ack), each copy on another worker. The
+    attempt runs once, and so does the next: attempts 2 and 3, then the
+    dead letter — not a second chain beside the first."""
+    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:failing_external",
+                            database_url=settings.database_url, seconds=1)
+    workers = [fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources}) for _ in range(2)]
+    for worker in workers:
+        await wait_for_output(worker, "worker_consuming")
+    retry = dataclasses.replace(make_event("acme", "evt_retry_twice"), attempt=2)
+    await publish_events(settings.amqp_url, settings.namespace, [retry, retry])
+
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(2)  # any other chain's last attempt
+    attempts = [run["started"] for run in await recorded_runs(settings.database_url)]
+    assert sorted(attempts) == [2.0, 3.0]
+
+
+async def test_a_replayed_dead_letter_runs_again_from_its_first_attempt(settings, service_env, fleet, tmp_path):
+    """Attempts already run are not run again — but a replay is a new chain:
+    its attempt 1 runs though the event's attempts 1 to 3 ran before (§8)."""
+    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:fails_until_dead_lettered",
+                            database_url=settings.database_url)
+    worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
+    await wait_for_output(worker, "worker_consuming")
+    await publish_events(settings.amqp_url, settings.namespace, [make_event("acme", "evt_replay_runs")])
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
+
+    replay = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "webhook_ingest", "dlq", "replay", "1", env={**os.environ, **service_env})
+    assert await asyncio.wait_for(replay.wait(), 60) == 0
+    await until_completed(settings.database_url, 1, timeout=30)
+    attempts = [run["started"] for run in await recorded_runs(settings.database_url)]
+    assert sorted(attempts) == [1.0, 1.0, 2.0, 3.0]  # the three of the first chain, the replay's first
+    assert await count_rows(settings.database_url, "dead_letters", "status = 'dead'") == 0
+
+
+async def test_a_retry_attempt_whose_worker_was_killed_runs_again(settings, fleet, tmp_path):
+    """A worker is SIGKILLed while attempt 2 runs: its message comes back
+    and attempt 2 runs again (it was never handed on), then attempt 3 and
+    the dead letter — not acked as a copy of an attempt already run."""
+    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:failing_external",
+                            database_url=settings.database_url, seconds=2)
+    env = {"WEBHOOK_INGEST_SOURCES": sources}
+    first = fleet.worker("--concurrency", "1", env=env)
+    await wait_for_output(first, "worker_consuming")
+    await publish_events(settings.amqp_url, settings.namespace, [make_event("acme", "evt_killed_retry")])
+    await wait_until(lambda: count_rows(settings.database_url, "runs", "started = 2"), 30, interval=0.05,
+                     message="attempt 2 running")
+    first.kill()
+    fleet.worker("--concurrency", "1", env=env)
+
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 60, message="the dead letter")
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(2)  # any other chain's last attempt
+    attempts = [run["started"] for run in await recorded_runs(settings.database_url)]
+    assert sorted(attempts) == [1.0, 2.0, 2.0, 3.0]

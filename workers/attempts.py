@@ -1,0 +1,59 @@
+"""One failed attempt leads to at most one next attempt, whatever the broker does.
+
+A retry message can exist twice: a publish whose confirm never came may
+still have reached the broker, copies of an event on two workers each
+start a chain, a lost ack brings a settled message back. So the key's fence
+row remembers the last attempt handed on — its retry message confirmed by
+the broker, or its dead letter committed — and a message for an attempt up
+to that one is a copy: acked, not run again. The record is written while
+the failed run still holds the key's lease, and only once the next attempt
+is durable, so a worker that died before that (a crash mid-handler, before
+the confirm) leaves its attempt to run again when its message comes back.
+
+A replay from the dead letters starts a new chain at attempt 1: its
+messages carry the dead letter's id (`replay_of`, which only grows), and a
+chain older than the recorded one is stale as a whole. Why, and what still
+runs an attempt twice: docs/design.md, "One next attempt per failed attempt".
+"""
+
+import asyncio
+from dataclasses import dataclass
+
+from webhook_ingest.shared.backoff import pauses
+from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.workers.outage import POSTGRES_LOST
+
+log = get_logger(__name__)
+SQL = load_queries("webhook_ingest.workers")
+
+
+@dataclass(frozen=True)
+class HandedOn:
+    """The key's last attempt handed on, in its chain (0: the ingress's)."""
+
+    replay_of: int = 0
+    attempt: int = 0
+
+
+def already_handed_on(message: EventMessage, handed_on: HandedOn) -> bool:
+    """Whether `message` is for an attempt already run and handed on."""
+    if message.replay_of != handed_on.replay_of:
+        return message.replay_of < handed_on.replay_of
+    return message.attempt <= handed_on.attempt
+
+
+async def record_handed_on(pool, message: EventMessage) -> None:
+    """Remembers that `message`'s attempt was handed on; returns only once
+    committed, waiting while Postgres is away (the next attempt is already
+    durable: running this one again is what must not happen)."""
+    for pause in pauses():
+        try:
+            async with pool.acquire(timeout=10) as connection:
+                await connection.execute(SQL["record_handed_on"], message.key, message.replay_of, message.attempt)
+            return
+        except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
+            log.warning("attempt_record_waiting_for_postgres", error=describe(exc), retry_in=pause)
+            await asyncio.sleep(pause)
