@@ -1,15 +1,17 @@
 """`python -m tests.bench`: raw broker and raw pipeline, ingress throughput
 and latency, end to end, duplicates (concurrent copies, and late copies of
-completed events), recovery after a worker's kill -9; a table, then one JSON
-line. Exit 1 on a lost or duplicated effect."""
+completed events), recovery after a worker's kill -9, the broker blocked
+(tests/bench/broker_blocked.py); a table, then one JSON line. Exit 1 on a
+lost or duplicated effect. `--phase broker-blocked` runs that phase alone."""
 
+import argparse
 import asyncio
 import json
 import os
 import sys
 import time
 
-from tests.bench import httpload, raw_broker, raw_pipeline
+from tests.bench import broker_blocked, httpload, raw_broker, raw_pipeline
 from tests.bench.cpu import CpuMeter, cpu_seconds
 from tests.bench.deployment import CONCURRENCY, INGRESS_PROCESSES, SECRET, SOURCE, WORKERS, Deployment, peak_rss_mib
 from tests.support.exactly_once import until_every_message_handled
@@ -43,6 +45,7 @@ async def main() -> int:
         figures["worker_rss_mib"] = max(peak_rss_mib(worker.pid) for worker, _ in deployment.workers)
         figures["ingress_rss_mib"] = max(peak_rss_mib(ingress.pid) for ingress in deployment.ingresses)
         await recovery_phase(deployment, figures)
+    await broker_blocked.measure(figures)  # a deployment of its own, on a private broker
     figures["ingress_vs_raw"] = figures["ingress_rps"] / figures["raw_publish_rps"]
     figures["e2e_vs_raw"] = figures["e2e_events_per_s"] / figures["raw_consume_rps"]
     figures["e2e_vs_raw_pipeline"] = figures["e2e_events_per_s"] / figures["raw_pipeline_rps"]
@@ -222,6 +225,7 @@ ROWS = [  # (key, label, format)
     ("recovery_s", "kill -9 of a worker: s until every effect committed", "{:.1f}"),
     ("worker_rss_mib", f"worker peak RSS MiB (concurrency {CONCURRENCY})", "{:.0f}"),
     ("ingress_rss_mib", "ingress peak RSS MiB", "{:.0f}"),
+    *broker_blocked.ROWS,
     ("lost", "lost events", "{:.0f}"),
     ("duplicated_effects", "duplicated effects", "{:.0f}"),
 ]
@@ -245,4 +249,8 @@ if __name__ == "__main__":
         uvloop.install()
     except ImportError:
         pass
-    sys.exit(asyncio.run(main()))
+    parser = argparse.ArgumentParser(prog="python -m tests.bench")
+    parser.add_argument("--phase", choices=["all", "broker-blocked"], default="all",
+                        help="run every phase (the default), or only the one given")
+    phase = parser.parse_args().phase
+    sys.exit(asyncio.run(main() if phase == "all" else broker_blocked.main()))

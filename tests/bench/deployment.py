@@ -35,11 +35,11 @@ CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", layout.CONCURRENCY))
 
 
 class Deployment:
-    def __init__(self):
+    def __init__(self, amqp_url: str = AMQP_URL):
         run_id = uuid.uuid4().hex[:8]
         self.namespace = f"bench_{run_id}"
         self.database_url = SERVER_URL.rsplit("/", 1)[0] + f"/wi_bench_{run_id}"
-        self.amqp_url = AMQP_URL
+        self.amqp_url = amqp_url
         self._dir = Path(tempfile.mkdtemp(prefix="wi-bench-"))
         self.fleet = Fleet(self._env(), self._dir)
         self.ingresses: list[Process] = []
@@ -52,7 +52,7 @@ class Deployment:
         sources.write_text(
             f'[sources.{SOURCE}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
             'handler = "tests.bench.handler:record"\nevent_id = ["body:id"]\n')
-        return {"AMQP_URL": AMQP_URL, "REDIS_URLS": REDIS_URL, "DATABASE_URL": self.database_url,
+        return {"AMQP_URL": self.amqp_url, "REDIS_URLS": REDIS_URL, "DATABASE_URL": self.database_url,
                 "WEBHOOK_INGEST_NAMESPACE": self.namespace, "WEBHOOK_INGEST_SOURCES": str(sources),
                 "LOG_FORMAT": "json"}
 
@@ -81,10 +81,10 @@ class Deployment:
         self.fleet.stop_all()
         await self._drop_everything()
 
-    async def start_ingress(self) -> None:
+    async def start_ingress(self, env: dict[str, str] | None = None) -> None:
         """The ingress processes `run` starts (sharing one port when several)."""
         commands = layout.ingress_commands("127.0.0.1", self.ingress_port, INGRESS_PROCESSES)
-        self.ingresses = [self.fleet._start(argv, None) for argv in commands.values()]
+        self.ingresses = [self.fleet._start(argv, env) for argv in commands.values()]
         for ingress in self.ingresses:
             await wait_for_output(ingress, "broker_connected")
 
