@@ -3,7 +3,8 @@
 The delay is a TTL queue per delay level, never a sleeping worker. The
 caller acks the original only after this returns, i.e. after the broker
 confirmed the retry message or Postgres committed the dead letter; a crash
-in between can duplicate a retry message, never an effect.
+in between can duplicate a retry message, never an effect, and a worker
+takes such a duplicate for the copy it is (`workers.attempts`).
 """
 
 import asyncio
@@ -11,7 +12,9 @@ import traceback
 from datetime import UTC, datetime
 
 from webhook_ingest.shared import topology
+from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, to_amqp
 from webhook_ingest.shared.sources import Source
@@ -21,7 +24,6 @@ from webhook_ingest.workers.states import Outcome
 
 log = get_logger(__name__)
 
-MAX_PUBLISH_PAUSE = 5.0
 BROKER_NOT_CONFIRMING = (*BROKER_LOST, asyncio.TimeoutError, ConnectionError, RuntimeError)
 TRACEBACK_LINES = 12
 MESSAGE_CHARS = 2000
@@ -64,16 +66,14 @@ class FailurePolicy:
     async def dead_letter(self, event: EventMessage, error: dict, permanent: bool = False) -> int | None:
         """Records the event with its whole error history; returns only once
         committed, waiting while Postgres is away (not running the handler again)."""
-        pause = 0.2
-        while True:
+        for pause in pauses():
             try:
                 async with self._pool.acquire(timeout=10) as connection:
                     dead_letter_id = await record_dead_letter(connection, event, (*event.errors, error))
                 break
             except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
-                log.warning("dead_letter_waiting_for_postgres", error=f"{type(exc).__name__}: {exc}", retry_in=pause)
+                log.warning("dead_letter_waiting_for_postgres", error=describe(exc), retry_in=pause)
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, MAX_PUBLISH_PAUSE)
         log.error("event_dead_lettered", dead_letter_id=dead_letter_id, error_type=error["type"],
                   error=error["message"][:200], permanent=permanent)
         return dead_letter_id
@@ -81,20 +81,36 @@ class FailurePolicy:
     async def delay(self, event: EventMessage, delay_seconds: float) -> None:
         """Publish `event` to come back to the main queue after `delay_seconds`.
 
-        Returns once the broker confirmed it. While the broker does not (down,
-        or blocked by an alarm: each try bounded by the publish timeout) it
-        waits and tries again, holding the original message: the handler
-        already ran, and running it again because a publish failed would
-        repeat its external effects.
+        Returns once the broker confirmed it, holding the original message
+        meanwhile: the handler already ran, and running it again because a
+        publish failed would repeat its external effects. A publish that is
+        not confirmed in time is waited for further, not repeated: it may
+        still reach the broker (one blocked by an alarm takes it later), and
+        a second one would be a second retry chain. Only when the channel
+        died — its publish's fate unknown — is it published again
+        (`workers.attempts` makes a copy that got through harmless).
         """
         queue_name = topology.retry_queue(self._namespace, delay_seconds)
-        pause = 0.2
-        while True:
+        for pause in pauses():
             try:
-                await topology.publish(self._channel, to_amqp(event), queue_name)
+                await self._confirmed(to_amqp(event), queue_name)
                 return
             except BROKER_NOT_CONFIRMING as exc:
-                log.warning("broker_publish_waiting", queue=queue_name, error=f"{type(exc).__name__}: {exc}",
-                            retry_in=pause)
+                log.warning("broker_publish_failed", queue=queue_name, error=describe(exc), retry_in=pause)
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, MAX_PUBLISH_PAUSE)
+
+    async def _confirmed(self, message, queue_name: str) -> None:
+        """One publish, waited for until the broker confirms it or its channel dies."""
+        publishing = asyncio.ensure_future(
+            self._channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True))
+        try:
+            while True:
+                done, _ = await asyncio.wait([publishing], timeout=topology.PUBLISH_TIMEOUT)
+                if done and publishing.cancelled():  # aiormq cancels its publishes when the channel closes
+                    raise ConnectionError("the channel closed before the broker confirmed")
+                if done:
+                    publishing.result()  # raises when the broker refused it (a nack, a return)
+                    return
+                log.warning("broker_publish_waiting", queue=queue_name, waited_s=topology.PUBLISH_TIMEOUT)
+        finally:
+            publishing.cancel()  # only when we are cancelled (a shutdown): the message is redelivered

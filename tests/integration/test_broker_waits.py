@@ -9,6 +9,8 @@ import aio_pika
 import pytest
 
 from webhook_ingest.shared import topology
+from webhook_ingest.workers.retry import FailurePolicy
+from tests.support.events import make_event, queue_depth
 from tests.support.tcpproxy import TcpProxy
 
 GUARD_SECONDS = 60  # only so that a regression fails instead of hanging the suite
@@ -41,6 +43,23 @@ async def test_a_publish_to_a_hung_broker_ends_within_its_limit(settings, proxie
     proxy, channel = proxied_channel
     proxy.stall()
     assert isinstance(await publish_outcome(channel, settings.namespace), asyncio.TimeoutError)
+
+
+async def test_a_retry_publish_the_broker_takes_late_is_published_once(settings, proxied_channel):
+    """The broker hangs (an alarm) for two publish limits and more while a
+    worker publishes a failed event's retry, then takes publishes again. The
+    worker waits for that publish's confirm instead of publishing again:
+    each publish that timed out would still reach the broker, and each retry
+    message is a retry chain of its own (adversary finding 8)."""
+    proxy, channel = proxied_channel
+    await topology.declare_retry_queue(channel, settings.namespace, 600)  # its messages stay to be counted
+    failures = FailurePolicy(channel, None, settings.namespace)
+    proxy.stall()
+    delaying = asyncio.create_task(failures.delay(make_event("acme", "evt_late_confirm"), 600))
+    await asyncio.sleep(topology.PUBLISH_TIMEOUT * 2 + 1)
+    proxy.flow()
+    await asyncio.wait_for(delaying, GUARD_SECONDS)
+    assert await queue_depth(settings.amqp_url, topology.retry_queue(settings.namespace, 600)) == 1
 
 
 async def test_dlq_replay_against_a_broker_that_hangs_after_connecting_is_one_error(settings, monkeypatch):
