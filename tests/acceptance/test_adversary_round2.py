@@ -1,0 +1,79 @@
+"""Adversary, round 2: the batched acks (a35aea8), the ingress under a
+stalled broker (434defa, 7d54713) and the lease holder that cancels its
+handler (716d86b), read as an attacker would, against real worker and
+ingress processes and the real services. A test marked xfail(strict) is a
+finding not fixed yet: it fails on purpose, and the suite says so once it
+passes.
+"""
+
+import asyncio
+import dataclasses
+
+import asyncpg
+import pytest
+
+from tests.support.events import make_event, publish_events, queue_depth
+from tests.support.exactly_once import write_sources
+from tests.support.processes import count_rows, wait_for_output, wait_until
+from webhook_ingest.shared import topology
+
+pytestmark = pytest.mark.usefixtures("effects_tables")
+HANDLERS = "tests.support.handlers"
+
+
+async def _queue_empty(settings) -> bool:
+    return await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace)) == 0
+
+
+async def _execute(database_url: str, sql: str, *args) -> None:
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute(sql, *args)
+    finally:
+        await connection.close()
+
+
+async def _settled_somehow(database_url: str, key: str) -> dict:
+    """What on-call or the provider could see of the event: completed, or an open dead letter."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        return {
+            "completed": await connection.fetchval("SELECT count(*) FROM processed_events WHERE key = $1", key),
+            "open_dead_letters": await connection.fetchval(
+                "SELECT count(*) FROM dead_letters WHERE key = $1 AND status = 'dead'", key),
+        }
+    finally:
+        await connection.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding A1: a retry message that waits in memory behind a stale copy of an earlier attempt (its leader, "
+    "acked as a duplicate because that attempt was handed on) is acked as a duplicate too: the event's "
+    "chain ends with neither a completion nor a dead letter"))
+async def test_a_retry_waiting_behind_a_stale_copy_of_its_earlier_attempt_is_not_dropped(settings, fleet, tmp_path):
+    """Attempt 1 of an event failed and was handed on: its retry (attempt 2)
+    is durable and key_fences records attempt 1 as handed on (the state
+    `record_handed_on` leaves). A copy of attempt 1 — the provider sending
+    the event again, the outbox relay republishing the event whose given-up
+    publish the broker confirmed late, a redelivery — reaches the worker
+    just before the retry. The copy leads (workers/copies.py), is found
+    stale (`attempt_already_handed_on`) and settled DUPLICATE; the retry,
+    waiting behind it with the same payload, is then acked as a duplicate
+    of it without running. Nothing carries the event on: it must still end
+    completed (attempt 2 runs) or as an open dead letter."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:counted_inbox")}
+    first = make_event("acme", "evt_stale_leader")
+    retry = first.next_attempt({"attempt": 1, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError",
+                                "message": "the receiver was down"})
+    await _execute(settings.database_url,
+                   "INSERT INTO key_fences (key, token, replay_of, attempt) VALUES ($1, nextval('fencing_tokens'), 0, 1)",
+                   first.key)
+    await publish_events(settings.amqp_url, settings.namespace, [first])  # the stale copy, first in the queue
+    await publish_events(settings.amqp_url, settings.namespace, [retry])  # the retry, right behind it
+    worker = fleet.worker("--concurrency", "8", env=env)
+    await wait_for_output(worker, "worker_consuming")
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(3)  # a deferral would be back within 1 s
+
+    assert "attempt_already_handed_on" in worker.output()  # the stale copy was recognised
+    assert await _settled_somehow(settings.database_url, first.key) != {"completed": 0, "open_dead_letters": 0}
