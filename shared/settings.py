@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     viewer_token: str | None = Field(None, alias="WEBHOOK_INGEST_VIEWER_TOKEN")
     console_session_seconds: int = Field(28800, alias="WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", ge=1)
     delivery_limit: int = Field(20, alias="WEBHOOK_INGEST_DELIVERY_LIMIT", ge=1)
-    lock_ttl: float = Field(5.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
+    lock_ttl: float = Field(3.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
     done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)
     log_format: str | None = Field(None, alias="LOG_FORMAT", pattern=r"^(json|console)$")
     trusted_proxies_csv: str = Field("", alias="WEBHOOK_INGEST_TRUSTED_PROXIES")
