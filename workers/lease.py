@@ -21,6 +21,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import asyncpg
+
 from webhook_ingest.shared import metrics
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
@@ -51,8 +53,12 @@ async def take_leases(connection, keys: list[str], ttl_ms: int) -> dict[str, Lea
 
 async def extend_leases(pool, leases: list[Lease], ttl_ms: int) -> bool:
     """True when every lease was still ours and now runs `ttl_ms` longer."""
-    async with pool.acquire(timeout=ttl_ms / 3000) as connection:
-        extended = await connection.fetchval(SQL["extend_leases"], *_columns(leases), ttl_ms)
+    try:
+        async with pool.acquire(timeout=ttl_ms / 3000) as connection:
+            extended = await connection.fetchval(SQL["extend_leases"], *_columns(leases), ttl_ms)
+    except asyncpg.ReadOnlySQLTransactionError:  # a session opened before a failover: open new ones
+        await pool.expire_connections()
+        raise
     return extended == len(leases)
 
 

@@ -315,9 +315,13 @@ class Worker:
             log.warning("send_back_failed", error=describe(exc))
 
     async def _probe_postgres(self) -> None:
-        """Up means writable: a demoted primary answers reads but refuses every write."""
+        """Up means writable: a demoted primary answers reads but refuses every
+        write. A session opened against it keeps its read-only default after
+        the failover, so the pools open new ones."""
         async with self.pool.acquire(timeout=2) as connection:
             if not await connection.fetchval(WRITABLE):
+                await self.pool.expire_connections()
+                await self.renewals.expire_connections()
                 raise ConnectionError("Postgres answers but is read-only")
 
     async def _probe_broker(self) -> None:

@@ -149,6 +149,26 @@ async def test_a_postgres_that_refuses_writes_for_a_while_dead_letters_nothing(s
 
 
 
+async def test_sessions_opened_while_postgres_was_read_only_do_not_stay_read_only(settings, fleet, tmp_path):
+    """Adversary note: after a failover, the sessions a worker opened against
+    the read-only server keep its read-only default though Postgres is
+    writable again — here the database's default is reset and no session
+    is ended (a pooler or a proxy in front of Postgres keeps them). The
+    worker must not wait on them for ever: the event is processed (§7.4)."""
+    database = settings.database_url.rsplit("/", 1)[1]
+    sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:slow_inbox")
+    await _admin(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
+    worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
+    await wait_for_output(worker, "worker_consuming")
+    await publish_events(settings.amqp_url, settings.namespace, [make_event("acme", "evt_read_only_sessions")])
+    await asyncio.sleep(3)  # read-only for 3 s
+    await _admin(f'ALTER DATABASE "{database}" RESET default_transaction_read_only')
+
+    await until_completed(settings.database_url, 1, timeout=60)
+    assert await count_rows(settings.database_url, "dead_letters") == 0
+    assert await count_rows(settings.database_url, "inbox") == 1
+
+
 async def test_an_old_event_of_a_source_no_worker_knows_yet_still_waits_for_one(settings, fleet, tmp_path):
     """A rolling deploy after a 12-minute RabbitMQ outage: the ingress kept
     the event in its outbox and relays it now; the worker that gets it does
