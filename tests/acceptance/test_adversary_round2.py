@@ -16,6 +16,7 @@ from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from webhook_ingest.shared import topology
+from webhook_ingest.shared.dead_letters import record_dead_letter
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.handlers"
@@ -77,3 +78,40 @@ async def test_a_retry_waiting_behind_a_stale_copy_of_its_earlier_attempt_is_not
 
     assert "attempt_already_handed_on" in worker.output()  # the stale copy was recognised
     assert await _settled_somehow(settings.database_url, first.key) != {"completed": 0, "open_dead_letters": 0}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding A1 (replay): on-call's replay waiting in memory behind a stale copy of the dead-lettered chain "
+    "is acked as that copy's duplicate: the dead letter says replayed, the event never runs again and no "
+    "dead letter is open"))
+async def test_a_replay_waiting_behind_a_stale_copy_of_the_dead_chain_is_not_dropped(settings, fleet, tmp_path):
+    """A1 seen from on-call: the event's chain ended in a dead letter after
+    attempt 3 (key_fences: chain 0, attempt 3 handed on). The provider sends
+    the event once more (chain 0, attempt 1: a copy the design acks as a
+    duplicate while the dead letter is open) just as on-call replays the
+    dead letter (chain = its id, attempt 1). The copy leads, is stale, is
+    settled DUPLICATE; the replay waits behind it and is acked as its
+    duplicate. The dead letter is `replayed`, so on-call sees nothing left
+    to do — the replay must still end completed or as a new open dead letter."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:counted_inbox")}
+    event = make_event("acme", "evt_replay_behind_stale")
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        dead_letter_id = await record_dead_letter(connection, dataclasses.replace(event, attempt=3), [
+            {"attempt": n, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError", "message": "down"}
+            for n in (1, 2, 3)])
+        await connection.execute(
+            "INSERT INTO key_fences (key, token, replay_of, attempt) VALUES ($1, nextval('fencing_tokens'), 0, 3)",
+            event.key)
+        await connection.execute("UPDATE dead_letters SET status = 'replayed' WHERE id = $1", dead_letter_id)
+    finally:
+        await connection.close()
+    await publish_events(settings.amqp_url, settings.namespace, [event])  # the provider's copy, chain 0
+    await publish_events(settings.amqp_url, settings.namespace, [event.fresh(replay_of=dead_letter_id)])  # the replay
+    worker = fleet.worker("--concurrency", "8", env=env)
+    await wait_for_output(worker, "worker_consuming")
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(3)
+
+    assert "attempt_already_handed_on" in worker.output()
+    assert await _settled_somehow(settings.database_url, event.key) != {"completed": 0, "open_dead_letters": 0}
