@@ -14,7 +14,9 @@ import pytest
 
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import write_sources
+from tests.acceptance.test_outbox import event_bodies, merge, post_all, until_ready
 from tests.support.processes import count_rows, wait_for_output, wait_until
+from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.dead_letters import record_dead_letter
 
@@ -115,3 +117,32 @@ async def test_a_replay_waiting_behind_a_stale_copy_of_the_dead_chain_is_not_dro
 
     assert "attempt_already_handed_on" in worker.output()
     assert await _settled_somehow(settings.database_url, event.key) != {"completed": 0, "open_dead_letters": 0}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding A2: with Postgres away, a burst that has half of WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS waiting "
+    "for confirms makes a healthy broker suspect: the waiting requests (whose publishes the broker confirms) "
+    "and the next ones skip the broker, find no outbox and answer 503"))
+async def test_with_postgres_away_a_burst_on_a_healthy_broker_is_answered_200(settings, fleet, tmp_path):
+    """Postgres is away for the ingress (a failover, a cut): the broker is the
+    one path, and it is healthy, confirming within milliseconds. A provider
+    sends bursts of 64 requests at once (its backlog after an outage of its
+    own), never more than the ingress's bound of 64 in flight, so the bound
+    itself answers no 503. Every request must get 200: the broker takes each
+    event (§6: 503 only when neither the broker nor the outbox took it). Since
+    434defa a request that finds half the bound (32) waiting for confirms
+    makes the broker suspect, wakes the 32 waiting requests and sends them
+    and every next request to the outbox — which is away: 503, though the
+    broker confirms their publishes a moment later."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:counted_inbox"),
+           "WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS": "64"}
+    with TcpProxy("127.0.0.1", 5432) as postgres:
+        postgres.cut()
+        ingress, base_url = fleet.ingress(env={**env, "DATABASE_URL": postgres.url_for(settings.database_url)})
+        await until_ready(base_url, via="broker")
+        statuses: dict[int, int] = {}
+        for burst in range(10):
+            answered = await post_all(base_url, event_bodies(range(burst * 64, (burst + 1) * 64)), connections=64)
+            statuses = merge(statuses, answered)
+    assert statuses == {200: 640}, (statuses, [line for line in ingress.output().splitlines()
+                                               if '"unavailable"' in line][:3])
