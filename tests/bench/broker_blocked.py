@@ -44,7 +44,8 @@ PREFIXES = {"blocked": "blk_", "stalled": "stl_"}
 ROWS = [  # (key, label, format), as tests/bench/__main__.py's
     *((f"broker_{shape}_{key}", f"broker {shape} {AWAY_SECONDS} s at {RATE:,} req/s: {what}", fmt)
       for shape in PREFIXES for key, what, fmt in (
-          ("non_2xx", "answers not 2xx", "{:.0f}"),
+          ("non_2xx", "answers not 2xx while away", "{:.0f}"),
+          ("non_2xx_outside", "answers not 2xx before and after", "{:.0f}"),
           ("p99_ms", "p99 ms while away", "{:.0f}"),
           ("max_ms", "slowest answer ms while away", "{:.0f}"),
           ("backlog", "outbox rows when back", "{:,.0f}"),
@@ -91,6 +92,7 @@ async def _one_shape(deployment: Deployment, shape: str, prefix: str, away, back
     stop = asyncio.Event()
     load = asyncio.create_task(offer(deployment.ingress_port, requests, RATE, stop))
     await asyncio.sleep(BEFORE_SECONDS)
+    going_away = time.perf_counter()
     await asyncio.to_thread(away)
     went_away = time.perf_counter()
     await asyncio.sleep(AWAY_SECONDS)
@@ -106,17 +108,33 @@ async def _one_shape(deployment: Deployment, shape: str, prefix: str, away, back
     answers = await load
     if len(answers) == len(requests):
         print(f"WARNING: {shape}: the load ran out of requests before the end")
-    figures.update(_answer_figures(shape, answers, went_away, coming_back))
-    if figures[f"broker_{shape}_non_2xx"]:
-        print(f"FAIL: broker {shape}: {figures[f'broker_{shape}_non_2xx']:.0f} answers not 2xx")
+    figures.update(_answer_figures(shape, answers, (going_away, went_away, coming_back, back_at)))
+    if failures := _failures_by_window(answers, going_away, back_at):
+        print(f"FAIL: broker {shape}: answers not 2xx {failures}")
     return {f"{SOURCE}:{prefix}{n}" for n, *_, status in answers if 200 <= status < 300}
 
 
-def _answer_figures(shape: str, answers: list[tuple[int, float, float, int]], start: float, end: float) -> dict:
-    """Non-2xx answers over the whole load; latencies of the requests sent between `start` and `end`."""
-    away = sorted(latency for _, sent, latency, _ in answers if start <= sent < end)
+def _failures_by_window(answers: list[tuple[int, float, float, int]], start: float, end: float) -> dict:
+    """{window: {status: count}} of the answers not 2xx, by when they were sent."""
+    windows: dict[str, dict[int, int]] = {}
+    for _, sent, _, status in answers:
+        if not 200 <= status < 300:
+            window = windows.setdefault("before" if sent < start else "away" if sent < end else "after", {})
+            window[status] = window.get(status, 0) + 1
+    return windows
+
+
+def _answer_figures(shape: str, answers: list[tuple[int, float, float, int]], times: tuple) -> dict:
+    """Answers not 2xx to requests sent from the moment the broker was made
+    away until it was back, and outside that; latencies of the requests sent
+    while it was surely away (from the alarm set until its removal began)."""
+    going_away, went_away, coming_back, back_at = times
+    away = sorted(latency for _, sent, latency, _ in answers if went_away <= sent < coming_back)
+    failed = [sent for _, sent, _, status in answers if not 200 <= status < 300]
+    during = sum(1 for sent in failed if going_away <= sent < back_at)
     return {
-        f"broker_{shape}_non_2xx": sum(1 for *_, status in answers if not 200 <= status < 300),
+        f"broker_{shape}_non_2xx": during,
+        f"broker_{shape}_non_2xx_outside": len(failed) - during,
         f"broker_{shape}_p50_ms": 1000 * away[len(away) // 2],
         f"broker_{shape}_p99_ms": 1000 * away[int(len(away) * 0.99)],
         f"broker_{shape}_max_ms": 1000 * away[-1],
@@ -192,5 +210,5 @@ async def main() -> int:
                                    ("duplicated_effects", "duplicated effects", "{:.0f}")]:
         print(f"| {label:<62} | {fmt.format(figures[key]):>8} |")
     print(json.dumps({key: round(value, 3) for key, value in figures.items()}))
-    non_2xx = sum(figures[f"broker_{shape}_non_2xx"] for shape in PREFIXES)
+    non_2xx = sum(figures[f"broker_{shape}_non_2xx{part}"] for shape in PREFIXES for part in ("", "_outside"))
     return 1 if figures["lost"] or figures["duplicated_effects"] or non_2xx else 0
