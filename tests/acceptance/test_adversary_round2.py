@@ -147,3 +147,62 @@ async def test_with_postgres_away_a_burst_on_a_healthy_broker_is_answered_200(se
     queued = await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace))
     assert statuses == {200: 640}, (statuses, f"{queued} messages on the events queue (no worker runs)",
                                     [line for line in ingress.output().splitlines() if '"unavailable"' in line][:3])
+
+
+async def test_a_holder_whose_postgres_path_stalls_cancels_its_handler_and_has_no_run_beside_it(
+        settings, fleet, tmp_path):
+    """716d86b against a black hole rather than a cut: the holder's Postgres
+    path stalls (connections open, nothing answered), so its renewals get no
+    answer at all — neither success nor failure — and its session lives on
+    at the server with the key's turn. The timer alone must cancel the
+    5 s external effect before the lease (3 s) can run out, and the copy on
+    the other worker must not run beside it, neither while the path stalls
+    nor once it flows again."""
+    sources = write_sources(tmp_path / "s.toml", "tests.support.adversary_handlers:long_external",
+                            database_url=settings.database_url, seconds=5)
+    event = make_event("acme", "evt_black_hole")
+    with TcpProxy("127.0.0.1", 5432) as first, TcpProxy("127.0.0.1", 5432) as second:
+        proxies = {}
+        for proxy in (first, second):
+            worker = fleet.worker("--concurrency", "1", env={
+                "WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": proxy.url_for(settings.database_url)})
+            proxies[worker.pid] = proxy
+        for worker in fleet.processes:
+            await wait_for_output(worker, "worker_consuming")
+        await publish_events(settings.amqp_url, settings.namespace, [event])
+        await wait_until(lambda: count_rows(settings.database_url, "runs_started"), 30, interval=0.05,
+                         message="the holder's run")
+        holder_pid = await _fetchval(settings.database_url, "SELECT pid FROM runs_started LIMIT 1")
+        proxies[holder_pid].stall()
+        await publish_events(settings.amqp_url, settings.namespace, [event])  # the provider's retry
+        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05,
+                         message="the holder's run ends")
+        holder_run = await _fetchval(settings.database_url, "SELECT ended - started FROM runs LIMIT 1")
+        await asyncio.sleep(4)  # the lease ran out long ago; the copy keeps trying
+        stalled_runs = await count_rows(settings.database_url, "runs_started")
+        proxies[holder_pid].flow()
+        await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 60, message="a completion")
+        await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+        await asyncio.sleep(2)  # a deferred copy comes back after 1 s
+    runs = await _fetch(settings.database_url, "SELECT key, pid, started, ended FROM runs ORDER BY started")
+
+    assert holder_run < 3, f"the holder's effect ran {holder_run:.1f} s: not cancelled before its lease ran out"
+    assert stalled_runs == 1, "a run started beside the stalled holder's session"
+    assert [(a["pid"], b["pid"]) for a, b in zip(runs, runs[1:]) if b["started"] < a["ended"]] == [], runs
+    assert await count_rows(settings.database_url, "effects") == 1
+
+
+async def _fetchval(database_url: str, sql: str, *args):
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await connection.fetchval(sql, *args)
+    finally:
+        await connection.close()
+
+
+async def _fetch(database_url: str, sql: str, *args):
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await connection.fetch(sql, *args)
+    finally:
+        await connection.close()
