@@ -153,11 +153,11 @@ async def test_a_holder_whose_postgres_path_stalls_cancels_its_handler_and_has_n
         settings, fleet, tmp_path):
     """716d86b against a black hole rather than a cut: the holder's Postgres
     path stalls (connections open, nothing answered), so its renewals get no
-    answer at all — neither success nor failure — and its session lives on
-    at the server with the key's turn. The timer alone must cancel the
-    5 s external effect before the lease (3 s) can run out, and the copy on
-    the other worker must not run beside it, neither while the path stalls
-    nor once it flows again."""
+    answer at all — neither success nor failure. The timer alone must
+    cancel the 5 s external effect before the lease (3 s) can run out, and
+    the copy on the other worker must not run beside it, neither while the
+    path stalls nor once it flows again (whether the copy runs during the
+    stall — the holder's session gone — or after it is not asserted)."""
     sources = write_sources(tmp_path / "s.toml", "tests.support.adversary_handlers:long_external",
                             database_url=settings.database_url, seconds=5)
     event = make_event("acme", "evt_black_hole")
@@ -179,7 +179,6 @@ async def test_a_holder_whose_postgres_path_stalls_cancels_its_handler_and_has_n
                          message="the holder's run ends")
         holder_run = await _fetchval(settings.database_url, "SELECT ended - started FROM runs LIMIT 1")
         await asyncio.sleep(4)  # the lease ran out long ago; the copy keeps trying
-        stalled_runs = await count_rows(settings.database_url, "runs_started")
         proxies[holder_pid].flow()
         await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 60, message="a completion")
         await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
@@ -187,7 +186,6 @@ async def test_a_holder_whose_postgres_path_stalls_cancels_its_handler_and_has_n
     runs = await _fetch(settings.database_url, "SELECT key, pid, started, ended FROM runs ORDER BY started")
 
     assert holder_run < 3, f"the holder's effect ran {holder_run:.1f} s: not cancelled before its lease ran out"
-    assert stalled_runs == 1, "a run started beside the stalled holder's session"
     assert [(a["pid"], b["pid"]) for a, b in zip(runs, runs[1:]) if b["started"] < a["ended"]] == [], runs
     assert await count_rows(settings.database_url, "effects") == 1
 
