@@ -119,6 +119,36 @@ async def test_a_replay_waiting_behind_a_stale_copy_of_the_dead_chain_is_not_dro
     assert await _settled_somehow(settings.database_url, event.key) != {"completed": 0, "open_dead_letters": 0}
 
 
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding A1 (deferral): a retry waiting behind a stale copy that is deferred (the key leased elsewhere) "
+    "is acked as settled by that deferral; the deferred copy later turns out stale and the event ends nowhere"))
+async def test_a_retry_waiting_behind_a_deferred_stale_copy_is_not_dropped(settings, fleet, tmp_path):
+    """A1 through DEFERRED rather than DUPLICATE: as in the first test,
+    attempt 1 was handed on and its retry (attempt 2) arrives right behind
+    a stale copy of attempt 1 — but the key's lease is held elsewhere for a
+    few seconds (another worker's run of a copy), so the stale copy is
+    deferred before it can find out it is stale. Its deferral message
+    "carries the event on" for copies.py, and the retry waiting behind it
+    is acked; the deferral, back later, is stale (`attempt_already_handed_on`)."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:counted_inbox")}
+    first = make_event("acme", "evt_deferred_stale_leader")
+    retry = first.next_attempt({"attempt": 1, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError",
+                                "message": "the receiver was down"})
+    await _execute(settings.database_url,
+                   "INSERT INTO key_fences (key, token, lease_until, replay_of, attempt) "
+                   "VALUES ($1, nextval('fencing_tokens'), clock_timestamp() + interval '4 seconds', 0, 1)",
+                   first.key)
+    await publish_events(settings.amqp_url, settings.namespace, [first])
+    await publish_events(settings.amqp_url, settings.namespace, [retry])
+    worker = fleet.worker("--concurrency", "8", env=env)
+    await wait_for_output(worker, "worker_consuming")
+    await wait_for_output(worker, "attempt_already_handed_on", timeout=30)  # the deferral came back, stale
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(2)
+
+    assert await _settled_somehow(settings.database_url, first.key) != {"completed": 0, "open_dead_letters": 0}
+
 @pytest.mark.xfail(strict=True, reason=(
     "finding A2: with Postgres away, a burst that has half of WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS waiting "
     "for confirms makes a healthy broker suspect: the waiting requests (whose publishes the broker confirms) "
