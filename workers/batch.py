@@ -114,7 +114,7 @@ class BatchProcessor:
         those whose turn another run holds; None when it rolled back."""
         try:
             async with connection.transaction():
-                with cancelled_when_lost(keepers[-1]):
+                with cancelled_when_lost(keepers[-1], connection):
                     return await self._in_transaction(connection, messages, leased, leases, keepers)
         except Exception as exc:
             if found_in_chain(exc, (HandlerFailed, LockLost, _RollBack)) is None:

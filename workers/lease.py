@@ -156,11 +156,16 @@ class Keeper:
 
 
 @contextlib.contextmanager
-def cancelled_when_lost(keeper: Keeper):
+def cancelled_when_lost(keeper: Keeper, connection):
     """The block's task is cancelled as soon as `keeper` is lost, and the
     block raises LockLost: a handler still calling the outside world stops
     before another worker can take the key (docs/design.md, "Exclusion").
-    A handler that swallows the cancellation still gets LockLost here."""
+    A handler that swallows the cancellation still gets LockLost here.
+
+    `connection`, whose transaction holds the key's turn, is then closed
+    rather than rolled back: a lease is lost because Postgres stopped
+    answering, and a rollback sent into a black hole would wait as long as
+    it lasts while the session kept the turn from every other worker."""
     task = asyncio.current_task()
     assert task is not None
     cancelled = False
@@ -177,22 +182,23 @@ def cancelled_when_lost(keeper: Keeper):
     except asyncio.CancelledError:
         if not cancelled or task.uncancel() > 0:
             raise  # someone else cancels us too (a shutdown): let it through
-        _count_cancelled()
+        _handler_stopped(keeper, connection)
         raise LockLost(keeper.name) from None
     except Exception:
         if not cancelled:
             raise
         task.uncancel()  # the handler turned its cancellation into an error: still ours, not its failure
-        _count_cancelled()
+        _handler_stopped(keeper, connection)
         raise LockLost(keeper.name)  # noqa: B904 - the handler's error stays as the context
     finally:
         unregister()
     if cancelled:  # the handler went on after the cancellation
         task.uncancel()
-        _count_cancelled()
+        _handler_stopped(keeper, connection)
         raise LockLost(keeper.name)
 
 
-def _count_cancelled() -> None:
+def _handler_stopped(keeper: Keeper, connection) -> None:
     metrics.handlers_cancelled.inc()
-    log.warning("lease_lost_handler_cancelled")
+    log.warning("lease_lost_handler_cancelled", holder=keeper.name)
+    connection.terminate()

@@ -169,7 +169,7 @@ class Processor:
         """The transaction: the turn, the completion check, the handler
         (cancelled if the lease is lost meanwhile), the completion row."""
         async with connection.transaction():
-            with cancelled_when_lost(keepers[-1]):
+            with cancelled_when_lost(keepers[-1], connection):
                 await self._take_turn(connection, message.key)
                 await self._check_not_completed(connection, message.key)
                 await self.call_handler(connection, message)

@@ -39,6 +39,7 @@ log = get_logger(__name__)
 
 MAX_POOL_SIZE = 20
 WRITABLE = "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
+SERVER_KEEPALIVES = "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
 RENEWAL_CONNECTIONS = 2  # lease renewals: one statement each, every third of the lease
 PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
 UNKNOWN_SOURCE_RETRY = 5.0  # seconds between looks for a worker that knows the source
@@ -82,12 +83,12 @@ class Worker:
     async def _open_pool(self) -> asyncpg.Pool:
         return await asyncpg.create_pool(
             self.settings.database_url, min_size=1, max_size=min(self.concurrency, MAX_POOL_SIZE),
-            reset=_keep_session,
+            reset=_keep_session, init=_server_keepalives,
         )
 
     async def _open_renewals_pool(self) -> asyncpg.Pool:
         return await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=RENEWAL_CONNECTIONS,
-                                         reset=_keep_session)
+                                         reset=_keep_session, init=_server_keepalives)
 
     async def _connect_broker(self):
         return await amqp.connect_robust(
@@ -346,6 +347,14 @@ def unknown_source_error(event: EventMessage, waited: float) -> dict:
 
 
 _COUNTED_OUTCOMES = {o.value for o in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)}
+
+
+async def _server_keepalives(connection: asyncpg.Connection) -> None:
+    """The server ends a session whose worker a partition cut off within
+    about 25 s, not the system's two hours: until then its transaction keeps
+    the key's turn from every other worker (docs/design.md, "Exclusion").
+    SET, not startup parameters, which a PgBouncer in front refuses."""
+    await connection.execute(SERVER_KEEPALIVES)
 
 
 async def _keep_session(connection: asyncpg.Connection) -> None:

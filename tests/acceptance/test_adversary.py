@@ -71,9 +71,12 @@ async def test_a_holder_cut_from_postgres_during_a_handler_longer_than_its_lease
     assert _overlapping(runs) == [], runs
 
 
-async def _runs_with_the_holders_session_cut(settings, fleet, tmp_path, handler_seconds: float) -> list:
+async def _runs_with_the_holders_session_cut(settings, fleet, tmp_path, handler_seconds: float,
+                                            black_hole: bool = False) -> list:
     """Two workers, each with its own Postgres proxy; the one that takes the
-    event first is cut from Postgres as its handler starts; a copy follows."""
+    event first is cut from Postgres as its handler starts (`black_hole`:
+    its proxy stalls instead, closing nothing, until the holder settled its
+    message); a copy follows."""
     sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:long_external",
                             database_url=settings.database_url, seconds=handler_seconds)
     event = make_event("acme", "evt_session_lost")
@@ -82,21 +85,40 @@ async def _runs_with_the_holders_session_cut(settings, fleet, tmp_path, handler_
         for proxy in (first, second):  # each worker reaches Postgres through its own proxy
             worker = fleet.worker("--concurrency", "1", env={
                 "WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": proxy.url_for(settings.database_url)})
-            proxies[worker.pid] = proxy
+            proxies[worker.pid] = (worker, proxy)
         for worker in fleet.processes:
             await wait_for_output(worker, "worker_consuming")
         await publish_events(settings.amqp_url, settings.namespace, [event])
         await wait_until(lambda: count_rows(settings.database_url, "runs_started"), 30, interval=0.05,
                          message="the holder's run")
-        holder_proxy = proxies[await _first_run_pid(settings.database_url)]
-        holder_proxy.cut()  # the holder's session ends; its handler runs on
+        holder, holder_proxy = proxies[await _first_run_pid(settings.database_url)]
+        if black_hole:
+            holder_proxy.stall()  # its handler runs on
+        else:
+            holder_proxy.cut()  # its session ends; its handler runs on
         await publish_events(settings.amqp_url, settings.namespace, [event])  # the provider's retry: the other worker
         await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, message="the holder's run ends")
+        if black_hole:  # the holder lets go of its message, not waiting on the black hole
+            await wait_for_output(holder, '"outcome":"deferred"')
+        holder_proxy.flow()
         holder_proxy.restore()
         await until_completed(settings.database_url, 1, timeout=60)
         await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
         await asyncio.sleep(2)  # a deferred copy comes back after 1 s
     return await recorded_runs(settings.database_url)
+
+
+async def test_a_holder_whose_postgres_is_black_holed_lets_go_of_the_key(settings, fleet, tmp_path):
+    """Adversary note: the holder's Postgres stops answering mid-handler — a
+    black hole, nothing closed (a partition; here its proxy stalls). Its
+    lease runs out and its handler is cancelled (finding 1b); a rollback
+    sent into the black hole would then wait as long as it lasts (hours,
+    for a partition), the worker's slot and its message with it. The
+    holder closes that session instead and settles its message while the
+    black hole lasts; afterwards the event completes once, and no two runs
+    overlap (§7.2)."""
+    runs = await _runs_with_the_holders_session_cut(settings, fleet, tmp_path, handler_seconds=9, black_hole=True)
+    assert _overlapping(runs) == [], runs
 
 
 async def test_while_rabbitmq_is_blocked_a_failed_event_is_not_run_again_and_again(settings, fleet, tmp_path):

@@ -23,6 +23,7 @@ from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.lease import Keeper, LockLost
 from webhook_ingest.workers.processor import Processor
 from webhook_ingest.workers.states import Outcome
+from webhook_ingest.workers.worker import Worker
 
 SHARED_SQL = load_queries("webhook_ingest.shared")
 CALLS: list[str] = []
@@ -212,3 +213,19 @@ async def test_prune_keeps_a_fence_refreshed_while_it_waited(pool):
         await transaction.commit()
         await pruning
         assert await worker.fetchval("SELECT token FROM key_fences WHERE key = 'acme:old'") == 2
+
+
+async def test_the_workers_sessions_ask_the_server_for_tcp_keepalives(settings):
+    """A partition leaves the server holding a worker's session (and the
+    key's turn in it) until TCP keepalive notices: seconds, not hours. A
+    TCP proxy cannot show that (its own kernel answers the probes), so the
+    sessions' settings are what is checked."""
+    worker = Worker(settings, {})
+    pool = await worker._open_pool()
+    try:
+        async with pool.acquire() as connection:
+            settings_now = [await connection.fetchval(f"SHOW {name}") for name in
+                            ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count")]
+    finally:
+        await pool.close()
+    assert settings_now == ["10", "5", "3"]  # seconds, seconds, probes
