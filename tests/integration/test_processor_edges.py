@@ -8,6 +8,7 @@ it was asked to do (the broker side of retries is tested elsewhere).
 """
 
 import asyncio
+import contextlib
 from datetime import timedelta
 
 import asyncpg
@@ -20,7 +21,7 @@ from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers import processor as processor_module
 from webhook_ingest.workers.idempotency import IdempotencyStore
-from webhook_ingest.workers.lease import Keeper, LockLost
+from webhook_ingest.workers.lease import Keeper, LockLost, cancelled_when_lost
 from webhook_ingest.workers.processor import Processor
 from webhook_ingest.workers.states import Outcome
 from webhook_ingest.workers.worker import Worker
@@ -229,3 +230,58 @@ async def test_the_workers_sessions_ask_the_server_for_tcp_keepalives(settings):
     finally:
         await pool.close()
     assert settings_now == ["10", "5", "3"]  # seconds, seconds, probes
+
+
+class Connection:
+    """Stands for the transaction's connection: records that it was closed."""
+
+    terminated = False
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+
+async def _run_until_lost(keeper: Keeper, connection: Connection, handler) -> None:
+    keeping = asyncio.create_task(keeper.keep())
+    try:
+        with cancelled_when_lost(keeper, connection):
+            await handler()
+    finally:
+        keeping.cancel()
+
+
+async def test_a_handler_whose_lease_cannot_be_renewed_is_cancelled_and_its_session_closed():
+    ended = []
+
+    async def external_call():
+        try:
+            await asyncio.sleep(60)
+        finally:
+            ended.append("stopped")
+
+    connection = Connection()
+    with pytest.raises(LockLost):
+        await _run_until_lost(Keeper("postgres", Flaky(failures=10**6), ttl_seconds=0.6), connection, external_call)
+    assert ended == ["stopped"] and connection.terminated
+
+
+async def test_a_handler_that_swallows_its_cancellation_still_does_not_complete():
+    async def stubborn():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(60)
+        await asyncio.sleep(0.1)  # and carries on
+
+    with pytest.raises(LockLost):
+        await _run_until_lost(Keeper("postgres", Flaky(failures=10**6), ttl_seconds=0.6), Connection(), stubborn)
+    assert asyncio.current_task().cancelling() == 0  # our cancellation taken back: nothing left pending
+
+
+async def test_a_shutdown_that_cancels_a_handler_is_not_taken_for_a_lost_lease():
+    connection = Connection()
+    running = asyncio.create_task(_run_until_lost(Keeper("postgres", Flaky(failures=0), ttl_seconds=0.6),
+                                                  connection, lambda: asyncio.sleep(60)))
+    await asyncio.sleep(0.1)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert not connection.terminated
