@@ -4,13 +4,15 @@ first one wait for it, instead of asking Redis again and again.
 Providers send copies together (a retry racing a slow answer), and the
 ingress queues them back to back, so a worker often holds several copies
 of one key at once. Only the first (the leader) goes through the state
-machine; the others wait for its outcome here, in memory: once the leader
-settled the event with the same payload hash — completed it, found it
-completed, or handed it on durably (a retry or deferral message confirmed
-by the broker, a dead letter committed) — each copy is acked as a
-duplicate at the cost of a dict lookup. Otherwise (the leader crashed or
-never ran, or the payloads differ) a copy goes through the state machine
-itself, so nothing here can lose an event.
+machine; the others wait for its outcome here, in memory. A copy is acked
+as a duplicate at the cost of a dict lookup when the leader, with the same
+payload hash, either completed the event, or settled the same attempt of
+the same chain: found it completed or already handed on, or handed it on
+durably itself (a retry or deferral message confirmed by the broker, a dead
+letter committed). Otherwise (the leader crashed or never ran, the payloads
+differ, or the copy is another attempt or replay: a retry waiting behind a
+stale copy of its earlier attempt must still run) a copy goes through the
+state machine itself, so nothing here can lose an event.
 """
 
 import asyncio
@@ -58,4 +60,12 @@ class CopiesInFlight:
     async def completed_for(leader: _Leader, copy: EventMessage) -> bool:
         """Waits for the leader; True when the copy is settled with it (ack it as a duplicate)."""
         outcome = await asyncio.shield(leader.outcome)
-        return outcome in _SETTLED and leader.event.payload_sha256 == copy.payload_sha256
+        if outcome not in _SETTLED or leader.event.payload_sha256 != copy.payload_sha256:
+            return False
+        return outcome is Outcome.PROCESSED or _same_attempt(leader.event, copy)
+
+
+def _same_attempt(leader: EventMessage, copy: EventMessage) -> bool:
+    # A leader's DUPLICATE may only mean "this attempt was already handed on"
+    # (workers/attempts.py), which says nothing about a later attempt or a replay.
+    return (leader.replay_of, leader.attempt) == (copy.replay_of, copy.attempt)

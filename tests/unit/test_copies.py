@@ -1,6 +1,8 @@
-"""workers.copies: a copy is settled with its leader only when the leader settled the same payload."""
+"""workers.copies: a copy is settled with its leader only when the leader settled the same payload
+and, unless it completed the event, the same attempt of the same chain."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -31,6 +33,21 @@ async def test_a_copy_waits_for_its_leader(outcome, same_payload, duplicate):
     copies.settle(first, outcome)
     assert await waiting is duplicate
     assert copies.leader(copy.key) is None
+
+
+@pytest.mark.parametrize("outcome", list(Outcome))
+@pytest.mark.parametrize("copy_changes", [{"attempt": 2}, {"replay_of": 7}, {"attempt": 2, "replay_of": 7}])
+async def test_another_attempt_or_replay_is_settled_only_by_a_completion(outcome, copy_changes):
+    """Adversary finding A1: a stale copy of attempt 1 leads (DUPLICATE: that
+    attempt was already handed on); the retry of attempt 2, or a replay,
+    waiting behind it must still run."""
+    copies = CopiesInFlight()
+    first = make_event("acme", "evt_1")
+    copy = dataclasses.replace(first, **copy_changes)
+    copies.lead(first)
+    waiting = asyncio.create_task(copies.completed_for(copies.leader(copy.key), copy))
+    copies.settle(first, outcome)
+    assert await waiting is (outcome is Outcome.PROCESSED)
 
 
 async def test_only_the_leader_settles_its_key():
