@@ -85,7 +85,8 @@ class BatchProcessor:
                              and already_handed_on(messages[i], leases[messages[i].key].handed_on)]
                 leased = [i for i in order if messages[i].key in leases and i not in handed_on]
                 keepers = [self._processor.redis_keeper(locks[i]) for i in leased]
-                keepers.append(self._processor.lease_keeper(list(leases.values())))
+                if leases:  # none when every key is leased elsewhere: nothing to keep
+                    keepers.append(self._processor.lease_keeper(list(leases.values())))
                 async with kept_alive(keepers):
                     passed = await self._commit(connection, messages, leased, leases, keepers) if leased else None
         finally:
