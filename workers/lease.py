@@ -7,7 +7,7 @@ holder whose Postgres connection died — a partition, a proxy cut — while
 its handler goes on calling the outside world still keeps every other
 worker off the key until the lease runs out, and a holder that cannot
 extend its lease does not complete under it. The lease is short
-(`WEBHOOK_INGEST_LOCK_TTL`, 5 s) and extended every third of it, so a key
+(`WEBHOOK_INGEST_LOCK_TTL`, 3 s) and extended every third of it, so a key
 whose holder was killed is free again within seconds. The whole argument:
 docs/design.md, "Exclusion".
 
