@@ -52,7 +52,8 @@ async def record_handed_on(pool, message: EventMessage) -> None:
     for pause in pauses():
         try:
             async with pool.acquire(timeout=10) as connection:
-                await connection.execute(SQL["record_handed_on"], message.key, message.replay_of, message.attempt)
+                await connection.execute(SQL["record_handed_on"], message.key, message.replay_of, message.attempt,
+                                         timeout=10)  # idempotent: a statement lost in a black hole is made again
             return
         except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
             log.warning("attempt_record_waiting_for_postgres", error=describe(exc), retry_in=pause)

@@ -55,7 +55,8 @@ async def extend_leases(pool, leases: list[Lease], ttl_ms: int) -> bool:
     """True when every lease was still ours and now runs `ttl_ms` longer."""
     try:
         async with pool.acquire(timeout=ttl_ms / 3000) as connection:
-            extended = await connection.fetchval(SQL["extend_leases"], *_columns(leases), ttl_ms)
+            extended = await connection.fetchval(SQL["extend_leases"], *_columns(leases), ttl_ms,
+                                                 timeout=ttl_ms / 3000)
     except asyncpg.ReadOnlySQLTransactionError:  # a session opened before a failover: open new ones
         await pool.expire_connections()
         raise
@@ -67,8 +68,8 @@ async def release_leases(pool, leases: list[Lease]) -> None:
     if not leases:
         return
     try:
-        async with pool.acquire(timeout=5) as connection:
-            await connection.execute(SQL["release_leases"], *_columns(leases))
+        async with pool.acquire(timeout=5) as connection:  # a black-holed server: not waited for
+            await connection.execute(SQL["release_leases"], *_columns(leases), timeout=5)
     except Exception as exc:  # noqa: BLE001 - Postgres away: the lease expires instead
         log.info("lease_release_failed", error=describe(exc))
 
