@@ -26,14 +26,17 @@ then until the relays had drained it.
 """
 
 import asyncio
+import collections
 import json
+import subprocess
+import sys
 import time
 
 from tests.bench import httpload
 from tests.bench.deployment import SECRET, SOURCE, Deployment
 from tests.support.processes import wait_until
 from tests.support.rabbit_cluster import RabbitCluster, RabbitNode
-from tests.support.tcpproxy import TcpProxy
+from tests.support.tcpproxy import TcpProxy, free_port
 
 RATE = 1_000
 BEFORE_SECONDS, AWAY_SECONDS, AFTER_SECONDS = 3, 10, 3
@@ -58,7 +61,7 @@ async def measure(figures: dict) -> None:
     """Both shapes on one private node; adds to figures' `lost` and `duplicated_effects`."""
     with RabbitCluster(size=1) as cluster:
         node = cluster.nodes[0]
-        with TcpProxy("127.0.0.1", node.port) as proxy:
+        with ProxyProcess(node.port) as proxy:
             async with Deployment(amqp_url=node.url()) as deployment:
                 await deployment.start_ingress(env={"AMQP_URL": proxy.url_for(node.url())})
                 await _warm_up(deployment)
@@ -72,7 +75,56 @@ async def measure(figures: dict) -> None:
                     await _count_outcome(deployment, prefix, keys, figures)
 
 
-def _outage(shape: str, node: RabbitNode, proxy: TcpProxy):
+class ProxyProcess:
+    """tests/support/tcpproxy.py in a process of its own: in the bench's
+    process its thread would share the GIL with the load client, and the
+    broker's confirms would wait for the client's loop."""
+
+    def __init__(self, target_port: int):
+        self._target_port = target_port
+        self.port = free_port()
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", f"from tests.bench.broker_blocked import serve_proxy; "
+                                   f"serve_proxy({target_port}, {self.port})"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._command("started")
+
+    def url_for(self, url: str) -> str:
+        """`url` (of the target) through the proxy."""
+        target = f"127.0.0.1:{self._target_port}"
+        assert target in url, (target, url)
+        return url.replace(target, f"127.0.0.1:{self.port}")
+
+    def stall(self) -> None:
+        self._command("stall")
+
+    def flow(self) -> None:
+        self._command("flow")
+
+    def _command(self, line: str) -> None:
+        if line != "started":
+            self._process.stdin.write(line + "\n")
+            self._process.stdin.flush()
+        assert self._process.stdout.readline().strip() == "ok", f"proxy: {line}"
+
+    def __enter__(self) -> "ProxyProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._process.stdin.close()
+        self._process.wait(timeout=30)
+
+
+def serve_proxy(target_port: int, port: int) -> None:
+    """The proxy process: `stall` and `flow` on stdin, each answered `ok`; ends with stdin."""
+    with TcpProxy("127.0.0.1", target_port, listen_port=port) as proxy:
+        print("ok", flush=True)
+        for line in sys.stdin:
+            getattr(proxy, line.strip())()
+            print("ok", flush=True)
+
+
+def _outage(shape: str, node: RabbitNode, proxy: "ProxyProcess"):
     """(make the broker away, bring it back): blocking calls, run in a thread."""
     if shape == "blocked":
         return (lambda: node.ctl("set_vm_memory_high_watermark", BLOCKING_WATERMARK),
@@ -147,11 +199,14 @@ async def offer(port: int, requests: list[bytes], rate: float,
     keep-alive connection or a new one — never held back by slow answers, as
     providers send. (request's index, scheduled time, latency from it,
     status) per request sent."""
-    idle = await httpload.connect(port, 64)
+    # The longest idle first: every connection, so every ingress process
+    # sharing the port, gets its share (the last returned first sent most
+    # of the load to one process, whose bound then answered 503).
+    idle = collections.deque(await httpload.connect(port, 64))
     answers: list[tuple[int, float, float, int]] = []
 
     async def send(n: int, raw: bytes, scheduled: float) -> None:
-        connection = idle.pop() if idle else (await httpload.connect(port, 1))[0]
+        connection = idle.popleft() if idle else (await httpload.connect(port, 1))[0]
         status = await connection.request(raw)
         answers.append((n, scheduled, time.perf_counter() - scheduled, status))
         idle.append(connection)
