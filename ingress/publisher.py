@@ -13,6 +13,7 @@ each waiting out the publish timeout (docs/design.md, "The outbox").
 """
 
 import asyncio
+from collections.abc import Awaitable
 
 import aio_pika
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
@@ -31,6 +32,14 @@ CONNECT_TIMEOUT = 10.0
 PATIENCE = 1.0  # a live request's wait for its confirm: longer, and the broker is suspect (see publish)
 PROBE_FIRST_DELAY, PROBE_MAX_DELAY = 0.2, 5.0
 PROBE_QUEUE_ARGUMENTS = {"x-queue-type": "quorum", "x-max-length": 1}  # overflow drops the older probe
+
+
+class GivenUp(BrokerUnavailable):
+    """A live request stopped waiting for the broker's confirm."""
+
+    def __init__(self, message: str, pending: asyncio.Future | None):
+        super().__init__(message)
+        self.pending = pending  # its publish, still going on (None: none was made)
 
 
 class Publisher:
@@ -87,15 +96,37 @@ class Publisher:
         publish made the broker suspect; the publish itself goes on, and a
         late confirm only makes a copy, which the workers settle. A live
         request that would make more than `max_waiting` wait is not
-        published: the broker becomes suspect."""
+        published: the broker becomes suspect. A live request given up on
+        raises GivenUp, for `publish_anyway`."""
         if not self.available:
-            raise BrokerUnavailable("not connected to the broker" if not self.ready else "the broker is not confirming")
+            raise GivenUp("not connected to the broker" if not self.ready else "the broker is not confirming", None)
         if patience is not None and self._crowded():
             self._suspect()
-            raise BrokerUnavailable(f"{self._waiting} requests already wait for a confirm")
-        publishing = topology.publish(self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT)
+            raise GivenUp(f"{self._waiting} requests already wait for a confirm", None)
+        if patience is None:
+            return await self._confirmed(topology.publish(
+                self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
+        publishing = asyncio.ensure_future(
+            topology.publish(self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
         try:
-            await (publishing if patience is None else self._within(asyncio.ensure_future(publishing), patience))
+            await self._confirmed(self._within(publishing, patience))
+        except BrokerUnavailable as exc:
+            raise GivenUp(str(exc), None if publishing.done() else publishing) from exc
+
+    async def publish_anyway(self, event: EventMessage, given_up: GivenUp) -> None:
+        """The last way left (the outbox failed too): the publish given up
+        on, awaited to its own limit; or, when none was made and the
+        connection is up, one now, suspect broker or not. Raises
+        BrokerUnavailable when that is not confirmed either."""
+        if given_up.pending is not None:
+            return await self._confirmed(given_up.pending)
+        if not self.ready:
+            raise given_up
+        await self._confirmed(topology.publish(self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
+
+    async def _confirmed(self, publishing: Awaitable[None]) -> None:
+        try:
+            await publishing
         except BROKER_ERRORS as exc:
             self._suspect()
             raise BrokerUnavailable(describe(exc)) from exc

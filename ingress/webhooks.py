@@ -14,7 +14,8 @@ from aiohttp import web
 from webhook_ingest.ingress.appkeys import done_markers_key, outbox_key, publisher_key, sources_key
 from webhook_ingest.ingress.limits import check_client_address, check_rate_limit, read_body_within
 from webhook_ingest.ingress.outbox import OutboxUnavailable
-from webhook_ingest.ingress.publisher import PATIENCE, BrokerUnavailable
+from webhook_ingest.ingress.publisher import PATIENCE, GivenUp, Publisher
+from webhook_ingest.shared.errors import BrokerUnavailable
 from webhook_ingest.ingress.responses import Rejected, error, json_response
 from webhook_ingest.shared import event_id, metrics, storable_json
 from webhook_ingest.shared.logging import get_logger
@@ -65,17 +66,28 @@ async def _accept(request: web.Request, source: Source | None) -> web.Response:
 
 
 async def _store(app: web.Application, event: EventMessage) -> None:
-    """Durably: a broker confirm, else one committed outbox insert, else 503."""
+    """Durably: a broker confirm, else one committed outbox insert, else the
+    broker after all (the publish given up on, or one made now), else 503."""
     try:
         return await app[publisher_key].publish(event, patience=PATIENCE)
-    except BrokerUnavailable as exc:
-        broker_error = str(exc)
+    except GivenUp as exc:
+        given_up = exc
     try:
         await app[outbox_key].store(event)
     except OutboxUnavailable as exc:
-        log.warning("unavailable", source=event.source, key=event.key, broker=broker_error, outbox=str(exc))
+        return await _publish_anyway(app[publisher_key], event, given_up, str(exc))
+    log.info("stored_in_outbox", source=event.source, key=event.key, broker=str(given_up))
+
+
+async def _publish_anyway(publisher: Publisher, event: EventMessage, given_up: GivenUp, outbox_error: str) -> None:
+    """No outbox: a broker that was only suspect may still confirm (Postgres
+    away and a burst on a healthy broker, docs/design.md "The outbox")."""
+    try:
+        await publisher.publish_anyway(event, given_up)
+    except BrokerUnavailable as exc:
+        log.warning("unavailable", source=event.source, key=event.key, broker=str(exc), outbox=outbox_error)
         raise Rejected(error(503, "unavailable", {"Retry-After": RETRY_AFTER_SECONDS})) from exc
-    log.info("stored_in_outbox", source=event.source, key=event.key, broker=broker_error)
+    log.info("published_without_outbox", source=event.source, key=event.key, outbox=outbox_error)
 
 
 def _verify(source: Source, request: web.Request, body: bytes) -> None:

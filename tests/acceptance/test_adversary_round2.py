@@ -147,10 +147,6 @@ async def test_a_retry_waiting_behind_a_deferred_stale_copy_is_not_dropped(setti
     assert "batch_crashed" not in worker.output()  # a batch whose keys are all leased elsewhere is no crash
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding A2: with Postgres away, a burst that has half of WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS waiting "
-    "for confirms makes a healthy broker suspect: the waiting requests (whose publishes the broker confirms) "
-    "and the next ones skip the broker, find no outbox and answer 503"))
 async def test_with_postgres_away_a_burst_on_a_healthy_broker_is_answered_200(settings, fleet, tmp_path):
     """Postgres is away for the ingress (a failover, a cut): the broker is the
     one path, and it is healthy, confirming within milliseconds. A provider
