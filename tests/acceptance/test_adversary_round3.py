@@ -1,0 +1,191 @@
+"""Adversary, round 3: the attempt record ("handed on", f1164af), the retry
+publish that waits for its confirm (915225d), the lease holder that closes
+its session (07141b4, 7587f9e, 716d86b) and the copies that settle with
+their leader (f1b7d7d, a9bae3a), read as an attacker would, against real
+worker processes and the real services. A test marked xfail(strict) is a
+finding not fixed yet: it fails on purpose, and the suite says so once it
+passes.
+"""
+
+import asyncio
+import os
+import sys
+
+import asyncpg
+import pytest
+
+from tests.support.events import make_event, publish_events, queue_depth
+from tests.support.exactly_once import recorded_runs, write_sources
+from tests.support.processes import count_rows, wait_for_output, wait_until
+from webhook_ingest.shared import topology
+
+pytestmark = pytest.mark.usefixtures("effects_tables")
+ADVERSARY = "tests.support.adversary_handlers"
+HANDLERS = "tests.support.handlers"
+
+
+async def _queue_empty(settings) -> bool:
+    return await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace)) == 0
+
+
+async def _settled_quietly(settings, seconds: float = 3) -> None:
+    """Until the events queue is empty, then a few seconds more: retries
+    (0.5 s) and deferrals (1 s) come back within that."""
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(seconds)
+
+
+async def _dlq(service_env: dict, *args: str) -> None:
+    """`webhook-ingest dlq ARGS`, as on-call runs it."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "webhook_ingest", "dlq", *args, env={**os.environ, **service_env},
+        stdout=asyncio.subprocess.DEVNULL)
+    assert await asyncio.wait_for(process.wait(), 60) == 0
+
+
+async def _fetchrow(database_url: str, sql: str, *args):
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await connection.fetchrow(sql, *args)
+    finally:
+        await connection.close()
+
+
+async def _where_is(database_url: str, key: str) -> dict:
+    """Everything the event could have become: completed, a dead letter on-call
+    can see, or a conflict recorded for operators."""
+    row = await _fetchrow(database_url, """
+        SELECT (SELECT count(*) FROM processed_events WHERE key = $1) AS completed,
+               (SELECT count(*) FROM dead_letters WHERE key = $1 AND status = 'dead') AS open_dead_letters,
+               (SELECT count(*) FROM event_conflicts WHERE key = $1) AS conflicts""", key)
+    return dict(row)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding B1: an explicit replay of an earlier dead letter (dlq replay ID, allowed whatever its status) "
+    "is acked as attempt_already_handed_on without running: its chain id is lower than the chain the "
+    "first replay started"))
+async def test_replaying_an_earlier_dead_letter_again_runs_the_event_again(settings, service_env, fleet, tmp_path):
+    """The receiver is down. The event's chain ends in dead letter 1;
+    on-call replays it (`dlq replay 1`): chain 1 runs its three attempts and
+    ends in dead letter 2. The receiver is fixed (or on-call wants one more
+    try) and on-call replays dead letter 1 again by its id — which `dlq
+    replay ID` allows whatever the row's status ("an explicit id is the
+    operator's decision", shared/queries.sql), and says it replayed. §8: a
+    replay puts the event back with a fresh attempt budget; it must run
+    again. It is acked as a duplicate instead: its chain (replay_of = 1) is
+    lower than the recorded one (1 as well, attempt 3 handed on), so its
+    attempt 1 counts as already handed on."""
+    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:failing_external", database_url=settings.database_url)
+    worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
+    await wait_for_output(worker, "worker_consuming")
+    event = make_event("acme", "evt_replayed_twice")
+    await publish_events(settings.amqp_url, settings.namespace, [event])
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="dead letter 1")
+
+    await _dlq(service_env, "replay", "1")
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters", "status = 'dead'"), 30,
+                     message="dead letter 2, the first replay's")
+    await _settled_quietly(settings, 1)
+    assert len(await recorded_runs(settings.database_url)) == 6  # two chains of three
+
+    await _dlq(service_env, "replay", "1")  # once more, by the id on-call has at hand
+    await _settled_quietly(settings)
+
+    attempts = sorted(run["started"] for run in await recorded_runs(settings.database_url))
+    assert attempts == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0], (
+        attempts, "attempt_already_handed_on" in worker.output())
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding B2: after on-call discards an event's dead letter, the provider sending the event again is "
+    "answered 200 and acked as attempt_already_handed_on for ever (until prune): never run, never recorded"))
+async def test_after_its_dead_letter_is_discarded_an_event_sent_again_runs(settings, service_env, fleet, tmp_path):
+    """The receiver is down; the event's chain ends in a dead letter, which
+    on-call discards (the provider will send it again once its side is
+    fixed, or the event was judged not worth a replay). Then the provider
+    sends the event again, and the receiver is up. §8: "a copy of an event
+    that is an open dead letter is a duplicate until on-call replays it" —
+    this one is not open any more, so the copy is an event answered 200
+    that must run (§7.3). It is acked as a duplicate of chain 0's attempt 3
+    instead, and the event is nowhere: not completed, no open dead letter."""
+    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:fails_until_dead_lettered",
+                            database_url=settings.database_url)
+    worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
+    await wait_for_output(worker, "worker_consuming")
+    event = make_event("acme", "evt_discarded_then_sent_again")
+    await publish_events(settings.amqp_url, settings.namespace, [event])
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
+    await _settled_quietly(settings, 1)
+    await _dlq(service_env, "discard", "1")
+
+    await publish_events(settings.amqp_url, settings.namespace, [event])  # the provider sends it again
+    await _settled_quietly(settings)
+
+    assert await _where_is(settings.database_url, event.key) == {
+        "completed": 1, "open_dead_letters": 0, "conflicts": 0}, "attempt_already_handed_on" in worker.output()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding B3: a conflicting payload for a key whose attempt 1 was handed on is acked as a duplicate "
+    "(attempt_already_handed_on, checked before the completion) once Redis forgot the key: no "
+    "event_conflicts row, no payload_conflict log, counted duplicate"))
+async def test_a_conflicting_payload_after_a_retried_completion_is_recorded_as_a_conflict(settings, fleet, tmp_path):
+    """An event fails its first attempt and completes on its second
+    (key_fences: chain 0, attempt 1 handed on). Redis forgets the key (its
+    done marker lives WEBHOOK_INGEST_DONE_TTL: a day by default, 1 s here).
+    Then the provider sends the same key with another payload. §5: that is
+    a conflict — not processed again, logged with both hashes, counted
+    `conflict` and recorded in event_conflicts for operators. Without a
+    failed attempt before the completion it is (test_exactly_once); with
+    one, the attempt check runs before the completion check, and the
+    conflicting payload is acked as a copy of attempt 1, unrecorded."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:inbox_failing_odd_ids_once"),
+           "WEBHOOK_INGEST_DONE_TTL": "1"}
+    worker = fleet.worker("--concurrency", "4", env=env)
+    await wait_for_output(worker, "worker_consuming")
+    first = make_event("acme", "evt_1", {"amount": 100})  # odd: its first attempt fails
+    await publish_events(settings.amqp_url, settings.namespace, [first])
+    await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 30, message="the completion")
+    assert (await _fetchrow(settings.database_url, "SELECT attempts FROM processed_events"))["attempts"] == 2
+    await asyncio.sleep(2)  # Redis forgets the key
+
+    tampered = make_event("acme", "evt_1", {"amount": 999})
+    await publish_events(settings.amqp_url, settings.namespace, [tampered])
+    await _settled_quietly(settings, 1)
+
+    assert await _where_is(settings.database_url, first.key) == {
+        "completed": 1, "open_dead_letters": 0, "conflicts": 1}, "attempt_already_handed_on" in worker.output()
+    assert "payload_conflict" in worker.output()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding B3: another payload under a key whose chain ended in a dead letter is acked as "
+    "attempt_already_handed_on: not run, not a conflict, not a dead letter — answered 200 and recorded nowhere"))
+async def test_another_payload_under_a_dead_lettered_key_is_recorded_somewhere(settings, fleet, tmp_path):
+    """The receiver is down and the event's chain ends in a dead letter.
+    The provider then sends the key again with another payload (a
+    corrected event). Whatever the right outcome — run (the key never
+    completed), a dead letter of its own, or a conflict recorded for
+    operators (§5) — an event answered 200 must end somewhere (§7.3). It is
+    acked as a copy of chain 0's attempt 3 and leaves no trace: discard the
+    first dead letter and the second payload is lost."""
+    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:failing_external", database_url=settings.database_url)
+    worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
+    await wait_for_output(worker, "worker_consuming")
+    first = make_event("acme", "evt_corrected", {"amount": 100})
+    await publish_events(settings.amqp_url, settings.namespace, [first])
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
+    await _settled_quietly(settings, 1)
+
+    corrected = make_event("acme", "evt_corrected", {"amount": 101})
+    await publish_events(settings.amqp_url, settings.namespace, [corrected])
+    await _settled_quietly(settings)
+
+    traces = await _fetchrow(settings.database_url, """
+        SELECT (SELECT count(*) FROM runs WHERE started = 1) - 1 AS runs,
+               (SELECT count(*) FROM dead_letters WHERE payload_sha256 = $1) AS dead_letters,
+               (SELECT count(*) FROM event_conflicts WHERE conflicting_sha256 = $1) AS conflicts,
+               (SELECT count(*) FROM processed_events WHERE payload_sha256 = $1) AS completed""",
+                                corrected.payload_sha256)
+    assert any(dict(traces).values()), (dict(traces), "attempt_already_handed_on" in worker.output())
