@@ -61,10 +61,6 @@ UPDATE dead_letters SET status = $2, updated_at = now()
 WHERE id = ANY($1::bigint[])
 RETURNING id
 
--- name: completed_payload_sha256
--- The payload hash the key completed with, NULL while it has not.
-SELECT payload_sha256 FROM processed_events WHERE key = $1
-
 -- name: count_open_dead_letters
 SELECT count(*) FROM dead_letters WHERE status = 'dead'
 
@@ -179,23 +175,3 @@ SELECT to_regclass('outbox') IS NOT NULL
 
 -- name: count_outbox
 SELECT count(*) FROM outbox
-
--- retention (webhook-ingest prune) --------------------------------------------
--- Each block deletes one batch; the caller loops, one short transaction per
--- batch, so pruning never holds locks on many rows at once.
-
--- name: retention_cutoff
-SELECT now() - $1::interval
-
--- name: prune_completed_events
--- The outer condition is repeated on purpose: when a row changed while the
--- DELETE waited for its lock, Postgres re-checks only the outer WHERE on the
--- new version (a fence a worker just refreshed must survive).
-DELETE FROM processed_events
-WHERE key IN (SELECT key FROM processed_events WHERE completed_at < $1 LIMIT $2)
-  AND completed_at < $1
-
--- name: prune_key_fences
-DELETE FROM key_fences
-WHERE key IN (SELECT key FROM key_fences WHERE updated_at < $1 LIMIT $2)
-  AND updated_at < $1 AND (lease_until IS NULL OR lease_until < now())

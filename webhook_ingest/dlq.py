@@ -18,7 +18,6 @@ import orjson
 
 from webhook_ingest.shared import amqp, topology
 from webhook_ingest.shared.dead_letters import (
-    SQL,
     STATUSES,
     Actor,
     DeadLetterNotFound,
@@ -33,10 +32,10 @@ from webhook_ingest.shared.errors import BrokerUnavailable, ConfigError, Service
 from webhook_ingest.shared.logging import configure_logging
 from webhook_ingest.shared.service_errors import BROKER_ERRORS, POSTGRES_ERRORS
 from webhook_ingest.shared.settings import Settings, load_settings
+from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 
 CONNECT_TIMEOUT = 10.0
-PRUNE_BATCH = 5000
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -118,7 +117,7 @@ def prune(older_than: str) -> None:
     Dead letters are kept.
     """
     window = parse_duration(older_than)
-    pruned = run_or_fail(_with_database(_settings(), prune_completion_records, window))
+    pruned = run_or_fail(_prune(_settings(), window))
     click.echo(f"pruned {pruned} completion records older than {older_than}")
 
 
@@ -152,9 +151,9 @@ def _settings() -> Settings:
 # -- services --------------------------------------------------------------------
 
 
-async def _with_database(settings: Settings, operation, *args, **kwargs):
+async def _prune(settings: Settings, window: timedelta) -> int:
     async with database(settings) as connection:
-        return await operation(connection, *args, **kwargs)
+        return await CompletionStore(connection).prune(window)
 
 
 async def _with_store(settings: Settings, use: Callable[[DeadLetterStore], Awaitable[Any]]) -> Any:
@@ -212,26 +211,6 @@ async def _replay(settings: Settings, ids: list[int], all_: bool, source: str | 
     async with database(settings) as connection, confirm_channel(settings) as channel:
         return await DeadLetterStore(connection).replay(channel, settings.namespace, ids=ids, all_=all_,
                                                         source=source, actor=Actor.cli())
-
-
-async def prune_completion_records(connection, window: timedelta, batch_size: int = PRUNE_BATCH) -> int:
-    """Delete `processed_events` completed, and `key_fences` untouched, before
-    now - `window`; batch by batch, each its own short transaction. Returns
-    how many completion records went."""
-    cutoff = await connection.fetchval(SQL["retention_cutoff"], window)
-    pruned = await _delete_in_batches(connection, SQL["prune_completed_events"], cutoff, batch_size)
-    await _delete_in_batches(connection, SQL["prune_key_fences"], cutoff, batch_size)
-    return pruned
-
-
-async def _delete_in_batches(connection, query: str, cutoff: datetime, batch_size: int) -> int:
-    total = 0
-    while True:
-        status = await connection.execute(query, cutoff, batch_size)  # "DELETE 5000"
-        deleted = int(status.split()[-1])
-        total += deleted
-        if deleted < batch_size:
-            return total
 
 
 # -- output ----------------------------------------------------------------------

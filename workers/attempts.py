@@ -14,20 +14,12 @@ A replay from the dead letters starts a new chain at attempt 1: its
 messages carry the dead letter's id (`replay_of`, which only grows), and a
 chain older than the recorded one is stale as a whole. Why, and what still
 runs an attempt twice: docs/design.md, "One next attempt per failed attempt".
+The record is written by `CompletionStore.record_handed_on` (`workers.completions`).
 """
 
-import asyncio
 from dataclasses import dataclass
 
-from webhook_ingest.shared.backoff import pauses
-from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage
-from webhook_ingest.shared.queries import load_queries
-from webhook_ingest.workers.outage import POSTGRES_LOST
-
-log = get_logger(__name__)
-SQL = load_queries("webhook_ingest.workers")
 
 
 @dataclass(frozen=True)
@@ -43,18 +35,3 @@ def already_handed_on(message: EventMessage, handed_on: HandedOn) -> bool:
     if message.replay_of != handed_on.replay_of:
         return message.replay_of < handed_on.replay_of
     return message.attempt <= handed_on.attempt
-
-
-async def record_handed_on(pool, message: EventMessage) -> None:
-    """Remembers that `message`'s attempt was handed on; returns only once
-    committed, waiting while Postgres is away (the next attempt is already
-    durable: running this one again is what must not happen)."""
-    for pause in pauses():
-        try:
-            async with pool.acquire(timeout=10) as connection:
-                await connection.execute(SQL["record_handed_on"], message.key, message.replay_of, message.attempt,
-                                         timeout=10)  # idempotent: a statement lost in a black hole is made again
-            return
-        except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
-            log.warning("attempt_record_waiting_for_postgres", error=describe(exc), retry_in=pause)
-            await asyncio.sleep(pause)

@@ -24,11 +24,15 @@ mode) go through `Processor` alone from the start.
 
 import asyncio
 
+import asyncpg
+
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.workers.attempts import already_handed_on
+from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.idempotency import IdempotencyStore, quietly
-from webhook_ingest.workers.lease import Lease, LockLost, cancelled_when_lost, release_leases, take_leases
-from webhook_ingest.workers.processor import SQL, HandlerFailed, Processor, completion_row, found_in_chain, kept_alive
+from webhook_ingest.workers.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
+from webhook_ingest.workers.outage import found_in_chain
+from webhook_ingest.workers.processor import HandlerFailed, Processor
 from webhook_ingest.workers.redlock import Lock
 from webhook_ingest.workers.states import ClaimState, Outcome
 
@@ -38,10 +42,10 @@ class _RollBack(Exception):
 
 
 class BatchProcessor:
-    def __init__(self, processor: Processor, store: IdempotencyStore, pool):
+    def __init__(self, processor: Processor, store: IdempotencyStore, completions: CompletionStore):
         self._processor = processor
         self._store = store
-        self._pool = pool
+        self._completions = completions
 
     async def process(self, messages: list[EventMessage]) -> list[Outcome]:
         """Outcomes in the order of `messages`; copies of a key wait for its first."""
@@ -57,7 +61,8 @@ class BatchProcessor:
 
     async def _process_distinct(self, messages: list[EventMessage]) -> list[Outcome]:
         claims = await self._store.claim_many([message.key for message in messages])
-        acquired = {i: claim.lock for i, claim in enumerate(claims) if claim.state is ClaimState.ACQUIRED}
+        acquired = {i: claim.lock for i, claim in enumerate(claims)
+                    if claim.state is ClaimState.ACQUIRED and claim.lock is not None}  # an acquired claim holds its lock
         outcomes: dict[int, Outcome] = {}
         alone = [i for i in range(len(messages)) if i not in acquired]
         try:
@@ -79,8 +84,9 @@ class BatchProcessor:
         leases: dict[str, Lease] = {}
         passed = None
         try:
-            async with self._pool.acquire() as connection:
-                leases = await take_leases(connection, _keys(messages, order), self._store.redlock.ttl_ms)
+            async with self._completions.session() as connection:
+                leases = await self._completions.take_leases(connection, _keys(messages, order),
+                                                             self._store.redlock.ttl_ms)
                 handed_on = [i for i in order if messages[i].key in leases
                              and already_handed_on(messages[i], leases[messages[i].key].handed_on)]
                 leased = [i for i in order if messages[i].key in leases and i not in handed_on]
@@ -91,7 +97,7 @@ class BatchProcessor:
                     passed = await self._commit(connection, messages, leased, leases, keepers) if leased else None
         finally:
             completed_now = set() if passed is None else {messages[i].key for i in passed[0]}
-            await release_leases(self._pool, [lease for key, lease in leases.items() if key not in completed_now])
+            await self._completions.release_leases([lease for key, lease in leases.items() if key not in completed_now])
         if passed is None:  # rolled back, or nothing leased: each on its own, still under its lock
             settled = await _all(*(self._processor.run_locked(messages[i], locks[i]) for i in order))
             return dict(zip(order, settled))
@@ -107,14 +113,14 @@ class BatchProcessor:
         outcomes.update(zip(busy, settled))
         return outcomes
 
-    async def _commit(self, connection, messages: list[EventMessage], leased: list[int],
-                      leases: dict[str, Lease], keepers) -> tuple | None:
+    async def _commit(self, connection: asyncpg.Connection, messages: list[EventMessage], leased: list[int],
+                      leases: dict[str, Lease], keepers: list[Keeper]) -> tuple | None:
         """Turns, handlers and completions of the leased keys in one
         transaction, cancelled if the leases are lost meanwhile. Returns the
         indexes completed now, those found completed (with their hash) and
         those whose turn another run holds; None when it rolled back."""
         try:
-            async with connection.transaction():
+            async with self._completions.transaction(connection):
                 with cancelled_when_lost(keepers[-1], connection):
                     return await self._in_transaction(connection, messages, leased, leases, keepers)
         except Exception as exc:
@@ -122,12 +128,11 @@ class BatchProcessor:
                 raise
             return None
 
-    async def _in_transaction(self, connection, messages: list[EventMessage], leased: list[int],
-                              leases: dict[str, Lease], keepers) -> tuple:
-        turned = {row["key"] for row in await connection.fetch(SQL["take_turns"], _keys(messages, leased))}
+    async def _in_transaction(self, connection: asyncpg.Connection, messages: list[EventMessage], leased: list[int],
+                              leases: dict[str, Lease], keepers: list[Keeper]) -> tuple:
+        turned = await self._completions.take_turns(connection, _keys(messages, leased))
         mine = [i for i in leased if messages[i].key in turned]
-        done = {row["key"]: row["payload_sha256"]
-                for row in await connection.fetch(SQL["completed_keys"], _keys(messages, mine))}
+        done = await self._completions.completed_keys(connection, _keys(messages, mine))
         completed = {i: done[messages[i].key] for i in mine if messages[i].key in done}
         fresh = [i for i in mine if i not in completed]
         for i in fresh:
@@ -135,9 +140,8 @@ class BatchProcessor:
         for keeper in keepers:
             keeper.check()
         if fresh:
-            rows = [completion_row(messages[i], leases[messages[i].key].token) for i in fresh]
-            inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)))
-            if len(inserted) != len(rows):
+            completions = [(messages[i], leases[messages[i].key].token) for i in fresh]
+            if await self._completions.complete_events(connection, completions) != len(completions):
                 raise _RollBack()
         return fresh, completed, [i for i in leased if messages[i].key not in turned]
 

@@ -12,25 +12,20 @@ whose holder was killed is free again within seconds. The whole argument:
 docs/design.md, "Exclusion".
 
 The lease and the fencing token are one write: taking the lease registers
-a new token for the key.
+a new token for the key. Its statements are `workers.completions`'s.
 """
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-import asyncpg
-
 from webhook_ingest.shared import metrics
-from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.workers.attempts import HandedOn
 
 log = get_logger(__name__)
-SQL = load_queries("webhook_ingest.workers")
 RENEW_RETRY_SECONDS = 0.2
 SAFETY_MARGIN = 1 / 3  # of the TTL: what is left of a validity when it counts as lost
 
@@ -41,41 +36,6 @@ class Lease:
     token: int
     sent_at: float  # time.monotonic() before the statement that took it was sent
     handed_on: HandedOn = HandedOn()  # the key's last attempt handed on (workers.attempts)
-
-
-async def take_leases(connection, keys: list[str], ttl_ms: int) -> dict[str, Lease]:
-    """The leases granted among `keys` (distinct), in one statement outside any transaction."""
-    sent_at = time.monotonic()
-    rows = await connection.fetch(SQL["take_leases"], keys, ttl_ms)
-    return {row["key"]: Lease(row["key"], row["token"], sent_at, HandedOn(row["replay_of"], row["attempt"]))
-            for row in rows}
-
-
-async def extend_leases(pool, leases: list[Lease], ttl_ms: int) -> bool:
-    """True when every lease was still ours and now runs `ttl_ms` longer."""
-    try:
-        async with pool.acquire(timeout=ttl_ms / 3000) as connection:
-            extended = await connection.fetchval(SQL["extend_leases"], *_columns(leases), ttl_ms,
-                                                 timeout=ttl_ms / 3000)
-    except asyncpg.ReadOnlySQLTransactionError:  # a session opened before a failover: open new ones
-        await pool.expire_connections()
-        raise
-    return extended == len(leases)
-
-
-async def release_leases(pool, leases: list[Lease]) -> None:
-    """Best effort: a lease not released runs out by itself."""
-    if not leases:
-        return
-    try:
-        async with pool.acquire(timeout=5) as connection:  # a black-holed server: not waited for
-            await connection.execute(SQL["release_leases"], *_columns(leases), timeout=5)
-    except Exception as exc:  # noqa: BLE001 - Postgres away: the lease expires instead
-        log.info("lease_release_failed", error=describe(exc))
-
-
-def _columns(leases: list[Lease]) -> tuple[list[str], list[int]]:
-    return [lease.key for lease in leases], [lease.token for lease in leases]
 
 
 class LockLost(Exception):
@@ -203,3 +163,15 @@ def _handler_stopped(keeper: Keeper, connection) -> None:
     metrics.handlers_cancelled.inc()
     log.warning("lease_lost_handler_cancelled", holder=keeper.name)
     connection.terminate()
+
+
+@contextlib.asynccontextmanager
+async def kept_alive(keepers: list[Keeper]) -> AsyncIterator[None]:
+    """Renews the locks and leases while the block runs."""
+    tasks = [asyncio.create_task(keeper.keep()) for keeper in keepers]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -47,6 +47,19 @@ def outage_kind(exc: BaseException, in_handler: bool = False) -> str | None:
     return None
 
 
+def found_in_chain(exc: BaseException | None,
+                   kinds: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of `kinds` in `exc`'s context chain. A handler that
+    left a query running on `ctx.db` (say, `asyncio.gather` on it) makes the
+    rollback fail too; that is still the handler's failure, not a Postgres
+    outage (the pool discards the connection)."""
+    while exc is not None:
+        if isinstance(exc, kinds):
+            return exc
+        exc = exc.__context__
+    return None
+
+
 class OutageGate:
     """Messages hit by an outage wait here; one probe finds when it is over."""
 

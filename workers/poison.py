@@ -32,10 +32,9 @@ from webhook_ingest.shared.dead_letters import UNREADABLE, record_dead_letter
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
-from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.workers.completions import CompletionStore
 
 log = get_logger(__name__)
-SQL = load_queries("webhook_ingest.shared")
 
 UNKNOWN_SOURCE = "unknown"
 MAX_RETRY_DELAY = 10.0
@@ -122,10 +121,11 @@ async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) ->
     completed: a message delivered beside a poison one to the worker it
     killed, whose ack died with that worker."""
     pauses = backoff.pauses(0.5, MAX_RETRY_DELAY)
+    completions = CompletionStore(pool)
     while True:
         try:
             async with pool.acquire() as connection:
-                if await connection.fetchval(SQL["completed_payload_sha256"], event.key) == event.payload_sha256:
+                if await completions.completed_sha256(event.key, connection) == event.payload_sha256:
                     return None
                 return await record_dead_letter(connection, event, errors)
         except Exception as exc:  # noqa: BLE001 - never drop it: wait and try again

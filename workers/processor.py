@@ -33,22 +33,19 @@ import asyncpg
 
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage
-from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sources import Source
-from webhook_ingest.workers.attempts import already_handed_on, record_handed_on
+from webhook_ingest.workers.attempts import already_handed_on
+from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.handlers import Event, HandlerContext, load_handlers
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore, quietly
-from webhook_ingest.workers.lease import (
-    Keeper, Lease, LockLost, cancelled_when_lost, extend_leases, release_leases, take_leases,
-)
-from webhook_ingest.workers.outage import outage_kind
+from webhook_ingest.workers.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
+from webhook_ingest.workers.outage import found_in_chain, outage_kind
 from webhook_ingest.workers.redlock import Lock
 from webhook_ingest.workers.retry import FailurePolicy
 from webhook_ingest.workers.states import ClaimState, Outcome, classify_completed
 
 READ_ONLY = asyncpg.ReadOnlySQLTransactionError
 log = get_logger(__name__)
-SQL = load_queries("webhook_ingest.workers")
 DEFER_SECONDS = 1.0
 BUSY_RECHECKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.24)  # seconds, ~0.55 in all
 TURN_RECHECKS = (0.02, 0.05, 0.1, 0.2)  # seconds: a turn held in Postgres, before deferring
@@ -77,15 +74,12 @@ class AttemptHandedOn(Exception):
 
 
 class Processor:
-    def __init__(self, sources: dict[str, Source], store: IdempotencyStore, pool: asyncpg.Pool, failures: FailurePolicy,
-                 renewals: asyncpg.Pool | None = None):
+    def __init__(self, sources: dict[str, Source], store: IdempotencyStore, completions: CompletionStore,
+                 failures: FailurePolicy):
         self._sources = sources
-        # Lease renewals never wait behind the runs that hold every pooled
-        # connection in their transactions: a pool of their own.
-        self._renewals = renewals or pool
         self._handlers = load_handlers(sources)
         self._store = store
-        self._pool = pool
+        self._completions = completions
         self._failures = failures
 
     def batchable(self, message: EventMessage) -> bool:
@@ -98,6 +92,7 @@ class Processor:
     async def process_claimed(self, message: EventMessage, claim: Claim) -> Outcome:
         match claim.state:
             case ClaimState.COMPLETED:
+                assert claim.completed_sha256 is not None  # a done marker holds the hash
                 return await self.completed(message, claim.completed_sha256, redis_knows=True)
             case ClaimState.BUSY:
                 claim = await self._claim_when_free(message.key)
@@ -105,6 +100,7 @@ class Processor:
                     return await self._run(message, None)
                 return await self.process_claimed(message, claim)
             case ClaimState.ACQUIRED:
+                assert claim.lock is not None
                 return await self.run_locked(message, claim.lock)
             case ClaimState.UNAVAILABLE:
                 return await self._run(message, None)
@@ -145,7 +141,7 @@ class Processor:
         try:
             async with contextlib.AsyncExitStack() as keeping:
                 try:
-                    async with self._pool.acquire() as connection:
+                    async with self._completions.session() as connection:
                         lease = await self._take_lease(connection, message.key)
                         if already_handed_on(message, lease.handed_on):
                             raise AttemptHandedOn()
@@ -161,21 +157,22 @@ class Processor:
                     return outcome
         finally:
             if lease is not None:
-                await release_leases(self._pool, [lease])
+                await self._completions.release_leases([lease])
         await quietly(self._store.complete(message.key, message.payload_sha256))
         return Outcome.PROCESSED
 
-    async def _complete(self, connection, message: EventMessage, lease: Lease, keepers: list[Keeper]) -> None:
+    async def _complete(self, connection: asyncpg.Connection, message: EventMessage, lease: Lease,
+                        keepers: list[Keeper]) -> None:
         """The transaction: the turn, the completion check, the handler
         (cancelled if the lease is lost meanwhile), the completion row."""
-        async with connection.transaction():
+        async with self._completions.transaction(connection):
             with cancelled_when_lost(keepers[-1], connection):
                 await self._take_turn(connection, message.key)
                 await self._check_not_completed(connection, message.key)
                 await self.call_handler(connection, message)
                 for keeper in keepers:
                     keeper.check()
-                if await connection.fetchval(SQL["complete_event"], *completion_row(message, lease.token)) is None:
+                if not await self._completions.complete_event(connection, message, lease.token):
                     raise CompletionRefused()
 
     async def _settle_unfinished(self, message: EventMessage, exc: Exception) -> Outcome | None:
@@ -195,14 +192,14 @@ class Processor:
                 assert failed.__cause__ is not None
                 outcome = await self._failures.fail(message, self._sources[message.source], failed.__cause__)
                 if outcome is not Outcome.DUPLICATE:
-                    await record_handed_on(self._pool, message)
+                    await self._completions.record_handed_on(message)
                 return outcome
         return None
 
-    async def _take_lease(self, connection, key: str) -> Lease:
+    async def _take_lease(self, connection: asyncpg.Connection, key: str) -> Lease:
         """The key's lease; a few short waits while another run holds it."""
         for pause in (*TURN_RECHECKS, None):
-            granted = await take_leases(connection, [key], self._store.redlock.ttl_ms)
+            granted = await self._completions.take_leases(connection, [key], self._store.redlock.ttl_ms)
             if key in granted:
                 return granted[key]
             if pause is None:
@@ -210,16 +207,16 @@ class Processor:
             await asyncio.sleep(pause)
         raise AssertionError("unreachable")
 
-    async def _take_turn(self, connection, key: str) -> None:
+    async def _take_turn(self, connection: asyncpg.Connection, key: str) -> None:
         """The key's advisory lock: held by a run whose lease ran out while
         its session lives on (a paused holder), it keeps us out still."""
-        if not await connection.fetchval(SQL["take_turn"], key):
+        if not await self._completions.take_turn(connection, key):
             raise TurnTaken()
 
-    async def _check_not_completed(self, connection, key: str) -> None:
-        completed = await connection.fetchrow(SQL["completed_keys"], [key])
-        if completed is not None:
-            raise AlreadyCompleted(completed["payload_sha256"])
+    async def _check_not_completed(self, connection: asyncpg.Connection, key: str) -> None:
+        completed_sha256 = await self._completions.completed_key(connection, key)
+        if completed_sha256 is not None:
+            raise AlreadyCompleted(completed_sha256)
 
     def redis_keeper(self, lock: Lock) -> Keeper:
         async def renew() -> bool:
@@ -231,13 +228,13 @@ class Processor:
         ttl_ms = self._store.redlock.ttl_ms
 
         async def renew() -> bool:
-            return await extend_leases(self._renewals, leases, ttl_ms)
+            return await self._completions.extend_leases(leases, ttl_ms)
 
         # valid from before it was taken: the server's clock starts later than that
         taken_at = min(lease.sent_at for lease in leases)
         return Keeper("postgres", renew, ttl_ms / 1000, taken_at + ttl_ms / 1000)
 
-    async def call_handler(self, connection, message: EventMessage) -> None:
+    async def call_handler(self, connection: asyncpg.Connection, message: EventMessage) -> None:
         source = self._sources[message.source]
         event = Event(
             source=message.source,
@@ -261,18 +258,13 @@ class Processor:
         outcome = classify_completed(completed_sha256, message.payload_sha256)
         if outcome is Outcome.CONFLICT:
             log.warning("payload_conflict", completed_sha256=completed_sha256, conflicting_sha256=message.payload_sha256)
-            async with self._pool.acquire() as connection:
-                await connection.execute(
-                    SQL["record_conflict"], message.key, message.source, message.event_id,
-                    completed_sha256, message.payload_sha256,
-                )
+            await self._completions.record_conflict(message, completed_sha256)
         if not redis_knows:  # Redis forgot (flushed, expired), or holds our lock: the marker replaces it
             await quietly(self._store.complete(message.key, completed_sha256))
         return outcome
 
     async def _refused(self, message: EventMessage) -> Outcome:
-        async with self._pool.acquire() as connection:
-            completed_sha256 = await connection.fetchval(SQL["completed_sha256"], message.key)
+        completed_sha256 = await self._completions.completed_sha256(message.key)
         if completed_sha256 is not None:
             return await self.completed(message, completed_sha256)
         # Not completed, and our token is not the key's: never read that as
@@ -285,33 +277,3 @@ class Processor:
         log.info("event_deferred", reason=reason, retry_in=DEFER_SECONDS)
         await self._failures.delay(message, DEFER_SECONDS)
         return Outcome.DEFERRED
-
-
-
-@contextlib.asynccontextmanager
-async def kept_alive(keepers: list[Keeper]):
-    """Renews the locks and leases while the block runs."""
-    tasks = [asyncio.create_task(keeper.keep()) for keeper in keepers]
-    try:
-        yield
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def found_in_chain(exc: BaseException | None, kinds) -> BaseException | None:
-    """The first exception of `kinds` in `exc`'s context chain. A handler that
-    left a query running on `ctx.db` (say, `asyncio.gather` on it) makes the
-    rollback fail too; that is still the handler's failure, not a Postgres
-    outage (the pool discards the connection)."""
-    while exc is not None:
-        if isinstance(exc, kinds):
-            return exc
-        exc = exc.__context__
-    return None
-
-
-def completion_row(message: EventMessage, token: int) -> tuple:
-    return (message.key, message.source, message.event_id, message.payload_sha256, token, message.attempt,
-            message.message_id or None)

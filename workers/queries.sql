@@ -69,6 +69,7 @@ ON CONFLICT (key) DO NOTHING
 RETURNING key
 
 -- name: completed_sha256
+-- The payload hash the key completed with, NULL while it has not.
 SELECT payload_sha256 FROM processed_events WHERE key = $1
 
 -- name: record_conflict
@@ -108,3 +109,28 @@ RETURNING key
 -- an open dead letter already? Either way it is settled; ack it.
 SELECT coalesce((SELECT message_id FROM processed_events WHERE key = $1) = $3, false) AS completed,
        EXISTS (SELECT FROM dead_letters WHERE key = $1 AND payload_sha256 = $2 AND status = 'dead') AS dead
+
+-- name: writable
+-- The outage probe: up means writable (a demoted primary answers reads but
+-- refuses every write).
+SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'
+
+-- retention (webhook-ingest prune) --------------------------------------------
+-- Each block deletes one batch; the caller loops, one short transaction per
+-- batch, so pruning never holds locks on many rows at once.
+
+-- name: retention_cutoff
+SELECT now() - $1::interval
+
+-- name: prune_completed_events
+-- The outer condition is repeated on purpose: when a row changed while the
+-- DELETE waited for its lock, Postgres re-checks only the outer WHERE on the
+-- new version (a fence a worker just refreshed must survive).
+DELETE FROM processed_events
+WHERE key IN (SELECT key FROM processed_events WHERE completed_at < $1 LIMIT $2)
+  AND completed_at < $1
+
+-- name: prune_key_fences
+DELETE FROM key_fences
+WHERE key IN (SELECT key FROM key_fences WHERE updated_at < $1 LIMIT $2)
+  AND updated_at < $1 AND (lease_until IS NULL OR lease_until < now())

@@ -27,18 +27,18 @@ from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.acks import OpenDeliveries
 from webhook_ingest.workers.batch import BatchProcessor
+from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.copies import CopiesInFlight
 from webhook_ingest.workers.handlers import forward
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.outage import OutageGate, outage_kind
-from webhook_ingest.workers.processor import DEFER_SECONDS, SQL, Processor
+from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
 from webhook_ingest.workers.retry import FailurePolicy
 from webhook_ingest.workers.states import Outcome
 
 log = get_logger(__name__)
 
 MAX_POOL_SIZE = 20
-WRITABLE = "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'"
 SERVER_KEEPALIVES = "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
 RENEWAL_CONNECTIONS = 2  # lease renewals: one statement each, every third of the lease
 PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
@@ -101,8 +101,11 @@ class Worker:
         await consume_channel.set_qos(prefetch_count=self.concurrency)
         queue = await self._declare_queues(consume_channel)
         self.failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace)
-        self.processor = Processor(self.sources, self.store, self.pool, self.failures, self.renewals)
-        self.batch_processor = BatchProcessor(self.processor, self.store, self.pool)
+        # Lease renewals never wait behind the runs that hold every pooled
+        # connection in their transactions: a pool of their own.
+        self.completions = CompletionStore(self.pool, self.renewals)
+        self.processor = Processor(self.sources, self.store, self.completions, self.failures)
+        self.batch_processor = BatchProcessor(self.processor, self.store, self.completions)
         self._gates = {
             "postgres": OutageGate(self._probe_postgres, "postgres"),
             "rabbitmq": OutageGate(self._probe_broker, "rabbitmq"),
@@ -244,12 +247,10 @@ class Worker:
         """A redelivery (its worker died before the ack) whose earlier
         delivery completed the event or recorded its dead letter: counted
         now as what it was, since the dead process never counted it."""
-        async with self.pool.acquire() as connection:
-            settled = await connection.fetchrow(SQL["settled_before"], event.key, event.payload_sha256,
-                                                event.message_id)
-        if settled["completed"]:
+        settled = await self.completions.settled_before(event)
+        if settled.completed:
             return Outcome.PROCESSED
-        return Outcome.DEAD if settled["dead"] else None
+        return Outcome.DEAD if settled.dead else None
 
     async def _follow(self, leader, message: AbstractIncomingMessage, event: EventMessage) -> None:
         """A copy of an event this process is working on (`workers.copies`)."""
@@ -316,14 +317,7 @@ class Worker:
             log.warning("send_back_failed", error=describe(exc))
 
     async def _probe_postgres(self) -> None:
-        """Up means writable: a demoted primary answers reads but refuses every
-        write. A session opened against it keeps its read-only default after
-        the failover, so the pools open new ones."""
-        async with self.pool.acquire(timeout=2) as connection:
-            if not await connection.fetchval(WRITABLE):
-                await self.pool.expire_connections()
-                await self.renewals.expire_connections()
-                raise ConnectionError("Postgres answers but is read-only")
+        await self.completions.probe_writable()
 
     async def _probe_broker(self) -> None:
         if not self.connection.connected.is_set():

@@ -24,7 +24,7 @@ from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import count_rows, wait_until
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.cli import main
-from webhook_ingest.dlq import prune_completion_records
+from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.poison import drain_poison_queue, stop_draining
 from webhook_ingest.workers.retry import FailurePolicy, describe_failure
 from webhook_ingest.workers.states import Outcome
@@ -236,7 +236,7 @@ async def test_prune_deletes_completion_records_past_the_window_in_batches(setti
             await connection.execute(
                 "INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts,"
                 " completed_at) VALUES ($1, 'acme', $2, 'h', 1, 1, $3)", f"acme:evt_{n}", f"evt_{n}", now - age)
-        assert await prune_completion_records(connection, timedelta(days=30), batch_size=2) == 5
+        assert await CompletionStore(connection).prune(timedelta(days=30), batch_size=2) == 5
         assert await connection.fetchval("SELECT count(*) FROM processed_events") == 2
     finally:
         await connection.close()

@@ -20,13 +20,14 @@ from tests.support.events import make_event
 from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers import processor as processor_module
+from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.lease import Keeper, LockLost, cancelled_when_lost
 from webhook_ingest.workers.processor import Processor
 from webhook_ingest.workers.states import Outcome
 from webhook_ingest.workers.worker import Worker
 
-SHARED_SQL = load_queries("webhook_ingest.shared")
+WORKERS_SQL = load_queries("webhook_ingest.workers")
 CALLS: list[str] = []
 
 
@@ -82,7 +83,7 @@ async def store(namespace, redis_cleanup):
 def make_processor(sources, store, pool, handler="tests.integration.test_processor_edges:counting_handler"):
     CALLS.clear()
     failures = RecordingFailures()
-    return Processor(sources(handler), store, pool, failures), failures
+    return Processor(sources(handler), store, CompletionStore(pool), failures), failures
 
 
 async def test_a_turn_held_in_postgres_defers_a_redis_locked_run(sources, store, pool):
@@ -204,12 +205,12 @@ async def test_prune_keeps_a_fence_refreshed_while_it_waited(pool):
     async with pool.acquire() as connection:
         await connection.execute(
             "INSERT INTO key_fences (key, token, updated_at) VALUES ('acme:old', 1, now() - interval '40 days')")
-        cutoff = await connection.fetchval(SHARED_SQL["retention_cutoff"], timedelta(days=30))
+        cutoff = await connection.fetchval(WORKERS_SQL["retention_cutoff"], timedelta(days=30))
     async with pool.acquire() as worker, pool.acquire() as pruner:
         transaction = worker.transaction()
         await transaction.start()
         await worker.execute("UPDATE key_fences SET token = 2, updated_at = now() WHERE key = 'acme:old'")
-        pruning = asyncio.create_task(pruner.execute(SHARED_SQL["prune_key_fences"], cutoff, 1000))
+        pruning = asyncio.create_task(pruner.execute(WORKERS_SQL["prune_key_fences"], cutoff, 1000))
         await asyncio.sleep(0.2)  # the DELETE now waits for the worker's row lock
         await transaction.commit()
         await pruning

@@ -1,0 +1,213 @@
+"""The workers' Postgres: one store for a key's fence (its lease and fencing
+token, its last attempt handed on), its turn, its completion, its conflicts,
+and their retention (docs/design.md, "Exclusion").
+
+Every statement is a named block of `workers/queries.sql`. A method that
+belongs to the handler's transaction takes that transaction's connection
+(the turn, the completion check, the completion row); the others take a
+pooled connection of their own — lease renewals from a pool of their own,
+so they never wait behind the runs that hold every other connection. The
+CLI's `prune` hands it its one connection instead of a pool.
+
+`tests/support/in_memory.py` is the same interface without Postgres, for
+the processor's unit tests.
+"""
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+import asyncpg
+
+from webhook_ingest.shared.backoff import pauses
+from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.workers.attempts import HandedOn
+from webhook_ingest.workers.lease import Lease
+from webhook_ingest.workers.outage import POSTGRES_LOST
+
+log = get_logger(__name__)
+SQL = load_queries("webhook_ingest.workers")
+PRUNE_BATCH = 5000
+
+
+class Settled(NamedTuple):
+    """What a redelivered message's earlier delivery left: a completion of its own, an open dead letter."""
+
+    completed: bool
+    dead: bool
+
+
+class CompletionStore:
+    def __init__(self, database: asyncpg.Pool | asyncpg.Connection, renewals: asyncpg.Pool | None = None):
+        self._database = database  # the workers' pool, or the CLI's one connection
+        self._renewals = renewals or database
+
+    @contextlib.asynccontextmanager
+    async def _connection(self, database: asyncpg.Pool | asyncpg.Connection | None = None,
+                          timeout: float | None = None) -> AsyncIterator[asyncpg.Connection]:
+        database = self._database if database is None else database
+        if isinstance(database, asyncpg.Pool):
+            async with database.acquire(timeout=timeout) as connection:
+                yield connection
+        else:
+            yield database
+
+    def session(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        """A pooled connection for one pass: its lease, then its transaction."""
+        if isinstance(self._database, asyncpg.Pool):
+            return self._database.acquire()
+        return contextlib.nullcontext(self._database)
+
+    def transaction(self, connection: asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[object]:
+        """The handler's transaction: the turn, the handler, the completion row."""
+        return connection.transaction()
+
+    # -- the key's lease and fencing token (key_fences) -------------------------
+
+    async def take_leases(self, connection: asyncpg.Connection, keys: list[str], ttl_ms: int) -> dict[str, Lease]:
+        """The leases granted among `keys` (distinct), in one statement outside any transaction."""
+        sent_at = time.monotonic()
+        rows = await connection.fetch(SQL["take_leases"], keys, ttl_ms)
+        return {row["key"]: Lease(row["key"], row["token"], sent_at, HandedOn(row["replay_of"], row["attempt"]))
+                for row in rows}
+
+    async def extend_leases(self, leases: list[Lease], ttl_ms: int) -> bool:
+        """True when every lease was still ours and now runs `ttl_ms` longer."""
+        pool = self._renewals
+        try:
+            async with self._connection(pool, timeout=ttl_ms / 3000) as connection:
+                extended = await connection.fetchval(SQL["extend_leases"], *_columns(leases), ttl_ms,
+                                                     timeout=ttl_ms / 3000)
+        except asyncpg.ReadOnlySQLTransactionError:  # a session opened before a failover: open new ones
+            if isinstance(pool, asyncpg.Pool):
+                await pool.expire_connections()
+            raise
+        return extended == len(leases)
+
+    async def release_leases(self, leases: list[Lease]) -> None:
+        """Best effort: a lease not released runs out by itself."""
+        if not leases:
+            return
+        try:
+            async with self._connection(timeout=5) as connection:  # a black-holed server: not waited for
+                await connection.execute(SQL["release_leases"], *_columns(leases), timeout=5)
+        except Exception as exc:  # noqa: BLE001 - Postgres away: the lease expires instead
+            log.info("lease_release_failed", error=describe(exc))
+
+    async def record_handed_on(self, message: EventMessage) -> None:
+        """Remembers that `message`'s attempt was handed on (`workers.attempts`);
+        returns only once committed, waiting while Postgres is away (the next
+        attempt is already durable: running this one again is what must not happen)."""
+        for pause in pauses():
+            try:
+                async with self._connection(timeout=10) as connection:
+                    # idempotent: a statement lost in a black hole is made again
+                    await connection.execute(SQL["record_handed_on"], message.key, message.replay_of,
+                                             message.attempt, timeout=10)
+                return
+            except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
+                log.warning("attempt_record_waiting_for_postgres", error=describe(exc), retry_in=pause)
+                await asyncio.sleep(pause)
+
+    # -- in the handler's transaction -------------------------------------------
+
+    async def take_turn(self, connection: asyncpg.Connection, key: str) -> bool:
+        """The key's advisory lock, without waiting; held until the transaction ends."""
+        return bool(await connection.fetchval(SQL["take_turn"], key))
+
+    async def take_turns(self, connection: asyncpg.Connection, keys: list[str]) -> set[str]:
+        """take_turn for distinct keys: those whose turn we got."""
+        return {row["key"] for row in await connection.fetch(SQL["take_turns"], keys)}
+
+    async def completed_key(self, connection: asyncpg.Connection, key: str) -> str | None:
+        """The payload hash `key` completed with, read under its turn; None while it has not."""
+        completed = await connection.fetchrow(SQL["completed_keys"], [key])
+        return None if completed is None else completed["payload_sha256"]
+
+    async def completed_keys(self, connection: asyncpg.Connection, keys: list[str]) -> dict[str, str]:
+        """completed_key for many keys: {key: payload hash} of those completed."""
+        return {row["key"]: row["payload_sha256"] for row in await connection.fetch(SQL["completed_keys"], keys)}
+
+    async def complete_event(self, connection: asyncpg.Connection, message: EventMessage, token: int) -> bool:
+        """The completion row, refused (False) unless `token` is the key's
+        current one and the key is not completed yet; ends the lease."""
+        return await connection.fetchval(SQL["complete_event"], *completion_row(message, token)) is not None
+
+    async def complete_events(self, connection: asyncpg.Connection,
+                              completions: Sequence[tuple[EventMessage, int]]) -> int:
+        """complete_event for a batch of (message, token); how many were inserted."""
+        rows = [completion_row(message, token) for message, token in completions]
+        inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)))
+        return len(inserted)
+
+    # -- on a connection of their own ------------------------------------------
+
+    async def completed_sha256(self, key: str, connection: asyncpg.Connection | None = None) -> str | None:
+        """The payload hash `key` completed with, None while it has not; on
+        `connection` when given (the poison drainer records a dead letter on
+        it next), else on one of its own."""
+        async with self._connection(connection) as connection:
+            return await connection.fetchval(SQL["completed_sha256"], key)
+
+    async def record_conflict(self, message: EventMessage, completed_sha256: str) -> None:
+        async with self._connection() as connection:
+            await connection.execute(
+                SQL["record_conflict"], message.key, message.source, message.event_id,
+                completed_sha256, message.payload_sha256,
+            )
+
+    async def settled_before(self, message: EventMessage) -> Settled:
+        """A redelivered message: did its own earlier delivery complete the
+        event, or is the event an open dead letter already?"""
+        async with self._connection() as connection:
+            settled = await connection.fetchrow(SQL["settled_before"], message.key, message.payload_sha256,
+                                                message.message_id)
+        return Settled(settled["completed"], settled["dead"])
+
+    async def probe_writable(self) -> None:
+        """Up means writable: a demoted primary answers reads but refuses every
+        write. A session opened against it keeps its read-only default after
+        the failover, so the pools open new ones."""
+        async with self._connection(timeout=2) as connection:
+            if not await connection.fetchval(SQL["writable"]):
+                for pool in (self._database, self._renewals):
+                    if isinstance(pool, asyncpg.Pool):
+                        await pool.expire_connections()
+                raise ConnectionError("Postgres answers but is read-only")
+
+    # -- retention (webhook-ingest prune) --------------------------------------
+
+    async def prune(self, window: timedelta, batch_size: int = PRUNE_BATCH) -> int:
+        """Delete `processed_events` completed, and `key_fences` untouched, before
+        now - `window`; batch by batch, each its own short transaction. Returns
+        how many completion records went."""
+        async with self._connection() as connection:
+            cutoff = await connection.fetchval(SQL["retention_cutoff"], window)
+            pruned = await _delete_in_batches(connection, SQL["prune_completed_events"], cutoff, batch_size)
+            await _delete_in_batches(connection, SQL["prune_key_fences"], cutoff, batch_size)
+        return pruned
+
+
+def completion_row(message: EventMessage, token: int) -> tuple:
+    return (message.key, message.source, message.event_id, message.payload_sha256, token, message.attempt,
+            message.message_id or None)
+
+
+def _columns(leases: list[Lease]) -> tuple[list[str], list[int]]:
+    return [lease.key for lease in leases], [lease.token for lease in leases]
+
+
+async def _delete_in_batches(connection: asyncpg.Connection, query: str, cutoff: datetime, batch_size: int) -> int:
+    total = 0
+    while True:
+        status = await connection.execute(query, cutoff, batch_size)  # "DELETE 5000"
+        deleted = int(status.split()[-1])
+        total += deleted
+        if deleted < batch_size:
+            return total
