@@ -189,3 +189,47 @@ async def test_another_payload_under_a_dead_lettered_key_is_recorded_somewhere(s
                (SELECT count(*) FROM processed_events WHERE payload_sha256 = $1) AS completed""",
                                 corrected.payload_sha256)
     assert any(dict(traces).values()), (dict(traces), "attempt_already_handed_on" in worker.output())
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding B4: a worker shut down (SIGTERM) while its failed attempt's retry publish waits for a blocked "
+    "broker's confirm is cancelled at the grace's end: the attempt was never recorded as handed on, its "
+    "message comes back and the attempt runs again (4 attempts for max_attempts 3)"))
+async def test_a_shutdown_while_a_retry_waits_for_its_confirm_does_not_run_the_attempt_again(
+        settings, fleet, tmp_path):
+    """A rolling deploy during a broker alarm: the handler's attempt 1 fails,
+    its retry publish is not confirmed (the broker blocks publishers: here
+    the worker's AMQP path stalls), and 915225d waits for the confirm rather
+    than publishing again. SIGTERM: the worker stops taking messages, and at
+    the end of its grace cancels what is still running — the wait for the
+    confirm, although the handler finished long ago. The message is not
+    acked and the attempt not recorded, so when the broker takes the
+    connection's frames again the attempt's message is redelivered to
+    another worker and attempt 1 runs a second time (beside the retry that
+    was published already). §8: attempted max_attempts (3) times in all —
+    the design's exceptions are a killed worker and two faults at once, not
+    a shutdown."""
+    from tests.support.tcpproxy import TcpProxy
+
+    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:failing_external",
+                            database_url=settings.database_url, seconds=1)
+    event = make_event("acme", "evt_shutdown_while_blocked")
+    with TcpProxy("127.0.0.1", 5672) as broker:
+        leaving = fleet.worker("--concurrency", "1", "--grace-seconds", "7", env={
+            "WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)})
+        await wait_for_output(leaving, "worker_consuming")
+        await publish_events(settings.amqp_url, settings.namespace, [event])
+        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05,
+                         message="attempt 1 running")
+        leaving.popen.send_signal(15)  # SIGTERM: the deploy
+        await asyncio.sleep(0.5)  # it stops consuming (its basic.cancel answered)
+        broker.stall()  # the alarm: the retry publish of the failing attempt waits for its confirm
+        await wait_for_output(leaving, "broker_publish_waiting", timeout=20)
+        await wait_for_output(leaving, "handlers_cancelled_at_grace_end", timeout=20)
+        staying = fleet.worker("--concurrency", "2", env={"WEBHOOK_INGEST_SOURCES": sources})
+        await wait_for_output(staying, "worker_consuming")
+        broker.flow()  # the alarm clears
+        await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 60, message="the dead letter")
+        await _settled_quietly(settings)
+    attempts = sorted(run["started"] for run in await recorded_runs(settings.database_url))
+    assert attempts == [1.0, 2.0, 3.0], attempts
