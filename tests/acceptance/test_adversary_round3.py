@@ -233,3 +233,65 @@ async def test_a_shutdown_while_a_retry_waits_for_its_confirm_does_not_run_the_a
         await _settled_quietly(settings)
     attempts = sorted(run["started"] for run in await recorded_runs(settings.database_url))
     assert attempts == [1.0, 2.0, 3.0], attempts
+
+
+async def test_a_replay_published_twice_runs_each_attempt_of_its_chain_once(settings, fleet, tmp_path):
+    """Safe (regression): a replay whose row stayed `dead` after its publish
+    (the replaying process died before its commit) is replayed again: two
+    messages of one new chain (x-replay-of = the dead letter's id), attempt
+    1 each, on two workers. The chain runs attempts 1, 2 and 3 once each and
+    ends as one open dead letter — the copy is recognised by the attempt
+    record, not run as a second chain."""
+    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:failing_external", database_url=settings.database_url)
+    workers = [fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources}) for _ in range(2)]
+    for worker in workers:
+        await wait_for_output(worker, "worker_consuming")
+    event = make_event("acme", "evt_replay_published_twice")
+    await publish_events(settings.amqp_url, settings.namespace, [event])
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
+    await _settled_quietly(settings, 1)
+
+    replay = event.fresh(replay_of=1)
+    await publish_events(settings.amqp_url, settings.namespace, [replay, replay])
+    await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, message="the replay's runs")
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters", "status = 'dead'"), 30,
+                     message="the replay's dead letter")
+    await _settled_quietly(settings)
+
+    attempts = sorted(run["started"] for run in await recorded_runs(settings.database_url))
+    assert attempts == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    assert await count_rows(settings.database_url, "dead_letters", "status = 'dead'") == 1
+
+
+async def test_a_copy_of_an_attempt_whose_retry_waits_for_a_blocked_broker_does_not_run_it_again(
+        settings, fleet, tmp_path):
+    """Safe (regression for 915225d with f1164af): attempt 1 failed on the
+    worker whose broker path then stalls (an alarm), so its retry publish
+    waits for its confirm — longer than the key's lease (3 s). Meanwhile the
+    provider sends the event again, to another worker. The waiting run keeps
+    its lease renewed through the wait, so the copy is deferred, not run;
+    once the broker takes the retry and the attempt is recorded handed on,
+    the copy is a duplicate. Attempts 1, 2, 3 once each."""
+    from tests.support.tcpproxy import TcpProxy
+
+    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:failing_external",
+                            database_url=settings.database_url, seconds=0.5)
+    event = make_event("acme", "evt_copy_while_blocked")
+    with TcpProxy("127.0.0.1", 5672) as broker:
+        blocked = fleet.worker("--concurrency", "1", env={
+            "WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)})
+        await wait_for_output(blocked, "worker_consuming")
+        await publish_events(settings.amqp_url, settings.namespace, [event])
+        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05,
+                         message="attempt 1 running")
+        broker.stall()  # before its retry is published
+        other = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
+        await wait_for_output(other, "worker_consuming")
+        await publish_events(settings.amqp_url, settings.namespace, [event])  # the provider's copy
+        await asyncio.sleep(5)  # the lease (3 s) would have run out twice over
+        broker.flow()
+        await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
+        await _settled_quietly(settings)
+    attempts = sorted(run["started"] for run in await recorded_runs(settings.database_url))
+    assert attempts == [1.0, 2.0, 3.0]
+    assert '"reason":"TurnTaken"' in other.output()  # the copy met the waiting run's lease
