@@ -295,3 +295,49 @@ async def test_a_copy_of_an_attempt_whose_retry_waits_for_a_blocked_broker_does_
     attempts = sorted(run["started"] for run in await recorded_runs(settings.database_url))
     assert attempts == [1.0, 2.0, 3.0]
     assert '"reason":"TurnTaken"' in other.output()  # the copy met the waiting run's lease
+
+
+async def _cli(service_env: dict, *args: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "webhook_ingest", *args, env={**os.environ, **service_env},
+        stdout=asyncio.subprocess.DEVNULL)
+    assert await asyncio.wait_for(process.wait(), 60) == 0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding B5: prune forgets a completion but keeps the key's fence row (touched later by a copy), and with "
+    "it the attempt record: a manual resend after the retention window is acked as attempt_already_handed_on, "
+    "not processed again as operations.md promises"))
+async def test_after_prune_forgot_a_retried_completion_a_resend_is_processed_again(
+        settings, service_env, fleet, tmp_path):
+    """operations.md, Retention and pruning: "a manual resend from a
+    provider's dashboard of an event whose record was pruned is processed
+    again". The event completed on its second attempt 31 days ago (attempt 1
+    handed on); a copy came 20 days ago (Redis had forgotten the key: a
+    duplicate found in Postgres — which took the key's lease and so touched
+    its fence row). `prune --older-than 30d` deletes the completion but not
+    the fence row, which keeps the attempt record. The provider's manual
+    resend today is acked as a copy of attempt 1 and never processed."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:inbox_failing_odd_ids_once"),
+           "WEBHOOK_INGEST_DONE_TTL": "1"}
+    worker = fleet.worker("--concurrency", "4", env=env)
+    await wait_for_output(worker, "worker_consuming")
+    event = make_event("acme", "evt_3")  # odd: its first attempt fails, its second completes
+    await publish_events(settings.amqp_url, settings.namespace, [event])
+    await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 30, message="the completion")
+    await asyncio.sleep(2)  # Redis forgets the key
+    await publish_events(settings.amqp_url, settings.namespace, [event])  # the copy of "20 days ago"
+    await _settled_quietly(settings, 1)
+    connection = await asyncpg.connect(settings.database_url)
+    try:  # time passes
+        await connection.execute("UPDATE processed_events SET completed_at = now() - interval '31 days'")
+        await connection.execute("UPDATE key_fences SET updated_at = now() - interval '20 days'")
+    finally:
+        await connection.close()
+    await _cli(service_env, "prune", "--older-than", "30d")
+    assert await count_rows(settings.database_url, "processed_events") == 0
+
+    await publish_events(settings.amqp_url, settings.namespace, [event])  # the manual resend
+    await _settled_quietly(settings)
+    assert await count_rows(settings.database_url, "processed_events") == 1, (
+        "attempt_already_handed_on" in worker.output())
