@@ -1,0 +1,270 @@
+"""The worker's stores without Postgres or Redis, for unit tests of the
+processor's state machine — as procrastinate tests its manager against an
+`InMemoryConnector`.
+
+`InMemoryCompletions` has `CompletionStore`'s methods (workers/completions.py)
+and the meaning of their statements (workers/queries.sql), on dicts: each
+key's fence (lease, fencing token, last attempt handed on), its turn (held
+by one session until its transaction ends), its completion, the conflicts,
+the open dead letters a completion closes. A session's writes inside a
+transaction are undone when the transaction ends in an exception, as a
+rollback would. `InMemoryClaims` stands for `IdempotencyStore` (Redis: a
+lock or a done marker per key), `RecordingFailures` for `FailurePolicy`
+(the retry decision is the real, pure one; nothing is published).
+"""
+
+import contextlib
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from types import SimpleNamespace
+
+from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.shared.sources import Source
+from webhook_ingest.workers.attempts import HandedOn
+from webhook_ingest.workers.completions import PRUNE_BATCH, Settled
+from webhook_ingest.workers.idempotency import Claim
+from webhook_ingest.workers.lease import Lease
+from webhook_ingest.workers.redlock import Lock
+from webhook_ingest.workers.retry import retry_decision
+from webhook_ingest.workers.states import ClaimState, Outcome
+
+
+class Session:
+    """Stands for a pooled asyncpg connection (what a handler gets as `ctx.db`)."""
+
+    def __init__(self) -> None:
+        self.undo: list[Callable[[], None]] | None = None  # inside a transaction: how to roll it back
+        self.terminated = False
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+    def is_closed(self) -> bool:
+        return self.terminated
+
+
+@dataclass
+class Fence:
+    """A `key_fences` row."""
+
+    token: int
+    lease_until: float | None  # time.monotonic(); None: ended (a completion, a release)
+    handed_on: HandedOn = HandedOn()
+    updated_at: float = 0.0  # time.time()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A `processed_events` row."""
+
+    payload_sha256: str
+    message_id: str | None
+    token: int
+    completed_at: float  # time.time()
+
+
+class InMemoryCompletions:
+    def __init__(self) -> None:
+        self.fences: dict[str, Fence] = {}
+        self.completions: dict[str, Completion] = {}
+        self.conflicts: list[tuple[str, str, str]] = []  # key, completed hash, conflicting hash
+        self.open_dead_letters: set[tuple[str, str]] = set()  # key, payload hash
+        self.turns: dict[str, Session] = {}
+        self.renewals_answer = True  # False: extend_leases says the leases are not ours any more
+        self._tokens = itertools.count(1)
+
+    # -- sessions and transactions --------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Session]:
+        yield Session()
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, session: Session) -> AsyncIterator[None]:
+        session.undo = []
+        try:
+            yield
+        except BaseException:
+            for undo in reversed(session.undo):
+                undo()
+            raise
+        finally:
+            session.undo = None
+            for key in [key for key, holder in self.turns.items() if holder is session]:
+                del self.turns[key]  # a transaction-scoped advisory lock
+
+    def _write(self, session: Session | None, undo: Callable[[], None]) -> None:
+        if session is not None and session.undo is not None:
+            session.undo.append(undo)
+
+    # -- leases and fencing tokens ---------------------------------------------
+
+    def hold_lease(self, key: str, seconds: float = 60.0) -> Fence:
+        """Another run's lease on `key` (test set-up)."""
+        fence = self.fences[key] = Fence(next(self._tokens), time.monotonic() + seconds, updated_at=time.time())
+        return fence
+
+    async def take_leases(self, session: Session, keys: list[str], ttl_ms: int) -> dict[str, Lease]:
+        sent_at = time.monotonic()
+        granted = {}
+        for key in sorted(keys):
+            fence = self.fences.get(key)
+            if fence is not None and fence.lease_until is not None and fence.lease_until >= time.monotonic():
+                continue
+            handed_on = HandedOn() if fence is None else fence.handed_on
+            self.fences[key] = Fence(next(self._tokens), time.monotonic() + ttl_ms / 1000, handed_on, time.time())
+            granted[key] = Lease(key, self.fences[key].token, sent_at, handed_on)
+        return granted
+
+    async def extend_leases(self, leases: list[Lease], ttl_ms: int) -> bool:
+        if not self.renewals_answer:
+            return False
+        ours = [self.fences[lease.key] for lease in leases if self._ours(lease.key, lease.token)]
+        for fence in ours:
+            fence.lease_until = time.monotonic() + ttl_ms / 1000
+        return len(ours) == len(leases)
+
+    async def release_leases(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            if lease.key in self.fences and self.fences[lease.key].token == lease.token:
+                self.fences[lease.key].lease_until = None
+
+    async def record_handed_on(self, message: EventMessage) -> None:
+        fence = self.fences.get(message.key)
+        if fence is not None and (fence.handed_on.replay_of, fence.handed_on.attempt) < (message.replay_of,
+                                                                                      message.attempt):
+            fence.handed_on, fence.updated_at = handed_on(message), time.time()
+
+    def _ours(self, key: str, token: int) -> bool:
+        fence = self.fences.get(key)
+        return fence is not None and fence.token == token and fence.lease_until is not None
+
+    # -- in the handler's transaction ------------------------------------------
+
+    async def take_turn(self, session: Session, key: str) -> bool:
+        holder = self.turns.setdefault(key, session)
+        return holder is session
+
+    async def take_turns(self, session: Session, keys: list[str]) -> set[str]:
+        return {key for key in keys if await self.take_turn(session, key)}
+
+    async def completed_key(self, session: Session, key: str) -> str | None:
+        return await self.completed_sha256(key)
+
+    async def completed_keys(self, session: Session, keys: list[str]) -> dict[str, str]:
+        return {key: self.completions[key].payload_sha256 for key in keys if key in self.completions}
+
+    async def complete_event(self, session: Session, message: EventMessage, token: int) -> bool:
+        """Refused unless `token` is current; the fence's lease ends even when
+        the key is completed already (the statement's CTEs run either way)."""
+        fence = self.fences.get(message.key)
+        if fence is None or fence.token != token:
+            return False
+        lease_until, fence.lease_until = fence.lease_until, None
+        self._write(session, lambda: setattr(fence, "lease_until", lease_until))
+        dead_letter = (message.key, message.payload_sha256)
+        if dead_letter in self.open_dead_letters:
+            self.open_dead_letters.discard(dead_letter)
+            self._write(session, lambda: self.open_dead_letters.add(dead_letter))
+        if message.key in self.completions:
+            return False
+        self.completions[message.key] = Completion(message.payload_sha256, message.message_id or None, token,
+                                                   time.time())
+        self._write(session, lambda: self.completions.pop(message.key))
+        return True
+
+    async def complete_events(self, session: Session, completions: Sequence[tuple[EventMessage, int]]) -> int:
+        return sum([await self.complete_event(session, message, token) for message, token in completions])
+
+    # -- on a connection of their own ------------------------------------------
+
+    async def completed_sha256(self, key: str, connection: Session | None = None) -> str | None:
+        completion = self.completions.get(key)
+        return None if completion is None else completion.payload_sha256
+
+    async def record_conflict(self, message: EventMessage, completed_sha256: str) -> None:
+        self.conflicts.append((message.key, completed_sha256, message.payload_sha256))
+
+    async def settled_before(self, message: EventMessage) -> Settled:
+        completion = self.completions.get(message.key)
+        return Settled(completion is not None and completion.message_id == message.message_id,
+                       (message.key, message.payload_sha256) in self.open_dead_letters)
+
+    async def probe_writable(self) -> None:
+        """Always writable."""
+
+    async def prune(self, window: timedelta, batch_size: int = PRUNE_BATCH) -> int:
+        cutoff = time.time() - window.total_seconds()
+        old = [key for key, completion in self.completions.items() if completion.completed_at < cutoff]
+        for key in old:
+            del self.completions[key]
+        for key in [key for key, fence in self.fences.items() if fence.updated_at < cutoff
+                    and (fence.lease_until is None or fence.lease_until < time.monotonic())]:
+            del self.fences[key]
+        return len(old)
+
+
+class InMemoryClaims:
+    """IdempotencyStore without Redis: a lock or a done marker per key."""
+
+    def __init__(self, lock_ttl_ms: int = 3000) -> None:
+        self.redlock = SimpleNamespace(ttl_ms=lock_ttl_ms)
+        self.locks: dict[str, Lock] = {}
+        self.done: dict[str, str] = {}
+        self.unavailable = False  # no quorum: degraded mode
+
+    async def claim(self, key: str) -> Claim:
+        if self.unavailable:
+            return Claim(ClaimState.UNAVAILABLE)
+        if key in self.done:
+            return Claim(ClaimState.COMPLETED, completed_sha256=self.done[key])
+        if key in self.locks:
+            return Claim(ClaimState.BUSY)
+        lock = self.locks[key] = Lock(key, uuid.uuid4().hex, time.monotonic() + self.redlock.ttl_ms / 1000)
+        return Claim(ClaimState.ACQUIRED, lock=lock)
+
+    async def claim_many(self, keys: list[str]) -> list[Claim]:
+        return [await self.claim(key) for key in keys]
+
+    async def extend(self, lock: Lock) -> Lock | None:
+        return lock if self.locks.get(lock.key) == lock else None
+
+    async def release(self, lock: Lock) -> None:
+        if self.locks.get(lock.key) == lock:
+            del self.locks[lock.key]
+
+    async def complete(self, key: str, payload_sha256: str) -> None:
+        if self.unavailable:
+            return  # Redis is away: the marker is best effort
+        self.locks.pop(key, None)
+        self.done[key] = payload_sha256
+
+    async def complete_many(self, completions: list[tuple[str, str]]) -> None:
+        for key, payload_sha256 in completions:
+            await self.complete(key, payload_sha256)
+
+
+class RecordingFailures:
+    """FailurePolicy without a broker: the real retry decision, recorded."""
+
+    def __init__(self) -> None:
+        self.delayed: list[tuple[str, float]] = []
+        self.failed: list[BaseException] = []
+
+    async def delay(self, event: EventMessage, delay_seconds: float) -> None:
+        self.delayed.append((event.key, delay_seconds))
+
+    async def fail(self, event: EventMessage, source: Source, exc: BaseException) -> Outcome:
+        self.failed.append(exc)
+        return Outcome.DEAD if retry_decision(event, source, exc) is None else Outcome.RETRIED
+
+
+def handed_on(message: EventMessage) -> HandedOn:
+    """What `record_handed_on` writes for `message`: the fields HandedOn has
+    (its payload hash since adversary finding B3)."""
+    written = {"replay_of": message.replay_of, "attempt": message.attempt, "payload_sha256": message.payload_sha256}
+    return HandedOn(**{name: value for name, value in written.items() if name in HandedOn.__dataclass_fields__})

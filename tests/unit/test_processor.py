@@ -1,0 +1,240 @@
+"""The processor's state machine against in-memory stores (tests/support/in_memory.py):
+every claim state and what each pass that does not complete becomes. The same
+paths against the real Postgres and Redis: tests/integration/test_processor_edges.py;
+with real worker processes: tests/acceptance/."""
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from tests.support.events import make_event
+from tests.support.in_memory import InMemoryClaims, InMemoryCompletions, RecordingFailures, Session
+from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.workers.batch import BatchProcessor
+from webhook_ingest.workers.handlers import PermanentError
+from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
+from webhook_ingest.workers.states import Outcome
+
+RUNS: list[str] = []
+CANCELLED: list[str] = []
+
+
+async def succeed(event, ctx):
+    RUNS.append(event.key)
+
+
+async def fail(event, ctx):
+    RUNS.append(event.key)
+    raise RuntimeError("receiver answered 500")
+
+
+async def refuse(event, ctx):
+    RUNS.append(event.key)
+    raise PermanentError("not for us")
+
+
+async def hang(event, ctx):
+    RUNS.append(event.key)
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        CANCELLED.append(event.key)
+        raise
+
+
+async def lose_the_fence(event, ctx):
+    """Another run took the key's lease after ours ran out: our token is stale."""
+    RUNS.append(event.key)
+    STORE.hold_lease(event.key)
+
+
+HANDLERS = ("succeed", "fail", "refuse", "hang", "lose_the_fence")
+SOURCES = {name: parse_source(name, {"scheme": "hmac-sha256", "secrets": ["s"],
+                                     "handler": f"tests.unit.test_processor:{name}"}) for name in HANDLERS}
+STORE = InMemoryCompletions()
+
+
+@dataclasses.dataclass
+class Pipeline:
+    processor: Processor
+    completions: InMemoryCompletions
+    claims: InMemoryClaims
+    failures: RecordingFailures
+
+
+@pytest.fixture
+def pipeline() -> Pipeline:
+    global STORE
+    RUNS.clear()
+    CANCELLED.clear()
+    STORE = completions = InMemoryCompletions()
+    claims, failures = InMemoryClaims(), RecordingFailures()
+    return Pipeline(Processor(SOURCES, claims, completions, failures), completions, claims, failures)
+
+
+def event(source: str = "succeed", event_id: str = "evt_1", **fields):
+    return dataclasses.replace(make_event(source, event_id), **fields)
+
+
+# -- claim states ------------------------------------------------------------------
+
+
+async def test_a_fresh_key_runs_once_and_completes(pipeline):
+    message = event(message_id="m1")
+    assert await pipeline.processor.process(message) is Outcome.PROCESSED
+    assert RUNS == [message.key]
+    completion = pipeline.completions.completions[message.key]
+    assert completion.payload_sha256 == message.payload_sha256 and completion.message_id == "m1"
+    assert pipeline.completions.fences[message.key].lease_until is None  # the completion ended the lease
+    assert pipeline.completions.turns == {}  # the turn ended with the transaction
+    assert pipeline.claims.done == {message.key: message.payload_sha256} and pipeline.claims.locks == {}
+
+
+async def test_a_key_redis_knows_completed_is_a_duplicate_without_postgres(pipeline):
+    message = event()
+    pipeline.claims.done[message.key] = message.payload_sha256
+    assert await pipeline.processor.process(message) is Outcome.DUPLICATE
+    assert RUNS == [] and pipeline.completions.fences == {}
+
+
+async def test_a_key_postgres_knows_completed_is_a_duplicate_and_redis_learns_it(pipeline):
+    message = event()
+    assert await pipeline.processor.process(message) is Outcome.PROCESSED
+    pipeline.claims.done.clear()  # Redis flushed
+    assert await pipeline.processor.process(message) is Outcome.DUPLICATE
+    assert RUNS == [message.key]
+    assert pipeline.claims.done == {message.key: message.payload_sha256} and pipeline.claims.locks == {}
+
+
+@pytest.mark.parametrize("redis_knows", [True, False])
+async def test_another_payload_for_a_completed_key_is_a_conflict_and_the_first_stays(pipeline, redis_knows):
+    first = make_event("succeed", "evt_1", {"amount": 1})
+    other = make_event("succeed", "evt_1", {"amount": 2})
+    assert await pipeline.processor.process(first) is Outcome.PROCESSED
+    if not redis_knows:
+        pipeline.claims.done.clear()
+    assert await pipeline.processor.process(other) is Outcome.CONFLICT
+    assert pipeline.completions.conflicts == [(first.key, first.payload_sha256, other.payload_sha256)]
+    assert pipeline.completions.completions[first.key].payload_sha256 == first.payload_sha256
+    assert pipeline.claims.done == {first.key: first.payload_sha256}  # a done marker, not a lock left held
+    assert RUNS == [first.key]
+
+
+async def test_without_a_redis_quorum_postgres_alone_decides(pipeline):
+    message = event()
+    pipeline.claims.unavailable = True
+    assert await pipeline.processor.process(message) is Outcome.PROCESSED
+    assert await pipeline.processor.process(message) is Outcome.DUPLICATE
+    assert RUNS == [message.key] and pipeline.claims.done == {}
+
+
+async def test_a_redis_lock_held_elsewhere_for_long_goes_on_to_postgres(pipeline):
+    message = event()
+    await pipeline.claims.claim(message.key)  # a holder that may be dead
+    assert await pipeline.processor.process(message) is Outcome.PROCESSED
+    assert RUNS == [message.key]
+
+
+# -- what a pass that does not complete becomes -------------------------------------
+
+
+async def test_a_key_leased_elsewhere_is_deferred_without_running(pipeline):
+    message = event()
+    pipeline.completions.hold_lease(message.key)
+    assert await pipeline.processor.process(message) is Outcome.DEFERRED
+    assert RUNS == [] and pipeline.failures.delayed == [(message.key, DEFER_SECONDS)]
+    assert pipeline.claims.locks == {} and pipeline.claims.done == {}  # the Redis lock was given back
+
+
+async def test_a_turn_held_in_postgres_defers_and_releases_our_lease(pipeline):
+    message = event()
+    pipeline.completions.turns[message.key] = Session()  # a paused holder whose lease ran out
+    assert await pipeline.processor.process(message) is Outcome.DEFERRED
+    assert RUNS == [] and pipeline.failures.delayed == [(message.key, DEFER_SECONDS)]
+    assert pipeline.completions.fences[message.key].lease_until is None  # released, not left to run out
+    assert pipeline.completions.completions == {}
+
+
+async def test_a_stale_fencing_token_refuses_the_completion_and_defers(pipeline):
+    message = event("lose_the_fence")
+    assert await pipeline.processor.process(message) is Outcome.DEFERRED
+    assert RUNS == [message.key] and pipeline.completions.completions == {}  # rolled back, runs again later
+    assert pipeline.failures.delayed == [(message.key, DEFER_SECONDS)]
+
+
+async def test_a_lease_that_cannot_be_renewed_cancels_the_handler_and_defers(pipeline):
+    pipeline.claims.redlock.ttl_ms = 300  # lost after two thirds of it: a fast test
+    pipeline.completions.renewals_answer = False
+    message = event("hang")
+    assert await asyncio.wait_for(pipeline.processor.process(message), 5) is Outcome.DEFERRED
+    assert CANCELLED == [message.key] and pipeline.completions.completions == {}
+    assert pipeline.failures.delayed == [(message.key, DEFER_SECONDS)]
+    assert pipeline.completions.turns == {}
+
+
+@pytest.mark.parametrize("source, attempt, outcome", [
+    ("fail", 1, Outcome.RETRIED),
+    ("fail", 5, Outcome.DEAD),  # the source's max_attempts
+    ("refuse", 1, Outcome.DEAD),  # PermanentError: no retry
+])
+async def test_a_failed_handler_is_a_retry_decision_and_its_attempt_is_recorded(pipeline, source, attempt, outcome):
+    message = event(source, attempt=attempt)
+    assert await pipeline.processor.process(message) is outcome
+    assert [type(exc).__name__ for exc in pipeline.failures.failed] == [
+        "PermanentError" if source == "refuse" else "RuntimeError"]
+    fence = pipeline.completions.fences[message.key]
+    assert (fence.handed_on.replay_of, fence.handed_on.attempt) == (0, attempt)  # handed on: a copy will not run
+    assert fence.lease_until is None and pipeline.completions.completions == {}
+    assert pipeline.claims.locks == {}
+
+
+async def test_a_copy_of_an_attempt_already_handed_on_is_a_duplicate(pipeline):
+    failed = event("fail")
+    assert await pipeline.processor.process(failed) is Outcome.RETRIED
+    assert await pipeline.processor.process(failed) is Outcome.DUPLICATE  # the same attempt again
+    assert RUNS == [failed.key] and len(pipeline.failures.failed) == 1
+    assert await pipeline.processor.process(event("fail", attempt=2)) is Outcome.RETRIED  # the next one runs
+    assert await pipeline.processor.process(event("fail", replay_of=7)) is Outcome.RETRIED  # a replay's chain runs
+    assert await pipeline.processor.process(event("fail", attempt=3)) is Outcome.DUPLICATE  # an older chain's
+    assert len(RUNS) == 3
+
+
+@pytest.mark.xfail(strict=True, reason="run_locked keeps the Redis lock of every DUPLICATE for a done marker, but a "
+                   "copy of an attempt handed on writes none: the lock stays until its TTL, and the next attempt "
+                   "waits ~0.55 s for it, then runs without it (the batch path releases it)")
+async def test_a_copy_of_an_attempt_handed_on_gives_its_redis_lock_back(pipeline):
+    failed = event("fail")
+    assert await pipeline.processor.process(failed) is Outcome.RETRIED
+    assert await pipeline.processor.process(failed) is Outcome.DUPLICATE
+    assert pipeline.claims.locks == {}  # "replaced by a done marker or released, whatever the outcome"
+
+
+async def test_a_redelivery_whose_own_delivery_completed_is_settled_before(pipeline):
+    message = event(message_id="m1")
+    assert await pipeline.processor.process(message) is Outcome.PROCESSED
+    assert await pipeline.completions.settled_before(message) == (True, False)
+    assert await pipeline.completions.settled_before(dataclasses.replace(message, message_id="m2")) == (False, False)
+
+
+# -- the batch ------------------------------------------------------------------------
+
+
+async def test_a_batch_completes_its_fresh_keys_in_one_transaction_and_settles_the_others(pipeline):
+    batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
+    fresh, completed, copy = event(event_id="evt_1"), event(event_id="evt_2"), event(event_id="evt_1")
+    pipeline.claims.done[completed.key] = completed.payload_sha256
+    assert await batch.process([fresh, completed, copy]) == [Outcome.PROCESSED, Outcome.DUPLICATE,
+                                                             Outcome.DUPLICATE]
+    assert RUNS == [fresh.key] and set(pipeline.completions.completions) == {fresh.key}
+
+
+async def test_a_batch_whose_completion_is_refused_rolls_back_and_runs_each_alone(pipeline):
+    batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
+    fine, stale = event(event_id="evt_1"), event("lose_the_fence", event_id="evt_2")
+    assert await batch.process([fine, stale]) == [Outcome.PROCESSED, Outcome.DEFERRED]
+    # both in the rolled-back transaction; then alone: the fine one again, the stale
+    # one not (the run that took its lease holds it)
+    assert sorted(RUNS) == sorted([stale.key, fine.key, fine.key])
+    assert set(pipeline.completions.completions) == {fine.key}  # once: the batch's row was rolled back
+    assert pipeline.failures.delayed == [(stale.key, DEFER_SECONDS)]
