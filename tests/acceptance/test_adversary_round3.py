@@ -341,3 +341,48 @@ async def test_after_prune_forgot_a_retried_completion_a_resend_is_processed_aga
     await _settled_quietly(settings)
     assert await count_rows(settings.database_url, "processed_events") == 1, (
         "attempt_already_handed_on" in worker.output())
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding B6: a worker cut from Postgres after its failed attempt's retry was confirmed cannot record the "
+    "attempt handed on nor keep its lease; a copy of the attempt on another worker then runs it again and "
+    "starts a second chain (one fault: the broker confirms at once)"))
+async def test_a_holder_cut_from_postgres_before_its_record_does_not_let_a_copy_run_its_attempt_again(
+        settings, fleet, tmp_path):
+    """Attempt 1 of an event fails on worker A; its retry is confirmed by a
+    healthy broker at once, but A's Postgres path is cut (a partition, a
+    failover) just before, so A can neither write the attempt record nor
+    renew the key's lease: the record waits for Postgres (retried for ever,
+    7587f9e), the lease runs out on the server. The provider sends the event
+    again (it does, routinely), to worker B, which reaches Postgres: it finds
+    the lease free and no record, and runs attempt 1 again — a second retry
+    chain for one failed attempt. §8: attempted max_attempts (2) times; the
+    design names a killed worker and "a holder that cannot keep its lease
+    while it waits for the broker's confirm (Postgres unreachable from it,
+    too): two faults at once" — here the broker answered, one fault is enough."""
+    from tests.support.tcpproxy import TcpProxy
+
+    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:failing_external",
+                            database_url=settings.database_url, seconds=2)
+    text = (tmp_path / "s.toml").read_text()  # a retry delay longer than the lease: the copy comes first
+    (tmp_path / "s.toml").write_text(text.replace("max_attempts = 3\nretry_delays = [0.5]",
+                                                  "max_attempts = 2\nretry_delays = [8]"))
+    event = make_event("acme", "evt_cut_before_record")
+    with TcpProxy("127.0.0.1", 5432) as postgres:
+        cut_off = fleet.worker("--concurrency", "1", env={
+            "WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": postgres.url_for(settings.database_url)})
+        await wait_for_output(cut_off, "worker_consuming")
+        await publish_events(settings.amqp_url, settings.namespace, [event])
+        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05,
+                         message="attempt 1 running")
+        await asyncio.sleep(1.2)
+        postgres.cut()  # the handler fails 0.8 s later, before the lease counts as lost: a failed attempt
+        other = fleet.worker("--concurrency", "2", env={"WEBHOOK_INGEST_SOURCES": sources})
+        await wait_for_output(cut_off, "attempt_record_waiting_for_postgres", timeout=20)
+        await publish_events(settings.amqp_url, settings.namespace, [event])  # the provider's copy
+        await asyncio.sleep(6)  # the lease has run out on the server
+        postgres.restore()
+        await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 60, message="the dead letter")
+        await _settled_quietly(settings)
+    attempts = sorted(run["started"] for run in await recorded_runs(settings.database_url))
+    assert attempts == [1.0, 2.0], attempts
