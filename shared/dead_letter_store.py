@@ -139,6 +139,7 @@ class DeadLetterStore:
         async with self._connection() as connection, connection.transaction():
             discarded = await connection.fetch(SQL["set_dead_letter_status"], list(ids), "discarded")
             _require_all_found(ids, discarded)
+            await connection.execute(SQL["forget_handed_on"], list(ids))
             await _record_audit(connection, actor, "discard", [row["id"] for row in discarded])
         return [row["id"] for row in discarded]
 
@@ -155,9 +156,9 @@ class DeadLetterStore:
                 raise NotReplayable([dead_letter_id])
             # Marked before the publish: a new failure of the replayed event
             # waits for this commit, then records a new open row (insert_dead_letter).
-            await _mark_replayed(connection, [dead_letter_id], actor, bulk_action_id)
+            replay_id = await _mark_replayed(connection, dead_letter_id, actor, bulk_action_id)
             try:
-                await _publish(channel, namespace, row)
+                await _publish(channel, namespace, row, replay_id)
             except Exception as exc:  # noqa: BLE001 - any broker failure: nothing was replayed
                 raise ReplayInterrupted([], exc) from exc
             if bulk_action_id is None:
@@ -168,6 +169,7 @@ class DeadLetterStore:
         async with self._connection() as connection, connection.transaction():
             await _lock_open(connection, dead_letter_id)
             await connection.execute(SQL["set_dead_letter_status"], [dead_letter_id], "discarded")
+            await connection.execute(SQL["forget_handed_on"], [dead_letter_id])
             if bulk_action_id is None:
                 await _record_audit(connection, actor, "discard", [dead_letter_id])
 
@@ -190,12 +192,12 @@ class DeadLetterStore:
             try:
                 for row in _replayable(rows, refuse=not all_):
                     async with connection.transaction():
-                        marked = await _mark_replayed(connection, [row["id"]], actor)
+                        replay_id = await _mark_replayed(connection, row["id"], actor)
                         try:
-                            await _publish(channel, namespace, row)
+                            await _publish(channel, namespace, row, replay_id)
                         except Exception as exc:  # noqa: BLE001 - any broker failure: report what was done
                             raise ReplayInterrupted(replayed, exc) from exc
-                    replayed += marked
+                    replayed.append(row["id"])
             finally:
                 if replayed:  # also what a replay that stopped half way did
                     await _record_audit(connection, actor, "replay", replayed)
@@ -243,16 +245,17 @@ async def _record_audit(connection, actor: Actor, action: str, ids: Sequence[int
                                      jsonb(detail or {}))
 
 
-async def _mark_replayed(connection, ids: Sequence[int], actor: Actor, bulk_action_id: int | None = None) -> list[int]:
-    """Status `replayed`, and one more entry in each one's replay history."""
+async def _mark_replayed(connection, dead_letter_id: int, actor: Actor, bulk_action_id: int | None = None) -> int:
+    """Status `replayed`, and one more entry in its replay history, whose id
+    names the new retry chain: every replay is one, also of a dead letter
+    replayed before (workers/attempts.py)."""
     async with connection.transaction():
-        marked = [row["id"] for row in await connection.fetch(SQL["set_dead_letter_status"], list(ids), "replayed")]
-        await connection.execute(SQL["insert_replay"], marked, str(actor), bulk_action_id)
-    return marked
+        await connection.execute(SQL["set_dead_letter_status"], [dead_letter_id], "replayed")
+        return await connection.fetchval(SQL["insert_replay"], dead_letter_id, str(actor), bulk_action_id)
 
 
-async def _publish(channel: AbstractChannel, namespace: str, row) -> None:
-    await topology.publish(channel, to_amqp(rebuilt_event(row)), topology.events_queue(namespace),
+async def _publish(channel: AbstractChannel, namespace: str, row, replay_id: int) -> None:
+    await topology.publish(channel, to_amqp(rebuilt_event(row, replay_id)), topology.events_queue(namespace),
                            timeout=REPLAY_PUBLISH_TIMEOUT)
 
 

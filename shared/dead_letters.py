@@ -205,9 +205,9 @@ def decoded(row) -> dict:
 # -- acting --------------------------------------------------------------------
 
 
-def rebuilt_event(row) -> EventMessage:
+def rebuilt_event(row, replay_id: int) -> EventMessage:
     """The event as the ingress queued it, with a new attempt budget: a new
-    retry chain, named after the dead letter it starts from."""
+    retry chain, named after the replay (dead_letter_replays.id) that starts it."""
     headers = row["headers"]
     return EventMessage(
         key=row["key"],
@@ -217,7 +217,7 @@ def rebuilt_event(row) -> EventMessage:
         received_at=row["received_at"].timestamp(),
         body=bytes(row["body"]),
         headers=json.loads(headers) if isinstance(headers, str) else dict(headers),
-    ).fresh(replay_of=row["id"])
+    ).fresh(replay_of=replay_id)
 
 
 # -- the JSON shapes of docs/reference.md §2 --------------------------------------------------

@@ -59,16 +59,16 @@ class EventMessage:
     # When a worker first found no source of this name (unix ms; 0: never):
     # how long it has waited for a worker that knows it (a rolling deploy).
     unknown_source_since_ms: int = 0
-    # The dead letter a replay started this retry chain from (0: the
-    # ingress's event): a newer chain's attempt 1 is not a copy of an older
-    # chain's attempt already run (workers/attempts.py).
+    # The replay (dead_letter_replays.id) that started this retry chain (0:
+    # the ingress's event): a newer chain's attempt 1 is not a copy of an
+    # older chain's attempt already run (workers/attempts.py).
     replay_of: int = 0
 
     def next_attempt(self, error: dict) -> "EventMessage":
         return replace(self, attempt=self.attempt + 1, errors=(*self.errors, error))
 
     def fresh(self, replay_of: int = 0) -> "EventMessage":
-        """The same event with a new attempt budget (a replay of dead letter `replay_of`)."""
+        """The same event with a new attempt budget (replay `replay_of` of its dead letter)."""
         return replace(self, attempt=1, errors=(), deliveries=0, unknown_source_since_ms=0, replay_of=replay_of)
 
 

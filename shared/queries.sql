@@ -102,8 +102,20 @@ WHERE id = $1
 FOR UPDATE
 
 -- name: insert_replay
+-- One more entry in the dead letter's replay history; its id names the
+-- replay's retry chain (workers/attempts.py).
 INSERT INTO dead_letter_replays (dead_letter_id, actor, bulk_action_id)
-SELECT unnest($1::bigint[]), $2::text, $3::bigint
+VALUES ($1, $2, $3)
+RETURNING id
+
+-- name: forget_handed_on
+-- A discarded dead letter's event starts afresh if the provider sends it
+-- again: its key forgets the attempt handed on (workers/attempts.py), when
+-- that record is of the discarded payload.
+UPDATE key_fences SET replay_of = 0, attempt = 0, payload_sha256 = NULL
+FROM dead_letters
+WHERE dead_letters.id = ANY($1::bigint[]) AND key_fences.key = dead_letters.key
+  AND key_fences.payload_sha256 = dead_letters.payload_sha256
 
 -- name: replays_of
 SELECT replayed_at, actor, bulk_action_id

@@ -11,8 +11,13 @@ is durable, so a worker that died before that (a crash mid-handler, before
 the confirm) leaves its attempt to run again when its message comes back.
 
 A replay from the dead letters starts a new chain at attempt 1: its
-messages carry the dead letter's id (`replay_of`, which only grows), and a
-chain older than the recorded one is stale as a whole. Why, and what still
+messages carry the replay's id (`replay_of`: dead_letter_replays.id, which
+only grows, a new one for every replay, also of a dead letter replayed
+before), and a chain older than the recorded one is stale as a whole.
+Only a message with the recorded payload is a copy: another payload under
+the key is another event, which the state machine runs or records as a
+conflict. Discarding a dead letter forgets its record, so the provider
+sending the event again runs it. Why, and what still
 runs an attempt twice: docs/design.md, "One next attempt per failed attempt".
 The record is written by `CompletionStore.record_handed_on` (`workers.completions`).
 """
@@ -28,10 +33,13 @@ class HandedOn:
 
     replay_of: int = 0
     attempt: int = 0
+    payload_sha256: str | None = None
 
 
 def already_handed_on(message: EventMessage, handed_on: HandedOn) -> bool:
     """Whether `message` is for an attempt already run and handed on."""
+    if message.payload_sha256 != handed_on.payload_sha256:
+        return False
     if message.replay_of != handed_on.replay_of:
         return message.replay_of < handed_on.replay_of
     return message.attempt <= handed_on.attempt

@@ -74,7 +74,7 @@ class CompletionStore:
         """The leases granted among `keys` (distinct), in one statement outside any transaction."""
         sent_at = time.monotonic()
         rows = await connection.fetch(SQL["take_leases"], keys, ttl_ms)
-        return {row["key"]: Lease(row["key"], row["token"], sent_at, HandedOn(row["replay_of"], row["attempt"]))
+        return {row["key"]: Lease(row["key"], row["token"], sent_at, HandedOn(row["replay_of"], row["attempt"], row["payload_sha256"]))
                 for row in rows}
 
     async def extend_leases(self, leases: list[Lease], ttl_ms: int) -> bool:
@@ -109,7 +109,7 @@ class CompletionStore:
                 async with self._connection(timeout=10) as connection:
                     # idempotent: a statement lost in a black hole is made again
                     await connection.execute(SQL["record_handed_on"], message.key, message.replay_of,
-                                             message.attempt, timeout=10)
+                                             message.attempt, message.payload_sha256, timeout=10)
                 return
             except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
                 log.warning("attempt_record_waiting_for_postgres", error=describe(exc), retry_in=pause)

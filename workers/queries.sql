@@ -23,7 +23,7 @@ FROM unnest($1::text[]) AS batch(key) ORDER BY key
 ON CONFLICT (key) DO UPDATE
     SET token = EXCLUDED.token, lease_until = EXCLUDED.lease_until, updated_at = now()
     WHERE key_fences.lease_until IS NULL OR key_fences.lease_until < clock_timestamp()
-RETURNING key, token, replay_of, attempt
+RETURNING key, token, replay_of, attempt, payload_sha256
 
 -- name: extend_leases
 -- Our leases ($1 keys, $2 tokens) run $3 ms longer, if still ours and not
@@ -42,9 +42,10 @@ FROM unnest($1::text[], $2::bigint[]) AS ours(key, token)
 WHERE key_fences.key = ours.key AND key_fences.token = ours.token
 
 -- name: record_handed_on
--- Attempt $3 of chain $2 (workers/attempts.py) was handed on: its retry
--- message is confirmed or its dead letter committed. Only ever moves forward.
-UPDATE key_fences SET replay_of = $2, attempt = $3, updated_at = now()
+-- Attempt $3 of chain $2 (workers/attempts.py), payload $4, was handed on:
+-- its retry message is confirmed or its dead letter committed. Only ever
+-- moves forward.
+UPDATE key_fences SET replay_of = $2, attempt = $3, payload_sha256 = $4, updated_at = now()
 WHERE key = $1 AND (replay_of < $2 OR (replay_of = $2 AND attempt < $3))
 
 -- name: completed_keys

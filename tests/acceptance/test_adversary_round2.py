@@ -69,8 +69,8 @@ async def test_a_retry_waiting_behind_a_stale_copy_of_its_earlier_attempt_is_not
     retry = first.next_attempt({"attempt": 1, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError",
                                 "message": "the receiver was down"})
     await _execute(settings.database_url,
-                   "INSERT INTO key_fences (key, token, replay_of, attempt) VALUES ($1, nextval('fencing_tokens'), 0, 1)",
-                   first.key)
+                   "INSERT INTO key_fences (key, token, replay_of, attempt, payload_sha256) "
+                   "VALUES ($1, nextval('fencing_tokens'), 0, 1, $2)", first.key, first.payload_sha256)
     await publish_events(settings.amqp_url, settings.namespace, [first])  # the stale copy, first in the queue
     await publish_events(settings.amqp_url, settings.namespace, [retry])  # the retry, right behind it
     worker = fleet.worker("--concurrency", "8", env=env)
@@ -87,7 +87,7 @@ async def test_a_replay_waiting_behind_a_stale_copy_of_the_dead_chain_is_not_dro
     attempt 3 (key_fences: chain 0, attempt 3 handed on). The provider sends
     the event once more (chain 0, attempt 1: a copy the design acks as a
     duplicate while the dead letter is open) just as on-call replays the
-    dead letter (chain = its id, attempt 1). The copy leads, is stale, is
+    dead letter (a new chain, attempt 1). The copy leads, is stale, is
     settled DUPLICATE; the replay waits behind it and is acked as its
     duplicate. The dead letter is `replayed`, so on-call sees nothing left
     to do — the replay must still end completed or as a new open dead letter."""
@@ -99,8 +99,8 @@ async def test_a_replay_waiting_behind_a_stale_copy_of_the_dead_chain_is_not_dro
             {"attempt": n, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError", "message": "down"}
             for n in (1, 2, 3)])
         await connection.execute(
-            "INSERT INTO key_fences (key, token, replay_of, attempt) VALUES ($1, nextval('fencing_tokens'), 0, 3)",
-            event.key)
+            "INSERT INTO key_fences (key, token, replay_of, attempt, payload_sha256) "
+            "VALUES ($1, nextval('fencing_tokens'), 0, 3, $2)", event.key, event.payload_sha256)
         await connection.execute("UPDATE dead_letters SET status = 'replayed' WHERE id = $1", dead_letter_id)
     finally:
         await connection.close()
@@ -129,9 +129,9 @@ async def test_a_retry_waiting_behind_a_deferred_stale_copy_is_not_dropped(setti
     retry = first.next_attempt({"attempt": 1, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError",
                                 "message": "the receiver was down"})
     await _execute(settings.database_url,
-                   "INSERT INTO key_fences (key, token, lease_until, replay_of, attempt) "
-                   "VALUES ($1, nextval('fencing_tokens'), clock_timestamp() + interval '4 seconds', 0, 1)",
-                   first.key)
+                   "INSERT INTO key_fences (key, token, lease_until, replay_of, attempt, payload_sha256) "
+                   "VALUES ($1, nextval('fencing_tokens'), clock_timestamp() + interval '4 seconds', 0, 1, $2)",
+                   first.key, first.payload_sha256)
     await publish_events(settings.amqp_url, settings.namespace, [first])
     await publish_events(settings.amqp_url, settings.namespace, [retry])
     worker = fleet.worker("--concurrency", "8", env=env)

@@ -61,10 +61,6 @@ async def _where_is(database_url: str, key: str) -> dict:
     return dict(row)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding B1: an explicit replay of an earlier dead letter (dlq replay ID, allowed whatever its status) "
-    "is acked as attempt_already_handed_on without running: its chain id is lower than the chain the "
-    "first replay started"))
 async def test_replaying_an_earlier_dead_letter_again_runs_the_event_again(settings, service_env, fleet, tmp_path):
     """The receiver is down. The event's chain ends in dead letter 1;
     on-call replays it (`dlq replay 1`): chain 1 runs its three attempts and
@@ -97,9 +93,6 @@ async def test_replaying_an_earlier_dead_letter_again_runs_the_event_again(setti
         attempts, "attempt_already_handed_on" in worker.output())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding B2: after on-call discards an event's dead letter, the provider sending the event again is "
-    "answered 200 and acked as attempt_already_handed_on for ever (until prune): never run, never recorded"))
 async def test_after_its_dead_letter_is_discarded_an_event_sent_again_runs(settings, service_env, fleet, tmp_path):
     """The receiver is down; the event's chain ends in a dead letter, which
     on-call discards (the provider will send it again once its side is
@@ -126,10 +119,6 @@ async def test_after_its_dead_letter_is_discarded_an_event_sent_again_runs(setti
         "completed": 1, "open_dead_letters": 0, "conflicts": 0}, "attempt_already_handed_on" in worker.output()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding B3: a conflicting payload for a key whose attempt 1 was handed on is acked as a duplicate "
-    "(attempt_already_handed_on, checked before the completion) once Redis forgot the key: no "
-    "event_conflicts row, no payload_conflict log, counted duplicate"))
 async def test_a_conflicting_payload_after_a_retried_completion_is_recorded_as_a_conflict(settings, fleet, tmp_path):
     """An event fails its first attempt and completes on its second
     (key_fences: chain 0, attempt 1 handed on). Redis forgets the key (its
@@ -159,9 +148,6 @@ async def test_a_conflicting_payload_after_a_retried_completion_is_recorded_as_a
     assert "payload_conflict" in worker.output()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding B3: another payload under a key whose chain ended in a dead letter is acked as "
-    "attempt_already_handed_on: not run, not a conflict, not a dead letter — answered 200 and recorded nowhere"))
 async def test_another_payload_under_a_dead_lettered_key_is_recorded_somewhere(settings, fleet, tmp_path):
     """The receiver is down and the event's chain ends in a dead letter.
     The provider then sends the key again with another payload (a
@@ -377,7 +363,7 @@ async def test_a_holder_cut_from_postgres_before_its_record_does_not_let_a_copy_
                          message="attempt 1 running")
         await asyncio.sleep(1.2)
         postgres.cut()  # the handler fails 0.8 s later, before the lease counts as lost: a failed attempt
-        other = fleet.worker("--concurrency", "2", env={"WEBHOOK_INGEST_SOURCES": sources})
+        fleet.worker("--concurrency", "2", env={"WEBHOOK_INGEST_SOURCES": sources})
         await wait_for_output(cut_off, "attempt_record_waiting_for_postgres", timeout=20)
         await publish_events(settings.amqp_url, settings.namespace, [event])  # the provider's copy
         await asyncio.sleep(6)  # the lease has run out on the server
