@@ -127,8 +127,17 @@ SELECT now() - $1::interval
 -- The outer condition is repeated on purpose: when a row changed while the
 -- DELETE waited for its lock, Postgres re-checks only the outer WHERE on the
 -- new version (a fence a worker just refreshed must survive).
+-- The keys' attempt records (workers/attempts.py) go with their completions:
+-- a copy after the retention window is processed again, not taken for a
+-- copy of an attempt of the forgotten chain.
+WITH doomed AS (
+    SELECT key FROM processed_events WHERE completed_at < $1 LIMIT $2
+), forgotten AS (
+    UPDATE key_fences SET replay_of = 0, attempt = 0, payload_sha256 = NULL
+    WHERE key IN (SELECT key FROM doomed)
+)
 DELETE FROM processed_events
-WHERE key IN (SELECT key FROM processed_events WHERE completed_at < $1 LIMIT $2)
+WHERE key IN (SELECT key FROM doomed)
   AND completed_at < $1
 
 -- name: prune_key_fences

@@ -290,10 +290,6 @@ async def _cli(service_env: dict, *args: str) -> None:
     assert await asyncio.wait_for(process.wait(), 60) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding B5: prune forgets a completion but keeps the key's fence row (touched later by a copy), and with "
-    "it the attempt record: a manual resend after the retention window is acked as attempt_already_handed_on, "
-    "not processed again as operations.md promises"))
 async def test_after_prune_forgot_a_retried_completion_a_resend_is_processed_again(
         settings, service_env, fleet, tmp_path):
     """operations.md, Retention and pruning: "a manual resend from a
