@@ -202,6 +202,8 @@ class InMemoryCompletions:
         old = [key for key, completion in self.completions.items() if completion.completed_at < cutoff]
         for key in old:
             del self.completions[key]
+            if key in self.fences:  # the attempt record goes with the completion
+                self.fences[key].handed_on = HandedOn()
         for key in [key for key, fence in self.fences.items() if fence.updated_at < cutoff
                     and (fence.lease_until is None or fence.lease_until < time.monotonic())]:
             del self.fences[key]

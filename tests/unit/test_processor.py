@@ -5,6 +5,7 @@ with real worker processes: tests/acceptance/."""
 
 import asyncio
 import dataclasses
+from datetime import timedelta
 
 import pytest
 
@@ -215,6 +216,18 @@ async def test_a_redelivery_whose_own_delivery_completed_is_settled_before(pipel
     assert await pipeline.processor.process(message) is Outcome.PROCESSED
     assert await pipeline.completions.settled_before(message) == (True, False)
     assert await pipeline.completions.settled_before(dataclasses.replace(message, message_id="m2")) == (False, False)
+
+
+async def test_prune_forgets_completions_past_the_window_with_their_attempt_records(pipeline):
+    retried, done = event("fail"), event()
+    assert await pipeline.processor.process(retried) is Outcome.RETRIED
+    assert await pipeline.processor.process(done) is Outcome.PROCESSED
+    pipeline.completions.completions[retried.key] = dataclasses.replace(  # a later attempt completed it, long ago
+        pipeline.completions.completions[done.key], completed_at=0.0)
+    assert await pipeline.completions.prune(timedelta(days=30)) == 1
+    assert set(pipeline.completions.completions) == {done.key}
+    pipeline.claims.done.clear()
+    assert await pipeline.processor.process(retried) is Outcome.RETRIED  # a resend runs again, not a copy
 
 
 # -- the batch ------------------------------------------------------------------------
