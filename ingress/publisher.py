@@ -79,6 +79,18 @@ class Publisher:
         """The confirm-mode channel, None until connected (the admin API replays through it)."""
         return self._channel
 
+    @property
+    def _open_channel(self) -> AbstractRobustChannel:
+        if self._channel is None:
+            raise ConnectionError("not connected to the broker")  # one of BROKER_ERRORS
+        return self._channel
+
+    @property
+    def _open_connection(self) -> AbstractRobustConnection:
+        if self._connection is None:
+            raise ConnectionError("not connected to the broker")
+        return self._connection
+
     def start(self) -> None:
         self._connector = asyncio.create_task(self._connect_until_up(), name="broker-connect")
 
@@ -105,9 +117,9 @@ class Publisher:
             raise GivenUp(f"{self._waiting} requests already wait for a confirm", None)
         if patience is None:
             return await self._confirmed(topology.publish(
-                self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
+                self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
         publishing = asyncio.ensure_future(
-            topology.publish(self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
+            topology.publish(self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
         try:
             await self._confirmed(self._within(publishing, patience))
         except BrokerUnavailable as exc:
@@ -122,7 +134,8 @@ class Publisher:
             return await self._confirmed(given_up.pending)
         if not self.ready:
             raise given_up
-        await self._confirmed(topology.publish(self._channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
+        await self._confirmed(
+            topology.publish(self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
 
     async def _confirmed(self, publishing: Awaitable[None]) -> None:
         try:
@@ -170,11 +183,11 @@ class Publisher:
         pile up nowhere."""
         try:
             await asyncio.wait_for(
-                topology.ensure_events_queue(self._connection, self._namespace, self._delivery_limit), PUBLISH_TIMEOUT
-            )
-            await asyncio.wait_for(self._channel.declare_queue(
+                topology.ensure_events_queue(self._open_connection, self._namespace, self._delivery_limit),
+                PUBLISH_TIMEOUT)
+            await asyncio.wait_for(self._open_channel.declare_queue(
                 self._probe_queue, durable=True, arguments=PROBE_QUEUE_ARGUMENTS), PUBLISH_TIMEOUT)
-            await asyncio.wait_for(self._channel.default_exchange.publish(  # bounded also while reconnecting
+            await asyncio.wait_for(self._open_channel.default_exchange.publish(  # bounded also while reconnecting
                 aio_pika.Message(b""), routing_key=self._probe_queue, timeout=PUBLISH_TIMEOUT
             ), PUBLISH_TIMEOUT)
         except BROKER_ERRORS as exc:

@@ -109,9 +109,10 @@ class Relay:
         """Publishes the rows pipelined; the ids confirmed, and the first failure."""
         results = await asyncio.gather(*(self._publish_row(row) for row in rows), return_exceptions=True)
         confirmed = [row["id"] for row, result in zip(rows, results) if result is True]
-        failures = [result for result in results if isinstance(result, BaseException)]
-        for unexpected in (f for f in failures if not isinstance(f, BrokerUnavailable)):
+        errors = [result for result in results if isinstance(result, BaseException)]
+        for unexpected in (error for error in errors if not isinstance(error, BrokerUnavailable)):
             raise unexpected
+        failures = [error for error in errors if isinstance(error, BrokerUnavailable)]
         return confirmed, failures[0] if failures else None
 
     async def _publish_row(self, row: asyncpg.Record) -> bool:

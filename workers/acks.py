@@ -23,8 +23,10 @@ them when their channel closes.
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import cast
 
 from aio_pika.abc import AbstractIncomingMessage
+from aiormq.abc import AbstractChannel
 
 from webhook_ingest.shared.logging import get_logger
 
@@ -47,7 +49,7 @@ class _Channel:
 
 class OpenDeliveries:
     def __init__(self):
-        self._channels: dict[object, _Channel] = {}
+        self._channels: dict[AbstractChannel, _Channel] = {}
 
     def delivered(self, message: AbstractIncomingMessage) -> None:
         """Call first thing when a message arrives, before anything awaits."""
@@ -58,13 +60,14 @@ class OpenDeliveries:
             for closed in [c for c in self._channels if c.is_closed]:
                 del self._channels[closed]
             self._channels[channel] = _Channel()
-        self._channels[channel].record(message.delivery_tag)
+        self._channels[channel].record(_tag(message))
 
     def settled(self, messages: list[AbstractIncomingMessage]) -> None:
         for message in messages:
-            state = self._channels.get(_channel_of(message))
+            channel = _channel_of(message)
+            state = None if channel is None else self._channels.get(channel)
             if state is not None:
-                state.open.discard(message.delivery_tag)
+                state.open.discard(_tag(message))
 
     def covering(self, messages: list[AbstractIncomingMessage]) -> AbstractIncomingMessage | None:
         """The message whose `multiple` ack settles exactly `messages`, or None."""
@@ -72,11 +75,11 @@ class OpenDeliveries:
         if len(messages) < 2 or channel is None or any(_channel_of(m) is not channel for m in messages):
             return None
         state = self._channels.get(channel)
-        last = max(messages, key=lambda message: message.delivery_tag)
-        batch = {message.delivery_tag for message in messages}
-        if state is None or last.delivery_tag > state.seen_through or not batch <= state.open:
+        last = max(messages, key=_tag)
+        batch = {_tag(message) for message in messages}
+        if state is None or _tag(last) > state.seen_through or not batch <= state.open:
             return None
-        if any(tag <= last.delivery_tag and tag not in batch for tag in state.open):
+        if any(tag <= _tag(last) and tag not in batch for tag in state.open):
             return None
         return last
 
@@ -105,7 +108,11 @@ class OpenDeliveries:
         self.settled(messages)
 
 
-def _channel_of(message: AbstractIncomingMessage):
+def _tag(message: AbstractIncomingMessage) -> int:
+    return cast(int, message.delivery_tag)  # None only for a basic.get that found nothing
+
+
+def _channel_of(message: AbstractIncomingMessage) -> AbstractChannel | None:
     try:
         return message.channel
     except Exception:  # noqa: BLE001 - closed: its deliveries cannot be acked any more
