@@ -4,7 +4,9 @@
 
 import asyncio
 import os
+import socket
 import subprocess
+import urllib.parse
 import uuid
 
 import aio_pika
@@ -34,6 +36,27 @@ async def _admin(sql: str) -> None:
         await connection.execute(sql)
     finally:
         await connection.close()
+
+
+def _broker_answers(url: str = AMQP_URL, timeout: float = 10) -> bool:
+    """The AMQP handshake, not just the port (as .ci/run checks it)."""
+    parsed = urllib.parse.urlsplit(url)
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port or 5672), timeout=timeout) as sock:
+            sock.sendall(b"AMQP\x00\x00\x09\x01")
+            return sock.recv(1) == b"\x01"  # a method frame: Connection.Start
+    except OSError:
+        return False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # A RabbitMQ node that wedges mid-run (seen here: it accepts TCP and never
+    # answers) would let every later test wait out its timeout: stop the run
+    # at the first failure it explains, and say so.
+    report = (yield).get_result()
+    if report.failed and not _broker_answers():
+        item.session.shouldstop = "RabbitMQ stopped answering (TCP accepted, no AMQP handshake): run stopped"
 
 
 @pytest.fixture(scope="session")
