@@ -59,3 +59,22 @@ async def fails_until_dead_lettered(event, ctx):
     if not dead:
         raise RuntimeError(f"the receiver is down (attempt {event.attempt})")
     await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+
+
+async def cancelled_by_a_library_once(event, ctx):
+    """Attempt 1 awaits a future that another task cancelled (a shared
+    in-flight call its owner gave up on, as client libraries that
+    deduplicate requests do): `CancelledError` reaches the handler although
+    its own task was never cancelled. Each run is a row in `runs`
+    (`started`: the attempt); later attempts write the effect."""
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+                                 event.key, os.getpid(), float(event.attempt), time.time())
+    finally:
+        await connection.close()
+    if event.attempt == 1:
+        shared_call = asyncio.get_running_loop().create_future()
+        shared_call.cancel()
+        await shared_call
+    await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
