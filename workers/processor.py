@@ -248,6 +248,12 @@ class Processor:
         context = HandlerContext(db=connection, options=source.handler_options, logger=log)
         try:
             await self._handlers[message.source](event, context)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we are cancelled: a lost lease (lease.cancelled_when_lost) or a shutdown
+            # the handler's own: it awaited a future another task cancelled — a failure like any other
+            raise HandlerFailed() from exc
         except Exception as exc:
             if outage_kind(exc, in_handler=True) and (connection.is_closed() or isinstance(exc, READ_ONLY)):
                 raise  # ctx.db lost its connection or its writes: Postgres is away, not the handler's fault

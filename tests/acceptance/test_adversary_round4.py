@@ -14,9 +14,6 @@ pytestmark = pytest.mark.usefixtures("effects_tables")
 ADVERSARY = "tests.support.adversary_handlers"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "adversary round 4, finding C1: a handler that raises CancelledError without its task being cancelled "
-    "leaves its message unacked and unsettled for the worker's lifetime: never retried"))
 async def test_a_handler_that_raises_cancelled_error_is_retried_not_stuck(settings, fleet, tmp_path):
     """Finding C1. A handler awaits a future that another task cancelled (a
     shared in-flight call whose owner gave up: request-coalescing clients
