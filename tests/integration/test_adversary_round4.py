@@ -1,0 +1,72 @@
+"""Adversary, round 4, where one component suffices: the ingress app (the
+real aiohttp app on the real broker and Postgres) at its edges. The
+findings that need worker processes are in
+tests/acceptance/test_adversary_round4.py."""
+
+import json
+
+import pytest
+
+from tests.support.ingress import queued_events, running_ingress
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.errors import ConfigError
+from webhook_ingest.shared.sources import load_sources
+
+SECRET = "round4-secret"
+
+
+def _sources_file(tmp_path, *names: str) -> str:
+    path = tmp_path / "sources.toml"
+    path.write_text("".join(f'[sources."{name}"]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
+                            'handler = "inbox"\n' for name in names))
+    return str(path)
+
+
+async def _post(client, source: str, body: bytes, **headers: str) -> tuple[int, dict]:
+    response = await client.post(f"/webhooks/{source}", data=body,
+                                 headers={**signatures.sign("hmac-sha256", body, SECRET), **headers})
+    return response.status, await response.json()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "adversary round 4, finding C2: a source name may hold ':', so two sources' events share one key"))
+async def test_two_sources_never_share_an_idempotency_key(settings, tmp_path):
+    """Finding C2. §5: the key is SOURCE:EVENT_ID, and keys never collide
+    across sources. A source name may hold a colon (`[sources."acme:eu"]`,
+    the URL /webhooks/acme:eu), so source `acme` with event id `eu:1` and
+    source `acme:eu` with event id `1` are both the key `acme:eu:1`: the
+    second event is taken for a copy (or a conflict) of the first and never
+    runs. Either such a sources file is refused at start with a line naming
+    the source, or the two events get two keys."""
+    try:
+        sources = load_sources(_sources_file(tmp_path, "acme", "acme:eu"))
+    except ConfigError as refused:
+        assert "acme:eu" in str(refused)
+        return
+    body = json.dumps({"type": "invoice.paid"}).encode()
+    async with running_ingress(settings, sources) as client:
+        first = await _post(client, "acme", body, **{"X-Event-ID": "eu:1"})
+        second = await _post(client, "acme:eu", body, **{"X-Event-ID": "1"})
+    assert first[0] == second[0] == 200
+    assert len({event.key for event in await queued_events(settings.amqp_url, settings.namespace)}) == 2
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "adversary round 4, finding C3: header names past 128 bytes are cut by the AMQP field table, two become one"))
+async def test_a_long_header_name_reaches_the_handler_intact_or_is_refused(settings, tmp_path):
+    """Finding C3. The provider's headers ride as an AMQP field table, whose
+    field names pamqp cuts to 128 bytes with nothing but a log line: a
+    header named longer than that reaches `event.headers` renamed, and two
+    such headers that share their first 128 bytes become one — one value
+    gone, answered 200. Bad input gets a clear error, or nothing is lost."""
+    sources = load_sources(_sources_file(tmp_path, "acme"))
+    prefix = "X-Trace-" + "t" * 130
+    body = json.dumps({"id": "long-header-names"}).encode()
+    async with running_ingress(settings, sources) as client:
+        status, answer = await _post(client, "acme", body, **{prefix + "-a": "first", prefix + "-b": "second"})
+    if status == 431:
+        assert answer == {"error": "headers_too_large"}
+        return
+    assert status == 200
+    [event] = await queued_events(settings.amqp_url, settings.namespace)
+    assert {event.headers.get(prefix.lower() + "-a"), event.headers.get(prefix.lower() + "-b")} == {"first", "second"}
