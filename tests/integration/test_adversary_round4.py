@@ -28,8 +28,6 @@ async def _post(client, source: str, body: bytes, **headers: str) -> tuple[int, 
     return response.status, await response.json()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "adversary round 4, finding C2: a source name may hold ':', so two sources' events share one key"))
 async def test_two_sources_never_share_an_idempotency_key(settings, tmp_path):
     """Finding C2. §5: the key is SOURCE:EVENT_ID, and keys never collide
     across sources. A source name may hold a colon (`[sources."acme:eu"]`,
