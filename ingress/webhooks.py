@@ -19,14 +19,7 @@ from webhook_ingest.shared.errors import BrokerUnavailable
 from webhook_ingest.ingress.responses import Rejected, error, json_response
 from webhook_ingest.shared import event_id, metrics, storable_json
 from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.message import (
-    MAX_EVENT_ID_BYTES,
-    MAX_PROVIDER_HEADERS_BYTES,
-    EventMessage,
-    headers_size,
-    provider_headers,
-    utf8_text,
-)
+from webhook_ingest.shared.message import MAX_EVENT_ID_BYTES, EventMessage, headers_fit, provider_headers, utf8_text
 from webhook_ingest.shared.signatures import SignatureError
 from webhook_ingest.shared.sources import Source
 
@@ -115,7 +108,7 @@ def _build_event(source: Source, request: web.Request, body: bytes, payload: dic
     payload_hash = event_id.payload_sha256(payload, source.hash_fields)
     resolved_id = _event_id(source, request, payload, payload_hash)
     headers = provider_headers(request.headers)
-    if headers_size(headers) > MAX_PROVIDER_HEADERS_BYTES:
+    if not headers_fit(headers):
         raise Rejected(error(431, "headers_too_large"))
     return EventMessage(
         key=event_id.idempotency_key(source.name, resolved_id),

@@ -29,6 +29,9 @@ from pamqp.common import FieldTable
 MAX_PROVIDER_HEADERS_BYTES = 64 * 1024
 MAX_EVENT_ID_BYTES = 1024  # also keeps the key within a Postgres btree entry (2704 bytes)
 MAX_ERRORS_BYTES = 32 * 1024  # the error history a retry message carries
+# A header table's field names: pamqp cuts a longer one to this, only
+# logging it, so two names sharing their first 128 bytes would become one.
+MAX_HEADER_NAME_BYTES = 128
 
 # Request headers that are transport details or credentials, never handed on.
 _DROPPED_HEADERS = frozenset({
@@ -78,6 +81,13 @@ def provider_headers(request_headers) -> dict[str, str]:
         for name, value in request_headers.items()
         if name.lower() not in _DROPPED_HEADERS
     }
+
+
+def headers_fit(headers: dict[str, str]) -> bool:
+    """Whether the provider's headers travel as they are: within their share
+    of the frame, and every name whole in the header table."""
+    return (headers_size(headers) <= MAX_PROVIDER_HEADERS_BYTES
+            and all(len(name.encode()) <= MAX_HEADER_NAME_BYTES for name in headers))
 
 
 def headers_size(headers: dict[str, str]) -> int:

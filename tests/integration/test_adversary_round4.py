@@ -5,8 +5,6 @@ tests/acceptance/test_adversary_round4.py."""
 
 import json
 
-import pytest
-
 from tests.support.ingress import queued_events, running_ingress
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.errors import ConfigError
@@ -49,8 +47,6 @@ async def test_two_sources_never_share_an_idempotency_key(settings, tmp_path):
     assert len({event.key for event in await queued_events(settings.amqp_url, settings.namespace)}) == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "adversary round 4, finding C3: header names past 128 bytes are cut by the AMQP field table, two become one"))
 async def test_a_long_header_name_reaches_the_handler_intact_or_is_refused(settings, tmp_path):
     """Finding C3. The provider's headers ride as an AMQP field table, whose
     field names pamqp cuts to 128 bytes with nothing but a log line: a
