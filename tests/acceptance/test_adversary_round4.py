@@ -4,14 +4,21 @@ the real services. A test marked xfail(strict) is a finding not fixed yet:
 it fails on purpose, and the suite says so once it passes.
 """
 
+import asyncio
+
 import pytest
 
-from tests.support.events import make_event, publish_events
+from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import recorded_runs, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
+from webhook_ingest.shared import topology
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 ADVERSARY = "tests.support.adversary_handlers"
+
+
+async def _queue_empty(settings) -> bool:
+    return await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace)) == 0
 
 
 async def test_a_handler_that_raises_cancelled_error_is_retried_not_stuck(settings, fleet, tmp_path):
@@ -33,3 +40,58 @@ async def test_a_handler_that_raises_cancelled_error_is_retried_not_stuck(settin
     attempts = sorted(run["started"] for run in await recorded_runs(settings.database_url))
     assert attempts == [1.0, 2.0]
     assert await count_rows(settings.database_url, "effects") == 1
+
+
+class _Restarting:
+    """Workers that a supervisor (systemd, Kubernetes) starts again when they die."""
+
+    def __init__(self, fleet, env: dict, count: int = 1):
+        self._fleet, self._env = fleet, env
+        self.workers = [self._start() for _ in range(count)]
+        self.restarts = 0
+
+    def _start(self):
+        return self._fleet.worker("--concurrency", "1", env=self._env)
+
+    def tend(self) -> None:
+        for index, worker in enumerate(self.workers):
+            if worker.popen.poll() is not None:
+                self.workers[index] = self._start()
+                self.restarts += 1
+
+    async def until(self, predicate, timeout: float, message: str) -> None:
+        async def tended() -> bool:
+            self.tend()
+            return await predicate()
+
+        await wait_until(tended, timeout, interval=0.1, message=message)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "adversary round 4, finding C4: a resend of an event that is an open poison dead letter runs it again "
+    "(the drainer records no attempt handed on) and takes a worker down again"))
+async def test_a_resend_of_an_event_dead_lettered_as_poison_does_not_run_it_again(settings, fleet, tmp_path):
+    """Finding C4. An event kills every worker that runs it (a segfault, the
+    OOM killer); the delivery limit stops it and the drainer records it as
+    an open dead letter (DeliveryLimitExceeded). The provider, which never
+    got its effect, sends the event again — Stripe retries for three days.
+    §8: "a copy of an event that is an open dead letter is a duplicate until
+    on-call replays it", and one poison event never blocks the others. The
+    resend ran the handler again and took a worker down again (and again,
+    up to the delivery limit, at every resend), each crash also counting a
+    delivery against every other message the dead worker held."""
+    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:kills_its_worker_recorded",
+                            database_url=settings.database_url)
+    env = {"WEBHOOK_INGEST_SOURCES": sources, "WEBHOOK_INGEST_DELIVERY_LIMIT": "1", "WEBHOOK_INGEST_LOCK_TTL": "1"}
+    event = make_event("acme", "evt_poison_resent")
+    await publish_events(settings.amqp_url, settings.namespace, [event], delivery_limit=1)
+    workers = _Restarting(fleet, env)
+    await workers.until(lambda: count_rows(settings.database_url, "dead_letters"), 60, "the poison dead letter")
+    runs_before = await count_rows(settings.database_url, "runs")
+
+    await publish_events(settings.amqp_url, settings.namespace, [event], delivery_limit=1)  # the provider's resend
+    await workers.until(lambda: _queue_empty(settings), 30, "the resend settled")
+    await asyncio.sleep(1.5)  # a crash on it shows as a row in runs and a restart
+    workers.tend()
+    assert await count_rows(settings.database_url, "runs") == runs_before, workers.restarts
+    assert await count_rows(settings.database_url, "dead_letters", "status = 'dead'") == 1

@@ -78,3 +78,16 @@ async def cancelled_by_a_library_once(event, ctx):
         shared_call.cancel()
         await shared_call
     await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+
+
+async def kills_its_worker_recorded(event, ctx):
+    """A poison event: each run is a row in `runs` (`started`: the attempt),
+    committed on a connection of its own; then it takes its worker down, as
+    a segfault or the OOM killer would."""
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+                                 event.key, os.getpid(), float(event.attempt), time.time())
+    finally:
+        await connection.close()
+    os._exit(137)
