@@ -13,12 +13,14 @@ each waiting out the publish timeout (docs/design.md, "The outbox").
 """
 
 import asyncio
+import time
 from collections.abc import Awaitable
 
 import aio_pika
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 
-from webhook_ingest.shared import amqp, topology
+from webhook_ingest.ingress.patience import Patience
+from webhook_ingest.shared import amqp, metrics, topology
 from webhook_ingest.shared.errors import BrokerUnavailable, describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, to_amqp
@@ -29,7 +31,10 @@ log = get_logger(__name__)
 
 PUBLISH_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 10.0
-PATIENCE = 1.0  # a live request's wait for its confirm: longer, and the broker is suspect (see publish)
+# After its patience, a live request looks once more this much later: a loop
+# that lagged past the patience runs its timers before it reads the
+# confirms that arrived meanwhile (libuv: timers, then I/O).
+LAG_ALLOWANCE = 0.005
 PROBE_FIRST_DELAY, PROBE_MAX_DELAY = 0.2, 5.0
 PROBE_QUEUE_ARGUMENTS = {"x-queue-type": "quorum", "x-max-length": 1}  # overflow drops the older probe
 
@@ -57,6 +62,7 @@ class Publisher:
         self._prober: asyncio.Task | None = None
         self._waiting = 0  # live requests waiting for their confirm now
         self._max_waiting = max_waiting  # more, and the broker is suspect
+        self._patience = Patience()  # how long a live request waits for its confirm
         self.queue_name = topology.events_queue(namespace)
         self._probe_queue = f"{namespace}.ingress-probe"
 
@@ -102,9 +108,9 @@ class Publisher:
         if self._connection is not None:
             await self._connection.close()
 
-    async def publish(self, event: EventMessage, patience: float | None = None) -> None:
-        """Returns once the broker confirmed. With `patience` (a live
-        request), gives up after that many seconds, or as soon as any other
+    async def publish(self, event: EventMessage, live: bool = False) -> None:
+        """Returns once the broker confirmed. A `live` request gives up
+        after its patience (`ingress/patience.py`), or as soon as any other
         publish made the broker suspect; the publish itself goes on, and a
         late confirm only makes a copy, which the workers settle. A live
         request that would make more than `max_waiting` wait is not
@@ -112,18 +118,20 @@ class Publisher:
         raises GivenUp, for `publish_anyway`."""
         if not self.available:
             raise GivenUp("not connected to the broker" if not self.ready else "the broker is not confirming", None)
-        if patience is not None and self._crowded():
+        if live and self._crowded():
             self._suspect()
             raise GivenUp(f"{self._waiting} requests already wait for a confirm", None)
-        if patience is None:
+        if not live:
             return await self._confirmed(topology.publish(
                 self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
+        started = time.monotonic()
         publishing = asyncio.ensure_future(
             topology.publish(self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
         try:
-            await self._confirmed(self._within(publishing, patience))
+            await self._confirmed(self._within(publishing, self._patience.seconds))
         except BrokerUnavailable as exc:
             raise GivenUp(str(exc), None if publishing.done() else publishing) from exc
+        self._patience.confirmed_after(time.monotonic() - started)
 
     async def publish_anyway(self, event: EventMessage, given_up: GivenUp) -> None:
         """The last way left (the outbox failed too): the publish given up
@@ -150,16 +158,21 @@ class Publisher:
     async def _within(self, publishing: asyncio.Future, patience: float) -> None:
         self._waiting += 1
         try:
-            await asyncio.wait((publishing, self._suspicion), timeout=patience, return_when=asyncio.FIRST_COMPLETED)
+            for wait in (patience, LAG_ALLOWANCE):
+                await asyncio.wait((publishing, self._suspicion), timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if publishing.done() or self._suspicion.done():
+                    break
         finally:
             self._waiting -= 1
         if publishing.done():
             return publishing.result()
         publishing.add_done_callback(_ignore_outcome)
-        raise asyncio.TimeoutError(f"no confirm within {patience:g} s" if not self._suspicion.done()
+        raise asyncio.TimeoutError(f"no confirm within {patience * 1000:.0f} ms" if not self._suspicion.done()
                                    else "another publish went unconfirmed")
 
     def _suspect(self) -> None:
+        if not self._unconfirmed:
+            metrics.broker_suspected.inc()
         self._unconfirmed = True
         if not self._suspicion.done():
             self._suspicion.set_result(None)  # wakes every publish still waiting with patience

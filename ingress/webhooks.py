@@ -14,7 +14,7 @@ from aiohttp import web
 from webhook_ingest.ingress.appkeys import done_markers_key, outbox_key, publisher_key, sources_key
 from webhook_ingest.ingress.limits import check_client_address, check_rate_limit, read_body_within
 from webhook_ingest.ingress.outbox import OutboxUnavailable
-from webhook_ingest.ingress.publisher import PATIENCE, GivenUp, Publisher
+from webhook_ingest.ingress.publisher import GivenUp, Publisher
 from webhook_ingest.shared.errors import BrokerUnavailable
 from webhook_ingest.ingress.responses import Rejected, error, json_response
 from webhook_ingest.shared import event_id, metrics, storable_json
@@ -62,7 +62,7 @@ async def _store(app: web.Application, event: EventMessage) -> None:
     """Durably: a broker confirm, else one committed outbox insert, else the
     broker after all (the publish given up on, or one made now), else 503."""
     try:
-        return await app[publisher_key].publish(event, patience=PATIENCE)
+        return await app[publisher_key].publish(event, live=True)
     except GivenUp as exc:
         given_up = exc
     try:

@@ -53,6 +53,11 @@ dead_letters_open = Gauge(
     "webhook_dead_letters_open",
     "Dead letters with status 'dead' (waiting for on-call).",
 )
+broker_suspected = Counter(
+    "webhook_ingress_broker_suspected_total",
+    "Times the ingress stopped publishing (a confirm later than its patience, a failed publish, too many "
+    "waiting) and sent requests to the outbox until a probe was confirmed.",
+)
 outbox_pending = Gauge(
     "webhook_outbox_pending",
     "Events stored in the outbox while the broker was away, not yet published.",
