@@ -42,6 +42,7 @@ async def main() -> int:
         await end_to_end_phase(deployment, meter, figures)
         await duplicates_phase(deployment, figures)
         await late_duplicates_phase(deployment, meter, figures)
+        figures["spooled_while_healthy"] = await outbox_inserts(deployment)
         figures["worker_rss_mib"] = max(peak_rss_mib(worker.pid) for worker, _ in deployment.workers)
         figures["ingress_rss_mib"] = max(peak_rss_mib(ingress.pid) for ingress in deployment.ingresses)
         await recovery_phase(deployment, figures)
@@ -160,6 +161,13 @@ async def recovery_phase(deployment: Deployment, figures: dict) -> None:
     await count_outcome(deployment, prefix, count, figures)
 
 
+async def outbox_inserts(deployment: Deployment) -> int:
+    """Events the ingress sent to the outbox, although the broker was up
+    throughout: a confirm later than the ingress's patience, or a crowd."""
+    return await deployment.fetchval(
+        "SELECT coalesce(sum(n_tup_ins), 0)::int FROM pg_stat_user_tables WHERE relname = 'outbox'")
+
+
 def ingress_cpu(deployment: Deployment) -> float:
     return sum(cpu_seconds(ingress.pid) for ingress in deployment.ingresses)
 
@@ -223,6 +231,7 @@ ROWS = [  # (key, label, format)
     ("dup_total_cost_vs_fresh", "a late copy's CPU, every process / a fresh event's", "{:.2f}"),
     ("recovery_pending_at_kill", "kill -9 of a worker: events without effect at the kill", "{:.0f}"),
     ("recovery_s", "kill -9 of a worker: s until every effect committed", "{:.1f}"),
+    ("spooled_while_healthy", "events sent to the outbox, the broker up throughout", "{:.0f}"),
     ("worker_rss_mib", f"worker peak RSS MiB (concurrency {CONCURRENCY})", "{:.0f}"),
     ("ingress_rss_mib", "ingress peak RSS MiB", "{:.0f}"),
     *broker_blocked.ROWS,

@@ -51,6 +51,7 @@ ROWS = [  # (key, label, format), as tests/bench/__main__.py's
           ("non_2xx_outside", "answers not 2xx before and after", "{:.0f}"),
           ("p99_ms", "p99 ms while away", "{:.0f}"),
           ("max_ms", "slowest answer ms while away", "{:.0f}"),
+          ("draining_p99_ms", "p99 ms while the outbox drains", "{:.0f}"),
           ("backlog", "outbox rows when back", "{:,.0f}"),
           ("drain_s", "s to drain the outbox", "{:.1f}"),
       )),
@@ -161,9 +162,16 @@ async def _one_shape(deployment: Deployment, shape: str, prefix: str, away, back
     if len(answers) == len(requests):
         print(f"WARNING: {shape}: the load ran out of requests before the end")
     figures.update(_answer_figures(shape, answers, (going_away, went_away, coming_back, back_at)))
+    figures[f"broker_{shape}_draining_p99_ms"] = _p99_ms(answers, back_at, back_at + figures[f"broker_{shape}_drain_s"])
     if failures := _failures_by_window(answers, going_away, back_at):
         print(f"FAIL: broker {shape}: answers not 2xx {failures}")
     return {f"{SOURCE}:{prefix}{n}" for n, *_, status in answers if 200 <= status < 300}
+
+
+def _p99_ms(answers: list[tuple[int, float, float, int]], start: float, end: float) -> float:
+    """p99 latency of the requests sent from `start` until `end` (NaN: none)."""
+    latencies = sorted(latency for _, sent, latency, _ in answers if start <= sent < end)
+    return 1000 * latencies[int(len(latencies) * 0.99)] if latencies else float("nan")
 
 
 def _failures_by_window(answers: list[tuple[int, float, float, int]], start: float, end: float) -> dict:
