@@ -2,8 +2,9 @@
 that every webhook request makes.
 
 Through redis-py's pool a GET costs ~80 µs of CPU (pool lock, retry and
-timeout wrappers, a drain per command); here it is one `write` and a future
-resolved by the reply parser, ~10 µs. Replies come back in the order the
+timeout wrappers, a drain per command); here it is a share of one `write`
+(the commands of one loop iteration leave together) and a future resolved
+by the reply parser, ~10 µs. Replies come back in the order the
 commands were sent, so each answer goes to the oldest waiting future; one
 given up on (timed out) still takes its reply, and is skipped.
 
@@ -73,6 +74,7 @@ class _Connection(asyncio.Protocol):
         self.waiting: deque[asyncio.Future] = deque()
         self.closed = False
         self._parser = ReplyParser()
+        self._unsent: list[bytes] = []  # commands of this loop iteration, written together at its end
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -103,10 +105,18 @@ class _Connection(asyncio.Protocol):
                 future.set_exception(error)
 
     def send(self, *args: bytes) -> asyncio.Future:
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self.waiting.append(future)
-        self.transport.write(_command(args))
+        if not self._unsent:
+            loop.call_soon(self._flush)
+        self._unsent.append(_command(args))
         return future
+
+    def _flush(self) -> None:
+        commands, self._unsent = self._unsent, []
+        if not self.closed:
+            self.transport.write(b"".join(commands))
 
 
 def _command(args: tuple[bytes, ...]) -> bytes:

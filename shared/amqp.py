@@ -18,6 +18,8 @@ from aio_pika.abc import AbstractConnection, AbstractRobustConnection
 from aio_pika.robust_connection import RobustConnection
 from yarl import URL
 
+from webhook_ingest.shared.coalesced_writes import CoalescingTransports
+
 # The rotation below wraps aio-pika's private reconnect step; fail at import,
 # not silently at the first outage, if an upgrade renames it.
 assert hasattr(RobustConnection, "_RobustConnection__connect_transport"), "aio-pika changed its reconnect step"
@@ -69,6 +71,9 @@ class NodeRotatingConnection(RobustConnection):
     def __init__(self, url: URL, *, nodes: list[str], **kwargs: Any):
         super().__init__(url, **kwargs)
         self._nodes = [URL(node) for node in nodes]
+        # aio-pika passes only the arguments it knows to aiormq; this one it
+        # hands on from `kwargs` as it is (shared/coalesced_writes.py).
+        self.kwargs["transport_factory"] = CoalescingTransports()
 
     async def _RobustConnection__connect_transport(self) -> None:  # noqa: N802 - aio-pika's own (mangled) name
         try:
