@@ -119,7 +119,12 @@ def _error(attempt: int, kind: str, text: str) -> dict:
 async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) -> int | None:
     """The dead letter's id; None, recording nothing, when the event was
     completed: a message delivered beside a poison one to the worker it
-    killed, whose ack died with that worker."""
+    killed, whose ack died with that worker.
+
+    An event's attempt that ends here is handed on to its dead letter, as
+    one a handler failed (`workers.attempts`): a copy of it (the provider
+    sending the event again) is then a duplicate while the dead letter is
+    open, instead of a new round of crashes up to the delivery limit."""
     pauses = backoff.pauses(0.5, MAX_RETRY_DELAY)
     completions = CompletionStore(pool)
     while True:
@@ -127,9 +132,13 @@ async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) ->
             async with pool.acquire() as connection:
                 if await completions.completed_sha256(event.key, connection) == event.payload_sha256:
                     return None
-                return await record_dead_letter(connection, event, errors)
+                dead_letter_id = await record_dead_letter(connection, event, errors)
+            break
         except Exception as exc:  # noqa: BLE001 - never drop it: wait and try again
             metrics.dead_letter_record_failures.inc()
             pause = next(pauses)
             log.warning("poison_record_failed", key=event.key, error=describe(exc), retry_in=pause)
             await asyncio.sleep(pause)
+    if dead_letter_id is not None and errors[-1]["type"] != UNREADABLE:  # after its connection is back in the pool
+        await completions.record_handed_on(event)
+    return dead_letter_id

@@ -44,9 +44,12 @@ WHERE key_fences.key = ours.key AND key_fences.token = ours.token
 -- name: record_handed_on
 -- Attempt $3 of chain $2 (workers/attempts.py), payload $4, was handed on:
 -- its retry message is confirmed or its dead letter committed. Only ever
--- moves forward.
-UPDATE key_fences SET replay_of = $2, attempt = $3, payload_sha256 = $4, updated_at = now()
-WHERE key = $1 AND (replay_of < $2 OR (replay_of = $2 AND attempt < $3))
+-- moves forward. A key without a fence row (a message the delivery limit
+-- stopped before any run took a lease) gets one, its lease free.
+INSERT INTO key_fences (key, token, replay_of, attempt, payload_sha256)
+VALUES ($1, nextval('fencing_tokens'), $2, $3, $4)
+ON CONFLICT (key) DO UPDATE SET replay_of = $2, attempt = $3, payload_sha256 = $4, updated_at = now()
+WHERE key_fences.replay_of < $2 OR (key_fences.replay_of = $2 AND key_fences.attempt < $3)
 
 -- name: completed_keys
 -- Which of the keys $1 are completed, with their payload hash. Run under

@@ -67,9 +67,6 @@ class _Restarting:
         await wait_until(tended, timeout, interval=0.1, message=message)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "adversary round 4, finding C4: a resend of an event that is an open poison dead letter runs it again "
-    "(the drainer records no attempt handed on) and takes a worker down again"))
 async def test_a_resend_of_an_event_dead_lettered_as_poison_does_not_run_it_again(settings, fleet, tmp_path):
     """Finding C4. An event kills every worker that runs it (a segfault, the
     OOM killer); the delivery limit stops it and the drainer records it as

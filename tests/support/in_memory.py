@@ -134,9 +134,8 @@ class InMemoryCompletions:
                 self.fences[lease.key].lease_until = None
 
     async def record_handed_on(self, message: EventMessage) -> None:
-        fence = self.fences.get(message.key)
-        if fence is not None and (fence.handed_on.replay_of, fence.handed_on.attempt) < (message.replay_of,
-                                                                                      message.attempt):
+        fence = self.fences.setdefault(message.key, Fence(next(self._tokens), None))
+        if (fence.handed_on.replay_of, fence.handed_on.attempt) < (message.replay_of, message.attempt):
             fence.handed_on, fence.updated_at = handed_on(message), time.time()
 
     def _ours(self, key: str, token: int) -> bool:
