@@ -92,3 +92,23 @@ async def test_a_resend_of_an_event_dead_lettered_as_poison_does_not_run_it_agai
     workers.tend()
     assert await count_rows(settings.database_url, "runs") == runs_before, workers.restarts
     assert await count_rows(settings.database_url, "dead_letters", "status = 'dead'") == 1
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "adversary round 4, finding C5: a worker whose WEBHOOK_INGEST_DELIVERY_LIMIT differs from the events "
+    "queue's argument fails to declare it (PRECONDITION_FAILED) and never consumes"))
+async def test_a_worker_started_with_another_delivery_limit_still_consumes(settings, fleet, tmp_path):
+    """Finding C5. operations.md: the delivery limit "is an argument of the
+    events queue, fixed when the queue is first created … a value changed
+    later does not change an existing queue (the ingress and `dlq replay`
+    use the queue as it is)". An operator lowers WEBHOOK_INGEST_DELIVERY_LIMIT
+    as operations.md suggests for a poison event, and rolls the workers:
+    each redeclares the events queue with the new argument, the broker
+    refuses (PRECONDITION_FAILED), and no worker starts — every event waits."""
+    sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:counted_inbox")
+    event = make_event("acme", "evt_after_the_limit_changed")
+    await publish_events(settings.amqp_url, settings.namespace, [event], delivery_limit=settings.delivery_limit)
+    worker = fleet.worker("--concurrency", "2", env={
+        "WEBHOOK_INGEST_SOURCES": sources, "WEBHOOK_INGEST_DELIVERY_LIMIT": str(settings.delivery_limit - 15)})
+    await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 10,
+                     message=f"the event processed (worker exited: {worker.popen.poll()})")
