@@ -7,7 +7,8 @@ send on loopback also wakes the broker — about a sixth of the ingress's CPU.
 Concurrent requests publish in the same loop iteration, so here the writes
 of one iteration are joined and sent once, at its end (`call_soon`): the
 order of the bytes is unchanged, and nothing waits longer than the
-iteration. `drain`, `write_eof` and `close` send what is pending first.
+iteration. `write_eof` and `close` send what is pending first; `drain` is
+flow control and leaves it for the iteration's end.
 
 aiormq's public extension point is its `TransportFactory`; the two below
 open the connection exactly as aiormq's own TCP and TLS factories do
@@ -56,7 +57,9 @@ class CoalescingWriter(asyncio.StreamWriter):
             super().write(pending)
 
     async def drain(self) -> None:
-        self.flush()
+        """Flow control only, as asyncio's: waits while the transport's
+        buffer is over its high-water mark, without sending this iteration's
+        frames early (aiormq drains after every publish frame)."""
         await super().drain()
 
     def write_eof(self) -> None:

@@ -49,11 +49,18 @@ async def test_frames_written_in_one_iteration_leave_in_one_send_in_their_order(
     writer.close()
 
 
-async def test_drain_and_close_send_what_is_pending_first():
+async def test_drain_leaves_the_iterations_frames_together_and_close_sends_them_first():
     transport = Transport()
     writer = writer_on(transport)
+    writer.write(b"publish-1")
+    await writer.drain()  # aiormq drains after every publish frame
+    writer.write(b"publish-2")
+    assert transport.sent == []
+    await asyncio.sleep(0)
+    assert transport.sent == [b"publish-1publish-2"]
+    transport.sent.clear()
     writer.write(b"open")
-    await writer.drain()
+    await asyncio.sleep(0)
     assert transport.sent == [b"open"]
     writer.write(b"close-frame")
     writer.close()
