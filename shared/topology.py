@@ -13,6 +13,7 @@ overflow) means a message moving between them is never dropped.
 """
 
 import asyncio
+import contextlib
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
@@ -73,6 +74,27 @@ async def ensure_events_queue(connection: AbstractConnection, namespace: str, de
             await declaring.close()
     else:
         await probe.close()
+
+
+async def declare_events_queue_to_consume(connection: AbstractConnection, channel: AbstractChannel, namespace: str,
+                                          delivery_limit: int) -> tuple[AbstractQueue, bool]:
+    """The events queue on `channel`, to consume from, and whether it has our
+    arguments. Declared with them, as every worker does — unless it exists
+    with others (a WEBHOOK_INGEST_DELIVERY_LIMIT changed since it was
+    created): the broker refuses such a declaration (PRECONDITION_FAILED,
+    closing the channel), and a worker that insisted would never consume;
+    then it is used as it is, declared passively. Tried first on a channel
+    of its own, as in `ensure_events_queue`."""
+    probe = await connection.channel()
+    try:
+        await declare_events_queue(probe, namespace, delivery_limit)
+    except aio_pika.exceptions.ChannelPreconditionFailed:
+        await declare_dead_queue(channel, namespace)
+        return await channel.declare_queue(events_queue(namespace), passive=True), False
+    finally:
+        with contextlib.suppress(Exception):  # noqa: BLE001 - a probe channel the broker may have closed
+            await probe.close()
+    return await declare_events_queue(channel, namespace, delivery_limit), True
 
 
 async def declare_dead_queue(channel: AbstractChannel, namespace: str) -> AbstractQueue:

@@ -125,7 +125,10 @@ class Worker:
 
     async def _declare_queues(self, channel):
         namespace = self.settings.namespace
-        queue = await topology.declare_events_queue(channel, namespace, self.settings.delivery_limit)
+        queue, as_configured = await topology.declare_events_queue_to_consume(
+            self.connection, channel, namespace, self.settings.delivery_limit)
+        if not as_configured:  # our own count still stops a message at our limit (`_decode`)
+            log.warning("events_queue_kept_its_arguments", queue=queue.name, delivery_limit=self.settings.delivery_limit)
         delays = {DEFER_SECONDS, UNKNOWN_SOURCE_RETRY, *(d for s in self.sources.values() for d in s.retry_delays)}
         for delay in sorted(delays):
             await topology.declare_retry_queue(channel, namespace, delay)

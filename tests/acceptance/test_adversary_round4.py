@@ -94,9 +94,6 @@ async def test_a_resend_of_an_event_dead_lettered_as_poison_does_not_run_it_agai
     assert await count_rows(settings.database_url, "dead_letters", "status = 'dead'") == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "adversary round 4, finding C5: a worker whose WEBHOOK_INGEST_DELIVERY_LIMIT differs from the events "
-    "queue's argument fails to declare it (PRECONDITION_FAILED) and never consumes"))
 async def test_a_worker_started_with_another_delivery_limit_still_consumes(settings, fleet, tmp_path):
     """Finding C5. operations.md: the delivery limit "is an argument of the
     events queue, fixed when the queue is first created … a value changed
