@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from tests.bench import broker_blocked, httpload, raw_broker, raw_pipeline
+from tests.bench import broker_blocked, http_floor, httpload, raw_broker, raw_pipeline
 from tests.bench.cpu import CpuMeter, cpu_seconds
 from tests.bench.deployment import CONCURRENCY, INGRESS_PROCESSES, SECRET, SOURCE, WORKERS, Deployment, peak_rss_mib
 from tests.support.exactly_once import until_every_message_handled
@@ -33,6 +33,7 @@ async def main() -> int:
             figures.update(await raw_broker.measure(
                 deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES, LATENCY_RATE, LATENCY_SECONDS))
             figures.update(await raw_pipeline.measure(deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES))
+        figures.update(await http_floor.measure(SOURCE, SECRET))
         await deployment.start_ingress()
         await ingress_phases(deployment, figures)
         await deployment.purge_events()  # the ingress phases' events: not part of what follows
@@ -71,12 +72,13 @@ async def ingress_phases(deployment: Deployment, figures: dict) -> None:
     figures["ingress_p99_ms"] = 1000 * latencies[int(len(latencies) * 0.99)]
 
     requests = httpload.signed_requests(SOURCE, SECRET, "load_", 8_000 * INGRESS_SECONDS)
-    cpu_before = ingress_cpu(deployment)
+    cpu_before, client_before = ingress_cpu(deployment), time.process_time()
     with httpload.gc_paused():
         sent, elapsed, statuses = await httpload.closed_loop(deployment.ingress_port, requests, seconds=INGRESS_SECONDS)
     check_statuses("ingress throughput", statuses)
     figures["ingress_rps"] = sent / elapsed
     figures["ingress_cpu_ms_per_request"] = 1000 * (ingress_cpu(deployment) - cpu_before) / sent
+    figures["load_client_cpu_ms_per_request"] = 1000 * (time.process_time() - client_before) / sent
 
 
 async def end_to_end_phase(deployment: Deployment, meter: CpuMeter, figures: dict) -> None:
@@ -212,10 +214,15 @@ ROWS = [  # (key, label, format)
     ("raw_publish_rps", "raw broker: confirmed publishes/s (256 in flight)", "{:,.0f}"),
     ("raw_consume_rps", "raw broker: consumed + acked/s", "{:,.0f}"),
     ("raw_publish_p99_ms", f"raw broker: confirm p99 ms at {LATENCY_RATE:,}/s offered", "{:.2f}"),
+    ("raw_publish_cpu_ms_broker", "raw broker: broker CPU ms per confirmed publish", "{:.3f}"),
     ("raw_pipeline_rps", "raw pipeline: published + consumed/s, concurrently", "{:,.0f}"),
+    ("raw_pipeline_cpu_ms_broker", "raw pipeline: broker CPU ms per message", "{:.3f}"),
+    ("raw_pipeline_cpu_ms_clients", "raw pipeline: publisher + consumer CPU ms per message", "{:.3f}"),
+    ("http_floor_cpu_ms", "bare aiohttp server: CPU ms per request (fixed 200)", "{:.3f}"),
     ("ingress_rps", f"ingress: accepted req/s (64 conns, {INGRESS_PROCESSES} processes)", "{:,.0f}"),
     ("ingress_vs_raw", "ingress / raw publish", "{:.2f}"),
     ("ingress_cpu_ms_per_request", "ingress: CPU ms per request", "{:.3f}"),
+    ("load_client_cpu_ms_per_request", "load client: CPU ms per request", "{:.3f}"),
     ("ingress_p50_ms", f"ingress p50 ms at {LATENCY_RATE:,} req/s offered", "{:.2f}"),
     ("ingress_p99_ms", f"ingress p99 ms at {LATENCY_RATE:,} req/s offered", "{:.2f}"),
     ("ingress_p99_vs_raw", "ingress p99 / raw broker confirm p99", "{:.2f}"),

@@ -21,6 +21,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def broker_cpu_seconds() -> float:
+    """CPU the RabbitMQ node on this machine has used so far (not `rabbitmqctl` runs)."""
+    return sum(cpu_seconds(pid) for pid in service_pids("", 0)["beam.smp"])
+
+
 def service_pids(database: str, redis_port: int) -> dict[str, list[int]]:
     """The broker's, Redis's and Postgres's processes that serve this
     deployment: the broker itself (not a `rabbitmqctl` run), the Redis on

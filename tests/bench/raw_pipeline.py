@@ -4,7 +4,9 @@ processes (as the ingress and a worker are). `raw_pipeline_rps` runs from
 the first publish to the last ack.
 
 `python -m tests.bench.raw_pipeline URL QUEUE N` is the consumer: it prints
-`ready`, then, after N messages, the wall-clock time of its last ack."""
+`ready`, then, after N messages, the wall-clock time of its last ack and
+its own CPU seconds. CPU per message of the broker and of both clients is
+reported too: what a message costs end to end with nothing of ours."""
 
 import asyncio
 import sys
@@ -12,6 +14,7 @@ import time
 
 import aio_pika
 
+from tests.bench.cpu import broker_cpu_seconds
 from tests.bench.raw_broker import IN_FLIGHT, publish_many
 
 
@@ -25,15 +28,19 @@ async def measure(amqp_url: str, queue_name: str, messages: int) -> dict[str, fl
             stdout=asyncio.subprocess.PIPE)
         try:
             assert (await consumer.stdout.readline()).strip() == b"ready"
-            started = time.time()
+            started, publisher_before, broker_before = time.time(), time.process_time(), broker_cpu_seconds()
             await publish_many(channel, queue_name, messages)
-            last_ack = float((await consumer.stdout.readline()).decode())
+            publisher_cpu = time.process_time() - publisher_before
+            last_ack, consumer_cpu = map(float, (await consumer.stdout.readline()).split())
+            broker_cpu = broker_cpu_seconds() - broker_before
             await consumer.wait()
         finally:
             if consumer.returncode is None:
                 consumer.kill()
             await queue.delete(if_unused=False, if_empty=False)
-    return {"raw_pipeline_rps": messages / (last_ack - started)}
+    return {"raw_pipeline_rps": messages / (last_ack - started),
+            "raw_pipeline_cpu_ms_broker": 1000 * broker_cpu / messages,
+            "raw_pipeline_cpu_ms_clients": 1000 * (publisher_cpu + consumer_cpu) / messages}
 
 
 async def consume(amqp_url: str, queue_name: str, messages: int) -> None:
@@ -54,7 +61,9 @@ async def consume(amqp_url: str, queue_name: str, messages: int) -> None:
 
         await queue.consume(on_message)
         print("ready", flush=True)
-        print(await done, flush=True)
+        cpu_before = time.process_time()
+        last_ack = await done
+        print(last_ack, time.process_time() - cpu_before, flush=True)
 
 
 if __name__ == "__main__":
