@@ -109,3 +109,33 @@ async def test_a_worker_started_with_another_delivery_limit_still_consumes(setti
         "WEBHOOK_INGEST_SOURCES": sources, "WEBHOOK_INGEST_DELIVERY_LIMIT": str(settings.delivery_limit - 15)})
     await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 10,
                      message=f"the event processed (worker exited: {worker.popen.poll()})")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "adversary round 4, finding C6: a worker statement outside a handler's lease timer (taking the lease) "
+    "has no time limit: on a session that ended unseen it waits for ever, its message held"))
+async def test_a_run_whose_postgres_session_ended_unseen_goes_on_with_a_new_one(settings, fleet, tmp_path):
+    """Finding C6. A failover that drops the old primary's traffic (as RDS
+    Multi-AZ does), or a partition that outlasts the server's keepalives:
+    the statement a worker had just sent is never answered, and no FIN or
+    RST ever arrives. §7.4: with Postgres unreachable, work waits and
+    resumes by itself when it returns. A run's statements inside its
+    handler's transaction are bounded by the lease timer (07141b4), but
+    the one before it — taking the key's lease — and the worker's other
+    own statements have no limit: the run waits for ever on the dead
+    session, its message held, though Postgres answers new sessions."""
+    from tests.support.tcpproxy import TcpProxy
+
+    sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:counted_inbox")
+    event = make_event("acme", "evt_sent_into_the_failover")
+    with TcpProxy("127.0.0.1", 5432) as postgres:
+        worker = fleet.worker("--concurrency", "2", env={
+            "WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": postgres.url_for(settings.database_url)})
+        await wait_for_output(worker, "worker_consuming")
+        postgres.stall()  # the old primary drops everything
+        await publish_events(settings.amqp_url, settings.namespace, [event])
+        await asyncio.sleep(0.5)  # the run has sent its lease statement
+        postgres.orphan()  # its session is gone, and nothing says so
+        postgres.flow()  # the new primary answers new sessions
+        await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 20,
+                         message="the event processed on a new session")

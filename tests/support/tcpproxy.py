@@ -26,6 +26,8 @@ class TcpProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._flowing = asyncio.Event()  # cleared: bytes wait, connections stay open
         self._flowing.set()
+        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()  # (client, upstream)
+        self._orphaned: set[asyncio.StreamWriter] = set()  # client sides never told their peer is gone
 
     def url_for(self, url: str) -> str:
         """`url` with its host:port replaced by the proxy's."""
@@ -52,6 +54,14 @@ class TcpProxy:
 
     def flow(self) -> None:
         self._loop.call_soon_threadsafe(self._flowing.set)
+
+    def orphan(self) -> None:
+        """A partition that outlasted the server's keepalives, then healed:
+        the server ended every session open through us, and the news never
+        reached the clients (their peer's FIN was lost). A client's open
+        connection stays silent for ever — a statement it sends waits for an
+        answer that cannot come; new connections work."""
+        self._call(self._orphan())
 
     def stop(self) -> None:
         self.flow()
@@ -84,6 +94,11 @@ class TcpProxy:
         if server is not None:
             await server.wait_closed()
 
+    async def _orphan(self) -> None:
+        for client_writer, upstream_writer in list(self._pairs):
+            self._orphaned.add(client_writer)
+            upstream_writer.transport.abort()
+
     async def _cancel_pipes(self) -> None:
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in others:
@@ -97,6 +112,7 @@ class TcpProxy:
             client_writer.transport.abort()
             return
         self._writers.update((client_writer, upstream_writer))
+        self._pairs.add((client_writer, upstream_writer))
         await asyncio.gather(
             self._pipe(client_reader, upstream_writer), self._pipe(upstream_reader, client_writer)
         )
@@ -110,5 +126,7 @@ class TcpProxy:
         except (ConnectionError, OSError):
             pass
         finally:
-            writer.transport.abort()
-            self._writers.discard(writer)
+            if writer not in self._orphaned:  # an orphaned client is never told
+                writer.transport.abort()
+                self._writers.discard(writer)
+            self._pairs = {pair for pair in self._pairs if writer not in pair}
