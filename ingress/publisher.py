@@ -13,6 +13,7 @@ each waiting out the publish timeout (docs/design.md, "The outbox").
 """
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable
 
@@ -124,14 +125,13 @@ class Publisher:
         if not live:
             return await self._confirmed(topology.publish(
                 self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
-        started = time.monotonic()
         publishing = asyncio.ensure_future(
             topology.publish(self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
+        publishing.add_done_callback(functools.partial(self._learn, time.monotonic()))
         try:
             await self._confirmed(self._within(publishing, self._patience.seconds))
         except BrokerUnavailable as exc:
             raise GivenUp(str(exc), None if publishing.done() else publishing) from exc
-        self._patience.confirmed_after(time.monotonic() - started)
 
     async def publish_anyway(self, event: EventMessage, given_up: GivenUp) -> None:
         """The last way left (the outbox failed too): the publish given up
@@ -169,6 +169,16 @@ class Publisher:
         publishing.add_done_callback(_ignore_outcome)
         raise asyncio.TimeoutError(f"no confirm within {patience * 1000:.0f} ms" if not self._suspicion.done()
                                    else "another publish went unconfirmed")
+
+    def _learn(self, started: float, publishing: asyncio.Future) -> None:
+        """Every confirm of a live publish teaches the patience, also one
+        that came after its request gave up: learning only from confirms
+        within the patience, a broker whose confirms became slower than four
+        times the recent ones (a farther node, a slower disk) would never
+        teach a longer wait, and every request would go to the outbox for as
+        long as it stayed so."""
+        if not publishing.cancelled() and publishing.exception() is None:
+            self._patience.confirmed_after(time.monotonic() - started)
 
     def _suspect(self) -> None:
         if not self._unconfirmed:

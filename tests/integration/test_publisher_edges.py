@@ -101,9 +101,6 @@ def learnt_on_a_quiet_broker() -> patience.Patience:
     return learnt
 
 
-@pytest.mark.xfail(strict=True, reason="review of f03e7e5/20870be: the patience learns only from confirms "
-                   "that came within it, so a healthy broker whose confirms became slower than 4 x the "
-                   "recent ones never teaches a longer wait: every live request goes to the outbox")
 async def test_a_broker_that_only_slows_earns_a_longer_patience(lagging_publisher):
     """A quiet broker confirmed in ~3 ms, so the patience is at its floor
     (25 ms); then every confirm takes ~40 ms more, the broker healthy
