@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 import subprocess
+import threading
 import urllib.parse
 import uuid
 
@@ -69,21 +70,54 @@ def template_database():
 # Namespaces whose tests ended, their queues not deleted yet. Deleted every
 # few tests (one listing for many), not at the session's end: hundreds of
 # live quorum queues at once wedged this machine's RabbitMQ 3.10 mid-run.
+# The deletion runs beside the next test (the listing alone, an Erlang VM
+# start, takes ~0.5 s); one at a time, and an error fails the session.
 FINISHED_NAMESPACES: list[str] = []
 DELETE_EVERY = 10
+
+
+class _QueueDeleter:
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self, prefixes: tuple[str, ...]) -> None:
+        self.thread = threading.Thread(target=self._run, args=(prefixes,), name="queue-deleter", daemon=True)
+        self.thread.start()
+
+    def busy(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def _run(self, prefixes: tuple[str, ...]) -> None:
+        try:
+            asyncio.run(_delete_queues(prefixes))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the main thread by join()
+            self.error = exc
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+QUEUE_DELETER = _QueueDeleter()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def broker_cleanup():
     yield
+    QUEUE_DELETER.join()
     asyncio.run(_delete_queues((NAMESPACE_PREFIX,)))
 
 
 def pytest_runtest_logfinish(nodeid, location):
-    if len(FINISHED_NAMESPACES) >= DELETE_EVERY:
+    if len(FINISHED_NAMESPACES) >= DELETE_EVERY and not QUEUE_DELETER.busy():
+        QUEUE_DELETER.join()  # the previous deletion's error, if any
         prefixes = tuple(FINISHED_NAMESPACES)
         FINISHED_NAMESPACES.clear()
-        asyncio.run(_delete_queues(prefixes))
+        QUEUE_DELETER.start(prefixes)
 
 
 async def _delete_queues(prefixes: tuple[str, ...]) -> None:
