@@ -73,8 +73,8 @@ class DeadLetterStore:
         return None if row is None else decoded(row)
 
     async def count_open(self) -> int:
-        async with self._connection() as connection:
-            return await connection.fetchval(SQL["count_open_dead_letters"])
+        async with self._connection() as connection:  # bounded: the workers' gauge shares their pool
+            return await connection.fetchval(SQL["count_open_dead_letters"], timeout=ACQUIRE_TIMEOUT)
 
     async def search(self, where: DeadLetterFilter, before: int | None = None, limit: int | None = 50) -> list[dict]:
         """One page, newest first: rows with ids below `before` (None: the newest)."""

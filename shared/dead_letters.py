@@ -110,7 +110,8 @@ def os_user() -> str:
 # -- recording -----------------------------------------------------------------
 
 
-async def record_dead_letter(conn, event: EventMessage, errors: Sequence[dict]) -> int | None:
+async def record_dead_letter(conn, event: EventMessage, errors: Sequence[dict],
+                             timeout: float | None = None) -> int | None:
     """One dead letter for `event`, whose failed attempts are `errors`; its
     id. An event that already has an open one keeps it (a redelivery after a
     crash between this commit and the ack): no second row. None, recording
@@ -127,6 +128,7 @@ async def record_dead_letter(conn, event: EventMessage, errors: Sequence[dict]) 
         datetime.fromtimestamp(event.received_at, UTC),
         event.attempt,
         jsonb(list(errors)),
+        timeout=timeout,
     )
 
 

@@ -129,10 +129,10 @@ async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) ->
     completions = CompletionStore(pool)
     while True:
         try:
-            async with pool.acquire() as connection:
+            async with pool.acquire(timeout=10) as connection:  # a session that died unseen: dropped on release
                 if await completions.completed_sha256(event.key, connection) == event.payload_sha256:
                     return None
-                dead_letter_id = await record_dead_letter(connection, event, errors)
+                dead_letter_id = await record_dead_letter(connection, event, errors, timeout=10)
             break
         except Exception as exc:  # noqa: BLE001 - never drop it: wait and try again
             metrics.dead_letter_record_failures.inc()

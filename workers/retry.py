@@ -69,7 +69,8 @@ class FailurePolicy:
         for pause in pauses():
             try:
                 async with self._pool.acquire(timeout=10) as connection:
-                    dead_letter_id = await record_dead_letter(connection, event, (*event.errors, error))
+                    # bounded: a session that died unseen is dropped by the pool's release
+                    dead_letter_id = await record_dead_letter(connection, event, (*event.errors, error), timeout=10)
                 break
             except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
                 log.warning("dead_letter_waiting_for_postgres", error=describe(exc), retry_in=pause)

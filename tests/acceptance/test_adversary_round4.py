@@ -111,9 +111,6 @@ async def test_a_worker_started_with_another_delivery_limit_still_consumes(setti
                      message=f"the event processed (worker exited: {worker.popen.poll()})")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "adversary round 4, finding C6: a worker statement outside a handler's lease timer (taking the lease) "
-    "has no time limit: on a session that ended unseen it waits for ever, its message held"))
 async def test_a_run_whose_postgres_session_ended_unseen_goes_on_with_a_new_one(settings, fleet, tmp_path):
     """Finding C6. A failover that drops the old primary's traffic (as RDS
     Multi-AZ does), or a partition that outlasts the server's keepalives:
