@@ -5,6 +5,8 @@ tests/acceptance/test_adversary_round4.py."""
 
 import json
 
+import pytest
+
 from tests.support.ingress import queued_events, running_ingress
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.errors import ConfigError
@@ -64,3 +66,23 @@ async def test_a_long_header_name_reaches_the_handler_intact_or_is_refused(setti
     assert status == 200
     [event] = await queued_events(settings.amqp_url, settings.namespace)
     assert {event.headers.get(prefix.lower() + "-a"), event.headers.get(prefix.lower() + "-b")} == {"first", "second"}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "adversary round 4, finding C7: a nonzero number below the smallest float is read as 0.0 and hashes alike"))
+async def test_a_number_too_small_for_a_float_is_refused_or_told_apart(settings, tmp_path):
+    """Finding C7. storable_json refuses 1e400 because "a handler would read
+    inf, and 1e400 and 1e401 would hash alike". A nonzero number below the
+    smallest float is the same case the other way: Python reads 1e-400 and
+    2e-400 as 0.0, so the handler gets 0.0 for an amount that is not zero,
+    and the two payloads hash alike — the corrected event (a conflict, §5)
+    is taken for a copy of the first. Postgres's numeric keeps both exactly."""
+    sources = load_sources(_sources_file(tmp_path, "acme"))
+    bodies = [b'{"id":"tiny","amount":1e-400}', b'{"id":"tiny","amount":2e-400}']
+    async with running_ingress(settings, sources) as client:
+        answers = [await _post(client, "acme", body) for body in bodies]
+    if all(answer == (400, {"error": "invalid_json"}) for answer in answers):
+        return
+    assert [status for status, _ in answers] == [200, 200]
+    hashes = {event.payload_sha256 for event in await queued_events(settings.amqp_url, settings.namespace)}
+    assert len(hashes) == 2
