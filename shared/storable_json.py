@@ -13,7 +13,9 @@ refuses (400 `invalid_json`) what any of them cannot hold:
   (a sender cutting an emoji in half) anywhere in a string or a key,
 - a number beyond a 64-bit float (1e400: a handler would read `inf`, and
   1e400 and 1e401 would hash alike; this also covers numeric's limit of
-  131072 digits before the decimal point), or one `numeric` cannot hold:
+  131072 digits before the decimal point), or a nonzero one below its
+  smallest (1e-400: a handler would read 0.0, and 1e-400 and 2e-400 would
+  hash alike), or one `numeric` cannot hold:
   more than 16383 digits after the point (counting the exponent: 1e-16384,
   even 0e-20000), or an exponent written as 2^30 - 1 or more,
 - nesting deeper than `MAX_DEPTH`, where Python's parser and the hash
@@ -36,6 +38,7 @@ _MAX_DISPLAY_SCALE = 16383
 
 _NUMBER = re.compile(r"-?(\d+)(?:\.(\d+))?(?:[eE]([-+]?\d+))?")
 _UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
+_NONZERO_DIGIT = re.compile("[1-9]")
 
 
 class NotStorable(ValueError):
@@ -60,6 +63,8 @@ def _float(literal: str) -> float:
     value = float(literal)
     if not math.isfinite(value):
         raise NotStorable(f"{literal[:20]} is beyond a 64-bit float")
+    if value == 0.0 and _NONZERO_DIGIT.search(literal.lower().partition("e")[0]):
+        raise NotStorable(f"{literal[:20]} is below the smallest 64-bit float")
     short_without_exponent = len(literal) <= _MAX_DISPLAY_SCALE and "e" not in literal and "E" not in literal
     if not (short_without_exponent or numeric_accepts(literal)):
         raise NotStorable(f"{literal[:20]} is beyond Postgres numeric")
