@@ -89,8 +89,9 @@ class Fleet:
                 process._log.close()
 
 
-async def wait_until(predicate, timeout: float, interval: float = 0.2, message: str = "condition"):
-    """Polls an async predicate until it returns a truthy value."""
+async def wait_until(predicate, timeout: float, interval: float = 0.05, message: str = "condition"):
+    """Polls an async predicate until it returns a truthy value (every 50 ms: a
+    test waits on it a few hundred times, each wait overshooting by half an interval)."""
     deadline = time.monotonic() + timeout
     while True:
         value = await predicate()
