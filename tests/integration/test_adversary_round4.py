@@ -5,6 +5,8 @@ tests/acceptance/test_adversary_round4.py."""
 
 import json
 
+import pytest
+
 from tests.support.ingress import queued_events, running_ingress
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.errors import ConfigError
@@ -82,3 +84,25 @@ async def test_a_number_too_small_for_a_float_is_refused_or_told_apart(settings,
     assert [status for status, _ in answers] == [200, 200]
     hashes = {event.payload_sha256 for event in await queued_events(settings.amqp_url, settings.namespace)}
     assert len(hashes) == 2
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "adversary round 4, finding C8: of a header sent on two lines only the last value reaches the handler"))
+async def test_a_header_sent_twice_reaches_the_handler_with_both_values(settings, tmp_path):
+    """Finding C8. HTTP allows a header name on several lines (a proxy
+    adding its own `Via`, a provider's repeated `X-Tag`), and RFC 9110 §5.3
+    says they mean one line of the values joined by commas. The ingress
+    kept the last line only: the earlier values never reached
+    `event.headers`, answered 200 — "loses nothing" says otherwise."""
+    from multidict import CIMultiDict
+
+    sources = load_sources(_sources_file(tmp_path, "acme"))
+    body = json.dumps({"id": "repeated-header"}).encode()
+    headers = CIMultiDict(signatures.sign("hmac-sha256", body, SECRET))
+    headers.add("X-Tag", "first")
+    headers.add("X-Tag", "second")
+    async with running_ingress(settings, sources) as client:
+        response = await client.post("/webhooks/acme", data=body, headers=headers)
+    assert response.status == 200
+    [event] = await queued_events(settings.amqp_url, settings.namespace)
+    assert event.headers["x-tag"] == "first, second"
