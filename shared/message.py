@@ -76,11 +76,14 @@ class EventMessage:
 
 
 def provider_headers(request_headers) -> dict[str, str]:
-    return {
-        name.lower(): utf8_text(value)
-        for name, value in request_headers.items()
-        if name.lower() not in _DROPPED_HEADERS
-    }
+    """The headers handed on, lower-case names; a name on several lines is
+    one value, the lines joined by ", " (RFC 9110 §5.3), not its last line."""
+    headers: dict[str, str] = {}
+    for name, value in request_headers.items():
+        name = name.lower()
+        if name not in _DROPPED_HEADERS:
+            headers[name] = f"{headers[name]}, {utf8_text(value)}" if name in headers else utf8_text(value)
+    return headers
 
 
 def headers_fit(headers: dict[str, str]) -> bool:

@@ -5,8 +5,6 @@ tests/acceptance/test_adversary_round4.py."""
 
 import json
 
-import pytest
-
 from tests.support.ingress import queued_events, running_ingress
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.errors import ConfigError
@@ -86,8 +84,6 @@ async def test_a_number_too_small_for_a_float_is_refused_or_told_apart(settings,
     assert len(hashes) == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "adversary round 4, finding C8: of a header sent on two lines only the last value reaches the handler"))
 async def test_a_header_sent_twice_reaches_the_handler_with_both_values(settings, tmp_path):
     """Finding C8. HTTP allows a header name on several lines (a proxy
     adding its own `Via`, a provider's repeated `X-Tag`), and RFC 9110 §5.3
