@@ -77,7 +77,7 @@ class EventMessage:
 
 def provider_headers(request_headers) -> dict[str, str]:
     """The headers handed on, lower-case names; a name on several lines is
-    one value, the lines joined by ", " (RFC 9110 §5.3), not its last line."""
+    one value, the lines joined by ", " (RFC 9110, section 5.3), not its last line."""
     headers: dict[str, str] = {}
     for name, value in request_headers.items():
         name = name.lower()

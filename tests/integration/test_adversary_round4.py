@@ -86,7 +86,7 @@ async def test_a_number_too_small_for_a_float_is_refused_or_told_apart(settings,
 
 async def test_a_header_sent_twice_reaches_the_handler_with_both_values(settings, tmp_path):
     """Finding C8. HTTP allows a header name on several lines (a proxy
-    adding its own `Via`, a provider's repeated `X-Tag`), and RFC 9110 §5.3
+    adding its own `Via`, a provider's repeated `X-Tag`), and RFC 9110, section 5.3
     says they mean one line of the values joined by commas. The ingress
     kept the last line only: the earlier values never reached
     `event.headers`, answered 200 — "loses nothing" says otherwise."""
