@@ -5,8 +5,12 @@ Names and labels are the contract of docs/reference.md §10 (alerts and dashboar
 `deploy/` refer to them).
 """
 
-from aiohttp import web
+from typing import TYPE_CHECKING
+
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -72,6 +76,8 @@ dead_letter_record_failures = Counter(
 )
 
 
-async def endpoint(request: web.Request) -> web.Response:
+async def endpoint(request: "web.Request") -> "web.Response":
     """GET /metrics, in the ingress and on a worker's --metrics-port: this process's series."""
+    from aiohttp import web  # here: a worker without --metrics-port starts without aiohttp's server
+
     return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -9,6 +9,7 @@ the rest (unacked, so the broker redelivers them elsewhere), close.
 import asyncio
 import contextlib
 import signal
+import sys
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -29,7 +30,6 @@ from webhook_ingest.workers.acks import OpenDeliveries
 from webhook_ingest.workers.batch import BatchProcessor
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.copies import CopiesInFlight
-from webhook_ingest.workers.handlers import forward
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.outage import OutageGate, outage_kind
 from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
@@ -77,7 +77,7 @@ class Worker:
             stack.push_async_callback(self.store.close)
             self.connection = await _wait_for("rabbitmq", self._connect_broker)
             stack.push_async_callback(self.connection.close)
-            stack.push_async_callback(forward.close_session)
+            stack.push_async_callback(_close_forward_session)
             await self._consume_until_stopped()
 
     async def _open_pool(self) -> asyncpg.Pool:
@@ -325,6 +325,14 @@ class Worker:
     async def _probe_broker(self) -> None:
         if not self.connection.connected.is_set():
             raise ConnectionError("broker not connected")
+
+
+async def _close_forward_session() -> None:
+    """The `forward` handler's HTTP session, if a source's handler loaded it:
+    not imported here, so a worker without it starts without aiohttp."""
+    forward = sys.modules.get("webhook_ingest.workers.handlers.forward")
+    if forward is not None:
+        await forward.close_session()
 
 
 def _observe(event: EventMessage, outcome: Outcome, started: float) -> None:
