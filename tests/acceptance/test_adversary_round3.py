@@ -13,11 +13,13 @@ import sys
 
 import asyncpg
 import pytest
+import redis.asyncio as redis
 
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import recorded_runs, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from webhook_ingest.shared import topology
+from webhook_ingest.shared.redis_keys import DONE_PREFIX, key_prefix
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 ADVERSARY = "tests.support.adversary_handlers"
@@ -33,6 +35,25 @@ async def _settled_quietly(settings, seconds: float = 3) -> None:
     (0.5 s) and deferrals (1 s) come back within that."""
     await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
     await asyncio.sleep(seconds)
+
+
+async def _until_redis_forgot(settings, key: str) -> None:
+    """Until the key's done marker (WEBHOOK_INGEST_DONE_TTL, 1 s here) was
+    written and has expired: Redis forgot the key."""
+    client = redis.from_url(settings.redis_urls[0])
+    name = key_prefix(settings.namespace) + key
+
+    async def marked() -> bool:
+        return (await client.get(name) or b"").startswith(DONE_PREFIX.encode())
+
+    async def forgotten() -> bool:
+        return not await client.exists(name)
+
+    try:
+        await wait_until(marked, 10, message="the done marker")
+        await wait_until(forgotten, 10, message="the done marker expired")
+    finally:
+        await client.aclose()
 
 
 async def _dlq(service_env: dict, *args: str) -> None:
@@ -137,7 +158,7 @@ async def test_a_conflicting_payload_after_a_retried_completion_is_recorded_as_a
     await publish_events(settings.amqp_url, settings.namespace, [first])
     await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 30, message="the completion")
     assert (await _fetchrow(settings.database_url, "SELECT attempts FROM processed_events"))["attempts"] == 2
-    await asyncio.sleep(2)  # Redis forgets the key
+    await _until_redis_forgot(settings, first.key)
 
     tampered = make_event("acme", "evt_1", {"amount": 999})
     await publish_events(settings.amqp_url, settings.namespace, [tampered])
@@ -307,7 +328,7 @@ async def test_after_prune_forgot_a_retried_completion_a_resend_is_processed_aga
     event = make_event("acme", "evt_3")  # odd: its first attempt fails, its second completes
     await publish_events(settings.amqp_url, settings.namespace, [event])
     await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 30, message="the completion")
-    await asyncio.sleep(2)  # Redis forgets the key
+    await _until_redis_forgot(settings, event.key)
     await publish_events(settings.amqp_url, settings.namespace, [event])  # the copy of "20 days ago"
     await _settled_quietly(settings, 1)
     connection = await asyncpg.connect(settings.database_url)
