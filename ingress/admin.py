@@ -107,11 +107,13 @@ async def replay_route(request: web.Request) -> web.Response:
     if not publisher.ready or channel is None:
         return error(503, "broker_unavailable", {"Retry-After": "5"})
     try:
-        await _store(request).replay(channel, request.config_dict[settings_key].namespace,
-                                     ids=[dead_letter_id], actor=_actor(request))
+        done = await _store(request).replay(channel, request.config_dict[settings_key].namespace,
+                                            ids=[dead_letter_id], actor=_actor(request))
     except ReplayInterrupted as exc:
         log.warning("dead_letter_replay_failed", dead_letter_id=dead_letter_id, error=str(exc))
         return error(503, "broker_unavailable", {"Retry-After": "5"})
+    if done.skipped:  # another replay or a discard got there first
+        return error(409, "changed_meanwhile")
     return await _summary_of(request, dead_letter_id)
 
 

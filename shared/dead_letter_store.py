@@ -31,6 +31,7 @@ from webhook_ingest.shared.dead_letters import (
     DeadLetterNotFound,
     InvalidStatus,
     NotReplayable,
+    Replayed,
     ReplayInterrupted,
     decoded,
     jsonb,
@@ -156,7 +157,9 @@ class DeadLetterStore:
                 raise NotReplayable([dead_letter_id])
             # Marked before the publish: a new failure of the replayed event
             # waits for this commit, then records a new open row (insert_dead_letter).
-            replay_id = await _mark_replayed(connection, dead_letter_id, actor, bulk_action_id)
+            replay_id = await _mark_replayed(connection, row, actor, bulk_action_id)
+            if replay_id is None:  # cannot happen while we hold the row; said, not assumed
+                raise ChangedMeanwhile(dead_letter_id, "changed")
             try:
                 await _publish(channel, namespace, row, replay_id)
             except Exception as exc:  # noqa: BLE001 - any broker failure: nothing was replayed
@@ -174,10 +177,14 @@ class DeadLetterStore:
                 await _record_audit(connection, actor, "discard", [dead_letter_id])
 
     async def replay(self, channel: AbstractChannel, namespace: str, ids: Sequence[int] | None = None,
-                     all_: bool = False, source: str | None = None, actor: Actor = UNKNOWN_ACTOR) -> list[int]:
+                     all_: bool = False, source: str | None = None, actor: Actor = UNKNOWN_ACTOR) -> Replayed:
         """Publish dead letters back to the events queue with a fresh attempt
         budget: the given `ids`, or with `all_` every open one (of `source`).
         Unknown ids raise DeadLetterNotFound before anything is published.
+
+        Each row is replayed only as this call read it (`claim_for_replay`):
+        one that another replay or a discard changed since — two operators at
+        once, the CLI beside the console — is skipped, not published again.
 
         `channel` must be in confirm mode: a row is marked replayed in the
         transaction that publishes it, committed after the broker's confirm. A
@@ -188,20 +195,16 @@ class DeadLetterStore:
         async with self._connection() as connection:
             rows = await connection.fetch(SQL["dead_letters_to_replay"], list(ids or ()), all_, source)
             _require_all_found(ids or (), rows)
-            replayed: list[int] = []
+            done = Replayed([], [])
             try:
                 for row in _replayable(rows, refuse=not all_):
-                    async with connection.transaction():
-                        replay_id = await _mark_replayed(connection, row["id"], actor)
-                        try:
-                            await _publish(channel, namespace, row, replay_id)
-                        except Exception as exc:  # noqa: BLE001 - any broker failure: report what was done
-                            raise ReplayInterrupted(replayed, exc) from exc
-                    replayed.append(row["id"])
+                    replayed = await _replay_as_read(connection, channel, namespace, row, actor, done)
+                    (done.replayed if replayed else done.skipped).append(row["id"])
             finally:
-                if replayed:  # also what a replay that stopped half way did
-                    await _record_audit(connection, actor, "replay", replayed)
-        return replayed
+                if done.replayed:  # also what a replay that stopped half way did
+                    await _record_audit(connection, actor, "replay", done.replayed,
+                                        {"skipped": done.skipped} if done.skipped else None)
+        return done
 
     # -- bulk actions (shared/bulk_actions.py) ---------------------------------
 
@@ -245,13 +248,30 @@ async def _record_audit(connection, actor: Actor, action: str, ids: Sequence[int
                                      jsonb(detail or {}))
 
 
-async def _mark_replayed(connection, dead_letter_id: int, actor: Actor, bulk_action_id: int | None = None) -> int:
+async def _replay_as_read(connection, channel: AbstractChannel, namespace: str, row, actor: Actor,
+                          done: Replayed) -> bool:
+    """Publishes `row` in the transaction that marks it replayed; False,
+    nothing published, when the row changed since it was read."""
+    async with connection.transaction():
+        replay_id = await _mark_replayed(connection, row, actor)
+        if replay_id is None:
+            return False
+        try:
+            await _publish(channel, namespace, row, replay_id)
+        except Exception as exc:  # noqa: BLE001 - any broker failure: report what was done
+            raise ReplayInterrupted(done.replayed, exc) from exc
+    return True
+
+
+async def _mark_replayed(connection, row, actor: Actor, bulk_action_id: int | None = None) -> int | None:
     """Status `replayed`, and one more entry in its replay history, whose id
     names the new retry chain: every replay is one, also of a dead letter
-    replayed before (workers/attempts.py)."""
+    replayed before (workers/attempts.py). None, nothing changed, when the
+    row is no longer the version `row` was read as (claim_for_replay)."""
     async with connection.transaction():
-        await connection.execute(SQL["set_dead_letter_status"], [dead_letter_id], "replayed")
-        return await connection.fetchval(SQL["insert_replay"], dead_letter_id, str(actor), bulk_action_id)
+        if await connection.fetchval(SQL["claim_for_replay"], row["id"], row["version"]) is None:
+            return None
+        return await connection.fetchval(SQL["insert_replay"], row["id"], str(actor), bulk_action_id)
 
 
 async def _publish(channel: AbstractChannel, namespace: str, row, replay_id: int) -> None:

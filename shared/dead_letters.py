@@ -75,6 +75,16 @@ class ReplayInterrupted(DeadLetterError):
         super().__init__(f"broker failed during replay, {done}: {type(cause).__name__}: {cause}")
 
 
+@dataclass(frozen=True)
+class Replayed:
+    """What one replay did: the dead letters it published, and those it
+    skipped because someone else replayed or discarded them (or a copy
+    completed them) after it read them."""
+
+    replayed: list[int]
+    skipped: list[int]
+
+
 # -- who acts ------------------------------------------------------------------
 
 

@@ -50,11 +50,22 @@ WHERE id = $1
 -- The rows a replay publishes: the given ids (whatever their status: an
 -- explicit id is the operator's decision), or with $2 every open one,
 -- optionally of one source ($3). Oldest first, the order they failed in.
+-- `version` is what claim_for_replay checks: the row as this replay read it.
 SELECT id, key, source, event_id, payload_sha256, body, headers, received_at,
-       errors -> -1 ->> 'type' AS last_error_type
+       errors -> -1 ->> 'type' AS last_error_type, xmin AS version
 FROM dead_letters
 WHERE (id = ANY($1::bigint[]) OR ($2 AND status = 'dead' AND ($3::text IS NULL OR source = $3)))
 ORDER BY id
+
+-- name: claim_for_replay
+-- A replay takes its row only as it read it: $2 is the row's xmin then (the
+-- transaction that wrote that version; any change of the row gives it
+-- another). Of two replays of one row at once, the second waits here for
+-- the first's commit, then finds a newer version and claims nothing: it
+-- skips the row instead of publishing it a second time.
+UPDATE dead_letters SET status = 'replayed', updated_at = now()
+WHERE id = $1 AND xmin = $2
+RETURNING id
 
 -- name: set_dead_letter_status
 UPDATE dead_letters SET status = $2, updated_at = now()
@@ -96,7 +107,7 @@ SELECT array(SELECT DISTINCT source FROM dead_letters ORDER BY 1) AS sources,
 -- commits, so a second click (or another on-call person) waits, then sees
 -- the new status instead of acting twice.
 SELECT id, key, source, event_id, payload_sha256, body, headers, received_at, status,
-       errors -> -1 ->> 'type' AS last_error_type
+       errors -> -1 ->> 'type' AS last_error_type, xmin AS version
 FROM dead_letters
 WHERE id = $1
 FOR UPDATE

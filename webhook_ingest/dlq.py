@@ -21,6 +21,7 @@ from webhook_ingest.shared.dead_letters import (
     STATUSES,
     Actor,
     DeadLetterNotFound,
+    Replayed,
     describe_error,
     detail,
     parse_id,
@@ -94,8 +95,12 @@ def replay_command(dead_letter_ids: tuple[str, ...], all_: bool, source: str | N
     if source and not all_:
         fail("--source goes with --all")
     ids = parse_ids(dead_letter_ids)
-    replayed = run_or_fail(_replay(_settings(), ids, all_, source))
-    click.echo(f"replayed {len(replayed)}: {', '.join(map(str, replayed))}" if replayed else "replayed 0")
+    done = run_or_fail(_replay(_settings(), ids, all_, source))
+    click.echo(f"replayed {len(done.replayed)}: {', '.join(map(str, done.replayed))}" if done.replayed
+               else "replayed 0")
+    if done.skipped:
+        click.echo(f"skipped {len(done.skipped)}, changed meanwhile (replayed or discarded by someone else): "
+                   f"{', '.join(map(str, done.skipped))}")
 
 
 @dlq.command("discard", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
@@ -207,7 +212,7 @@ async def confirm_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.Abst
         yield channel
 
 
-async def _replay(settings: Settings, ids: list[int], all_: bool, source: str | None) -> list[int]:
+async def _replay(settings: Settings, ids: list[int], all_: bool, source: str | None) -> Replayed:
     async with database(settings) as connection, confirm_channel(settings) as channel:
         return await DeadLetterStore(connection).replay(channel, settings.namespace, ids=ids, all_=all_,
                                                         source=source, actor=Actor.cli())

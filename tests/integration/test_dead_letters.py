@@ -238,8 +238,6 @@ async def _lock_waiters(database_url: str, count: int) -> bool:
                             "datname = current_database() AND wait_event_type = 'Lock'") >= count
 
 
-@pytest.mark.xfail(strict=True, reason="a replay marks its rows replayed whatever they became since it read them:"
-                                       " both replays publish every dead letter (12 messages for 6)")
 async def test_two_replays_at_once_publish_each_dead_letter_once(settings, service_env):
     """Two `dlq replay --all` at once (two operators, or the CLI beside the
     console's bulk replay): each dead letter is published by exactly one of
@@ -355,8 +353,6 @@ async def test_admin_api_lists_shows_replays_and_discards_like_the_cli(admin_set
     assert (queued.key, queued.attempt) == ("acme:evt_1", 1)
 
 
-@pytest.mark.xfail(strict=True, reason="a replay marks its row replayed whatever it became since it read it:"
-                                       " both requests answer 200 and the event is published twice")
 async def test_two_admin_replays_of_one_dead_letter_at_once_publish_it_once(admin_settings):
     """Two operators press replay on one dead letter at once: one request
     replays it; the other is 409 changed_meanwhile and publishes nothing."""
