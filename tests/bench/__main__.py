@@ -2,7 +2,8 @@
 and latency, end to end, duplicates (concurrent copies, and late copies of
 completed events), recovery after a worker's kill -9, the broker blocked
 (tests/bench/broker_blocked.py); a table, then one JSON line. Exit 1 on a
-lost or duplicated effect. `--phase broker-blocked` runs that phase alone."""
+lost or duplicated effect. `--phase broker-blocked` runs that phase alone;
+`--phase steady` every phase but it (to compare candidate layouts)."""
 
 import argparse
 import asyncio
@@ -26,7 +27,7 @@ LATE_COPIES = 5_000
 RECOVERY_RATE, RECOVERY_SECONDS = 400, 3
 
 
-async def main() -> int:
+async def main(with_outage: bool = True) -> int:
     figures: dict[str, float] = {"nproc": os.cpu_count()}
     async with Deployment() as deployment:
         with httpload.gc_paused():
@@ -47,7 +48,8 @@ async def main() -> int:
         figures["worker_rss_mib"] = max(peak_rss_mib(worker.pid) for worker, _ in deployment.workers)
         figures["ingress_rss_mib"] = max(peak_rss_mib(ingress.pid) for ingress in deployment.ingresses)
         await recovery_phase(deployment, figures)
-    await broker_blocked.measure(figures)  # a deployment of its own, on a private broker
+    if with_outage:
+        await broker_blocked.measure(figures)  # a deployment of its own, on a private broker
     figures["ingress_vs_raw"] = figures["ingress_rps"] / figures["raw_publish_rps"]
     figures["e2e_vs_raw"] = figures["e2e_events_per_s"] / figures["raw_consume_rps"]
     figures["e2e_vs_raw_pipeline"] = figures["e2e_events_per_s"] / figures["raw_pipeline_rps"]
@@ -252,7 +254,8 @@ def report(figures: dict) -> int:
           f"{WORKERS} workers × concurrency {CONCURRENCY}\n")
     print(f"| {'what':<52} | {'figure':>10} |\n| {'-' * 52} | {'-' * 10} |")
     for key, label, fmt in ROWS:
-        print(f"| {label:<52} | {fmt.format(figures[key]):>10} |")
+        if key in figures:
+            print(f"| {label:<52} | {fmt.format(figures[key]):>10} |")
     failed = figures["lost"] or figures["duplicated_effects"]
     print("\nFAIL: lost or duplicated effects" if failed else "\nOK: every event's effect exactly once")
     print(json.dumps({key: round(value, 3) for key, value in figures.items()}))
@@ -266,7 +269,7 @@ if __name__ == "__main__":
     except ImportError:
         pass
     parser = argparse.ArgumentParser(prog="python -m tests.bench")
-    parser.add_argument("--phase", choices=["all", "broker-blocked"], default="all",
-                        help="run every phase (the default), or only the one given")
+    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked"], default="all",
+                        help="every phase (the default), every phase but the broker-blocked one, or that one alone")
     phase = parser.parse_args().phase
-    sys.exit(asyncio.run(main() if phase == "all" else broker_blocked.main()))
+    sys.exit(asyncio.run(broker_blocked.main() if phase == "broker-blocked" else main(with_outage=phase == "all")))
