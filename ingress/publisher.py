@@ -40,6 +40,11 @@ PROBE_FIRST_DELAY, PROBE_MAX_DELAY = 0.2, 5.0
 PROBE_QUEUE_ARGUMENTS = {"x-queue-type": "quorum", "x-max-length": 1}  # overflow drops the older probe
 
 
+def probe_queue(namespace: str) -> str:
+    """Where the probe publishes: holds at most one message, never an event's."""
+    return f"{namespace}.ingress-probe"
+
+
 class GivenUp(BrokerUnavailable):
     """A live request stopped waiting for the broker's confirm."""
 
@@ -65,7 +70,7 @@ class Publisher:
         self._max_waiting = max_waiting  # more, and the broker is suspect
         self._patience = Patience()  # how long a live request waits for its confirm
         self.queue_name = topology.events_queue(namespace)
-        self._probe_queue = f"{namespace}.ingress-probe"
+        self._probe_queue = probe_queue(namespace)
 
     @property
     def ready(self) -> bool:

@@ -26,6 +26,7 @@ import aio_pika
 import asyncpg
 import redis.asyncio as redis
 from webhook_ingest.migrate import migrate
+from webhook_ingest.ingress.publisher import probe_queue
 from webhook_ingest.shared import topology
 
 from tests.chaos.handler import CHAOS_TABLES
@@ -214,12 +215,15 @@ async def _execute(database_url: str, sql: str) -> None:
         await connection.close()
 
 
-async def namespace_queues(amqp_url: str, namespace: str) -> list[str]:
-    """The namespace's queues, as `rabbitmqctl` lists them (this machine's broker)."""
+async def namespace_queues(amqp_url: str, namespace: str, events_only: bool = False) -> list[str]:
+    """The namespace's queues, as `rabbitmqctl` lists them (this machine's
+    broker); `events_only`: not the ingress's probe queue, which keeps one
+    message of its own by design."""
     listing = await asyncio.create_subprocess_exec(
         "rabbitmqctl", "-q", "list_queues", "name", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     output = (await listing.communicate())[0].decode()
-    return sorted(line.strip() for line in output.splitlines() if line.strip().startswith(f"{namespace}."))
+    names = sorted(line.strip() for line in output.splitlines() if line.strip().startswith(f"{namespace}."))
+    return [name for name in names if not (events_only and name == probe_queue(namespace))]
 
 
 async def delete_queues(amqp_url: str, namespace: str) -> None:

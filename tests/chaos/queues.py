@@ -8,6 +8,8 @@ import contextlib
 
 import aio_pika
 
+from webhook_ingest.ingress.publisher import probe_queue
+
 
 async def held_by_rabbitmqctl(namespace: str) -> dict[str, int] | None:
     """Ready + unacked per queue of the namespace; None when rabbitmqctl is unavailable."""
@@ -23,7 +25,8 @@ async def held_by_rabbitmqctl(namespace: str) -> dict[str, int] | None:
     held = {}
     for line in output.splitlines():
         fields = line.split()
-        if len(fields) == 3 and fields[0].startswith(f"{namespace}.") and fields[1].isdigit():
+        if len(fields) == 3 and fields[0].startswith(f"{namespace}.") and fields[1].isdigit() \
+                and fields[0] != probe_queue(namespace):
             held[fields[0]] = int(fields[1]) + int(fields[2])
     return held
 

@@ -68,7 +68,8 @@ async def run_local(options: Options, namespace: str | None = None, database_url
 
         drained = await drain(deployment.database_url, sent, held, options)
         await deployment.stop_workers()
-        names = await namespace_queues(deployment.amqp_url, deployment.namespace) or known_queues(deployment.namespace)
+        names = await namespace_queues(deployment.amqp_url, deployment.namespace, events_only=True) \
+            or known_queues(deployment.namespace)
         leftover = await ready_by_passive_declare(deployment.amqp_url, names)
         seen = await observe(deployment.database_url)
         seen.workers = deployment.pids
