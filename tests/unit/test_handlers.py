@@ -31,3 +31,35 @@ def test_each_mistake_is_one_line_naming_the_source_and_the_field(handler, optio
     message = str(raised.value)
     assert message.startswith(f"source 'acme': {field}: ")
     assert problem in message and "\n" not in message
+
+
+class AsyncCallable:
+    async def __call__(self, event, ctx):
+        return None
+
+
+class SyncCallable:
+    def __call__(self, event, ctx):
+        return None
+
+
+def plain_handle(event, ctx):
+    return None
+
+
+async_callable, sync_callable = AsyncCallable(), SyncCallable()
+
+
+@pytest.mark.xfail(strict=True, reason="a plain def handler passes the start-up check: every event then fails with "
+                                       "'object NoneType can't be used in 'await' expression' and is dead-lettered")
+@pytest.mark.parametrize("handler", [f"{__name__}:plain_handle", f"{__name__}:sync_callable", "json:loads"])
+def test_a_handler_that_is_not_async_is_refused_at_start(handler):
+    with pytest.raises(ConfigError) as raised:
+        load_handlers({"acme": source(handler)})
+    message = str(raised.value)
+    assert message.startswith(f"source 'acme': handler: {handler!r} is not an async function")
+    assert "async def" in message and "\n" not in message
+
+
+def test_an_object_whose_call_is_async_is_a_handler():
+    assert load_handlers({"acme": source(f"{__name__}:async_callable")}) == {"acme": async_callable}
