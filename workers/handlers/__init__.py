@@ -13,6 +13,7 @@ cannot be loaded; the ingress never imports handler code.
 """
 
 import importlib
+import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -99,4 +100,13 @@ def _imported(reference: str) -> Handler:
     handle = getattr(module, attribute, None)
     if not callable(handle):
         raise ConfigError(f"{module_name!r} has no callable {attribute!r}")
+    if not _is_async(handle):
+        raise ConfigError(f"{reference!r} is not an async function: the worker awaits it, so write"
+                          f" 'async def {attribute}(event, ctx)'")
     return handle
+
+
+def _is_async(handle: Any) -> bool:
+    """An `async def` function (also behind functools.partial) or an object
+    whose `__call__` is one; a plain function's `None` cannot be awaited."""
+    return inspect.iscoroutinefunction(handle) or inspect.iscoroutinefunction(handle.__call__)
