@@ -47,8 +47,10 @@ async def test_a_handler_that_cannot_be_imported_stops_the_workers_not_the_ingre
     for command in (["worker"], ["run", "--port", str(free_port())]):
         result = webhook_ingest(*command, env={**service_env, **env})
         assert result.returncode == 2
-        assert result.stderr.strip() == ("error: source 'acme': handler: cannot import 'no_such_module_xyz':"
-                                         " No module named 'no_such_module_xyz'"), command
+        assert result.stderr.strip() == (
+            "error: source 'acme': handler: cannot import 'no_such_module_xyz': No module named 'no_such_module_xyz';"
+            f" install it into this Python environment ({sys.prefix}) or put its folder on PYTHONPATH"
+            " (the current directory is not on the webhook-ingest command's import path)"), command
     ingress, base_url = fleet.ingress(env=env)  # it never imports handler code
     await wait_for_output(ingress, "broker_connected")
     body = orjson.dumps({"id": "evt_1"})

@@ -15,6 +15,7 @@ cannot be loaded; the ingress never imports handler code.
 import importlib
 import inspect
 import json
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -96,7 +97,7 @@ def _imported(reference: str) -> Handler:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
+        raise ConfigError(f"cannot import {module_name!r}: {exc}{_where_to_put(module_name, exc)}") from exc
     handle = getattr(module, attribute, None)
     if not callable(handle):
         raise ConfigError(f"{module_name!r} has no callable {attribute!r}")
@@ -104,6 +105,17 @@ def _imported(reference: str) -> Handler:
         raise ConfigError(f"{reference!r} is not an async function: the worker awaits it, so write"
                           f" 'async def {attribute}(event, ctx)'")
     return handle
+
+
+def _where_to_put(module_name: str, exc: ImportError) -> str:
+    """What to do about a module not found: the handler's own module, or one it imports."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if missing is None:
+        return ""
+    if module_name == missing or module_name.startswith(f"{missing}."):
+        return (f"; install it into this Python environment ({sys.prefix}) or put its folder on PYTHONPATH"
+                " (the current directory is not on the webhook-ingest command's import path)")
+    return f"; install {missing!r} into this Python environment ({sys.prefix})"
 
 
 def _is_async(handle: Any) -> bool:
