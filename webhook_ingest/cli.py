@@ -14,6 +14,7 @@ from webhook_ingest import layout
 from webhook_ingest.console import ENV_HELP, fail
 
 log = get_logger("webhook_ingest")
+SEND_TEST_URL = "http://127.0.0.1:8080"  # send-test's default: `run`'s defaults
 
 
 class _Processes(click.ParamType):
@@ -132,7 +133,7 @@ def ingress(host: str, port: int, reuse_port: bool, processes: str) -> None:
 
 @main.command(name="send-test", epilog=ENV_HELP)
 @click.argument("source_name", metavar="SOURCE")
-@click.option("--url", default="http://127.0.0.1:8080", show_default=True, help="ingress base URL")
+@click.option("--url", default=SEND_TEST_URL, show_default=True, help="ingress base URL")
 @click.option("--duplicates", default=0, show_default=True, type=click.IntRange(min=0),
               help="identical copies sent alongside")
 def send_test_command(source_name: str, url: str, duplicates: int) -> None:
@@ -150,6 +151,11 @@ def send_test_command(source_name: str, url: str, duplicates: int) -> None:
         fail(f"cannot reach the ingress at {url}: {exc}")
     for status, body in results:
         click.echo(f"{status} {body}")
+    refused = [status for status, _ in results if not 200 <= status < 300]
+    if refused:
+        hint = f" (no source {source_name!r} there: is it this deployment's ingress?)" if 404 in refused else ""
+        fail(f"{len(refused)} of {len(results)} requests not accepted by {url}:"
+             f" HTTP {', '.join(map(str, sorted(set(refused))))}{hint}")
 
 
 @main.command(epilog=ENV_HELP)
@@ -222,7 +228,7 @@ def run(host: str, port: int, ingress_processes: str, worker_count: int, concurr
     ingress_count = layout.ingress_processes(ingress_processes)
     click.echo(f"ingress on http://{host}:{port}  ({ingress_count} ingress processes, {worker_count} workers × "
                f"{concurrency} in flight; Ctrl-C stops all)")
-    click.echo(f"try it:  webhook-ingest send-test {next(iter(sources))}")
+    click.echo(f"try it:  {send_test_line(next(iter(sources)), host, port)}")
     click.echo(console_line(settings, host, port))
     _supervise({**layout.ingress_commands(host, port, ingress_count),
                 **layout.worker_commands(worker_count, concurrency, worker_metrics_port)})
@@ -233,6 +239,21 @@ def _supervise(commands: dict[str, list[str]]) -> None:
 
     install_uvloop()
     asyncio.run(Supervisor(commands).run())
+
+
+def send_test_line(source_name: str, host: str, port: int) -> str:
+    """The send-test command that reaches this ingress (`--url` unless it is send-test's default)."""
+    url = f"http://{_client_host(host)}:{port}"
+    return f"webhook-ingest send-test {source_name}" + ("" if url == SEND_TEST_URL else f" --url {url}")
+
+
+def _client_host(host: str) -> str:
+    """Where a client on this machine reaches a server listening on `host`."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
 
 
 def console_line(settings: Settings, host: str, port: int) -> str:
