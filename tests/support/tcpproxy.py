@@ -28,6 +28,7 @@ class TcpProxy:
         self._flowing.set()
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()  # (client, upstream)
         self._orphaned: set[asyncio.StreamWriter] = set()  # client sides never told their peer is gone
+        self._held = 0  # chunks read while stalled, not forwarded yet
 
     def url_for(self, url: str) -> str:
         """`url` with its host:port replaced by the proxy's."""
@@ -54,6 +55,11 @@ class TcpProxy:
 
     def flow(self) -> None:
         self._loop.call_soon_threadsafe(self._flowing.set)
+
+    def holding(self) -> int:
+        """Chunks stall() keeps back: something a client sent into the black
+        hole (a statement waiting for its answer)."""
+        return self._held
 
     def orphan(self) -> None:
         """A partition that outlasted the server's keepalives, then healed:
@@ -120,7 +126,12 @@ class TcpProxy:
     async def _pipe(self, reader, writer) -> None:
         try:
             while data := await reader.read(65536):
-                await self._flowing.wait()
+                if not self._flowing.is_set():
+                    self._held += 1
+                    try:
+                        await self._flowing.wait()
+                    finally:
+                        self._held -= 1
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
