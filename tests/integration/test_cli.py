@@ -4,12 +4,14 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 
 import aiohttp
 import asyncpg
 import orjson
+import pytest
 from aiohttp import web
 
 from webhook_ingest.shared import signatures
@@ -167,3 +169,40 @@ async def test_send_test_fails_when_an_answer_is_not_2xx():
     assert result.stdout.startswith("404 ")  # every answer is still printed
     assert result.returncode != 0
     assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def listening(port: int, reuse_port: bool) -> socket.socket:
+    """A socket listening on 127.0.0.1:port — with reuse_port, as another deployment's ingress processes do."""
+    sock = socket.socket()
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+@pytest.mark.xfail(strict=True, reason="ingress on a busy port: a 30-line traceback (OSError, Errno 98), exit 1")
+def test_an_ingress_on_a_busy_port_fails_with_one_line(service_env):
+    port = free_port()
+    with listening(port, reuse_port=False):
+        result = webhook_ingest("ingress", "--port", str(port), env=service_env, timeout=30)
+    assert result.returncode != 0
+    assert result.stderr.startswith(f"error: port {port} is in use: "), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="a second run joins the listeners of whatever holds the port with SO_REUSEPORT"
+                                       " (another deployment's ingress) and splits the requests with it")
+async def test_run_on_a_port_another_deployment_listens_on_fails_with_one_line(fleet, service_env):
+    port = free_port()
+    with listening(port, reuse_port=True):
+        run = fleet.supervisor("--port", str(port), "--ingress-processes", "2", "--workers", "1")
+        try:
+            code = await asyncio.to_thread(run.popen.wait, 5)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            await stop_run(run)
+    lines = run.output().splitlines()
+    assert code == 2 and lines == [f"error: port {port} is in use: {lines[0].split(': ', 2)[2]}"], lines
+    assert "child_started" not in run.output()
