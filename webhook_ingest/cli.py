@@ -10,7 +10,7 @@ from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.logging import configure_logging, get_logger
 from webhook_ingest.shared.settings import Settings, load_settings
 from webhook_ingest.shared.sources import Source, load_sources
-from webhook_ingest import layout
+from webhook_ingest import layout, ports
 from webhook_ingest.console import ENV_HELP, fail
 
 log = get_logger("webhook_ingest")
@@ -123,12 +123,24 @@ def ingress(host: str, port: int, reuse_port: bool, processes: str) -> None:
 
     settings, sources = configured()
     if (count := layout.ingress_processes(processes)) > 1:
+        _port_free_or_fail(host, port)
         _supervise(layout.ingress_commands(host, port, count))
         return
+    try:
+        listening = ports.listening_sockets(host, port, reuse_port)
+    except ports.PortUnavailable as exc:
+        fail(str(exc))
     install_uvloop()
     log.info("ingress_starting", host=host, port=port, sources=sorted(sources), **settings.masked())
-    web.run_app(create_app(settings, sources), host=host, port=port, print=None, access_log=None,
-                reuse_port=reuse_port)
+    web.run_app(create_app(settings, sources), sock=listening, print=None, access_log=None)
+
+
+def _port_free_or_fail(host: str, port: int) -> None:
+    """Before the processes that share the port start (docs/design.md, "One port, one deployment")."""
+    try:
+        ports.check_free(host, port)
+    except ports.PortUnavailable as exc:
+        fail(str(exc))
 
 
 @main.command(name="send-test", epilog=ENV_HELP)
@@ -218,6 +230,7 @@ def run(host: str, port: int, ingress_processes: str, worker_count: int, concurr
     from webhook_ingest.preflight import unreachable_services
 
     settings, sources = configured()
+    _port_free_or_fail(host, port)
     _validate_handlers(sources)
     problems = asyncio.run(unreachable_services(settings))
     if problems:

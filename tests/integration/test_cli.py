@@ -11,7 +11,6 @@ import sys
 import aiohttp
 import asyncpg
 import orjson
-import pytest
 from aiohttp import web
 
 from webhook_ingest.shared import signatures
@@ -181,7 +180,6 @@ def listening(port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-@pytest.mark.xfail(strict=True, reason="ingress on a busy port: a 30-line traceback (OSError, Errno 98), exit 1")
 def test_an_ingress_on_a_busy_port_fails_with_one_line(service_env):
     port = free_port()
     with listening(port, reuse_port=False):
@@ -191,8 +189,6 @@ def test_an_ingress_on_a_busy_port_fails_with_one_line(service_env):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="a second run joins the listeners of whatever holds the port with SO_REUSEPORT"
-                                       " (another deployment's ingress) and splits the requests with it")
 async def test_run_on_a_port_another_deployment_listens_on_fails_with_one_line(fleet, service_env):
     port = free_port()
     with listening(port, reuse_port=True):
