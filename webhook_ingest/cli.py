@@ -227,12 +227,12 @@ def run(host: str, port: int, ingress_processes: str, worker_count: int, concurr
 
     The defaults are the configuration `make bench` measured fastest
     (docs/performance.md); the options override it."""
-    from webhook_ingest.preflight import unreachable_services
+    from webhook_ingest.preflight import service_problems
 
     settings, sources = configured()
     _port_free_or_fail(host, port)
     _validate_handlers(sources)
-    problems = asyncio.run(unreachable_services(settings))
+    problems = asyncio.run(service_problems(settings))
     if problems:
         for problem in problems:
             click.echo(f"error: {problem}", err=True)

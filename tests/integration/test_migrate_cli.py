@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from webhook_ingest.preflight import unreachable_services
+from webhook_ingest.preflight import service_problems
 from webhook_ingest.shared.settings import Settings
 from tests.integration.test_cli import webhook_ingest
 from tests.support.pg_gatekeeper import PostgresGatekeeper
@@ -65,7 +65,7 @@ async def test_the_preflight_needs_only_the_target_database(database, monkeypatc
     async with PostgresGatekeeper(refused={"postgres"}) as gatekeeper:
         for target in (name_of(database), "wi_not_created_yet"):
             monkeypatch.setenv("DATABASE_URL", gatekeeper.url_for(target))
-            problems = await unreachable_services(Settings())
+            problems = await service_problems(Settings())
             assert not [problem for problem in problems if problem.startswith("PostgreSQL")], problems
     assert "postgres" not in gatekeeper.asked_for
 
