@@ -7,17 +7,16 @@ start still starts and serves through the broker; connections are opened
 when first needed.
 """
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
 from aiohttp import web
 
 from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
+from webhook_ingest.shared.sessions import close_pool
 
 MAX_CONNECTIONS = 10
 IDLE_SECONDS = 30.0  # the connections an outage's outbox inserts opened are closed soon after
-CLOSE_TIMEOUT = 10.0
 
 
 async def database_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -26,7 +25,4 @@ async def database_ctx(app: web.Application) -> AsyncIterator[None]:
                                      max_inactive_connection_lifetime=IDLE_SECONDS)
     app[database_pool_key] = pool
     yield
-    try:
-        await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT)
-    except asyncio.TimeoutError:
-        pool.terminate()
+    await close_pool(pool)  # within 2 s, whatever the server does

@@ -22,6 +22,7 @@ from webhook_ingest.shared.errors import ServiceUnavailable, describe
 from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp
 from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
+from webhook_ingest.shared.sessions import pooled
 
 QUERIES = load_queries("webhook_ingest.ingress")
 TIMEOUT_SECONDS = 5.0
@@ -50,13 +51,13 @@ class Outbox:
         self.stored.set()
 
     async def _insert(self, rows: list[Row]) -> None:
-        async with self.pool.acquire(timeout=TIMEOUT_SECONDS) as connection:
+        async with pooled(self.pool, TIMEOUT_SECONDS) as connection:
             await connection.execute(QUERIES["store_in_outbox"], *outbox_columns(rows), timeout=TIMEOUT_SECONDS)
 
     async def writable(self) -> bool:
         """For /readyz: could an insert commit now?"""
         try:
-            async with asyncio.timeout(READY_TIMEOUT_SECONDS), self.pool.acquire() as connection:
+            async with asyncio.timeout(READY_TIMEOUT_SECONDS), pooled(self.pool, None) as connection:
                 return bool(await connection.fetchval(QUERIES["outbox_writable"]))
         except POSTGRES_ERRORS:
             return False

@@ -27,6 +27,7 @@ from webhook_ingest.shared import metrics
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
+from webhook_ingest.shared.sessions import pooled, raise_if_cancelled
 
 log = get_logger(__name__)
 
@@ -78,9 +79,11 @@ class Relay:
         except BrokerUnavailable as exc:  # the publisher now probes; we wait for it
             log.warning("outbox_relay_interrupted", error=str(exc))
         except POSTGRES_ERRORS as exc:
+            raise_if_cancelled()
             log.warning("outbox_unreachable", error=describe(exc))
             await asyncio.sleep(DATABASE_RETRY_SECONDS)
         except Exception:  # noqa: BLE001 - a bug here must not end the relay: the rows would wait forever
+            raise_if_cancelled()
             log.exception("outbox_relay_failed")
             await asyncio.sleep(DATABASE_RETRY_SECONDS)
         return None
@@ -94,7 +97,7 @@ class Relay:
     async def relay_batch(self) -> int:
         """One round; raises BrokerUnavailable after committing the deletes of
         the rows that were confirmed before the broker failed."""
-        async with self._outbox.pool.acquire(timeout=TIMEOUT_SECONDS) as connection, connection.transaction():
+        async with pooled(self._outbox.pool, TIMEOUT_SECONDS) as connection, connection.transaction():
             rows = await connection.fetch(QUERIES["claim_outbox_batch"], self._batch_size, timeout=TIMEOUT_SECONDS)
             confirmed, failure = await self._publish(rows)
             if confirmed:
@@ -129,10 +132,11 @@ async def refresh_backlog_gauges(pool: asyncpg.Pool, every: float = GAUGE_REFRES
     """Forever: the gauges follow the table; a Postgres outage leaves them stale."""
     while True:
         try:
-            async with pool.acquire(timeout=TIMEOUT_SECONDS) as connection:
+            async with pooled(pool, TIMEOUT_SECONDS) as connection:
                 backlog = await connection.fetchrow(QUERIES["outbox_backlog"], timeout=TIMEOUT_SECONDS)
             metrics.outbox_pending.set(backlog["pending"])
             metrics.outbox_oldest_age.set(backlog["oldest_age_seconds"])
         except POSTGRES_ERRORS as exc:
+            raise_if_cancelled()
             log.warning("outbox_gauges_stale", error=describe(exc))
         await asyncio.sleep(every)

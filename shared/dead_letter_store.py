@@ -40,6 +40,7 @@ from webhook_ingest.shared.dead_letters import (
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import to_amqp
+from webhook_ingest.shared.sessions import pooled, raise_if_cancelled
 
 log = get_logger(__name__)
 REPLAY_PUBLISH_TIMEOUT = 10.0
@@ -54,7 +55,7 @@ class DeadLetterStore:
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         if isinstance(self._database, asyncpg.Pool):
-            async with self._database.acquire(timeout=ACQUIRE_TIMEOUT) as connection:
+            async with pooled(self._database, ACQUIRE_TIMEOUT) as connection:
                 yield connection
         else:
             yield self._database
@@ -125,6 +126,7 @@ class DeadLetterStore:
             try:
                 metrics.dead_letters_open.set(await self.count_open())
             except Exception as exc:  # noqa: BLE001 - a stale gauge, never a dead task
+                raise_if_cancelled()
                 log.warning("dead_letters_gauge_stale", error=describe(exc))
             await asyncio.sleep(every)
 

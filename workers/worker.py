@@ -24,6 +24,7 @@ from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
+from webhook_ingest.shared.sessions import close_pool
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.acks import OpenDeliveries
@@ -68,9 +69,9 @@ class Worker:
     async def run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
             self.pool = await _wait_for("postgres", self._open_pool)
-            stack.push_async_callback(self.pool.close)
+            stack.push_async_callback(close_pool, self.pool)  # within 2 s, whatever the server does
             self.renewals = await _wait_for("postgres", self._open_renewals_pool)
-            stack.push_async_callback(self.renewals.close)
+            stack.push_async_callback(close_pool, self.renewals)
             self.store = IdempotencyStore(
                 self.settings.redis_urls, self.settings.namespace, self.settings.lock_ttl, self.settings.done_ttl
             )

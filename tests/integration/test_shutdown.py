@@ -5,7 +5,6 @@ import asyncio
 import time
 
 import aiohttp
-import pytest
 
 from tests.support.processes import wait_until
 from tests.support.tcpproxy import TcpProxy
@@ -23,9 +22,6 @@ async def _ready(base_url: str) -> bool:
         return False
 
 
-@pytest.mark.xfail(strict=True, reason="a relay or gauge statement cancelled in the black hole waits for its"
-                                       " release, whose error replaces the cancellation: the loop goes on and the"
-                                       " ingress never exits")
 async def test_an_ingress_whose_postgres_is_black_holed_stops_within_its_limit(fleet, service_env):
     """The Postgres path black-holed (connections open, nothing answered: a
     partition, a failover that drops the old primary's traffic) while the
