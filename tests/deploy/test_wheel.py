@@ -19,17 +19,31 @@ INSTALLED_AS = {"webhook_ingest": "webhook_ingest", "ingress": "webhook_ingest/i
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> zipfile.ZipFile:
+def build(tmp_path_factory) -> tuple[zipfile.ZipFile, str]:
+    """The wheel, and what its build printed (`--quiet`, as `make install`)."""
     source = tmp_path_factory.mktemp("source")
     for path in repository_files():
         target = source / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(source)],
-                   check=True, capture_output=True, timeout=170)
+    built_by = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(source)],
+        check=True, capture_output=True, text=True, timeout=170)
     [built] = out.glob("webhook_ingest-*.whl")
-    return zipfile.ZipFile(built)
+    return zipfile.ZipFile(built), built_by.stdout + built_by.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(build) -> zipfile.ZipFile:
+    return build[0]
+
+
+@pytest.mark.xfail(strict=True, reason="setuptools warns three times (BuildBackendWarning, ~40 lines each) that the"
+                                       " data folders console/static, console/templates and shared/migrations look"
+                                       " like packages absent from `packages`")
+def test_the_build_prints_nothing(build):
+    assert build[1] == ""
 
 
 def expected_files() -> set[str]:
