@@ -39,9 +39,6 @@ def wheel(build) -> zipfile.ZipFile:
     return build[0]
 
 
-@pytest.mark.xfail(strict=True, reason="setuptools warns three times (BuildBackendWarning, ~40 lines each) that the"
-                                       " data folders console/static, console/templates and shared/migrations look"
-                                       " like packages absent from `packages`")
 def test_the_build_prints_nothing(build):
     assert build[1] == ""
 
