@@ -1,11 +1,13 @@
 """The sources file (docs/reference.md §3): what loads, and the one line a mistake gives."""
 
+import asyncio
 import ipaddress
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from webhook_ingest.shared import topology
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.sources import SourceSection, load_sources, parse_source, resolve_secret
 
@@ -173,3 +175,69 @@ def test_a_file_secret_is_the_file_content_minus_one_trailing_newline(tmp_path_f
     secret_file = tmp_path_factory.mktemp("secret") / "value"
     secret_file.write_text(content + "\n", encoding="utf-8", newline="")
     assert resolve_secret(f"file:{secret_file}") == content
+
+
+# -- values the broker would refuse later --------------------------------------------
+
+BROKER_MESSAGE_BYTES = 128 * 1024 * 1024  # RabbitMQ's default max_message_size (3.8 to 3.13)
+
+
+@pytest.mark.xfail(strict=True, reason="any max_body_bytes loads, also one the broker cannot carry: such an"
+                                       " event is accepted into the outbox and can never be published")
+@settings(max_examples=100, deadline=None)
+@given(max_body_bytes=st.one_of(st.integers(1, BROKER_MESSAGE_BYTES - 1024 * 1024),
+                                st.integers(BROKER_MESSAGE_BYTES + 1, 2**63)))
+def test_a_body_limit_beyond_one_broker_message_stops_start_up(max_body_bytes):
+    section = {"scheme": "github", "secrets": ["s"], "handler": "inbox", "max_body_bytes": max_body_bytes}
+    if max_body_bytes < BROKER_MESSAGE_BYTES:
+        assert parse_source("acme", section).max_body_bytes == max_body_bytes
+        return
+    with pytest.raises(ConfigError) as raised:
+        parse_source("acme", section)
+    assert str(raised.value).startswith("source 'acme': max_body_bytes: ") and "\n" not in str(raised.value)
+
+
+class _RecordingChannel:
+    """Records each retry queue's declaration: name -> its arguments."""
+
+    def __init__(self):
+        self.declared: dict[str, list[dict]] = {}
+
+    async def declare_queue(self, name, durable, arguments):
+        self.declared.setdefault(name, []).append(arguments)
+
+
+def _declared_retry_queues(*delays: float) -> dict[str, list[dict]]:
+    channel = _RecordingChannel()
+    for delay in sorted(set(delays)):  # as a worker declares them (workers/worker.py)
+        asyncio.run(topology.declare_retry_queue(channel, "ns", delay))
+    return channel.declared
+
+
+_DELAYS = st.floats(min_value=0.001, max_value=1e7, allow_nan=False, allow_infinity=False)
+
+
+@pytest.mark.xfail(strict=True, reason="retry queues are named after the delay to 6 significant digits:"
+                                       " 123456.7 and 123457.2 s both name ns.retry.123457s, declared with"
+                                       " two TTLs, and the broker refuses the second declaration")
+@settings(max_examples=300, deadline=None)
+@example(delays=[123456.7, 123457.2])
+@example(delays=[1.0000001, 1.0000002])
+@given(delays=st.one_of(st.lists(_DELAYS, min_size=1, max_size=6),
+                        _DELAYS.flatmap(lambda delay: st.lists(
+                            st.floats(0, delay * 1e-5).map(lambda step: delay + step), min_size=2, max_size=4))))
+def test_retry_delays_that_share_a_queue_share_its_delay(delays):
+    """Any retry delays of a sources file (and of every source in it: the
+    retry queues are per namespace): one queue name, one declaration."""
+    sources = {"acme": parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox",
+                                             "retry_delays": delays})}
+    declared = _declared_retry_queues(*(d for source in sources.values() for d in source.retry_delays))
+    assert {name: arguments for name, arguments in declared.items() if len(arguments) > 1} == {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(digits=st.integers(1, 999_999), decimals=st.integers(0, 6))
+def test_a_delay_of_up_to_six_significant_digits_keeps_its_queue_name(digits, decimals):
+    """The names existing deployments have: `10s`, `0.5s`, `300s`."""
+    delay = digits / 10**decimals
+    assert topology.retry_queue("ns", delay) == f"ns.retry.{delay:g}s"
