@@ -32,6 +32,13 @@ MAX_ERRORS_BYTES = 32 * 1024  # the error history a retry message carries
 # A header table's field names: pamqp cuts a longer one to this, only
 # logging it, so two names sharing their first 128 bytes would become one.
 MAX_HEADER_NAME_BYTES = 128
+# What one broker message carries: RabbitMQ refuses a larger body
+# (max_message_size, 128 MiB by default up to 3.13; 4.x lowered the default
+# to 16 MiB) by closing the publishing channel. A source's body limit stays
+# below it, one header frame's room to spare: an event accepted into the
+# outbox that no publish could carry would wait there for ever.
+MAX_BROKER_MESSAGE_BYTES = 128 * 1024 * 1024
+MAX_BODY_BYTES = MAX_BROKER_MESSAGE_BYTES - 128 * 1024
 
 # Request headers that are transport details or credentials, never handed on.
 _DROPPED_HEADERS = frozenset({

@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from webhook_ingest.shared import event_id, signatures
 from webhook_ingest.shared.errors import ConfigError
+from webhook_ingest.shared.message import MAX_BODY_BYTES
 
 Network = IPv4Network | IPv6Network
 
@@ -124,6 +125,14 @@ class SourceSection(BaseModel):
         if specs is not None:
             _parsed(event_id.parse_selectors, specs)
         return specs
+
+    @field_validator("max_body_bytes")
+    @classmethod
+    def _one_broker_message(cls, limit: int) -> int:
+        if limit > MAX_BODY_BYTES:
+            raise _problem(f"at most {MAX_BODY_BYTES} (128 MiB, RabbitMQ's default max_message_size, less room for"
+                           f" the headers): a larger event would be accepted and never published, got {limit}")
+        return limit
 
     @field_validator("hash_fields")
     @classmethod

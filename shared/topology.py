@@ -36,8 +36,12 @@ def retry_queue(namespace: str, delay_seconds: float) -> str:
 
 
 def delay_label(delay_seconds: float) -> str:
-    """10 -> '10s', 0.5 -> '0.5s' (the queue's name says its delay)."""
-    return f"{delay_seconds:g}s"
+    """10 -> '10s', 0.5 -> '0.5s': the queue's name says its delay, every
+    digit of it (the shortest text that reads back as the same float), so
+    two delays that share a queue share its TTL. Up to six significant
+    digits below 10^6 s, the same as the `:g` names of earlier releases."""
+    text = repr(float(delay_seconds))
+    return f"{text.removesuffix('.0')}s"
 
 
 async def declare_events_queue(channel: AbstractChannel, namespace: str, delivery_limit: int) -> AbstractQueue:

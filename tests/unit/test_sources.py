@@ -182,8 +182,6 @@ def test_a_file_secret_is_the_file_content_minus_one_trailing_newline(tmp_path_f
 BROKER_MESSAGE_BYTES = 128 * 1024 * 1024  # RabbitMQ's default max_message_size (3.8 to 3.13)
 
 
-@pytest.mark.xfail(strict=True, reason="any max_body_bytes loads, also one the broker cannot carry: such an"
-                                       " event is accepted into the outbox and can never be published")
 @settings(max_examples=100, deadline=None)
 @given(max_body_bytes=st.one_of(st.integers(1, BROKER_MESSAGE_BYTES - 1024 * 1024),
                                 st.integers(BROKER_MESSAGE_BYTES + 1, 2**63)))
@@ -217,9 +215,6 @@ def _declared_retry_queues(*delays: float) -> dict[str, list[dict]]:
 _DELAYS = st.floats(min_value=0.001, max_value=1e7, allow_nan=False, allow_infinity=False)
 
 
-@pytest.mark.xfail(strict=True, reason="retry queues are named after the delay to 6 significant digits:"
-                                       " 123456.7 and 123457.2 s both name ns.retry.123457s, declared with"
-                                       " two TTLs, and the broker refuses the second declaration")
 @settings(max_examples=300, deadline=None)
 @example(delays=[123456.7, 123457.2])
 @example(delays=[1.0000001, 1.0000002])
