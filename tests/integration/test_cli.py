@@ -7,10 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import aiohttp
 import asyncpg
 import orjson
+import pytest
 from aiohttp import web
 
 from webhook_ingest.shared import signatures
@@ -152,6 +154,10 @@ async def test_two_ingress_processes_share_one_port_with_reuse_port(fleet, setti
     assert first.popen.poll() is None and second.popen.poll() is None  # the second bound the same port
 
 
+def command_line(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
 def run_children(run: Process) -> list[int]:
     with open(f"/proc/{run.pid}/task/{run.pid}/children") as children:
         return [int(pid) for pid in children.read().split()]
@@ -227,3 +233,26 @@ async def test_run_on_a_port_another_deployment_listens_on_fails_with_one_line(f
     lines = run.output().splitlines()
     assert code == 2 and lines == [f"error: port {port} is in use: {lines[0].split(': ', 2)[2]}"], lines
     assert "child_started" not in run.output()
+
+
+@pytest.mark.xfail(strict=True, reason="run waits for ever for a child that does not exit after SIGTERM")
+async def test_run_kills_a_child_still_running_after_its_grace_and_says_so(fleet):
+    run = fleet.supervisor("--port", str(free_port()), "--ingress-processes", "1", "--workers", "1",
+                           prelude="from webhook_ingest import supervisor\nsupervisor.KILL_AFTER = 0.5")
+    stopped: list[int] = []
+    try:
+        await wait_for_output(run, "broker_connected")
+        [ingress] = [pid for pid in run_children(run) if "ingress" in command_line(pid)]
+        os.kill(ingress, signal.SIGSTOP)  # it cannot act on SIGTERM
+        stopped.append(ingress)
+        run.popen.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(run.popen.wait, 5)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        await stop_run(run)
+    killed = [orjson.loads(line) for line in run.output().splitlines() if '"child_killed"' in line]
+    assert code == 0 and [(line["child"], line["pid"]) for line in killed] == [("ingress-1", ingress)], killed

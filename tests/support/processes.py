@@ -18,15 +18,22 @@ from tests.support.tcpproxy import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class Process:
-    """A `webhook-ingest …` child whose output goes to a log file."""
+# `webhook-ingest ARGS` after a prelude: `python -c` puts ARGS in sys.argv[1:].
+MAIN_AFTER_PRELUDE = "\nfrom webhook_ingest.cli import main\nmain(prog_name='webhook-ingest')\n"
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path):
+
+class Process:
+    """A `webhook-ingest …` child whose output goes to a log file. A
+    `prelude` (Python code) runs in it first: a test's way to shorten a
+    limit or to slow a step down in the real command."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, prelude: str | None = None):
         self.args = args
         self.log_path = log_path
         self._log = open(log_path, "ab")
+        command = ["-m", "webhook_ingest"] if prelude is None else ["-c", prelude + MAIN_AFTER_PRELUDE]
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "webhook_ingest", *args],
+            [sys.executable, *command, *args],
             env={**os.environ, **env},
             cwd=ROOT,
             stdout=self._log,
@@ -66,19 +73,20 @@ class Fleet:
     def worker(self, *args: str, env: dict[str, str] | None = None) -> Process:
         return self._start(["worker", *args], env)
 
-    def supervisor(self, *args: str, env: dict[str, str] | None = None) -> Process:
+    def supervisor(self, *args: str, env: dict[str, str] | None = None, prelude: str | None = None) -> Process:
         """`webhook-ingest run`: the ingress and workers as its own children."""
-        return self._start(["run", *args], env)
+        return self._start(["run", *args], env, prelude)
 
     def ingress(self, port: int | None = None, env: dict[str, str] | None = None,
-                reuse_port: bool = False) -> tuple[Process, str]:
+                reuse_port: bool = False, prelude: str | None = None) -> tuple[Process, str]:
         port = port or free_port()
-        process = self._start(["ingress", "--port", str(port), *(["--reuse-port"] if reuse_port else [])], env)
+        process = self._start(["ingress", "--port", str(port), *(["--reuse-port"] if reuse_port else [])], env,
+                              prelude)
         return process, f"http://127.0.0.1:{port}"
 
-    def _start(self, args: list[str], env: dict[str, str] | None) -> Process:
+    def _start(self, args: list[str], env: dict[str, str] | None, prelude: str | None = None) -> Process:
         name = f"{len(self.processes)}-{args[0]}.log"
-        process = Process(args, {**self.env, **(env or {})}, self.log_dir / name)
+        process = Process(args, {**self.env, **(env or {})}, self.log_dir / name, prelude)
         self.processes.append(process)
         return process
 
