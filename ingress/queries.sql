@@ -12,9 +12,15 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[]
 SELECT has_table_privilege('outbox', 'INSERT') AND NOT pg_is_in_recovery()
 
 -- name: claim_outbox_batch
--- The oldest rows no other relay holds; the row locks last until the
--- transaction ends, which is after the batch's publishes and deletes.
-SELECT id, body, amqp_headers FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+-- The oldest rows no other relay holds, past those this relay cannot read
+-- ($2): the row locks last until the transaction ends, which is after the
+-- batch's publishes and deletes.
+SELECT id, body, amqp_headers FROM outbox WHERE id <> ALL($2::bigint[])
+ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+
+-- name: outbox_rows_left
+-- Which of these rows are still there (an operator deletes an unreadable one).
+SELECT coalesce(array_agg(id), '{}') FROM outbox WHERE id = ANY($1::bigint[])
 
 -- name: delete_outbox_rows
 DELETE FROM outbox WHERE id = ANY($1::bigint[])

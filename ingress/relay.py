@@ -12,6 +12,12 @@ which the workers settle like any other.
 Pacing: after a batch the relay rests as long as the batch took, so a
 backlog drains at about half of what the process could do and live
 requests keep the other half (they publish straight to the broker meanwhile).
+
+A row the relay cannot decode (written by another release, or damaged) is
+not ours to drop: it stays for an operator, logged once
+(`outbox_row_unreadable`) and counted (`webhook_outbox_unreadable`), and
+the relay's later rounds claim past it, so the rows behind it are
+published; one an operator deletes is forgotten.
 """
 
 import asyncio
@@ -57,6 +63,7 @@ class Relay:
         self._outbox = outbox
         self._publisher = publisher
         self._batch_size = batch_size
+        self._unreadable: set[int] = set()  # ids of rows left for an operator
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -73,7 +80,7 @@ class Relay:
                 await self._idle()
 
     async def _round(self) -> int | None:
-        """Rows moved, or None after a failure (already logged and waited on)."""
+        """Rows handled, or None after a failure (already logged and waited on)."""
         try:
             return await self.relay_batch()
         except BrokerUnavailable as exc:  # the publisher now probes; we wait for it
@@ -95,23 +102,31 @@ class Relay:
             pass
 
     async def relay_batch(self) -> int:
-        """One round; raises BrokerUnavailable after committing the deletes of
-        the rows that were confirmed before the broker failed."""
+        """One round: the rows it handled, relayed or set aside as unreadable
+        (so a batch of unreadable ones is followed at once by the next).
+        Raises BrokerUnavailable after committing the deletes of the rows
+        that were confirmed before the broker failed."""
         async with pooled(self._outbox.pool, TIMEOUT_SECONDS) as connection, connection.transaction():
-            rows = await connection.fetch(QUERIES["claim_outbox_batch"], self._batch_size, timeout=TIMEOUT_SECONDS)
+            if self._unreadable:
+                self._unreadable = set(await connection.fetchval(QUERIES["outbox_rows_left"], list(self._unreadable),
+                                                                 timeout=TIMEOUT_SECONDS))
+            rows = await connection.fetch(QUERIES["claim_outbox_batch"], self._batch_size, list(self._unreadable),
+                                          timeout=TIMEOUT_SECONDS)
             confirmed, failure = await self._publish(rows)
+            metrics.outbox_unreadable.set(len(self._unreadable))
             if confirmed:
                 await connection.execute(QUERIES["delete_outbox_rows"], confirmed, timeout=TIMEOUT_SECONDS)
         if confirmed:
             log.info("outbox_relayed", events=len(confirmed))
         if failure is not None:
             raise failure
-        return len(confirmed)
+        return len(rows)
 
     async def _publish(self, rows: list[asyncpg.Record]) -> tuple[list[int], BrokerUnavailable | None]:
         """Publishes the rows pipelined; the ids confirmed, and the first failure."""
         results = await asyncio.gather(*(self._publish_row(row) for row in rows), return_exceptions=True)
         confirmed = [row["id"] for row, result in zip(rows, results) if result is True]
+        self._unreadable.update(row["id"] for row, result in zip(rows, results) if result is False)
         errors = [result for result in results if isinstance(result, BaseException)]
         for unexpected in (error for error in errors if not isinstance(error, BrokerUnavailable)):
             raise unexpected

@@ -66,6 +66,11 @@ outbox_pending = Gauge(
     "webhook_outbox_pending",
     "Events stored in the outbox while the broker was away, not yet published.",
 )
+outbox_unreadable = Gauge(
+    "webhook_outbox_unreadable",
+    "Outbox rows this ingress process cannot decode: left in the table for an operator, the rows behind them "
+    "published.",
+)
 outbox_oldest_age = Gauge(
     "webhook_outbox_oldest_age_seconds",
     "Age of the oldest event in the outbox (0 when it is empty).",

@@ -180,8 +180,6 @@ async def test_an_events_queue_created_with_another_delivery_limit_is_published_
     assert await _outbox_keys(settings.database_url) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="the relay claims the 100 oldest rows each round; rows it cannot read stay"
-                                       " there, so 120 of them at the head hold back every row behind them")
 async def test_outbox_rows_the_relay_cannot_read_do_not_hold_back_the_rows_behind_them(settings, sources):
     """120 rows no relay can decode (written by a release that is gone, or
     damaged) at the head of the outbox: they stay for an operator, logged
