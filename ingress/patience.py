@@ -1,5 +1,6 @@
-"""How long a live request waits for its broker confirm before the broker
-is suspect and the request goes to the outbox (docs/design.md, "The outbox").
+"""How long the broker may be silent while a live request waits for its
+confirm, before the broker is suspect and the request goes to the outbox
+(docs/design.md, "The outbox").
 
 A fixed second made the first moments of every outage slow: at 1,000 req/s
 the requests of the first quarter second waited until half the concurrency
@@ -14,12 +15,17 @@ makes a copy that the workers settle — only slower, which is what the
 floor and the factor keep rare.
 """
 
+import asyncio
 import time
 from collections.abc import Callable
 
 SHORTEST, LONGEST = 0.025, 1.0  # seconds
 FACTOR = 4
 WINDOW = 2.0  # seconds
+# After the patience, one more look this much later: a loop that lagged past
+# the patience runs its timers before it reads the confirms that arrived
+# meanwhile (libuv: timers, then I/O).
+LAG_ALLOWANCE = 0.005
 
 
 class Patience:
@@ -44,3 +50,23 @@ class Patience:
     def seconds(self) -> float:
         slowest = max(self._slowest_now, self._slowest_before)
         return min(LONGEST, max(SHORTEST, FACTOR * slowest))
+
+
+async def until_done_or_silent(publishing: asyncio.Future, suspicion: asyncio.Future, patience: float,
+                               last_confirm: Callable[[], float]) -> None:
+    """Waits until `publishing` or `suspicion` is done, or until the broker
+    has been silent for `patience`: no confirm of any publish (`last_confirm`,
+    a time.monotonic()) since this wait began or since the latest one. A
+    broker that is only slow — a burst queued ahead of this publish, a slow
+    disk — keeps confirming others meanwhile; a blocked or stalled one
+    confirms nothing. One more look LAG_ALLOWANCE after the patience."""
+    waiting_since = time.monotonic()
+    while not (publishing.done() or suspicion.done()):
+        heard = last_confirm()
+        wait = max(heard, waiting_since) + patience - time.monotonic()
+        if wait <= 0:
+            await asyncio.wait((publishing, suspicion), timeout=LAG_ALLOWANCE, return_when=asyncio.FIRST_COMPLETED)
+            if last_confirm() == heard:
+                return
+            continue
+        await asyncio.wait((publishing, suspicion), timeout=wait, return_when=asyncio.FIRST_COMPLETED)

@@ -20,7 +20,7 @@ from collections.abc import Awaitable
 import aio_pika
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 
-from webhook_ingest.ingress.patience import Patience
+from webhook_ingest.ingress.patience import Patience, until_done_or_silent
 from webhook_ingest.shared import amqp, metrics, topology
 from webhook_ingest.shared.errors import BrokerUnavailable, describe
 from webhook_ingest.shared.logging import get_logger
@@ -32,10 +32,6 @@ log = get_logger(__name__)
 
 PUBLISH_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 10.0
-# After its patience, a live request looks once more this much later: a loop
-# that lagged past the patience runs its timers before it reads the
-# confirms that arrived meanwhile (libuv: timers, then I/O).
-LAG_ALLOWANCE = 0.005
 PROBE_FIRST_DELAY, PROBE_MAX_DELAY = 0.2, 5.0
 PROBE_QUEUE_ARGUMENTS = {"x-queue-type": "quorum", "x-max-length": 1}  # overflow drops the older probe
 
@@ -68,7 +64,8 @@ class Publisher:
         self._prober: asyncio.Task | None = None
         self._waiting = 0  # live requests waiting for their confirm now
         self._max_waiting = max_waiting  # more, and the broker is suspect
-        self._patience = Patience()  # how long a live request waits for its confirm
+        self._patience = Patience()  # how long the broker may be silent while a live request waits
+        self._last_confirm = 0.0  # time.monotonic() of the latest confirm of a live publish
         self.queue_name = topology.events_queue(namespace)
         self._probe_queue = probe_queue(namespace)
 
@@ -116,7 +113,8 @@ class Publisher:
 
     async def publish(self, event: EventMessage, live: bool = False) -> None:
         """Returns once the broker confirmed. A `live` request gives up
-        after its patience (`ingress/patience.py`), or as soon as any other
+        once the broker has confirmed nothing at all for the patience
+        (`ingress/patience.py`) while it waited, or as soon as any other
         publish made the broker suspect; the publish itself goes on, and a
         late confirm only makes a copy, which the workers settle. A live
         request that would make more than `max_waiting` wait is not
@@ -163,16 +161,13 @@ class Publisher:
     async def _within(self, publishing: asyncio.Future, patience: float) -> None:
         self._waiting += 1
         try:
-            for wait in (patience, LAG_ALLOWANCE):
-                await asyncio.wait((publishing, self._suspicion), timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                if publishing.done() or self._suspicion.done():
-                    break
+            await until_done_or_silent(publishing, self._suspicion, patience, lambda: self._last_confirm)
         finally:
             self._waiting -= 1
         if publishing.done():
             return publishing.result()
         publishing.add_done_callback(_ignore_outcome)
-        raise asyncio.TimeoutError(f"no confirm within {patience * 1000:.0f} ms" if not self._suspicion.done()
+        raise asyncio.TimeoutError(f"no confirm for {patience * 1000:.0f} ms" if not self._suspicion.done()
                                    else "another publish went unconfirmed")
 
     def _learn(self, started: float, publishing: asyncio.Future) -> None:
@@ -183,7 +178,8 @@ class Publisher:
         teach a longer wait, and every request would go to the outbox for as
         long as it stayed so."""
         if not publishing.cancelled() and publishing.exception() is None:
-            self._patience.confirmed_after(time.monotonic() - started)
+            self._last_confirm = time.monotonic()
+            self._patience.confirmed_after(self._last_confirm - started)
 
     def _suspect(self) -> None:
         if not self._unconfirmed:
