@@ -1,6 +1,8 @@
 """The ingress application factory: routes in one place, resources owned by
 `cleanup_ctx` (set up in order, torn down in reverse)."""
 
+import asyncio
+import signal
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -15,8 +17,11 @@ from webhook_ingest.ingress.publisher import Publisher
 from webhook_ingest.ingress.redis_client import done_markers_ctx, redis_ctx
 from webhook_ingest.ingress.relay import relay_ctx
 from webhook_ingest.shared import metrics
+from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
+
+log = get_logger(__name__)
 
 
 def create_app(settings: Settings, sources: dict[str, Source], connection_name: str = "ingress") -> web.Application:
@@ -51,3 +56,24 @@ def _publisher_ctx(connection_name: str):
         await publisher.close()
 
     return publisher_ctx
+
+
+async def stopping_once(app: web.Application) -> web.Application:
+    """For `web.run_app(stopping_once(app), handle_signals=False)`: SIGINT or
+    SIGTERM stops the ingress as aiohttp's own handlers do; another one
+    while it stops is logged and ignored, not raised into its cleanup
+    (docs/design.md, "Stopping")."""
+    loop = asyncio.get_running_loop()
+    stopping = False
+
+    def stop(signum: signal.Signals) -> None:
+        nonlocal stopping
+        if stopping:
+            log.info("ingress_already_stopping", signal=signum.name)
+            return
+        stopping = True
+        raise web.GracefulExit()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop, signum)
+    return app

@@ -32,6 +32,7 @@ log = get_logger(__name__)
 
 PUBLISH_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 10.0
+CLOSE_TIMEOUT = amqp.CLOSE_SECONDS  # then the socket is aborted (shared/amqp.close_within)
 PROBE_FIRST_DELAY, PROBE_MAX_DELAY = 0.2, 5.0
 PROBE_QUEUE_ARGUMENTS = {"x-queue-type": "quorum", "x-max-length": 1}  # overflow drops the older probe
 
@@ -108,8 +109,8 @@ class Publisher:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if self._connection is not None:
-            await self._connection.close()
+        if self._connection is not None and not await amqp.close_within(self._connection, CLOSE_TIMEOUT):
+            log.warning("broker_close_timed_out", seconds=CLOSE_TIMEOUT)  # its socket was aborted
 
     async def publish(self, event: EventMessage, live: bool = False) -> None:
         """Returns once the broker confirmed. A `live` request gives up
@@ -238,7 +239,7 @@ class Publisher:
             await topology.ensure_events_queue(connection, self._namespace, self._delivery_limit)
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         except BaseException:
-            await connection.close()
+            await amqp.close_within(connection, CLOSE_TIMEOUT)
             raise
         self._connection, self._channel = connection, channel
         log.info("broker_connected", queue=self.queue_name)

@@ -26,6 +26,9 @@ assert hasattr(RobustConnection, "_RobustConnection__connect_transport"), "aio-p
 
 
 RECONNECT_INTERVAL = 1  # seconds between attempts (aio-pika's default, 5, is long when another node is up)
+CLOSE_SECONDS = 2.0  # a goodbye to the broker (Close, Close-Ok, the socket's close); past it the socket is aborted
+AFTER_ABORT_SECONDS = 1.0  # for aio-pika's close to return once the socket is gone
+_finishing: set[asyncio.Future] = set()  # aiormq closes started by close_within, kept until done
 
 
 def node_urls(amqp_url: str) -> list[str]:
@@ -51,7 +54,7 @@ async def connect_robust(amqp_url: str, timeout: float | None = None, **kwargs: 
         try:
             await connection.connect(timeout=timeout)
         except BaseException:
-            await connection.close()
+            await close_within(connection)
             raise
         return connection
 
@@ -86,3 +89,48 @@ class NodeRotatingConnection(RobustConnection):
         if len(self._nodes) > 1:
             index = self._nodes.index(self.url) if self.url in self._nodes else -1
             self.url = self._nodes[(index + 1) % len(self._nodes)]
+
+
+async def close_within(connection: AbstractConnection, seconds: float = CLOSE_SECONDS) -> bool:
+    """Closes `connection` politely within `seconds`, else aborts its socket;
+    True when it closed in time. Cancelled, it aborts the socket too, so that
+    no close is left waiting.
+
+    aio-pika's `close()` cannot be bounded from outside. Its
+    `UnderlayConnection.close` waits, in a `finally` and so also when
+    cancelled, for a callback that only aiormq's `closing` future fires, and
+    aiormq completes that future at the end of its own close, once its reader
+    and writer have ended and the socket has closed. A socket that does not
+    close (a TLS peer that never answers close_notify), or a cancellation
+    that also cancels aiormq's close (aiohttp cancels every task when a second
+    stop signal arrives during its cleanup; aiormq's close task, started when
+    Close-Ok arrived, with them), leaves that wait without end, and no
+    cancellation ends it (aio-pika issue #640; aiormq pull request #208:
+    "closing" never resolved). So the close runs as a task of its own; past
+    `seconds`, or cancelled, the socket is aborted and aiormq's close run
+    again, which completes `closing` once its reader and writer have ended,
+    and aio-pika's wait returns.
+    """
+    underlay = connection.transport  # aio-pika's hold on aiormq's connection; None once closed
+    closing = asyncio.ensure_future(connection.close())
+    try:
+        await asyncio.wait({closing}, timeout=seconds)
+    finally:
+        if not closing.done():
+            _abort(connection, underlay)
+    if not closing.done():
+        await asyncio.wait({closing}, timeout=AFTER_ABORT_SECONDS)
+        return False
+    if not closing.cancelled():
+        closing.exception()  # the connection is gone either way; read, so asyncio does not log it
+    return True
+
+
+def _abort(connection: AbstractConnection, underlay: Any) -> None:
+    transports = getattr(connection, "kwargs", {}).get("transport_factory")
+    if isinstance(transports, CoalescingTransports):  # connect_robust's connections: their socket
+        transports.abort()
+    if underlay is not None:
+        finishing = asyncio.ensure_future(underlay.connection.close())
+        _finishing.add(finishing)
+        finishing.add_done_callback(_finishing.discard)

@@ -79,7 +79,18 @@ class CoalescingWriter(asyncio.StreamWriter):
 
 
 class CoalescingTransports(TransportFactory):
-    """`transport_factory` for aiormq: TCP, or TLS for `amqps://`."""
+    """`transport_factory` for aiormq: TCP, or TLS for `amqps://`. One per
+    connection; it keeps the writer it made last, so that the connection's
+    socket can be aborted (aiormq keeps it to itself)."""
+
+    def __init__(self) -> None:
+        self.writer: CoalescingWriter | None = None
+
+    def abort(self) -> None:
+        """Drops the socket at once, unsent bytes and all: what ends a close
+        that does not end (`shared/amqp.close_within`)."""
+        if self.writer is not None:
+            self.writer.transport.abort()
 
     async def create(self, url: URL, **kwargs: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         context_provider = kwargs.pop("ssl_context_provider", None)
@@ -93,4 +104,5 @@ class CoalescingTransports(TransportFactory):
                 ssl=ssl, **kwargs)
         except OSError as exc:
             raise aiormq.exceptions.AMQPConnectionError(*exc.args) from exc
-        return reader, CoalescingWriter(transport, protocol, reader, loop)  # type: ignore[arg-type]
+        self.writer = CoalescingWriter(transport, protocol, reader, loop)  # type: ignore[arg-type]
+        return reader, self.writer

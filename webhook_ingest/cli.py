@@ -119,7 +119,7 @@ def ingress(host: str, port: int, reuse_port: bool, processes: str) -> None:
     """Serve the webhook ingress."""
     from aiohttp import web
 
-    from webhook_ingest.ingress.app import create_app
+    from webhook_ingest.ingress.app import create_app, stopping_once
 
     settings, sources = configured()
     if (count := layout.ingress_processes(processes)) > 1:
@@ -132,7 +132,8 @@ def ingress(host: str, port: int, reuse_port: bool, processes: str) -> None:
         fail(str(exc))
     install_uvloop()
     log.info("ingress_starting", host=host, port=port, sources=sorted(sources), **settings.masked())
-    web.run_app(create_app(settings, sources), sock=listening, print=None, access_log=None)
+    web.run_app(stopping_once(create_app(settings, sources)), sock=listening, handle_signals=False,
+                shutdown_timeout=layout.INGRESS_GRACE, print=None, access_log=None)
 
 
 def _port_free_or_fail(host: str, port: int) -> None:
@@ -174,7 +175,8 @@ def send_test_command(source_name: str, url: str, duplicates: int) -> None:
 @click.option("--concurrency", default=layout.CONCURRENCY, show_default=True, type=click.IntRange(min=1),
               help="messages in flight")
 @click.option("--metrics-port", type=int, default=None, help="serve /metrics, /healthz, /readyz on this port")
-@click.option("--grace-seconds", default=30.0, show_default=True, type=float, help="SIGTERM: time for running handlers")
+@click.option("--grace-seconds", default=layout.WORKER_GRACE, show_default=True, type=float,
+              help="SIGTERM: time for running handlers")
 def worker(concurrency: int, metrics_port: int | None, grace_seconds: float) -> None:
     """Run one worker process (start as many as you like, anywhere)."""
     settings, sources = configured()

@@ -16,6 +16,10 @@ import os
 WORKERS = 2
 CONCURRENCY = 64
 MAX_AUTO_INGRESS_PROCESSES = 4
+# Told to stop, the ingress gives requests in flight this long (aiohttp's
+# shutdown timeout), a worker its running handlers (`--grace-seconds`).
+INGRESS_GRACE = 60.0
+WORKER_GRACE = 30.0
 
 
 def available_cores() -> int:

@@ -7,7 +7,6 @@ import asyncio
 import signal
 import subprocess
 
-import pytest
 
 from tests.support.processes import Process, wait_for_output
 
@@ -41,8 +40,6 @@ async def exit_code(process: Process, within: float) -> int | None:
         return None
 
 
-@pytest.mark.xfail(strict=True, reason="a second stop signal while the broker connection closes (run's SIGTERM after"
-                                       " the terminal's SIGINT) leaves the ingress waiting for ever in aio-pika's close")
 async def test_an_ingress_told_twice_to_stop_while_its_broker_connection_closes_exits(fleet):
     ingress, _ = fleet.ingress(prelude=SLOWLY_CLOSING)
     await wait_for_output(ingress, "broker_connected")
@@ -52,8 +49,6 @@ async def test_an_ingress_told_twice_to_stop_while_its_broker_connection_closes_
     assert await exit_code(ingress, within=5) == 0, ingress.output()
 
 
-@pytest.mark.xfail(strict=True, reason="the broker connection's close has no limit: a socket that does not close keeps"
-                                       " the ingress from exiting")
 async def test_an_ingress_whose_broker_connection_does_not_close_exits_after_its_limit(fleet):
     ingress, _ = fleet.ingress(prelude=NEVER_CLOSING)
     await wait_for_output(ingress, "broker_connected")
