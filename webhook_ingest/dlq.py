@@ -226,9 +226,9 @@ def _echo_json(document) -> None:
 
 
 def render_table(rows: list[dict], now: datetime) -> str:
-    header = ("ID", "SOURCE", "KEY", "ATTEMPTS", "AGE", "LAST ERROR")
+    header = ("ID", "STATUS", "SOURCE", "KEY", "ATTEMPTS", "AGE", "LAST ERROR")
     lines = [
-        (str(row["id"]), row["source"], trimmed(row["key"], 48), str(row["attempts"]),
+        (str(row["id"]), row["status"], row["source"], trimmed(row["key"], 48), str(row["attempts"]),
          age(now - row["created_at"]), trimmed(describe_error(row["last_error"]) or "-", 60))
         for row in rows
     ]

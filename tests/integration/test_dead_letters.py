@@ -157,9 +157,9 @@ def test_dlq_list_and_show_as_table_and_json(settings):
     table = dlq("list")
     assert table.exit_code == 0, table.stderr
     header, *lines = table.stdout.splitlines()
-    assert header.split() == ["ID", "SOURCE", "KEY", "ATTEMPTS", "AGE", "LAST", "ERROR"]
-    assert [line.split()[:4] for line in lines] == [[str(two), "other", "other:evt_2", "2"],
-                                                    [str(one), "acme", "acme:evt_1", "2"]]
+    assert header.split() == ["ID", "STATUS", "SOURCE", "KEY", "ATTEMPTS", "AGE", "LAST", "ERROR"]
+    assert [line.split()[:5] for line in lines] == [[str(two), "dead", "other", "other:evt_2", "2"],
+                                                    [str(one), "dead", "acme", "acme:evt_1", "2"]]
     assert "RuntimeError: receiver answered 500 (attempt 2)" in lines[0]
 
     [listed] = json.loads(dlq("list", "--source", "acme", "--json").stdout)

@@ -77,8 +77,8 @@ def test_only_json_postgres_can_store_becomes_the_readable_payload():
 
 def test_the_table_has_one_line_per_dead_letter_and_trims_long_cells():
     now = datetime(2026, 1, 2, tzinfo=UTC)
-    rows = [{"id": 7, "source": "acme", "key": "acme:" + "k" * 80, "attempts": 5,
+    rows = [{"id": 7, "status": "replayed", "source": "acme", "key": "acme:" + "k" * 80, "attempts": 5,
              "created_at": now - timedelta(hours=3), "last_error": {"type": "E", "message": "m\nn"}}]
     header, line = render_table(rows, now).splitlines()
-    assert header.split() == ["ID", "SOURCE", "KEY", "ATTEMPTS", "AGE", "LAST", "ERROR"]
-    assert line.split() == ["7", "acme", "acme:" + "k" * 42 + "…", "5", "3h", "E:", "m", "n"]
+    assert header.split() == ["ID", "STATUS", "SOURCE", "KEY", "ATTEMPTS", "AGE", "LAST", "ERROR"]
+    assert line.split() == ["7", "replayed", "acme", "acme:" + "k" * 42 + "…", "5", "3h", "E:", "m", "n"]
