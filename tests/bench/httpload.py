@@ -115,15 +115,17 @@ async def closed_loop(port: int, requests: list[bytes], connections: int = 64,
     return sum(statuses.values()), elapsed, statuses
 
 
-async def open_loop(port: int, requests: list[bytes], rate: float, connections: int = 64) -> tuple[list[float], dict[int, int]]:
+async def open_loop(port: int, requests: list[bytes], rate: float, connections: int = 64,
+                    statuses: dict[int, int] | None = None) -> tuple[list[float], dict[int, int]]:
     """Sends at fixed times (`rate` per second) whatever the answers do;
     each latency runs from the request's scheduled time, so a stall counts
-    for every request it delayed. Returns latencies in seconds and statuses."""
+    for every request it delayed. Returns latencies in seconds and statuses
+    (counted into `statuses` as the answers come, when given)."""
     idle: asyncio.Queue[Connection] = asyncio.Queue()
     for connection in await connect(port, connections):
         idle.put_nowait(connection)
     latencies: list[float] = []
-    statuses: dict[int, int] = {}
+    statuses = {} if statuses is None else statuses
 
     async def send(raw: bytes, scheduled: float) -> None:
         connection = await idle.get()
