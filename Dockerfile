@@ -2,7 +2,7 @@
 #
 # webhook-ingest: one image for every role, chosen by the command.
 #   docker build -t webhook-ingest:latest .
-#   docker run --rm webhook-ingest:latest worker --concurrency 64 --metrics-port 9100
+#   docker run --rm webhook-ingest:latest worker --concurrency 256 --metrics-port 9100
 #
 # The builder stage turns the project and all its dependencies into wheels;
 # the final stage installs only those wheels: no compiler, no sources, no cache.
