@@ -21,9 +21,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def broker_cpu_seconds() -> float:
-    """CPU the RabbitMQ node on this machine has used so far (not `rabbitmqctl` runs)."""
-    return sum(cpu_seconds(pid) for pid in service_pids("", 0)["beam.smp"])
+class BrokerCpu:
+    """CPU the RabbitMQ node(s) on this machine used between `__init__` and
+    `seconds()` (not `rabbitmqctl` runs). Only processes there at both
+    reads count: a node still shutting down (the previous run's private
+    one) would otherwise take its whole CPU time away."""
+
+    def __init__(self):
+        self._before = {pid: cpu_seconds(pid) for pid in service_pids("", 0)["beam.smp"]}
+
+    def seconds(self) -> float:
+        after = {pid: cpu_seconds(pid) for pid in service_pids("", 0)["beam.smp"]}
+        return sum(after[pid] - used for pid, used in self._before.items() if pid in after)
 
 
 def service_pids(database: str, redis_port: int) -> dict[str, list[int]]:

@@ -14,7 +14,7 @@ import time
 
 import aio_pika
 
-from tests.bench.cpu import broker_cpu_seconds
+from tests.bench.cpu import BrokerCpu
 from tests.bench.raw_broker import IN_FLIGHT, publish_many
 
 
@@ -28,11 +28,11 @@ async def measure(amqp_url: str, queue_name: str, messages: int) -> dict[str, fl
             stdout=asyncio.subprocess.PIPE)
         try:
             assert (await consumer.stdout.readline()).strip() == b"ready"
-            started, publisher_before, broker_before = time.time(), time.process_time(), broker_cpu_seconds()
+            started, publisher_before, broker = time.time(), time.process_time(), BrokerCpu()
             await publish_many(channel, queue_name, messages)
             publisher_cpu = time.process_time() - publisher_before
             last_ack, consumer_cpu = map(float, (await consumer.stdout.readline()).split())
-            broker_cpu = broker_cpu_seconds() - broker_before
+            broker_cpu = broker.seconds()
             await consumer.wait()
         finally:
             if consumer.returncode is None:
