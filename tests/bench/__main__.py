@@ -149,20 +149,22 @@ async def late_duplicates_phase(deployment: Deployment, meter: CpuMeter, figures
 
 
 async def recovery_phase(deployment: Deployment, figures: dict) -> None:
-    """400 events/s for 3 s, and kill -9 of one worker half-way, while it
-    holds events (`recovery_pending_at_kill`: answered 200 and without
-    effect then); `recovery_s` from the kill until every accepted event's
-    effect is committed (the other worker takes the killed one's over)."""
+    """400 events/s for 3 s, and kill -9 of one worker as the last request
+    is sent, while events are in flight (`recovery_pending_at_kill`:
+    answered 200 and without effect then, at least 0); `recovery_s` from the
+    kill until every accepted event's effect is committed (the other worker
+    takes the killed one's over; one the victim had leased waits for its
+    lease to run out)."""
     prefix, count = "rec_", RECOVERY_RATE * RECOVERY_SECONDS
     requests = httpload.signed_requests(SOURCE, SECRET, prefix, count)
     answered: dict[int, int] = {}
     load = asyncio.create_task(httpload.open_loop(deployment.ingress_port, requests, RECOVERY_RATE,
                                                   statuses=answered))
-    await asyncio.sleep(RECOVERY_SECONDS / 2)
+    await asyncio.sleep(RECOVERY_SECONDS)
     victim, _ = deployment.workers[0]
     victim.kill()
     killed = time.perf_counter()
-    figures["recovery_pending_at_kill"] = answered.get(200, 0) - await effects(deployment, prefix)
+    figures["recovery_pending_at_kill"] = max(0, answered.get(200, 0) - await effects(deployment, prefix))
     _, statuses = await load
     check_statuses("recovery", statuses)
     await until_effects(deployment, prefix, count)
@@ -243,7 +245,7 @@ ROWS = [  # (key, label, format)
     ("late_dup_per_s", f"late copies of completed events/s ({LATE_COPIES:,})", "{:,.0f}"),
     ("late_dup_answered_at_ingress", "late copies answered `duplicate` by the ingress", "{:.2f}"),
     ("dup_total_cost_vs_fresh", "a late copy's CPU, every process / a fresh event's", "{:.2f}"),
-    ("recovery_pending_at_kill", "kill -9 of a worker mid-load: events without effect at the kill", "{:.0f}"),
+    ("recovery_pending_at_kill", "kill -9 of a worker at the last send: events without effect", "{:.0f}"),
     ("recovery_s", "kill -9 of a worker: s until every effect committed", "{:.1f}"),
     ("spooled_while_healthy", "events sent to the outbox, the broker up throughout", "{:.0f}"),
     ("worker_rss_mib", f"worker peak RSS MiB (concurrency {CONCURRENCY})", "{:.0f}"),
