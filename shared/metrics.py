@@ -59,7 +59,7 @@ dead_letters_open = Gauge(
 )
 broker_suspected = Counter(
     "webhook_ingress_broker_suspected_total",
-    "Times the ingress stopped publishing (a confirm later than its patience, a failed publish, too many "
+    "Times the ingress stopped publishing (the broker silent for its patience, a failed publish, too many "
     "waiting) and sent requests to the outbox until a probe was confirmed.",
 )
 outbox_pending = Gauge(
