@@ -19,18 +19,31 @@ import asyncpg
 CLOSE_SECONDS = 2.0  # a goodbye to each session; one that takes longer is dropped
 
 
+# What may leave a statement unanswered on a silent server: its timeout, a
+# cancellation, asyncpg's InterfaceError (a rollback refused while a
+# statement is being cancelled).
+UNANSWERED = (asyncio.TimeoutError, asyncio.CancelledError, asyncpg.InterfaceError)
+
+
+@contextlib.asynccontextmanager
+async def closed_if_left_by(connection: asyncpg.Connection,
+                            errors: tuple[type[BaseException], ...] = UNANSWERED) -> AsyncIterator[None]:
+    """Closes `connection`'s session when one of `errors` leaves the block,
+    rather than cancelling its statement and waiting for an answer that may
+    never come; a pool's release of it is then immediate."""
+    try:
+        yield
+    except errors:
+        connection.terminate()
+        raise
+
+
 @contextlib.asynccontextmanager
 async def pooled(pool: asyncpg.Pool, timeout: float | None) -> AsyncIterator[asyncpg.Connection]:
     """A connection of `pool` for one piece of work (`timeout`: to acquire
-    it). Left by a timeout, a cancellation or asyncpg's InterfaceError (a
-    rollback refused while a statement is being cancelled), its session is
-    closed rather than handed back: the release is then immediate."""
-    async with pool.acquire(timeout=timeout) as connection:
-        try:
-            yield connection
-        except (asyncio.TimeoutError, asyncio.CancelledError, asyncpg.InterfaceError):
-            connection.terminate()
-            raise
+    it), closed rather than handed back when anything in UNANSWERED leaves it."""
+    async with pool.acquire(timeout=timeout) as connection, closed_if_left_by(connection):
+        yield connection
 
 
 async def close_pool(pool: asyncpg.Pool, timeout: float = CLOSE_SECONDS) -> None:

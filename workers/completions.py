@@ -27,6 +27,7 @@ from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.shared.sessions import closed_if_left_by
 from webhook_ingest.workers.attempts import HandedOn
 from webhook_ingest.workers.lease import Lease
 from webhook_ingest.workers.outage import POSTGRES_LOST
@@ -34,6 +35,12 @@ from webhook_ingest.workers.outage import POSTGRES_LOST
 log = get_logger(__name__)
 SQL = load_queries("webhook_ingest.workers")
 PRUNE_BATCH = 5000
+# A statement of ours that timed out closes its session: the server may be
+# gone without a word (a failover that drops the old primary's traffic, a
+# partition past the server's keepalives), and asyncpg's cancellation, and a
+# pool's release after it, would wait for its answer for ever
+# (docs/design.md, "Exclusion").
+TIMED_OUT = (asyncio.TimeoutError,)
 # Our own statements outside a handler's transaction (whose statements the
 # lease timer bounds) are answered within this, or their session is closed.
 STATEMENT_SECONDS = 5.0
@@ -77,7 +84,7 @@ class CompletionStore:
     async def take_leases(self, connection: asyncpg.Connection, keys: list[str], ttl_ms: int) -> dict[str, Lease]:
         """The leases granted among `keys` (distinct), in one statement outside any transaction."""
         sent_at = time.monotonic()
-        async with _closed_if_unanswered(connection):
+        async with closed_if_left_by(connection, TIMED_OUT):
             rows = await connection.fetch(SQL["take_leases"], keys, ttl_ms, timeout=STATEMENT_SECONDS)
         return {row["key"]: Lease(row["key"], row["token"], sent_at, HandedOn(row["replay_of"], row["attempt"], row["payload_sha256"]))
                 for row in rows}
@@ -87,7 +94,7 @@ class CompletionStore:
         pool = self._renewals
         try:
             async with self._connection(pool, timeout=ttl_ms / 3000) as connection, \
-                    _closed_if_unanswered(connection):
+                    closed_if_left_by(connection, TIMED_OUT):
                 extended = await connection.fetchval(SQL["extend_leases"], *_columns(leases), ttl_ms,
                                                      timeout=ttl_ms / 3000)
         except asyncpg.ReadOnlySQLTransactionError:  # a session opened before a failover: open new ones
@@ -101,7 +108,7 @@ class CompletionStore:
         if not leases:
             return
         try:
-            async with self._connection(timeout=5) as connection, _closed_if_unanswered(connection):
+            async with self._connection(timeout=5) as connection, closed_if_left_by(connection, TIMED_OUT):
                 await connection.execute(SQL["release_leases"], *_columns(leases), timeout=5)  # not waited for
         except Exception as exc:  # noqa: BLE001 - Postgres away: the lease expires instead
             log.info("lease_release_failed", error=describe(exc))
@@ -112,7 +119,7 @@ class CompletionStore:
         attempt is already durable: running this one again is what must not happen)."""
         for pause in pauses():
             try:
-                async with self._connection(timeout=10) as connection, _closed_if_unanswered(connection):
+                async with self._connection(timeout=10) as connection, closed_if_left_by(connection, TIMED_OUT):
                     # idempotent: a statement lost in a black hole is made again
                     await connection.execute(SQL["record_handed_on"], message.key, message.replay_of,
                                              message.attempt, message.payload_sha256, timeout=10)
@@ -158,11 +165,11 @@ class CompletionStore:
         """The payload hash `key` completed with, None while it has not; on
         `connection` when given (the poison drainer records a dead letter on
         it next), else on one of its own."""
-        async with self._connection(connection) as connection, _closed_if_unanswered(connection):
+        async with self._connection(connection) as connection, closed_if_left_by(connection, TIMED_OUT):
             return await connection.fetchval(SQL["completed_sha256"], key, timeout=STATEMENT_SECONDS)
 
     async def record_conflict(self, message: EventMessage, completed_sha256: str) -> None:
-        async with self._connection() as connection, _closed_if_unanswered(connection):
+        async with self._connection() as connection, closed_if_left_by(connection, TIMED_OUT):
             await connection.execute(
                 SQL["record_conflict"], message.key, message.source, message.event_id,
                 completed_sha256, message.payload_sha256, timeout=STATEMENT_SECONDS,
@@ -171,7 +178,7 @@ class CompletionStore:
     async def settled_before(self, message: EventMessage) -> Settled:
         """A redelivered message: did its own earlier delivery complete the
         event, or is the event an open dead letter already?"""
-        async with self._connection() as connection, _closed_if_unanswered(connection):
+        async with self._connection() as connection, closed_if_left_by(connection, TIMED_OUT):
             settled = await connection.fetchrow(SQL["settled_before"], message.key, message.payload_sha256,
                                                 message.message_id, timeout=STATEMENT_SECONDS)
         return Settled(settled["completed"], settled["dead"])
@@ -180,7 +187,7 @@ class CompletionStore:
         """Up means writable: a demoted primary answers reads but refuses every
         write. A session opened against it keeps its read-only default after
         the failover, so the pools open new ones."""
-        async with self._connection(timeout=PROBE_SECONDS) as connection, _closed_if_unanswered(connection):
+        async with self._connection(timeout=PROBE_SECONDS) as connection, closed_if_left_by(connection, TIMED_OUT):
             if not await connection.fetchval(SQL["writable"], timeout=PROBE_SECONDS):
                 for pool in (self._database, self._renewals):
                     if isinstance(pool, asyncpg.Pool):
@@ -198,20 +205,6 @@ class CompletionStore:
             pruned = await _delete_in_batches(connection, SQL["prune_completed_events"], cutoff, batch_size)
             await _delete_in_batches(connection, SQL["prune_key_fences"], cutoff, batch_size)
         return pruned
-
-
-@contextlib.asynccontextmanager
-async def _closed_if_unanswered(connection: asyncpg.Connection) -> AsyncIterator[None]:
-    """A statement of ours that timed out closes its session: the server may
-    be gone without a word (a failover that drops the old primary's
-    traffic, a partition past the server's keepalives), and asyncpg's
-    cancellation, and a pool's release after it, would wait for its answer
-    for ever (docs/design.md, "Exclusion")."""
-    try:
-        yield
-    except asyncio.TimeoutError:
-        connection.terminate()
-        raise
 
 
 def completion_row(message: EventMessage, token: int) -> tuple:
