@@ -13,6 +13,7 @@ lock or a done marker per key), `RecordingFailures` for `FailurePolicy`
 (the retry decision is the real, pure one; nothing is published).
 """
 
+import asyncio
 import contextlib
 import itertools
 import time
@@ -39,6 +40,11 @@ class Session:
     def __init__(self) -> None:
         self.undo: list[Callable[[], None]] | None = None  # inside a transaction: how to roll it back
         self.terminated = False
+        self.statements: list[str] = []  # what a handler sent through ctx.db
+
+    async def execute(self, query: str, *args: object) -> str:
+        self.statements.append(query)
+        return "INSERT 0 1"
 
     def terminate(self) -> None:
         self.terminated = True
@@ -68,7 +74,9 @@ class Completion:
 
 
 class InMemoryCompletions:
-    def __init__(self) -> None:
+    def __init__(self, pool_size: int | None = None) -> None:
+        # a bounded pool of handler-transaction sessions: `session()` waits for one
+        self._pool = contextlib.nullcontext() if pool_size is None else asyncio.Semaphore(pool_size)
         self.fences: dict[str, Fence] = {}
         self.completions: dict[str, Completion] = {}
         self.conflicts: list[tuple[str, str, str]] = []  # key, completed hash, conflicting hash
@@ -81,7 +89,8 @@ class InMemoryCompletions:
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[Session]:
-        yield Session()
+        async with self._pool:
+            yield Session()
 
     @contextlib.asynccontextmanager
     async def transaction(self, session: Session) -> AsyncIterator[None]:

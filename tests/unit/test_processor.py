@@ -44,13 +44,33 @@ async def hang(event, ctx):
         raise
 
 
+RUNNING: set[str] = set()
+PEAK: list[int] = [0]
+
+
+async def slow(event, ctx):
+    """A handler that waits on the network and never touches ctx.db."""
+    RUNS.append(event.key)
+    RUNNING.add(event.key)
+    PEAK[0] = max(PEAK[0], len(RUNNING))
+    await asyncio.sleep(0.1)
+    RUNNING.discard(event.key)
+
+
+async def slow_db(event, ctx):
+    """A handler that writes through ctx.db, then waits on the network."""
+    RUNS.append(event.key)
+    await ctx.db.execute("INSERT INTO effects ...")
+    await asyncio.sleep(0.2)
+
+
 async def lose_the_fence(event, ctx):
     """Another run took the key's lease after ours ran out: our token is stale."""
     RUNS.append(event.key)
     STORE.hold_lease(event.key)
 
 
-HANDLERS = ("succeed", "fail", "refuse", "hang", "lose_the_fence")
+HANDLERS = ("succeed", "fail", "refuse", "hang", "slow", "slow_db", "lose_the_fence")
 SOURCES = {name: parse_source(name, {"scheme": "hmac-sha256", "secrets": ["s"],
                                      "handler": f"tests.unit.test_processor:{name}"}) for name in HANDLERS}
 STORE = InMemoryCompletions()
@@ -69,6 +89,8 @@ def pipeline() -> Pipeline:
     global STORE
     RUNS.clear()
     CANCELLED.clear()
+    RUNNING.clear()
+    PEAK[0] = 0
     STORE = completions = InMemoryCompletions()
     claims, failures = InMemoryClaims(), RecordingFailures()
     return Pipeline(Processor(SOURCES, claims, completions, failures), completions, claims, failures)
@@ -228,6 +250,58 @@ async def test_prune_forgets_completions_past_the_window_with_their_attempt_reco
     assert set(pipeline.completions.completions) == {done.key}
     pipeline.claims.done.clear()
     assert await pipeline.processor.process(retried) is Outcome.RETRIED  # a resend runs again, not a copy
+
+
+# -- waits for a pooled connection (issue 20) ------------------------------------------
+
+
+def bounded(pipeline: Pipeline, pool_size: int, ttl_ms: int = 300) -> Pipeline:
+    """The same pipeline with `pool_size` handler-transaction sessions and a short lock TTL (a fast test)."""
+    completions, claims = InMemoryCompletions(pool_size), InMemoryClaims(ttl_ms)
+    global STORE
+    STORE = completions
+    return Pipeline(Processor(SOURCES, claims, completions, pipeline.failures), completions, claims, pipeline.failures)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 20: the Redis lock's validity runs from the claim and its keeper "
+                   "starts only once a pooled connection is had: runs that wait for one end LockLost, deferred")
+async def test_a_wait_for_a_pooled_connection_does_not_eat_the_lock(pipeline):
+    pipeline = bounded(pipeline, pool_size=1)
+    messages = [event("slow_db", event_id=f"evt_{n}") for n in range(4)]  # 0.2 s each on the one connection
+    outcomes = await asyncio.wait_for(asyncio.gather(*map(pipeline.processor.process, messages)), 10)
+    assert outcomes == [Outcome.PROCESSED] * 4
+    assert sorted(RUNS) == sorted(m.key for m in messages)  # each ran once
+    assert pipeline.failures.delayed == []
+
+
+@pytest.mark.xfail(strict=True, reason="issue 20: every run holds a pooled connection from its lease to its "
+                   "completion, so slow handlers run one pool's worth at a time")
+async def test_handlers_that_do_not_use_ctx_db_run_all_at_once_on_a_small_pool(pipeline):
+    pipeline = bounded(pipeline, pool_size=1)
+    messages = [event("slow", event_id=f"evt_{n}") for n in range(20)]
+    outcomes = await asyncio.wait_for(asyncio.gather(*map(pipeline.processor.process, messages)), 10)
+    assert outcomes == [Outcome.PROCESSED] * 20 and len(RUNS) == 20
+    assert PEAK[0] == 20  # no handler waited for a connection it does not use
+    assert set(pipeline.completions.completions) == {m.key for m in messages}
+
+
+@pytest.mark.xfail(strict=True, reason="issue 20: a batch waits for a pooled connection with its claims' "
+                   "validity running; its events end LockLost and are deferred")
+async def test_a_batch_that_waits_for_a_pooled_connection_keeps_its_locks(pipeline):
+    pipeline = bounded(pipeline, pool_size=1)
+    batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
+    holders = [event("slow_db", event_id=f"evt_h{n}") for n in range(3)]
+    batched = [event(event_id=f"evt_{n}") for n in range(3)]
+
+    async def batch_after_the_holder_has_the_connection():
+        await asyncio.sleep(0.05)
+        return await batch.process(batched)
+
+    holding = [pipeline.processor.process(message) for message in holders]
+    *held, outcomes = await asyncio.wait_for(asyncio.gather(*holding, batch_after_the_holder_has_the_connection()), 10)
+    assert held == [Outcome.PROCESSED] * 3 and outcomes == [Outcome.PROCESSED] * 3
+    assert sorted(RUNS) == sorted(m.key for m in holders + batched)  # each ran once
+    assert pipeline.failures.delayed == []
 
 
 # -- the batch ------------------------------------------------------------------------
