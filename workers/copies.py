@@ -8,11 +8,17 @@ machine; the others wait for its outcome here, in memory. A copy is acked
 as a duplicate at the cost of a dict lookup when the leader, with the same
 payload hash, either completed the event, or settled the same attempt of
 the same chain: found it completed or already handed on, or handed it on
-durably itself (a retry or deferral message confirmed by the broker, a dead
-letter committed). Otherwise (the leader crashed or never ran, the payloads
-differ, or the copy is another attempt or replay: a retry waiting behind a
-stale copy of its earlier attempt must still run) a copy goes through the
-state machine itself, so nothing here can lose an event.
+durably itself (a retry message confirmed by the broker, a dead letter
+committed). Otherwise (the leader crashed, never ran or deferred, the
+payloads differ, or the copy is another attempt or replay: a retry waiting
+behind a stale copy of its earlier attempt must still run) a copy goes
+through the state machine itself, so nothing here can lose an event.
+
+A deferral settles nothing: it is the same attempt again, and the message
+that carries it can come back while its leader is still registered here
+(it publishes the deferral, then gives back its lease and lock) — settled
+as its own leader's copy, the only message carrying the event was acked
+(issue 20). A copy whose leader deferred runs, and at worst defers too.
 """
 
 import asyncio
@@ -22,10 +28,10 @@ from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.workers.states import Outcome
 
 # The leader settled the event for its copies too: completed, or carried on
-# by the retry or deferral message it published, or recorded as a dead
-# letter. A copy run again would start a second retry chain (more attempts,
-# sooner, than the source allows).
-_SETTLED = (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.RETRIED, Outcome.DEAD, Outcome.DEFERRED)
+# by the retry message it published, or recorded as a dead letter. A copy
+# run again would start a second retry chain (more attempts, sooner, than
+# the source allows). Not DEFERRED: see the module's last paragraph.
+_SETTLED = (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.RETRIED, Outcome.DEAD)
 
 
 @dataclass
