@@ -7,11 +7,12 @@ ingress gets one process per available core, sharing the port
 (SO_REUSEPORT); the workers' cost per event falls as their batches grow, so
 two processes with many messages in flight each beat more processes with
 fewer (256 in flight: end to end 1,500-1,890 events/s against 1,420-1,540
-with 64, 1,250-1,280 with 32; three workers 1,170-1,260). At most 20 of
-them run a handler at once: each handler runs in a pooled Postgres
-transaction, and the pool holds `min(concurrency, 20)` connections.
-Caps keep a large machine's defaults within a default Postgres
-`max_connections` (each worker pools up to 20 connections).
+with 64, 1,250-1,280 with 32; three workers 1,170-1,260). All of them
+run their handlers at once when the handlers do not query `ctx.db`; at
+most 20 that do (each holds a pooled connection until its commit). Caps
+keep a large machine's defaults within a default Postgres
+`max_connections` (each worker pools up to 26 connections:
+docs/operations.md, "Sizing and scaling workers").
 """
 
 import math

@@ -63,13 +63,16 @@ class BatchProcessor:
         claims = await self._store.claim_many([message.key for message in messages])
         acquired = {i: claim.lock for i, claim in enumerate(claims)
                     if claim.state is ClaimState.ACQUIRED and claim.lock is not None}  # an acquired claim holds its lock
+        # kept alive from the claim on: a wait for a pooled connection must not eat them
+        keepers = {i: self._processor.redis_keeper(lock) for i, lock in acquired.items()}
         outcomes: dict[int, Outcome] = {}
         alone = [i for i in range(len(messages)) if i not in acquired]
         try:
-            batched, *one_by_one = await _all(
-                self._run_acquired(messages, acquired),
-                *(self._processor.process_claimed(messages[i], claims[i]) for i in alone),
-            )
+            async with kept_alive(list(keepers.values())):
+                batched, *one_by_one = await _all(
+                    self._run_acquired(messages, acquired, keepers),
+                    *(self._processor.process_claimed(messages[i], claims[i]) for i in alone),
+                )
         except BaseException:
             await quietly(asyncio.gather(*(self._store.release(lock) for lock in acquired.values())))
             raise
@@ -77,7 +80,8 @@ class BatchProcessor:
         outcomes.update(zip(alone, one_by_one))
         return [outcomes[i] for i in range(len(messages))]
 
-    async def _run_acquired(self, messages: list[EventMessage], locks: dict[int, Lock]) -> dict[int, Outcome]:
+    async def _run_acquired(self, messages: list[EventMessage], locks: dict[int, Lock],
+                            lock_keepers: dict[int, Keeper]) -> dict[int, Outcome]:
         if not locks:
             return {}
         order = sorted(locks, key=lambda i: messages[i].key)
@@ -90,26 +94,28 @@ class BatchProcessor:
                 handed_on = [i for i in order if messages[i].key in leases
                              and already_handed_on(messages[i], leases[messages[i].key].handed_on)]
                 leased = [i for i in order if messages[i].key in leases and i not in handed_on]
-                keepers = [self._processor.redis_keeper(locks[i]) for i in leased]
-                if leases:  # none when every key is leased elsewhere: nothing to keep
-                    keepers.append(self._processor.lease_keeper(list(leases.values())))
-                async with kept_alive(keepers):
+                keepers = [lock_keepers[i] for i in leased]
+                lease_keepers = [self._processor.lease_keeper(list(leases.values()))] if leases else []
+                async with kept_alive(lease_keepers):  # none when every key is leased elsewhere
+                    keepers += lease_keepers
                     passed = await self._commit(connection, messages, leased, leases, keepers) if leased else None
         finally:
             completed_now = set() if passed is None else {messages[i].key for i in passed[0]}
             await self._completions.release_leases([lease for key, lease in leases.items() if key not in completed_now])
         if passed is None:  # rolled back, or nothing leased: each on its own, still under its lock
-            settled = await _all(*(self._processor.run_locked(messages[i], locks[i]) for i in order))
+            settled = await _all(*(self._processor.run_locked(messages[i], locks[i], lock_keepers[i]) for i in order))
             return dict(zip(order, settled))
         fresh, completed, busy = passed
         busy += [i for i in order if messages[i].key not in leases]
         outcomes = {i: Outcome.PROCESSED for i in fresh}
         outcomes.update({i: Outcome.DUPLICATE for i in handed_on})  # copies of an attempt already run
+        for i in [*fresh, *handed_on, *completed]:
+            lock_keepers[i].retire()  # released or replaced by a done marker below
         await quietly(asyncio.gather(*(self._store.release(locks[i]) for i in handed_on)))
         await quietly(self._store.complete_many([(messages[i].key, messages[i].payload_sha256) for i in fresh]))
         for i, completed_sha256 in completed.items():  # Postgres knew, Redis forgot
             outcomes[i] = await self._processor.completed(messages[i], completed_sha256)
-        settled = await _all(*(self._processor.run_locked(messages[i], locks[i]) for i in busy))
+        settled = await _all(*(self._processor.run_locked(messages[i], locks[i], lock_keepers[i]) for i in busy))
         outcomes.update(zip(busy, settled))
         return outcomes
 

@@ -4,10 +4,12 @@ and their retention (docs/design.md, "Exclusion").
 
 Every statement is a named block of `workers/queries.sql`. A method that
 belongs to the handler's transaction takes that transaction's connection
-(the turn, the completion check, the completion row); the others take a
-pooled connection of their own — lease renewals from a pool of their own,
-so they never wait behind the runs that hold every other connection. The
-CLI's `prune` hands it its one connection instead of a pool.
+(the turn, the completion row); the others take a pooled connection of
+their own for one short statement. Three pools, so that nothing short
+waits behind something long: handlers' transactions (`session()`, held
+while a handler that uses `ctx.db` runs), short statements (`statement()`:
+leases, completion checks, a completion of its own, dead letters), and
+lease renewals. The CLI's `prune` hands it its one connection instead.
 
 `tests/support/in_memory.py` is the same interface without Postgres, for
 the processor's unit tests.
@@ -55,9 +57,11 @@ class Settled(NamedTuple):
 
 
 class CompletionStore:
-    def __init__(self, database: asyncpg.Pool | asyncpg.Connection, renewals: asyncpg.Pool | None = None):
-        self._database = database  # the workers' pool, or the CLI's one connection
+    def __init__(self, database: asyncpg.Pool | asyncpg.Connection, renewals: asyncpg.Pool | None = None,
+                 transactions: asyncpg.Pool | None = None):
+        self._database = database  # short statements: the workers' pool, or the CLI's one connection
         self._renewals = renewals or database
+        self._transactions = transactions or database
 
     @contextlib.asynccontextmanager
     async def _connection(self, database: asyncpg.Pool | asyncpg.Connection | None = None,
@@ -70,10 +74,12 @@ class CompletionStore:
             yield database
 
     def session(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
-        """A pooled connection for one pass: its lease, then its transaction."""
-        if isinstance(self._database, asyncpg.Pool):
-            return self._database.acquire()
-        return contextlib.nullcontext(self._database)
+        """A pooled connection for a handler's transaction (`ctx.db`, a batch)."""
+        return _acquired(self._transactions)
+
+    def statement(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        """A pooled connection for a few short statements (a lease and its completion check)."""
+        return _acquired(self._database)
 
     def transaction(self, connection: asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[object]:
         """The handler's transaction: the turn, the handler, the completion row."""
@@ -139,8 +145,11 @@ class CompletionStore:
         return {row["key"] for row in await connection.fetch(SQL["take_turns"], keys)}
 
     async def completed_key(self, connection: asyncpg.Connection, key: str) -> str | None:
-        """The payload hash `key` completed with, read under its turn; None while it has not."""
-        completed = await connection.fetchrow(SQL["completed_keys"], [key])
+        """The payload hash `key` completed with, None while it has not; read
+        in a statement after the one that granted our lease, so it sees the
+        completion of a holder that committed while we waited for the row."""
+        async with closed_if_left_by(connection, TIMED_OUT):
+            completed = await connection.fetchrow(SQL["completed_keys"], [key], timeout=STATEMENT_SECONDS)
         return None if completed is None else completed["payload_sha256"]
 
     async def completed_keys(self, connection: asyncpg.Connection, keys: list[str]) -> dict[str, str]:
@@ -160,6 +169,12 @@ class CompletionStore:
         return len(inserted)
 
     # -- on a connection of their own ------------------------------------------
+
+    async def complete_event_alone(self, message: EventMessage, token: int) -> bool:
+        """complete_event for a handler that never used `ctx.db`: its own autocommit statement."""
+        async with self._connection() as connection, closed_if_left_by(connection, TIMED_OUT):
+            return await connection.fetchval(SQL["complete_event"], *completion_row(message, token),
+                                             timeout=STATEMENT_SECONDS) is not None
 
     async def completed_sha256(self, key: str, connection: asyncpg.Connection | None = None) -> str | None:
         """The payload hash `key` completed with, None while it has not; on
@@ -189,10 +204,15 @@ class CompletionStore:
         the failover, so the pools open new ones."""
         async with self._connection(timeout=PROBE_SECONDS) as connection, closed_if_left_by(connection, TIMED_OUT):
             if not await connection.fetchval(SQL["writable"], timeout=PROBE_SECONDS):
-                for pool in (self._database, self._renewals):
-                    if isinstance(pool, asyncpg.Pool):
-                        await pool.expire_connections()
+                await self.expire_sessions()
                 raise ConnectionError("Postgres answers but is read-only")
+
+    async def expire_sessions(self) -> None:
+        """Every pool opens new sessions: one opened against a read-only
+        server keeps its read-only default after a failover."""
+        for pool in (self._database, self._renewals, self._transactions):
+            if isinstance(pool, asyncpg.Pool):
+                await pool.expire_connections()
 
     # -- retention (webhook-ingest prune) --------------------------------------
 
@@ -205,6 +225,12 @@ class CompletionStore:
             pruned = await _delete_in_batches(connection, SQL["prune_completed_events"], cutoff, batch_size)
             await _delete_in_batches(connection, SQL["prune_key_fences"], cutoff, batch_size)
         return pruned
+
+
+def _acquired(database: asyncpg.Pool | asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+    if isinstance(database, asyncpg.Pool):
+        return database.acquire()
+    return contextlib.nullcontext(database)
 
 
 def completion_row(message: EventMessage, token: int) -> tuple:

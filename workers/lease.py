@@ -62,6 +62,7 @@ class Keeper:
         self._ttl = ttl_seconds
         self.valid_until = valid_until if valid_until is not None else time.monotonic() + ttl_seconds
         self.lost = False
+        self.retired = False  # its lock ended (a done marker replaced it): nothing left to keep
         self._on_lost: list[Callable[[], None]] = []
         self._timer: asyncio.TimerHandle | None = None
 
@@ -79,10 +80,16 @@ class Keeper:
         self._on_lost.append(callback)
         return lambda: self._on_lost.remove(callback)
 
+    def retire(self) -> None:
+        """Stops renewing (and losing) what is no longer ours to keep."""
+        self.retired = True
+        if self._timer is not None:
+            self._timer.cancel()
+
     async def keep(self) -> None:
         self._arm()
         try:
-            while not self.lost:
+            while not (self.lost or self.retired):
                 await asyncio.sleep(self._ttl / 3)
                 await self._renew_until_lost()
         finally:
@@ -90,12 +97,14 @@ class Keeper:
                 self._timer.cancel()
 
     async def _renew_until_lost(self) -> None:
-        while not self.lost:
+        while not (self.lost or self.retired):
             started = time.monotonic()
             try:
                 renewed = await self._renew()
             except Exception:  # noqa: BLE001 - a failed renewal is retried below
                 renewed = False
+            if self.retired:
+                return
             if renewed and not self.lost:
                 self.valid_until = started + self._ttl * 0.99
                 self._arm()
@@ -107,6 +116,8 @@ class Keeper:
         """The loss, at the deadline (asyncio's clock is time.monotonic())."""
         if self._timer is not None:
             self._timer.cancel()
+        if self.retired:
+            return
         self._timer = asyncio.get_running_loop().call_at(self.deadline, self._lose)
 
     def _lose(self) -> None:

@@ -1,20 +1,24 @@
 """One message, one pass through the idempotency state machine.
 
 1. Claim the key in Redis (`SET NX` on a majority of masters = the Redlock
-   processing lock). A key Redis knows completed is a duplicate (or a
-   conflict, when the payload hash differs) and is acked at once. A key
-   held elsewhere is claimed again a few times (its holder is usually done
-   within milliseconds), then goes on to Postgres without the Redis lock:
-   the holder may be dead, and Postgres decides. No Redis quorum is
-   degraded mode, which goes on to Postgres the same way.
+   processing lock), kept alive from that moment until the pass ends, so
+   no wait that follows (for a pooled connection, say) eats its validity.
+   A key Redis knows completed is a duplicate (or a conflict, when the
+   payload hash differs) and is acked at once. A key held elsewhere is
+   claimed again a few times (its holder is usually done within
+   milliseconds), then goes on to Postgres without the Redis lock: the
+   holder may be dead, and Postgres decides. No Redis quorum is degraded
+   mode, which goes on to Postgres the same way.
 2. Take the key's lease in Postgres (one autocommit statement, which also
-   registers a new fencing token); a key leased elsewhere is deferred.
-   Then, in one Postgres transaction: take the key's turn (an advisory
-   lock), read whether the key is completed — after the turn, so a
-   completion committed by the previous holder is seen —, run the handler
-   with this transaction's connection as `ctx.db`, and insert the
-   completion row (refused unless our token is current), which ends the
-   lease in the same commit.
+   registers a new fencing token; a key leased elsewhere is deferred), then
+   read whether the key is completed, in the next statement, so a holder's
+   completion committed meanwhile is seen. Run the handler, cancelled if
+   the lease is lost meanwhile. `ctx.db` is a transaction opened at the
+   handler's first query (`workers.handler_db`), which takes the key's turn
+   (an advisory lock) first; a handler that never queries holds no
+   connection while it waits on the network. Insert the completion row —
+   refused unless our token is current — in that transaction, or in a
+   statement of its own; it ends the lease in the same commit.
 3. Tell Redis the key is done (best effort), which also frees the lock.
 
 Why the lease and the turn, and what the lock and the token are for:
@@ -36,6 +40,7 @@ from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.attempts import already_handed_on
 from webhook_ingest.workers.completions import CompletionStore
+from webhook_ingest.workers.handler_db import HandlerTransaction
 from webhook_ingest.workers.handlers import Event, HandlerContext, load_handlers
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore, quietly
 from webhook_ingest.workers.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
@@ -121,34 +126,39 @@ class Processor:
                 return claim
         return claim
 
-    async def run_locked(self, message: EventMessage, lock: Lock) -> Outcome:
-        """`_run` under our Redis lock, kept alive meanwhile; the lock ends
-        replaced by a done marker or released, whatever the outcome."""
+    async def run_locked(self, message: EventMessage, lock: Lock, keeper: Keeper | None = None) -> Outcome:
+        """`_run` under our Redis lock, kept alive meanwhile (by the caller,
+        when it passes its `keeper`); the lock ends replaced by a done marker
+        or released, whatever the outcome."""
         outcome = None
         try:
-            outcome = await self._run(message, self.redis_keeper(lock))
+            if keeper is not None:
+                outcome = await self._run(message, keeper)
+            else:
+                keeper = self.redis_keeper(lock)
+                async with kept_alive([keeper]):
+                    outcome = await self._run(message, keeper)
         finally:
             if outcome not in _RELEASED_BY_DONE_MARKER:
                 await quietly(self._store.release(lock))
         return outcome
 
     async def _run(self, message: EventMessage, lock_keeper: Keeper | None) -> Outcome:
-        """Step 2 and 3. One pooled connection for the whole pass; what
-        follows a failure (dead letter, conflict row, deferral) runs after it
-        is back in the pool, so a full pool never waits on itself. The lease
-        is kept until a failed attempt is handed on (`workers.attempts`)."""
+        """Step 2 and 3, under a Redis lock already kept alive (or none).
+        What follows a failure (dead letter, conflict row, deferral) runs
+        with no connection held, so a full pool never waits on itself. The
+        lease is kept until a failed attempt is handed on (`workers.attempts`)."""
         lease = None
         try:
             async with contextlib.AsyncExitStack() as keeping:
                 try:
-                    async with self._completions.session() as connection:
-                        lease = await self._take_lease(connection, message.key)
-                        if already_handed_on(message, lease.handed_on):
-                            raise AttemptHandedOn()
-                        lease_keeper = self.lease_keeper([lease])
-                        keepers = [k for k in (lock_keeper, lease_keeper) if k is not None]
-                        await keeping.enter_async_context(kept_alive(keepers))
-                        await self._complete(connection, message, lease, keepers)
+                    lease = await self._take_lease(message.key)
+                    if already_handed_on(message, lease.handed_on):
+                        raise AttemptHandedOn()
+                    keepers = [k for k in (lock_keeper, self.lease_keeper([lease])) if k is not None]
+                    await keeping.enter_async_context(kept_alive(keepers[-1:]))
+                    await self._check_not_completed(message.key)
+                    await self._complete(message, lease, keepers)
                     lease = None  # ended by the completion
                 except Exception as exc:
                     outcome = await self._settle_unfinished(message, exc)
@@ -161,18 +171,16 @@ class Processor:
         await quietly(self._store.complete(message.key, message.payload_sha256))
         return Outcome.PROCESSED
 
-    async def _complete(self, connection: asyncpg.Connection, message: EventMessage, lease: Lease,
-                        keepers: list[Keeper]) -> None:
-        """The transaction: the turn, the completion check, the handler
-        (cancelled if the lease is lost meanwhile), the completion row."""
-        async with self._completions.transaction(connection):
-            with cancelled_when_lost(keepers[-1], connection):
-                await self._take_turn(connection, message.key)
-                await self._check_not_completed(connection, message.key)
-                await self.call_handler(connection, message)
+    async def _complete(self, message: EventMessage, lease: Lease, keepers: list[Keeper]) -> None:
+        """The handler (cancelled if the lease is lost meanwhile) and the
+        completion row, in the handler's transaction if it opened one."""
+        handler_db = HandlerTransaction(self._completions, message.key)
+        async with handler_db:
+            with cancelled_when_lost(keepers[-1], handler_db):  # inside: a lost lease closes, never rolls back
+                await self.call_handler(handler_db, message)
                 for keeper in keepers:
                     keeper.check()
-                if not await self._completions.complete_event(connection, message, lease.token):
+                if not await handler_db.complete(message, lease.token):
                     raise CompletionRefused()
 
     async def _settle_unfinished(self, message: EventMessage, exc: Exception) -> Outcome | None:
@@ -196,10 +204,12 @@ class Processor:
                 return outcome
         return None
 
-    async def _take_lease(self, connection: asyncpg.Connection, key: str) -> Lease:
-        """The key's lease; a few short waits while another run holds it."""
+    async def _take_lease(self, key: str) -> Lease:
+        """The key's lease; a few short waits while another run holds it,
+        with no connection held meanwhile."""
         for pause in (*TURN_RECHECKS, None):
-            granted = await self._completions.take_leases(connection, [key], self._store.redlock.ttl_ms)
+            async with self._completions.statement() as connection:
+                granted = await self._completions.take_leases(connection, [key], self._store.redlock.ttl_ms)
             if key in granted:
                 return granted[key]
             if pause is None:
@@ -207,14 +217,9 @@ class Processor:
             await asyncio.sleep(pause)
         raise AssertionError("unreachable")
 
-    async def _take_turn(self, connection: asyncpg.Connection, key: str) -> None:
-        """The key's advisory lock: held by a run whose lease ran out while
-        its session lives on (a paused holder), it keeps us out still."""
-        if not await self._completions.take_turn(connection, key):
-            raise TurnTaken()
-
-    async def _check_not_completed(self, connection: asyncpg.Connection, key: str) -> None:
-        completed_sha256 = await self._completions.completed_key(connection, key)
+    async def _check_not_completed(self, key: str) -> None:
+        async with self._completions.statement() as connection:
+            completed_sha256 = await self._completions.completed_key(connection, key)
         if completed_sha256 is not None:
             raise AlreadyCompleted(completed_sha256)
 
@@ -234,7 +239,10 @@ class Processor:
         taken_at = min(lease.sent_at for lease in leases)
         return Keeper("postgres", renew, ttl_ms / 1000, taken_at + ttl_ms / 1000)
 
-    async def call_handler(self, connection: asyncpg.Connection, message: EventMessage) -> None:
+    async def call_handler(self, db: HandlerTransaction | asyncpg.Connection, message: EventMessage) -> None:
+        """Runs the source's handler with `db` as `ctx.db`; raises HandlerFailed
+        for the handler's own failures, TurnTaken when its `ctx.db` found the
+        key's turn held elsewhere, and an outage as itself."""
         source = self._sources[message.source]
         event = Event(
             source=message.source,
@@ -245,7 +253,7 @@ class Processor:
             attempt=message.attempt,
             body=message.body,
         )
-        context = HandlerContext(db=connection, options=source.handler_options, logger=log)
+        context = HandlerContext(db=db, options=source.handler_options, logger=log)
         try:
             await self._handlers[message.source](event, context)
         except asyncio.CancelledError as exc:
@@ -255,9 +263,19 @@ class Processor:
             # the handler's own: it awaited a future another task cancelled — a failure like any other
             raise HandlerFailed() from exc
         except Exception as exc:
-            if outage_kind(exc, in_handler=True) and (connection.is_closed() or isinstance(exc, READ_ONLY)):
-                raise  # ctx.db lost its connection or its writes: Postgres is away, not the handler's fault
+            if getattr(db, "turn_refused", False):
+                raise TurnTaken() from exc  # whatever the handler made of TurnRefused
+            opening = getattr(db, "open_error", None)
+            if opening is not None and outage_kind(opening) is not None:
+                raise opening from exc  # opening ctx.db's transaction is ours, as its connect errors are
+            if isinstance(exc, READ_ONLY):  # a session opened before a failover: the next run gets a new one
+                await self._completions.expire_sessions()
+                raise
+            if outage_kind(exc, in_handler=True) and db.is_closed():
+                raise  # ctx.db lost its connection: Postgres is away, not the handler's fault
             raise HandlerFailed() from exc
+        if getattr(db, "turn_refused", False):
+            raise TurnTaken()  # the handler swallowed TurnRefused: it must not complete
 
     async def completed(self, message: EventMessage, completed_sha256: str, redis_knows: bool = False) -> Outcome:
         """A key found completed: a duplicate, or a conflict (the first payload stays)."""

@@ -39,7 +39,8 @@ from webhook_ingest.workers.states import Outcome
 
 log = get_logger(__name__)
 
-MAX_POOL_SIZE = 20
+MAX_TRANSACTIONS = 20  # handlers that use ctx.db at once (each holds a connection until its commit)
+STATEMENT_CONNECTIONS = 4  # leases, completion checks and rows, dead letters: one short statement each
 SERVER_KEEPALIVES = "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
 RENEWAL_CONNECTIONS = 2  # lease renewals: one statement each, every third of the lease
 PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
@@ -68,9 +69,13 @@ class Worker:
 
     async def run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
-            self.pool = await _wait_for("postgres", self._open_pool)
+            # three pools, so that nothing short waits behind something long (workers.completions)
+            self.pool = await _wait_for("postgres", lambda: self._open_pool(STATEMENT_CONNECTIONS))
             stack.push_async_callback(close_pool, self.pool)  # within 2 s, whatever the server does
-            self.renewals = await _wait_for("postgres", self._open_renewals_pool)
+            self.transactions = await _wait_for(
+                "postgres", lambda: self._open_pool(min(self.concurrency, MAX_TRANSACTIONS)))
+            stack.push_async_callback(close_pool, self.transactions)
+            self.renewals = await _wait_for("postgres", lambda: self._open_pool(RENEWAL_CONNECTIONS))
             stack.push_async_callback(close_pool, self.renewals)
             self.store = IdempotencyStore(
                 self.settings.redis_urls, self.settings.namespace, self.settings.lock_ttl, self.settings.done_ttl
@@ -81,14 +86,8 @@ class Worker:
             stack.push_async_callback(_close_forward_session)
             await self._consume_until_stopped()
 
-    async def _open_pool(self) -> asyncpg.Pool:
-        return await asyncpg.create_pool(
-            self.settings.database_url, min_size=1, max_size=min(self.concurrency, MAX_POOL_SIZE),
-            reset=_keep_session, init=_server_keepalives,
-        )
-
-    async def _open_renewals_pool(self) -> asyncpg.Pool:
-        return await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=RENEWAL_CONNECTIONS,
+    async def _open_pool(self, size: int) -> asyncpg.Pool:
+        return await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=size,
                                          reset=_keep_session, init=_server_keepalives)
 
     async def _connect_broker(self):
@@ -102,9 +101,7 @@ class Worker:
         await consume_channel.set_qos(prefetch_count=self.concurrency)
         queue = await self._declare_queues(consume_channel)
         self.failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace)
-        # Lease renewals never wait behind the runs that hold every pooled
-        # connection in their transactions: a pool of their own.
-        self.completions = CompletionStore(self.pool, self.renewals)
+        self.completions = CompletionStore(self.pool, self.renewals, self.transactions)
         self.processor = Processor(self.sources, self.store, self.completions, self.failures)
         self.batch_processor = BatchProcessor(self.processor, self.store, self.completions)
         self._gates = {

@@ -88,14 +88,17 @@ def make_processor(sources, store, pool, handler="tests.integration.test_process
 
 async def test_a_turn_held_in_postgres_defers_a_redis_locked_run(sources, store, pool):
     """Mixed modes: a degraded worker (no Redis) holds the key's turn; one
-    that won the Redis lock must not run the handler beside it."""
+    that won the Redis lock must not query beside it: ctx.db takes the turn
+    at the handler's first query, which is refused, and the run deferred."""
     processor, failures = make_processor(sources, store, pool)
     event = make_event("acme", "evt_turn")
     async with pool.acquire() as holder, holder.transaction():
         await holder.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", event.key)
         outcome = await processor.process(event)
     assert outcome is Outcome.DEFERRED
-    assert CALLS == [] and failures.delayed == [(event.key, processor_module.DEFER_SECONDS)]
+    assert CALLS == [event.key]  # started, stopped at its first query
+    assert failures.delayed == [(event.key, processor_module.DEFER_SECONDS)]
+    assert await pool.fetchval("SELECT count(*) FROM processed_events WHERE key = $1", event.key) == 0
     assert (await store.claim(event.key)).state.value == "acquired"  # the Redis lock was given back
 
 
@@ -223,7 +226,7 @@ async def test_the_workers_sessions_ask_the_server_for_tcp_keepalives(settings):
     TCP proxy cannot show that (its own kernel answers the probes), so the
     sessions' settings are what is checked."""
     worker = Worker(settings, {})
-    pool = await worker._open_pool()
+    pool = await worker._open_pool(1)
     try:
         async with pool.acquire() as connection:
             settings_now = [await connection.fetchval(f"SHOW {name}") for name in

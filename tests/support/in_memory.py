@@ -93,6 +93,11 @@ class InMemoryCompletions:
             yield Session()
 
     @contextlib.asynccontextmanager
+    async def statement(self) -> AsyncIterator[Session]:
+        """A session for short statements: a pool of its own, never the handlers'."""
+        yield Session()
+
+    @contextlib.asynccontextmanager
     async def transaction(self, session: Session) -> AsyncIterator[None]:
         session.undo = []
         try:
@@ -190,6 +195,9 @@ class InMemoryCompletions:
 
     # -- on a connection of their own ------------------------------------------
 
+    async def complete_event_alone(self, message: EventMessage, token: int) -> bool:
+        return await self.complete_event(Session(), message, token)
+
     async def completed_sha256(self, key: str, connection: Session | None = None) -> str | None:
         completion = self.completions.get(key)
         return None if completion is None else completion.payload_sha256
@@ -204,6 +212,9 @@ class InMemoryCompletions:
 
     async def probe_writable(self) -> None:
         """Always writable."""
+
+    async def expire_sessions(self) -> None:
+        """No sessions to renew."""
 
     async def prune(self, window: timedelta, batch_size: int = PRUNE_BATCH) -> int:
         cutoff = time.time() - window.total_seconds()

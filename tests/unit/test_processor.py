@@ -64,13 +64,21 @@ async def slow_db(event, ctx):
     await asyncio.sleep(0.2)
 
 
+async def swallow_db_errors(event, ctx):
+    RUNS.append(event.key)
+    try:
+        await ctx.db.execute("INSERT INTO effects ...")
+    except Exception:  # noqa: BLE001 - a careless handler
+        pass
+
+
 async def lose_the_fence(event, ctx):
     """Another run took the key's lease after ours ran out: our token is stale."""
     RUNS.append(event.key)
     STORE.hold_lease(event.key)
 
 
-HANDLERS = ("succeed", "fail", "refuse", "hang", "slow", "slow_db", "lose_the_fence")
+HANDLERS = ("succeed", "fail", "refuse", "hang", "slow", "slow_db", "swallow_db_errors", "lose_the_fence")
 SOURCES = {name: parse_source(name, {"scheme": "hmac-sha256", "secrets": ["s"],
                                      "handler": f"tests.unit.test_processor:{name}"}) for name in HANDLERS}
 STORE = InMemoryCompletions()
@@ -170,13 +178,28 @@ async def test_a_key_leased_elsewhere_is_deferred_without_running(pipeline):
     assert pipeline.claims.locks == {} and pipeline.claims.done == {}  # the Redis lock was given back
 
 
-async def test_a_turn_held_in_postgres_defers_and_releases_our_lease(pipeline):
-    message = event()
-    pipeline.completions.turns[message.key] = Session()  # a paused holder whose lease ran out
+async def test_a_turn_held_in_postgres_stops_a_handler_at_its_first_query_and_defers(pipeline):
+    message = event("slow_db")
+    paused_holder = pipeline.completions.turns[message.key] = Session()  # its lease ran out, its session lives
     assert await pipeline.processor.process(message) is Outcome.DEFERRED
-    assert RUNS == [] and pipeline.failures.delayed == [(message.key, DEFER_SECONDS)]
+    assert RUNS == [message.key]  # started: ctx.db takes the turn at the handler's first query
+    assert pipeline.failures.delayed == [(message.key, DEFER_SECONDS)]
     assert pipeline.completions.fences[message.key].lease_until is None  # released, not left to run out
-    assert pipeline.completions.completions == {}
+    assert pipeline.completions.completions == {} and pipeline.completions.turns == {message.key: paused_holder}
+
+
+async def test_a_handler_that_swallows_a_refused_turn_still_does_not_complete(pipeline):
+    message = event("swallow_db_errors")
+    pipeline.completions.turns[message.key] = Session()
+    assert await pipeline.processor.process(message) is Outcome.DEFERRED
+    assert RUNS == [message.key] and pipeline.completions.completions == {}
+
+
+async def test_a_handler_that_never_queries_needs_no_turn(pipeline):
+    message = event("slow")
+    pipeline.completions.turns[message.key] = Session()  # only ctx.db's transactions take turns
+    assert await pipeline.processor.process(message) is Outcome.PROCESSED
+    assert RUNS == [message.key]
 
 
 async def test_a_stale_fencing_token_refuses_the_completion_and_defers(pipeline):
@@ -263,8 +286,6 @@ def bounded(pipeline: Pipeline, pool_size: int, ttl_ms: int = 300) -> Pipeline:
     return Pipeline(Processor(SOURCES, claims, completions, pipeline.failures), completions, claims, pipeline.failures)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: the Redis lock's validity runs from the claim and its keeper "
-                   "starts only once a pooled connection is had: runs that wait for one end LockLost, deferred")
 async def test_a_wait_for_a_pooled_connection_does_not_eat_the_lock(pipeline):
     pipeline = bounded(pipeline, pool_size=1)
     messages = [event("slow_db", event_id=f"evt_{n}") for n in range(4)]  # 0.2 s each on the one connection
@@ -274,8 +295,6 @@ async def test_a_wait_for_a_pooled_connection_does_not_eat_the_lock(pipeline):
     assert pipeline.failures.delayed == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: every run holds a pooled connection from its lease to its "
-                   "completion, so slow handlers run one pool's worth at a time")
 async def test_handlers_that_do_not_use_ctx_db_run_all_at_once_on_a_small_pool(pipeline):
     pipeline = bounded(pipeline, pool_size=1)
     messages = [event("slow", event_id=f"evt_{n}") for n in range(20)]
@@ -285,8 +304,6 @@ async def test_handlers_that_do_not_use_ctx_db_run_all_at_once_on_a_small_pool(p
     assert set(pipeline.completions.completions) == {m.key for m in messages}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: a batch waits for a pooled connection with its claims' "
-                   "validity running; its events end LockLost and are deferred")
 async def test_a_batch_that_waits_for_a_pooled_connection_keeps_its_locks(pipeline):
     pipeline = bounded(pipeline, pool_size=1)
     batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
