@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run migrate test test-fast lint docs bench chaos chaos-cluster clean
+.PHONY: install run migrate test test-fast lint docs bench chaos chaos-cluster simulate clean
 
 install: $(STAMP)
 
@@ -49,6 +49,11 @@ chaos: install  ## a seeded fault run: kills, cuts, flushes, prunes; checks ever
 
 chaos-cluster: install  ## three private RabbitMQ nodes: one SIGKILLed, another restarted under traffic (about 2 minutes)
 	$(BIN)/python -m tests.chaos.cluster $(CHAOS_ARGS)
+
+# SEED=N is the first seed, STEPS=N the loop steps to spend; SIM_ARGS passes more
+# options (python -m tests.sim --help: --strict-attempts, --faults, --replay FILE).
+simulate: install  ## the deterministic simulation of the claim path: real worker code, simulated services and clock; a failure prints its seed and a shrunk trace
+	$(BIN)/python -m tests.sim $(if $(SEED),--seed $(SEED)) $(if $(STEPS),--steps $(STEPS)) $(SIM_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache build *.egg-info

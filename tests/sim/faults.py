@@ -1,0 +1,78 @@
+"""The plan's faults, applied at their time, and which are on now.
+
+Windows in virtual time that the fakes consult on every call: Postgres
+stalled for one process (a partition, a stalled VM's network) or for all,
+Postgres down, Postgres failing some statements; a Redis master down
+(timing out or refusing), losing its data, every master flushed, one key
+forgotten; a process's broker connection dropping (its channels reopen
+after a while) or a memory alarm blocking every publish; a process killed
+(SIGKILL: its tasks cancelled, its calls raising `Killed`) or stopped
+(SIGTERM: `Worker.stop()`, the grace period, then the exit), each
+restarted after a while.
+"""
+
+from dataclasses import dataclass, field
+
+from tests.sim.plan import Step
+
+
+@dataclass
+class Faults:
+    sim: object
+    pg_stalls: dict[int, float] = field(default_factory=dict)  # slot (-1: every one) -> until
+    pg_down_until: float = 0.0
+    pg_flaky_until: float = 0.0
+    pg_flaky_share: float = 0.0
+
+    def _now(self) -> float:
+        return self.sim.loop.time()  # type: ignore[attr-defined]
+
+    def pg_stalled_until(self, slot: int | None) -> float | None:
+        now = self._now()
+        until = max(self.pg_stalls.get(-1, 0.0), self.pg_stalls.get(slot, 0.0) if slot is not None else 0.0)
+        return until if until > now else None
+
+    def pg_fails(self) -> bool:
+        now = self._now()
+        if now < self.pg_down_until:
+            return True
+        return now < self.pg_flaky_until and self.sim.rng.random() < self.pg_flaky_share / 2  # type: ignore[attr-defined]
+
+
+def apply(sim, step: Step) -> None:
+    """Starts the fault `step` now."""
+    now, faults = sim.loop.time(), sim.faults
+    match step.kind:
+        case "kill":
+            sim.kill(step.target, restart_after=step.detail)
+        case "stop":
+            sim.stop(step.target, restart_after=step.detail)
+        case "pg_stall":
+            target = int(step.detail)
+            faults.pg_stalls[target] = max(faults.pg_stalls.get(target, 0.0), now + step.duration)
+        case "pg_down":
+            faults.pg_down_until = max(faults.pg_down_until, now + step.duration)
+        case "pg_flaky":
+            faults.pg_flaky_until, faults.pg_flaky_share = now + step.duration, step.detail
+        case "redis_down":
+            master = sim.masters[step.target]
+            master.down_until, master.refuses = now + step.duration, sim.rng.random() < 0.5
+        case "redis_lost":
+            sim.masters[step.target].data.clear()
+        case "redis_flush":
+            for master in sim.masters:
+                master.data.clear()
+        case "redis_expire":
+            held = sorted({key for master in sim.masters for key in master.data})
+            if held:
+                forgotten = sim.rng.choice(held)
+                for master in sim.masters:
+                    master.data.pop(forgotten, None)
+        case "amqp_drop":
+            process = sim.in_slot(step.target)
+            if process is not None:
+                process.connection.drop(max(step.duration, 0.05))
+        case "amqp_alarm":
+            sim.broker.alarm_until = max(sim.broker.alarm_until, now + step.duration)
+        case _:
+            raise ValueError(step.kind)

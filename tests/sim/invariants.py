@@ -1,0 +1,100 @@
+"""What must hold at every step of a run (issue 26, item 3), checked as it happens.
+
+- **No accepted event lost**: when the broker lets go of the last message
+  that carries an event (key and payload), the event is settled — its
+  key completed with that payload, or its payload recorded as a conflict,
+  or an open dead letter, or discarded by an operator. At the end, every
+  accepted event is settled and nothing waits (`Simulation.finish`).
+- **Effects once**: a key's committed `ctx.db` effects number at most one
+  per epoch (an epoch ends when `prune` or a discard forgets the key, after
+  which a copy runs again by design).
+- **Never two runs of one key at once**: a handler run starts while no
+  other run of its key is in progress (a killed process's runs end with it).
+- **One run per attempt**: an attempt (key, payload, chain, attempt) runs
+  at most once per epoch — checked in runs without faults, where it must
+  hold; with faults only on request (`strict_attempts`), since attempts
+  are at least once by design (docs/design.md, "One next attempt per
+  failed attempt": findings B4 and B6). A batchable handler may run twice:
+  once in a batch that rolled back (another event's failure, a refused
+  completion) and once alone, by design (`workers/batch.py`).
+- **Every message acked exactly once**: the broker refuses an ack for a
+  delivery it does not hold (a second ack, or a `multiple` ack that
+  covered a delivery still being worked on), as RabbitMQ does by closing
+  the channel.
+"""
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    key: str
+    detail: str
+    at: float
+    known: str = ""  # a finding already on record (`tests.sim.known`), which a run reports but does not fail on
+
+
+@dataclass
+class Run:
+    process: str
+    attempt: tuple
+    started: float
+
+
+@dataclass
+class Ledger:
+    strict_attempts: bool
+    faulty: bool  # the plan injects faults
+    accepted: set[tuple[str, str]] = field(default_factory=set)
+    discarded: set[tuple[str, str]] = field(default_factory=set)
+    ever_completed: set[tuple[str, str]] = field(default_factory=set)  # kept across prune
+    epochs: Counter = field(default_factory=Counter)
+    active: dict[str, list[Run]] = field(default_factory=lambda: defaultdict(list))
+    runs: Counter = field(default_factory=Counter)
+    effects_per_epoch: Counter = field(default_factory=Counter)
+    violations: list[Violation] = field(default_factory=list)
+
+    def violate(self, kind: str, key: str, detail: str, at: float, known: str = "") -> None:
+        self.violations.append(Violation(kind, key, detail, at, known))
+
+    # -- handler runs ----------------------------------------------------------
+
+    def run_started(self, process: str, key: str, attempt: tuple, at: float, allowed: int = 1,
+                    known: str = "") -> Run:
+        for other in self.active[key]:
+            self.violate("overlap", key, f"{process} starts {attempt} while {other.process} runs {other.attempt} "
+                                         f"(since {other.started:.3f})", at)
+        run = Run(process, attempt, at)
+        self.active[key].append(run)
+        counted = (key, *attempt, self.epochs[key])
+        self.runs[counted] += 1
+        if self.runs[counted] > allowed and (self.strict_attempts or not self.faulty):
+            why = "with faults (strict)" if self.faulty else "with no fault injected"
+            self.violate("rerun", key, f"attempt {attempt} runs for the {self.runs[counted]}th time {why}, "
+                                       f"on {process}", at, known)
+        return run
+
+    def run_ended(self, key: str, run: Run) -> None:
+        if run in self.active[key]:
+            self.active[key].remove(run)
+
+    def process_died(self, process: str) -> None:
+        for runs in self.active.values():
+            runs[:] = [run for run in runs if run.process != process]
+
+    # -- effects and settlement ------------------------------------------------
+
+    def effects_committed(self, key: str, count: int, at: float) -> None:
+        if count > 1:
+            self.violate("effect-twice", key, f"{count} effects committed in epoch {self.epochs[key]}", at)
+
+    def forgotten(self, key: str) -> None:
+        """prune or a discard forgot the key: a copy may run again (a new epoch)."""
+        self.epochs[key] += 1
+
+    def check_settled(self, key: str, sha: str, carriers: int, settled: bool, at: float, why: str) -> None:
+        if (key, sha) in self.accepted and carriers == 0 and not settled:
+            self.violate("lost", key, f"{why}: no message carries payload {sha[:8]} any more, and it is neither "
+                                      "completed, a conflict, a dead letter nor discarded", at)

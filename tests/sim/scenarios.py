@@ -1,0 +1,55 @@
+"""Hand-written plans for what the simulator must find (issue 26, item 5):
+each reproduces a known finding whatever the seed's latencies, so a test
+built on one does not drift with the scheduling the way a drawn seed can.
+
+- `issue20`: 300 events queued while no worker runs (a backlog), two
+  workers at `run`'s defaults (256 in flight), handlers of ~300 ms that
+  call the outside world (`forward`) or write through ctx.db, no fault of
+  any kind. Before the fix of issue 20 (2c5879a): runs end LockLost and run
+  again, and deferrals acked as their own leader's copies are lost.
+- `b4`: finding B4 — a worker stopped (SIGTERM) while its failed attempt's
+  retry waits for a blocked broker's confirm (a memory alarm): its grace
+  ends, the wait is cancelled, the message comes back and the attempt runs
+  again. Attempts are at least once by design: only the strict invariant
+  ("each attempt runs at most once") calls it a violation.
+- `b6`: finding B6 — a worker cut from Postgres after its failed attempt's
+  retry was confirmed cannot record the attempt handed on nor keep its
+  lease; a copy of the event on another worker runs the attempt again.
+"""
+
+from tests.sim.plan import Config, Plan, Send, Step
+
+
+def issue20(seed: int = 20, source: str = "ext") -> Plan:
+    sends = [Send(0.0, event, source) for event in range(300)]
+    return Plan(seed=seed, config=Config(workers=2, concurrency=256), sends=sends, mix="slow")
+
+
+def b4(seed: int = 4) -> Plan:
+    config = Config(workers=1, concurrency=1, grace_seconds=2.0, max_attempts=3, retry_delays=(0.5,))
+    return Plan(seed=seed, config=config, sends=[Send(0.0, 0, "ext")], scripted={"0": [0.3, "retry"]},
+                steps=[Step("amqp_alarm", 0.1, 20.0), Step("stop", 0.5, 0.0, 0, 0.5)])
+
+
+def b6(seed: int = 6) -> Plan:
+    """Two events, one on each worker (one in flight each); worker 0's
+    Postgres stalls before they fail; their copies then reach worker 1
+    alone, as worker 0's window is full with its unacked message."""
+    config = Config(workers=2, concurrency=1, max_attempts=2, retry_delays=(8.0,))
+    sends = [Send(0.0, event, "ext") for event in (0, 1)] + [Send(6.0, event, "ext") for event in (0, 1)]
+    return Plan(seed=seed, config=config, sends=sends, scripted={"0": [2.0, "retry"], "1": [2.0, "retry"]},
+                steps=[Step("pg_stall", 1.5, 10.0, 0, 0)])
+
+
+def two_payloads(seed: int = 2) -> Plan:
+    """Found by the simulator (seed 2002, no fault): two payloads under one
+    key, each failing its first attempt for good, then a copy of the second.
+    The key's attempt record holds one payload and only moves forward, so
+    the second payload's attempt 1 is never recorded handed on: its copy
+    runs attempt 1 again although its dead letter is open."""
+    config = Config(workers=1, concurrency=4, max_attempts=1)
+    sends = [Send(0.0, 0, "ext"), Send(0.05, 0, "ext", variant=1), Send(0.5, 0, "ext", variant=1)]
+    return Plan(seed=seed, config=config, sends=sends, scripted={"0": [0.01, "permanent"]})
+
+
+SCENARIOS = {"issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads}
