@@ -3,14 +3,18 @@ interleaving, a short run of drawn seeds finds nothing, and the known
 findings are found (issue 26). No services: each run is milliseconds to a
 second of CPU on the simulated ones. `make simulate` is the long run."""
 
+import json
+from pathlib import Path
+
 import pytest
 
-from tests.sim.plan import draw
+from tests.sim.plan import Plan, draw
 from tests.sim.report import describe, trace_digest
 from tests.sim.scenarios import b4, b6, issue20, two_payloads
 from tests.sim.simulation import Simulation
 
 SHORT_RUN_STEPS = 250_000  # about 5 s here; `make simulate` runs millions
+FOUND = sorted((Path(__file__).parent / "found").glob("*.json"))  # shrunk plans that once failed
 
 
 def test_a_seed_replays_the_same_interleaving():
@@ -35,6 +39,13 @@ def test_slow_handlers_at_the_run_defaults_lose_nothing_and_run_once(source):
     result = Simulation(issue20(source=source)).run()
     assert not result.failed, describe(result)
     assert result.stats["runs"] == result.stats["completed"] == 300
+
+
+@pytest.mark.parametrize("path", FOUND, ids=lambda path: path.stem)
+def test_a_plan_the_simulator_once_failed_passes(path):
+    """Each file says what it found, and on which commit (its "note")."""
+    result = Simulation(Plan.from_json(json.loads(path.read_text()))).run()
+    assert not result.failed, describe(result)
 
 
 @pytest.mark.xfail(strict=True, reason=(
