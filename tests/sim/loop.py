@@ -68,7 +68,10 @@ class SimLoop(asyncio.BaseEventLoop):
         return task
 
     def call_soon(self, callback, *args, context=None):
-        return self._number(super().call_soon(callback, *args, context=context))
+        handle = super().call_soon(callback, *args, context=context)
+        if not isinstance(getattr(callback, "__self__", None), asyncio.Task):  # else ordered by its task
+            self._number(handle)
+        return handle
 
     def call_at(self, when, callback, *args, context=None):
         return self._number(super().call_at(when, callback, *args, context=context))

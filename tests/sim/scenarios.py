@@ -15,6 +15,8 @@ built on one does not drift with the scheduling the way a drawn seed can.
 - `b6`: finding B6 — a worker cut from Postgres after its failed attempt's
   retry was confirmed cannot record the attempt handed on nor keep its
   lease; a copy of the event on another worker runs the attempt again.
+- `two_payloads`: finding F1, the simulator's own (`tests/sim/known.py`).
+- `redis_forgets`: a run refused for its Redis lock alone (strict only).
 """
 
 from tests.sim.plan import Config, Plan, Send, Step
@@ -52,4 +54,15 @@ def two_payloads(seed: int = 2) -> Plan:
     return Plan(seed=seed, config=config, sends=sends, scripted={"0": [0.01, "permanent"]})
 
 
-SCENARIOS = {"issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads}
+def redis_forgets(seed: int = 54) -> Plan:
+    """Shrunk from seed 54 (--strict-attempts): one Redis flush while a
+    2.4 s handler that calls the outside world runs. Its Redis lock cannot
+    be renewed and counts as lost; the run is refused at its end although
+    its Postgres lease — the exclusion that holds whatever Redis forgets —
+    was kept throughout, and the handler runs again: one fault, two
+    external calls (docs/design.md, "A lock that cannot be kept")."""
+    return Plan(seed=seed, config=Config(workers=1), sends=[Send(0.0, 0, "ext")], scripted={"0": [2.4, None]},
+                steps=[Step("redis_flush", 0.25, 0.0)])
+
+
+SCENARIOS = {"issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads, "redis_forgets": redis_forgets}

@@ -16,7 +16,6 @@ that every accepted event is settled. A run that does not go quiet within
 
 import asyncio
 import contextvars
-import gc
 import random
 import sys
 import time
@@ -173,7 +172,6 @@ class Simulation:
         except Stuck:
             pass
         self.loop.close()
-        gc.collect()
 
     # -- processes ---------------------------------------------------------------
 
