@@ -8,7 +8,9 @@ forgotten; a process's broker connection dropping (its channels reopen
 after a while) or a memory alarm blocking every publish; a process killed
 (SIGKILL: its tasks cancelled, its calls raising `Killed`) or stopped
 (SIGTERM: `Worker.stop()`, the grace period, then the exit), each
-restarted after a while.
+restarted after a while; a `crash` is a kill at the process's Nth await
+point after the step's time (`tests.sim.network`), any point as likely as
+another.
 """
 
 from dataclasses import dataclass, field
@@ -45,6 +47,11 @@ def apply(sim, step: Step) -> None:
     match step.kind:
         case "kill":
             sim.kill(step.target, restart_after=step.detail)
+        case "crash":  # killed at its Nth await point from now
+            process = sim.in_slot(step.target)
+            if process is not None:
+                sim.net.arm(process.name, max(int(step.duration), 1),
+                            lambda: sim.kill(step.target, restart_after=step.detail))
         case "stop":
             sim.stop(step.target, restart_after=step.detail)
         case "pg_stall":

@@ -17,7 +17,7 @@ from typing import Any
 
 SOURCES = ("ext", "db", "inbox")  # a handler that calls the outside world, one that writes through ctx.db, a batchable one
 CONCURRENCIES = (1, 4, 16, 64, 256, 256, 256)  # per worker; 256 is `run`'s default
-FAULT_KINDS = ("kill", "stop", "pg_stall", "pg_down", "pg_flaky", "redis_down", "redis_lost", "redis_flush",
+FAULT_KINDS = ("kill", "crash", "stop", "pg_stall", "pg_down", "pg_flaky", "redis_down", "redis_lost", "redis_flush",
                "redis_expire", "amqp_drop", "amqp_alarm")
 ACTION_KINDS = ("replay", "discard", "prune")
 
@@ -78,7 +78,8 @@ class Plan:
     @property
     def horizon(self) -> float:
         """When the last planned thing happens (faults end by then too)."""
-        ends = [send.at for send in self.sends] + [step.at + step.duration for step in self.steps]
+        ends = [send.at for send in self.sends] + [step.at + (step.duration if step.kind != "crash" else 0.0)
+                                                   for step in self.steps]
         return max(ends, default=0.0)
 
     def to_json(self) -> dict[str, Any]:
@@ -176,8 +177,10 @@ def _fault(rng: random.Random, config: Config, span: float) -> Step:
     at = round(rng.uniform(0, span), 4)
     duration = round(rng.choice((0.2, 1.0, 4.0, 10.0)) * rng.random(), 4)
     target = rng.randrange(config.redis_masters if kind.startswith("redis") else config.workers)
-    detail = {"kill": rng.choice((0.5, 5.0)), "stop": rng.choice((0.5, 5.0)), "pg_flaky": rng.choice((0.05, 0.3)),
-              "pg_stall": rng.choice((-1, target))}.get(kind, 0.0)  # pg_stall: -1 stalls every worker
+    if kind == "crash":  # at the Nth await point: the duration counts points, not seconds
+        duration = float(rng.randint(1, 400))
+    detail = {"kill": rng.choice((0.5, 5.0)), "crash": rng.choice((0.5, 5.0)), "stop": rng.choice((0.5, 5.0)),
+              "pg_flaky": rng.choice((0.05, 0.3)), "pg_stall": rng.choice((-1, target))}.get(kind, 0.0)  # -1: every worker
     return Step(kind, at, duration, target, detail)
 
 

@@ -155,6 +155,7 @@ class Simulation:
         return all(not p.worker._in_flight and not p.worker._pending for p in self.live())
 
     async def _stop_everything(self) -> None:
+        self.net.disarm()  # a crash still armed must not strike the shutdown that ends the run
         for process in self.live():
             process.worker.stop()
         tasks = [p.task for p in self.live() if p.task is not None]
