@@ -323,8 +323,9 @@ class Client:
 
         async def call(*args, **kwargs):
             session = next((a for a in (*args, *kwargs.values()) if isinstance(a, in_memory.Session)), None)
-            if session is not None:
-                return await self._server.statement(name, lambda: method(*args, **kwargs), args, session, None)
+            if session is not None:  # its own limit if it has one (a lease), else the lease timer's
+                return await self._server.statement(name, lambda: method(*args, **kwargs), args, session,
+                                                    TIMEOUTS.get(name))
             return await self._pooled(name, lambda: method(*args, **kwargs), args)
 
         return call
