@@ -20,7 +20,7 @@ run: install  ## migrate, then the ingress on :8080 and 2 workers (Ctrl-C stops)
 migrate: install
 	$(BIN)/webhook-ingest migrate
 
-test: install lint  ## lint, then the whole suite against the local RabbitMQ, Redis and Postgres
+test: install lint  ## lint, then the whole suite against the local Redis and Postgres and a private RabbitMQ node
 	$(BIN)/pytest -q
 
 test-fast: install  ## pure-logic tests only, no services

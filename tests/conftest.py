@@ -1,5 +1,7 @@
 """Fixtures over the real services: every test gets its own namespace
 (queues, Redis keys) and its own database, cloned from a migrated template.
+RabbitMQ is the suite's own private node (tests/support/broker.py), never
+the machine's shared broker.
 """
 
 import asyncio
@@ -18,10 +20,10 @@ import redis.asyncio as redis
 
 from webhook_ingest.migrate import migrate
 from webhook_ingest.shared.settings import Settings
+from tests.support import broker
 from tests.support.processes import Fleet
 
 SERVER_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 RUN_ID = uuid.uuid4().hex[:8]
 TEMPLATE_DB = f"wi_template_{RUN_ID}"
@@ -40,9 +42,24 @@ async def _admin(sql: str) -> None:
         await connection.close()
 
 
-def _broker_answers(url: str = AMQP_URL, timeout: float = 10) -> bool:
-    """The AMQP handshake, not just the port (as .ci/run checks it)."""
-    parsed = urllib.parse.urlsplit(url)
+NO_BROKER_NEEDED = ("tests/unit", "tests/sim")
+WEDGED_MARKER = os.path.join("build", "test-broker-wedged")
+
+
+def pytest_configure(config):
+    """The private broker, unless every test asked for needs none (`make test-fast`)."""
+    paths = [os.path.relpath(str(arg).split("::")[0]) for arg in config.args] or ["tests"]
+    if not all(path.startswith(NO_BROKER_NEEDED) for path in paths):
+        broker.start()
+
+
+def pytest_unconfigure(config):
+    broker.stop()
+
+
+def _broker_answers(timeout: float = 10) -> bool:
+    """The AMQP handshake, not just the port."""
+    parsed = urllib.parse.urlsplit(broker.amqp_url())
     try:
         with socket.create_connection((parsed.hostname, parsed.port or 5672), timeout=timeout) as sock:
             sock.sendall(b"AMQP\x00\x00\x09\x01")
@@ -54,11 +71,18 @@ def _broker_answers(url: str = AMQP_URL, timeout: float = 10) -> bool:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     # A RabbitMQ node that wedges mid-run (seen here: it accepts TCP and never
-    # answers) would let every later test wait out its timeout: stop the run
-    # at the first failure it explains, and say so.
+    # answers) would let every later test wait out its timeout. The node is
+    # the suite's own: restart it empty, say so, and leave a marker, on
+    # which .ci/run runs the suite once more (the failed test failed for it).
     report = (yield).get_result()
-    if report.failed and not _broker_answers():
-        item.session.shouldstop = "RabbitMQ stopped answering (TCP accepted, no AMQP handshake): run stopped"
+    if report.failed and broker.started() and not _broker_answers():
+        if not broker.restart():
+            item.session.shouldstop = "RabbitMQ stopped answering (TCP accepted, no AMQP handshake): run stopped"
+            return
+        os.makedirs(os.path.dirname(WEDGED_MARKER), exist_ok=True)
+        with open(WEDGED_MARKER, "w") as marker:
+            marker.write(item.nodeid + "\n")
+        print(f"\n::warning:: the suite's RabbitMQ node stopped answering during {item.nodeid}: restarted it empty")
 
 
 class _Clones:
@@ -187,11 +211,12 @@ QUEUE_DELETER = _QueueDeleter()
 def broker_cleanup():
     yield
     QUEUE_DELETER.join()
-    asyncio.run(_delete_queues((NAMESPACE_PREFIX,)))
+    if broker.started():
+        asyncio.run(_delete_queues((NAMESPACE_PREFIX,)))
 
 
 def pytest_runtest_logfinish(nodeid, location):
-    if len(FINISHED_NAMESPACES) >= DELETE_EVERY and not QUEUE_DELETER.busy():
+    if len(FINISHED_NAMESPACES) >= DELETE_EVERY and not QUEUE_DELETER.busy() and broker.started():
         QUEUE_DELETER.join()  # the previous deletion's error, if any
         prefixes = tuple(FINISHED_NAMESPACES)
         FINISHED_NAMESPACES.clear()
@@ -200,12 +225,12 @@ def pytest_runtest_logfinish(nodeid, location):
 
 async def _delete_queues(prefixes: tuple[str, ...]) -> None:
     listing = subprocess.run(
-        ["rabbitmqctl", "-q", "list_queues", "name"], capture_output=True, text=True, timeout=60
+        [*broker.ctl_command(), "-q", "list_queues", "name"], capture_output=True, text=True, timeout=60
     )
     names = [line.strip() for line in listing.stdout.splitlines() if line.strip().startswith(prefixes)]
     if not names:
         return
-    connection = await aio_pika.connect(AMQP_URL)
+    connection = await aio_pika.connect(broker.amqp_url())
     async with connection:
         for name in names:
             channel = await connection.channel()
@@ -247,7 +272,7 @@ async def redis_cleanup(namespace):
 def service_env(namespace, database, redis_cleanup) -> dict[str, str]:
     """Environment for a process (or Settings) of this test's deployment."""
     return {
-        "AMQP_URL": AMQP_URL,
+        "AMQP_URL": broker.amqp_url(),
         "REDIS_URLS": REDIS_URL,
         "DATABASE_URL": database,
         "WEBHOOK_INGEST_NAMESPACE": namespace,

@@ -26,6 +26,7 @@ from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import Actor, record_dead_letter
+from tests.support.broker import amqp_port
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.adversary_handlers"
@@ -298,7 +299,7 @@ async def test_a_blocked_broker_does_not_multiply_an_events_attempts(settings, f
     sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:failing_external",
                             database_url=settings.database_url, seconds=1)
     event = make_event("acme", "evt_blocked_broker")
-    with TcpProxy("127.0.0.1", 5672) as broker:
+    with TcpProxy("127.0.0.1", amqp_port()) as broker:
         worker = fleet.worker("--concurrency", "1", env={
             "WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)})
         await wait_for_output(worker, "worker_consuming")

@@ -20,6 +20,7 @@ from tests.support.exactly_once import recorded_runs, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.redis_keys import DONE_PREFIX, key_prefix
+from tests.support.broker import amqp_port
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 ADVERSARY = "tests.support.adversary_handlers"
@@ -221,7 +222,7 @@ async def test_a_shutdown_while_a_retry_waits_for_its_confirm_does_not_run_the_a
     sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:failing_external",
                             database_url=settings.database_url, seconds=1)
     event = make_event("acme", "evt_shutdown_while_blocked")
-    with TcpProxy("127.0.0.1", 5672) as broker:
+    with TcpProxy("127.0.0.1", amqp_port()) as broker:
         leaving = fleet.worker("--concurrency", "1", "--grace-seconds", "7", env={
             "WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)})
         await wait_for_output(leaving, "worker_consuming")
@@ -284,7 +285,7 @@ async def test_a_copy_of_an_attempt_whose_retry_waits_for_a_blocked_broker_does_
     sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:failing_external",
                             database_url=settings.database_url, seconds=0.5)
     event = make_event("acme", "evt_copy_while_blocked")
-    with TcpProxy("127.0.0.1", 5672) as broker:
+    with TcpProxy("127.0.0.1", amqp_port()) as broker:
         blocked = fleet.worker("--concurrency", "1", env={
             "WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)})
         await wait_for_output(blocked, "worker_consuming")

@@ -12,6 +12,7 @@ from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import assert_each_once, effects_by_key, until_completed
 from tests.support.processes import count_rows, wait_until
 from tests.support.tcpproxy import TcpProxy
+from tests.support.broker import amqp_port
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.handlers"
@@ -82,7 +83,7 @@ async def test_a_connection_cut_while_acking_batches_then_new_delivery_tags_on_a
     env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", settings.database_url)}
     held = make_event("held", "evt_held")
     events = [make_event("acme", f"evt_{n}") for n in range(3000)]
-    with TcpProxy("127.0.0.1", 5672) as broker:
+    with TcpProxy("127.0.0.1", amqp_port()) as broker:
         worker = fleet.worker("--concurrency", "64", env={**env, "AMQP_URL": broker.url_for(settings.amqp_url)})
         await publish_events(settings.amqp_url, settings.namespace, [held, *events])
         await until_completed(settings.database_url, 500)

@@ -20,6 +20,7 @@ from tests.support.events import make_event, queue_depth
 from tests.support.exactly_once import SECRET, assert_each_once, metered_worker, until_completed, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
+from tests.support.broker import amqp_port
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 
@@ -28,7 +29,7 @@ HANDLER = "tests.support.handlers:counted_inbox"
 
 @pytest.fixture
 def broker_proxy(settings):
-    with TcpProxy("127.0.0.1", 5672) as proxy:
+    with TcpProxy("127.0.0.1", amqp_port()) as proxy:
         yield proxy
 
 

@@ -24,6 +24,7 @@ from webhook_ingest.migrate import migrate
 from tests.bench.handler import EFFECTS_TABLE
 from tests.support.processes import Fleet, Process, wait_for_output
 from tests.support.tcpproxy import free_port
+from tests.support.broker import ctl_command
 
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -132,7 +133,7 @@ class Deployment:
 
 async def _delete_queues(amqp_url: str, namespace: str) -> None:
     listing = await asyncio.create_subprocess_exec(
-        "rabbitmqctl", "-q", "list_queues", "name", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        *ctl_command(), "-q", "list_queues", "name", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     output = (await listing.communicate())[0].decode()
     names = [line.strip() for line in output.splitlines() if line.strip().startswith(f"{namespace}.")]
     connection = await aio_pika.connect(amqp_url)

@@ -34,6 +34,7 @@ from tests.chaos.plan import MAX_ATTEMPTS, RETRY_DELAYS, Fault
 from tests.support.processes import ROOT, Fleet, Process, wait_for_output
 from tests.support.redis_server import RedisServer
 from tests.support.tcpproxy import TcpProxy, free_port
+from tests.support.broker import ctl_command
 
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 SERVER_URL = os.environ.get("CHAOS_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -220,7 +221,7 @@ async def namespace_queues(amqp_url: str, namespace: str, events_only: bool = Fa
     broker); `events_only`: not the ingress's probe queue, which keeps one
     message of its own by design."""
     listing = await asyncio.create_subprocess_exec(
-        "rabbitmqctl", "-q", "list_queues", "name", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        *ctl_command(), "-q", "list_queues", "name", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     output = (await listing.communicate())[0].decode()
     names = sorted(line.strip() for line in output.splitlines() if line.strip().startswith(f"{namespace}."))
     return [name for name in names if not (events_only and name == probe_queue(namespace))]

@@ -9,13 +9,14 @@ import contextlib
 import aio_pika
 
 from webhook_ingest.ingress.publisher import probe_queue
+from tests.support.broker import ctl_command
 
 
 async def held_by_rabbitmqctl(namespace: str) -> dict[str, int] | None:
     """Ready + unacked per queue of the namespace; None when rabbitmqctl is unavailable."""
     try:
         listing = await asyncio.create_subprocess_exec(
-            "rabbitmqctl", "-q", "list_queues", "name", "messages_ready", "messages_unacknowledged",
+            *ctl_command(), "-q", "list_queues", "name", "messages_ready", "messages_unacknowledged",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     except FileNotFoundError:
         return None

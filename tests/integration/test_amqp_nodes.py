@@ -10,13 +10,14 @@ import pytest
 from webhook_ingest.shared import amqp
 from tests.support.processes import wait_until
 from tests.support.tcpproxy import TcpProxy
+from tests.support.broker import amqp_port
 
 QUICK = "?reconnect_interval=0.2"
 
 
 @pytest.fixture
 def two_nodes(settings):
-    with TcpProxy("127.0.0.1", 5672) as first, TcpProxy("127.0.0.1", 5672) as second:
+    with TcpProxy("127.0.0.1", amqp_port()) as first, TcpProxy("127.0.0.1", amqp_port()) as second:
         yield first, second, ",".join(proxy.url_for(settings.amqp_url) + QUICK for proxy in (first, second))
 
 

@@ -12,6 +12,7 @@ from webhook_ingest.shared import topology
 from webhook_ingest.workers.retry import FailurePolicy
 from tests.support.events import make_event, queue_depth
 from tests.support.tcpproxy import TcpProxy
+from tests.support.broker import amqp_port
 
 GUARD_SECONDS = 60  # only so that a regression fails instead of hanging the suite
 
@@ -29,7 +30,7 @@ async def publish_outcome(channel, namespace: str) -> BaseException | None:
 
 @pytest.fixture
 async def proxied_channel(settings):
-    with TcpProxy("127.0.0.1", 5672) as proxy:
+    with TcpProxy("127.0.0.1", amqp_port()) as proxy:
         connection = await aio_pika.connect_robust(proxy.url_for(settings.amqp_url))
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await topology.declare_events_queue(channel, settings.namespace, settings.delivery_limit)
@@ -66,7 +67,7 @@ async def test_dlq_replay_against_a_broker_that_hangs_after_connecting_is_one_er
     """The replay command's channel and queue check waited for ever once connected."""
     from webhook_ingest import dlq
 
-    with TcpProxy("127.0.0.1", 5672) as proxy:
+    with TcpProxy("127.0.0.1", amqp_port()) as proxy:
         connect = dlq.amqp.connect
 
         async def connect_then_hang(*args, **kwargs):

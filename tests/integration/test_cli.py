@@ -17,6 +17,7 @@ from aiohttp import web
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES
 from tests.conftest import database_url
+from tests.support.broker import amqp_port
 from tests.support.processes import Process, wait_for_output
 from tests.support.tcpproxy import free_port
 
@@ -82,24 +83,24 @@ def test_run_names_each_unreachable_service_and_how_to_start_it(service_env):
 def test_run_tells_a_service_that_refuses_its_credentials_from_one_that_is_down(service_env):
     role_url = service_env["DATABASE_URL"].replace("//postgres@", "//no_such_role_xyz@")
     env = {**service_env, "DATABASE_URL": role_url, "REDIS_URLS": "redis://nobody:wrong@127.0.0.1:6379/0",
-           "AMQP_URL": "amqp://guest:wrong@127.0.0.1:5672/"}
+           "AMQP_URL": f"amqp://guest:wrong@127.0.0.1:{amqp_port()}/"}
     result = webhook_ingest("run", "--port", str(free_port()), env=env)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert [line.split(" refused ")[0] for line in lines] == [
         f"error: PostgreSQL at {role_url}", "error: Redis at redis://nobody:***@127.0.0.1:6379/0",
-        "error: RabbitMQ at amqp://guest:***@127.0.0.1:5672/"], lines
+        f"error: RabbitMQ at amqp://guest:***@127.0.0.1:{amqp_port()}/"], lines
     for line, variable in zip(lines, ("DATABASE_URL", "REDIS_URLS", "AMQP_URL")):
         assert "refused the credentials (" in line and f"check the user and password in {variable}" in line
         assert "start it" not in line
 
     env = {**service_env, "REDIS_URLS": "redis://127.0.0.1:6379/99",
-           "AMQP_URL": "amqp://guest:guest@127.0.0.1:5672/no_such_vhost_xyz"}
+           "AMQP_URL": f"amqp://guest:guest@127.0.0.1:{amqp_port()}/no_such_vhost_xyz"}
     result = webhook_ingest("run", "--port", str(free_port()), env=env)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     redis_line, rabbit_line = result.stderr.strip().splitlines()
     assert redis_line.startswith("error: Redis at redis://127.0.0.1:6379/99 has no database 99 (")
-    assert rabbit_line.startswith("error: RabbitMQ at amqp://guest:***@127.0.0.1:5672/no_such_vhost_xyz refused"
+    assert rabbit_line.startswith(f"error: RabbitMQ at amqp://guest:***@127.0.0.1:{amqp_port()}/no_such_vhost_xyz refused"
                                   " the virtual host 'no_such_vhost_xyz' (")
     assert "rabbitmqctl add_vhost no_such_vhost_xyz" in rabbit_line and "start it" not in rabbit_line
 

@@ -31,6 +31,7 @@ from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.poison import drain_poison_queue, stop_draining
 from webhook_ingest.workers.retry import FailurePolicy, describe_failure
 from webhook_ingest.workers.states import Outcome
+from tests.support.broker import amqp_port
 
 TOKEN = "s3cret-admin-token"
 
@@ -107,7 +108,7 @@ async def test_a_retry_is_confirmed_by_the_broker_before_fail_returns(settings):
     event = make_event("acme", "evt_1")
     pool = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=1)
     try:
-        with TcpProxy("127.0.0.1", 5672) as proxy:
+        with TcpProxy("127.0.0.1", amqp_port()) as proxy:
             connection = await aio_pika.connect_robust(proxy.url_for(settings.amqp_url))  # as the worker's
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             retry_queue = await topology.declare_retry_queue(channel, settings.namespace, 30)

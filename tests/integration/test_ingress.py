@@ -14,6 +14,7 @@ from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import wait_until
 from tests.support.signing import PROVIDER_SECRETS
 from tests.support.tcpproxy import TcpProxy
+from tests.support.broker import amqp_port
 
 SECRETS = PROVIDER_SECRETS
 ID_HEADERS = {"github": "X-GitHub-Delivery", "shopify": "X-Shopify-Webhook-Id", "hmac-sha256": "X-Event-ID"}
@@ -164,7 +165,7 @@ async def test_broker_and_postgres_unreachable_gives_503_and_stores_nothing(sett
 async def test_broker_outage_then_recovery_by_itself(settings, sources, monkeypatch):
     """Accepted into the outbox while the broker is cut, relayed once it is back."""
     first, second = body_for("hmac-sha256", "evt_1"), body_for("hmac-sha256", "evt_2")
-    with TcpProxy("127.0.0.1", 5672) as proxy:
+    with TcpProxy("127.0.0.1", amqp_port()) as proxy:
         monkeypatch.setenv("AMQP_URL", proxy.url_for(settings.amqp_url))
         proxied = type(settings)()
         async with running_ingress(proxied, sources) as client:
@@ -191,7 +192,7 @@ async def test_a_broker_that_stops_confirming_sends_events_to_the_outbox_until_i
         headers = signed("hmac-sha256", bodies[n], f"evt_{n}")
         return (await client.post("/webhooks/hmac_sha256", data=bodies[n], headers=headers)).status
 
-    with TcpProxy("127.0.0.1", 5672) as proxy:
+    with TcpProxy("127.0.0.1", amqp_port()) as proxy:
         monkeypatch.setenv("AMQP_URL", proxy.url_for(settings.amqp_url))
         async with running_ingress(type(settings)(), sources) as client:
             proxy.stall()

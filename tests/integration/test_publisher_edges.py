@@ -21,6 +21,7 @@ from tests.support.events import make_event
 from tests.support.ingress import queued_events
 from tests.support.processes import wait_until
 from tests.support.tcpproxy import TcpProxy
+from tests.support.broker import amqp_port
 
 
 class LaggingProxy(TcpProxy):
@@ -60,7 +61,7 @@ class _Late:
 
 @pytest.fixture
 async def lagging_publisher(settings):
-    with LaggingProxy("127.0.0.1", 5672) as proxy:
+    with LaggingProxy("127.0.0.1", amqp_port()) as proxy:
         publisher = Publisher(proxy.url_for(settings.amqp_url), settings.namespace, settings.delivery_limit)
         publisher.start()
         try:
@@ -151,7 +152,7 @@ async def tls_in_front_of_the_broker(tmp_path):
             writer.transport.abort()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", 5672)
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", amqp_port())
         writers.update((writer, upstream_writer))
         await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
 
