@@ -10,7 +10,8 @@ after a while) or a memory alarm blocking every publish; a process killed
 (SIGTERM: `Worker.stop()`, the grace period, then the exit), each
 restarted after a while; a `crash` is a kill at the process's Nth await
 point after the step's time (`tests.sim.network`), any point as likely as
-another.
+another; a process paused (a GC pause, a stopped VM) for a while, its
+callbacks frozen while the world goes on.
 """
 
 from dataclasses import dataclass, field
@@ -54,6 +55,10 @@ def apply(sim, step: Step) -> None:
                             lambda: sim.kill(step.target, restart_after=step.detail))
         case "stop":
             sim.stop(step.target, restart_after=step.detail)
+        case "pause":
+            process = sim.in_slot(step.target)
+            if process is not None:
+                sim.pause(process, step.duration)
         case "pg_stall":
             target = int(step.detail)
             faults.pg_stalls[target] = max(faults.pg_stalls.get(target, 0.0), now + step.duration)

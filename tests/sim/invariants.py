@@ -10,6 +10,8 @@
   which a copy runs again by design).
 - **Never two runs of one key at once**: a handler run starts while no
   other run of its key is in progress (a killed process's runs end with it).
+  Known, and so not failing a run: the other run's process was paused past
+  the lease's margin (docs/design.md, "Exclusion", names this limit).
 - **One run per attempt**: an attempt (key, payload, chain, attempt) runs
   at most once per epoch — checked in runs without faults, where it must
   hold; with faults only on request (`strict_attempts`), since attempts
@@ -62,10 +64,10 @@ class Ledger:
     # -- handler runs ----------------------------------------------------------
 
     def run_started(self, process: str, key: str, attempt: tuple, at: float, allowed: int = 1,
-                    known: str = "") -> Run:
+                    known: str = "", known_overlap=lambda other: "") -> Run:
         for other in self.active[key]:
             self.violate("overlap", key, f"{process} starts {attempt} while {other.process} runs {other.attempt} "
-                                         f"(since {other.started:.3f})", at)
+                                         f"(since {other.started:.3f})", at, known_overlap(other))
         run = Run(process, attempt, at)
         self.active[key].append(run)
         counted = (key, *attempt, self.epochs[key])

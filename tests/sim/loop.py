@@ -16,6 +16,10 @@ Each task also remembers which simulated process created it (the
 `PROCESS` context variable, inherited by every task a task creates), so
 that killing a process can cancel exactly its tasks.
 
+A process can be paused (a GC pause, a stopped VM): the callbacks that
+belong to it (by the `PROCESS` of their context) wait, frozen, until the
+pause ends, while the rest of the world and the clock go on.
+
 The order drawn must not depend on anything but the seed. Code under test
 iterates sets of tasks (`asyncio.wait`'s, a TaskGroup's), whose order is
 that of their memory addresses; so before it is shuffled, a batch is
@@ -53,6 +57,8 @@ class SimLoop(asyncio.BaseEventLoop):
         self.owners: weakref.WeakKeyDictionary[asyncio.Task, str] = weakref.WeakKeyDictionary()
         self._numbers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # task or handle -> creation number
         self._created = 0
+        self.paused: dict[str, float] = {}  # process -> until
+        self._frozen: dict[str, list] = {}
         self.errors: list[dict] = []  # what reached the loop's exception handler
         self.set_exception_handler(lambda loop, context: self.errors.append(context))
 
@@ -87,6 +93,27 @@ class SimLoop(asyncio.BaseEventLoop):
             return self._numbers[resumed]
         return self._numbers.get(handle, 0)
 
+    def pause(self, process: str, seconds: float) -> None:
+        until = max(self.paused.get(process, 0.0), self._now + seconds)
+        self.paused[process] = until
+        self.call_at(until, self._thaw, process, context=contextvars.Context())
+
+    def unpause(self, process: str) -> None:
+        self.paused.pop(process, None)
+        self._ready.extend(self._frozen.pop(process, []))
+
+    def _thaw(self, process: str) -> None:
+        if self.paused.get(process, float("inf")) <= self._now:
+            self.unpause(process)
+
+    def _frozen_now(self, handle) -> bool:
+        context = handle._context
+        process = context.get(PROCESS) if context is not None else None
+        if process is None or process not in self.paused:
+            return False
+        self._frozen.setdefault(process, []).append(handle)
+        return True
+
     def tasks_of(self, process: str) -> list[asyncio.Task]:
         return [task for task, owner in list(self.owners.items()) if owner == process and not task.done()]
 
@@ -112,8 +139,9 @@ class SimLoop(asyncio.BaseEventLoop):
         if self._shuffle and len(batch) > 1:
             batch.sort(key=self._order)
             self._rng.shuffle(batch)
+        paused = self.paused
         for handle in batch:
-            if handle._cancelled:
+            if handle._cancelled or (paused and self._frozen_now(handle)):
                 continue
             self.steps += 1
             handle._run()

@@ -65,4 +65,20 @@ def redis_forgets(seed: int = 54) -> Plan:
                 steps=[Step("redis_flush", 0.25, 0.0)])
 
 
-SCENARIOS = {"issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads, "redis_forgets": redis_forgets}
+def pause_within_margin(seed: int = 33, pause_at: float = 3.15) -> Plan:
+    """The lease's margin at work (docs/design.md, "Exclusion"): worker 1 is
+    stopped at first, so the event goes to worker 0; worker 0's Postgres
+    stalls under its 6 s handler, so its lease cannot be renewed and runs
+    out on the server 3 s after it was taken; worker 0 is then paused for
+    0.65 s (a GC pause) from just before that. Its keeper cancels the
+    handler a third of the lease earlier, before the pause, so when the
+    copy on worker 1 takes the lease the first run is over. Without the
+    margin the cancellation waits out the pause, and the two runs overlap."""
+    config = Config(workers=2, concurrency=1)
+    return Plan(seed=seed, config=config, sends=[Send(0.2, 0, "ext"), Send(1.0, 0, "ext")],
+                scripted={"0": [6.0, None]},
+                steps=[Step("stop", 0.0, 0.0, 1, 0.3), Step("pg_stall", 0.5, 10.0, 0, 0),
+                       Step("pause", pause_at, 0.65, 0)])
+
+
+SCENARIOS = {"pause_within_margin": pause_within_margin, "issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads, "redis_forgets": redis_forgets}

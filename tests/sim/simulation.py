@@ -103,6 +103,7 @@ class Simulation:
         self._restarts = 0
         self._starts = 0
         self._planned = len(plan.sends) + len(plan.steps)  # not happened yet
+        self.pauses: list[tuple[str, float, float]] = []  # process, from, seconds
 
     # -- running ----------------------------------------------------------------
 
@@ -224,6 +225,7 @@ class Simulation:
         if process is None or process.dead:
             return
         self.note("sim", "SIGKILL", None, process.name)
+        self.loop.unpause(process.name)  # its tasks must see their cancellation
         self._exit(process)
         for task in self.loop.tasks_of(process.name):
             task.cancel()
@@ -250,6 +252,20 @@ class Simulation:
             self.start(slot)
 
         self.loop.call_later(after, again)
+
+    def pause(self, process: Process, seconds: float) -> None:
+        self.note("sim", "paused", None, f"{process.name} for {seconds:.3f}s")
+        self.pauses.append((process.name, self.loop.time(), seconds))
+        self.loop.pause(process.name, seconds)
+
+    def _known_overlap(self, other) -> str:
+        """An overlap with a run whose process was paused past the lease's
+        margin since it started: the limit docs/design.md, "Exclusion", names."""
+        margin = self.plan.config.lock_ttl / 3
+        if any(name == other.process and at + seconds > other.started and seconds >= margin
+               for name, at, seconds in self.pauses):
+            return "pause past the margin"
+        return ""
 
     def connect(self) -> Connection:
         process = self.processes[PROCESS.get() or ""]
@@ -316,7 +332,8 @@ class Simulation:
         batchable = getattr(self.sources[event.source], "handler", "") == HANDLERS["inbox"]
         run = self.ledger.run_started(process, event.key, (sha[:8], replay_of, event.attempt), self.loop.time(),
                                       allowed=2 if batchable else 1,
-                                      known=known.rerun(self.server.store, event.key, sha, replay_of, event.attempt))
+                                      known=known.rerun(self.server.store, event.key, sha, replay_of, event.attempt),
+                                      known_overlap=self._known_overlap)
         self.note("handler", "start", event.key, f"attempt {event.attempt} chain {replay_of} for {does.seconds:.3f}s")
         try:
             if writes and does.writes_first:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.sim.plan import Plan, draw
 from tests.sim.report import describe, trace_digest
-from tests.sim.scenarios import b4, b6, issue20, two_payloads
+from tests.sim.scenarios import b4, b6, issue20, pause_within_margin, two_payloads
 from tests.sim.simulation import Simulation
 
 SHORT_RUN_STEPS = 250_000  # about 5 s here; `make simulate` runs millions
@@ -39,6 +39,14 @@ def test_slow_handlers_at_the_run_defaults_lose_nothing_and_run_once(source):
     result = Simulation(issue20(source=source)).run()
     assert not result.failed, describe(result)
     assert result.stats["runs"] == result.stats["completed"] == 300
+
+
+def test_a_pause_within_the_leases_margin_never_lets_two_runs_overlap():
+    """A holder cut from Postgres, then paused just before its lease runs
+    out: its handler was cancelled a third of the lease earlier. (With no
+    margin, SAFETY_MARGIN = 0, the two runs overlap here.)"""
+    result = Simulation(pause_within_margin()).run()
+    assert not result.violations, describe(result)
 
 
 @pytest.mark.parametrize("path", FOUND, ids=lambda path: path.stem)
