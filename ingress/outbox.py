@@ -8,7 +8,7 @@ format carries (receive time, provider headers, message id) survives the
 detour exactly as it survives the broker. The relay is in `relay.py`.
 
 Inserts made at the same time share one statement and one commit
-(`group_commit.py`): when the broker goes away, a whole process's traffic
+(`shared/group_commit.py`): when the broker goes away, a whole process's traffic
 turns to the outbox at once, and one commit per event would fall behind.
 """
 
@@ -17,7 +17,7 @@ import asyncio
 import asyncpg
 from pamqp import decode, encode
 
-from webhook_ingest.ingress.group_commit import GroupCommit
+from webhook_ingest.shared.group_commit import GroupCommit
 from webhook_ingest.shared.errors import ServiceUnavailable, describe
 from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp
 from webhook_ingest.shared.queries import load_queries
@@ -39,7 +39,7 @@ class Outbox:
     def __init__(self, pool: asyncpg.Pool):
         self.pool = pool
         self.stored = asyncio.Event()  # set on every insert here: wakes this process's relay
-        self._inserts: GroupCommit[Row] = GroupCommit(self._insert, WRITERS, MAX_BATCH)
+        self._inserts: GroupCommit[Row, None] = GroupCommit(self._insert, WRITERS, MAX_BATCH)
 
     async def store(self, event: EventMessage) -> None:
         """Returns once a committed insert holds the event; raises

@@ -1,4 +1,4 @@
-"""ingress/group_commit.py: items submitted while a write runs are written
+"""shared/group_commit.py: items submitted while a write runs are written
 together, each caller learns its own batch's outcome, and nothing waits
 for company."""
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from webhook_ingest.ingress.group_commit import GroupCommit
+from webhook_ingest.shared.group_commit import GroupCommit
 
 
 class Store:
@@ -91,3 +91,17 @@ async def test_a_caller_cancelled_while_waiting_does_not_stop_the_others(writers
     store.release.set()
     await asyncio.wait_for(staying, 5)
     assert gone.cancelled()
+
+
+async def test_each_caller_gets_its_own_answer_from_its_batch():
+    batches = []
+
+    async def write(items: list[int]) -> list[int]:
+        batches.append(items)
+        await asyncio.sleep(0.01)
+        return [item * 10 for item in items]
+
+    commit = GroupCommit(write, writers=1, max_batch=10)
+    answers = await asyncio.wait_for(asyncio.gather(*(commit.submit(n) for n in range(6))), 5)
+    assert answers == [0, 10, 20, 30, 40, 50]
+    assert batches == [[0, 1, 2, 3, 4, 5]]  # submitted in one iteration: one write
