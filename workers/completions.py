@@ -95,19 +95,19 @@ class CompletionStore:
         return {row["key"]: Lease(row["key"], row["token"], sent_at, HandedOn(row["replay_of"], row["attempt"], row["payload_sha256"]))
                 for row in rows}
 
-    async def extend_leases(self, leases: list[Lease], ttl_ms: int) -> bool:
-        """True when every lease was still ours and now runs `ttl_ms` longer."""
+    async def extend_leases(self, leases: list[Lease], ttl_ms: int) -> set[tuple[str, int]]:
+        """The (key, token) of `leases` still ours, now running `ttl_ms` longer
+        (one statement for a whole worker's renewals: workers/renewals.py)."""
         pool = self._renewals
         try:
             async with self._connection(pool, timeout=ttl_ms / 3000) as connection, \
                     closed_if_left_by(connection, TIMED_OUT):
-                extended = await connection.fetchval(SQL["extend_leases"], *_columns(leases), ttl_ms,
-                                                     timeout=ttl_ms / 3000)
+                rows = await connection.fetch(SQL["extend_leases"], *_columns(leases), ttl_ms, timeout=ttl_ms / 3000)
         except asyncpg.ReadOnlySQLTransactionError:  # a session opened before a failover: open new ones
             if isinstance(pool, asyncpg.Pool):
                 await pool.expire_connections()
             raise
-        return extended == len(leases)
+        return {(row["key"], row["token"]) for row in rows}
 
     async def release_leases(self, leases: list[Lease]) -> None:
         """Best effort: a lease not released runs out by itself."""

@@ -75,11 +75,12 @@ class IdempotencyStore:
         self._recovered()
         return Claim(ClaimState.BUSY)
 
-    async def extend(self, lock: Lock) -> Lock | None:
+    async def extend_many(self, locks: list[Lock]) -> list[Lock | None]:
+        """`extend` for many locks, pipelined."""
         try:
-            return await self.redlock.extend(lock)
+            return await self.redlock.extend_many(locks)
         except REDIS_ERRORS:
-            return None
+            return [None] * len(locks)
 
     async def complete(self, idempotency_key: str, payload_sha256: str) -> None:
         """Remember the completion; replaces our lock. Best effort: Postgres has it."""

@@ -44,6 +44,7 @@ from webhook_ingest.workers.handler_db import HandlerTransaction
 from webhook_ingest.workers.handlers import Event, HandlerContext, load_handlers
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore, quietly
 from webhook_ingest.workers.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
+from webhook_ingest.workers.renewals import LeaseRenewals, LockRenewals
 from webhook_ingest.workers.outage import found_in_chain, outage_kind
 from webhook_ingest.workers.redlock import Lock
 from webhook_ingest.workers.retry import FailurePolicy
@@ -86,6 +87,8 @@ class Processor:
         self._store = store
         self._completions = completions
         self._failures = failures
+        self._lock_renewals = LockRenewals(store)
+        self._lease_renewals = LeaseRenewals(completions, store.redlock.ttl_ms)
 
     def batchable(self, message: EventMessage) -> bool:
         """Whether the source's handler may share a transaction (`workers.batch`)."""
@@ -225,7 +228,7 @@ class Processor:
 
     def redis_keeper(self, lock: Lock) -> Keeper:
         async def renew() -> bool:
-            return await self._store.extend(lock) is not None
+            return await self._lock_renewals.extend(lock)
 
         return Keeper("redis", renew, self._store.redlock.ttl_ms / 1000, lock.valid_until)
 
@@ -233,7 +236,7 @@ class Processor:
         ttl_ms = self._store.redlock.ttl_ms
 
         async def renew() -> bool:
-            return await self._completions.extend_leases(leases, ttl_ms)
+            return await self._lease_renewals.extend(leases)
 
         # valid from before it was taken: the server's clock starts later than that
         taken_at = min(lease.sent_at for lease in leases)

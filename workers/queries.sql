@@ -27,14 +27,11 @@ RETURNING key, token, replay_of, attempt, payload_sha256
 
 -- name: extend_leases
 -- Our leases ($1 keys, $2 tokens) run $3 ms longer, if still ours and not
--- ended by a completion; returns how many.
-WITH extended AS (
-    UPDATE key_fences SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
-    FROM unnest($1::text[], $2::bigint[]) AS ours(key, token)
-    WHERE key_fences.key = ours.key AND key_fences.token = ours.token AND key_fences.lease_until IS NOT NULL
-    RETURNING 1
-)
-SELECT count(*) FROM extended
+-- ended by a completion; returns those extended.
+UPDATE key_fences SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
+FROM unnest($1::text[], $2::bigint[]) AS ours(key, token)
+WHERE key_fences.key = ours.key AND key_fences.token = ours.token AND key_fences.lease_until IS NOT NULL
+RETURNING key_fences.key, key_fences.token
 
 -- name: release_leases
 UPDATE key_fences SET lease_until = NULL

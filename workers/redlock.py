@@ -10,7 +10,8 @@ also carry the idempotency claim. The algorithm is ~100 lines:
   "lock:…"). The lock is ours when a majority (N//2+1) said yes within its
   validity: ttl minus the time acquiring took minus a clock drift allowance
   (1 % of ttl + 2 ms). Otherwise the masters we did win are released.
-- extend: a compare-and-pexpire script, while the handler runs.
+- extend: a compare-and-pexpire script, while the handler runs (a worker's
+  renewals of one moment pipelined together: workers/renewals.py).
 - release: a compare-and-delete script, so we never delete a lock that
   expired and was taken by someone else, nor a done marker.
 
@@ -109,6 +110,28 @@ class Redlock:
         if kept < self.quorum:
             return None
         return Lock(lock.key, lock.value, started + self.ttl_ms / 1000 - self._drift())
+
+    async def extend_many(self, locks: list[Lock]) -> list[Lock | None]:
+        """`extend` for many locks, in one pipelined round trip per master."""
+        started = time.monotonic()
+        per_master = await asyncio.gather(*(self._extend_pipeline(client, script, locks)
+                                            for client, script in zip(self.clients, self._extend)))
+        valid_until = started + self.ttl_ms / 1000 - self._drift()
+        extended: list[Lock | None] = []
+        for index, lock in enumerate(locks):
+            kept = sum(1 for master in per_master if master[index] == 1)
+            extended.append(Lock(lock.key, lock.value, valid_until) if kept >= self.quorum else None)
+        return extended
+
+    async def _extend_pipeline(self, client: redis.Redis, script, locks: list[Lock]) -> list:
+        """One reply per lock: 1 (extended), 0 (not ours any more), or the error."""
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                for lock in locks:
+                    await script(keys=[lock.key], args=[lock.value, self.ttl_ms], client=pipe)
+                return await pipe.execute(raise_on_error=False)
+        except REDIS_ERRORS as exc:
+            return [exc] * len(locks)
 
     async def release(self, lock: Lock) -> None:
         await self._on_all(self._release, lock.key, lock.value)

@@ -42,7 +42,7 @@ log = get_logger(__name__)
 MAX_TRANSACTIONS = 20  # handlers that use ctx.db at once (each holds a connection until its commit)
 STATEMENT_CONNECTIONS = 4  # leases, completion checks and rows, dead letters: one short statement each
 SERVER_KEEPALIVES = "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
-RENEWAL_CONNECTIONS = 2  # lease renewals: one statement each, every third of the lease
+RENEWAL_CONNECTIONS = 2  # lease renewals, many runs' in one statement (workers/renewals.py)
 PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
 UNKNOWN_SOURCE_RETRY = 5.0  # seconds between looks for a worker that knows the source
 UNKNOWN_SOURCE_PATIENCE = 600.0  # seconds since a worker first did not know it, then a dead letter

@@ -66,6 +66,25 @@ async def test_extend_keeps_the_lock_past_its_ttl(clients):
     assert (await Redlock(clients, 0.3).acquire("k")).lock is None
 
 
+async def test_extend_many_keeps_each_lock_still_ours_and_no_other(clients, masters):
+    lock = Redlock(clients, ttl_seconds=0.3)
+    kept, expired, replaced = [(await lock.acquire(key)).lock for key in ("kept", "expired", "replaced")]
+    await clients[0].script_flush()  # the pipeline loads the script where a master forgot it
+    await lock.release(expired)
+    await lock.release(replaced)
+    other = (await Redlock(clients, 5).acquire("replaced")).lock
+    assert other is not None
+    masters[2].kill()  # two masters are still a quorum
+    for _ in range(4):
+        await asyncio.sleep(0.15)
+        extended = await lock.extend_many([kept, expired, replaced])
+        assert extended[1:] == [None, None]
+        assert extended[0] is not None and extended[0].valid_until > kept.valid_until
+        kept = extended[0]
+    assert (await Redlock(clients, 0.3).acquire("kept")).lock is None  # still ours past its first TTL
+    assert (await Redlock(clients, 5).acquire("replaced")).lock is None  # the other's lock untouched
+
+
 async def test_a_done_marker_is_reported_to_acquirers(clients):
     lock = Redlock(clients, 5)
     assert await lock.set_everywhere("k", "done:abc", 60) == 3

@@ -79,7 +79,10 @@ class Client:
     def register_script(self, source: str):
         name = next(name for name, text in _SCRIPTS.items() if text == source)
 
-        async def script(keys, args):
+        async def script(keys, args, client=None):
+            if isinstance(client, Pipeline):  # queued, answered by the pipeline's execute
+                client.queue(lambda master, now: master.run_script(name, keys[0], list(args), now))
+                return client
             return await self._call(lambda now: self._master.run_script(name, keys[0], list(args), now))
 
         return script
@@ -94,7 +97,7 @@ class Client:
 class Pipeline:
     def __init__(self, client: Client):
         self._client = client
-        self._sets: list[tuple] = []
+        self._commands: list = []  # each: (master, now) -> its reply
 
     async def __aenter__(self) -> "Pipeline":
         return self
@@ -104,9 +107,12 @@ class Pipeline:
 
     def set(self, key: str, value: str, nx: bool = False, px: int | None = None, ex: int | None = None,
             get: bool = False) -> None:
-        self._sets.append((key, value, nx, px / 1000 if px is not None else ex, get))
+        seconds = px / 1000 if px is not None else ex
+        self.queue(lambda master, now: master.set(key, value, now, nx, seconds, get))
+
+    def queue(self, command) -> None:
+        self._commands.append(command)
 
     async def execute(self, raise_on_error: bool = True) -> list:
         master = self._client._master
-        return await self._client._call(lambda now: [master.set(key, value, now, nx, seconds, get)
-                                                     for key, value, nx, seconds, get in self._sets])
+        return await self._client._call(lambda now: [command(master, now) for command in self._commands])

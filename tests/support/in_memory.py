@@ -134,13 +134,13 @@ class InMemoryCompletions:
             granted[key] = Lease(key, self.fences[key].token, sent_at, handed_on)
         return granted
 
-    async def extend_leases(self, leases: list[Lease], ttl_ms: int) -> bool:
+    async def extend_leases(self, leases: list[Lease], ttl_ms: int) -> set[tuple[str, int]]:
         if not self.renewals_answer:
-            return False
-        ours = [self.fences[lease.key] for lease in leases if self._ours(lease.key, lease.token)]
-        for fence in ours:
-            fence.lease_until = time.monotonic() + ttl_ms / 1000
-        return len(ours) == len(leases)
+            return set()
+        ours = [lease for lease in leases if self._ours(lease.key, lease.token)]
+        for lease in ours:
+            self.fences[lease.key].lease_until = time.monotonic() + ttl_ms / 1000
+        return {(lease.key, lease.token) for lease in ours}
 
     async def release_leases(self, leases: list[Lease]) -> None:
         for lease in leases:
@@ -251,8 +251,8 @@ class InMemoryClaims:
     async def claim_many(self, keys: list[str]) -> list[Claim]:
         return [await self.claim(key) for key in keys]
 
-    async def extend(self, lock: Lock) -> Lock | None:
-        return lock if self.locks.get(lock.key) == lock else None
+    async def extend_many(self, locks: list[Lock]) -> list[Lock | None]:
+        return [lock if self.locks.get(lock.key) == lock else None for lock in locks]
 
     async def release(self, lock: Lock) -> None:
         if self.locks.get(lock.key) == lock:
