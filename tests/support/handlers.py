@@ -12,6 +12,7 @@ import time
 import asyncpg
 
 from webhook_ingest.workers.handlers import PermanentError
+from webhook_ingest.workers.handlers.forward import handle as forward
 from webhook_ingest.workers.handlers.inbox import handle as inbox
 
 
@@ -113,3 +114,10 @@ async def holds_its_first_run(event, ctx):
         await _mark_started(ctx.options["database_url"], event.key)
         await asyncio.sleep(3600)
     await counted_inbox(event, ctx)
+
+
+async def call_then_record(event, ctx):
+    """A payment API call (`forward` to handler_options.url), then a write
+    through ctx.db: the transaction opens after the network wait."""
+    await forward(event, ctx)
+    await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())

@@ -17,8 +17,10 @@ def free_port() -> int:
 
 
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int, listen_port: int | None = None):
+    def __init__(self, target_host: str, target_port: int, listen_port: int | None = None,
+                 latency: float = 0.0):
         self.target = (target_host, target_port)
+        self.latency = latency  # seconds each chunk takes to reach the service (a distant server)
         self.port = listen_port or free_port()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -120,10 +122,10 @@ class TcpProxy:
         self._writers.update((client_writer, upstream_writer))
         self._pairs.add((client_writer, upstream_writer))
         await asyncio.gather(
-            self._pipe(client_reader, upstream_writer), self._pipe(upstream_reader, client_writer)
+            self._pipe(client_reader, upstream_writer, self.latency), self._pipe(upstream_reader, client_writer)
         )
 
-    async def _pipe(self, reader, writer) -> None:
+    async def _pipe(self, reader, writer, latency: float = 0.0) -> None:
         try:
             while data := await reader.read(65536):
                 if not self._flowing.is_set():
@@ -132,6 +134,9 @@ class TcpProxy:
                         await self._flowing.wait()
                     finally:
                         self._held -= 1
+                if latency:  # in flight together, in order: a round trip costs `latency`, not a queue
+                    self._loop.call_later(latency, _write_unless_closed, writer, data)
+                    continue
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
@@ -141,3 +146,8 @@ class TcpProxy:
                 writer.transport.abort()
                 self._writers.discard(writer)
             self._pairs = {pair for pair in self._pairs if writer not in pair}
+
+
+def _write_unless_closed(writer: asyncio.StreamWriter, data: bytes) -> None:
+    if not writer.transport.is_closing():
+        writer.write(data)
