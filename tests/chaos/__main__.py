@@ -22,8 +22,10 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--drain-timeout", type=float, default=180.0, help="most seconds to wait for the queues")
     parser.add_argument("--stall-seconds", type=float, default=30.0,
                         help="the drain gives up when nothing moved this long")
-    parser.add_argument("--concurrency", type=int, default=8, help="each local worker's --concurrency")
-    parser.add_argument("--lock-ttl", type=float, default=5.0, help="local workers' WEBHOOK_INGEST_LOCK_TTL")
+    parser.add_argument("--concurrency", type=int, default=Options.concurrency,
+                        help="each local worker's --concurrency (default: run's)")
+    parser.add_argument("--lock-ttl", type=float, default=Options.lock_ttl,
+                        help="local workers' WEBHOOK_INGEST_LOCK_TTL (default: run's)")
     parser.add_argument("--work-ms", type=int, default=100, help="default handler work per run, in ms")
     parser.add_argument("--no-faults", action="store_true", help="traffic only (a baseline)")
     parser.add_argument("--keep-database", action="store_true", help="leave a local run's database for reading")

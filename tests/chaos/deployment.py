@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import aio_pika
 import asyncpg
 import redis.asyncio as redis
+from webhook_ingest import layout
 from webhook_ingest.migrate import migrate
 from webhook_ingest.ingress.publisher import probe_queue
 from webhook_ingest.shared import topology
@@ -52,7 +53,8 @@ class WorkerSlot:
 
 class LocalDeployment:
     def __init__(self, namespace: str | None = None, database_url: str | None = None, workers: int = 3,
-                 concurrency: int = 8, lock_ttl: float = 5.0, work_ms: int = 100, log_dir: Path | None = None,
+                 concurrency: int = layout.CONCURRENCY, lock_ttl: float = 3.0, work_ms: int = 100,
+                 log_dir: Path | None = None,
                  keep_database: bool = False):
         run_id = uuid.uuid4().hex[:8]
         self.namespace = namespace or f"chaos_{run_id}"

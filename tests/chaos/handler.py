@@ -72,7 +72,7 @@ async def _pool(database_url: str) -> asyncpg.Pool:
 
 
 async def _create_pool(database_url: str) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=8)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=16)
     try:
         await pool.execute(CHAOS_TABLES)  # a staging deployment gets its tables from its first run
     except (asyncpg.UniqueViolationError, asyncpg.DuplicateObjectError, asyncpg.DuplicateTableError):

@@ -82,13 +82,19 @@ def _event(rng: random.Random, n: int, id_prefix: str) -> PlannedEvent:
     fail = "" if kind in ("conflict", "unstorable") else rng.choices(
         ["", "permanent", "always", "first"], weights=[80, 4, 4, 12])[0]
     event = PlannedEvent(event_id, fail, kind)
-    directive = {"work_ms": rng.randint(20, 300)}
+    directive = {"work_ms": _work_ms(rng)}
     if fail:
         directive |= {"fail": fail, "fail_attempts": rng.randint(1, MAX_ATTEMPTS - 1)}
     event.bodies.append(_body(rng, event, directive, variant=0))
     if kind == "conflict":
         event.bodies.append(_body(rng, event, directive, variant=1))
     return event
+
+
+def _work_ms(rng: random.Random) -> int:
+    """How long a run waits, as real handlers wait on the network: 90 % of
+    them 5-300 ms (an API call), 10 % 1-3 s (a slow one)."""
+    return rng.randint(5, 300) if rng.random() < 0.9 else rng.randint(1000, 3000)
 
 
 def _body(rng: random.Random, event: PlannedEvent, directive: dict, variant: int) -> bytes:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.chaos.checks import Verdict, judge, observe, resolved
+from webhook_ingest import layout
 from tests.chaos.deployment import (
     SECRET,
     SOURCE,
@@ -37,8 +38,8 @@ class Options:
     duration: float = 60.0       # seconds of traffic, and of faults beside it
     drain_timeout: float = 180.0  # the most the drain may take after the traffic
     stall_seconds: float = 30.0   # the drain gives up once nothing moved for this long
-    concurrency: int = 8
-    lock_ttl: float = 5.0
+    concurrency: int = layout.CONCURRENCY  # the `run` defaults
+    lock_ttl: float = 3.0
     work_ms: int = 100
     faults: bool = True
     keep_database: bool = False  # a local run's database stays, to be read after a failure
