@@ -144,13 +144,14 @@ class CompletionStore:
         """take_turn for distinct keys: those whose turn we got."""
         return {row["key"] for row in await connection.fetch(SQL["take_turns"], keys)}
 
-    async def completed_key(self, connection: asyncpg.Connection, key: str) -> str | None:
-        """The payload hash `key` completed with, None while it has not; read
-        in a statement after the one that granted our lease, so it sees the
-        completion of a holder that committed while we waited for the row."""
+    async def check_completed(self, connection: asyncpg.Connection, keys: list[str]) -> dict[str, str]:
+        """completed_keys as a short statement of its own (runs' checks after
+        their leases, workers/coalesced.py): read in a statement after the
+        one that granted each lease, so it sees the completion of a holder
+        that committed while we waited for the row."""
         async with closed_if_left_by(connection, TIMED_OUT):
-            completed = await connection.fetchrow(SQL["completed_keys"], [key], timeout=STATEMENT_SECONDS)
-        return None if completed is None else completed["payload_sha256"]
+            rows = await connection.fetch(SQL["completed_keys"], keys, timeout=STATEMENT_SECONDS)
+        return {row["key"]: row["payload_sha256"] for row in rows}
 
     async def completed_keys(self, connection: asyncpg.Connection, keys: list[str]) -> dict[str, str]:
         """completed_key for many keys: {key: payload hash} of those completed."""
@@ -164,17 +165,24 @@ class CompletionStore:
     async def complete_events(self, connection: asyncpg.Connection,
                               completions: Sequence[tuple[EventMessage, int]]) -> int:
         """complete_event for a batch of (message, token); how many were inserted."""
+        return len(await self._complete_events(connection, completions))
+
+    async def complete_alone(self, connection: asyncpg.Connection,
+                             completions: Sequence[tuple[EventMessage, int]]) -> set[str]:
+        """complete_events for handlers that never used `ctx.db`, as an
+        autocommit statement of its own (workers/coalesced.py; distinct
+        keys); the keys it completed."""
+        async with closed_if_left_by(connection, TIMED_OUT):
+            return await self._complete_events(connection, completions, STATEMENT_SECONDS)
+
+    async def _complete_events(self, connection: asyncpg.Connection,
+                               completions: Sequence[tuple[EventMessage, int]],
+                               timeout: float | None = None) -> set[str]:
         rows = [completion_row(message, token) for message, token in completions]
-        inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)))
-        return len(inserted)
+        inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)), timeout=timeout)
+        return {row["key"] for row in inserted}
 
     # -- on a connection of their own ------------------------------------------
-
-    async def complete_event_alone(self, message: EventMessage, token: int) -> bool:
-        """complete_event for a handler that never used `ctx.db`: its own autocommit statement."""
-        async with self._connection() as connection, closed_if_left_by(connection, TIMED_OUT):
-            return await connection.fetchval(SQL["complete_event"], *completion_row(message, token),
-                                             timeout=STATEMENT_SECONDS) is not None
 
     async def completed_sha256(self, key: str, connection: asyncpg.Connection | None = None) -> str | None:
         """The payload hash `key` completed with, None while it has not; on

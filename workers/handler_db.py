@@ -3,8 +3,9 @@
 A handler that only calls the network (`forward`, a payment API) never
 touches `ctx.db`, and so holds no Postgres connection while it waits: a
 worker runs as many of those at once as it has messages in flight, not as
-many as its pool has connections (issue 20). Its completion is then one
-autocommit statement of its own, fenced by its token like any other.
+many as its pool has connections (issue 20). Its completion is then an
+autocommit statement outside any transaction of the handler's, shared with
+other runs' (workers/coalesced.py), fenced by its token like any other.
 
 A handler that does use `ctx.db` gets, at its first query, a pooled
 connection in a transaction that first takes the key's turn
@@ -22,6 +23,7 @@ prepared statement).
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -38,8 +40,10 @@ class TurnRefused(Exception):
 
 
 class HandlerTransaction:
-    def __init__(self, completions: Any, key: str):
+    def __init__(self, completions: Any, key: str,
+                 complete_alone: Callable[[Any, int], Awaitable[bool]]):
         self._completions = completions  # CompletionStore, or the in-memory one in tests
+        self._complete_alone = complete_alone  # the completion without ctx.db (workers/coalesced.py)
         self._key = key
         self._opening = asyncio.Lock()
         self._closing = contextlib.AsyncExitStack()
@@ -90,7 +94,7 @@ class HandlerTransaction:
         if self.open_error is not None:  # the handler went on without the writes it tried
             raise self.open_error
         if self._connection is None:
-            return await self._completions.complete_event_alone(message, token)
+            return await self._complete_alone(message, token)
         return await self._completions.complete_event(self._connection, message, token)
 
     async def __aenter__(self) -> "HandlerTransaction":

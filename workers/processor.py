@@ -39,6 +39,7 @@ from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.attempts import already_handed_on
+from webhook_ingest.workers.coalesced import CoalescedStatements
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.handler_db import HandlerTransaction
 from webhook_ingest.workers.handlers import Event, HandlerContext, load_handlers
@@ -89,6 +90,7 @@ class Processor:
         self._failures = failures
         self._lock_renewals = LockRenewals(store)
         self._lease_renewals = LeaseRenewals(completions, store.redlock.ttl_ms)
+        self._statements = CoalescedStatements(completions, store.redlock.ttl_ms)
 
     def batchable(self, message: EventMessage) -> bool:
         """Whether the source's handler may share a transaction (`workers.batch`)."""
@@ -177,7 +179,7 @@ class Processor:
     async def _complete(self, message: EventMessage, lease: Lease, keepers: list[Keeper]) -> None:
         """The handler (cancelled if the lease is lost meanwhile) and the
         completion row, in the handler's transaction if it opened one."""
-        handler_db = HandlerTransaction(self._completions, message.key)
+        handler_db = HandlerTransaction(self._completions, message.key, self._statements.complete_alone)
         async with handler_db:
             with cancelled_when_lost(keepers[-1], handler_db):  # inside: a lost lease closes, never rolls back
                 await self.call_handler(handler_db, message)
@@ -211,18 +213,16 @@ class Processor:
         """The key's lease; a few short waits while another run holds it,
         with no connection held meanwhile."""
         for pause in (*TURN_RECHECKS, None):
-            async with self._completions.statement() as connection:
-                granted = await self._completions.take_leases(connection, [key], self._store.redlock.ttl_ms)
-            if key in granted:
-                return granted[key]
+            lease = await self._statements.take_lease(key)
+            if lease is not None:
+                return lease
             if pause is None:
                 raise TurnTaken()
             await asyncio.sleep(pause)
         raise AssertionError("unreachable")
 
     async def _check_not_completed(self, key: str) -> None:
-        async with self._completions.statement() as connection:
-            completed_sha256 = await self._completions.completed_key(connection, key)
+        completed_sha256 = await self._statements.completed_sha256(key)
         if completed_sha256 is not None:
             raise AlreadyCompleted(completed_sha256)
 

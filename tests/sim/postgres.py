@@ -55,8 +55,9 @@ RETRIES = {"record_handed_on"}  # returns only once committed, waiting while Pos
 # Which of the process's pools a method takes a connection from (the others: "statements"),
 # as `CompletionStore` does; before its three pools, the one pool stands for all three.
 POOLS = {"session": "transactions", "extend_leases": "renewals"}
-TIMEOUTS = {"take_leases": 5.0, "release_leases": 5.0, "record_handed_on": 10.0, "completed_sha256": 5.0,
-            "settled_before": 5.0, "probe_writable": 2.0, "record_dead_letter": 10.0}
+TIMEOUTS = {"take_leases": 5.0, "check_completed": 5.0, "complete_alone": 5.0, "release_leases": 5.0,
+            "record_handed_on": 10.0, "completed_sha256": 5.0, "settled_before": 5.0, "probe_writable": 2.0,
+            "record_dead_letter": 10.0}
 DEFAULT_TIMEOUT = 5.0  # a statement of ours outside the handler's transaction (STATEMENT_SECONDS)
 
 

@@ -165,11 +165,11 @@ class InMemoryCompletions:
     async def take_turns(self, session: Session, keys: list[str]) -> set[str]:
         return {key for key in keys if await self.take_turn(session, key)}
 
-    async def completed_key(self, session: Session, key: str) -> str | None:
-        return await self.completed_sha256(key)
-
     async def completed_keys(self, session: Session, keys: list[str]) -> dict[str, str]:
         return {key: self.completions[key].payload_sha256 for key in keys if key in self.completions}
+
+    async def check_completed(self, session: Session, keys: list[str]) -> dict[str, str]:
+        return await self.completed_keys(session, keys)
 
     async def complete_event(self, session: Session, message: EventMessage, token: int) -> bool:
         """Refused unless `token` is current; the fence's lease ends even when
@@ -195,8 +195,8 @@ class InMemoryCompletions:
 
     # -- on a connection of their own ------------------------------------------
 
-    async def complete_event_alone(self, message: EventMessage, token: int) -> bool:
-        return await self.complete_event(Session(), message, token)
+    async def complete_alone(self, session: Session, completions: Sequence[tuple[EventMessage, int]]) -> set[str]:
+        return {message.key for message, token in completions if await self.complete_event(session, message, token)}
 
     async def completed_sha256(self, key: str, connection: Session | None = None) -> str | None:
         completion = self.completions.get(key)
