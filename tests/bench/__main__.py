@@ -1,9 +1,11 @@
 """`python -m tests.bench`: raw broker and raw pipeline, ingress throughput
 and latency, end to end, duplicates (concurrent copies, and late copies of
 completed events), recovery after a worker's kill -9, the broker blocked
-(tests/bench/broker_blocked.py); a table, then one JSON line. Exit 1 on a
-lost or duplicated effect. `--phase broker-blocked` runs that phase alone;
-`--phase steady` every phase but it (to compare candidate layouts)."""
+(tests/bench/broker_blocked.py), handlers that wait on the network
+(tests/bench/slow_handlers.py); a table, then one JSON line. Exit 1 on a
+lost or duplicated effect. `--phase broker-blocked` or `--phase slow` runs
+that phase alone; `--phase steady` every phase but the broker-blocked one
+(to compare candidate layouts)."""
 
 import argparse
 import asyncio
@@ -12,7 +14,7 @@ import os
 import sys
 import time
 
-from tests.bench import broker_blocked, http_floor, httpload, raw_broker, raw_pipeline
+from tests.bench import broker_blocked, http_floor, httpload, raw_broker, raw_pipeline, slow_handlers
 from tests.bench.cpu import CpuMeter, cpu_seconds
 from tests.bench.deployment import CONCURRENCY, INGRESS_PROCESSES, SECRET, SOURCE, WORKERS, Deployment, peak_rss_mib
 from tests.support.exactly_once import until_every_message_handled
@@ -48,6 +50,7 @@ async def main(with_outage: bool = True) -> int:
         figures["worker_rss_mib"] = max(peak_rss_mib(worker.pid) for worker, _ in deployment.workers)
         figures["ingress_rss_mib"] = max(peak_rss_mib(ingress.pid) for ingress in deployment.ingresses)
         await recovery_phase(deployment, figures)
+    await slow_handlers.measure(figures)  # a deployment of its own, with four sources
     if with_outage:
         await broker_blocked.measure(figures)  # a deployment of its own, on a private broker
     figures["ingress_vs_raw"] = figures["ingress_rps"] / figures["raw_publish_rps"]
@@ -251,9 +254,16 @@ ROWS = [  # (key, label, format)
     ("worker_rss_mib", f"worker peak RSS MiB (concurrency {CONCURRENCY})", "{:.0f}"),
     ("ingress_rss_mib", "ingress peak RSS MiB", "{:.0f}"),
     *broker_blocked.ROWS,
+    *slow_handlers.ROWS,
     ("lost", "lost events", "{:.0f}"),
     ("duplicated_effects", "duplicated effects", "{:.0f}"),
 ]
+
+
+async def slow_phases_alone() -> int:
+    figures: dict[str, float] = {"nproc": os.cpu_count()}
+    await slow_handlers.measure(figures)
+    return report(figures)
 
 
 def report(figures: dict) -> int:
@@ -276,7 +286,9 @@ if __name__ == "__main__":
     except ImportError:
         pass
     parser = argparse.ArgumentParser(prog="python -m tests.bench")
-    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked"], default="all",
-                        help="every phase (the default), every phase but the broker-blocked one, or that one alone")
+    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow"], default="all",
+                        help="every phase (the default), every phase but the broker-blocked one, "
+                             "or the broker-blocked or slow-handler phases alone")
     phase = parser.parse_args().phase
-    sys.exit(asyncio.run(broker_blocked.main() if phase == "broker-blocked" else main(with_outage=phase == "all")))
+    alone = {"broker-blocked": broker_blocked.main, "slow": slow_phases_alone}
+    sys.exit(asyncio.run(alone[phase]() if phase in alone else main(with_outage=phase == "all")))

@@ -35,24 +35,34 @@ WORKERS = int(os.environ.get("BENCH_WORKERS", layout.WORKERS))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", layout.CONCURRENCY))
 
 
+def source_entry(name: str, handler: str, **options: str) -> str:
+    """A sources-file entry signed with SECRET, event ids from the body."""
+    entry = (f'[sources.{name}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
+             f'handler = "{handler}"\nevent_id = ["body:id"]\n')
+    if options:
+        entry += "handler_options = { " + ", ".join(f'{k} = "{v}"' for k, v in options.items()) + " }\n"
+    return entry
+
+
+BENCH_SOURCE = source_entry(SOURCE, "tests.bench.handler:record")
+
+
 class Deployment:
-    def __init__(self, amqp_url: str = AMQP_URL):
+    def __init__(self, amqp_url: str = AMQP_URL, sources: str = ""):
         run_id = uuid.uuid4().hex[:8]
         self.namespace = f"bench_{run_id}"
         self.database_url = SERVER_URL.rsplit("/", 1)[0] + f"/wi_bench_{run_id}"
         self.amqp_url = amqp_url
         self._dir = Path(tempfile.mkdtemp(prefix="wi-bench-"))
-        self.fleet = Fleet(self._env(), self._dir)
+        self.fleet = Fleet(self._env(sources or BENCH_SOURCE), self._dir)
         self.ingresses: list[Process] = []
         self.ingress_port = free_port()
         self.workers: list[tuple[Process, str]] = []
         self.handled = 0  # messages the workers have acked so far, by the bench's count
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, sources_text: str) -> dict[str, str]:
         sources = self._dir / "sources.toml"
-        sources.write_text(
-            f'[sources.{SOURCE}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
-            'handler = "tests.bench.handler:record"\nevent_id = ["body:id"]\n')
+        sources.write_text(sources_text)
         return {"AMQP_URL": self.amqp_url, "REDIS_URLS": REDIS_URL, "DATABASE_URL": self.database_url,
                 "WEBHOOK_INGEST_NAMESPACE": self.namespace, "WEBHOOK_INGEST_SOURCES": str(sources),
                 "LOG_FORMAT": "json"}

@@ -1,7 +1,10 @@
 """The bench's handler: one INSERT through the completion transaction, like
 the built-in `inbox`, into a table without a unique key, so a second run of
 an event would show as a second row (`duplicated_effects`) instead of a
-failed insert."""
+failed insert. The slow phases' handlers (tests/bench/slow_handlers.py)
+call a downstream through the built-in `forward` too."""
+
+from webhook_ingest.workers.handlers.forward import handle as forward
 
 EFFECTS_TABLE = "CREATE TABLE bench_effects (key text NOT NULL, payload jsonb NOT NULL)"
 
@@ -11,3 +14,18 @@ async def record(event, ctx) -> None:
 
 
 record.batchable = True
+
+
+async def record_while_calling(event, ctx) -> None:
+    """A `ctx.db` handler of 300 ms: writes, then calls the downstream
+    (`forward`) with its transaction open, as a handler that reserves a row
+    and then charges a card would."""
+    await record(event, ctx)
+    await forward(event, ctx)
+
+
+async def call_then_record(event, ctx) -> None:
+    """Calls the downstream, then writes: its transaction opens only after
+    the network wait."""
+    await forward(event, ctx)
+    await record(event, ctx)
