@@ -31,8 +31,8 @@ class LaggingProxy(TcpProxy):
 
     lag = 0.0
 
-    async def _pipe(self, reader, writer) -> None:
-        await super()._pipe(_Late(reader, self), writer)
+    async def _pipe(self, reader, writer, latency: float = 0.0) -> None:
+        await super()._pipe(_Late(reader, self), writer, latency)
 
 
 class _Late:
