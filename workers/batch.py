@@ -94,11 +94,10 @@ class BatchProcessor:
                 handed_on = [i for i in order if messages[i].key in leases
                              and already_handed_on(messages[i], leases[messages[i].key].handed_on)]
                 leased = [i for i in order if messages[i].key in leases and i not in handed_on]
-                keepers = [lock_keepers[i] for i in leased]
                 lease_keepers = [self._processor.lease_keeper(list(leases.values()))] if leases else []
                 async with kept_alive(lease_keepers):  # none when every key is leased elsewhere
-                    keepers += lease_keepers
-                    passed = await self._commit(connection, messages, leased, leases, keepers) if leased else None
+                    passed = await self._commit(connection, messages, leased, leases, lease_keepers[0]) \
+                        if leased else None
         finally:
             completed_now = set() if passed is None else {messages[i].key for i in passed[0]}
             await self._completions.release_leases([lease for key, lease in leases.items() if key not in completed_now])
@@ -120,22 +119,22 @@ class BatchProcessor:
         return outcomes
 
     async def _commit(self, connection: asyncpg.Connection, messages: list[EventMessage], leased: list[int],
-                      leases: dict[str, Lease], keepers: list[Keeper]) -> tuple | None:
+                      leases: dict[str, Lease], lease_keeper: Keeper) -> tuple | None:
         """Turns, handlers and completions of the leased keys in one
         transaction, cancelled if the leases are lost meanwhile. Returns the
         indexes completed now, those found completed (with their hash) and
         those whose turn another run holds; None when it rolled back."""
         try:
             async with self._completions.transaction(connection):
-                with cancelled_when_lost(keepers[-1], connection):
-                    return await self._in_transaction(connection, messages, leased, leases, keepers)
+                with cancelled_when_lost(lease_keeper, connection):
+                    return await self._in_transaction(connection, messages, leased, leases, lease_keeper)
         except Exception as exc:
             if found_in_chain(exc, (HandlerFailed, LockLost, _RollBack)) is None:
                 raise
             return None
 
     async def _in_transaction(self, connection: asyncpg.Connection, messages: list[EventMessage], leased: list[int],
-                              leases: dict[str, Lease], keepers: list[Keeper]) -> tuple:
+                              leases: dict[str, Lease], lease_keeper: Keeper) -> tuple:
         turned = await self._completions.take_turns(connection, _keys(messages, leased))
         mine = [i for i in leased if messages[i].key in turned]
         done = await self._completions.completed_keys(connection, _keys(messages, mine))
@@ -143,8 +142,7 @@ class BatchProcessor:
         fresh = [i for i in mine if i not in completed]
         for i in fresh:
             await self._processor.call_handler(connection, messages[i])
-        for keeper in keepers:
-            keeper.check()
+        lease_keeper.check()  # the leases decide, not the Redis locks (Processor._complete)
         if fresh:
             completions = [(messages[i], leases[messages[i].key].token) for i in fresh]
             if await self._completions.complete_events(connection, completions) != len(completions):

@@ -107,13 +107,13 @@ class Processor:
             case ClaimState.BUSY:
                 claim = await self._claim_when_free(message.key)
                 if claim.state is ClaimState.BUSY:  # its holder may be dead: Postgres decides
-                    return await self._run(message, None)
+                    return await self._run(message)
                 return await self.process_claimed(message, claim)
             case ClaimState.ACQUIRED:
                 assert claim.lock is not None
                 return await self.run_locked(message, claim.lock)
             case ClaimState.UNAVAILABLE:
-                return await self._run(message, None)
+                return await self._run(message)
             case _:
                 assert_never(claim.state)
 
@@ -133,22 +133,23 @@ class Processor:
 
     async def run_locked(self, message: EventMessage, lock: Lock, keeper: Keeper | None = None) -> Outcome:
         """`_run` under our Redis lock, kept alive meanwhile (by the caller,
-        when it passes its `keeper`); the lock ends replaced by a done marker
-        or released, whatever the outcome."""
+        when it passes its `keeper`) so that other workers stay off the key
+        without a round through Postgres; the lock ends replaced by a done
+        marker or released, whatever the outcome. A lock that could not be
+        kept does not stop the run: the lease decides (`_complete`)."""
         outcome = None
         try:
             if keeper is not None:
-                outcome = await self._run(message, keeper)
+                outcome = await self._run(message)
             else:
-                keeper = self.redis_keeper(lock)
-                async with kept_alive([keeper]):
-                    outcome = await self._run(message, keeper)
+                async with kept_alive([self.redis_keeper(lock)]):
+                    outcome = await self._run(message)
         finally:
             if outcome not in _RELEASED_BY_DONE_MARKER:
                 await quietly(self._store.release(lock))
         return outcome
 
-    async def _run(self, message: EventMessage, lock_keeper: Keeper | None) -> Outcome:
+    async def _run(self, message: EventMessage) -> Outcome:
         """Step 2 and 3, under a Redis lock already kept alive (or none).
         What follows a failure (dead letter, conflict row, deferral) runs
         with no connection held, so a full pool never waits on itself. The
@@ -160,10 +161,10 @@ class Processor:
                     lease = await self._take_lease(message.key)
                     if already_handed_on(message, lease.handed_on):
                         raise AttemptHandedOn()
-                    keepers = [k for k in (lock_keeper, self.lease_keeper([lease])) if k is not None]
-                    await keeping.enter_async_context(kept_alive(keepers[-1:]))
+                    lease_keeper = self.lease_keeper([lease])
+                    await keeping.enter_async_context(kept_alive([lease_keeper]))
                     await self._check_not_completed(message.key)
-                    await self._complete(message, lease, keepers)
+                    await self._complete(message, lease, lease_keeper)
                     lease = None  # ended by the completion
                 except Exception as exc:
                     outcome = await self._settle_unfinished(message, exc)
@@ -176,15 +177,17 @@ class Processor:
         await quietly(self._store.complete(message.key, message.payload_sha256))
         return Outcome.PROCESSED
 
-    async def _complete(self, message: EventMessage, lease: Lease, keepers: list[Keeper]) -> None:
+    async def _complete(self, message: EventMessage, lease: Lease, lease_keeper: Keeper) -> None:
         """The handler (cancelled if the lease is lost meanwhile) and the
-        completion row, in the handler's transaction if it opened one."""
+        completion row, in the handler's transaction if it opened one. The
+        lease alone decides: the Redis lock is a hint that keeps others off
+        cheaply, and a run whose lease held is not undone for a lock Redis
+        forgot (docs/design.md, "A lock that cannot be kept")."""
         handler_db = HandlerTransaction(self._completions, message.key, self._statements.complete_alone)
         async with handler_db:
-            with cancelled_when_lost(keepers[-1], handler_db):  # inside: a lost lease closes, never rolls back
+            with cancelled_when_lost(lease_keeper, handler_db):  # inside: a lost lease closes, never rolls back
                 await self.call_handler(handler_db, message)
-                for keeper in keepers:
-                    keeper.check()
+                lease_keeper.check()
                 if not await handler_db.complete(message, lease.token):
                     raise CompletionRefused()
 

@@ -118,7 +118,7 @@ async def test_a_completion_committed_while_we_waited_for_the_lease_is_seen(sour
             "INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts)"
             " VALUES ($1, 'acme', $2, $3, 1, 1)", event.key, event.event_id, event.payload_sha256)
         await holder.execute("UPDATE key_fences SET lease_until = NULL WHERE key = $1", event.key)
-        running = asyncio.create_task(processor._run(event, None))
+        running = asyncio.create_task(processor._run(event))
         await asyncio.sleep(0.2)  # it waits for the fence row now
         await transaction.commit()
         outcome = await running
@@ -134,11 +134,11 @@ async def test_a_lease_outlives_its_holders_session(sources, store, pool):
     async with pool.acquire() as holder:  # took the lease, then its session died
         await holder.execute("INSERT INTO key_fences (key, token, lease_until) VALUES ($1, 1, now() + interval '1 min')",
                              event.key)
-    assert await processor._run(event, None) is Outcome.DEFERRED
+    assert await processor._run(event) is Outcome.DEFERRED
     assert CALLS == [] and failures.delayed == [(event.key, processor_module.DEFER_SECONDS)]
     async with pool.acquire() as connection:  # the lease ran out
         await connection.execute("UPDATE key_fences SET lease_until = now() - interval '1 s' WHERE key = $1", event.key)
-    assert await processor._run(event, None) is Outcome.PROCESSED
+    assert await processor._run(event) is Outcome.PROCESSED
     assert CALLS == [event.key]
 
 

@@ -16,7 +16,7 @@ built on one does not drift with the scheduling the way a drawn seed can.
   retry was confirmed cannot record the attempt handed on nor keep its
   lease; a copy of the event on another worker runs the attempt again.
 - `two_payloads`: finding F1, the simulator's own (`tests/sim/known.py`).
-- `redis_forgets`: a run refused for its Redis lock alone (strict only).
+- `redis_forgets`: a run refused for its Redis lock alone (fixed: the lease decides).
 """
 
 from tests.sim.plan import Config, Plan, Send, Step
@@ -57,10 +57,11 @@ def two_payloads(seed: int = 2) -> Plan:
 def redis_forgets(seed: int = 54) -> Plan:
     """Shrunk from seed 54 (--strict-attempts): one Redis flush while a
     2.4 s handler that calls the outside world runs. Its Redis lock cannot
-    be renewed and counts as lost; the run is refused at its end although
+    be renewed and counts as lost; the run was refused at its end although
     its Postgres lease — the exclusion that holds whatever Redis forgets —
-    was kept throughout, and the handler runs again: one fault, two
-    external calls (docs/design.md, "A lock that cannot be kept")."""
+    was kept throughout, and the handler ran again: one fault, two
+    external calls. Now the lease alone decides (docs/design.md, "A lock
+    that cannot be kept")."""
     return Plan(seed=seed, config=Config(workers=1), sends=[Send(0.0, 0, "ext")], scripted={"0": [2.4, None]},
                 steps=[Step("redis_flush", 0.25, 0.0)])
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.sim.plan import Plan, draw
 from tests.sim.report import describe, trace_digest
-from tests.sim.scenarios import b4, b6, issue20, pause_within_margin, two_payloads
+from tests.sim.scenarios import b4, b6, issue20, pause_within_margin, redis_forgets, two_payloads
 from tests.sim.simulation import Simulation
 
 SHORT_RUN_STEPS = 250_000  # about 5 s here; `make simulate` runs millions
@@ -47,6 +47,15 @@ def test_a_pause_within_the_leases_margin_never_lets_two_runs_overlap():
     margin, SAFETY_MARGIN = 0, the two runs overlap here.)"""
     result = Simulation(pause_within_margin()).run()
     assert not result.violations, describe(result)
+
+
+def test_a_run_whose_lease_held_is_not_refused_for_its_redis_lock_alone():
+    """Issue 26, item 6: a Redis flush under a 2.4 s handler that calls the
+    outside world. Its lock cannot be renewed, but its Postgres lease — the
+    exclusion — held throughout: the run completes, the handler runs once."""
+    result = Simulation(redis_forgets(), strict_attempts=True).run()
+    assert not result.failed, describe(result)
+    assert result.stats["runs"] == result.stats["completed"] == 1
 
 
 @pytest.mark.parametrize("path", FOUND, ids=lambda path: path.stem)
