@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from tests.bench import broker_blocked, http_floor, httpload, raw_broker, raw_pipeline, slow_handlers
+from tests.bench import broker_blocked, durable_floor, http_floor, httpload, raw_broker, raw_pipeline, slow_handlers
 from tests.bench.cpu import CpuMeter, cpu_seconds
 from tests.bench.deployment import CONCURRENCY, INGRESS_PROCESSES, SECRET, SOURCE, WORKERS, Deployment, peak_rss_mib
 from tests.support.exactly_once import until_every_message_handled
@@ -36,6 +36,9 @@ async def main(with_outage: bool = True) -> int:
             figures.update(await raw_broker.measure(
                 deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES, LATENCY_RATE, LATENCY_SECONDS))
             figures.update(await raw_pipeline.measure(deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES))
+            figures.update(await durable_floor.measure(
+                deployment.amqp_url, f"{deployment.namespace}.floor", deployment.database_url,
+                deployment.database_name, deployment.redis_port, RAW_MESSAGES))
         figures.update(await http_floor.measure(SOURCE, SECRET))
         await deployment.start_ingress()
         await ingress_phases(deployment, figures)
@@ -57,6 +60,10 @@ async def main(with_outage: bool = True) -> int:
     figures["e2e_vs_raw"] = figures["e2e_events_per_s"] / figures["raw_consume_rps"]
     figures["e2e_vs_raw_pipeline"] = figures["e2e_events_per_s"] / figures["raw_pipeline_rps"]
     figures["ingress_p99_vs_raw"] = figures["ingress_p99_ms"] / figures["raw_publish_p99_ms"]
+    figures["e2e_vs_durable_floor"] = figures["e2e_events_per_s"] / figures["durable_floor_rps"]
+    figures["cpu_vs_durable_floor"] = figures["total_cpu_ms_per_event"] / figures["durable_floor_cpu_ms"]
+    figures["ingress_cpu_vs_floor"] = figures["ingress_cpu_ms_per_request"] / (
+        figures["http_floor_cpu_ms"] + figures["raw_publish_cpu_ms_client"])
     return report(figures)
 
 
@@ -230,10 +237,13 @@ ROWS = [  # (key, label, format)
     ("raw_pipeline_rps", "raw pipeline: published + consumed/s, concurrently", "{:,.0f}"),
     ("raw_pipeline_cpu_ms_broker", "raw pipeline: broker CPU ms per message", "{:.3f}"),
     ("raw_pipeline_cpu_ms_clients", "raw pipeline: publisher + consumer CPU ms per message", "{:.3f}"),
+    ("durable_floor_rps", "durable floor: published + committed + acked/s", "{:,.0f}"),
+    ("durable_floor_cpu_ms", "durable floor: CPU ms per message, every process", "{:.3f}"),
     ("http_floor_cpu_ms", "bare aiohttp server: CPU ms per request (fixed 200)", "{:.3f}"),
     ("ingress_rps", f"ingress: accepted req/s (64 conns, {INGRESS_PROCESSES} processes)", "{:,.0f}"),
     ("ingress_vs_raw", "ingress / raw publish", "{:.2f}"),
     ("ingress_cpu_ms_per_request", "ingress: CPU ms per request", "{:.3f}"),
+    ("ingress_cpu_vs_floor", "ingress CPU / (bare aiohttp + confirmed publish)", "{:.2f}"),
     ("load_client_cpu_ms_per_request", "load client: CPU ms per request", "{:.3f}"),
     ("ingress_p50_ms", f"ingress p50 ms at {LATENCY_RATE:,} req/s offered", "{:.2f}"),
     ("ingress_p99_ms", f"ingress p99 ms at {LATENCY_RATE:,} req/s offered", "{:.2f}"),
@@ -241,8 +251,10 @@ ROWS = [  # (key, label, format)
     ("e2e_events_per_s", f"end to end: events/s ({E2E_EVENTS:,} unique)", "{:,.0f}"),
     ("e2e_vs_raw", "end to end / raw consume", "{:.2f}"),
     ("e2e_vs_raw_pipeline", "end to end / raw pipeline", "{:.2f}"),
+    ("e2e_vs_durable_floor", "end to end / durable floor", "{:.2f}"),
     ("worker_cpu_ms_per_event", "workers: CPU ms per fresh event", "{:.3f}"),
     ("total_cpu_ms_per_event", "every process: CPU ms per fresh event", "{:.3f}"),
+    ("cpu_vs_durable_floor", "every process's CPU per event / durable floor's", "{:.2f}"),
     ("dup_events_per_s", f"duplicates: messages/s ({DUP_EVENTS:,} × {DUP_COPIES})", "{:,.0f}"),
     ("dup_cost_vs_fresh", "a concurrent copy's worker CPU / a fresh event's", "{:.2f}"),
     ("late_dup_per_s", f"late copies of completed events/s ({LATE_COPIES:,})", "{:,.0f}"),
