@@ -1,0 +1,55 @@
+"""Adversary round 5: the lazy `ctx.db` transaction (workers/handler_db.py)
+against the processor, on the in-memory stores (tests/support/in_memory.py)."""
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from tests.support.events import make_event
+from tests.support.in_memory import InMemoryClaims, InMemoryCompletions, RecordingFailures
+from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.workers.processor import Processor
+
+RUNS: list[str] = []
+
+
+async def optional_write(event, ctx):
+    """Writes a best-effort row, giving up after 50 ms (say, an audit line)."""
+    RUNS.append(event.key)
+    try:
+        await asyncio.wait_for(ctx.db.execute("INSERT INTO audit ..."), timeout=0.05)
+    except TimeoutError:
+        pass  # optional: the event is handled without it
+
+
+HANDLERS = ("optional_write",)
+SOURCES = {name: parse_source(name, {"scheme": "hmac-sha256", "secrets": ["s"],
+                                     "handler": f"tests.unit.test_handler_db_edges:{name}"}) for name in HANDLERS}
+
+
+@pytest.fixture
+def stores():
+    RUNS.clear()
+    completions = InMemoryCompletions(pool_size=1)  # one handler-transaction session
+    claims, failures = InMemoryClaims(300), RecordingFailures()
+    return Processor(SOURCES, claims, completions, failures), completions, claims, failures
+
+
+def event(source: str, event_id: str = "evt_1"):
+    return dataclasses.replace(make_event(source, event_id), message_id="m1")
+
+
+@pytest.mark.xfail(strict=True, reason="adversary round 5, A1: a ctx.db query that the handler's own timeout "
+                   "cancels while its transaction opens leaves open_error = CancelledError; complete() raises it, "
+                   "and the run ends as a cancelled task (no outcome: never acked nor sent back)")
+async def test_a_handler_whose_own_timeout_cancels_opening_ctx_db_still_gets_an_outcome(stores):
+    processor, completions, _, _ = stores
+    message = event("optional_write")
+    async with completions.session():  # every handler-transaction session is taken (a busy pool)
+        try:
+            outcome = await asyncio.wait_for(processor.process(message), 5)
+        except asyncio.CancelledError:
+            outcome = None  # what the worker's _handle cannot catch: the task ends cancelled
+    assert RUNS == [message.key]
+    assert outcome is not None, "process() raised CancelledError though nobody cancelled the run"
