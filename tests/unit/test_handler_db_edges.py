@@ -10,6 +10,7 @@ from tests.support.events import make_event
 from tests.support.in_memory import InMemoryClaims, InMemoryCompletions, RecordingFailures
 from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.workers.processor import Processor
+from webhook_ingest.workers.states import Outcome
 
 RUNS: list[str] = []
 
@@ -23,7 +24,23 @@ async def optional_write(event, ctx):
         pass  # optional: the event is handled without it
 
 
-HANDLERS = ("optional_write",)
+LEFT_RUNNING: list[asyncio.Task] = []
+KEPT: list[object] = []
+
+
+async def write_later(event, ctx):
+    """Answers at once and leaves its write to a task of its own (fire and forget)."""
+    RUNS.append(event.key)
+
+    async def audit():
+        await asyncio.sleep(0.01)
+        await ctx.db.execute("INSERT INTO audit ...")
+
+    LEFT_RUNNING.append(asyncio.create_task(audit()))
+    KEPT.append(ctx.db)  # as asyncpg's pool keeps a connection acquired (in memory, the GC would end it)
+
+
+HANDLERS = ("optional_write", "write_later")
 SOURCES = {name: parse_source(name, {"scheme": "hmac-sha256", "secrets": ["s"],
                                      "handler": f"tests.unit.test_handler_db_edges:{name}"}) for name in HANDLERS}
 
@@ -31,6 +48,8 @@ SOURCES = {name: parse_source(name, {"scheme": "hmac-sha256", "secrets": ["s"],
 @pytest.fixture
 def stores():
     RUNS.clear()
+    LEFT_RUNNING.clear()
+    KEPT.clear()
     completions = InMemoryCompletions(pool_size=1)  # one handler-transaction session
     claims, failures = InMemoryClaims(300), RecordingFailures()
     return Processor(SOURCES, claims, completions, failures), completions, claims, failures
@@ -53,3 +72,16 @@ async def test_a_handler_whose_own_timeout_cancels_opening_ctx_db_still_gets_an_
             outcome = None  # what the worker's _handle cannot catch: the task ends cancelled
     assert RUNS == [message.key]
     assert outcome is not None, "process() raised CancelledError though nobody cancelled the run"
+
+
+@pytest.mark.xfail(strict=True, reason="adversary round 5, A2: ctx.db used after the handler returned (a task it "
+                   "left running) opens a transaction on the run's already closed exit stack: nobody commits or "
+                   "rolls it back, the write is reported done but never commits, and the key's turn and a pooled "
+                   "connection stay held for ever")
+async def test_ctx_db_used_after_the_handler_returned_is_refused_not_left_open(stores):
+    processor, completions, _, _ = stores
+    message = event("write_later")
+    assert await processor.process(message) is Outcome.PROCESSED  # completed alone: the handler never queried
+    results = await asyncio.gather(*LEFT_RUNNING, return_exceptions=True)
+    assert completions.turns == {}, "the key's turn is still held by a transaction nobody will end"
+    assert isinstance(results[0], Exception), "the write after the run ended was answered as done"
