@@ -65,7 +65,7 @@ class SilentServer(InMemoryCompletions):
         try:
             yield
         except BaseException:
-            while not session.terminated:  # the rollback waits for the cancelled statement's answer
+            while not session.terminated:  # noqa: ASYNC110 - the rollback waits for the cancelled statement's answer
                 await asyncio.sleep(0.05)
             raise
 
