@@ -40,8 +40,9 @@ lint: install  ## ruff and mypy (a few seconds)
 docs: install  ## rewrite the generated tables of docs/reference.md from the code
 	$(BIN)/python -m tests.support.reference_docs
 
-bench: install  ## throughput/latency figures and ratios against the raw broker
-	$(BIN)/python -m tests.bench
+# BENCH_ARGS passes options (python -m tests.bench --help): --phase slow, --peers (the Celery stack beside ours).
+bench: install  ## throughput/latency figures and ratios against the raw broker and the durable floor
+	$(BIN)/python -m tests.bench $(BENCH_ARGS)
 
 # SEED=N reproduces a run; CHAOS_ARGS passes more options (python -m tests.chaos --help).
 chaos: install  ## a seeded fault run: kills, cuts, flushes, prunes; checks every accepted event (a few minutes)

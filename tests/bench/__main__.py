@@ -16,6 +16,7 @@ import time
 
 from tests.bench import broker_blocked, durable_floor, http_floor, httpload, raw_broker, raw_pipeline, slow_handlers
 from tests.bench.cpu import CpuMeter, cpu_seconds
+from tests.bench.peers import measure as peers
 from tests.bench.deployment import CONCURRENCY, INGRESS_PROCESSES, SECRET, SOURCE, WORKERS, Deployment, peak_rss_mib
 from tests.support.exactly_once import until_every_message_handled
 from tests.support.processes import wait_until
@@ -29,7 +30,7 @@ LATE_COPIES = 5_000
 RECOVERY_RATE, RECOVERY_SECONDS = 400, 3
 
 
-async def main(with_outage: bool = True) -> int:
+async def main(with_outage: bool = True, with_peers: bool = False) -> int:
     figures: dict[str, float] = {"nproc": os.cpu_count()}
     async with Deployment() as deployment:
         with httpload.gc_paused():
@@ -56,12 +57,16 @@ async def main(with_outage: bool = True) -> int:
     await slow_handlers.measure(figures)  # a deployment of its own, with four sources
     if with_outage:
         await broker_blocked.measure(figures)  # a deployment of its own, on a private broker
+    if with_peers:
+        await peers.measure(figures)  # the Celery stack, in a venv of its own
     figures["ingress_vs_raw"] = figures["ingress_rps"] / figures["raw_publish_rps"]
     figures["e2e_vs_raw"] = figures["e2e_events_per_s"] / figures["raw_consume_rps"]
     figures["e2e_vs_raw_pipeline"] = figures["e2e_events_per_s"] / figures["raw_pipeline_rps"]
     figures["ingress_p99_vs_raw"] = figures["ingress_p99_ms"] / figures["raw_publish_p99_ms"]
     figures["e2e_vs_durable_floor"] = figures["e2e_events_per_s"] / figures["durable_floor_rps"]
     figures["cpu_vs_durable_floor"] = figures["total_cpu_ms_per_event"] / figures["durable_floor_cpu_ms"]
+    if with_peers:
+        figures["e2e_vs_celery"] = figures["e2e_events_per_s"] / figures["celery_e2e_events_per_s"]
     figures["ingress_cpu_vs_floor"] = figures["ingress_cpu_ms_per_request"] / (
         figures["http_floor_cpu_ms"] + figures["raw_publish_cpu_ms_client"])
     return report(figures)
@@ -179,6 +184,8 @@ async def recovery_phase(deployment: Deployment, figures: dict) -> None:
     check_statuses("recovery", statuses)
     await until_effects(deployment, prefix, count)
     figures["recovery_s"] = time.perf_counter() - killed
+    distinct, rows = await effects(deployment, prefix), await effect_rows(deployment, prefix)
+    figures["recovery_lost"], figures["recovery_duplicated"] = count - distinct, rows - distinct
     await count_outcome(deployment, prefix, count, figures)
 
 
@@ -272,6 +279,23 @@ ROWS = [  # (key, label, format)
 ]
 
 
+PEER_ROWS = [  # (label, ours, the Celery stack's, format)
+    ("events/s end to end (20,000 unique)", "e2e_events_per_s", "celery_e2e_events_per_s", "{:,.0f}"),
+    (f"p99 ms at {LATENCY_RATE:,} req/s offered", "ingress_p99_ms", "celery_p99_ms", "{:.1f}"),
+    ("CPU ms per event, every process", "total_cpu_ms_per_event", "celery_total_cpu_ms_per_event", "{:.2f}"),
+    ("lost after kill -9 of a worker", "recovery_lost", "celery_lost_after_kill", "{:.0f}"),
+    ("duplicated after kill -9 of a worker", "recovery_duplicated", "celery_duplicated_after_kill", "{:.0f}"),
+]
+
+
+def print_peers(figures: dict) -> None:
+    print(f"\n| {'side by side':<40} | {'ours':>10} | {'Celery':>10} |\n| {'-' * 40} | {'-' * 10} | {'-' * 10} |")
+    for label, ours, celery, fmt in PEER_ROWS:
+        print(f"| {label:<40} | {fmt.format(figures.get(ours, float('nan'))):>10} | "
+              f"{fmt.format(figures[celery]):>10} |")
+    print(f"e2e_vs_celery: {figures['e2e_vs_celery']:.2f}")
+
+
 async def slow_phases_alone() -> int:
     figures: dict[str, float] = {"nproc": os.cpu_count()}
     await slow_handlers.measure(figures)
@@ -285,6 +309,8 @@ def report(figures: dict) -> int:
     for key, label, fmt in ROWS:
         if key in figures:
             print(f"| {label:<52} | {fmt.format(figures[key]):>10} |")
+    if "celery_e2e_events_per_s" in figures:
+        print_peers(figures)
     failed = figures["lost"] or figures["duplicated_effects"]
     print("\nFAIL: lost or duplicated effects" if failed else "\nOK: every event's effect exactly once")
     print(json.dumps({key: round(value, 3) for key, value in figures.items()}))
@@ -301,6 +327,10 @@ if __name__ == "__main__":
     parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow"], default="all",
                         help="every phase (the default), every phase but the broker-blocked one, "
                              "or the broker-blocked or slow-handler phases alone")
-    phase = parser.parse_args().phase
+    parser.add_argument("--peers", action="store_true",
+                        help="also the Celery stack of tests/bench/peers, side by side (not in make test)")
+    arguments = parser.parse_args()
+    phase = arguments.phase
     alone = {"broker-blocked": broker_blocked.main, "slow": slow_phases_alone}
-    sys.exit(asyncio.run(alone[phase]() if phase in alone else main(with_outage=phase == "all")))
+    sys.exit(asyncio.run(alone[phase]() if phase in alone
+                         else main(with_outage=phase == "all", with_peers=arguments.peers)))

@@ -1,0 +1,188 @@
+"""`make bench --peers`: the Celery stack of `celery_stack.py` under the
+bench's load client, beside our own figures of the same run: events/s end
+to end (20,000 unique events, first send to last row), p99 at 1,000 req/s
+offered, CPU per event over every process (receiver, worker, broker,
+Postgres), and lost / duplicated rows after `kill -9` of a worker process
+under 400 events/s. The peer's venv (build/peers-venv) is made on first
+use; its processes are started and stopped here."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+
+from tests.bench import httpload
+from tests.bench.cpu import CpuMeter
+from tests.bench.deployment import AMQP_URL, SERVER_URL, SECRET
+from tests.support.processes import ROOT, wait_until
+from tests.support.tcpproxy import free_port
+
+VENV = ROOT / "build" / "peers-venv"
+PACKAGES = ["celery==5.5.3", "uvicorn[standard]==0.32.1", "starlette==0.41.3", "psycopg[binary]==3.2.3"]
+SOURCE, EVENTS, LATENCY_RATE, LATENCY_SECONDS = "peer", 20_000, 1_000, 5
+KILL_RATE, KILL_SECONDS = 400, 3
+PROCESSES = os.cpu_count() or 2
+
+
+def ensure_venv() -> Path:
+    if not (VENV / "bin" / "celery").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        subprocess.run([str(VENV / "bin" / "pip"), "install", "--quiet", *PACKAGES], check=True)
+    return VENV / "bin"
+
+
+class CeleryStack:
+    def __init__(self) -> None:
+        run_id = uuid.uuid4().hex[:8]
+        self.database = f"wi_peer_{run_id}"
+        self.database_url = SERVER_URL.rsplit("/", 1)[0] + f"/{self.database}"
+        self.queue = f"peer_{run_id}"
+        self.port = free_port()
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": str(ROOT), "PEER_AMQP_URL": AMQP_URL, "PEER_SECRET": SECRET,
+                "PEER_DATABASE_URL": self.database_url, "PEER_QUEUE": self.queue}
+
+    async def __aenter__(self) -> "CeleryStack":
+        bin_dir = await asyncio.to_thread(ensure_venv)
+        server = await asyncpg.connect(SERVER_URL)
+        try:
+            await server.execute(f'CREATE DATABASE "{self.database}"')
+        finally:
+            await server.close()
+        await self.fetchval("CREATE TABLE peer_effects (key text NOT NULL, payload text NOT NULL)")
+        self._start(bin_dir)
+        await wait_until(self._answering, 60, message="the Celery stack's receiver")
+        return self
+
+    def _start(self, bin_dir: Path) -> None:
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": self._env(), "cwd": ROOT}
+        self.processes["receiver"] = subprocess.Popen(
+            [str(bin_dir / "uvicorn"), "tests.bench.peers.celery_stack:receiver", "--port", str(self.port),
+             "--workers", str(PROCESSES), "--no-access-log", "--log-level", "warning"], **quiet)
+        self.processes["worker"] = subprocess.Popen(
+            [str(bin_dir / "celery"), "-A", "tests.bench.peers.celery_stack", "worker", "-P", "prefork",
+             "--concurrency", str(PROCESSES), "-Q", self.queue, "--without-gossip", "--without-mingle",
+             "--loglevel", "warning"], **quiet)
+
+    def _stop(self) -> None:
+        for process in self.processes.values():
+            process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+    async def _answering(self) -> bool:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError:
+            return False
+        writer.close()
+        return len(self.pids()) > 2 * PROCESSES  # the receiver's workers and the worker's children are up
+
+    def pids(self) -> list[int]:
+        return [pid for process in self.processes.values() for pid in _tree(process.pid)]
+
+    def worker_children(self) -> list[int]:
+        return _tree(self.processes["worker"].pid)[1:]
+
+    async def fetchval(self, sql: str, *args):
+        connection = await asyncpg.connect(self.database_url)
+        try:
+            return await connection.fetchval(sql, *args)
+        finally:
+            await connection.close()
+
+    async def __aexit__(self, *exc) -> None:
+        await asyncio.to_thread(self._stop)
+        server = await asyncpg.connect(SERVER_URL)
+        try:
+            await server.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+        finally:
+            await server.close()
+        await _delete_queue(self.queue)
+
+
+async def measure(figures: dict) -> None:
+    async with CeleryStack() as stack:
+        await _end_to_end(stack, figures)
+        await _latency(stack, figures)
+        await _kill(stack, figures)
+
+
+async def _end_to_end(stack: CeleryStack, figures: dict) -> None:
+    requests = httpload.signed_requests(SOURCE, SECRET, "e2e_", EVENTS)
+    meter = CpuMeter({"peer": stack.pids()}, stack.database, 0)
+    await meter.measure_background()
+    meter.start()
+    started = time.perf_counter()
+    _, _, statuses = await httpload.closed_loop(stack.port, requests)
+    await _until_rows(stack, "e2e_", EVENTS)
+    figures["celery_e2e_events_per_s"] = EVENTS / (time.perf_counter() - started)
+    figures["celery_total_cpu_ms_per_event"] = 1000 * sum(meter.stop().values()) / EVENTS
+    figures["celery_non_200"] = sum(count for status, count in statuses.items() if status != 200)
+
+
+async def _latency(stack: CeleryStack, figures: dict) -> None:
+    requests = httpload.signed_requests(SOURCE, SECRET, "rate_", LATENCY_RATE * LATENCY_SECONDS)
+    latencies, _ = await httpload.open_loop(stack.port, requests, LATENCY_RATE)
+    latencies.sort()
+    figures["celery_p99_ms"] = 1000 * latencies[int(len(latencies) * 0.99)]
+    await _until_rows(stack, "rate_", len(requests))
+
+
+async def _kill(stack: CeleryStack, figures: dict) -> None:
+    """kill -9 of one worker child half-way through 3 s at 400 events/s."""
+    requests = httpload.signed_requests(SOURCE, SECRET, "kill_", KILL_RATE * KILL_SECONDS)
+    sending = asyncio.create_task(httpload.open_loop(stack.port, requests, KILL_RATE))
+    await asyncio.sleep(KILL_SECONDS / 2)
+    os.kill(stack.worker_children()[0], signal.SIGKILL)
+    _, statuses = await sending
+    accepted = statuses.get(200, 0)
+    try:
+        await _until_rows(stack, "kill_", accepted, timeout=60)
+    except AssertionError:
+        pass  # what never came is counted as lost below
+    distinct = await stack.fetchval("SELECT count(DISTINCT key) FROM peer_effects WHERE key LIKE 'peer:kill_%'")
+    rows = await stack.fetchval("SELECT count(*) FROM peer_effects WHERE key LIKE 'peer:kill_%'")
+    figures["celery_lost_after_kill"] = accepted - distinct
+    figures["celery_duplicated_after_kill"] = rows - distinct
+
+
+async def _until_rows(stack: CeleryStack, prefix: str, count: int, timeout: float = 180) -> None:
+    async def written() -> bool:
+        return await stack.fetchval("SELECT count(DISTINCT key) FROM peer_effects WHERE key LIKE $1",
+                                    f"{SOURCE}:{prefix}%") >= count
+
+    await wait_until(written, timeout, interval=0.1, message=f"{count} {prefix} rows of the Celery stack")
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (/proc/PID/task/*/children)."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            found += _tree(int(child))
+    return found
+
+
+async def _delete_queue(name: str) -> None:
+    import aio_pika
+
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        channel = await connection.channel()
+        await channel.queue_delete(name)
