@@ -39,6 +39,11 @@ class TurnRefused(Exception):
     (the processor defers it, whatever the handler made of the error)."""
 
 
+class HandlerReturned(RuntimeError):
+    """`ctx.db` used after its handler returned (a task the handler left
+    running): its run is completing or over, so no write may join it."""
+
+
 class HandlerTransaction:
     def __init__(self, completions: Any, key: str,
                  complete_alone: Callable[[Any, int], Awaitable[bool]]):
@@ -47,7 +52,9 @@ class HandlerTransaction:
         self._key = key
         self._opening = asyncio.Lock()
         self._closing = contextlib.AsyncExitStack()
-        self._connection: Any = None
+        self._connection: Any = None  # once the turn is had
+        self._session: Any = None  # from the moment one is acquired: what `terminate` closes
+        self._returned = False
         self.turn_refused = False
         self.open_error: BaseException | None = None  # what opening the transaction raised (Postgres away)
 
@@ -58,6 +65,8 @@ class HandlerTransaction:
     async def connection(self) -> asyncpg.Connection:
         """The connection in the handler's transaction, opened at the first call."""
         async with self._opening:
+            if self._returned:
+                raise HandlerReturned(f"ctx.db of {self._key} used after its handler returned")
             if self.turn_refused:
                 raise TurnRefused(self._key)
             if self._connection is None:
@@ -65,13 +74,24 @@ class HandlerTransaction:
         return self._connection
 
     async def _open(self) -> None:
+        """The session, its transaction and the key's turn. A failed attempt
+        leaves nothing open: its session is closed, not rolled back (a
+        rollback behind a cancelled statement waits for the server), so a
+        handler that gave up on a query (its own timeout) may query again."""
+        attempt = contextlib.AsyncExitStack()
         try:
-            connection = await self._closing.enter_async_context(self._completions.session())
-            await self._closing.enter_async_context(self._completions.transaction(connection))
+            self._session = connection = await attempt.enter_async_context(self._completions.session())
+            await attempt.enter_async_context(self._completions.transaction(connection))
             turn = await self._completions.take_turn(connection, self._key)
         except BaseException as exc:
-            self.open_error = exc  # Postgres away: an outage, not the handler's failure
-            raise
+            self.terminate()
+            self._session = None
+            with contextlib.suppress(Exception):  # the closed session's rollback fails: nothing to undo
+                await attempt.aclose()
+            if isinstance(exc, Exception):
+                self.open_error = exc  # Postgres away: an outage, not the handler's failure
+            raise  # a cancellation is its canceller's: the handler's own timeout, a lost lease, a shutdown
+        await self._closing.enter_async_context(attempt)
         if not turn:
             self.turn_refused = True
             raise TurnRefused(self._key)
@@ -91,6 +111,8 @@ class HandlerTransaction:
         """The completion row: in the handler's transaction when it has one,
         else in a statement of its own. False when refused (a stale token, or
         completed meanwhile)."""
+        async with self._opening:  # a query of a task the handler left running waits for this, then is refused
+            self._returned = True
         if self.open_error is not None:  # the handler went on without the writes it tried
             raise self.open_error
         if self._connection is None:
@@ -103,6 +125,7 @@ class HandlerTransaction:
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         """Commits when the block succeeded, rolls back when it raised; the
         connection goes back to the pool either way."""
+        self._returned = True
         return await self._closing.__aexit__(*exc_info)
 
     def is_closed(self) -> bool:
@@ -113,5 +136,7 @@ class HandlerTransaction:
 
     def terminate(self) -> None:
         """Drops the session at once (a lost lease: never wait on a rollback)."""
-        if self._connection is not None:
-            self._connection.terminate()
+        if self._session is not None:
+            # a session lost mid-statement is released by the pool already: its proxy refuses even this
+            with contextlib.suppress(asyncpg.InterfaceError):
+                self._session.terminate()

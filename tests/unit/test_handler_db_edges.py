@@ -89,9 +89,6 @@ def event(source: str, event_id: str = "evt_1"):
     return dataclasses.replace(make_event(source, event_id), message_id="m1")
 
 
-@pytest.mark.xfail(strict=True, reason="adversary round 5, A1: a ctx.db query that the handler's own timeout "
-                   "cancels while its transaction opens leaves open_error = CancelledError; complete() raises it, "
-                   "and the run ends as a cancelled task (no outcome: never acked nor sent back)")
 async def test_a_handler_whose_own_timeout_cancels_opening_ctx_db_still_gets_an_outcome(stores):
     processor, completions, _, _ = stores
     message = event("optional_write")
@@ -104,10 +101,6 @@ async def test_a_handler_whose_own_timeout_cancels_opening_ctx_db_still_gets_an_
     assert outcome is not None, "process() raised CancelledError though nobody cancelled the run"
 
 
-@pytest.mark.xfail(strict=True, reason="adversary round 5, A2: ctx.db used after the handler returned (a task it "
-                   "left running) opens a transaction on the run's already closed exit stack: nobody commits or "
-                   "rolls it back, the write is reported done but never commits, and the key's turn and a pooled "
-                   "connection stay held for ever")
 async def test_ctx_db_used_after_the_handler_returned_is_refused_not_left_open(stores):
     processor, completions, _, _ = stores
     message = event("write_later")
@@ -117,9 +110,6 @@ async def test_ctx_db_used_after_the_handler_returned_is_refused_not_left_open(s
     assert isinstance(results[0], Exception), "the write after the run ended was answered as done"
 
 
-@pytest.mark.xfail(strict=True, reason="adversary round 5, A3: a lease lost while the handler's first ctx.db "
-                   "query is taking the turn (Postgres silent) is not closed: HandlerTransaction.terminate() does "
-                   "nothing until the turn is had, so the rollback waits on the silent server and the run hangs")
 async def test_a_lease_lost_while_ctx_db_takes_its_turn_closes_the_session_and_defers():
     RUNS.clear()
     silent = SilentServer()
