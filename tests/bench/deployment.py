@@ -9,6 +9,7 @@ override the layout, only to compare candidates for the defaults."""
 import asyncio
 import contextlib
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -91,6 +92,8 @@ class Deployment:
     async def __aexit__(self, *exc) -> None:
         self.fleet.stop_all()
         await self._drop_everything()
+        if exc[0] is None:  # the processes' logs stay only after a failure
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     async def start_ingress(self, env: dict[str, str] | None = None) -> None:
         """The ingress processes `run` starts (sharing one port when several)."""
