@@ -1,21 +1,33 @@
 """Who is the client: the TCP peer, or — only when that peer is one of
-`WEBHOOK_INGEST_TRUSTED_PROXIES` — the address the proxies recorded in
-`Forwarded` (RFC 7239) or `X-Forwarded-For`. The allowlists, the rate limits
-and the logs all read the result as `request.remote`.
+`WEBHOOK_INGEST_TRUSTED_PROXIES` — the address those proxies recorded in
+the one header they manage (`WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER`:
+`X-Forwarded-For`, or `Forwarded` of RFC 7239). The other header is never
+read: nginx, ingress-nginx and ALB append to `X-Forwarded-For` and pass a
+client's own `Forwarded` through untouched, so reading whichever is present
+let a client pick its address. The allowlists, the rate limits, the sign-in
+throttle and the logs all read the result as `request.remote`.
 
 Why not aiohttp-remotes (1.4, maintained, works with our aiohttp): its
 `XForwardedStrict`/`ForwardedStrict` need an exact hop count and answer 400 to
 a direct client or an untrusted peer, and `XForwardedFiltered` believes the
 header from any peer, so anyone could pick an allowlisted address. We need
 "a trusted peer: walk the chain from the right past trusted proxies; anyone
-else: the headers are ignored", which is the few lines below. `Forwarded`
-itself is parsed by aiohttp (`request.forwarded`), not by hand.
+else: the headers are ignored", which is the few lines below.
+
+Why `Forwarded` is not read through aiohttp's `request.forwarded`: it parses
+from the left, so a client's unbalanced quote (`for=10.1.2.3;x="`) swallows
+the element a proxy appended after it on the same line, and the client's
+own `for=` becomes the rightmost hop. Only the right end of the header is
+the proxies'; we split it on commas and semicolons, which their elements
+(addresses, never quoted commas) survive, and whatever the client wrote
+stays to the left or is junk that ends the walk.
 """
 
 from collections.abc import Iterable, Sequence
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
 from aiohttp import hdrs, web
+from multidict import CIMultiDictProxy
 
 Address = IPv4Address | IPv6Address
 Network = IPv4Network | IPv6Network
@@ -65,25 +77,44 @@ def resolve_client(peer: Address | None, hops: Sequence[str], trusted: Sequence[
     return address
 
 
-def forwarding_hops(request: web.Request) -> list[str]:
-    """`Forwarded: for=…` when present (the standard), else `X-Forwarded-For`."""
-    if hdrs.FORWARDED in request.headers:
-        return [element.get("for") or "unknown" for element in request.forwarded]
-    return [hop for header in request.headers.getall(hdrs.X_FORWARDED_FOR, ()) for hop in header.split(",")]
+def forwarding_hops(headers: CIMultiDictProxy[str], header: str) -> list[str]:
+    """The entries of `header` (one of settings.CLIENT_ADDRESS_HEADERS),
+    leftmost first, over all its lines in order."""
+    lines = headers.getall(header, ())
+    if header == hdrs.FORWARDED:
+        return [forwarded_for(element) for line in lines for element in line.split(",")]
+    return [hop for line in lines for hop in line.split(",")]
 
 
-def setup_client_address(app: web.Application, trusted: Sequence[Network]) -> None:
+def forwarded_for(element: str) -> str:
+    """The `for=` of one `Forwarded` element; "" (junk) when it has none."""
+    for pair in element.split(";"):
+        name, equals, value = pair.partition("=")
+        if equals and name.strip().lower() == "for":
+            return value
+    return ""
+
+
+def client_of(peer: Address | None, headers: CIMultiDictProxy[str], header: str,
+              trusted: Sequence[Network]) -> Address | None:
+    """The client of a request from `peer` carrying `headers`."""
+    if not is_within(peer, trusted):
+        return peer
+    return resolve_client(peer, forwarding_hops(headers, header), trusted)
+
+
+def setup_client_address(app: web.Application, trusted: Sequence[Network], header: str) -> None:
     """With no trusted proxy configured nothing is installed: requests pay nothing."""
     if trusted:
-        app.middlewares.append(_forwarded_client(tuple(trusted)))
+        app.middlewares.append(_forwarded_client(tuple(trusted), header))
 
 
-def _forwarded_client(trusted: tuple[Network, ...]):
+def _forwarded_client(trusted: tuple[Network, ...], header: str):
     @web.middleware
     async def forwarded_client(request: web.Request, handler):
         peer = parse_address(request.remote)
         if is_within(peer, trusted):
-            client = resolve_client(peer, forwarding_hops(request), trusted)
+            client = client_of(peer, request.headers, header, trusted)
             if client is not None and client != peer:
                 request = request.clone(remote=str(client))
         return await handler(request)

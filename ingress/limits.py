@@ -41,7 +41,7 @@ def handler_args(settings: Settings) -> dict[str, float]:
 def setup_limits(app: web.Application, settings: Settings) -> None:
     """Middlewares (client address first, so everything after sees it),
     the rate limiter and its Redis client."""
-    setup_client_address(app, settings.trusted_proxies)
+    setup_client_address(app, settings.trusted_proxies, settings.client_address_header)
     app.middlewares.append(_bounded_concurrency(settings.max_concurrent_requests))
     app.cleanup_ctx.append(_rate_limiter_ctx)
     app.on_startup.append(_raise_open_files_limit)

@@ -26,14 +26,19 @@ ENVIRONMENT_VARIABLES = (
                                 " (renewed every third of it while a handler runs; a killed worker's keys are free"
                                 " after it)"),
     ("WEBHOOK_INGEST_DONE_TTL", "seconds Redis remembers a completed key (Postgres remembers until pruned)"),
-    ("WEBHOOK_INGEST_TRUSTED_PROXIES", "comma-separated CIDRs whose X-Forwarded-For / Forwarded set the client"
+    ("WEBHOOK_INGEST_TRUSTED_PROXIES", "comma-separated CIDRs of the proxies whose forwarding header sets the client"
                                        " address (unset: none)"),
+    ("WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER", "the one forwarding header those proxies manage: `X-Forwarded-For` or"
+                                             " `Forwarded`; the other is never read"),
     ("WEBHOOK_INGEST_HEADER_TIMEOUT", "seconds a connection has to send a request's headers"
                                       " (also the keep-alive idle limit)"),
     ("WEBHOOK_INGEST_BODY_TIMEOUT", "seconds a request has to send its whole body"),
     ("WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", "requests one ingress process works on at once; beyond, 503 at once"),
     ("LOG_FORMAT", "json or console (default: console on a TTY, else json)"),
 )
+
+# The headers a proxy can manage (ingress/client_address.py reads exactly one).
+CLIENT_ADDRESS_HEADERS = ("X-Forwarded-For", "Forwarded")
 
 
 class Settings(BaseSettings):
@@ -52,6 +57,7 @@ class Settings(BaseSettings):
     done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)
     log_format: str | None = Field(None, alias="LOG_FORMAT", pattern=r"^(json|console)$")
     trusted_proxies_csv: str = Field("", alias="WEBHOOK_INGEST_TRUSTED_PROXIES")
+    client_address_header: str = Field("X-Forwarded-For", alias="WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER")
     header_timeout: float = Field(60.0, alias="WEBHOOK_INGEST_HEADER_TIMEOUT", gt=0)
     body_timeout: float = Field(60.0, alias="WEBHOOK_INGEST_BODY_TIMEOUT", gt=0)
     max_concurrent_requests: int = Field(256, alias="WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", ge=1)
@@ -67,6 +73,15 @@ class Settings(BaseSettings):
     def _cidrs(cls, value: str) -> str:
         parse_networks(value)  # a typo is a start-up error, not a proxy silently untrusted
         return value
+
+    @field_validator("client_address_header")
+    @classmethod
+    def _forwarding_header(cls, value: str) -> str:
+        # Names are case-insensitive; the canonical spelling is what code compares.
+        for header in CLIENT_ADDRESS_HEADERS:
+            if value.strip().lower() == header.lower():
+                return header
+        raise ValueError(f"must be one of {', '.join(CLIENT_ADDRESS_HEADERS)}")
 
     @cached_property
     def trusted_proxies(self) -> tuple[IPv4Network | IPv6Network, ...]:
@@ -90,6 +105,7 @@ class Settings(BaseSettings):
             "delivery_limit": self.delivery_limit,
             "lock_ttl": self.lock_ttl,
             "trusted_proxies": [str(network) for network in self.trusted_proxies],
+            "client_address_header": self.client_address_header,
             "header_timeout": self.header_timeout,
             "body_timeout": self.body_timeout,
             "max_concurrent_requests": self.max_concurrent_requests,

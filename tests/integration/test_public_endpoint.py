@@ -3,6 +3,7 @@ limit without Redis, the concurrency bound and the sign-in throttle, on the
 real app against the real services."""
 
 import asyncio
+import re
 
 import orjson
 import pytest
@@ -29,6 +30,8 @@ def sources(tmp_path):
         'allowed_ips = ["127.0.0.0/8", "::1/128"]\n'
         f'[sources.limited]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
         'rate_limit = { per_second = 0.01, burst = 3 }\n'
+        f'[sources.office]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
+        'allowed_ips = ["10.1.2.0/24"]\n'
     )
     return load_sources(str(path))
 
@@ -57,7 +60,8 @@ async def test_the_allowlist_answers_403_before_the_signature_and_queues_nothing
 
 @pytest.mark.parametrize("header", ["X-Forwarded-For", "Forwarded"])
 async def test_a_trusted_proxy_sets_the_client_address(settings, sources, monkeypatch, header):
-    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32, ::1")
+    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32, ::1",
+                            WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER=header)
 
     def forwarded(address: str) -> dict[str, str]:
         hops = f"{address}, 127.0.0.1" if header == "X-Forwarded-For" else f'for="{address}", for="127.0.0.1"'
@@ -73,6 +77,46 @@ async def test_a_trusted_proxy_sets_the_client_address(settings, sources, monkey
         body, headers = signed(4, **forwarded("198.51.100.1"))  # the proxy's client is not loopback
         assert (await client.post("/webhooks/inside", data=body, headers=headers)).status == 403
     assert len(await queued_events(settings.amqp_url, settings.namespace)) == 2
+
+
+async def test_behind_an_x_forwarded_for_proxy_a_clients_own_forwarded_is_ignored(settings, sources, monkeypatch):
+    """nginx, ingress-nginx, ALB: they append to X-Forwarded-For and pass Forwarded through (issue 21, item 1)."""
+    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32")
+    async with running_ingress(proxied, sources) as client:
+        body, headers = signed(1, **{"Forwarded": "for=10.1.2.3", "X-Forwarded-For": "203.0.113.9"})
+        spoofed = await client.post("/webhooks/office", data=body, headers=headers)
+        assert (spoofed.status, await spoofed.json()) == (403, {"error": "forbidden_source_ip"})
+        body, headers = signed(2, **{"Forwarded": "for=203.0.113.9", "X-Forwarded-For": "10.1.2.3"})
+        assert (await client.post("/webhooks/office", data=body, headers=headers)).status == 200
+    assert [event.key for event in await queued_events(settings.amqp_url, settings.namespace)] == ["office:evt_2"]
+
+
+async def test_behind_a_forwarded_proxy_a_clients_own_x_forwarded_for_is_ignored(settings, sources, monkeypatch):
+    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32",
+                            WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER="forwarded")
+    spoofs = [{"X-Forwarded-For": "10.1.2.3", "Forwarded": "for=203.0.113.9"},
+              {"Forwarded": 'for=10.1.2.3;x=", for="[2001:db8::9]"'},  # a client's quote, the proxy's element
+              {"Forwarded": "for=10.1.2.3, for=203.0.113.9"}]
+    async with running_ingress(proxied, sources) as client:
+        for n, spoof in enumerate(spoofs):
+            body, headers = signed(n, **spoof)
+            assert (await client.post("/webhooks/office", data=body, headers=headers)).status == 403, spoof
+        body, headers = signed(9, **{"Forwarded": "for=10.1.2.3;proto=https", "X-Forwarded-For": "203.0.113.9"})
+        assert (await client.post("/webhooks/office", data=body, headers=headers)).status == 200
+
+
+async def test_a_forged_forwarded_does_not_dodge_the_console_sign_in_throttle(settings, sources, monkeypatch):
+    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32",
+                            WEBHOOK_INGEST_ADMIN_TOKEN="operator-token-for-the-throttle-test")
+    async with running_ingress(proxied, sources) as client:
+        login = await (await client.get("/console/login")).text()
+        csrf = re.search(r'name="csrf_token" value="([^"]+)"', login)[1]
+        statuses = []
+        for n in range(30):
+            headers = {"X-Forwarded-For": "203.0.113.9", "Forwarded": f"for=10.1.2.{n}"}
+            answer = await client.post("/console/login", data={"csrf_token": csrf, "token": "guess"}, headers=headers)
+            statuses.append(answer.status)
+    assert statuses == [401] * 5 + [429] * 25
 
 
 async def test_forwarding_headers_from_an_untrusted_peer_are_ignored(settings, sources, monkeypatch):

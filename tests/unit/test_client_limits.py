@@ -2,11 +2,16 @@
 
 from ipaddress import ip_address, ip_network
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from webhook_ingest.ingress.client_address import parse_address, resolve_client
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from webhook_ingest.ingress.client_address import client_of, forwarded_for, parse_address, resolve_client
 from webhook_ingest.ingress.ratelimit import LocalBuckets
+from webhook_ingest.shared.errors import ConfigError
+from webhook_ingest.shared.settings import load_settings
 
 TRUSTED = (ip_network("10.0.0.0/8"), ip_network("fd00::/8"))
 trusted_ips = st.one_of(st.ip_addresses(network="10.0.0.0/8"), st.ip_addresses(network="fd00::/8"))
@@ -76,3 +81,87 @@ def test_a_burst_is_admitted_at_once_and_retry_after_is_exact(per_second, burst)
     assert wait > 0
     assert buckets.retry_after("other", per_second, burst, 5.0) == 0.0  # keys are independent
     assert buckets.retry_after("k", per_second, burst, 5.0 + wait + 1e-9) == 0.0
+
+
+# -- the forwarding header, as the two kinds of proxy write it ------------------------------------------------------
+
+XFF, FORWARDED = "X-Forwarded-For", "Forwarded"
+# What a client writes itself: anything, with the characters that confuse a parser made likely.
+client_text = st.lists(st.sampled_from([*'",;=\\[]: ', "for", "by", "10.1.2.3", "::1", "unknown", "a"]),
+                       max_size=15).map("".join)
+client_headers = st.lists(st.tuples(st.sampled_from([XFF, FORWARDED]), client_text), max_size=3)
+
+
+def forwarded_element(address, with_port: bool) -> str:
+    """What a `Forwarded`-managing proxy appends (RFC 7239: IPv6 and ports quoted)."""
+    node = f"[{address}]" if address.version == 6 else str(address)
+    port = ":443" if with_port else ""
+    return f'for="{node}{port}"' if address.version == 6 or with_port else f"for={node}"
+
+
+def appended(headers: list[tuple[str, str]], name: str, entry: str, same_line: bool) -> CIMultiDict:
+    """`headers` after a proxy appended `entry` to `name`: to its last line
+    (`, entry`), as nginx's `$proxy_add_x_forwarded_for` does, or as a line of its own."""
+    result = CIMultiDict(headers)
+    lines = result.getall(name, [])
+    if same_line and lines:
+        result.popall(name)
+        for line in lines[:-1]:
+            result.add(name, line)
+        result.add(name, f"{lines[-1]}, {entry}")
+    else:
+        result.add(name, entry)
+    return result
+
+
+@given(client=public_ips, own=client_headers, proxies=st.lists(trusted_ips, min_size=1, max_size=3),
+       same_line=st.booleans(), with_port=st.booleans())
+def test_behind_x_forwarded_for_proxies_a_clients_own_headers_change_nothing(client, own, proxies, same_line,
+                                                                              with_port):
+    # Each proxy appends the address it was connected from; the last one is the peer.
+    headers, sender = CIMultiDict(own), client
+    for proxy in proxies:
+        headers = appended(list(headers.items()), XFF, hop_text(sender, with_port=False), same_line)
+        sender = proxy
+    assert client_of(sender, CIMultiDictProxy(headers), XFF, TRUSTED) == client
+
+
+@given(client=public_ips, own=client_headers, proxies=st.lists(trusted_ips, min_size=1, max_size=3),
+       same_line=st.booleans(), with_port=st.booleans())
+@example(client=ip_address("2001:db8::9"), own=[(FORWARDED, 'for=10.1.2.3;x="')], proxies=[ip_address("10.0.0.1")],
+         same_line=True, with_port=False)
+def test_behind_forwarded_proxies_a_clients_own_headers_change_nothing(client, own, proxies, same_line, with_port):
+    headers, sender = CIMultiDict(own), client
+    for proxy in proxies:
+        headers = appended(list(headers.items()), FORWARDED, forwarded_element(sender, with_port) + ";proto=https",
+                           same_line)
+        sender = proxy
+    assert client_of(sender, CIMultiDictProxy(headers), FORWARDED, TRUSTED) == client
+
+
+def test_the_issue_21_spoof_through_an_x_forwarded_for_proxy():
+    headers = CIMultiDictProxy(CIMultiDict({FORWARDED: "for=10.1.2.3", XFF: "203.0.113.9"}))
+    assert client_of(ip_address("10.0.0.1"), headers, XFF, TRUSTED) == ip_address("203.0.113.9")
+
+
+def test_an_unbalanced_quote_does_not_swallow_the_proxys_forwarded_element():
+    # aiohttp's request.forwarded reads this line as one element, for=10.1.2.3.
+    headers = CIMultiDictProxy(CIMultiDict({FORWARDED: 'for=10.1.2.3;x=", for="[2001:db8::9]"'}))
+    assert client_of(ip_address("10.0.0.1"), headers, FORWARDED, TRUSTED) == ip_address("2001:db8::9")
+
+
+@given(element=client_text, address=st.ip_addresses(), with_port=st.booleans())
+def test_the_for_pair_is_found_whatever_else_the_element_holds(element, address, with_port):
+    pairs = [pair for pair in element.split(";") if pair.partition("=")[0].strip().lower() != "for"]
+    hop = forwarded_for(";".join(["by=x", *pairs, forwarded_element(address, with_port), "proto=https"]))
+    assert parse_address(hop) == (address.ipv4_mapped or address if address.version == 6 else address)
+
+
+def test_the_client_address_header_is_one_of_two_and_read_case_insensitively(monkeypatch):
+    monkeypatch.setenv("WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER", "forwarded")
+    assert load_settings().client_address_header == "Forwarded"
+    monkeypatch.delenv("WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER")
+    assert load_settings().client_address_header == "X-Forwarded-For"
+    monkeypatch.setenv("WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER", "X-Real-IP")
+    with pytest.raises(ConfigError, match="WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER"):
+        load_settings()
