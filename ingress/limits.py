@@ -18,6 +18,7 @@ from aiohttp import web
 
 from webhook_ingest.ingress import ratelimit
 from webhook_ingest.ingress.appkeys import settings_key, sources_key
+from webhook_ingest.ingress.failure_budget import FailureBudget, failure_budget_key
 from webhook_ingest.ingress.client_address import is_within, parse_address, setup_client_address
 from webhook_ingest.ingress.ratelimit import RateLimiter, SignInThrottle
 from webhook_ingest.ingress.responses import Rejected, error
@@ -43,6 +44,7 @@ def setup_limits(app: web.Application, settings: Settings) -> None:
     the rate limiter and its Redis client."""
     setup_client_address(app, settings.trusted_proxies, settings.client_address_header)
     app.middlewares.append(_bounded_concurrency(settings.max_concurrent_requests))
+    app[failure_budget_key] = FailureBudget()
     app.cleanup_ctx.append(_rate_limiter_ctx)
     app.on_startup.append(_raise_open_files_limit)
 

@@ -82,15 +82,20 @@ class LocalBuckets:
     def retry_after(self, key: str, per_second: float, burst: int, now: float | None = None) -> float:
         """0.0 when a request is allowed (and counted), else seconds to wait."""
         now = time.monotonic() if now is None else now
-        interval = 1.0 / per_second
-        new_tat = max(self._next_free.get(key, now), now) + interval
-        wait = new_tat - burst * interval - now
-        if wait > _ROUNDING:
+        wait = self.wait(key, per_second, burst, now)
+        if wait:
             return wait
-        self._next_free[key] = new_tat
+        self._next_free[key] = max(self._next_free.get(key, now), now) + 1.0 / per_second
         if len(self._next_free) > _MAX_LOCAL_KEYS:
             self._forget_full_buckets(now)
         return 0.0
+
+    def wait(self, key: str, per_second: float, burst: int, now: float | None = None) -> float:
+        """What `retry_after` would answer now, counting nothing."""
+        now = time.monotonic() if now is None else now
+        interval = 1.0 / per_second
+        wait = max(self._next_free.get(key, now), now) + interval - burst * interval - now
+        return wait if wait > _ROUNDING else 0.0
 
     def _forget_full_buckets(self, now: float) -> None:
         # A key whose arrival time is past has a full bucket: same as absent.

@@ -1,8 +1,9 @@
 """`POST /webhooks/{source}`: verify, identify, publish, then answer.
 
 The checks run in the order docs/reference.md §6 fixes, the first failure answering:
-source (404), client address (403), rate limit (429), size (413, the body
-read within a time limit), signature (401), JSON (400), event id (400).
+source (404), client address (403), the client's failure budget (429), size
+(413, the body read within a time limit), signature (401), the source's rate
+limit (429: only verified requests spend it), JSON (400), event id (400).
 A 200 is only sent once the event is durably stored: the broker confirmed
 the message, or (RabbitMQ away) the Postgres outbox committed it.
 """
@@ -12,6 +13,7 @@ import time
 from aiohttp import web
 
 from webhook_ingest.ingress.appkeys import done_markers_key, outbox_key, publisher_key, sources_key
+from webhook_ingest.ingress.failure_budget import failure_budget_key
 from webhook_ingest.ingress.limits import check_client_address, check_rate_limit, read_body_within
 from webhook_ingest.ingress.outbox import OutboxUnavailable
 from webhook_ingest.ingress.publisher import GivenUp, Publisher
@@ -45,9 +47,9 @@ async def _accept(request: web.Request, source: Source | None) -> web.Response:
     if source is None:
         raise Rejected(error(404, "unknown_source"))
     check_client_address(request, source)
-    await check_rate_limit(request, source)
-    body = await read_body_within(request, source.max_body_bytes)
-    _verify(source, request, body)
+    request.app[failure_budget_key].refuse_if_spent(request.remote)
+    body = await _verified_body(request, source)
+    await check_rate_limit(request, source)  # the provider's budget: spent by verified requests only
     payload = _parse_json(body)
     event = _build_event(source, request, body, payload)
     if await request.app[done_markers_key].completed_with(event.key, event.payload_sha256):
@@ -81,6 +83,17 @@ async def _publish_anyway(publisher: Publisher, event: EventMessage, given_up: G
         log.warning("unavailable", source=event.source, key=event.key, broker=str(exc), outbox=outbox_error)
         raise Rejected(error(503, "unavailable", {"Retry-After": RETRY_AFTER_SECONDS})) from exc
     log.info("published_without_outbox", source=event.source, key=event.key, outbox=outbox_error)
+
+
+async def _verified_body(request: web.Request, source: Source) -> bytes:
+    """The body, read and its signature verified; a failure spends its client's failure budget."""
+    try:
+        body = await read_body_within(request, source.max_body_bytes)
+        _verify(source, request, body)
+    except Rejected:
+        request.app[failure_budget_key].charge(request.remote)
+        raise
+    return body
 
 
 def _verify(source: Source, request: web.Request, body: bytes) -> None:

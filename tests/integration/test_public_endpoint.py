@@ -5,10 +5,12 @@ real app against the real services."""
 import asyncio
 import re
 
+import aiohttp
 import orjson
 import pytest
 import redis.asyncio as redis
 
+from webhook_ingest.ingress.failure_budget import FAILURES_BURST
 from webhook_ingest.ingress.limits import sign_in_throttle_key
 from webhook_ingest.ingress.ratelimit import RateLimiter
 from webhook_ingest.shared import signatures
@@ -144,6 +146,34 @@ async def test_with_redis_away_the_rate_limit_holds_per_process_and_never_fails_
     assert unlimited.status == 200
     assert "webhook_ingress_rate_limit_local 1.0" in metrics
     assert 'webhook_ingress_requests_total{source="limited",status="429"} 2.0' in metrics
+
+
+async def test_unverified_requests_do_not_spend_the_sources_rate_limit(settings, sources):
+    """5+ unsigned or wrongly signed POSTs, then the provider's delivery: 200, not 429 (issue 21, item 2)."""
+    async with running_ingress(settings, sources) as client:
+        wrong = signatures.sign("hmac-sha256", b"{}", "not-the-secret")
+        refused = [await client.post("/webhooks/limited", data=b"{}", headers=wrong if n % 2 else {})
+                   for n in range(6)]
+        assert [answer.status for answer in refused] == [401] * 6
+        body, headers = signed(1)
+        assert (await client.post("/webhooks/limited", data=body, headers=headers)).status == 200
+
+
+async def test_a_client_failing_verification_is_refused_alone(settings, sources):
+    """Failures spend a budget of their client's: beyond it 429 before the
+    body is read, for that client only."""
+    async with running_ingress(settings, sources) as client:
+        statuses = [(await client.post("/webhooks/inside", data=b"{}")).status for _ in range(FAILURES_BURST + 3)]
+        assert statuses == [401] * FAILURES_BURST + [429] * 3
+        body, headers = signed(1)
+        same_client = await client.post("/webhooks/inside", data=body, headers=headers)
+        assert (same_client.status, await same_client.json()) == (429, {"error": "too_many_failures"})
+        assert int(same_client.headers["Retry-After"]) >= 1
+        other = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+        async with aiohttp.ClientSession(connector=other) as session:
+            url = f"http://127.0.0.1:{client.port}/webhooks/inside"
+            async with session.post(url, data=body, headers=headers) as answer:
+                assert answer.status == 200, await answer.text()
 
 
 async def test_beyond_the_concurrency_bound_the_ingress_answers_503_at_once(settings, sources, monkeypatch):

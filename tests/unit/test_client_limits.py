@@ -165,3 +165,13 @@ def test_the_client_address_header_is_one_of_two_and_read_case_insensitively(mon
     monkeypatch.setenv("WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER", "X-Real-IP")
     with pytest.raises(ConfigError, match="WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER"):
         load_settings()
+
+
+@given(per_second=st.floats(0.5, 1000), burst=st.integers(1, 50), gaps=st.lists(st.floats(0, 0.5), max_size=60))
+def test_waiting_time_is_what_the_next_request_would_get_and_spends_nothing(per_second, burst, gaps):
+    buckets, now = LocalBuckets(), 1000.0
+    for gap in gaps:
+        now += gap
+        peeked = buckets.wait("k", per_second, burst, now)
+        assert buckets.wait("k", per_second, burst, now) == peeked  # nothing spent
+        assert buckets.retry_after("k", per_second, burst, now) == peeked

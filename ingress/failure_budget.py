@@ -1,0 +1,51 @@
+"""A budget per client for webhook requests that fail verification.
+
+A source's `rate_limit` is the provider's budget, so only a request whose
+signature verified spends it: otherwise anyone could keep a source at 429
+with unsigned POSTs, and a provider that does not redeliver (GitHub) would
+lose its events. What fails instead — a missing or wrong signature, a stale
+timestamp, a body too large, too slow or undecodable — spends a budget of
+its client's (the address `client_address` found): `FAILURES_BURST` at once,
+then `FAILURES_PER_SECOND`. A client over it is answered 429
+`too_many_failures` before its body is read, so a flood of unsigned bodies
+costs neither reads nor HMACs; every other client is served as before.
+
+The budget is kept in each process (LocalBuckets), not in Redis like the
+rate limits: it guards this process's work, and a Redis call on the path of
+every request would cost each delivery a round trip for it. With N ingress
+processes a client may fail up to N times the budget.
+"""
+
+import math
+
+from aiohttp import web
+
+from webhook_ingest.ingress.ratelimit import LocalBuckets
+from webhook_ingest.ingress.responses import Rejected, error
+from webhook_ingest.shared.logging import get_logger
+
+log = get_logger(__name__)
+
+FAILURES_BURST = 20
+FAILURES_PER_SECOND = 1.0
+
+
+class FailureBudget:
+    def __init__(self, burst: int = FAILURES_BURST, per_second: float = FAILURES_PER_SECOND):
+        self._buckets = LocalBuckets()
+        self._burst = burst
+        self._per_second = per_second
+
+    def refuse_if_spent(self, client: str | None) -> None:
+        """429 `too_many_failures` + `Retry-After` when `client` has no failure left."""
+        wait = self._buckets.wait(str(client), self._per_second, self._burst)
+        if wait > 0:
+            log.info("too_many_failures", client=client)
+            raise Rejected(error(429, "too_many_failures", {"Retry-After": str(max(1, math.ceil(wait)))}))
+
+    def charge(self, client: str | None) -> None:
+        """One failed request of `client`'s (beyond its budget: nothing more to count)."""
+        self._buckets.retry_after(str(client), self._per_second, self._burst)
+
+
+failure_budget_key = web.AppKey("failure_budget", FailureBudget)
