@@ -1,6 +1,7 @@
 """What an endpoint facing the internet needs besides signatures: who the
 client is, per-source allowlists and rate limits, time limits for slow
-clients, a bound on concurrent requests, and the console's sign-in throttle.
+clients, bounds on concurrent requests (ingress/slots.py), a budget for
+failed ones (ingress/failure_budget.py), and the console's sign-in throttle.
 
 Time limits: a connection must deliver a request's headers within
 `header_timeout` of opening (or of its previous response) — aiohttp's own
@@ -17,12 +18,12 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from webhook_ingest.ingress import ratelimit
-from webhook_ingest.ingress.appkeys import settings_key, sources_key
+from webhook_ingest.ingress.appkeys import settings_key
 from webhook_ingest.ingress.failure_budget import FailureBudget, failure_budget_key
 from webhook_ingest.ingress.client_address import is_within, parse_address, setup_client_address
 from webhook_ingest.ingress.ratelimit import RateLimiter, SignInThrottle
+from webhook_ingest.ingress.slots import Slots, slots_key
 from webhook_ingest.ingress.responses import Rejected, error
-from webhook_ingest.shared import metrics
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
@@ -40,10 +41,10 @@ def handler_args(settings: Settings) -> dict[str, float]:
 
 
 def setup_limits(app: web.Application, settings: Settings) -> None:
-    """Middlewares (client address first, so everything after sees it),
-    the rate limiter and its Redis client."""
+    """The client-address middleware (so everything after sees it), the
+    slots, the failure budget, the rate limiter and its Redis client."""
     setup_client_address(app, settings.trusted_proxies, settings.client_address_header)
-    app.middlewares.append(_bounded_concurrency(settings.max_concurrent_requests))
+    app[slots_key] = Slots(settings.max_concurrent_requests, settings.max_bodies_per_client)
     app[failure_budget_key] = FailureBudget()
     app.cleanup_ctx.append(_rate_limiter_ctx)
     app.on_startup.append(_raise_open_files_limit)
@@ -69,7 +70,7 @@ async def check_rate_limit(request: web.Request, source: Source) -> None:
 async def read_body_within(request: web.Request, limit: int) -> bytes:
     """The raw body, never past `limit` bytes (413), within `body_timeout`
     (else 408 and the connection closed: a client dribbling its body holds
-    a connection and a concurrency slot for nothing)."""
+    a connection and a slot for nothing)."""
     try:
         async with asyncio.timeout(request.app[settings_key].body_timeout):
             return await _read_body(request, limit)
@@ -103,30 +104,6 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
             raise Rejected(error(413, "body_too_large"))
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _bounded_concurrency(limit: int):
-    """Beyond `limit` webhook requests in this process at once, answer 503
-    at once: queueing without end only turns overload into timeouts."""
-    in_flight = 0
-
-    @web.middleware
-    async def bounded_concurrency(request: web.Request, handler):
-        nonlocal in_flight
-        if not request.path.startswith("/webhooks/"):
-            return await handler(request)
-        if in_flight >= limit:
-            source = request.match_info.get("source", "")
-            label = source if source in request.app[sources_key] else "unknown"
-            metrics.ingress_requests.labels(label, "503").inc()
-            return error(503, "unavailable", {"Retry-After": "1"})
-        in_flight += 1
-        try:
-            return await handler(request)
-        finally:
-            in_flight -= 1
-
-    return bounded_concurrency
 
 
 async def _rate_limiter_ctx(app: web.Application) -> AsyncIterator[None]:

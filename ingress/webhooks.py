@@ -1,7 +1,8 @@
 """`POST /webhooks/{source}`: verify, identify, publish, then answer.
 
 The checks run in the order docs/reference.md §6 fixes, the first failure answering:
-source (404), client address (403), the client's failure budget (429), size
+source (404), client address (403), the client's failure budget (429), a
+slot (429 for a client with too many bodies arriving, else 503), size
 (413, the body read within a time limit), signature (401), the source's rate
 limit (429: only verified requests spend it), JSON (400), event id (400).
 A 200 is only sent once the event is durably stored: the broker confirmed
@@ -17,6 +18,7 @@ from webhook_ingest.ingress.failure_budget import failure_budget_key
 from webhook_ingest.ingress.limits import check_client_address, check_rate_limit, read_body_within
 from webhook_ingest.ingress.outbox import OutboxUnavailable
 from webhook_ingest.ingress.publisher import GivenUp, Publisher
+from webhook_ingest.ingress.slots import Slot, slots_key
 from webhook_ingest.shared.errors import BrokerUnavailable
 from webhook_ingest.ingress.responses import Rejected, error, json_response
 from webhook_ingest.shared import event_id, metrics, storable_json
@@ -48,8 +50,13 @@ async def _accept(request: web.Request, source: Source | None) -> web.Response:
         raise Rejected(error(404, "unknown_source"))
     check_client_address(request, source)
     request.app[failure_budget_key].refuse_if_spent(request.remote)
-    body = await _verified_body(request, source)
-    await check_rate_limit(request, source)  # the provider's budget: spent by verified requests only
+    with request.app[slots_key].taken(request.remote) as slot:  # the headers vetted: now it may hold one
+        body = await _verified_body(request, source, slot)
+        await check_rate_limit(request, source)  # the provider's budget: spent by verified requests only
+        return await _queued(request, source, body)
+
+
+async def _queued(request: web.Request, source: Source, body: bytes) -> web.Response:
     payload = _parse_json(body)
     event = _build_event(source, request, body, payload)
     if await request.app[done_markers_key].completed_with(event.key, event.payload_sha256):
@@ -85,10 +92,11 @@ async def _publish_anyway(publisher: Publisher, event: EventMessage, given_up: G
     log.info("published_without_outbox", source=event.source, key=event.key, outbox=outbox_error)
 
 
-async def _verified_body(request: web.Request, source: Source) -> bytes:
+async def _verified_body(request: web.Request, source: Source, slot: Slot) -> bytes:
     """The body, read and its signature verified; a failure spends its client's failure budget."""
     try:
         body = await read_body_within(request, source.max_body_bytes)
+        slot.body_arrived()
         _verify(source, request, body)
     except Rejected:
         request.app[failure_budget_key].charge(request.remote)

@@ -33,7 +33,10 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_HEADER_TIMEOUT", "seconds a connection has to send a request's headers"
                                       " (also the keep-alive idle limit)"),
     ("WEBHOOK_INGEST_BODY_TIMEOUT", "seconds a request has to send its whole body"),
-    ("WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", "requests one ingress process works on at once; beyond, 503 at once"),
+    ("WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", "webhook requests one ingress process works on at once, counted once"
+                                               " their headers are vetted; beyond, 503 at once"),
+    ("WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT", "webhook requests of one client address whose body is still arriving, per"
+                                             " ingress process; beyond, 429 to that client"),
     ("LOG_FORMAT", "json or console (default: console on a TTY, else json)"),
 )
 
@@ -61,6 +64,7 @@ class Settings(BaseSettings):
     header_timeout: float = Field(60.0, alias="WEBHOOK_INGEST_HEADER_TIMEOUT", gt=0)
     body_timeout: float = Field(60.0, alias="WEBHOOK_INGEST_BODY_TIMEOUT", gt=0)
     max_concurrent_requests: int = Field(256, alias="WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", ge=1)
+    max_bodies_per_client: int = Field(32, alias="WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT", ge=1)
 
     @field_validator("sources_path", "admin_token", "viewer_token", "log_format", mode="before")
     @classmethod
@@ -109,6 +113,7 @@ class Settings(BaseSettings):
             "header_timeout": self.header_timeout,
             "body_timeout": self.body_timeout,
             "max_concurrent_requests": self.max_concurrent_requests,
+            "max_bodies_per_client": self.max_bodies_per_client,
         }
 
 

@@ -4,6 +4,7 @@ real app against the real services."""
 
 import asyncio
 import re
+from collections import Counter
 
 import aiohttp
 import orjson
@@ -193,6 +194,52 @@ async def test_beyond_the_concurrency_bound_the_ingress_answers_503_at_once(sett
         assert (await reader.readline()).startswith(b"HTTP/1.1 200")
         writer.close()
         assert (await client.post("/webhooks/inside", data=body, headers=headers)).status == 200
+
+
+async def trickling(port: int, client_address: str, body: bytes, headers: dict[str, str]):
+    """A connection from `client_address` that sent its headers and sends
+    its body one byte every 0.2 s: (reader, writer, the trickling task)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(client_address, 0))
+    head = f"POST /webhooks/inside HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    writer.write(head.encode() + b"\r\n")
+
+    async def trickle() -> None:
+        for byte in body:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.2)
+
+    return reader, writer, asyncio.create_task(trickle())
+
+
+async def test_one_client_trickling_many_bodies_does_not_starve_another(settings, sources, monkeypatch):
+    """Issue 21, item 3: real connections from 127.0.0.3 holding slow bodies,
+    a signed delivery from 127.0.0.1 meanwhile."""
+    bounded = settings_with(monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="10",
+                            WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT="3")
+    body, headers = signed(1)
+    async with running_ingress(bounded, sources) as client:
+        slow = [await trickling(client.port, "127.0.0.3", body, headers) for _ in range(12)]
+        try:
+            await asyncio.sleep(0.3)
+            heads = [await answer_head(reader) for reader, _, _ in slow]
+            delivery, delivery_headers = signed(2)
+            other = await client.post("/webhooks/inside", data=delivery, headers=delivery_headers)
+            assert other.status == 200, await other.text()
+        finally:
+            for _, writer, task in slow:
+                task.cancel()
+                writer.close()
+    assert Counter(heads) == {b"HTTP/1.1 429 Too Many Requests": 9, None: 3}  # 3 still trickling
+
+
+async def answer_head(reader: asyncio.StreamReader) -> bytes | None:
+    """The status line already answered on a connection; None while it waits."""
+    try:
+        return (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 0.1)).split(b"\r\n")[0]
+    except TimeoutError:
+        return None
 
 
 async def test_console_sign_in_is_throttled_per_client_address(settings, sources):

@@ -10,6 +10,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from webhook_ingest.ingress.client_address import client_of, forwarded_for, parse_address, resolve_client
 from webhook_ingest.ingress.ratelimit import LocalBuckets
+from webhook_ingest.ingress.responses import Rejected
+from webhook_ingest.ingress.slots import Slots
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.settings import load_settings
 
@@ -175,3 +177,30 @@ def test_waiting_time_is_what_the_next_request_would_get_and_spends_nothing(per_
         peeked = buckets.wait("k", per_second, burst, now)
         assert buckets.wait("k", per_second, burst, now) == peeked  # nothing spent
         assert buckets.retry_after("k", per_second, burst, now) == peeked
+
+
+@given(limit=st.integers(1, 6), per_client=st.integers(1, 4),
+       steps=st.lists(st.tuples(st.sampled_from(["enter", "arrive", "leave"]), st.sampled_from("abc")), max_size=40))
+def test_slots_bound_the_process_and_each_clients_arriving_bodies(limit, per_client, steps):
+    slots, held = Slots(limit, per_client), []  # held: (client, slot, its context, body arrived)
+    for action, client in steps:
+        mine = [entry for entry in held if entry[0] == client]
+        arriving = sum(1 for entry in mine if not entry[3])
+        if action == "enter":
+            context = slots.taken(client)
+            try:
+                held.append([client, context.__enter__(), context, False])
+            except Rejected as refused:
+                expected = 429 if arriving >= per_client else 503
+                assert refused.response.status == expected and (expected == 429 or len(held) >= limit)
+            else:
+                assert arriving < per_client and len(held) <= limit
+        elif mine and action == "arrive":
+            mine[0][1].body_arrived()
+            mine[0][3] = True
+        elif mine:
+            held.remove(mine[0])
+            mine[0][2].__exit__(None, None, None)
+    for _, _, context, _ in held:
+        context.__exit__(None, None, None)
+    assert (slots._in_flight, slots._bodies_arriving) == (0, {})  # all given back, no client left behind

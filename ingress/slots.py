@@ -1,0 +1,76 @@
+"""How many webhook requests one ingress process works on, and how many of
+them one client may hold while their bodies are still arriving.
+
+A slot is taken only once the headers are vetted (a known source, a client
+inside its allowlist, a client with failures left), so a request refused
+for those holds nothing. Beyond `WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS`
+slots the answer is 503 at once: queueing without end only turns overload
+into timeouts. And one client address may have at most
+`WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT` requests whose body has not all
+arrived: beyond, that client alone gets 429. A body trickling in holds its
+slot up to `WEBHOOK_INGEST_BODY_TIMEOUT`; without the per-client bound, one
+client with a few hundred slow connections answered every source 503.
+"""
+
+import contextlib
+from collections.abc import Iterator
+
+from aiohttp import web
+
+from webhook_ingest.ingress.responses import Rejected, error
+from webhook_ingest.shared.logging import get_logger
+
+log = get_logger(__name__)
+
+
+class Slots:
+    def __init__(self, limit: int, bodies_per_client: int):
+        self._limit = limit
+        self._bodies_per_client = bodies_per_client
+        self._in_flight = 0
+        self._bodies_arriving: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def taken(self, client: str | None) -> Iterator["Slot"]:
+        """A slot for one request of `client`'s, its body counted as arriving
+        until `Slot.body_arrived()`; 429 or 503 (Rejected) when there is none."""
+        self._refuse_if_full(str(client))
+        slot = Slot(self, str(client))
+        self._in_flight += 1
+        try:
+            yield slot
+        finally:
+            self._in_flight -= 1
+            slot.body_arrived()
+
+    def _refuse_if_full(self, client: str) -> None:
+        if self._bodies_arriving.get(client, 0) >= self._bodies_per_client:
+            log.info("too_many_bodies_arriving", client=client)
+            raise Rejected(error(429, "too_many_open_requests", {"Retry-After": "1"}))
+        if self._in_flight >= self._limit:
+            raise Rejected(error(503, "unavailable", {"Retry-After": "1"}))
+
+    def _count_body(self, client: str, change: int) -> None:
+        count = self._bodies_arriving.get(client, 0) + change
+        if count:
+            self._bodies_arriving[client] = count
+        else:
+            del self._bodies_arriving[client]  # a key per client seen would only grow
+
+
+class Slot:
+    """One request's slot; its body counts against its client until it has arrived."""
+
+    def __init__(self, slots: Slots, client: str):
+        self._slots = slots
+        self._client = client
+        self._arriving = True
+        slots._count_body(client, +1)
+
+    def body_arrived(self) -> None:
+        if self._arriving:
+            self._arriving = False
+            self._slots._count_body(self._client, -1)
+
+
+slots_key = web.AppKey("slots", Slots)
