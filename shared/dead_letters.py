@@ -30,6 +30,7 @@ from webhook_ingest.shared.queries import load_queries
 SQL = load_queries("webhook_ingest.shared")
 STATUSES = ("dead", "replayed", "discarded", "completed")  # completed: by another delivery, after all
 MAX_ID = 2**63 - 1  # bigserial
+MAX_ID_DIGITS = len(str(MAX_ID))
 UNREADABLE = "UnreadableMessage"  # the error type of a message that was not an event: never replayable
 
 
@@ -196,7 +197,9 @@ class DeadLetterFilter:
 def parse_id(text: str) -> int | None:
     """A dead-letter id from user input, or None when it cannot be one."""
     text = text.strip()
-    if not (text.isascii() and text.isdigit()) or int(text) > MAX_ID:  # no sign, no spaces
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_ID_DIGITS:  # no sign, no spaces
+        return None  # length first: int() refuses more than 4,300 digits (a 500, issue 21)
+    if int(text) > MAX_ID:
         return None
     return int(text)
 

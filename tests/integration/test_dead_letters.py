@@ -327,6 +327,15 @@ async def test_admin_api_is_absent_without_a_token(settings):
             assert response.status == 404
 
 
+async def test_admin_api_answers_a_five_thousand_digit_id_or_limit_with_400_not_500(admin_settings):
+    """Issue 21, item 7: int() refuses more than 4,300 digits."""
+    auth, huge = {"Authorization": f"Bearer {TOKEN}"}, "9" * 5000
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        for method, path in (("GET", f"/admin/dead-letters/{huge}"), ("POST", f"/admin/dead-letters/{huge}/discard"),
+                             ("GET", f"/admin/dead-letters?limit={huge}")):
+            assert (await client.request(method, path, headers=auth)).status == 400, path
+
+
 async def test_admin_api_lists_shows_replays_and_discards_like_the_cli(admin_settings):
     one, two = await seed(admin_settings.database_url, make_event("acme", "evt_1"), make_event("other", "evt_2"))
     auth = {"Authorization": f"Bearer {TOKEN}"}
