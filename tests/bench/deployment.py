@@ -122,11 +122,7 @@ class Deployment:
             await (await channel.get_queue(self.events_queue)).purge()
 
     async def fetchval(self, sql: str, *args):
-        connection = await asyncpg.connect(self.database_url)
-        try:
-            return await connection.fetchval(sql, *args)
-        finally:
-            await connection.close()
+        return await fetchval(self.database_url, sql, *args)
 
     async def _drop_everything(self) -> None:
         await _delete_queues(self.amqp_url, self.namespace)
@@ -155,6 +151,15 @@ async def _delete_queues(amqp_url: str, namespace: str) -> None:
             with contextlib.suppress(aio_pika.exceptions.AMQPError):
                 channel = await connection.channel()
                 await channel.queue_delete(name)
+
+
+async def fetchval(database_url: str, sql: str, *args):
+    """One value, on a connection of its own (the bench's reads between phases)."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await connection.fetchval(sql, *args)
+    finally:
+        await connection.close()
 
 
 def peak_rss_mib(pid: int) -> float:

@@ -21,13 +21,12 @@ import asyncio
 import os
 import sys
 import time
-import uuid
 
 import aio_pika
 import asyncpg
 
 from tests.bench.cpu import CpuMeter
-from tests.bench.raw_broker import IN_FLIGHT
+from tests.bench.raw_broker import IN_FLIGHT, publish_many
 
 TABLE = "CREATE TABLE IF NOT EXISTS durable_floor (id text PRIMARY KEY)"
 INSERT = "INSERT INTO durable_floor (id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING"
@@ -49,7 +48,7 @@ async def measure(amqp_url: str, queue_name: str, database_url: str, database: s
             await meter.measure_background()
             meter.start()
             started = time.time()
-            await _publish_with_ids(channel, queue_name, messages)
+            await publish_many(channel, queue_name, messages, with_ids=True)
             last_ack = float((await consumer.stdout.readline()).strip())
             cpu = meter.stop()
             await consumer.wait()
@@ -62,19 +61,6 @@ async def measure(amqp_url: str, queue_name: str, database_url: str, database: s
     for name, seconds in cpu.items():
         figures[f"durable_floor_cpu_ms_{name.split('.')[0].replace('-', '_')}"] = 1000 * seconds / messages
     return figures
-
-
-async def _publish_with_ids(channel, queue_name: str, messages: int) -> None:
-    body = b"x" * 1024
-    slots = asyncio.Semaphore(IN_FLIGHT)
-
-    async def publish_one() -> None:
-        async with slots:
-            await channel.default_exchange.publish(
-                aio_pika.Message(body, message_id=uuid.uuid4().hex, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                routing_key=queue_name)
-
-    await asyncio.gather(*(publish_one() for _ in range(messages)))
 
 
 async def consume(amqp_url: str, queue_name: str, database_url: str, messages: int) -> None:

@@ -6,6 +6,7 @@ costs before anything of ours runs."""
 
 import asyncio
 import time
+import uuid
 
 import aio_pika
 
@@ -61,15 +62,17 @@ async def _publish(channel, queue_name: str, messages: int) -> float:
     return messages / (time.perf_counter() - started)
 
 
-async def publish_many(channel, queue_name: str, messages: int) -> None:
-    """`messages` confirmed persistent 1 KiB publishes, IN_FLIGHT at a time."""
+async def publish_many(channel, queue_name: str, messages: int, with_ids: bool = False) -> None:
+    """`messages` confirmed persistent 1 KiB publishes, IN_FLIGHT at a time
+    (each with a message id of its own when `with_ids`)."""
     body = b"x" * 1024
     slots = asyncio.Semaphore(IN_FLIGHT)
 
     async def publish_one() -> None:
         async with slots:
             await channel.default_exchange.publish(
-                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue_name)
+                aio_pika.Message(body, message_id=uuid.uuid4().hex if with_ids else None,
+                                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue_name)
 
     await asyncio.gather(*(publish_one() for _ in range(messages)))
 

@@ -19,7 +19,7 @@ import asyncpg
 
 from tests.bench import httpload
 from tests.bench.cpu import CpuMeter
-from tests.bench.deployment import AMQP_URL, SERVER_URL, SECRET
+from tests.bench.deployment import AMQP_URL, SECRET, SERVER_URL, fetchval
 from tests.support.processes import ROOT, wait_until
 from tests.support.tcpproxy import free_port
 
@@ -96,11 +96,7 @@ class CeleryStack:
         return _tree(self.processes["worker"].pid)[1:]
 
     async def fetchval(self, sql: str, *args):
-        connection = await asyncpg.connect(self.database_url)
-        try:
-            return await connection.fetchval(sql, *args)
-        finally:
-            await connection.close()
+        return await fetchval(self.database_url, sql, *args)
 
     async def __aexit__(self, *exc) -> None:
         await asyncio.to_thread(self._stop)
