@@ -1,0 +1,25 @@
+-- The console's sessions, kept by the server (docs/security.md, "Console sessions").
+
+-- The key that encrypts and authenticates the console's cookies: random,
+-- made by the first ingress process that needs it and read by the others
+-- (a sign-in served by one process is good in all). Nothing about it
+-- follows from the operator token, so a cookie confirms no guess of it.
+CREATE TABLE console_session_key (
+    only_row    boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    key         bytea NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- One row per sign-in. The cookie carries the session's random id; the
+-- server keeps only its SHA-256. A session is good while its row has no
+-- `ended_at` and its `expires_at` is ahead: signing out ends it for every
+-- copy of the cookie.
+CREATE TABLE console_sessions (
+    id_sha256   bytea PRIMARY KEY,
+    role        text NOT NULL,
+    client      text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL,
+    ended_at    timestamptz
+);
+CREATE INDEX console_sessions_expires_at ON console_sessions (expires_at);
