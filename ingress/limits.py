@@ -13,7 +13,8 @@ closes idle keep-alive connections — and the whole body within
 import asyncio
 import math
 import resource
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -29,6 +30,7 @@ from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 rate_limiter_key = web.AppKey("rate_limiter", RateLimiter)
 # The console (a sub-app) reads it as request.config_dict[sign_in_throttle_key].
@@ -71,9 +73,24 @@ async def read_body_within(request: web.Request, limit: int) -> bytes:
     """The raw body, never past `limit` bytes (413), within `body_timeout`
     (else 408 and the connection closed: a client dribbling its body holds
     a connection and a slot for nothing)."""
+    return await _within_body_timeout(request, _read_body(request, limit))
+
+
+async def read_form_within(request: web.Request, limit: int) -> None:
+    """A console form's body, its length stated (411) and within `limit`
+    (413), read within `body_timeout` as a webhook's; read through aiohttp,
+    which keeps it for `request.post()`."""
+    if request.content_length is None:
+        raise Rejected(error(411, "length_required"))
+    if request.content_length > limit:
+        raise Rejected(error(413, "body_too_large"))
+    await _within_body_timeout(request, request.read())
+
+
+async def _within_body_timeout(request: web.Request, reading: Awaitable[T]) -> T:
     try:
-        async with asyncio.timeout(request.app[settings_key].body_timeout):
-            return await _read_body(request, limit)
+        async with asyncio.timeout(request.config_dict[settings_key].body_timeout):
+            return await reading
     except TimeoutError:
         log.info("body_timeout", client=request.remote, path=request.path)
         raise Rejected(await _answered_and_closed(request, error(408, "request_timeout"))) from None

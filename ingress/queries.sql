@@ -29,3 +29,27 @@ DELETE FROM outbox WHERE id = ANY($1::bigint[])
 SELECT count(*) AS pending,
        coalesce(extract(epoch FROM clock_timestamp() - min(stored_at)), 0)::float8 AS oldest_age_seconds
 FROM outbox
+
+-- The console's sessions (ingress/console/sessions.py).
+
+-- name: create_console_session_key
+-- The first process to need the key makes it; the others' inserts do nothing.
+INSERT INTO console_session_key (key) VALUES ($1) ON CONFLICT DO NOTHING
+
+-- name: console_session_key
+SELECT key FROM console_session_key
+
+-- name: begin_console_session
+INSERT INTO console_sessions (id_sha256, role, token_fingerprint, client, expires_at)
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
+
+-- name: live_console_session
+SELECT role, token_fingerprint FROM console_sessions
+WHERE id_sha256 = $1 AND ended_at IS NULL AND expires_at > now()
+
+-- name: end_console_session
+UPDATE console_sessions SET ended_at = now() WHERE id_sha256 = $1 AND ended_at IS NULL
+
+-- name: forget_old_console_sessions
+-- A day after they expired: kept until then for whoever reads the table after an incident.
+DELETE FROM console_sessions WHERE expires_at < now() - interval '1 day'

@@ -18,8 +18,9 @@ ENVIRONMENT_VARIABLES = (
     ("DATABASE_URL", "Postgres URL; `migrate` creates the database if missing"),
     ("WEBHOOK_INGEST_NAMESPACE", "prefix of every queue and Redis key"),
     ("WEBHOOK_INGEST_SOURCES", "path of the sources TOML file (unset: built-in demo source)"),
-    ("WEBHOOK_INGEST_ADMIN_TOKEN", "operator token of the admin HTTP API and the console (unset: both disabled)"),
-    ("WEBHOOK_INGEST_VIEWER_TOKEN", "read-only token of the admin HTTP API and the console (unset: none)"),
+    ("WEBHOOK_INGEST_ADMIN_TOKEN",
+     "operator token of the admin HTTP API and the console, 32 characters or more (unset: both disabled)"),
+    ("WEBHOOK_INGEST_VIEWER_TOKEN", "read-only token of the admin HTTP API and the console, 32 or more (unset: none)"),
     ("WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", "how long a console sign-in lasts"),
     ("WEBHOOK_INGEST_DELIVERY_LIMIT", "deliveries before a message that kills its worker is dead-lettered"),
     ("WEBHOOK_INGEST_LOCK_TTL", "TTL in seconds of the Redis processing lock and the Postgres lease of a key"
@@ -39,6 +40,9 @@ ENVIRONMENT_VARIABLES = (
                                              " ingress process; beyond, 429 to that client"),
     ("LOG_FORMAT", "json or console (default: console on a TTY, else json)"),
 )
+
+# 32 characters of a random token_urlsafe: 192 bits; of hex: 128.
+MIN_TOKEN_CHARACTERS = 32
 
 # The headers a proxy can manage (ingress/client_address.py reads exactly one).
 CLIENT_ADDRESS_HEADERS = ("X-Forwarded-For", "Forwarded")
@@ -71,6 +75,16 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value):
         # Compose and Kubernetes often set a variable to "" to mean "not set".
         return value or None
+
+    @field_validator("admin_token", "viewer_token")
+    @classmethod
+    def _long_enough(cls, value: str | None) -> str | None:
+        # The token is the console's and the admin API's only credential, and
+        # a short one falls to guessing (docs/security.md, "Tokens").
+        if value is not None and len(value) < MIN_TOKEN_CHARACTERS:
+            raise ValueError(f"is {len(value)} characters; it must be at least {MIN_TOKEN_CHARACTERS} characters"
+                             " of a random value, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
+        return value
 
     @field_validator("trusted_proxies_csv")
     @classmethod

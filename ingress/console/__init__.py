@@ -5,13 +5,14 @@ A sub-application of the ingress under `/console/`, mounted only when
 are rendered on the server (aiohttp-jinja2, autoescaping on) and work
 without JavaScript; htmx, vendored in `static/` and pinned by version and
 checksum (`vendor.py`), only refreshes figures and progress in place.
-Nothing is loaded from another host. Sessions and CSRF: `security.py`.
+Nothing is loaded from another host. Sessions and CSRF: `security.py` and `sessions.py`.
 It shares the admin API's dead-letter store (over the ingress's Postgres
 pool) and the ingress's broker connection (a replay publishes on its
 confirm-mode channel).
 """
 
 import warnings
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp_jinja2
@@ -20,9 +21,11 @@ from aiohttp import web
 from aiohttp.web_exceptions import NotAppKeyWarning
 from aiohttp_session import session_middleware
 
+from webhook_ingest.ingress.appkeys import database_pool_key
 from webhook_ingest.ingress.console import middlewares
 from webhook_ingest.ingress.console.bulk import BulkRunner
 from webhook_ingest.ingress.console.security import cookie_storage
+from webhook_ingest.ingress.console.sessions import ConsoleSessions, console_sessions_key
 from webhook_ingest.ingress.console.vendor import HTMX_FILE
 from webhook_ingest.ingress.console.views import add_routes, bulk_runner_key
 from webhook_ingest.shared.dead_letters import iso_utc
@@ -35,14 +38,17 @@ warnings.filterwarnings("ignore", category=NotAppKeyWarning, module="aiohttp_ses
 
 
 def setup_console(app: web.Application, settings: Settings) -> None:
+    """After `database_ctx`: the sessions live in the ingress's Postgres."""
     if not settings.admin_token:
         return
+    app.cleanup_ctx.append(_sessions_ctx)
     app.add_subapp("/console/", console_app(settings))
     app.router.add_get("/console", _to_console)
 
 
 def console_app(settings: Settings) -> web.Application:
     console = web.Application(middlewares=[
+        middlewares.bounded,
         session_middleware(cookie_storage(settings)),
         middlewares.security_headers,
         middlewares.expected_failures,
@@ -57,6 +63,11 @@ def console_app(settings: Settings) -> web.Application:
     console[bulk_runner_key] = BulkRunner()
     console.on_shutdown.append(console[bulk_runner_key].stop)
     return console
+
+
+async def _sessions_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[console_sessions_key] = ConsoleSessions(app[database_pool_key])
+    yield
 
 
 async def _to_console(request: web.Request) -> web.Response:

@@ -1,16 +1,21 @@
-"""What every console request goes through, in this order: the session,
-the security headers, sign-in, CSRF and role checks, then the page; the
-failures a page can expect become a page with a clear message, never a 500.
+"""What every console request goes through, in this order: the bounds
+the webhooks have (a slot, a form body of bounded size read within the body
+time limit), the session, the security headers, sign-in, CSRF and role
+checks, then the page; the failures a page can expect become a page with a
+clear message, never a 500.
 """
 
 from aiohttp import web
 from aiohttp_session import get_session
 
-from webhook_ingest.ingress.appkeys import settings_key
+from webhook_ingest.ingress.limits import read_form_within
+from webhook_ingest.ingress.responses import Rejected
+from webhook_ingest.ingress.slots import slots_key
 from webhook_ingest.ingress.console.rendering import message_page
 from webhook_ingest.ingress.console.security import (
     Handler,
     csrf_matches,
+    had_session,
     presented_csrf,
     role_key,
     same_origin,
@@ -24,10 +29,27 @@ from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 log = get_logger(__name__)
 
 PUBLIC_PREFIXES = ("/console/login", "/console/static/")
+MAX_FORM_BYTES = 64 * 1024  # the largest console form (a bulk action's filter) is a few hundred bytes
 ANYONE_MAY_POST = ("/console/login", "/console/logout")
 # Nothing from another host, no inline script; the page works without script at all.
 CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                            "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+
+
+@web.middleware
+async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A slot of the process's and of the client's, as a webhook takes
+    (ingress/slots.py), and a POST's form read whole before anything else
+    looks at it (limits.read_form_within): the sign-in page is as public as
+    the webhooks and must not let a slow client hold the process."""
+    try:
+        with request.config_dict[slots_key].taken(request.remote) as slot:
+            if request.method == "POST":
+                await read_form_within(request, MAX_FORM_BYTES)
+            slot.body_arrived()
+            return await handler(request)
+    except Rejected as rejection:
+        return rejection.response
 
 
 @web.middleware
@@ -54,10 +76,10 @@ async def signed_in(request: web.Request, handler: Handler) -> web.StreamRespons
     """Pages need a session; without one, GET goes to the sign-in page."""
     if request.path.startswith(PUBLIC_PREFIXES):
         return await handler(request)
-    session = await get_session(request)
-    role = session_role(session, request.config_dict[settings_key])
+    role = await session_role(request)
     if role is None:
-        expired = "role" in session
+        session = await get_session(request)
+        expired = had_session(session)
         session.invalidate()
         login = "/console/login" + ("?expired=1" if expired else "")
         if request.headers.get("HX-Request"):  # a refresh in place: the whole page goes to sign-in
@@ -97,5 +119,5 @@ async def expected_failures(request: web.Request, handler: Handler) -> web.Strea
         log.warning("console_database_unavailable", error=describe(exc))
         return await message_page(request, 503, "PostgreSQL is unreachable",
                                   "The console reads everything from PostgreSQL. Try again in a moment.",
-                                  headers={"Retry-After": "5"})
+                                  headers={"Retry-After": "5"}, without_session=True)
 

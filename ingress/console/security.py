@@ -1,14 +1,12 @@
 """Who may see and change what in the console: sessions, sign-in, CSRF.
 
-The session is an encrypted cookie (aiohttp-session's EncryptedCookieStorage,
-Fernet: AES + HMAC), HttpOnly, SameSite=Strict, Secure when the request came
-over HTTPS. Its key is *derived from the operator token* (HKDF-SHA256), not
-random per process: several ingress processes share one port
-(`--reuse-port`), and a sign-in served by one must be valid in the others.
-Changing `WEBHOOK_INGEST_ADMIN_TOKEN` therefore ends every session; the
-session also remembers which token signed it in, so changing the viewer
-token ends the viewers' sessions. A session ends `console_session_seconds`
-after sign-in, however busy it was.
+The session is a cookie encrypted and authenticated under a random key the
+ingress processes share through Postgres, HttpOnly, SameSite=Strict, Secure
+when the request came over HTTPS; it carries a random session id, and the
+server decides from its own row whether the session is still good
+(sessions.py): signing out ends it for every copy of the cookie, and so
+does changing the token that signed it in. A session ends
+`console_session_seconds` after sign-in, however busy it was.
 
 Every POST carries the session's CSRF token (a form field, or the
 `X-CSRF-Token` header htmx sends), and a cross-site `Origin` or
@@ -16,22 +14,17 @@ Every POST carries the session's CSRF token (a form field, or the
 with a token of the session the login page started.
 """
 
-import functools
-import hashlib
 import hmac
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
 from aiohttp_session import Session, get_session, new_session
-from aiohttp_session.cookie_storage import EncryptedCookieStorage
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from webhook_ingest.ingress.appkeys import settings_key
 from webhook_ingest.ingress.client_address import is_within, parse_address
+from webhook_ingest.ingress.console.sessions import SessionCookies, console_sessions_key
 from webhook_ingest.ingress.tokens import OPERATOR, VIEWER
 from webhook_ingest.shared.settings import Settings
 
@@ -41,22 +34,6 @@ CSRF_HEADER = "X-CSRF-Token"
 EXPIRED_NOTICE_SECONDS = 3600
 role_key = web.RequestKey("console_role", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@functools.lru_cache(maxsize=4)
-def session_key(admin_token: str) -> bytes:
-    """32 bytes for Fernet, the same in every process that has the token."""
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
-                info=b"webhook-ingest console session v1").derive(admin_token.encode())
-
-
-class CookieStorage(EncryptedCookieStorage):
-    """Marks the cookie Secure when the request came over HTTPS."""
-
-    async def save_session(self, request: web.Request, response: web.StreamResponse, session: Session) -> None:
-        # No await between setting the flag and the parent writing the cookie.
-        self._cookie_params["secure"] = came_over_https(request)
-        await super().save_session(request, response, session)
 
 
 def came_over_https(request: web.Request) -> bool:
@@ -74,41 +51,49 @@ def came_over_https(request: web.Request) -> bool:
     return (proto or "").strip().lower() == "https"
 
 
-def cookie_storage(settings: Settings) -> CookieStorage:
+def cookie_storage(settings: Settings) -> SessionCookies:
     """The cookie outlives the session by an hour, so a person coming back
-    is told their session expired; the session's own `expires_at` (inside
-    the encrypted cookie, so it cannot be changed) is what ends it."""
-    return CookieStorage(session_key(settings.admin_token), cookie_name=COOKIE_NAME, path="/console/",
-                         httponly=True, samesite="Strict",
-                         max_age=settings.console_session_seconds + EXPIRED_NOTICE_SECONDS)
-
-
-def token_fingerprint(token: str, settings: Settings) -> str:
-    """Which token signed a session in, without keeping the token in it."""
-    return hmac.new(session_key(settings.admin_token), token.encode(), hashlib.sha256).hexdigest()[:32]
+    is told their session expired; the server's row is what ends it."""
+    return SessionCookies(came_over_https, cookie_name=COOKIE_NAME, path="/console/", httponly=True,
+                          samesite="Strict", max_age=settings.console_session_seconds + EXPIRED_NOTICE_SECONDS)
 
 
 async def sign_in(request: web.Request, role: str, token: str) -> None:
     """A fresh session (a new CSRF token: nothing from before sign-in survives)."""
     settings = request.config_dict[settings_key]
+    session_id = await request.config_dict[console_sessions_key].begin(
+        role, token, request.remote, settings.console_session_seconds)
     session = await new_session(request)
-    session.update({"role": role, "token": token_fingerprint(token, settings), "csrf": secrets.token_urlsafe(32),
-                    "expires_at": time.time() + settings.console_session_seconds})
+    session.update({"sid": session_id, "csrf": secrets.token_urlsafe(32)})
 
 
 async def sign_out(request: web.Request) -> None:
-    (await get_session(request)).invalidate()
+    session = await get_session(request)
+    if isinstance(session_id := session.get("sid"), str):
+        await request.config_dict[console_sessions_key].end(session_id)
+    session.invalidate()
 
 
-def session_role(session: Session, settings: Settings) -> str | None:
-    """The role of a signed-in, unexpired session whose token is still configured."""
-    role = session.get("role")
-    if role not in (OPERATOR, VIEWER) or time.time() >= session.get("expires_at", 0):
+async def session_role(request: web.Request) -> str | None:
+    """The role of the request's session while the server holds it live and
+    the token that signed it in is still configured; else None."""
+    session = await get_session(request)
+    if not isinstance(session_id := session.get("sid"), str):
         return None
-    token = settings.admin_token if role == OPERATOR else settings.viewer_token
-    if not token or not hmac.compare_digest(session.get("token", ""), token_fingerprint(token, settings)):
+    sessions = request.config_dict[console_sessions_key]
+    live = await sessions.live(session_id)
+    if live is None or live.role not in (OPERATOR, VIEWER):
         return None
-    return role
+    settings = request.config_dict[settings_key]
+    token = settings.admin_token if live.role == OPERATOR else settings.viewer_token
+    if not token or not hmac.compare_digest(live.token_fingerprint, await sessions.fingerprint(token)):
+        return None
+    return live.role
+
+
+def had_session(session: Session) -> bool:
+    """The cookie once held a sign-in (to say "your session expired")."""
+    return "sid" in session
 
 
 async def csrf_token(request: web.Request) -> str:

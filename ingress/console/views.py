@@ -7,7 +7,6 @@ import json
 import math
 
 from aiohttp import web
-from aiohttp_session import get_session
 
 from webhook_ingest.ingress.admin import dead_letters_key
 from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
@@ -56,8 +55,7 @@ def actor(request: web.Request) -> Actor:
 
 @routes.get("/login")
 async def login_page(request: web.Request) -> web.Response:
-    settings = request.config_dict[settings_key]
-    if session_role(await get_session(request), settings):
+    if await session_role(request):
         raise web.HTTPSeeOther("/console/")
     notice = "Your session expired. Sign in again." if request.query.get("expired") else None
     return await render(request, "login.html", {"error": None, "notice": notice})

@@ -12,11 +12,13 @@ CREATE TABLE console_session_key (
 
 -- One row per sign-in. The cookie carries the session's random id; the
 -- server keeps only its SHA-256. A session is good while its row has no
--- `ended_at` and its `expires_at` is ahead: signing out ends it for every
--- copy of the cookie.
+-- `ended_at`, its `expires_at` is ahead and the token that signed it in
+-- (`token_fingerprint`, an HMAC under the key above) is still configured:
+-- signing out, or rotating the token, ends it for every copy of the cookie.
 CREATE TABLE console_sessions (
     id_sha256   bytea PRIMARY KEY,
     role        text NOT NULL,
+    token_fingerprint bytea NOT NULL,
     client      text,
     created_at  timestamptz NOT NULL DEFAULT now(),
     expires_at  timestamptz NOT NULL,

@@ -189,7 +189,7 @@ async def test_no_secret_or_token_reaches_a_log_line_or_a_metric(fleet, tmp_path
     secret_file.write_text("whsec_from_a_file_7Qm2\n")
     secrets = {
         "literal": "literal-secret-9Xr4", "fromenv": "env-secret-3Kp8", "fromfile": "whsec_from_a_file_7Qm2",
-        "dead": "dead-letter-secret-5Tz1", "admin": "admin-token-2Wq6", "viewer": "viewer-token-8Jd3",
+        "dead": "dead-letter-secret-5Tz1", "admin": "admin-token-2Wq6-of-the-public-endpoint-test", "viewer": "viewer-token-8Jd3-of-the-public-endpoint-test",
     }
     sources = (source("literal", secret=secrets["literal"]) + source("fromenv", secret="env:FROMENV_SECRET", scheme="github")
                + source("fromfile", secret=f"file:{secret_file}", scheme="stripe")

@@ -144,7 +144,7 @@ def test_docker_compose_config_is_valid(tmp_path):
     result = subprocess.run(
         ["docker", "compose", "config", "-q"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path), "WEBHOOK_INGEST_ADMIN_TOKEN": "test-token"},
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path), "WEBHOOK_INGEST_ADMIN_TOKEN": "test-token-of-the-deploy-files-0123456789"},
     )
     assert result.returncode == 0, result.stderr
 

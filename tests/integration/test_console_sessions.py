@@ -61,7 +61,6 @@ async def dead_letter_status(database_url: str, dead_letter_id: int) -> str:
         await connection.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 item 4: the session key is derived from the token")
 async def test_an_anonymous_cookie_confirms_no_guess_of_the_token(settings, monkeypatch):
     """The cookie `GET /console/login` hands anyone must not open under any
     key computable from the token: that made the token guessable offline."""
@@ -84,7 +83,6 @@ async def test_two_ingress_processes_share_a_session(settings, monkeypatch):
         assert page.status == 200 and "Dead letters" in await page.text()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 item 5: signing out only drops the browser's cookie")
 async def test_a_copied_cookie_can_do_nothing_after_sign_out(settings, monkeypatch):
     console = settings_with(monkeypatch)
     [dead] = await seed_dead_letters(console.database_url, "acme", 1)
@@ -130,7 +128,6 @@ async def status_line(reader: asyncio.StreamReader, within: float) -> bytes:
     return (await asyncio.wait_for(reader.readuntil(b"\r\n"), within)).strip()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 item 6: the sign-in POST's body has no limits")
 async def test_the_sign_in_post_has_the_webhooks_time_and_size_limits(settings, monkeypatch):
     console = settings_with(monkeypatch, WEBHOOK_INGEST_BODY_TIMEOUT="1")
     async with running_ingress(console, load_sources(None)) as client:
@@ -146,7 +143,6 @@ async def test_the_sign_in_post_has_the_webhooks_time_and_size_limits(settings, 
             writer.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 item 6: console routes are outside the concurrency bound")
 async def test_console_requests_count_against_the_clients_bodies_and_the_bound(settings, monkeypatch):
     bounded = settings_with(monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="10",
                             WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT="3")

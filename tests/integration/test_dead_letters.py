@@ -33,7 +33,7 @@ from webhook_ingest.workers.retry import FailurePolicy, describe_failure
 from webhook_ingest.workers.states import Outcome
 from tests.support.broker import amqp_port
 
-TOKEN = "s3cret-admin-token"
+TOKEN = "s3cret-admin-token-of-the-dead-letter-tests"
 
 
 def failure(attempt: int, text: str = "receiver answered 500") -> dict:
