@@ -263,3 +263,21 @@ async def test_concurrent_requests_share_one_bucket_across_limiters(settings):
             await client.aclose()
     assert sum(1 for wait in waits if wait == 0) == 25
     assert all(90 < wait <= 100 for wait in waits if wait)  # the next token, 1 / 0.01 s away
+
+
+@pytest.mark.xfail(strict=True, reason="issue 21: the admin API's bearer check has no throttle")
+async def test_wrong_admin_tokens_spend_the_clients_failure_budget(settings, sources, monkeypatch):
+    """A guesser of the admin token is refused like a webhook client failing
+    verification: its budget spent, 429 before the token is looked at, the
+    right token too; another client is served."""
+    token = "admin-token-for-the-failure-budget-test"
+    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32",
+                            WEBHOOK_INGEST_ADMIN_TOKEN=token)
+    guesser = {"X-Forwarded-For": "203.0.113.9"}
+    async with running_ingress(proxied, sources) as client:
+        statuses = [(await client.get("/admin/dead-letters", headers={**guesser, "Authorization": f"Bearer x{n}"})).status
+                    for n in range(FAILURES_BURST + 3)]
+        right = {"Authorization": f"Bearer {token}"}
+        assert (await client.get("/admin/dead-letters", headers={**guesser, **right})).status == 429
+        assert (await client.get("/admin/dead-letters", headers={"X-Forwarded-For": "203.0.113.10", **right})).status == 200
+    assert statuses == [401] * FAILURES_BURST + [429] * 3
