@@ -8,7 +8,8 @@
 A sub-application mounted at `/admin/` only when `WEBHOOK_INGEST_ADMIN_TOKEN`
 is set (unset: the routes do not exist, 404). Its middleware does what every
 route needs: the bearer token first (`Authorization: Bearer TOKEN`, else
-401; the viewer token may GET and gets 403 on a POST), then the expected
+401, and a client with too many wrong ones 429; the viewer token may GET
+and gets 403 on a POST), then the expected
 failures as JSON answers. The documents are the CLI's
 (`shared.dead_letters.summary` / `detail`); replay and discard answer with
 the dead letter's summary after the change, and are written to the audit log.
@@ -27,7 +28,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
-from webhook_ingest.ingress.responses import error
+from webhook_ingest.ingress.failure_budget import failure_budget_key
+from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.ingress.tokens import may_change, role_of
 from webhook_ingest.shared.dead_letters import (
     STATUSES,
@@ -132,10 +134,20 @@ class _BadId(Exception):
 
 @web.middleware
 async def bearer_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """401 without a token of ours; 403 for the viewer's POST."""
+    """401 without a token of ours, which spends the client's failure budget
+    as a webhook failing verification does (ingress/failure_budget.py); a
+    client with none left gets 429 before its token is looked at. 403 for
+    the viewer's POST."""
+    budget = request.config_dict[failure_budget_key]
+    try:
+        budget.refuse_if_spent(request.remote)
+    except Rejected as rejection:
+        return rejection.response
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
     role = role_of(presented.strip(), request.config_dict[settings_key]) if scheme.lower() == "bearer" else None
     if role is None:
+        budget.charge(request.remote)
+        log.warning("admin_token_refused", client=request.remote)
         return error(401, "unauthorized", {"WWW-Authenticate": "Bearer"})
     if request.method not in ("GET", "HEAD") and not may_change(role):
         return error(403, "forbidden")

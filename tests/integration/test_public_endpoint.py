@@ -265,7 +265,6 @@ async def test_concurrent_requests_share_one_bucket_across_limiters(settings):
     assert all(90 < wait <= 100 for wait in waits if wait)  # the next token, 1 / 0.01 s away
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21: the admin API's bearer check has no throttle")
 async def test_wrong_admin_tokens_spend_the_clients_failure_budget(settings, sources, monkeypatch):
     """A guesser of the admin token is refused like a webhook client failing
     verification: its budget spent, 429 before the token is looked at, the
