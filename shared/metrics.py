@@ -57,6 +57,11 @@ dead_letters_open = Gauge(
     "webhook_dead_letters_open",
     "Dead letters with status 'dead' (waiting for on-call).",
 )
+incidents_unresolved = Gauge(
+    "webhook_incidents_unresolved",
+    "Incidents not yet resolved, by state (open, acknowledged).",
+    ["state"],
+)
 broker_suspected = Counter(
     "webhook_ingress_broker_suspected_total",
     "Times the ingress stopped publishing (the broker silent for its patience, a failed publish, too many "

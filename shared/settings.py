@@ -22,6 +22,7 @@ ENVIRONMENT_VARIABLES = (
      "operator token of the admin HTTP API and the console, 32 characters or more (unset: both disabled)"),
     ("WEBHOOK_INGEST_VIEWER_TOKEN", "read-only token of the admin HTTP API and the console, 32 or more (unset: none)"),
     ("WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", "how long a console sign-in lasts"),
+    ("WEBHOOK_INGEST_INCIDENT_QUIET_MINUTES", "minutes without a new failure after which an incident resolves itself"),
     ("WEBHOOK_INGEST_DELIVERY_LIMIT", "deliveries before a message that kills its worker is dead-lettered"),
     ("WEBHOOK_INGEST_LOCK_TTL", "TTL in seconds of the Redis processing lock and the Postgres lease of a key"
                                 " (renewed every third of it while a handler runs; a killed worker's keys are free"
@@ -59,6 +60,7 @@ class Settings(BaseSettings):
     admin_token: str | None = Field(None, alias="WEBHOOK_INGEST_ADMIN_TOKEN")
     viewer_token: str | None = Field(None, alias="WEBHOOK_INGEST_VIEWER_TOKEN")
     console_session_seconds: int = Field(28800, alias="WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", ge=1)
+    incident_quiet_minutes: float = Field(30.0, alias="WEBHOOK_INGEST_INCIDENT_QUIET_MINUTES", gt=0)
     delivery_limit: int = Field(20, alias="WEBHOOK_INGEST_DELIVERY_LIMIT", ge=1)
     lock_ttl: float = Field(3.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
     done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)

@@ -15,8 +15,10 @@ from webhook_ingest.shared import topology
 from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.incident_store import Failure, record_failure
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, to_amqp
+from webhook_ingest.shared.sessions import pooled
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.handlers import PermanentError
 from webhook_ingest.workers.outage import BROKER_LOST, POSTGRES_LOST
@@ -40,6 +42,11 @@ def describe_failure(exc: BaseException, attempt: int) -> dict:
     }
 
 
+def failure_of(event: EventMessage, handler: str, error: dict, dead_letter_id: int | None = None) -> Failure:
+    return Failure(event.source, handler, event.key, event.event_id, event.attempt, error["type"], error["message"],
+                   dead_letter_id)
+
+
 def retry_decision(event: EventMessage, source: Source, exc: BaseException) -> float | None:
     """Seconds before the next attempt, or None: a dead letter now."""
     if isinstance(exc, PermanentError) or event.attempt >= source.max_attempts:
@@ -57,20 +64,26 @@ class FailurePolicy:
         error = describe_failure(exc, event.attempt)
         retry_in = retry_decision(event, source, exc)
         if retry_in is None:
-            dead_letter_id = await self.dead_letter(event, error, permanent=isinstance(exc, PermanentError))
+            dead_letter_id = await self.dead_letter(event, error, permanent=isinstance(exc, PermanentError),
+                                                    handler=source.handler)
             return Outcome.DEAD if dead_letter_id is not None else Outcome.DUPLICATE  # None: completed meanwhile
         await self.delay(event.next_attempt(error), retry_in)
         log.warning("event_retry_scheduled", retry_in=retry_in, error_type=error["type"], error=error["message"][:200])
+        await self._count_in_incident(failure_of(event, source.handler, error))
         return Outcome.RETRIED
 
-    async def dead_letter(self, event: EventMessage, error: dict, permanent: bool = False) -> int | None:
-        """Records the event with its whole error history; returns only once
-        committed, waiting while Postgres is away (not running the handler again)."""
+    async def dead_letter(self, event: EventMessage, error: dict, permanent: bool = False,
+                          handler: str = "") -> int | None:
+        """Records the event with its whole error history, counted in its
+        incident; returns only once committed, waiting while Postgres is
+        away (not running the handler again)."""
         for pause in pauses():
             try:
-                async with self._pool.acquire(timeout=10) as connection:
+                async with self._pool.acquire(timeout=10) as connection, connection.transaction():
                     # bounded: a session that died unseen is dropped by the pool's release
                     dead_letter_id = await record_dead_letter(connection, event, (*event.errors, error), timeout=10)
+                    if dead_letter_id is not None:
+                        await record_failure(connection, failure_of(event, handler, error, dead_letter_id), timeout=10)
                 break
             except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
                 log.warning("dead_letter_waiting_for_postgres", error=describe(exc), retry_in=pause)
@@ -78,6 +91,16 @@ class FailurePolicy:
         log.error("event_dead_lettered", dead_letter_id=dead_letter_id, error_type=error["type"],
                   error=error["message"][:200], permanent=permanent)
         return dead_letter_id
+
+    async def _count_in_incident(self, failure: Failure) -> None:
+        """A retry counted in its incident, best effort: the retry is already
+        durable, and an incident a count short is better than a worker
+        waiting on Postgres for it (dead letters are counted with their commit)."""
+        try:
+            async with pooled(self._pool, 2) as connection, connection.transaction():  # closed if unanswered
+                await record_failure(connection, failure, timeout=2)
+        except Exception as exc:  # noqa: BLE001 - Postgres away or slow: the count is skipped, never the retry
+            log.warning("incident_count_skipped", error=describe(exc))
 
     async def delay(self, event: EventMessage, delay_seconds: float) -> None:
         """Publish `event` to come back to the main queue after `delay_seconds`.

@@ -1,0 +1,155 @@
+"""The incident store: the workers' one write (`record_failure`), and reading
+incidents and acting on them — what `webhook-ingest incidents`, the admin
+API and the console share (docs/oncall.md, "Incidents").
+
+What a row means and how failures are grouped is `shared/incidents.py`.
+Every state change is written to `incident_changes` in the transaction that
+makes it: the incident's history, and what notifications are sent from.
+"""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+
+from webhook_ingest.shared import metrics
+from webhook_ingest.shared.dead_letters import SQL
+from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.incidents import Fingerprint
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.sessions import pooled, raise_if_cancelled
+
+log = get_logger(__name__)
+
+STATES = ("open", "acknowledged", "resolved")
+LAST_ERROR_CHARS = 2000
+ACQUIRE_TIMEOUT = 5.0
+RESOLVER_SECONDS = 30.0  # how often a worker looks for quiet incidents
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt (or a dead letter) of one event."""
+
+    source: str
+    handler: str
+    key: str
+    event_id: str
+    attempt: int
+    error_type: str
+    message: str
+    dead_letter_id: int | None = None
+
+
+async def record_failure(connection: asyncpg.Connection, failure: Failure, timeout: float | None = None) -> int:
+    """Counts `failure` in its incident, opening or reopening it; in the
+    caller's transaction, so a dead letter and its count commit together.
+    The incident's id."""
+    fingerprint = Fingerprint.of(failure.error_type, failure.message)
+    async with connection.transaction():  # a savepoint inside the caller's
+        row = await connection.fetchrow(
+            SQL["count_failure_in_incident"], failure.source, failure.handler, fingerprint.digest,
+            failure.error_type, fingerprint.pattern, failure.message[:LAST_ERROR_CHARS],
+            int(failure.dead_letter_id is not None), timeout=timeout)
+        await connection.execute(SQL["count_incident_event"], row["id"], failure.key, failure.event_id,
+                                 failure.attempt, failure.dead_letter_id, timeout=timeout)
+        if row["change"] is not None:
+            await connection.execute(SQL["record_incident_change"], row["id"], row["change"], "failure",
+                                     timeout=timeout)
+            log.warning("incident_opened", incident_id=row["id"], source=failure.source, handler=failure.handler,
+                        error_type=failure.error_type, pattern=fingerprint.pattern[:200])
+    return row["id"]
+
+
+class IncidentNotFound(LookupError):
+    pass
+
+
+class IncidentStore:
+    def __init__(self, database: asyncpg.Pool | asyncpg.Connection):
+        self._database = database  # a pool (ingress, workers), or the CLI's one connection
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        if isinstance(self._database, asyncpg.Pool):
+            async with pooled(self._database, ACQUIRE_TIMEOUT) as connection:
+                yield connection
+        else:
+            yield self._database
+
+    # -- reading ---------------------------------------------------------------
+
+    async def newest_first(self, state: str | None = None, limit: int = 100) -> list[dict]:
+        """Unresolved first, then by last failure; `state` None: every state."""
+        async with self._connection() as connection:
+            return [dict(row) for row in await connection.fetch(SQL["list_incidents"], state, limit)]
+
+    async def get(self, incident_id: int) -> dict:
+        async with self._connection() as connection:
+            row = await connection.fetchrow(SQL["get_incident"], incident_id)
+        if row is None:
+            raise IncidentNotFound(incident_id)
+        return dict(row)
+
+    async def events(self, incident_id: int, limit: int = 200) -> list[dict]:
+        async with self._connection() as connection:
+            return [dict(row) for row in await connection.fetch(SQL["incident_events"], incident_id, limit)]
+
+    async def history(self, incident_id: int) -> list[dict]:
+        async with self._connection() as connection:
+            return [dict(row) for row in await connection.fetch(SQL["incident_history"], incident_id)]
+
+    async def open_dead_letter_ids(self, incident_id: int) -> list[int]:
+        """The incident's dead letters still open: what "replay" or "discard" acts on."""
+        async with self._connection() as connection:
+            return [row[0] for row in await connection.fetch(SQL["open_dead_letters_of_incident"], incident_id)]
+
+    async def unresolved_counts(self) -> dict[str, int]:
+        async with self._connection() as connection:
+            return dict(await connection.fetchrow(SQL["count_unresolved_incidents"]))
+
+    # -- acting ----------------------------------------------------------------
+
+    async def acknowledge(self, incident_id: int, actor: str) -> bool:
+        """False when it was not open (acknowledged already, or resolved)."""
+        return await self._change(incident_id, "acknowledged", actor)
+
+    async def resolve(self, incident_id: int, actor: str) -> bool:
+        """False when it was resolved already."""
+        return await self._change(incident_id, "resolved", actor)
+
+    async def _change(self, incident_id: int, state: str, actor: str) -> bool:
+        async with self._connection() as connection, connection.transaction():
+            changed = await connection.fetchval(SQL["change_incident_state"], incident_id, state, actor)
+            if changed is None:
+                if await connection.fetchval(SQL["get_incident"], incident_id) is None:
+                    raise IncidentNotFound(incident_id)
+                return False
+            await connection.execute(SQL["record_incident_change"], incident_id, state, actor)
+        log.info("incident_changed", incident_id=incident_id, state=state, actor=actor)
+        return True
+
+    async def resolve_quiet(self, quiet_seconds: float) -> list[int]:
+        """Resolves the unresolved incidents without a failure for `quiet_seconds`."""
+        async with self._connection() as connection, connection.transaction():
+            ids = [row[0] for row in await connection.fetch(SQL["resolve_quiet_incidents"], quiet_seconds)]
+            for incident_id in ids:
+                await connection.execute(SQL["record_incident_change"], incident_id, "resolved", "auto")
+        for incident_id in ids:
+            log.info("incident_resolved", incident_id=incident_id, actor="auto", quiet_seconds=quiet_seconds)
+        return ids
+
+    async def keep_resolving(self, quiet_seconds: float, every: float = RESOLVER_SECONDS) -> None:
+        """Forever (each worker runs it): resolves quiet incidents and keeps
+        the `webhook_incidents_unresolved` gauge; a Postgres outage only delays it."""
+        while True:
+            try:
+                await self.resolve_quiet(quiet_seconds)
+                for state, count in (await self.unresolved_counts()).items():
+                    metrics.incidents_unresolved.labels(state).set(count)
+            except Exception as exc:  # noqa: BLE001 - a late resolution, never a dead task
+                raise_if_cancelled()
+                log.warning("incident_resolver_failed", error=describe(exc))
+            await asyncio.sleep(every)

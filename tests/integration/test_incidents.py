@@ -1,0 +1,98 @@
+"""Incidents (issue 25, item 1): failures of the real FailurePolicy grouped
+by source, handler and error fingerprint in the real Postgres; opened,
+acknowledged, resolved by hand or by quiet, reopened by a new failure."""
+
+import aio_pika
+import asyncpg
+import pytest
+
+from webhook_ingest.shared import topology
+from webhook_ingest.shared.incident_store import IncidentNotFound, IncidentStore
+from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.workers.retry import FailurePolicy
+from webhook_ingest.workers.states import Outcome
+from tests.support.events import make_event
+
+
+def source(max_attempts: int, handler: str = "inbox"):
+    return parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": handler,
+                                 "retry_delays": [30], "max_attempts": max_attempts})
+
+
+@pytest.fixture
+async def pool(settings):
+    pool = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=2)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def channel(settings):
+    connection = await aio_pika.connect(settings.amqp_url)
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    await topology.declare_retry_queue(channel, settings.namespace, 30)
+    yield channel
+    await channel.queue_delete(topology.retry_queue(settings.namespace, 30))
+    await connection.close()
+
+
+async def test_an_outage_is_one_incident_holding_its_events_and_their_dead_letters(settings, pool, channel):
+    failures = FailurePolicy(channel, pool, settings.namespace)
+    for n in range(5):  # one downstream timing out, each event naming its own order and URL
+        timeout = TimeoutError(f"POST https://crm.example/orders/{9000 + n} timed out after {30 + n} s")
+        outcome = await failures.fail(make_event("acme", f"evt_{n}"), source(max_attempts=1 + n % 2), timeout)
+        assert outcome is (Outcome.DEAD if n % 2 == 0 else Outcome.RETRIED)
+    await failures.fail(make_event("acme", "evt_other"), source(1), KeyError("customer"))  # another cause
+    await failures.fail(make_event("acme", "evt_0"), source(1, handler="billing:on_event"),
+                        TimeoutError("POST https://crm.example/orders/1 timed out after 3 s"))  # another handler
+
+    store = IncidentStore(pool)
+    incidents = await store.newest_first()
+    assert sorted((i["handler"], i["error_type"], i["failures"], i["dead_letters"], i["state"]) for i in incidents) == [
+        ("billing:on_event", "TimeoutError", 1, 1, "open"),
+        ("inbox", "KeyError", 1, 1, "open"),
+        ("inbox", "TimeoutError", 5, 3, "open"),
+    ]
+    [outage] = [i for i in incidents if i["handler"] == "inbox" and i["error_type"] == "TimeoutError"]
+    assert outage["error_pattern"] == "POST <url> timed out after <n> s"
+    events = await store.events(outage["id"])
+    assert sorted(e["event_id"] for e in events) == [f"evt_{n}" for n in range(5)]
+    assert len(await store.open_dead_letter_ids(outage["id"])) == 3
+    assert [h["state"] for h in await store.history(outage["id"])] == ["open"]
+
+
+async def test_an_incident_is_acknowledged_resolved_and_reopened_by_a_new_failure(settings, pool):
+    failures = FailurePolicy(None, pool, settings.namespace)  # dead letters need no channel
+    boom = RuntimeError("downstream answered 503")
+    await failures.fail(make_event("acme", "evt_1"), source(1), boom)
+    store = IncidentStore(pool)
+    [incident] = await store.newest_first()
+
+    assert await store.acknowledge(incident["id"], "operator:alice")
+    assert not await store.acknowledge(incident["id"], "operator:bob")  # already
+    acknowledged = await store.get(incident["id"])
+    assert (acknowledged["state"], acknowledged["acknowledged_by"]) == ("acknowledged", "operator:alice")
+    assert await store.resolve(incident["id"], "operator:alice")
+    assert not await store.resolve(incident["id"], "operator:alice")
+
+    await failures.fail(make_event("acme", "evt_2"), source(1), RuntimeError("downstream answered 502"))
+    reopened = await store.get(incident["id"])
+    assert (reopened["state"], reopened["failures"], reopened["acknowledged_by"]) == ("open", 2, None)
+    assert [(h["state"], h["actor"]) for h in await store.history(incident["id"])] == [
+        ("open", "failure"), ("acknowledged", "operator:alice"), ("resolved", "operator:alice"), ("open", "failure")]
+    with pytest.raises(IncidentNotFound):
+        await store.acknowledge(424242, "operator:alice")
+
+
+async def test_a_quiet_incident_resolves_itself(settings, pool):
+    failures = FailurePolicy(None, pool, settings.namespace)
+    await failures.fail(make_event("acme", "evt_1"), source(1), RuntimeError("old trouble"))
+    await failures.fail(make_event("acme", "evt_2"), source(1), ValueError("fresh trouble"))
+    store = IncidentStore(pool)
+    async with pool.acquire() as connection:
+        await connection.execute("UPDATE incidents SET last_seen = now() - interval '31 minutes'"
+                                 " WHERE error_type = 'RuntimeError'")
+    [resolved] = await store.resolve_quiet(30 * 60)
+    quiet = await store.get(resolved)
+    assert (quiet["error_type"], quiet["state"], quiet["resolved_by"]) == ("RuntimeError", "resolved", "auto")
+    assert await store.unresolved_counts() == {"open": 1, "acknowledged": 0}
