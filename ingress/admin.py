@@ -70,6 +70,9 @@ def admin_app() -> web.Application:
     admin.router.add_get("/dead-letters/{id}", show_route)
     admin.router.add_post("/dead-letters/{id}/replay", replay_route)
     admin.router.add_post("/dead-letters/{id}/discard", discard_route)
+    from webhook_ingest.ingress.admin_incidents import add_incident_routes  # it imports this module
+
+    add_incident_routes(admin)
     return admin
 
 
@@ -94,16 +97,16 @@ async def list_route(request: web.Request) -> web.Response:
         return error(400, "invalid_limit")
     source = request.query.get("source") or None
     rows = await _store(request).newest_first(source, status, int(limit) if limit else None)
-    return _json(200, [summary(row) for row in rows])
+    return json_document(200, [summary(row) for row in rows])
 
 
 async def show_route(request: web.Request) -> web.Response:
-    row = await _store(request).get(_dead_letter_id(request))
-    return error(404, "not_found") if row is None else _json(200, detail(row))
+    row = await _store(request).get(parse_path_id(request))
+    return error(404, "not_found") if row is None else json_document(200, detail(row))
 
 
 async def replay_route(request: web.Request) -> web.Response:
-    dead_letter_id = _dead_letter_id(request)
+    dead_letter_id = parse_path_id(request)
     publisher = request.config_dict[publisher_key]
     channel = publisher.channel
     if not publisher.ready or channel is None:
@@ -120,7 +123,7 @@ async def replay_route(request: web.Request) -> web.Response:
 
 
 async def discard_route(request: web.Request) -> web.Response:
-    dead_letter_id = _dead_letter_id(request)
+    dead_letter_id = parse_path_id(request)
     await _store(request).discard([dead_letter_id], _actor(request))
     return await _summary_of(request, dead_letter_id)
 
@@ -174,11 +177,13 @@ def _actor(request: web.Request) -> Actor:
     return Actor(request[role_key], "admin-api")
 
 
-def _dead_letter_id(request: web.Request) -> int:
-    dead_letter_id = parse_id(request.match_info["id"])
-    if dead_letter_id is None:
+def parse_path_id(request: web.Request) -> int:
+    """The `{id}` of the path; 400 `invalid_id` (by the middleware) when it is none."""
+    parsed = parse_id(request.match_info["id"])
+    if parsed is None:
         raise _BadId()
-    return dead_letter_id
+    return parsed
+
 
 
 def _store(request: web.Request) -> DeadLetterStore:
@@ -186,8 +191,9 @@ def _store(request: web.Request) -> DeadLetterStore:
 
 
 async def _summary_of(request: web.Request, dead_letter_id: int) -> web.Response:
-    return _json(200, summary(await _store(request).get(dead_letter_id)))
+    return json_document(200, summary(await _store(request).get(dead_letter_id)))
 
 
-def _json(status: int, document: object) -> web.Response:
+def json_document(status: int, document: object) -> web.Response:
     return web.Response(status=status, body=to_json(document), content_type="application/json")
+

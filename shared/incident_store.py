@@ -114,13 +114,14 @@ class IncidentStore:
 
     async def acknowledge(self, incident_id: int, actor: str) -> bool:
         """False when it was not open (acknowledged already, or resolved)."""
-        return await self._change(incident_id, "acknowledged", actor)
+        return await self.change(incident_id, "acknowledged", actor)
 
     async def resolve(self, incident_id: int, actor: str) -> bool:
         """False when it was resolved already."""
-        return await self._change(incident_id, "resolved", actor)
+        return await self.change(incident_id, "resolved", actor)
 
-    async def _change(self, incident_id: int, state: str, actor: str) -> bool:
+    async def change(self, incident_id: int, state: str, actor: str) -> bool:
+        """To `state` (acknowledged or resolved) by `actor`; False when it was already."""
         async with self._connection() as connection, connection.transaction():
             changed = await connection.fetchval(SQL["change_incident_state"], incident_id, state, actor)
             if changed is None:

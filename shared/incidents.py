@@ -16,6 +16,7 @@ failure, and read and acted on through `shared.incident_store`.
 import hashlib
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 PATTERN_CHARS = 500  # of the masked message kept and fingerprinted: a stack of repeats is one pattern
 
@@ -50,3 +51,43 @@ def mask(message: str) -> str:
     for placeholder, pattern in _MASKS:
         message = pattern.sub(placeholder, message)
     return " ".join(message.split())[:PATTERN_CHARS].rstrip()
+
+
+def incident_document(row) -> dict:
+    """One incident as `incidents list --json` and `GET /admin/incidents` give it."""
+    return {
+        "id": int(row["id"]),
+        "state": row["state"],
+        "source": row["source"],
+        "handler": row["handler"],
+        "error_type": row["error_type"],
+        "error_pattern": row["error_pattern"],
+        "last_error": row["last_error"],
+        "failures": int(row["failures"]),
+        "dead_letters": int(row["dead_letters"]),
+        "first_seen": _iso(row["first_seen"]),
+        "last_seen": _iso(row["last_seen"]),
+        "opened_at": _iso(row["opened_at"]),
+        "acknowledged_by": row["acknowledged_by"],
+        "acknowledged_at": _iso(row["acknowledged_at"]),
+        "resolved_by": row["resolved_by"],
+        "resolved_at": _iso(row["resolved_at"]),
+    }
+
+
+def event_document(row) -> dict:
+    """One event of an incident."""
+    return {
+        "key": row["key"],
+        "event_id": row["event_id"],
+        "failures": int(row["failures"]),
+        "last_attempt": int(row["last_attempt"]),
+        "dead_letter_id": row["dead_letter_id"],
+        "dead_letter_status": row["dead_letter_status"],
+        "first_failed_at": _iso(row["first_failed_at"]),
+        "last_failed_at": _iso(row["last_failed_at"]),
+    }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.astimezone(UTC).isoformat() if moment else None

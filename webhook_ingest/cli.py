@@ -2,6 +2,7 @@
 
 import asyncio
 import gc
+import importlib
 import sys
 
 import click
@@ -60,15 +61,14 @@ class _Commands(click.Group):
     for: the others start without importing it (aio-pika, asyncpg and the
     dead-letter store for `migrate` and `--help`, ~0.15 s a start)."""
 
-    ON_CALL = ("dlq", "prune")  # commands of webhook_ingest.dlq
+    ON_CALL = {"dlq": "dlq", "prune": "dlq", "incidents": "incidents"}  # command: module of webhook_ingest
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.ON_CALL})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.ON_CALL:
-            from webhook_ingest import dlq as on_call
-
+            on_call = importlib.import_module(f"webhook_ingest.{self.ON_CALL[cmd_name]}")
             command: click.Command = getattr(on_call, cmd_name)
             return command
         return super().get_command(ctx, cmd_name)
@@ -160,6 +160,8 @@ def send_test_command(source_name: str, url: str, duplicates: int) -> None:
         fail(f"unknown source {source_name!r} (known: {', '.join(sorted(sources))})")
     try:
         results = asyncio.run(send_test(sources[source_name], url, duplicates))
+    except ConfigError as exc:  # a source send-test cannot sign for
+        fail(str(exc))
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
         fail(f"cannot reach the ingress at {url}: {exc}")
     for status, body in results:

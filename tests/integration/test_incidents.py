@@ -2,16 +2,26 @@
 by source, handler and error fingerprint in the real Postgres; opened,
 acknowledged, resolved by hand or by quiet, reopened by a new failure."""
 
+import asyncio
+import json
+
 import aio_pika
 import asyncpg
 import pytest
+from click.testing import CliRunner
 
+from webhook_ingest.cli import main
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.incident_store import IncidentNotFound, IncidentStore
-from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources, parse_source
 from webhook_ingest.workers.retry import FailurePolicy
 from webhook_ingest.workers.states import Outcome
 from tests.support.events import make_event
+from tests.support.ingress import running_ingress
+
+OPERATOR = "operator-token-for-the-incident-tests-0123"
+VIEWER = "viewer-token-for-the-incident-tests-012345"
 
 
 def source(max_attempts: int, handler: str = "inbox"):
@@ -96,3 +106,61 @@ async def test_a_quiet_incident_resolves_itself(settings, pool):
     quiet = await store.get(resolved)
     assert (quiet["error_type"], quiet["state"], quiet["resolved_by"]) == ("RuntimeError", "resolved", "auto")
     assert await store.unresolved_counts() == {"open": 1, "acknowledged": 0}
+
+
+def incidents_cli(*args: str):
+    return CliRunner().invoke(main, ["incidents", *args])
+
+
+async def two_dead_letters_in_one_incident(settings, pool) -> int:
+    failures = FailurePolicy(None, pool, settings.namespace)
+    for n in (1, 2):
+        await failures.fail(make_event("acme", f"evt_{n}"), source(1), RuntimeError(f"order {n} refused"))
+    [incident] = await IncidentStore(pool).newest_first()
+    return incident["id"]
+
+
+async def test_the_cli_lists_shows_acknowledges_and_discards_an_incident(settings, pool):
+    incident_id = await two_dead_letters_in_one_incident(settings, pool)
+    table = await asyncio.to_thread(incidents_cli, "list")
+    assert table.exit_code == 0 and "RuntimeError: order <n> refused" in table.stdout
+    [listed] = json.loads((await asyncio.to_thread(incidents_cli, "list", "--json")).stdout)
+    assert (listed["id"], listed["state"], listed["failures"], listed["dead_letters"]) == (incident_id, "open", 2, 2)
+    acked = await asyncio.to_thread(incidents_cli, "ack", str(incident_id))
+    assert acked.stdout.strip() == f"incident {incident_id} acknowledged"
+    shown = json.loads((await asyncio.to_thread(incidents_cli, "show", str(incident_id), "--json")).stdout)
+    assert shown["state"] == "acknowledged" and shown["acknowledged_by"].startswith("cli")
+    assert sorted(event["event_id"] for event in shown["events"]) == ["evt_1", "evt_2"]
+    discarded = await asyncio.to_thread(incidents_cli, "discard", str(incident_id))
+    assert discarded.stdout.strip() == "discarded 2"
+    assert await IncidentStore(pool).open_dead_letter_ids(incident_id) == []
+    for bad, message in (("999", "error: there is no incident 999"),
+                         ("x", "error: invalid incident id 'x': ids are positive integers")):
+        refused = await asyncio.to_thread(incidents_cli, "ack", bad)
+        assert (refused.exit_code, refused.stderr.strip()) == (2, message)
+
+
+async def test_the_admin_api_serves_incidents_to_the_operator_and_reads_to_the_viewer(settings, pool, monkeypatch):
+    incident_id = await two_dead_letters_in_one_incident(settings, pool)
+    monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", OPERATOR)
+    monkeypatch.setenv("WEBHOOK_INGEST_VIEWER_TOKEN", VIEWER)
+    operator, viewer = ({"Authorization": f"Bearer {token}"} for token in (OPERATOR, VIEWER))
+    async with running_ingress(Settings(), load_sources(None)) as client:
+        [listed] = await (await client.get("/admin/incidents", headers=viewer)).json()
+        assert (listed["id"], listed["error_pattern"]) == (incident_id, "order <n> refused")
+        shown = await (await client.get(f"/admin/incidents/{incident_id}", headers=viewer)).json()
+        assert len(shown["events"]) == 2 and shown["history"][0]["state"] == "open"
+        assert (await client.post(f"/admin/incidents/{incident_id}/acknowledge", headers=viewer)).status == 403
+        acked = await client.post(f"/admin/incidents/{incident_id}/acknowledge", headers=operator)
+        assert acked.status == 200 and (await acked.json())["acknowledged_by"] == "operator (admin-api)"
+        again = await client.post(f"/admin/incidents/{incident_id}/acknowledge", headers=operator)
+        assert again.status == 409
+        discarded = await client.post(f"/admin/incidents/{incident_id}/discard", headers=operator)
+        assert len((await discarded.json())["discarded"]) == 2
+        assert (await client.post(f"/admin/incidents/{incident_id}/resolve", headers=operator)).status == 200
+        for path, status in (("/admin/incidents/424242", 404), ("/admin/incidents/x", 400),
+                             ("/admin/incidents?state=zombie", 400), ("/admin/incidents?limit=" + "9" * 30, 400)):
+            assert (await client.get(path, headers=viewer)).status == status, path
+    async with pool.acquire() as connection:
+        statuses = await connection.fetch("SELECT status FROM dead_letters")
+    assert [row["status"] for row in statuses] == ["discarded", "discarded"]
