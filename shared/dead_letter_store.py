@@ -210,11 +210,12 @@ class DeadLetterStore:
 
     # -- bulk actions (shared/bulk_actions.py) ---------------------------------
 
-    async def prepare_bulk(self, action: str, ids: Sequence[int], where: DeadLetterFilter, actor: Actor) -> int:
-        """A new bulk action over exactly `ids`, waiting for its confirmation."""
+    async def prepare_bulk(self, action: str, ids: Sequence[int], described: dict, actor: Actor) -> int:
+        """A new bulk action over exactly `ids`, waiting for its confirmation;
+        `described`: what chose them (a filter's `as_json()`, an incident)."""
         async with self._connection() as connection:
             return await connection.fetchval(SQL["insert_bulk_action"], action, list(ids),
-                                             orjson.dumps(where.as_json()).decode(), str(actor))
+                                             orjson.dumps(described).decode(), str(actor))
 
     async def bulk_action(self, bulk_action_id: int) -> BulkAction | None:
         async with self._connection() as connection:

@@ -24,6 +24,7 @@ from aiohttp_session import session_middleware
 from webhook_ingest.ingress.appkeys import database_pool_key
 from webhook_ingest.ingress.console import middlewares
 from webhook_ingest.ingress.console.bulk import BulkRunner
+from webhook_ingest.ingress.console.incidents import add_incident_routes
 from webhook_ingest.ingress.console.security import cookie_storage
 from webhook_ingest.ingress.console.sessions import ConsoleSessions, console_sessions_key
 from webhook_ingest.ingress.console.vendor import HTMX_FILE
@@ -59,6 +60,7 @@ def console_app(settings: Settings) -> web.Application:
     environment.globals["htmx_file"] = HTMX_FILE
     environment.filters["when"] = lambda moment: iso_utc(moment).replace("+00:00", "Z") if moment else "—"
     add_routes(console)
+    add_incident_routes(console)
     console.router.add_static("/static/", HERE / "static", append_version=True)
     console[bulk_runner_key] = BulkRunner()
     console.on_shutdown.append(console[bulk_runner_key].stop)

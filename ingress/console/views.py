@@ -9,7 +9,8 @@ import math
 from aiohttp import web
 
 from webhook_ingest.ingress.admin import dead_letters_key
-from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.console.incidents import LISTED
 from webhook_ingest.ingress.console.bulk import DEFAULT_RATE, MAX_RATE, BulkRunner
 from webhook_ingest.ingress.console.filters import form_values, parse_before, parse_filter, query_string
 from webhook_ingest.ingress.console.overview import overview
@@ -30,6 +31,7 @@ from webhook_ingest.shared.dead_letters import (
     parse_id,
 )
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.incident_store import IncidentStore
 from webhook_ingest.shared.logging import get_logger
 
 log = get_logger(__name__)
@@ -97,8 +99,11 @@ async def overview_page(request: web.Request) -> web.Response:
     settings = request.config_dict[settings_key]
     figures = await overview(store(request), settings.amqp_url, settings.namespace,
                              request.config_dict[sources_key])
-    template = "overview_figures.html" if request.headers.get("HX-Request") else "overview.html"
-    return await render(request, template, {"overview": figures})
+    if request.headers.get("HX-Request"):
+        return await render(request, "overview_figures.html", {"overview": figures})
+    incidents = IncidentStore(request.config_dict[database_pool_key])
+    unresolved = [*await incidents.newest_first("open", LISTED), *await incidents.newest_first("acknowledged", LISTED)]
+    return await render(request, "overview.html", {"overview": figures, "incidents": unresolved})
 
 
 @routes.get("/dead-letters")
@@ -215,7 +220,7 @@ async def prepare_bulk(request: web.Request) -> web.Response:
     if not ids:
         await leave_message(request, "error", "No open dead letters match this filter: nothing to do.")
         raise web.HTTPSeeOther("/console/dead-letters?" + query_string(form_values(form)))
-    bulk_action_id = await store(request).prepare_bulk(action, ids, where, actor(request))
+    bulk_action_id = await store(request).prepare_bulk(action, ids, where.as_json(), actor(request))
     raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")
 
 
@@ -231,6 +236,8 @@ async def bulk_page(request: web.Request) -> web.Response:
 
 
 def _describe_filter(saved: dict) -> str:
+    if "incident" in saved:
+        return f"the open dead letters of incident {saved['incident']}"
     names = {"source": "source", "error_type": "error type", "since": "from", "until": "until", "text": "text"}
     parts = [f"{label} {saved[name]!r}" for name, label in names.items() if saved.get(name)]
     return ", ".join(parts) or "no filter: every open dead letter"

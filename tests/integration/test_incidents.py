@@ -164,3 +164,32 @@ async def test_the_admin_api_serves_incidents_to_the_operator_and_reads_to_the_v
     async with pool.acquire() as connection:
         statuses = await connection.fetch("SELECT status FROM dead_letters")
     assert [row["status"] for row in statuses] == ["discarded", "discarded"]
+
+
+async def test_the_console_puts_open_incidents_first_and_discards_one_through_a_bulk_action(
+        settings, pool, monkeypatch):
+    from tests.integration.test_console_sessions import csrf_of, signed_in
+
+    incident_id = await two_dead_letters_in_one_incident(settings, pool)
+    monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", "operator-token-for-the-session-tests-0123456789")
+    async with running_ingress(Settings(), load_sources(None)) as client:
+        csrf = await signed_in(client)
+        home = await (await client.get("/console/")).text()
+        assert home.index("Incidents") < home.index("Open dead letters")
+        assert f'href="/console/incidents/{incident_id}"' in home and "order &lt;n&gt; refused" in home
+        acked = await client.post(f"/console/incidents/{incident_id}/acknowledge", data={"csrf_token": csrf})
+        assert acked.status == 200 and "Acknowledged: on-call is on it." in await acked.text()
+        bulk = await client.post(f"/console/incidents/{incident_id}/bulk", data={"csrf_token": csrf, "action": "discard"})
+        page = await bulk.text()
+        assert f"the open dead letters of incident {incident_id}" in page and "<strong>2</strong>" in page
+        bulk_id = str(bulk.url).rsplit("/", 1)[1]
+        started = await client.post(f"/console/bulk/{bulk_id}/start", data={"csrf_token": csrf_of(page), "rate": "50"})
+        assert started.status == 200
+        for _ in range(100):
+            if await IncidentStore(pool).open_dead_letter_ids(incident_id) == []:
+                break
+            await asyncio.sleep(0.1)
+        assert await IncidentStore(pool).open_dead_letter_ids(incident_id) == []
+        incident_page = await (await client.get(f"/console/incidents/{incident_id}")).text()
+        assert "acknowledged by operator (console)" in incident_page and "(discarded)" in incident_page
+        assert (await client.get("/console/incidents/424242")).status == 404
