@@ -40,6 +40,17 @@ DEFAULT_EVENT_ID: dict[str, tuple[str, ...]] = {
     "paystack": ("{body.event}:{body.data.id}:{body.data.reference}",),
     "standard-webhooks": ("header:webhook-id", "header:svix-id"),
     "hmac-sha256": ("header:X-Event-ID", "body:id", "body:event_id", "body:messageId"),
+    "standard-webhooks-v1a": ("header:webhook-id", "header:svix-id"),
+    # event_callback's event_id; a slash command's or an interaction's trigger_id (form fields)
+    "slack": ("body:event_id", "body:trigger_id"),
+    # Idempotency-Key (GitLab 17.4+) is kept across retries; X-Gitlab-Event-UUID is not an event's
+    # id (it is shared by every hook one request or one chain of hooks triggers), X-Gitlab-Webhook-UUID
+    # is new on every attempt. Older GitLab: the content hash.
+    "gitlab": ("header:Idempotency-Key",),
+    "twilio": ("header:I-Twilio-Idempotency-Token",),
+    "square": ("body:event_id",),
+    "basic-auth": ("header:X-Event-ID", "body:id", "body:event_id", "body:messageId"),
+    "api-key": ("header:X-Event-ID", "body:id", "body:event_id", "body:messageId"),
 }
 
 # RFC 9110 token characters: a header name with anything else could never match.

@@ -103,6 +103,7 @@ class SourceSection(BaseModel):
     hash_fields: list[str] = []
     fallback_hash: bool = True
     signature_header: str = "X-Signature"
+    public_url: str | None = None
     handler_options: dict[str, Any] = {}
     allowed_ips: list[AllowedNetwork] = []
     rate_limit: RateLimit | None = None
@@ -162,6 +163,7 @@ class Source:
     max_attempts: int = 5
     retry_delays: tuple[float, ...] = (1, 10, 60, 300)
     signature_header: str = "X-Signature"
+    public_url: str | None = None
     handler_options: dict[str, Any] = field(default_factory=dict)
     secrets: tuple[str, ...] = field(default=(), repr=False)
     allowed_ips: tuple[Network, ...] = ()  # empty: any client address
@@ -208,13 +210,7 @@ def parse_source(name: str, section: Any) -> Source:
         config = SourceSection.model_validate(section)
     except ValidationError as exc:
         raise ConfigError(f"source {name!r}: {first_problem(exc)}") from None
-    try:
-        verifier = signatures.build_verifier(
-            config.scheme, config.secrets,
-            tolerance_seconds=config.tolerance_seconds, signature_header=config.signature_header,
-        )
-    except ValueError as exc:
-        raise ConfigError(f"source {name!r}: secrets: {exc}") from None
+    verifier = _verifier(name, config)
     selectors = config.event_id if config.event_id is not None else event_id.DEFAULT_EVENT_ID[config.scheme]
     return Source(
         name=name,
@@ -229,11 +225,24 @@ def parse_source(name: str, section: Any) -> Source:
         max_attempts=config.max_attempts,
         retry_delays=tuple(float(d) for d in config.retry_delays),
         signature_header=config.signature_header,
+        public_url=config.public_url,
         handler_options=config.handler_options,
         secrets=tuple(config.secrets),
         allowed_ips=tuple(config.allowed_ips),
         rate_limit=config.rate_limit,
     )
+
+
+def _verifier(name: str, config: SourceSection) -> signatures.Verifier:
+    # api-key has no default header: only one the file names
+    header = config.signature_header if "signature_header" in config.model_fields_set else None
+    try:
+        return signatures.build_verifier(config.scheme, config.secrets, tolerance_seconds=config.tolerance_seconds,
+                                         signature_header=header, public_url=config.public_url)
+    except signatures.SchemeConfigError as exc:
+        raise ConfigError(f"source {name!r}: {exc.field}: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"source {name!r}: secrets: {exc}") from None
 
 
 # What a type or range error means for each field, in the file's own terms
@@ -254,6 +263,7 @@ _EXPECTED = {
     "hash_fields[]": "must be a dotted path string",
     "fallback_hash": "must be true or false",
     "signature_header": "must be a string",
+    "public_url": "must be a string, the URL the provider calls",
     "handler_options": "must be a table",
     "allowed_ips": "must be a list of CIDRs",
     "allowed_ips[]": "must be a CIDR string such as 192.30.252.0/22 or 2001:db8::/32",

@@ -4,10 +4,13 @@ import asyncio
 import time
 import uuid
 
+from urllib.parse import urlencode
+
 import aiohttp
 import orjson
 
-from webhook_ingest.shared import signatures
+from webhook_ingest.shared import payloads, signatures
+from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.sources import Source
 
 # Headers that carry the event id for schemes whose default selector reads a header.
@@ -15,6 +18,10 @@ _ID_HEADERS = {
     "github": "X-GitHub-Delivery",
     "shopify": "X-Shopify-Webhook-Id",
     "hmac-sha256": "X-Event-ID",
+    "gitlab": "Idempotency-Key",
+    "twilio": "I-Twilio-Idempotency-Token",
+    "basic-auth": "X-Event-ID",
+    "api-key": "X-Event-ID",
 }
 
 
@@ -24,17 +31,24 @@ def sample_body(source: Source) -> bytes:
     if source.scheme == "paystack":
         data = {"id": int(time.time() * 1000), "reference": f"ref_{unique}", "amount": 5000}
         document = {"event": "charge.success", "data": data}
+    elif source.scheme == "twilio":  # an incoming SMS, as Twilio posts it
+        return urlencode({"MessageSid": f"SM{unique}", "From": "+15005550006", "Body": "hello from send-test"}).encode()
     else:
-        document = {"id": f"evt_{unique}", "type": "test.event", "created": int(time.time()),
-                    "data": {"message": "hello from send-test"}}
+        document = {"id": f"evt_{unique}", "event_id": f"evt_{unique}", "type": "test.event",
+                    "created": int(time.time()), "data": {"message": "hello from send-test"}}
     return orjson.dumps(document)
 
 
 def signed_request(source: Source, body: bytes) -> dict[str, str]:
-    headers = signatures.sign(source.scheme, body, source.secrets[0], signature_header=source.signature_header)
+    if source.scheme == "standard-webhooks-v1a":
+        raise ConfigError(f"send-test cannot sign for source {source.name!r}: a standard-webhooks-v1a source lists"
+                          " public keys only, the private key stays with the sender")
+    content_type = payloads.FORM if source.scheme == "twilio" else "application/json"  # twilio: as sample_body
+    headers = signatures.sign(source.scheme, body, source.secrets[0], signature_header=source.signature_header,
+                              public_url=source.public_url, content_type=content_type)
     if source.scheme in _ID_HEADERS:
         headers[_ID_HEADERS[source.scheme]] = str(uuid.uuid4())
-    headers["Content-Type"] = "application/json"
+    headers["Content-Type"] = content_type
     return headers
 
 

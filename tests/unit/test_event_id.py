@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from multidict import CIMultiDict
 
+from webhook_ingest.shared import signatures
 from webhook_ingest.shared.event_id import (
     DEFAULT_EVENT_ID,
     SelectorError,
@@ -147,7 +148,7 @@ def test_selectors_keep_their_spec_for_messages():
 
 
 def test_defaults_cover_every_scheme_and_parse():
-    assert set(DEFAULT_EVENT_ID) == {"stripe", "github", "shopify", "paystack", "standard-webhooks", "hmac-sha256"}
+    assert set(DEFAULT_EVENT_ID) == set(signatures.SCHEMES)
     for specs in DEFAULT_EVENT_ID.values():
         assert len(parse_selectors(specs)) == len(specs)
 
@@ -182,6 +183,26 @@ def test_hmac_sha256_default_order():
     assert scheme_id("hmac-sha256", {}, payload) == "i"
     assert scheme_id("hmac-sha256", {}, {"event_id": "e", "messageId": "m"}) == "e"
     assert scheme_id("hmac-sha256", {}, {"messageId": "m"}) == "m"
+
+
+def test_slack_default_is_the_event_id_else_a_commands_trigger_id():
+    assert scheme_id("slack", {}, {"type": "event_callback", "event_id": "Ev08"}) == "Ev08"
+    assert scheme_id("slack", {}, {"command": "/deploy", "trigger_id": "1334.7384.80889"}) == "1334.7384.80889"
+
+
+def test_gitlab_default_is_the_idempotency_key_not_the_event_uuid():
+    # X-Gitlab-Event-UUID is shared by every hook one request triggers (two events to one hook would
+    # collide), X-Gitlab-Webhook-UUID is new on each retry; Idempotency-Key is neither.
+    headers = {"Idempotency-Key": "908a6d9e", "X-Gitlab-Event-UUID": "shared", "X-Gitlab-Webhook-UUID": "per-try"}
+    assert scheme_id("gitlab", headers, {"object_kind": "push"}) == "908a6d9e"
+    assert scheme_id("gitlab", {"X-Gitlab-Event-UUID": "shared"}, {"object_kind": "push"}) is None  # hashed
+
+
+def test_twilio_square_and_v1a_defaults():
+    assert scheme_id("twilio", {"I-Twilio-Idempotency-Token": "tok"}, {"MessageSid": "SM1"}) == "tok"
+    assert scheme_id("square", {}, {"event_id": "ac3ac95b", "type": "payment.created"}) == "ac3ac95b"
+    assert scheme_id("standard-webhooks-v1a", {"svix-id": "msg_2"}) == "msg_2"
+    assert DEFAULT_EVENT_ID["basic-auth"] == DEFAULT_EVENT_ID["api-key"] == DEFAULT_EVENT_ID["hmac-sha256"]
 
 
 # --- malformed selectors -------------------------------------------------------------------------

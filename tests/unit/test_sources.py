@@ -54,6 +54,13 @@ def test_the_built_in_demo_source_needs_no_file():
     ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nmax_body_bytes = true', "max_body_bytes", "positive integer"),
     ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\ncolour = "red"', "colour", "unknown field"),
     ('scheme = "standard-webhooks"\nsecrets = ["whsec_"]\nhandler = "inbox"', "secrets", "no key bytes"),
+    ('scheme = "twilio"\nsecrets = ["t"]\nhandler = "inbox"', "public_url", "the ingress cannot know behind a proxy"),
+    ('scheme = "twilio"\nsecrets = ["t"]\nhandler = "inbox"\npublic_url = "https://h/w?x=1"', "public_url", "query"),
+    ('scheme = "square"\nsecrets = ["t"]\nhandler = "inbox"\npublic_url = 7', "public_url", "the URL the provider calls"),
+    ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\npublic_url = "https://h/w"', "public_url", "only square and twilio"),
+    ('scheme = "api-key"\nsecrets = ["k"]\nhandler = "inbox"', "signature_header", "X-API-Key"),
+    ('scheme = "basic-auth"\nsecrets = ["nocolon"]\nhandler = "inbox"', "secrets", "username:password"),
+    ('scheme = "standard-webhooks-v1a"\nsecrets = ["whsk_AAAA"]\nhandler = "inbox"', "secrets", "private key"),
 ])
 def test_each_mistake_is_one_line_naming_the_source_and_the_field(tmp_path, section, field, problem):
     with pytest.raises(ConfigError) as raised:
@@ -61,6 +68,24 @@ def test_each_mistake_is_one_line_naming_the_source_and_the_field(tmp_path, sect
     message = str(raised.value)
     assert message.startswith(f"source 'acme': {field}: ")
     assert problem in message and "\n" not in message
+
+
+def test_a_twilio_source_keeps_its_public_url_and_an_api_key_source_its_header(tmp_path):
+    sources = load(tmp_path, '''
+[sources.sms]
+scheme = "twilio"
+secrets = ["token"]
+handler = "inbox"
+public_url = "https://hooks.example.com/webhooks/sms"
+
+[sources.crm]
+scheme = "api-key"
+secrets = ["key"]
+handler = "inbox"
+signature_header = "X-CRM-Key"
+''')
+    assert sources["sms"].public_url == "https://hooks.example.com/webhooks/sms"
+    assert sources["crm"].verifier.credential_header == "X-CRM-Key"  # type: ignore[attr-defined]
 
 
 def test_a_handler_is_only_a_name_to_the_sources_file(tmp_path):
