@@ -4,7 +4,7 @@ The checks run in the order docs/reference.md §6 fixes, the first failure answe
 source (404), client address (403), the client's failure budget (429), a
 slot (429 for a client with too many bodies arriving, else 503), size
 (413, the body read within a time limit), signature (401), the source's rate
-limit (429: only verified requests spend it), JSON (400), event id (400).
+limit (429: only verified requests spend it), JSON or form (400), event id (400).
 A 200 is only sent once the event is durably stored: the broker confirmed
 the message, or (RabbitMQ away) the Postgres outbox committed it.
 """
@@ -21,9 +21,10 @@ from webhook_ingest.ingress.publisher import GivenUp, Publisher
 from webhook_ingest.ingress.slots import Slot, slots_key
 from webhook_ingest.shared.errors import BrokerUnavailable
 from webhook_ingest.ingress.responses import Rejected, error, json_response
-from webhook_ingest.shared import event_id, metrics, storable_json
+from webhook_ingest.shared import event_id, metrics, payloads, storable_json
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import MAX_EVENT_ID_BYTES, EventMessage, headers_fit, provider_headers, utf8_text
+from webhook_ingest.shared.payloads import Form
 from webhook_ingest.shared.signatures import SignatureError
 from webhook_ingest.shared.sources import Source
 
@@ -51,13 +52,13 @@ async def _accept(request: web.Request, source: Source | None) -> web.Response:
     check_client_address(request, source)
     request.app[failure_budget_key].refuse_if_spent(request.remote)
     with request.app[slots_key].taken(request.remote) as slot:  # the headers vetted: now it may hold one
-        body = await _verified_body(request, source, slot)
+        body, form = await _verified_body(request, source, slot)
         await check_rate_limit(request, source)  # the provider's budget: spent by verified requests only
-        return await _queued(request, source, body)
+        return await _queued(request, source, body, form)
 
 
-async def _queued(request: web.Request, source: Source, body: bytes) -> web.Response:
-    payload = _parse_json(body)
+async def _queued(request: web.Request, source: Source, body: bytes, form: Form | None) -> web.Response:
+    payload = form if form is not None else _parse_payload(request, body)
     event = _build_event(source, request, body, payload)
     if await request.app[done_markers_key].completed_with(event.key, event.payload_sha256):
         log.debug("duplicate", source=source.name, key=event.key)  # completed, same payload: nothing to queue
@@ -92,24 +93,36 @@ async def _publish_anyway(publisher: Publisher, event: EventMessage, given_up: G
     log.info("published_without_outbox", source=event.source, key=event.key, outbox=outbox_error)
 
 
-async def _verified_body(request: web.Request, source: Source, slot: Slot) -> bytes:
-    """The body, read and its signature verified; a failure spends its client's failure budget."""
+async def _verified_body(request: web.Request, source: Source, slot: Slot) -> tuple[bytes, Form | None]:
+    """The body, read and its signature verified (and the form, when verifying decoded it);
+    a failure spends its client's failure budget."""
     try:
         body = await read_body_within(request, source.max_body_bytes)
         slot.body_arrived()
-        _verify(source, request, body)
+        form = _verify(source, request, body)
     except Rejected:
         request.app[failure_budget_key].charge(request.remote)
         raise
-    return body
+    return body, form
 
 
-def _verify(source: Source, request: web.Request, body: bytes) -> None:
+def _verify(source: Source, request: web.Request, body: bytes) -> Form | None:
     try:
-        source.verifier.verify(request.headers, body)
+        return source.verifier.verify(request.headers, body, query_string=request.rel_url.raw_query_string)
     except SignatureError as exc:
         log.info("signature_rejected", source=source.name, reason=exc.code)
-        raise Rejected(error(401, exc.code)) from exc
+        challenge = getattr(source.verifier, "challenge", None)  # basic-auth's WWW-Authenticate
+        raise Rejected(error(401, exc.code, {"WWW-Authenticate": challenge} if challenge else None)) from exc
+
+
+def _parse_payload(request: web.Request, body: bytes) -> dict:
+    """The handler's payload, by Content-Type (shared/payloads.py): a form, else JSON."""
+    if not payloads.is_form(request.headers.get("Content-Type")):
+        return _parse_json(body)
+    try:
+        return payloads.parse_form(body)
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise Rejected(error(400, "invalid_form")) from exc
 
 
 def _parse_json(body: bytes) -> dict:
@@ -128,7 +141,7 @@ def _parse_json(body: bytes) -> dict:
 def _build_event(source: Source, request: web.Request, body: bytes, payload: dict) -> EventMessage:
     payload_hash = event_id.payload_sha256(payload, source.hash_fields)
     resolved_id = _event_id(source, request, payload, payload_hash)
-    headers = provider_headers(request.headers)
+    headers = provider_headers(request.headers, also_dropped=_credential_headers(source))
     if not headers_fit(headers):
         raise Rejected(error(431, "headers_too_large"))
     return EventMessage(
@@ -140,6 +153,12 @@ def _build_event(source: Source, request: web.Request, body: bytes, payload: dic
         body=body,
         headers=headers,
     )
+
+
+def _credential_headers(source: Source) -> frozenset[str]:
+    """A secret the provider sends as it is (gitlab's token, an API key) is never handed on or stored."""
+    header = getattr(source.verifier, "credential_header", None)
+    return frozenset({header.lower()}) if header else frozenset()
 
 
 def _event_id(source: Source, request: web.Request, payload: dict, payload_hash: str) -> str:

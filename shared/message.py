@@ -82,13 +82,14 @@ class EventMessage:
         return replace(self, attempt=1, errors=(), deliveries=0, unknown_source_since_ms=0, replay_of=replay_of)
 
 
-def provider_headers(request_headers) -> dict[str, str]:
+def provider_headers(request_headers, also_dropped: frozenset[str] = frozenset()) -> dict[str, str]:
     """The headers handed on, lower-case names; a name on several lines is
-    one value, the lines joined by ", " (RFC 9110, section 5.3), not its last line."""
+    one value, the lines joined by ", " (RFC 9110, section 5.3), not its last line.
+    `also_dropped` (lower-case names): a source's own credential header."""
     headers: dict[str, str] = {}
     for name, value in request_headers.items():
         name = name.lower()
-        if name not in _DROPPED_HEADERS:
+        if name not in _DROPPED_HEADERS and name not in also_dropped:
             headers[name] = f"{headers[name]}, {utf8_text(value)}" if name in headers else utf8_text(value)
     return headers
 

@@ -84,3 +84,21 @@ def test_a_handler_module_whose_dependency_is_missing_names_it(tmp_path, monkeyp
     assert str(raised.value) == (
         "source 'acme': handler: cannot import 'handler_needing_xyz': No module named 'no_such_dependency_xyz';"
         f" install 'no_such_dependency_xyz' into this Python environment ({sys.prefix})")
+
+
+def test_a_forms_payload_is_its_decoded_fields_and_the_inbox_stores_them_as_json():
+    import json
+    from datetime import UTC, datetime
+
+    from webhook_ingest.workers.handlers import Event
+    from webhook_ingest.workers.handlers.inbox import _payload_json
+
+    def event(body: bytes, content_type: str) -> Event:
+        return Event(source="sms", event_id="e", key="sms:e", headers={"content-type": content_type},
+                     received_at=datetime.now(UTC), attempt=1, body=body)
+
+    form = event(b"Body=hi+there&Media=a&Media=b&Empty=", "application/x-www-form-urlencoded; charset=utf-8")
+    assert form.payload == {"Body": "hi there", "Media": ["a", "b"], "Empty": ""}
+    assert json.loads(_payload_json(form)) == form.payload
+    plain = event(b'{"n": 12345678901234567890123}', "application/json")
+    assert plain.payload == {"n": 12345678901234567890123} and _payload_json(plain) == plain.body.decode()

@@ -22,6 +22,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from webhook_ingest.shared import payloads
 from webhook_ingest.shared.errors import ConfigError
 
 if TYPE_CHECKING:  # the handler API stays light to import
@@ -46,7 +47,10 @@ class Event:
 
     @cached_property
     def payload(self) -> Any:
-        """The parsed JSON body, parsed on first use (stdlib json: exact big integers)."""
+        """The body parsed on first use: a url-encoded form as a dict (shared/payloads.py),
+        anything else as JSON (stdlib json: exact big integers)."""
+        if payloads.is_form(self.headers.get("content-type")):
+            return payloads.parse_form(self.body)
         return json.loads(self.body)
 
 

@@ -13,6 +13,7 @@ never succeed (PermanentError); anything else is retried.
 
 import aiohttp
 
+from webhook_ingest.shared import payloads
 from webhook_ingest.workers.handlers import Event, HandlerContext, PermanentError
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -41,7 +42,7 @@ async def handle(event: Event, ctx: HandlerContext) -> dict:
     headers = {
         "Idempotency-Key": event.key,
         "X-Webhook-Source": event.source,
-        "Content-Type": "application/json",
+        "Content-Type": payloads.FORM if payloads.is_form(event.headers.get("content-type")) else "application/json",
     }
     async with session().post(ctx.options["url"], data=event.body, headers=headers, timeout=timeout) as response:
         status = response.status
