@@ -13,6 +13,7 @@ import importlib.resources
 import os
 import tomllib
 from dataclasses import dataclass, field
+from datetime import timedelta
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from typing import Annotated, Any
 
@@ -28,7 +29,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from webhook_ingest.shared import event_id, signatures
+from webhook_ingest.shared.archive import DEFAULT_RETENTION, parse_retention
 from webhook_ingest.shared.errors import ConfigError
+from webhook_ingest.shared.event_type import default_selectors as default_event_type
 from webhook_ingest.shared.message import MAX_BODY_BYTES
 
 Network = IPv4Network | IPv6Network
@@ -107,8 +110,10 @@ class SourceSection(BaseModel):
     handler_options: dict[str, Any] = {}
     allowed_ips: list[AllowedNetwork] = []
     rate_limit: RateLimit | None = None
+    retention: str = "7d"
+    event_type: list[str] | None = None
 
-    @field_validator("event_id", mode="before")
+    @field_validator("event_id", "event_type", mode="before")
     @classmethod
     def _one_selector_is_a_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
@@ -120,12 +125,21 @@ class SourceSection(BaseModel):
             raise _problem(f"unknown scheme {scheme!r} (known: {', '.join(signatures.SCHEMES)})")
         return scheme
 
-    @field_validator("event_id")
+    @field_validator("event_id", "event_type")
     @classmethod
     def _valid_selectors(cls, specs: list[str] | None) -> list[str] | None:
         if specs is not None:
             _parsed(event_id.parse_selectors, specs)
         return specs
+
+    @field_validator("retention")
+    @classmethod
+    def _a_duration(cls, text: str) -> str:
+        try:
+            parse_retention(text)
+        except ValueError as exc:
+            raise _problem(str(exc)) from None
+        return text
 
     @field_validator("max_body_bytes")
     @classmethod
@@ -168,6 +182,8 @@ class Source:
     secrets: tuple[str, ...] = field(default=(), repr=False)
     allowed_ips: tuple[Network, ...] = ()  # empty: any client address
     rate_limit: RateLimit | None = None
+    retention: timedelta = DEFAULT_RETENTION  # how long the archive keeps its events (0: not archived)
+    event_type_selectors: tuple = ()
 
     def retry_delay(self, failed_attempt: int) -> float:
         """Seconds to wait before attempt `failed_attempt + 1`; the last delay repeats."""
@@ -230,6 +246,9 @@ def parse_source(name: str, section: Any) -> Source:
         secrets=tuple(config.secrets),
         allowed_ips=tuple(config.allowed_ips),
         rate_limit=config.rate_limit,
+        retention=parse_retention(config.retention),
+        event_type_selectors=event_id.parse_selectors(
+            config.event_type if config.event_type is not None else default_event_type(config.scheme)),
     )
 
 
@@ -270,6 +289,9 @@ _EXPECTED = {
     "rate_limit": "must be a table { per_second = N, burst = N }",
     "rate_limit.per_second": "must be a positive number",
     "rate_limit.burst": "must be a positive integer",
+    "retention": "must be a duration string such as 30d, 12h or 0d (not archived)",
+    "event_type": "must be a list of selector strings",
+    "event_type[]": "must be a selector string",
 }
 
 
