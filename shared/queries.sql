@@ -284,3 +284,37 @@ RETURNING id
 SELECT count(*) FILTER (WHERE state = 'open') AS open,
        count(*) FILTER (WHERE state = 'acknowledged') AS acknowledged
 FROM incidents WHERE state <> 'resolved'
+
+-- name: claim_incident_changes
+-- Up to $1 changes to notify, oldest first, claimed by this worker for $2
+-- seconds (another worker takes them over after that); acknowledgements
+-- are not notified. `reopened`: an earlier change opened the incident.
+UPDATE incident_changes c
+SET claimed_until = clock_timestamp() + make_interval(secs => $2), attempts = c.attempts + 1
+FROM (SELECT id FROM incident_changes
+      WHERE notified_at IS NULL AND state <> 'acknowledged' AND claimed_until < clock_timestamp()
+      ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) due
+WHERE c.id = due.id
+RETURNING c.id, c.incident_id, c.state, c.actor, c.at, c.notified_targets, c.attempts,
+          EXISTS (SELECT FROM incident_changes p
+                  WHERE p.incident_id = c.incident_id AND p.id < c.id AND p.state = 'open') AS reopened
+
+-- name: incidents_by_id
+SELECT * FROM incidents WHERE id = ANY($1::bigint[])
+
+-- name: notified_target
+-- One target got change $1; once all $3 have, the change is notified.
+UPDATE incident_changes
+SET notified_targets = array_append(notified_targets, $2),
+    notified_at = CASE WHEN cardinality(notified_targets) + 1 >= $3 THEN now() END
+WHERE id = $1 AND NOT $2 = ANY(notified_targets)
+
+-- name: notification_failed
+-- Try change $1 again in $2 seconds.
+UPDATE incident_changes SET claimed_until = clock_timestamp() + make_interval(secs => $2), last_error = $3
+WHERE id = $1
+
+-- name: nothing_to_notify
+-- No target is configured: what changes were due are done, and are not
+-- sent later to a target configured then.
+UPDATE incident_changes SET notified_at = now() WHERE id = ANY($1::bigint[])

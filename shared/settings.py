@@ -7,7 +7,7 @@ first run needs no configuration at all.
 from functools import cached_property
 from ipaddress import IPv4Network, IPv6Network, ip_network
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from webhook_ingest.shared.errors import ConfigError
@@ -23,6 +23,9 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_VIEWER_TOKEN", "read-only token of the admin HTTP API and the console, 32 or more (unset: none)"),
     ("WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", "how long a console sign-in lasts"),
     ("WEBHOOK_INGEST_INCIDENT_QUIET_MINUTES", "minutes without a new failure after which an incident resolves itself"),
+    ("WEBHOOK_INGEST_NOTIFY_SLACK_URL", "Slack incoming-webhook URL told when an incident opens, reopens or resolves"),
+    ("WEBHOOK_INGEST_NOTIFY_WEBHOOK_URL", "URL sent a JSON message, signed as Standard Webhooks, on the same changes"),
+    ("WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET", "its Standard Webhooks secret (`whsec_…`); required with the URL"),
     ("WEBHOOK_INGEST_DELIVERY_LIMIT", "deliveries before a message that kills its worker is dead-lettered"),
     ("WEBHOOK_INGEST_LOCK_TTL", "TTL in seconds of the Redis processing lock and the Postgres lease of a key"
                                 " (renewed every third of it while a handler runs; a killed worker's keys are free"
@@ -60,6 +63,9 @@ class Settings(BaseSettings):
     admin_token: str | None = Field(None, alias="WEBHOOK_INGEST_ADMIN_TOKEN")
     viewer_token: str | None = Field(None, alias="WEBHOOK_INGEST_VIEWER_TOKEN")
     console_session_seconds: int = Field(28800, alias="WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", ge=1)
+    notify_slack_url: str | None = Field(None, alias="WEBHOOK_INGEST_NOTIFY_SLACK_URL")
+    notify_webhook_url: str | None = Field(None, alias="WEBHOOK_INGEST_NOTIFY_WEBHOOK_URL")
+    notify_webhook_secret: str | None = Field(None, alias="WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET")
     incident_quiet_minutes: float = Field(30.0, alias="WEBHOOK_INGEST_INCIDENT_QUIET_MINUTES", gt=0)
     delivery_limit: int = Field(20, alias="WEBHOOK_INGEST_DELIVERY_LIMIT", ge=1)
     lock_ttl: float = Field(3.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
@@ -72,7 +78,8 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(256, alias="WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", ge=1)
     max_bodies_per_client: int = Field(32, alias="WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT", ge=1)
 
-    @field_validator("sources_path", "admin_token", "viewer_token", "log_format", mode="before")
+    @field_validator("sources_path", "admin_token", "viewer_token", "log_format", "notify_slack_url",
+                     "notify_webhook_url", "notify_webhook_secret", mode="before")
     @classmethod
     def _empty_is_unset(cls, value):
         # Compose and Kubernetes often set a variable to "" to mean "not set".
@@ -87,6 +94,13 @@ class Settings(BaseSettings):
             raise ValueError(f"is {len(value)} characters; it must be at least {MIN_TOKEN_CHARACTERS} characters"
                              " of a random value, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
         return value
+
+    @model_validator(mode="after")
+    def _webhook_needs_its_secret(self) -> "Settings":
+        if bool(self.notify_webhook_url) != bool(self.notify_webhook_secret):
+            raise ValueError("WEBHOOK_INGEST_NOTIFY_WEBHOOK_URL and WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET go together:"
+                             " the receiver verifies each message with the secret")
+        return self
 
     @field_validator("trusted_proxies_csv")
     @classmethod
@@ -122,6 +136,8 @@ class Settings(BaseSettings):
             "admin_api": "enabled" if self.admin_token else "disabled",
             "console": "enabled" if self.admin_token else "disabled",
             "viewer_token": "set" if self.viewer_token else "unset",
+            "incident_notifications": [name for name, url in (("slack", self.notify_slack_url),
+                                                              ("webhook", self.notify_webhook_url)) if url],
             "delivery_limit": self.delivery_limit,
             "lock_ttl": self.lock_ttl,
             "trusted_proxies": [str(network) for network in self.trusted_proxies],

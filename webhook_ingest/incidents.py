@@ -28,7 +28,7 @@ def incidents() -> None:
 
 @incidents.command("list", epilog=ENV_HELP)
 @click.option("--state", default=None, type=click.Choice([*STATES, "all"]), help="only this state (default: all)")
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1), help="at most this many")
 @click.option("--json", "as_json", is_flag=True, help="one JSON array on stdout")
 def list_command(state: str | None, limit: int, as_json: bool) -> None:
     """Incidents, unresolved first, then by their last failure."""

@@ -22,6 +22,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from webhook_ingest.shared import amqp, backoff, metrics, topology
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.incident_store import IncidentStore
+from webhook_ingest.workers.notifications import Notifier, targets_from
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
@@ -142,7 +143,9 @@ class Worker:
         await drain_poison_queue(poison_channel, self.pool, self.settings.namespace, self.settings.delivery_limit)
         quiet_seconds = self.settings.incident_quiet_minutes * 60
         return [asyncio.create_task(DeadLetterStore(self.pool).keep_open_gauge(), name="dead-letters-gauge"),
-                asyncio.create_task(IncidentStore(self.pool).keep_resolving(quiet_seconds), name="incident-resolver")]
+                asyncio.create_task(IncidentStore(self.pool).keep_resolving(quiet_seconds), name="incident-resolver"),
+                asyncio.create_task(Notifier(self.pool, targets_from(self.settings)).run_forever(),
+                                    name="incident-notifier")]
 
     async def _wait_for_stop(self, side_tasks: list[asyncio.Task]) -> None:
         """Until stop(); a side task that dies stops the worker too."""

@@ -39,14 +39,21 @@ CREATE TABLE incident_events (
 );
 CREATE INDEX incident_events_dead_letter_id ON incident_events (dead_letter_id) WHERE dead_letter_id IS NOT NULL;
 
--- Each state change, in the transaction that made it: what notifications
--- are sent from (one message per change, never more), and the incident's history.
+-- Each state change, in the transaction that made it: the incident's
+-- history, and what notifications are sent from (workers/notifications.py):
+-- a worker claims a change for a while (`claimed_until`), sends it to each
+-- target not yet in `notified_targets`, and records each as it succeeds;
+-- `notified_at` once all have. Acknowledgements are not notified.
 CREATE TABLE incident_changes (
-    id           bigserial PRIMARY KEY,
-    incident_id  bigint NOT NULL REFERENCES incidents (id),
-    state        text NOT NULL,
-    actor        text NOT NULL,
-    at           timestamptz NOT NULL DEFAULT clock_timestamp(),
-    notified_at  timestamptz
+    id                bigserial PRIMARY KEY,
+    incident_id       bigint NOT NULL REFERENCES incidents (id),
+    state             text NOT NULL,
+    actor             text NOT NULL,
+    at                timestamptz NOT NULL DEFAULT clock_timestamp(),
+    notified_at       timestamptz,
+    notified_targets  text[] NOT NULL DEFAULT '{}',
+    attempts          integer NOT NULL DEFAULT 0,
+    claimed_until     timestamptz NOT NULL DEFAULT '-infinity',
+    last_error        text
 );
-CREATE INDEX incident_changes_unnotified ON incident_changes (id) WHERE notified_at IS NULL;
+CREATE INDEX incident_changes_to_notify ON incident_changes (id) WHERE notified_at IS NULL AND state <> 'acknowledged';

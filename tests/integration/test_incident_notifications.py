@@ -1,0 +1,114 @@
+"""Incident notifications (issue 25, item 2) against local receivers that
+record what they got: one message per opening, reopening and resolution,
+none for an acknowledgement, a failing receiver tried again without the
+others getting a second copy, the JSON webhook verified with the Standard
+Webhooks library."""
+
+import base64
+
+import aiohttp
+import asyncpg
+import orjson
+import pytest
+import standardwebhooks
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from webhook_ingest.shared.incident_store import IncidentStore
+from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.workers.notifications import Notifier, signed_webhook, slack
+from webhook_ingest.workers.retry import FailurePolicy
+from tests.support.events import make_event
+
+SECRET = "whsec_" + base64.b64encode(b"notification-secret-0123456789").decode()
+
+
+class Receiver:
+    """An HTTP endpoint that records each POST, answering `statuses` in turn (then 200)."""
+
+    def __init__(self, *statuses: int):
+        self.statuses = list(statuses)
+        self.received: list[tuple[dict, bytes]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.received.append((dict(request.headers), await request.read()))
+        return web.Response(status=self.statuses.pop(0) if self.statuses else 200)
+
+
+@pytest.fixture
+async def receivers():
+    started = []
+
+    async def start(*statuses: int) -> tuple[Receiver, str]:
+        receiver = Receiver(*statuses)
+        app = web.Application()
+        app.router.add_post("/hook", receiver.handle)
+        server = TestServer(app)
+        await server.start_server()
+        started.append(server)
+        return receiver, str(server.make_url("/hook"))
+
+    yield start
+    for server in started:
+        await server.close()
+
+
+@pytest.fixture
+async def pool(settings):
+    pool = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=2)
+    yield pool
+    await pool.close()
+
+
+async def fail_once(settings, pool, event_id: str, message: str) -> None:
+    source = parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox", "max_attempts": 1})
+    await FailurePolicy(None, pool, settings.namespace).fail(make_event("acme", event_id), source,
+                                                             RuntimeError(message))
+
+
+async def test_each_change_but_acknowledgement_is_sent_once_to_each_target(settings, pool, receivers):
+    slack_receiver, slack_url = await receivers()
+    webhook_receiver, webhook_url = await receivers(500)  # fails once
+    notifier = Notifier(pool, {"slack": slack(slack_url), "webhook": signed_webhook(webhook_url, SECRET)})
+    store = IncidentStore(pool)
+    async with aiohttp.ClientSession() as session:
+        await fail_once(settings, pool, "evt_1", "downstream answered 503")
+        assert await notifier.send_due(session) == 1
+        assert len(slack_receiver.received) == 1 and len(webhook_receiver.received) == 1  # the 500
+        async with pool.acquire() as connection:  # its backoff over
+            await connection.execute("UPDATE incident_changes SET claimed_until = '-infinity'")
+        assert await notifier.send_due(session) == 1
+        assert len(slack_receiver.received) == 1, "Slack got it already: not sent again"
+        assert len(webhook_receiver.received) == 2
+        assert await notifier.send_due(session) == 0
+
+        [incident] = await store.newest_first()
+        await store.acknowledge(incident["id"], "operator:alice")
+        await store.resolve(incident["id"], "operator:alice")
+        await fail_once(settings, pool, "evt_2", "downstream answered 502")  # reopens it
+        assert await notifier.send_due(session) == 2
+        assert await notifier.send_due(session) == 0
+
+    texts = [orjson.loads(body)["text"] for _, body in slack_receiver.received]
+    assert [text.split(" — ")[0] for text in texts] == [
+        f":rotating_light: Incident {incident['id']} opened",
+        f":white_check_mark: Incident {incident['id']} resolved by operator:alice",
+        f":rotating_light: Incident {incident['id']} reopened"]
+    assert "acme / inbox: RuntimeError: downstream answered <n>" in texts[0]
+
+    verifier = standardwebhooks.Webhook(SECRET)
+    documents = [verifier.verify(body, headers) for headers, body in webhook_receiver.received]
+    assert [document["type"] for document in documents] == [
+        "incident.opened", "incident.opened", "incident.resolved", "incident.reopened"]
+    assert documents[0]["data"]["id"] == incident["id"] and documents[0]["data"]["error_type"] == "RuntimeError"
+    ids = [headers["webhook-id"] for headers, _ in webhook_receiver.received]
+    assert ids[0] == ids[1] and len(set(ids)) == 3  # the retried one keeps its id: a receiver can tell
+
+
+async def test_with_no_target_due_changes_are_dropped_not_kept_for_later(settings, pool, receivers):
+    await fail_once(settings, pool, "evt_1", "boom")
+    async with aiohttp.ClientSession() as session:
+        assert await Notifier(pool, {}).send_due(session) == 1
+        receiver, url = await receivers()
+        assert await Notifier(pool, {"slack": slack(url)}).send_due(session) == 0
+    assert receiver.received == []
