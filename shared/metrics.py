@@ -84,6 +84,22 @@ dead_letter_record_failures = Counter(
     "webhook_dead_letter_record_failures_total",
     "Failed attempts to record a poison message as a dead letter (it waits unacked in NS.dead meanwhile).",
 )
+archive_rows_dropped = Counter(
+    "webhook_archive_rows_dropped_total",
+    "Event archive rows (an arrival, or what became of one) this process did not write: its buffer was full while "
+    "Postgres was away (buffer_full), Postgres refused the row (refused: a day without its table), or the process "
+    "stopped first (stopping).",
+    ["reason"],
+)
+archive_rows_waiting = Gauge(
+    "webhook_archive_rows_waiting",
+    "Event archive rows this process holds, not yet written to Postgres.",
+)
+archive_bytes = Gauge(
+    "webhook_archive_bytes",
+    "Bytes on disk of each source's event archive: its days' tables, their indexes and TOAST.",
+    ["source"],
+)
 
 
 async def endpoint(request: "web.Request") -> "web.Response":

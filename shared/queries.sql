@@ -185,6 +185,67 @@ RETURNING id
 -- name: bulk_action_state
 SELECT state FROM console_bulk_actions WHERE id = $1
 
+-- the event archive --------------------------------------------------------
+-- Written in batches behind the requests' and the workers' backs
+-- (shared/archive_writer.py) through shared.archive_store; its tables are
+-- made and dropped by event_archive_keep (migration 0008). Each side names
+-- a row by (source, key, received_at), the receive time in integer
+-- milliseconds as the message carries it.
+
+-- name: archive_arrivals
+-- What the ingress accepted (status queued) or answered as a duplicate. A
+-- row a worker wrote first (its outcome, no body yet) gets the body,
+-- headers and type; any other row is left as it is.
+INSERT INTO event_archive AS archived (source, key, received_at, event_id, event_type, payload_sha256, body, headers,
+                                       status)
+SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond', event_id, event_type,
+       payload_sha256, body, headers::jsonb, status
+FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::text[],
+            $9::text[]) AS arrival(source, key, received_ms, event_id, event_type, payload_sha256, body, headers, status)
+ON CONFLICT (source, key, received_at) DO UPDATE
+SET body = EXCLUDED.body, headers = EXCLUDED.headers, event_type = EXCLUDED.event_type
+WHERE archived.body IS NULL
+
+-- name: archive_outcomes
+-- What became of arrivals, from the workers: written over the row's status
+-- only when it is a step on (event_archive_step: a later chain, a later
+-- attempt, or a further step of the same one), and `duplicate` only over a
+-- row still queued (a copy of a retry message is not its event's end).
+-- A row the ingress has not written yet is made without its body.
+INSERT INTO event_archive AS archived (source, key, received_at, event_id, payload_sha256, status, replay_of, attempts,
+                                       last_error, completed_at)
+SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond', event_id, payload_sha256, status,
+       replay_of, attempts, last_error,
+       CASE WHEN status = 'processed' THEN timestamptz 'epoch' + at_ms * interval '1 millisecond' END
+FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::int4[],
+            $9::text[], $10::int8[])
+     AS outcome(source, key, received_ms, event_id, payload_sha256, status, replay_of, attempts, last_error, at_ms)
+ON CONFLICT (source, key, received_at) DO UPDATE
+SET status = EXCLUDED.status, replay_of = EXCLUDED.replay_of, attempts = EXCLUDED.attempts,
+    last_error = coalesce(EXCLUDED.last_error, archived.last_error), completed_at = EXCLUDED.completed_at
+WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued')
+  AND (EXCLUDED.replay_of, EXCLUDED.attempts, event_archive_step(EXCLUDED.status))
+      > (archived.replay_of, archived.attempts, event_archive_step(archived.status))
+
+-- name: archive_discarded
+-- The arrivals whose dead letters ($1) on-call discarded, in the discard's
+-- transaction.
+UPDATE event_archive SET status = 'discarded'
+FROM dead_letters
+WHERE dead_letters.id = ANY($1::bigint[]) AND event_archive.source = dead_letters.source
+  AND event_archive.key = dead_letters.key AND event_archive.received_at = dead_letters.received_at
+
+-- name: archive_keep
+-- One source's tables (event_archive_keep); a lock it waits for longer than
+-- the caller's lock_timeout fails it, to be tried again later.
+SELECT made, dropped FROM event_archive_keep($1, $2, $3, $4, $5)
+
+-- name: archive_sizes
+-- Bytes on disk of each source's days ($1 sources, $2 their tables), indexes and TOAST included.
+SELECT source, coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree(to_regclass(source_table))
+                         WHERE isleaf), 0)::int8 AS bytes
+FROM unnest($1::text[], $2::text[]) AS archived(source, source_table)
+
 -- name: outcomes_last_hour
 -- The console's overview, from what Postgres knows (retries and duplicates
 -- are counted only in the workers' metrics).

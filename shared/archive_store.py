@@ -1,0 +1,77 @@
+"""The event archive's Postgres: the one module that runs its statements
+(named blocks of `shared/queries.sql`), for the ingress, the workers and
+on-call's tools alike.
+
+Its writes are batches from `shared/archive_writer.py`, never a request's
+or a run's own statement; each takes a connection of the pool it is given
+and is closed, not waited on, when Postgres does not answer
+(`shared/sessions.py`).
+"""
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from webhook_ingest.shared import archive
+from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.shared.sessions import pooled
+
+SQL = load_queries("webhook_ingest.shared")
+STATEMENT_SECONDS = 10.0  # a batch's statement, or one source's tables
+LOCK_TIMEOUT = "2s"  # making or dropping a day waits this long for the source's table, then tries later
+
+
+class ArchiveStore:
+    def __init__(self, database: asyncpg.Pool | asyncpg.Connection):
+        self._database = database  # a pool, or the CLI's (or a test's) one connection
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        if isinstance(self._database, asyncpg.Pool):
+            async with pooled(self._database, STATEMENT_SECONDS) as connection:
+                yield connection
+        else:
+            yield self._database
+
+    async def write_arrivals(self, rows: list[tuple]) -> None:
+        """`archive.arrival_row`s; a row twice is written once."""
+        await self._write(SQL["archive_arrivals"], rows)
+
+    async def write_outcomes(self, rows: list[tuple]) -> None:
+        """`archive.outcome_row`s, each judged against what the earlier ones wrote."""
+        await self._write(SQL["archive_outcomes"], rows)
+
+    async def _write(self, statement: str, rows: list[tuple]) -> None:
+        async with self._connection() as connection:
+            for batch in archive.rounds(rows):
+                await connection.execute(statement, *archive.columns(batch), timeout=STATEMENT_SECONDS)
+
+    async def keep(self, retentions: Mapping[str, timedelta], now: datetime | None = None) -> tuple[int, int]:
+        """Each source's tables made ahead and its days past its retention
+        dropped; (days made, days dropped)."""
+        now = now or datetime.now(UTC)
+        made = dropped = 0
+        for source, retention in retentions.items():
+            keep_from, make_from, make_until = archive.kept_days(now, retention)
+            async with self._connection() as connection, connection.transaction():
+                await connection.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                row = await connection.fetchrow(SQL["archive_keep"], source, archive.source_table(source), keep_from,
+                                                make_from, make_until, timeout=STATEMENT_SECONDS)
+            made, dropped = made + row["made"], dropped + row["dropped"]
+        return made, dropped
+
+    async def sizes(self, sources: list[str]) -> dict[str, int]:
+        """Bytes on disk of each source's archive."""
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["archive_sizes"], sources,
+                                          [archive.source_table(source) for source in sources],
+                                          timeout=STATEMENT_SECONDS)
+        return {row["source"]: row["bytes"] for row in rows}
+
+
+async def discarded(connection: asyncpg.Connection, dead_letter_ids: list[int]) -> None:
+    """The arrivals of these dead letters are discarded: in the discard's own transaction."""
+    await connection.execute(SQL["archive_discarded"], dead_letter_ids)
+

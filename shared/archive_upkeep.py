@@ -1,0 +1,76 @@
+"""The event archive's tables, kept: each source's days made ahead and
+dropped whole past its `retention`, and the size on disk of each source in
+`webhook_archive_bytes` (docs/design.md, "The archive").
+
+Every ingress process and every worker runs it — at start, then every
+KEEP_EVERY_SECONDS — so the archive is kept whichever of them runs;
+`event_archive_keep` serialises them per source. Its first round that
+succeeds opens the process's archive writer (`ready`), so no row is sent
+before its day's table exists. A round that fails (Postgres away, a lock
+not granted within its timeout) is logged and tried again, backing off:
+tables are made DAYS_AHEAD days ahead, so a day of failures loses nothing.
+A source no longer in the sources file is left as it is (another process
+may still have it during a rolling deploy).
+"""
+
+import asyncio
+import time
+
+from webhook_ingest.shared import metrics
+from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.backoff import pauses
+from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.sessions import raise_if_cancelled
+from webhook_ingest.shared.sources import Source
+
+log = get_logger(__name__)
+
+KEEP_EVERY_SECONDS = 600.0
+SIZES_EVERY_SECONDS = 60.0
+
+
+class ArchiveUpkeep:
+    def __init__(self, store: ArchiveStore, sources: dict[str, Source]):
+        self._store = store
+        self._retentions = {name: source.retention for name, source in sources.items()}  # 0 too: its days go
+        self._archived = [name for name, source in sources.items() if source.retention]
+        self.ready = asyncio.Event()
+
+    async def run(self) -> None:
+        """Forever; never raises (a stale gauge, a round tried later)."""
+        backoff = pauses(1.0, 60.0)
+        next_keep = 0.0
+        while True:
+            if time.monotonic() >= next_keep:
+                kept = await self.keep()
+                next_keep = time.monotonic() + (KEEP_EVERY_SECONDS if kept else next(backoff))
+                if kept:
+                    backoff = pauses(1.0, 60.0)
+            await self.refresh_sizes()
+            await asyncio.sleep(max(0.0, min(SIZES_EVERY_SECONDS, next_keep - time.monotonic())))
+
+    async def keep(self) -> bool:
+        """One round over every source; whether it succeeded."""
+        try:
+            made, dropped = await self._store.keep(self._retentions)
+        except Exception as exc:  # noqa: BLE001 - tried again later: days are made well ahead
+            raise_if_cancelled()
+            log.warning("archive_upkeep_failed", error=describe(exc))
+            return False
+        if made or dropped:
+            log.info("archive_days_kept", made=made, dropped=dropped)
+        self.ready.set()
+        return True
+
+    async def refresh_sizes(self) -> None:
+        if not self._archived:
+            return
+        try:
+            sizes = await self._store.sizes(self._archived)
+        except Exception as exc:  # noqa: BLE001 - a stale gauge, never a dead task
+            raise_if_cancelled()
+            log.warning("archive_sizes_stale", error=describe(exc))
+            return
+        for source, size in sizes.items():
+            metrics.archive_bytes.labels(source).set(size)
