@@ -12,7 +12,7 @@ stays there beside it.
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import asyncpg
 import orjson
@@ -40,7 +40,7 @@ from webhook_ingest.shared.dead_letters import (
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import to_amqp
-from webhook_ingest.shared.sessions import pooled, raise_if_cancelled
+from webhook_ingest.shared.sessions import one_of, raise_if_cancelled
 
 log = get_logger(__name__)
 REPLAY_PUBLISH_TIMEOUT = 10.0
@@ -52,13 +52,8 @@ class DeadLetterStore:
     def __init__(self, database: asyncpg.Pool | asyncpg.Connection):
         self._database = database  # a pool (ingress, workers), or the CLI's one connection
 
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        if isinstance(self._database, asyncpg.Pool):
-            async with pooled(self._database, ACQUIRE_TIMEOUT) as connection:
-                yield connection
-        else:
-            yield self._database
+    def _connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        return one_of(self._database, ACQUIRE_TIMEOUT)
 
     # -- reading ---------------------------------------------------------------
 

@@ -9,7 +9,6 @@ makes it: the incident's history, and what notifications are sent from.
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import asyncpg
@@ -19,7 +18,7 @@ from webhook_ingest.shared.dead_letters import SQL
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.incidents import Fingerprint
 from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.sessions import pooled, raise_if_cancelled
+from webhook_ingest.shared.sessions import one_of, raise_if_cancelled
 
 log = get_logger(__name__)
 
@@ -71,13 +70,8 @@ class IncidentStore:
     def __init__(self, database: asyncpg.Pool | asyncpg.Connection):
         self._database = database  # a pool (ingress, workers), or the CLI's one connection
 
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        if isinstance(self._database, asyncpg.Pool):
-            async with pooled(self._database, ACQUIRE_TIMEOUT) as connection:
-                yield connection
-        else:
-            yield self._database
+    def _connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        return one_of(self._database, ACQUIRE_TIMEOUT)
 
     # -- reading ---------------------------------------------------------------
 

@@ -46,6 +46,17 @@ async def pooled(pool: asyncpg.Pool, timeout: float | None) -> AsyncIterator[asy
         yield connection
 
 
+@contextlib.asynccontextmanager
+async def one_of(database: asyncpg.Pool | asyncpg.Connection, timeout: float) -> AsyncIterator[asyncpg.Connection]:
+    """For a store over a pool (the ingress, workers) or one connection (the
+    CLI): a pooled connection (`timeout` to acquire it), or that connection."""
+    if isinstance(database, asyncpg.Pool):
+        async with pooled(database, timeout) as connection:
+            yield connection
+    else:
+        yield database
+
+
 async def close_pool(pool: asyncpg.Pool, timeout: float = CLOSE_SECONDS) -> None:
     """Closes every session of `pool` politely within `timeout`, then drops
     those left: the process stops in time whatever the server does."""

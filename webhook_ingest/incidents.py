@@ -72,18 +72,14 @@ def show_command(incident_id: str, as_json: bool) -> None:
 @click.argument("incident_id", metavar="ID")
 def ack_command(incident_id: str) -> None:
     """Acknowledge an open incident: someone is on it."""
-    parsed = _parse(incident_id)
-    changed = run_or_fail(_with_store(_settings(), lambda store: store.acknowledge(parsed, str(Actor.cli()))))
-    click.echo(f"incident {parsed} acknowledged" if changed else f"incident {parsed} was not open; nothing done")
+    _change(incident_id, "acknowledged", "was not open; nothing done")
 
 
 @incidents.command("resolve", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
 @click.argument("incident_id", metavar="ID")
 def resolve_command(incident_id: str) -> None:
     """Resolve an incident by hand (a new failure reopens it)."""
-    parsed = _parse(incident_id)
-    changed = run_or_fail(_with_store(_settings(), lambda store: store.resolve(parsed, str(Actor.cli()))))
-    click.echo(f"incident {parsed} resolved" if changed else f"incident {parsed} was resolved already")
+    _change(incident_id, "resolved", "was resolved already")
 
 
 @incidents.command("replay", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
@@ -103,6 +99,12 @@ def discard_command(incident_id: str) -> None:
         return await DeadLetterStore(connection).discard(ids, Actor.cli()) if ids else []
 
     click.echo(f"discarded {len(run_or_fail(_open_dead_letters(_settings(), _parse(incident_id), discard)))}")
+
+
+def _change(incident_id: str, state: str, unchanged: str) -> None:
+    parsed = _parse(incident_id)
+    changed = run_or_fail(_with_store(_settings(), lambda store: store.change(parsed, state, str(Actor.cli()))))
+    click.echo(f"incident {parsed} {state}" if changed else f"incident {parsed} {unchanged}")
 
 
 def _parse(text: str) -> int:
