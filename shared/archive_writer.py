@@ -57,6 +57,8 @@ class BatchedWriter:
         self._rows: deque[tuple] = deque()
         self._bytes = 0
         self._wake = asyncio.Event()
+        self._drained = asyncio.Event()  # set while nothing waits to be written
+        self._drained.set()
         self._writing = 0  # rows taken by the write under way
         self._dropped: dict[str, int] = {}  # by reason, since the last log line
         self._logged_at = 0.0
@@ -75,6 +77,7 @@ class BatchedWriter:
         self._rows.append(row)
         self._bytes += size
         self._wake.set()
+        self._drained.clear()
 
     async def run(self) -> None:
         """Forever: writes what is pending, waiting out outages."""
@@ -94,15 +97,15 @@ class BatchedWriter:
                 continue
             self._writing = 0
             metrics.archive_rows_waiting.set(len(self._rows))
+            if not self._rows:
+                self._drained.set()
             backoff = pauses(0.5, 10.0)
 
     async def flush(self, timeout: float) -> None:
         """Until everything added is written, for `timeout` at most (a
         process stopping); what is left then is dropped, counted."""
         try:
-            async with asyncio.timeout(timeout):
-                while self.waiting:
-                    await asyncio.sleep(0.01)
+            await asyncio.wait_for(self._drained.wait(), timeout)
         except TimeoutError:
             self._drop("stopping", self.waiting)
             self._log_drops(force=True)
