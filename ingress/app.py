@@ -9,6 +9,7 @@ from aiohttp import web
 
 from webhook_ingest.ingress import health, webhooks
 from webhook_ingest.ingress.admin import setup_admin
+from webhook_ingest.ingress.archive import archive_ctx
 from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.console import setup_console
 from webhook_ingest.ingress.limits import handler_args, setup_limits
@@ -33,6 +34,7 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
     app.cleanup_ctx.append(database_ctx)
     app.cleanup_ctx.append(_publisher_ctx(connection_name))
     app.cleanup_ctx.append(relay_ctx)
+    app.cleanup_ctx.append(archive_ctx)  # after the pool's: its rows are flushed before the pool closes
     app.cleanup_ctx.append(redis_ctx)
     setup_limits(app, settings)
     app.cleanup_ctx.append(done_markers_ctx)

@@ -13,6 +13,7 @@ import time
 
 from aiohttp import web
 
+from webhook_ingest.ingress.archive import arrivals_key
 from webhook_ingest.ingress.appkeys import done_markers_key, outbox_key, publisher_key, sources_key
 from webhook_ingest.ingress.failure_budget import failure_budget_key
 from webhook_ingest.ingress.limits import check_client_address, check_rate_limit, read_body_within
@@ -62,8 +63,10 @@ async def _queued(request: web.Request, source: Source, body: bytes, form: Form 
     event = _build_event(source, request, body, payload)
     if await request.app[done_markers_key].completed_with(event.key, event.payload_sha256):
         log.debug("duplicate", source=source.name, key=event.key)  # completed, same payload: nothing to queue
+        request.app[arrivals_key].arrived(event, source, payload, duplicate=True)
         return json_response(200, {"status": "duplicate", "key": event.key})
     await _store(request.app, event)
+    request.app[arrivals_key].arrived(event, source, payload)  # written in a batch, after this answer
     log.debug("accepted", source=source.name, key=event.key)
     return json_response(200, {"status": "accepted", "key": event.key})
 
