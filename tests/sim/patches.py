@@ -9,7 +9,8 @@ for the length of one run, and nothing else.
   simulated pools, sized by the worker's own code), `CompletionStore` (the
   simulated server's client on those pools), `idempotency._client` (the
   simulated Redis masters), `amqp.connect_robust` (the simulated broker);
-  `record_dead_letter` in `workers.retry` (the dead-letter insert);
+  `record_dead_letter` in `workers.retry` (the dead-letter insert) and
+  `record_failure` beside it (incidents are not simulated);
 - `Processor.call_handler` is wrapped to tell the handler which message
   it runs (the handler's `Event` has no chain id), without changing what
   it does;
@@ -55,6 +56,10 @@ class _Asyncpg:
         return getattr(asyncpg, name)
 
 
+async def _no_incidents(*_, **__) -> int:
+    return 0
+
+
 @contextlib.contextmanager
 def patched(sim):
     worker = importlib.import_module("webhook_ingest.workers.worker")
@@ -89,6 +94,7 @@ def patched(sim):
         stack.enter_context(mock.patch("webhook_ingest.shared.amqp.connect_robust", connect_robust))
         stack.enter_context(mock.patch("webhook_ingest.workers.retry.record_dead_letter",
                                        sim.server.record_dead_letter))
+        stack.enter_context(mock.patch("webhook_ingest.workers.retry.record_failure", _no_incidents))
         stack.enter_context(mock.patch.object(processor.Processor, "call_handler", call_handler))
         stack.enter_context(mock.patch("tests.support.in_memory.Session", SimSession))
         stack.enter_context(mock.patch.object(SimSession, "server", sim.server))
