@@ -379,3 +379,15 @@ WHERE id = $1
 -- No target is configured: what changes were due are done, and are not
 -- sent later to a target configured then.
 UPDATE incident_changes SET notified_at = now() WHERE id = ANY($1::bigint[])
+
+-- paused sources (shared/pauses.py) -------------------------------------------
+
+-- name: paused_sources
+SELECT source, paused_at, paused_by FROM source_pauses ORDER BY source
+
+-- name: pause_source
+INSERT INTO source_pauses (source, paused_by) VALUES ($1, $2) ON CONFLICT (source) DO NOTHING RETURNING source
+
+-- name: resume_source
+-- $2, who resumed it, is in the audit log only.
+DELETE FROM source_pauses WHERE source = $1 AND $2::text IS NOT NULL RETURNING source

@@ -10,6 +10,8 @@ overflow) means a message moving between them is never dropped.
 - `NS.retry.<delay>s`: one queue per delay (a per-message TTL in a single
   queue would block at its head); expired messages return to `NS.events`.
 - `NS.dead`: poison messages, drained into the `dead_letters` table.
+- `NS.paused.<source>`: a paused source's events, parked until it is
+  resumed; then moved back to `NS.events`, oldest first (workers/pauses.py).
 """
 
 import asyncio
@@ -18,6 +20,9 @@ import contextlib
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
 
+from webhook_ingest.shared import amqp
+
+DEPTH_TIMEOUT = 3.0  # seconds, to connect and to ask for one queue's depth
 PUBLISH_TIMEOUT = 5.0  # seconds; a publish with no limit could hold a request or a message for ever
 _QUORUM = {"x-queue-type": "quorum"}
 _SAFE_DEAD_LETTERING = {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
@@ -33,6 +38,10 @@ def dead_queue(namespace: str) -> str:
 
 def retry_queue(namespace: str, delay_seconds: float) -> str:
     return f"{namespace}.retry.{delay_label(delay_seconds)}"
+
+
+def paused_queue(namespace: str, source: str) -> str:
+    return f"{namespace}.paused.{source}"
 
 
 def delay_label(delay_seconds: float) -> str:
@@ -105,6 +114,10 @@ async def declare_dead_queue(channel: AbstractChannel, namespace: str) -> Abstra
     return await channel.declare_queue(dead_queue(namespace), durable=True, arguments=dict(_QUORUM))
 
 
+async def declare_paused_queue(channel: AbstractChannel, namespace: str, source: str) -> AbstractQueue:
+    return await channel.declare_queue(paused_queue(namespace, source), durable=True, arguments=dict(_QUORUM))
+
+
 async def declare_retry_queue(channel: AbstractChannel, namespace: str, delay_seconds: float) -> AbstractQueue:
     return await channel.declare_queue(
         retry_queue(namespace, delay_seconds),
@@ -129,3 +142,28 @@ async def publish(
     has its connection back, and it waits for that without a limit."""
     async with asyncio.timeout(timeout):
         await channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True, timeout=timeout)
+
+
+async def queue_depths(amqp_url: str, names: list[str], connection_name: str) -> list[tuple[str, int | None]]:
+    """Each queue's ready messages; None when the broker is away or the queue
+    does not exist yet. A connection of its own: a passive declare of a
+    missing queue closes its channel, which must never be the ingress's."""
+    depths: dict[str, int | None] = dict.fromkeys(names)
+    with contextlib.suppress(Exception):  # noqa: BLE001 - the broker away: every depth n/a
+        connection = await amqp.connect(amqp_url, timeout=DEPTH_TIMEOUT,
+                                        client_properties={"connection_name": connection_name})
+        async with connection:
+            for name in names:
+                depths[name] = await _depth(connection, name)
+    return list(depths.items())
+
+
+async def _depth(connection, name: str) -> int | None:
+    try:
+        channel = await connection.channel()
+        queue = await asyncio.wait_for(channel.declare_queue(name, passive=True), DEPTH_TIMEOUT)
+    except (aio_pika.exceptions.ChannelClosed, asyncio.TimeoutError):
+        return None
+    count = queue.declaration_result.message_count
+    await channel.close()
+    return count

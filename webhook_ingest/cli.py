@@ -61,7 +61,8 @@ class _Commands(click.Group):
     for: the others start without importing it (aio-pika, asyncpg and the
     dead-letter store for `migrate` and `--help`, ~0.15 s a start)."""
 
-    ON_CALL = {"dlq": "dlq", "prune": "dlq", "incidents": "incidents"}  # command: module of webhook_ingest
+    ON_CALL = {"dlq": "dlq", "prune": "dlq", "incidents": "incidents",  # command: module of webhook_ingest
+               "sources": "sources_cli"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.ON_CALL})

@@ -114,7 +114,10 @@ class FailurePolicy:
         died — its publish's fate unknown — is it published again
         (`workers.attempts` makes a copy that got through harmless).
         """
-        queue_name = topology.retry_queue(self._namespace, delay_seconds)
+        await self.publish_to(event, topology.retry_queue(self._namespace, delay_seconds))
+
+    async def publish_to(self, event: EventMessage, queue_name: str) -> None:
+        """`event` on `queue_name`, waited for as `delay` waits (its docstring says why)."""
         for pause in pauses():
             try:
                 await self._confirmed(to_amqp(event), queue_name)

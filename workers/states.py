@@ -27,6 +27,7 @@ class Outcome(enum.Enum):
     RETRIED = "retried"
     DEAD = "dead"
     DEFERRED = "deferred"      # in flight elsewhere: comes back after a short delay
+    PARKED = "parked"          # its source is paused: kept in NS.paused.<source> until resumed
 
 
 def classify_completed(completed_sha256: str, payload_sha256: str) -> Outcome:

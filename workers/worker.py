@@ -23,6 +23,7 @@ from webhook_ingest.shared import amqp, backoff, metrics, topology
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.incident_store import IncidentStore
 from webhook_ingest.workers.notifications import Notifier, targets_from
+from webhook_ingest.workers.pauses import Parking, PausedSources, keep_pauses
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
@@ -103,6 +104,8 @@ class Worker:
         await consume_channel.set_qos(prefetch_count=self.concurrency)
         queue = await self._declare_queues(consume_channel)
         self.failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace)
+        self.paused = PausedSources(self.pool)
+        await _wait_for("postgres", self.paused.refresh)  # a paused source is never run, from the first message
         self.completions = CompletionStore(self.pool, self.renewals, self.transactions)
         self.processor = Processor(self.sources, self.store, self.completions, self.failures)
         self.batch_processor = BatchProcessor(self.processor, self.store, self.completions)
@@ -141,11 +144,15 @@ class Worker:
         # `multiple` ack on the consume channel (workers.acks).
         poison_channel = await self.connection.channel()
         await drain_poison_queue(poison_channel, self.pool, self.settings.namespace, self.settings.delivery_limit)
+        # Its basic.gets too: a channel of its own.
+        self.parking = Parking(await self.connection.channel(), self.failures, self.settings.namespace, self.sources)
+        await self.parking.declare()
         quiet_seconds = self.settings.incident_quiet_minutes * 60
         return [asyncio.create_task(DeadLetterStore(self.pool).keep_open_gauge(), name="dead-letters-gauge"),
                 asyncio.create_task(IncidentStore(self.pool).keep_resolving(quiet_seconds), name="incident-resolver"),
                 asyncio.create_task(Notifier(self.pool, targets_from(self.settings)).run_forever(),
-                                    name="incident-notifier")]
+                                    name="incident-notifier"),
+                asyncio.create_task(keep_pauses(self.paused, self.parking), name="pauses")]
 
     async def _wait_for_stop(self, side_tasks: list[asyncio.Task]) -> None:
         """Until stop(); a side task that dies stops the worker too."""
@@ -207,7 +214,17 @@ class Worker:
         if event.source not in self.sources:
             self._track(self._unknown_source(message, event))
             return None
+        if event.source in self.paused:
+            self._track(self._park(message, event))
+            return None
         return event
+
+    async def _park(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
+        """A paused source's event: kept on its parking queue, not run (workers/pauses.py)."""
+        started = time.perf_counter()
+        await self._until_done(self.parking.park, event)
+        await self._deliveries.ack(message)
+        _observe(event, Outcome.PARKED, started)
 
     async def _unknown_source(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
         """Sources files out of step (a rolling deploy): the event waits in a

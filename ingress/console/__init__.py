@@ -25,6 +25,7 @@ from webhook_ingest.ingress.appkeys import database_pool_key
 from webhook_ingest.ingress.console import middlewares
 from webhook_ingest.ingress.console.bulk import BulkRunner
 from webhook_ingest.ingress.console.incidents import add_incident_routes
+from webhook_ingest.ingress.console.sources import add_source_routes
 from webhook_ingest.ingress.console.security import cookie_storage
 from webhook_ingest.ingress.console.sessions import ConsoleSessions, console_sessions_key
 from webhook_ingest.ingress.console.vendor import HTMX_FILE
@@ -61,6 +62,7 @@ def console_app(settings: Settings) -> web.Application:
     environment.filters["when"] = lambda moment: iso_utc(moment).replace("+00:00", "Z") if moment else "—"
     add_routes(console)
     add_incident_routes(console)
+    add_source_routes(console)
     console.router.add_static("/static/", HERE / "static", append_version=True)
     console[bulk_runner_key] = BulkRunner()
     console.on_shutdown.append(console[bulk_runner_key].stop)

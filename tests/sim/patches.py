@@ -10,7 +10,8 @@ for the length of one run, and nothing else.
   simulated server's client on those pools), `idempotency._client` (the
   simulated Redis masters), `amqp.connect_robust` (the simulated broker);
   `record_dead_letter` in `workers.retry` (the dead-letter insert) and
-  `record_failure` beside it (incidents are not simulated);
+  `record_failure` beside it (incidents are not simulated), and
+  `PausedSources` (no source is paused in a simulation);
 - `Processor.call_handler` is wrapped to tell the handler which message
   it runs (the handler's `Event` has no chain id), without changing what
   it does;
@@ -60,6 +61,17 @@ async def _no_incidents(*_, **__) -> int:
     return 0
 
 
+class _NothingPaused:
+    def __init__(self, pool) -> None:
+        pass
+
+    async def refresh(self) -> None:
+        pass
+
+    def __contains__(self, source: str) -> bool:
+        return False
+
+
 @contextlib.contextmanager
 def patched(sim):
     worker = importlib.import_module("webhook_ingest.workers.worker")
@@ -95,6 +107,7 @@ def patched(sim):
         stack.enter_context(mock.patch("webhook_ingest.workers.retry.record_dead_letter",
                                        sim.server.record_dead_letter))
         stack.enter_context(mock.patch("webhook_ingest.workers.retry.record_failure", _no_incidents))
+        stack.enter_context(mock.patch.object(worker, "PausedSources", _NothingPaused))
         stack.enter_context(mock.patch.object(processor.Processor, "call_handler", call_handler))
         stack.enter_context(mock.patch("tests.support.in_memory.Session", SimSession))
         stack.enter_context(mock.patch.object(SimSession, "server", sim.server))

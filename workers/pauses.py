@@ -1,0 +1,94 @@
+"""A worker's side of paused sources (shared/pauses.py; docs/reference.md §8.3).
+
+`PausedSources` reads which sources are paused every second, so a pause or
+a resume reaches every worker within about that. A delivery of a paused
+source is parked: published to `NS.paused.<source>` (confirmed), then
+acked — never run, and never holding a slot of the consumer's prefetch, so
+a paused source's events do not block the others'. `move_back` returns a
+resumed source's parked events to `NS.events`, oldest first, each
+confirmed there before it is taken off its parking queue: a worker killed
+midway leaves a copy at most, which the claim path settles as the copy it is.
+"""
+
+import asyncio
+from collections.abc import Iterable
+
+import asyncpg
+from aio_pika.abc import AbstractChannel
+
+from webhook_ingest.shared import topology
+from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.message import from_amqp
+from webhook_ingest.shared.pauses import PauseStore
+from webhook_ingest.shared.sessions import raise_if_cancelled
+from webhook_ingest.workers.retry import FailurePolicy
+
+log = get_logger(__name__)
+
+EVERY_SECONDS = 1.0
+MOVE_BATCH = 100  # per source and round: one resumed source does not hold up the state refresh
+
+
+class PausedSources:
+    def __init__(self, pool: asyncpg.Pool):
+        self._store = PauseStore(pool)
+        self.names: frozenset[str] = frozenset()
+
+    async def refresh(self) -> None:
+        self.names = frozenset(await self._store.paused())
+
+    def __contains__(self, source: str) -> bool:
+        return source in self.names
+
+
+class Parking:
+    def __init__(self, channel: AbstractChannel, failures: FailurePolicy, namespace: str, sources: Iterable[str]):
+        self._channel = channel  # for basic.get: a channel of its own, outside the consumer's acks
+        self._failures = failures  # its confirm-mode publishes
+        self._namespace = namespace
+        self._sources = tuple(sources)
+
+    async def declare(self) -> None:
+        for source in self._sources:
+            await topology.declare_paused_queue(self._channel, self._namespace, source)
+
+    async def park(self, event) -> None:
+        """`event` on its source's parking queue, confirmed; the caller acks the delivery after."""
+        await self._failures.publish_to(event, topology.paused_queue(self._namespace, event.source))
+        log.info("event_parked", source=event.source, key=event.key)
+
+    async def move_back(self, paused: PausedSources) -> int:
+        """Up to MOVE_BATCH parked events of each source not paused, back to NS.events."""
+        moved = 0
+        for source in self._sources:
+            if source in paused:
+                continue
+            queue = await self._channel.get_queue(topology.paused_queue(self._namespace, source), ensure=False)
+            for _ in range(MOVE_BATCH):
+                message = await queue.get(no_ack=False, fail=False)
+                if message is None:
+                    break
+                if source in paused:  # paused again meanwhile: it stays parked
+                    await message.nack(requeue=True)
+                    break
+                await self._failures.publish_to(from_amqp(message.body, message.headers),
+                                                topology.events_queue(self._namespace))
+                await message.ack()
+                moved += 1
+        if moved:
+            log.info("parked_events_moved_back", count=moved)
+        return moved
+
+
+async def keep_pauses(paused: PausedSources, parking: Parking, every: float = EVERY_SECONDS) -> None:
+    """Forever (each worker runs it): the paused set, and resumed sources'
+    events moved back. Postgres away: the last known set holds."""
+    while True:
+        try:
+            await paused.refresh()
+            await parking.move_back(paused)
+        except Exception as exc:  # noqa: BLE001 - a late resume, never a dead task
+            raise_if_cancelled()
+            log.warning("pause_refresh_failed", error=describe(exc))
+        await asyncio.sleep(every)
