@@ -26,7 +26,7 @@ from webhook_ingest.shared.sources import Source
 
 MAX_ROWS = 10_000  # about 10 s of a busy process's traffic while Postgres is away
 MAX_BODY_BYTES = 32 * 1024 * 1024
-FLUSH_SECONDS = 2.0  # on stopping, for the rows still held
+FLUSH_SECONDS = 1.0  # on stopping, for the rows still held (then the pool gets its own 2 s)
 
 
 class Arrivals:
@@ -38,11 +38,17 @@ class Arrivals:
 
     def arrived(self, event: EventMessage, source: Source, payload: Mapping, duplicate: bool = False) -> None:
         """An event answered 200: accepted (stored), or a duplicate of a completed one."""
+        self._add(event, source, payload, archive.DUPLICATE if duplicate else archive.QUEUED)
+
+    def ignored(self, event: EventMessage, source: Source, payload: Mapping, rule: str) -> None:
+        """An event answered 200 ignored: one of the source's `ignore` rules matched; never queued."""
+        self._add(event, source, payload, archive.IGNORED, rule)
+
+    def _add(self, event: EventMessage, source: Source, payload: Mapping, status: str, rule: str | None = None) -> None:
         if not source.retention:
             return
         kind = event_type.resolve(source.event_type_selectors, event.headers, payload)
-        status = archive.DUPLICATE if duplicate else archive.QUEUED
-        self._writer.add(archive.arrival_row(event, kind, jsonb(event.headers), status))
+        self._writer.add(archive.arrival_row(event, kind, jsonb(event.headers), status, rule))
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._upkeep.run(), name="archive-upkeep"),

@@ -50,13 +50,17 @@ class ArchiveStore:
 
     async def keep(self, retentions: Mapping[str, timedelta], now: datetime | None = None) -> tuple[int, int]:
         """Each source's tables made ahead and its days past its retention
-        dropped; (days made, days dropped)."""
+        dropped; (days made, days dropped). One autocommit statement per
+        source, never a transaction held open: a statement that does not
+        end closes its session (the process may be stopping) rather than
+        waiting for a rollback's answer."""
         now = now or datetime.now(UTC)
         made = dropped = 0
         for source, retention in retentions.items():
             keep_from, make_from, make_until = archive.kept_days(now, retention)
-            async with self._connection() as connection, connection.transaction():
-                await connection.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+            async with self._connection() as connection:
+                # the session's: a pooled session's reset forgets it, the workers' archive pool is the archive's own
+                await connection.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'", timeout=STATEMENT_SECONDS)
                 row = await connection.fetchrow(SQL["archive_keep"], source, archive.source_table(source), keep_from,
                                                 make_from, make_until, timeout=STATEMENT_SECONDS)
             made, dropped = made + row["made"], dropped + row["dropped"]

@@ -18,7 +18,7 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractChannel
 
-from webhook_ingest.shared import metrics, topology
+from webhook_ingest.shared import archive_store, metrics, topology
 from webhook_ingest.shared.bulk_actions import BulkAction
 from webhook_ingest.shared.dead_letters import (
     SQL,
@@ -138,6 +138,7 @@ class DeadLetterStore:
             discarded = await connection.fetch(SQL["set_dead_letter_status"], list(ids), "discarded")
             _require_all_found(ids, discarded)
             await connection.execute(SQL["forget_handed_on"], list(ids))
+            await archive_store.discarded(connection, list(ids))
             await _record_audit(connection, actor, "discard", [row["id"] for row in discarded])
         return [row["id"] for row in discarded]
 
@@ -170,6 +171,7 @@ class DeadLetterStore:
             await _lock_open(connection, dead_letter_id)
             await connection.execute(SQL["set_dead_letter_status"], [dead_letter_id], "discarded")
             await connection.execute(SQL["forget_handed_on"], [dead_letter_id])
+            await archive_store.discarded(connection, [dead_letter_id])
             if bulk_action_id is None:
                 await _record_audit(connection, actor, "discard", [dead_letter_id])
 

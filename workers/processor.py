@@ -38,6 +38,7 @@ import asyncpg
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.sources import Source
+from webhook_ingest.workers.archive_notes import NO_NOTES, ArchiveNotes
 from webhook_ingest.workers.attempts import already_handed_on
 from webhook_ingest.workers.coalesced import CoalescedStatements
 from webhook_ingest.workers.completions import CompletionStore
@@ -82,12 +83,13 @@ class AttemptHandedOn(Exception):
 
 class Processor:
     def __init__(self, sources: dict[str, Source], store: IdempotencyStore, completions: CompletionStore,
-                 failures: FailurePolicy):
+                 failures: FailurePolicy, archive: ArchiveNotes = NO_NOTES):
         self._sources = sources
         self._handlers = load_handlers(sources)
         self._store = store
         self._completions = completions
         self._failures = failures
+        self._archive = archive
         self._lock_renewals = LockRenewals(store)
         self._lease_renewals = LeaseRenewals(completions, store.redlock.ttl_ms)
         self._statements = CoalescedStatements(completions, store.redlock.ttl_ms)
@@ -207,6 +209,7 @@ class Processor:
             case HandlerFailed() as failed:
                 assert failed.__cause__ is not None
                 outcome = await self._failures.fail(message, self._sources[message.source], failed.__cause__)
+                self._archive.failed(message, outcome, failed.__cause__)
                 if outcome is not Outcome.DUPLICATE:
                     await self._completions.record_handed_on(message)
                 return outcome

@@ -20,6 +20,7 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
 from webhook_ingest.shared import amqp, backoff, metrics, topology
+from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.incident_store import IncidentStore
 from webhook_ingest.workers.notifications import Notifier, targets_from
@@ -31,6 +32,7 @@ from webhook_ingest.shared.sessions import close_pool
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.acks import OpenDeliveries
+from webhook_ingest.workers.archive_notes import ArchiveNotes
 from webhook_ingest.workers.batch import BatchProcessor
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.copies import CopiesInFlight
@@ -46,6 +48,7 @@ MAX_TRANSACTIONS = 20  # handlers that use ctx.db at once (each holds a connecti
 STATEMENT_CONNECTIONS = 4  # leases, completion checks and rows, dead letters: one short statement each
 SERVER_KEEPALIVES = "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
 RENEWAL_CONNECTIONS = 2  # lease renewals, many runs' in one statement (workers/renewals.py)
+ARCHIVE_CONNECTIONS = 1  # the archive's batches and upkeep, never in a run's way (workers/archive_notes.py)
 PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
 UNKNOWN_SOURCE_RETRY = 5.0  # seconds between looks for a worker that knows the source
 UNKNOWN_SOURCE_PATIENCE = 600.0  # seconds since a worker first did not know it, then a dead letter
@@ -80,6 +83,8 @@ class Worker:
             stack.push_async_callback(close_pool, self.transactions)
             self.renewals = await _wait_for("postgres", lambda: self._open_pool(RENEWAL_CONNECTIONS))
             stack.push_async_callback(close_pool, self.renewals)
+            self.archive_pool = await _wait_for("postgres", lambda: self._open_pool(ARCHIVE_CONNECTIONS))
+            stack.push_async_callback(close_pool, self.archive_pool)
             self.store = IdempotencyStore(
                 self.settings.redis_urls, self.settings.namespace, self.settings.lock_ttl, self.settings.done_ttl
             )
@@ -107,7 +112,8 @@ class Worker:
         self.paused = PausedSources(self.pool)
         await _wait_for("postgres", self.paused.refresh)  # a paused source is never run, from the first message
         self.completions = CompletionStore(self.pool, self.renewals, self.transactions)
-        self.processor = Processor(self.sources, self.store, self.completions, self.failures)
+        self.archive = ArchiveNotes(ArchiveStore(self.archive_pool), self.sources)
+        self.processor = Processor(self.sources, self.store, self.completions, self.failures, self.archive)
         self.batch_processor = BatchProcessor(self.processor, self.store, self.completions)
         self._gates = {
             "postgres": OutageGate(self._probe_postgres, "postgres"),
@@ -122,6 +128,7 @@ class Worker:
         await queue.cancel(consumer_tag)
         self._copies.abandon([event for _, event in self._pending])  # never started: redelivered
         await self._drain_in_flight()
+        await self.archive.close()  # what the runs settled, written first
         for task in side_tasks:
             task.cancel()
         await asyncio.gather(*side_tasks, return_exceptions=True)
@@ -140,6 +147,7 @@ class Worker:
     async def _start_side_tasks(self) -> list[asyncio.Task]:
         from webhook_ingest.workers.poison import drain_poison_queue
 
+        self.archive.start()
         # A channel of its own: its deliveries must never sit below a batch's
         # `multiple` ack on the consume channel (workers.acks).
         poison_channel = await self.connection.channel()
@@ -224,7 +232,7 @@ class Worker:
         started = time.perf_counter()
         await self._until_done(self.parking.park, event)
         await self._deliveries.ack(message)
-        _observe(event, Outcome.PARKED, started)
+        self._settled(event, Outcome.PARKED, started)
 
     async def _unknown_source(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
         """Sources files out of step (a rolling deploy): the event waits in a
@@ -247,7 +255,7 @@ class Worker:
             await self._until_done(lambda e: self.failures.dead_letter(e, error), event)
             outcome = Outcome.DEAD
         await self._deliveries.ack(message)
-        _observe(event, outcome, started)
+        self._settled(event, outcome, started)
 
     async def _handle(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
         started = time.perf_counter()
@@ -265,7 +273,7 @@ class Worker:
                 return
             await self._deliveries.ack(message)
         self._copies.settle(event, outcome)
-        _observe(event, outcome, started)
+        self._settled(event, outcome, started)
 
     async def _settled_before(self, event: EventMessage) -> Outcome | None:
         """A redelivery (its worker died before the ack) whose earlier
@@ -281,7 +289,7 @@ class Worker:
         started = time.perf_counter()
         if await self._copies.completed_for(leader, event):
             await self._deliveries.ack(message)
-            _observe(event, Outcome.DUPLICATE, started)
+            self._settled(event, Outcome.DUPLICATE, started)
         elif not self._stopping.is_set():  # else left unacked: the broker redelivers it
             self._dispatch(message, event)
 
@@ -312,7 +320,12 @@ class Worker:
         await self._deliveries.ack_batch([message for message, _ in batch])
         for (_, event), outcome in zip(batch, outcomes):
             self._copies.settle(event, outcome)
-            _observe(event, outcome, started)
+            self._settled(event, outcome, started)
+
+    def _settled(self, event: EventMessage, outcome: Outcome, started: float) -> None:
+        """A message settled (acked): its metrics and log line, and what the archive keeps of it."""
+        _observe(event, outcome, started)
+        self.archive.settled(event, outcome)
 
     async def _until_done(self, process, work):
         """Runs `process(work)`; an outage pauses and runs it again, using no attempt."""
