@@ -4,9 +4,10 @@ The checks run in the order docs/reference.md §6 fixes, the first failure answe
 source (404), client address (403), the client's failure budget (429), a
 slot (429 for a client with too many bodies arriving, else 503), size
 (413, the body read within a time limit), signature (401), the source's rate
-limit (429: only verified requests spend it), JSON or form (400), event id (400).
-A 200 is only sent once the event is durably stored: the broker confirmed
-the message, or (RabbitMQ away) the Postgres outbox committed it.
+limit (429: only verified requests spend it), JSON or form (400), event id (400),
+then the source's `ignore` rules (200 `ignored`, nothing queued).
+A 200 `accepted` is only sent once the event is durably stored: the broker
+confirmed the message, or (RabbitMQ away) the Postgres outbox committed it.
 """
 
 import time
@@ -61,6 +62,8 @@ async def _accept(request: web.Request, source: Source | None) -> web.Response:
 async def _queued(request: web.Request, source: Source, body: bytes, form: Form | None) -> web.Response:
     payload = form if form is not None else _parse_payload(request, body)
     event = _build_event(source, request, body, payload)
+    if rule := source.ignore.matching(event.headers, payload):
+        return _ignored(request, source, event, payload, rule)
     if await request.app[done_markers_key].completed_with(event.key, event.payload_sha256):
         log.debug("duplicate", source=source.name, key=event.key)  # completed, same payload: nothing to queue
         request.app[arrivals_key].arrived(event, source, payload, duplicate=True)
@@ -69,6 +72,14 @@ async def _queued(request: web.Request, source: Source, body: bytes, form: Form 
     request.app[arrivals_key].arrived(event, source, payload)  # written in a batch, after this answer
     log.debug("accepted", source=source.name, key=event.key)
     return json_response(200, {"status": "accepted", "key": event.key})
+
+
+def _ignored(request: web.Request, source: Source, event: EventMessage, payload: dict, rule: str) -> web.Response:
+    """A rule of the source's `ignore` matched: answered, archived and counted, never queued."""
+    metrics.ingress_ignored.labels(source.name, rule).inc()
+    request.app[arrivals_key].ignored(event, source, payload, rule)
+    log.debug("ignored", source=source.name, key=event.key, rule=rule)
+    return json_response(200, {"status": "ignored", "key": event.key, "rule": rule})
 
 
 async def _store(app: web.Application, event: EventMessage) -> None:

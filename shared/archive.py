@@ -3,9 +3,10 @@ rows hold, the tables a source's rows live in, and which days they keep.
 
 Every accepted arrival of an event is one row of `event_archive`: the
 ingress writes it (body, headers, type; status `queued`, or `duplicate`
-when it answered so), the workers write what became of it (`retrying`,
-`processed`, `dead`, `conflict`, `duplicate`), a discard of its dead letter
-makes it `discarded`. A row is named by (source, key, received_at), which
+when it answered so, or `ignored` with the `ignore` rule that matched:
+never queued, that row is its end), the workers write what became of it
+(`retrying`, `processed`, `dead`, `conflict`, `duplicate`), a discard of
+its dead letter makes it `discarded`. A row is named by (source, key, received_at), which
 the message carries, so each side writes its part without reading first.
 
 The table is partitioned by source (LIST), each source's part by day of
@@ -26,8 +27,8 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _NAME_CHARS = re.compile(r"[^a-z0-9]+")
 
 # Statuses a row stores (`processing` is not stored: a queued row whose key's lease is held).
-QUEUED, RETRYING, PROCESSED, DEAD, DISCARDED, CONFLICT, DUPLICATE = (
-    "queued", "retrying", "processed", "dead", "discarded", "conflict", "duplicate")
+QUEUED, RETRYING, PROCESSED, DEAD, DISCARDED, CONFLICT, DUPLICATE, IGNORED = (
+    "queued", "retrying", "processed", "dead", "discarded", "conflict", "duplicate", "ignored")
 
 
 def parse_retention(text: str) -> timedelta:
@@ -76,10 +77,11 @@ def row_key(row: tuple) -> tuple:
     return row[:3]
 
 
-def arrival_row(event: EventMessage, event_type: str | None, headers_json: str, status: str) -> tuple:
-    """The ingress's row, in the columns of `archive_arrivals`."""
+def arrival_row(event: EventMessage, event_type: str | None, headers_json: str, status: str,
+                ignore_rule: str | None = None) -> tuple:
+    """The ingress's row, in the columns of `archive_arrivals`; `ignore_rule` only with IGNORED."""
     return (event.source, event.key, received_ms(event), event.event_id, event_type, event.payload_sha256,
-            event.body, headers_json, status)
+            event.body, headers_json, status, ignore_rule)
 
 
 def outcome_row(event: EventMessage, status: str, at: float, error: str | None = None) -> tuple:

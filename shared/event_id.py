@@ -125,6 +125,14 @@ def resolve_event_id(selectors: Sequence[Selector], headers: Mapping[str, str], 
     return None
 
 
+def selected_value(selector: Selector, headers: Mapping[str, str], payload: object) -> object:
+    """What one selector points at, untouched: a `body:` path's JSON value
+    (`false`, `0`, an object), else the string it resolves to; None when absent."""
+    if isinstance(selector, BodySelector):
+        return _lookup(payload, selector.steps)
+    return selector.resolve(headers, payload)
+
+
 def canonical_json(value: object) -> bytes:
     """docs/reference.md §5's canonical form. Stdlib json on purpose: see the module docstring."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -19,6 +19,12 @@ ingress_requests = Counter(
     "Webhook requests answered by the ingress, by source and HTTP status.",
     ["source", "status"],
 )
+ingress_ignored = Counter(
+    "webhook_ingress_ignored_total",
+    "Verified events answered 200 ignored and never queued, by source and the ignore rule that matched "
+    "(field=value, as the sources file writes it).",
+    ["source", "rule"],
+)
 ingress_request_duration = Histogram(
     "webhook_ingress_request_duration_seconds",
     "Time from request start to response, by source.",

@@ -193,15 +193,17 @@ SELECT state FROM console_bulk_actions WHERE id = $1
 -- milliseconds as the message carries it.
 
 -- name: archive_arrivals
--- What the ingress accepted (status queued) or answered as a duplicate. A
--- row a worker wrote first (its outcome, no body yet) gets the body,
--- headers and type; any other row is left as it is.
+-- What the ingress accepted (status queued), answered as a duplicate, or
+-- ignored (with the rule that matched). A row a worker wrote first (its
+-- outcome, no body yet) gets the body, headers and type; any other row is
+-- left as it is.
 INSERT INTO event_archive AS archived (source, key, received_at, event_id, event_type, payload_sha256, body, headers,
-                                       status)
+                                       status, ignore_rule)
 SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond', event_id, event_type,
-       payload_sha256, body, headers::jsonb, status
+       payload_sha256, body, headers::jsonb, status, ignore_rule
 FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::text[],
-            $9::text[]) AS arrival(source, key, received_ms, event_id, event_type, payload_sha256, body, headers, status)
+            $9::text[], $10::text[])
+     AS arrival(source, key, received_ms, event_id, event_type, payload_sha256, body, headers, status, ignore_rule)
 ON CONFLICT (source, key, received_at) DO UPDATE
 SET body = EXCLUDED.body, headers = EXCLUDED.headers, event_type = EXCLUDED.event_type
 WHERE archived.body IS NULL

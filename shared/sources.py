@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from webhook_ingest.shared import event_id, signatures
+from webhook_ingest.shared import event_id, ignore_rules, signatures
 from webhook_ingest.shared.archive import DEFAULT_RETENTION, parse_retention
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.event_type import default_selectors as default_event_type
@@ -112,6 +112,7 @@ class SourceSection(BaseModel):
     rate_limit: RateLimit | None = None
     retention: str = "7d"
     event_type: list[str] | None = None
+    ignore: dict[str, Any] = {}
 
     @field_validator("event_id", "event_type", mode="before")
     @classmethod
@@ -184,6 +185,7 @@ class Source:
     rate_limit: RateLimit | None = None
     retention: timedelta = DEFAULT_RETENTION  # how long the archive keeps its events (0: not archived)
     event_type_selectors: tuple = ()
+    ignore: ignore_rules.IgnoreRules = ignore_rules.IgnoreRules()
 
     def retry_delay(self, failed_attempt: int) -> float:
         """Seconds to wait before attempt `failed_attempt + 1`; the last delay repeats."""
@@ -228,6 +230,8 @@ def parse_source(name: str, section: Any) -> Source:
         raise ConfigError(f"source {name!r}: {first_problem(exc)}") from None
     verifier = _verifier(name, config)
     selectors = config.event_id if config.event_id is not None else event_id.DEFAULT_EVENT_ID[config.scheme]
+    event_type = event_id.parse_selectors(
+        config.event_type if config.event_type is not None else default_event_type(config.scheme))
     return Source(
         name=name,
         scheme=config.scheme,
@@ -247,8 +251,8 @@ def parse_source(name: str, section: Any) -> Source:
         allowed_ips=tuple(config.allowed_ips),
         rate_limit=config.rate_limit,
         retention=parse_retention(config.retention),
-        event_type_selectors=event_id.parse_selectors(
-            config.event_type if config.event_type is not None else default_event_type(config.scheme)),
+        event_type_selectors=event_type,
+        ignore=_ignore_rules(name, config.ignore, event_type),
     )
 
 
@@ -262,6 +266,13 @@ def _verifier(name: str, config: SourceSection) -> signatures.Verifier:
         raise ConfigError(f"source {name!r}: {exc.field}: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"source {name!r}: secrets: {exc}") from None
+
+
+def _ignore_rules(name: str, table: dict[str, Any], event_type: tuple) -> ignore_rules.IgnoreRules:
+    try:
+        return ignore_rules.parse(table, event_type)
+    except ignore_rules.IgnoreRuleError as exc:
+        raise ConfigError(f"source {name!r}: ignore.{exc.where}: {exc}") from None
 
 
 # What a type or range error means for each field, in the file's own terms
@@ -292,6 +303,7 @@ _EXPECTED = {
     "retention": "must be a duration string such as 30d, 12h or 0d (not archived)",
     "event_type": "must be a list of selector strings",
     "event_type[]": "must be a selector string",
+    "ignore": "must be a table of rules, e.g. { type = [\"ping\", \"charge.*\"] }",
 }
 
 
