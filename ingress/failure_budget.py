@@ -20,7 +20,7 @@ import math
 
 from aiohttp import web
 
-from webhook_ingest.ingress.ratelimit import LocalBuckets
+from webhook_ingest.shared.ratelimit import LocalBuckets
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.shared.logging import get_logger
 

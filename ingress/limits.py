@@ -18,14 +18,15 @@ from typing import TypeVar
 
 from aiohttp import web
 
-from webhook_ingest.ingress import ratelimit
 from webhook_ingest.ingress.appkeys import settings_key
 from webhook_ingest.ingress.failure_budget import FailureBudget, failure_budget_key
 from webhook_ingest.ingress.client_address import is_within, parse_address, setup_client_address
-from webhook_ingest.ingress.ratelimit import RateLimiter, SignInThrottle
+from webhook_ingest.ingress.ratelimit import SignInThrottle
 from webhook_ingest.ingress.slots import Slots, slots_key
 from webhook_ingest.ingress.responses import Rejected, error
+from webhook_ingest.shared import metrics, ratelimit
 from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.ratelimit import RateLimiter
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
 
@@ -126,7 +127,7 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 async def _rate_limiter_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[settings_key]
     client = ratelimit.connect(settings.redis_urls[0])
-    limiter = RateLimiter(client, settings.namespace)
+    limiter = RateLimiter(client, settings.namespace, metrics.ingress_rate_limit_local)
     app[rate_limiter_key] = limiter
     app[sign_in_throttle_key] = SignInThrottle(limiter)
     yield

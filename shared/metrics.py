@@ -59,6 +59,16 @@ ingress_rate_limit_local = Gauge(
     "webhook_ingress_rate_limit_local",
     "1 while Redis is unreachable and each ingress process counts rate limits on its own.",
 )
+forward_rate_limit_local = Gauge(
+    "webhook_forward_rate_limit_local",
+    "1 while Redis is unreachable and each worker process paces forward deliveries on its own (each at the whole "
+    "rate).",
+)
+forward_rate_wait = Counter(
+    "webhook_forward_rate_wait_seconds_total",
+    "Seconds forward deliveries waited for their turn under their source's handler_options.rate_limit, by source.",
+    ["source"],
+)
 dead_letters_open = Gauge(
     "webhook_dead_letters_open",
     "Dead letters with status 'dead' (waiting for on-call).",

@@ -36,6 +36,7 @@ from webhook_ingest.workers.archive_notes import ArchiveNotes
 from webhook_ingest.workers.batch import BatchProcessor
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.copies import CopiesInFlight
+from webhook_ingest.workers.delivery_rate import shared_buckets
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.outage import OutageGate, outage_kind
 from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
@@ -92,6 +93,8 @@ class Worker:
             self.connection = await _wait_for("rabbitmq", self._connect_broker)
             stack.push_async_callback(self.connection.close)
             stack.push_async_callback(_close_forward_session)
+            shared_buckets.open(self.settings.redis_urls[0], self.settings.namespace)  # forward's rate_limit
+            stack.push_async_callback(shared_buckets.close)
             await self._consume_until_stopped()
 
     async def _open_pool(self, size: int) -> asyncpg.Pool:

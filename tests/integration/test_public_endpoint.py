@@ -13,8 +13,9 @@ import redis.asyncio as redis
 
 from webhook_ingest.ingress.failure_budget import FAILURES_BURST
 from webhook_ingest.ingress.limits import sign_in_throttle_key
-from webhook_ingest.ingress.ratelimit import RateLimiter
 from webhook_ingest.shared import signatures
+from webhook_ingest.shared.metrics import ingress_rate_limit_local
+from webhook_ingest.shared.ratelimit import RateLimiter
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
 from tests.support.ingress import queued_events, running_ingress
@@ -254,7 +255,7 @@ async def test_concurrent_requests_share_one_bucket_across_limiters(settings):
     """Two limiters (as two processes) on the real Redis: however the
     concurrent requests are batched, exactly `burst` are allowed at once."""
     clients = [redis.from_url(settings.redis_urls[0]) for _ in range(2)]
-    limiters = [RateLimiter(client, settings.namespace) for client in clients]
+    limiters = [RateLimiter(client, settings.namespace, ingress_rate_limit_local) for client in clients]
     try:
         waits = await asyncio.gather(*(limiters[n % 2].retry_after("source:x", 0.01, 25) for n in range(300)))
     finally:

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from webhook_ingest.ingress.client_address import client_of, forwarded_for, parse_address, resolve_client
-from webhook_ingest.ingress.ratelimit import LocalBuckets
 from webhook_ingest.ingress.responses import Rejected
 from webhook_ingest.ingress.slots import Slots
 from webhook_ingest.shared.errors import ConfigError
+from webhook_ingest.shared.ratelimit import LocalBuckets
 from webhook_ingest.shared.settings import load_settings
 
 TRUSTED = (ip_network("10.0.0.0/8"), ip_network("fd00::/8"))

@@ -12,14 +12,15 @@ from webhook_ingest.workers.handlers.inbox import handle as inbox
 from tests.support.handlers import counted_inbox
 
 
-def source(handler: str, **options: str):
+def source(handler: str, **options: object):
     return parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": handler, "handler_options": options})
 
 
 def test_built_ins_and_module_functions_load():
     handlers = load_handlers({"a": source("inbox"), "b": source("forward", url="http://x"),
-                              "c": source("tests.support.handlers:counted_inbox")})
-    assert handlers == {"a": inbox, "b": forward, "c": counted_inbox}
+                              "c": source("tests.support.handlers:counted_inbox"),
+                              "d": source("forward", url="http://x", rate_limit={"per_second": 0.5, "burst": 3})})
+    assert handlers == {"a": inbox, "b": forward, "c": counted_inbox, "d": forward}
 
 
 @pytest.mark.parametrize("handler, options, field, problem", [
@@ -28,6 +29,15 @@ def test_built_ins_and_module_functions_load():
     ("json:no_such_function", {}, "handler", "'json' has no callable 'no_such_function'"),
     ("json:__doc__", {}, "handler", "'json' has no callable '__doc__'"),
     ("forward", {}, "handler_options.url", "the forward handler needs a url"),
+    ("forward", {"url": "http://x", "rate_limit": 20}, "handler_options.rate_limit",
+     "must be a table { per_second = N, burst = N }"),
+    ("forward", {"url": "http://x", "rate_limit": {"per_second": 0}}, "handler_options.rate_limit.per_second",
+     "must be a positive number"),
+    ("forward", {"url": "http://x", "rate_limit": {}}, "handler_options.rate_limit.per_second", "is required"),
+    ("forward", {"url": "http://x", "rate_limit": {"per_second": 5, "burst": 0.5}},
+     "handler_options.rate_limit.burst", "must be a positive integer"),
+    ("forward", {"url": "http://x", "rate_limit": {"per_second": 5, "per_minute": 9}},
+     "handler_options.rate_limit.per_minute", "unknown field (known: burst, per_second)"),
 ])
 def test_each_mistake_is_one_line_naming_the_source_and_the_field(handler, options, field, problem):
     with pytest.raises(ConfigError) as raised:

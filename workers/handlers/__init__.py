@@ -75,9 +75,20 @@ def _source_handler(source: "Source") -> Handler:
         handle = load_handler(source.handler)
     except ConfigError as exc:
         raise ConfigError(f"source {source.name!r}: handler: {exc}") from None
-    if source.handler == "forward" and not isinstance(source.handler_options.get("url"), str):
-        raise ConfigError(f"source {source.name!r}: handler_options.url: the forward handler needs a url")
+    if source.handler == "forward":
+        _check_forward_options(source)
     return handle
+
+
+def _check_forward_options(source: "Source") -> None:
+    from webhook_ingest.workers.delivery_rate import delivery_rate
+
+    if not isinstance(source.handler_options.get("url"), str):
+        raise ConfigError(f"source {source.name!r}: handler_options.url: the forward handler needs a url")
+    try:
+        delivery_rate(source.handler_options)
+    except ValueError as exc:
+        raise ConfigError(f"source {source.name!r}: handler_options.{exc}") from None
 
 
 def load_handler(reference: str) -> Handler:

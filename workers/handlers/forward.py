@@ -6,6 +6,9 @@ worker's concurrency bounds the requests in flight, and a cap below it made
 the 101st run wait for a connection (against a downstream answering in
 300 ms, a default worker did at most 100 / 0.3 s = 333 events/s, not 853).
 
+With `rate_limit` in its options, each run first waits for its turn
+(workers/delivery_rate.py), before the POST and outside its timeout.
+
 The idempotency key travels as `Idempotency-Key`, so the receiver can
 deduplicate too. 2xx is success; a 4xx other than 408/429 can
 never succeed (PermanentError); anything else is retried.
@@ -14,6 +17,7 @@ never succeed (PermanentError); anything else is retried.
 import aiohttp
 
 from webhook_ingest.shared import payloads
+from webhook_ingest.workers.delivery_rate import wait_for_turn
 from webhook_ingest.workers.handlers import Event, HandlerContext, PermanentError
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -38,6 +42,7 @@ async def close_session() -> None:
 
 
 async def handle(event: Event, ctx: HandlerContext) -> dict:
+    await wait_for_turn(event.source, ctx.options)
     timeout = aiohttp.ClientTimeout(total=float(ctx.options.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)))
     headers = {
         "Idempotency-Key": event.key,
