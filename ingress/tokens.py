@@ -13,8 +13,10 @@ VIEWER = "viewer"
 
 def role_of(presented: str, settings: Settings) -> str | None:
     """The role `presented` gives, or None. Constant time in the tokens'
-    content; both are always compared, so timing does not tell which matched."""
-    presented_bytes = presented.encode()
+    content; both are always compared, so timing does not tell which matched.
+    A header's bytes that are not UTF-8 reach us as lone surrogates (aiohttp's
+    surrogateescape): encoded back to those bytes, they simply match nothing."""
+    presented_bytes = presented.encode("utf-8", "surrogateescape")
     is_operator = _same(presented_bytes, settings.admin_token)
     is_viewer = _same(presented_bytes, settings.viewer_token)
     if is_operator:

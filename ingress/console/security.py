@@ -31,6 +31,7 @@ from webhook_ingest.shared.settings import Settings
 COOKIE_NAME = "webhook_ingest_console"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
+FORM = "application/x-www-form-urlencoded"
 EXPIRED_NOTICE_SECONDS = 3600
 role_key = web.RequestKey("console_role", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -100,6 +101,10 @@ async def csrf_token(request: web.Request) -> str:
     """The session's CSRF token, made on first use (the login page's session)."""
     session = await get_session(request)
     if "csrf" not in session:
+        # The cookie that will carry it needs the key kept in Postgres: asked
+        # for here, Postgres away is the console's 503 page; asked for only when
+        # the cookie is written (after every handler), it was a 500.
+        await request.config_dict[console_sessions_key].fernet()
         session["csrf"] = secrets.token_urlsafe(32)
     return session["csrf"]
 
@@ -112,19 +117,33 @@ def same_origin(headers, host: str) -> bool:
     origin = headers.get("Origin")
     if origin is None:
         return True
-    return origin != "null" and urlsplit(origin).netloc.lower() == host.lower()
+    try:
+        return origin != "null" and urlsplit(origin).netloc.lower() == host.lower()
+    except ValueError:  # not a URL (`http://[::1`): no site of ours
+        return False
 
 
 def csrf_matches(presented: str | None, expected: str | None) -> bool:
     if not presented or not expected:
         return False
-    return hmac.compare_digest(presented.encode(), expected.encode())
+    # surrogateescape: a header's bytes that are not UTF-8, as aiohttp decoded them
+    return hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), expected.encode())
 
 
 async def presented_csrf(request: web.Request) -> str | None:
     if CSRF_HEADER in request.headers:
         return request.headers[CSRF_HEADER]
-    if request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        value = (await request.post()).get(CSRF_FIELD)
-        return value if isinstance(value, str) else None
-    return None
+    return await form_field(request, CSRF_FIELD)
+
+
+async def form_field(request: web.Request, name: str) -> str | None:
+    """A field of a console form, which is url-encoded UTF-8 as our pages send
+    it; None for anything else (another charset, bytes that are not UTF-8, a
+    multipart body), which aiohttp's parser raised out of the handler as a 500."""
+    if request.content_type != FORM:
+        return None
+    try:
+        value = (await request.post()).get(name)
+    except (ValueError, LookupError):  # UnicodeDecodeError is a ValueError; LookupError: an unknown charset
+        return None
+    return value if isinstance(value, str) else None

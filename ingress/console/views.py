@@ -15,7 +15,7 @@ from webhook_ingest.ingress.console.bulk import DEFAULT_RATE, MAX_RATE, BulkRunn
 from webhook_ingest.ingress.console.filters import form_values, parse_before, parse_filter, query_string
 from webhook_ingest.ingress.console.overview import overview
 from webhook_ingest.ingress.console.rendering import leave_message, message_page, render
-from webhook_ingest.ingress.console.security import role_key, session_role, sign_in, sign_out
+from webhook_ingest.ingress.console.security import form_field, role_key, session_role, sign_in, sign_out
 from webhook_ingest.ingress.limits import sign_in_throttle_key
 from webhook_ingest.ingress.tokens import role_of
 from webhook_ingest.shared import bulk_actions
@@ -73,9 +73,7 @@ async def login(request: web.Request) -> web.Response:
         return await render(request, "login.html", {"notice": None, "error": "Too many sign-in attempts from your "
                                                     f"address. Try again in {seconds} seconds."},
                             status=429, headers={"Retry-After": str(seconds)})
-    token = (await request.post()).get("token")
-    if not isinstance(token, str):
-        token = ""
+    token = await form_field(request, "token") or ""
     role = role_of(token, request.config_dict[settings_key]) if token else None
     if role is None:
         log.warning("console_sign_in_refused", client=request.remote)

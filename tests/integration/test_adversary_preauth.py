@@ -73,7 +73,6 @@ def form_post(cookie: str, content_type: bytes, body: bytes, *extra: bytes) -> t
 # -- malformed input is refused, never a 500 ---------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 round 2: malformed console and admin input is a 500")
 async def test_malformed_sign_in_and_bearer_input_is_refused_never_a_500(settings, sources, monkeypatch):
     """Bytes that are not UTF-8 in the bearer token or the CSRF header, a form
     in an unknown charset or not UTF-8, a multipart form, an Origin that is not
@@ -97,7 +96,6 @@ async def test_malformed_sign_in_and_bearer_input_is_refused_never_a_500(setting
                        "no boundary": 403, "origin": 403}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 round 2: with Postgres away the sign-in page is a 500")
 async def test_with_postgres_away_the_sign_in_page_is_a_503_not_a_500(settings, sources, monkeypatch):
     """The console answers 503 when Postgres is away (docs/security.md); the
     sign-in page's cookie needs the key kept there, and asking for it only
