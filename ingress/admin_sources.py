@@ -23,7 +23,8 @@ def add_source_routes(admin: web.Application) -> None:
 
 async def source_states(request: web.Request) -> list[dict]:
     """Every source of the sources file: paused or not, and its parked events (None: unknown)."""
-    names = sorted(request.config_dict[sources_key])
+    known = request.config_dict[sources_key]
+    names = sorted(known.keys())
     paused = await PauseStore(request.config_dict[database_pool_key]).paused()
     namespace = request.config_dict[settings_key].namespace
     queues = [topology.paused_queue(namespace, name) for name in names]
