@@ -49,3 +49,13 @@ def test_a_percent_encoded_value_decodes_back(value):
     if "\x00" in value or any(0xD800 <= ord(c) <= 0xDFFF for c in value):
         return
     assert payloads.parse_form(f"v={quote(value, safe='')}".encode()) == {"v": value}
+
+
+@given(fields=st.integers(min_value=1, max_value=3 * payloads.MAX_FORM_FIELDS))
+def test_a_form_of_more_fields_than_max_form_fields_is_refused(fields):
+    body = "&".join(f"f{n}=" for n in range(fields)).encode()
+    if fields <= payloads.MAX_FORM_FIELDS:
+        assert len(payloads.parse_form(body)) == fields
+    else:
+        with pytest.raises(ValueError):
+            payloads.parse_form(body)
