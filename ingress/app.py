@@ -17,7 +17,6 @@ from webhook_ingest.ingress.database import database_ctx
 from webhook_ingest.ingress.publisher import Publisher
 from webhook_ingest.ingress.redis_client import done_markers_ctx, redis_ctx
 from webhook_ingest.ingress.relay import relay_ctx
-from webhook_ingest.shared import metrics
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
@@ -43,7 +42,7 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
     app.router.add_post("/webhooks/{source}", webhooks.receive_webhook)
     app.router.add_get("/healthz", health.healthz)
     app.router.add_get("/readyz", health.readyz)
-    app.router.add_get("/metrics", metrics.endpoint)
+    app.router.add_get("/metrics", health.metrics_for(settings.metrics_allowed_ips))
     return app
 
 

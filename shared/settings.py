@@ -35,6 +35,8 @@ ENVIRONMENT_VARIABLES = (
                                        " address (unset: none)"),
     ("WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER", "the one forwarding header those proxies manage: `X-Forwarded-For` or"
                                              " `Forwarded`; the other is never read"),
+    ("WEBHOOK_INGEST_METRICS_ALLOWED_IPS", "comma-separated CIDRs of the clients `/metrics` answers; others get 403"
+                                           " (loopback and the private networks)"),
     ("WEBHOOK_INGEST_HEADER_TIMEOUT", "seconds a connection has to send a request's headers"
                                       " (also the keep-alive idle limit)"),
     ("WEBHOOK_INGEST_BODY_TIMEOUT", "seconds a request has to send its whole body"),
@@ -47,6 +49,9 @@ ENVIRONMENT_VARIABLES = (
 
 # 32 characters of a random token_urlsafe: 192 bits; of hex: 128.
 MIN_TOKEN_CHARACTERS = 32
+
+# Where Prometheus scrapes from in compose and Kubernetes; never the internet.
+PRIVATE_NETWORKS = "127.0.0.0/8, ::1/128, 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, fc00::/7"
 
 # The headers a proxy can manage (ingress/client_address.py reads exactly one).
 CLIENT_ADDRESS_HEADERS = ("X-Forwarded-For", "Forwarded")
@@ -73,6 +78,7 @@ class Settings(BaseSettings):
     log_format: str | None = Field(None, alias="LOG_FORMAT", pattern=r"^(json|console)$")
     trusted_proxies_csv: str = Field("", alias="WEBHOOK_INGEST_TRUSTED_PROXIES")
     client_address_header: str = Field("X-Forwarded-For", alias="WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER")
+    metrics_allowed_ips_csv: str = Field(PRIVATE_NETWORKS, alias="WEBHOOK_INGEST_METRICS_ALLOWED_IPS")
     header_timeout: float = Field(60.0, alias="WEBHOOK_INGEST_HEADER_TIMEOUT", gt=0)
     body_timeout: float = Field(60.0, alias="WEBHOOK_INGEST_BODY_TIMEOUT", gt=0)
     max_concurrent_requests: int = Field(256, alias="WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", ge=1)
@@ -102,7 +108,7 @@ class Settings(BaseSettings):
                              " the receiver verifies each message with the secret")
         return self
 
-    @field_validator("trusted_proxies_csv")
+    @field_validator("trusted_proxies_csv", "metrics_allowed_ips_csv")
     @classmethod
     def _cidrs(cls, value: str) -> str:
         parse_networks(value)  # a typo is a start-up error, not a proxy silently untrusted
@@ -120,6 +126,10 @@ class Settings(BaseSettings):
     @cached_property
     def trusted_proxies(self) -> tuple[IPv4Network | IPv6Network, ...]:
         return parse_networks(self.trusted_proxies_csv)
+
+    @cached_property
+    def metrics_allowed_ips(self) -> tuple[IPv4Network | IPv6Network, ...]:
+        return parse_networks(self.metrics_allowed_ips_csv)
 
     @cached_property
     def redis_urls(self) -> tuple[str, ...]:
@@ -142,6 +152,7 @@ class Settings(BaseSettings):
             "lock_ttl": self.lock_ttl,
             "trusted_proxies": [str(network) for network in self.trusted_proxies],
             "client_address_header": self.client_address_header,
+            "metrics_allowed_ips": [str(network) for network in self.metrics_allowed_ips],
             "header_timeout": self.header_timeout,
             "body_timeout": self.body_timeout,
             "max_concurrent_requests": self.max_concurrent_requests,

@@ -192,7 +192,6 @@ async def test_the_addresses_of_one_ipv6_network_are_one_client(settings, source
     assert sign_ins == [401] * 5 + [429] * 5
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 round 2: /metrics is served to anyone on the internet")
 async def test_metrics_are_served_only_to_the_networks_allowed(settings, sources, monkeypatch):
     """/metrics shares the public port with /webhooks: anyone could read each
     source's deliveries per status as they happen (a payment provider's
