@@ -3,19 +3,23 @@ the workers write the event archive without a request or a run ever
 waiting on it (docs/design.md, "The archive").
 
 `add` appends to a bounded buffer and returns at once. One task writes
-what is pending as one batch as soon as it can — a lone row at once, a
-crowd together — so a busy process makes few statements and nobody waits
-for company. It starts once the archive's tables exist (`ready`, set by the
-upkeep's first round). While Postgres does not answer, the rows wait and
-are tried again, backing off; past the bound, new rows are dropped, counted
-(`webhook_archive_rows_dropped_total`) and logged at most every few seconds.
-A batch Postgres refuses (not an outage: a row whose day has no table) is
-halved until each row it refuses is alone, and those are dropped: one bad
-row never holds the others back. The writes are idempotent, so a batch
-tried again after an outage cut it short changes nothing it wrote.
+what is pending as one batch, LINGER_SECONDS after the batch's first row
+came (at once when MAX_BATCH rows wait): nobody waits on the write, so it
+may wait for company. Written as soon as anything was pending, a process
+taking a thousand events a second made batches of one or two rows, a
+statement and a commit for each. It starts once the archive's tables
+exist (`ready`, set by the upkeep's first round). While Postgres does not
+answer, the rows wait and are tried again, backing off; past the bound,
+new rows are dropped, counted (`webhook_archive_rows_dropped_total`) and
+logged at most every few seconds. A batch Postgres refuses (not an outage:
+a row whose day has no table) is halved until each row it refuses is
+alone, and those are dropped: one bad row never holds the others back.
+The writes are idempotent, so a batch tried again after an outage cut it
+short changes nothing it wrote.
 """
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -30,6 +34,7 @@ from webhook_ingest.shared.logging import get_logger
 log = get_logger(__name__)
 
 MAX_BATCH = 500
+LINGER_SECONDS = 0.25  # well within the 2 s an arrival may take to be in the archive
 LOG_EVERY_SECONDS = 10.0
 # Postgres away or busy, not refusing the rows: they wait and are tried again.
 OUTAGES = (
@@ -50,10 +55,13 @@ def is_outage(exc: BaseException) -> bool:
 
 class BatchedWriter:
     def __init__(self, write: Write, name: str, max_rows: int, max_bytes: int | None = None,
-                 size: Callable[[tuple], int] = lambda row: 0, max_batch: int = MAX_BATCH):
+                 size: Callable[[tuple], int] = lambda row: 0, max_batch: int = MAX_BATCH,
+                 linger: float = LINGER_SECONDS):
         self._write = write
         self._name = name  # what the rows are, in log lines: "arrivals", "outcomes"
         self._max_rows, self._max_bytes, self._size, self._max_batch = max_rows, max_bytes, size, max_batch
+        self._linger = linger
+        self._full = asyncio.Event()  # set while a whole batch waits: written without lingering
         self._rows: deque[tuple] = deque()
         self._bytes = 0
         self._wake = asyncio.Event()
@@ -78,6 +86,8 @@ class BatchedWriter:
         self._bytes += size
         self._wake.set()
         self._drained.clear()
+        if len(self._rows) >= self._max_batch:
+            self._full.set()
 
     async def run(self) -> None:
         """Forever: writes what is pending, waiting out outages."""
@@ -85,6 +95,8 @@ class BatchedWriter:
         backoff = pauses(0.5, 10.0)
         while True:
             await self._wake.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._full.wait(), self._linger)
             batch = self._take()
             try:
                 await self._write_refusing(batch)
@@ -117,6 +129,8 @@ class BatchedWriter:
         self._writing = len(batch)
         if not self._rows:
             self._wake.clear()
+        if len(self._rows) < self._max_batch:
+            self._full.clear()
         return batch
 
     def _give_back(self, batch: list[tuple]) -> None:
@@ -125,6 +139,8 @@ class BatchedWriter:
         self._rows.extendleft(reversed(batch))
         self._bytes += sum(self._size(row) for row in batch)
         self._wake.set()
+        if len(self._rows) >= self._max_batch:
+            self._full.set()
 
     async def _write_refusing(self, batch: list[tuple]) -> None:
         """Writes `batch`; halves a refused one until the refused rows are

@@ -2,9 +2,10 @@
 and latency, end to end, duplicates (concurrent copies, and late copies of
 completed events), recovery after a worker's kill -9, the broker blocked
 (tests/bench/broker_blocked.py), handlers that wait on the network
-(tests/bench/slow_handlers.py); a table, then one JSON line. Exit 1 on a
-lost or duplicated effect. `--phase broker-blocked` or `--phase slow` runs
-that phase alone; `--phase steady` every phase but the broker-blocked one
+(tests/bench/slow_handlers.py), the event archive's cost
+(tests/bench/archive_cost.py); a table, then one JSON line. Exit 1 on a
+lost or duplicated effect. `--phase broker-blocked`, `--phase slow` or
+`--phase archive` runs that phase alone; `--phase steady` every phase but the broker-blocked one
 (to compare candidate layouts)."""
 
 import argparse
@@ -14,7 +15,16 @@ import os
 import sys
 import time
 
-from tests.bench import broker_blocked, durable_floor, http_floor, httpload, raw_broker, raw_pipeline, slow_handlers
+from tests.bench import (
+    archive_cost,
+    broker_blocked,
+    durable_floor,
+    http_floor,
+    httpload,
+    raw_broker,
+    raw_pipeline,
+    slow_handlers,
+)
 from tests.bench.cpu import CpuMeter, cpu_seconds
 from tests.bench.peers import measure as peers
 from tests.bench.deployment import CONCURRENCY, INGRESS_PROCESSES, SECRET, SOURCE, WORKERS, Deployment, peak_rss_mib
@@ -55,6 +65,7 @@ async def main(with_outage: bool = True, with_peers: bool = False) -> int:
         figures["ingress_rss_mib"] = max(peak_rss_mib(ingress.pid) for ingress in deployment.ingresses)
         await recovery_phase(deployment, figures)
     await slow_handlers.measure(figures)  # a deployment of its own, with four sources
+    await archive_cost.measure(figures)  # a deployment of its own, with an archived source and one not
     if with_outage:
         await broker_blocked.measure(figures)  # a deployment of its own, on a private broker
     if with_peers:
@@ -274,6 +285,7 @@ ROWS = [  # (key, label, format)
     ("ingress_rss_mib", "ingress peak RSS MiB", "{:.0f}"),
     *broker_blocked.ROWS,
     *slow_handlers.ROWS,
+    *archive_cost.ROWS,
     ("lost", "lost events", "{:.0f}"),
     ("duplicated_effects", "duplicated effects", "{:.0f}"),
 ]
@@ -302,6 +314,12 @@ async def slow_phases_alone() -> int:
     return report(figures)
 
 
+async def archive_phase_alone() -> int:
+    figures: dict[str, float] = {"nproc": os.cpu_count()}
+    await archive_cost.measure(figures)
+    return report(figures)
+
+
 def report(figures: dict) -> int:
     print(f"\nwebhook-ingest bench — {figures['nproc']} cores, {INGRESS_PROCESSES} ingress processes, "
           f"{WORKERS} workers × concurrency {CONCURRENCY}\n")
@@ -324,13 +342,13 @@ if __name__ == "__main__":
     except ImportError:
         pass
     parser = argparse.ArgumentParser(prog="python -m tests.bench")
-    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow"], default="all",
+    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow", "archive"], default="all",
                         help="every phase (the default), every phase but the broker-blocked one, "
-                             "or the broker-blocked or slow-handler phases alone")
+                             "or the broker-blocked, slow-handler or archive-cost phases alone")
     parser.add_argument("--peers", action="store_true",
                         help="also the Celery stack of tests/bench/peers, side by side (not in make test)")
     arguments = parser.parse_args()
     phase = arguments.phase
-    alone = {"broker-blocked": broker_blocked.main, "slow": slow_phases_alone}
+    alone = {"broker-blocked": broker_blocked.main, "slow": slow_phases_alone, "archive": archive_phase_alone}
     sys.exit(asyncio.run(alone[phase]() if phase in alone
                          else main(with_outage=phase == "all", with_peers=arguments.peers)))
