@@ -88,11 +88,29 @@ def forwarding_hops(headers: CIMultiDictProxy[str], header: str) -> list[str]:
 
 def forwarded_for(element: str) -> str:
     """The `for=` of one `Forwarded` element; "" (junk) when it has none."""
+    return forwarded_parameter(element, "for")
+
+
+def forwarded_parameter(element: str, wanted: str) -> str:
+    """The value of the parameter `wanted` (lower case) of one `Forwarded` element, as written; "" when absent."""
     for pair in element.split(";"):
         name, equals, value = pair.partition("=")
-        if equals and name.strip().lower() == "for":
+        if equals and name.strip().lower() == wanted:
             return value
     return ""
+
+
+def forwarded_proto(peer: Address | None, headers: CIMultiDictProxy[str], trusted: Sequence[Network]) -> str:
+    """The `proto=` of `Forwarded` that the outermost trusted proxy wrote, walking
+    from the right as `resolve_client` does (the leftmost element may be the
+    client's own); "" when no trusted proxy wrote one."""
+    proto, address = "", peer
+    for element in reversed([element for line in headers.getall(hdrs.FORWARDED, ()) for element in line.split(",")]):
+        if not is_within(address, trusted):
+            break
+        proto = forwarded_parameter(element, "proto").strip().strip('"')
+        address = parse_address(forwarded_for(element))
+    return proto
 
 
 def client_of(peer: Address | None, headers: CIMultiDictProxy[str], header: str,

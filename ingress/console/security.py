@@ -19,11 +19,11 @@ import secrets
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp_session import Session, get_session, new_session
 
 from webhook_ingest.ingress.appkeys import settings_key
-from webhook_ingest.ingress.client_address import is_within, parse_address
+from webhook_ingest.ingress.client_address import forwarded_proto, is_within, parse_address
 from webhook_ingest.ingress.console.sessions import SessionCookies, console_sessions_key
 from webhook_ingest.ingress.tokens import OPERATOR, VIEWER
 from webhook_ingest.shared.settings import Settings
@@ -38,18 +38,22 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def came_over_https(request: web.Request) -> bool:
-    """HTTPS to this process, or to a trusted proxy that says so
-    (`X-Forwarded-Proto` or `Forwarded: proto=`), as when a load balancer
-    terminates TLS."""
+    """HTTPS to this process, or to a trusted proxy that says so in the
+    header family it manages (`WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER`): with
+    `X-Forwarded-For`, `X-Forwarded-Proto`; with `Forwarded`, the `proto=`
+    its outermost trusted proxy wrote. The other header is the client's."""
     if request.secure:
         return True
-    peer = request.transport.get_extra_info("peername") if request.transport else None
-    trusted = request.config_dict[settings_key].trusted_proxies
-    if not peer or not is_within(parse_address(peer[0]), trusted):
+    peer_name = request.transport.get_extra_info("peername") if request.transport else None
+    peer = parse_address(peer_name[0]) if peer_name else None
+    settings = request.config_dict[settings_key]
+    if not is_within(peer, settings.trusted_proxies):
         return False
-    forwarded = [element.get("proto") for element in request.forwarded][:1]
-    proto = forwarded[0] if forwarded else request.headers.get("X-Forwarded-Proto", "").split(",")[0]
-    return (proto or "").strip().lower() == "https"
+    if settings.client_address_header == hdrs.FORWARDED:
+        proto = forwarded_proto(peer, request.headers, settings.trusted_proxies)
+    else:
+        proto = request.headers.get("X-Forwarded-Proto", "").split(",")[0]
+    return proto.strip().lower() == "https"
 
 
 def cookie_storage(settings: Settings) -> SessionCookies:

@@ -210,7 +210,6 @@ async def test_metrics_are_served_only_to_the_networks_allowed(settings, sources
         assert (await client.get("/metrics", headers={"X-Forwarded-For": "10.1.2.3"})).status == 403
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 round 2: the Secure flag reads a header the proxy does not manage")
 @pytest.mark.parametrize("header", ["X-Forwarded-For", "Forwarded"])
 async def test_the_secure_cookie_follows_the_header_the_proxy_manages(settings, sources, monkeypatch, header):
     """`came_over_https` read `Forwarded` (its leftmost element: the client's)

@@ -119,12 +119,12 @@ async def test_the_session_cookie_is_httponly_strict_expiring_and_secure_over_ht
 
     settings = Settings(WEBHOOK_INGEST_ADMIN_TOKEN=OPERATOR_TOKEN, WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS=60,
                         WEBHOOK_INGEST_TRUSTED_PROXIES="10.0.0.0/8")
-    app = web.Application()
-    app[settings_key] = settings
-    app[console_sessions_key] = ConsoleSessions(None, key=bytes(32))
     storage = cookie_storage(settings)
 
-    def request(peer: str, headers: dict | None = None, tls: bool = False):
+    def request(peer: str, headers: dict | None = None, tls: bool = False, header: str = "X-Forwarded-For"):
+        app = web.Application()  # its proxies manage `header` (the proto's header follows it)
+        app[settings_key] = settings.model_copy(update={"client_address_header": header})
+        app[console_sessions_key] = ConsoleSessions(None, key=bytes(32))
         transport = mock.Mock()
         transport.get_extra_info.side_effect = lambda name, default=None: (peer, 5000) if name == "peername" else None
         return make_mocked_request("GET", "/console/", headers=headers, app=app, transport=transport,
@@ -132,7 +132,7 @@ async def test_the_session_cookie_is_httponly_strict_expiring_and_secure_over_ht
 
     for incoming, secure in ((request("192.0.2.1"), False), (request("192.0.2.1", tls=True), True),
                              (request("10.1.2.3", {"X-Forwarded-Proto": "https"}), True),
-                             (request("10.1.2.3", {"Forwarded": "for=192.0.2.1;proto=https"}), True),
+                             (request("10.1.2.3", {"Forwarded": "for=192.0.2.1;proto=https"}, header="Forwarded"), True),
                              (request("192.0.2.1", {"X-Forwarded-Proto": "https"}), False)):  # not a trusted proxy
         session = Session(None, data=None, new=True, max_age=storage.max_age)
         session["role"] = "operator"
