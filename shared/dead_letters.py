@@ -26,6 +26,7 @@ from webhook_ingest.shared import storable_json
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.shared.storable_text import cleaned
 
 SQL = load_queries("webhook_ingest.shared")
 STATUSES = ("dead", "replayed", "discarded", "completed")  # completed: by another delivery, after all
@@ -160,18 +161,8 @@ def jsonb(value) -> str:
     try:
         text = orjson.dumps(value, default=str)
     except TypeError:  # orjson refuses lone surrogates
-        text = orjson.dumps(_clean(value), default=str)
+        text = orjson.dumps(cleaned(value), default=str)
     return text.replace(b"\\u0000", b"\\ufffd").decode()
-
-
-def _clean(value):
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    if isinstance(value, dict):
-        return {_clean(str(key)): _clean(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(item) for item in value]
-    return value
 
 
 # -- reading -------------------------------------------------------------------

@@ -19,6 +19,7 @@ from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.incidents import Fingerprint
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.sessions import one_of, raise_if_cancelled
+from webhook_ingest.shared.storable_text import storable
 
 log = get_logger(__name__)
 
@@ -45,12 +46,14 @@ class Failure:
 async def record_failure(connection: asyncpg.Connection, failure: Failure, timeout: float | None = None) -> int:
     """Counts `failure` in its incident, opening or reopening it; in the
     caller's transaction, so a dead letter and its count commit together.
-    The incident's id."""
-    fingerprint = Fingerprint.of(failure.error_type, failure.message)
+    The incident's id. The error's text is made storable first: a NUL or a
+    lone surrogate in it must not refuse the dead letter it commits with."""
+    error_type, message = storable(failure.error_type), storable(failure.message)
+    fingerprint = Fingerprint.of(error_type, message)
     async with connection.transaction():  # a savepoint inside the caller's
         row = await connection.fetchrow(
             SQL["count_failure_in_incident"], failure.source, failure.handler, fingerprint.digest,
-            failure.error_type, fingerprint.pattern, failure.message[:LAST_ERROR_CHARS],
+            error_type, fingerprint.pattern, message[:LAST_ERROR_CHARS],
             int(failure.dead_letter_id is not None), timeout=timeout)
         await connection.execute(SQL["count_incident_event"], row["id"], failure.key, failure.event_id,
                                  failure.attempt, failure.dead_letter_id, timeout=timeout)
@@ -58,7 +61,7 @@ async def record_failure(connection: asyncpg.Connection, failure: Failure, timeo
             await connection.execute(SQL["record_incident_change"], row["id"], row["change"], "failure",
                                      timeout=timeout)
             log.warning("incident_opened", incident_id=row["id"], source=failure.source, handler=failure.handler,
-                        error_type=failure.error_type, pattern=fingerprint.pattern[:200])
+                        error_type=error_type, pattern=fingerprint.pattern[:200])
     return row["id"]
 
 

@@ -14,6 +14,8 @@ import sys
 import orjson
 import structlog
 
+from webhook_ingest.shared.storable_text import cleaned, storable
+
 
 def configure_logging(log_format: str | None = None, level: int = logging.INFO) -> None:
     if log_format is None:
@@ -55,7 +57,10 @@ def _route_library_logging(shared_processors: list, renderer, level: int) -> Non
 
 def _json_renderer(kind: type):
     def dumps(event_dict, default=None):
-        rendered = orjson.dumps(event_dict, default=str)
+        try:
+            rendered = orjson.dumps(event_dict, default=str)
+        except TypeError:  # a lone surrogate (orjson refuses it): a log line never raises into its caller
+            rendered = orjson.dumps(cleaned(event_dict), default=lambda value: storable(str(value)))
         return rendered if kind is bytes else rendered.decode()
 
     return structlog.processors.JSONRenderer(serializer=dumps)

@@ -11,6 +11,8 @@ import asyncio
 import traceback
 from datetime import UTC, datetime
 
+import asyncpg
+
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.dead_letters import record_dead_letter
@@ -76,14 +78,15 @@ class FailurePolicy:
                           handler: str = "") -> int | None:
         """Records the event with its whole error history, counted in its
         incident; returns only once committed, waiting while Postgres is
-        away (not running the handler again)."""
+        away (not running the handler again). A count Postgres refuses
+        does not refuse the dead letter (`_counted_beside`)."""
         for pause in pauses():
             try:
                 async with self._pool.acquire(timeout=10) as connection, connection.transaction():
                     # bounded: a session that died unseen is dropped by the pool's release
                     dead_letter_id = await record_dead_letter(connection, event, (*event.errors, error), timeout=10)
                     if dead_letter_id is not None:
-                        await record_failure(connection, failure_of(event, handler, error, dead_letter_id), timeout=10)
+                        await _counted_beside(connection, failure_of(event, handler, error, dead_letter_id))
                 break
             except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
                 log.warning("dead_letter_waiting_for_postgres", error=describe(exc), retry_in=pause)
@@ -141,3 +144,18 @@ class FailurePolicy:
                 log.warning("broker_publish_waiting", queue=queue_name, waited_s=topology.PUBLISH_TIMEOUT)
         finally:
             publishing.cancel()  # only when we are cancelled (a shutdown): the message is redelivered
+
+
+async def _counted_beside(connection, failure: Failure) -> None:
+    """A dead letter's count in its incident, in the dead letter's transaction
+    (its own savepoint) — unless Postgres refuses the count itself (not an
+    outage, which the caller waits out): then the dead letter commits
+    without it. The dead letter is the event's state; the count is for
+    reading, and a refusal that comes back every time would otherwise send
+    the event round the delivery limit, its handler run each time."""
+    try:
+        await record_failure(connection, failure, timeout=10)
+    except asyncpg.PostgresError as exc:
+        if isinstance(exc, POSTGRES_LOST):
+            raise
+        log.warning("incident_count_skipped", error=describe(exc))

@@ -26,35 +26,28 @@ async def _dead_letter_errors(database_url: str) -> list[str]:
         await connection.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding R6-1: record_failure (fee867c) writes the error's message and pattern as text in the dead "
-    "letter's transaction; a NUL, which the dead letter's jsonb() makes storable, is refused there "
-    "(CharacterNotInRepertoireError), the dead letter rolls back, and the worker takes it for a crash of its "
-    "own: the handler runs again up to the delivery limit and the event ends as DeliveryLimitExceeded"))
 async def test_a_permanent_failure_quoting_a_nul_is_dead_lettered_after_one_run(settings, fleet, tmp_path):
     """§8: a PermanentError is a dead letter at once, its error kept — and
     dead_letters.py's `jsonb` keeps any string an error holds ("a lone
     surrogate or NUL becomes U+FFFD"), so that a dead letter can always be
-    recorded. The incident's count, now in the same transaction, writes the
-    message as text, which Postgres refuses; the dead letter is not
-    committed, and the handler — a call to the outside world — runs again,
-    once per delivery our own count allows (21 runs at the default limit)."""
+    recorded. Finding R6-1: the incident's count (fee867c), in the same
+    transaction, wrote the message as text, which Postgres refused; the dead
+    letter was not committed, and the handler — a call to the outside
+    world — ran again, once per delivery our own count allows (3 runs at
+    limit 2, 21 at the default), the event ending as DeliveryLimitExceeded."""
     await _dead_lettered_after_one_run(settings, fleet, tmp_path, "refused_quoting_a_nul")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding R6-2: a lone surrogate in a handler's error message: the JSON log renderer (shared/logging.py) "
-    "raises TypeError from orjson on the log line that quotes it, and record_failure's text is refused too; "
-    "the run's task dies with the message unacked and its key's leader never settled — no dead letter, ever"))
 async def test_a_permanent_failure_quoting_a_lone_surrogate_is_dead_lettered_after_one_run(
         settings, fleet, tmp_path):
     """As above, with a lone surrogate (bytes decoded with
-    errors="surrogateescape", as os and subprocess hand them over). Every
-    log line quoting the error raises in the renderer — `event_dead_lettered`,
+    errors="surrogateescape", as os and subprocess hand them over). Finding
+    R6-2: besides the count, every log line quoting the error raised in the
+    JSON renderer (orjson refuses lone surrogates) — `event_dead_lettered`,
     `event_retry_scheduled`, then `processing_crashed` in the handler of
-    crashes itself — so the task running the message dies: nothing acks or
-    sends it back until the worker restarts, and then its attempt runs
-    again."""
+    crashes itself — so the task running the message died: nothing acked
+    or sent it back until the worker restarted (no dead letter in 60 s),
+    and then its attempt ran again."""
     await _dead_lettered_after_one_run(settings, fleet, tmp_path, "refused_quoting_a_lone_surrogate")
 
 

@@ -1,0 +1,54 @@
+"""Adversary, round 6, against the real Postgres: the dead letter's
+transaction now also counts the failure in its incident (fee867c); what the
+count cannot write must never keep the dead letter from committing."""
+
+import asyncpg
+import pytest
+
+from tests.support.events import make_event
+from webhook_ingest.workers.retry import FailurePolicy, describe_failure
+from webhook_ingest.workers.handlers import PermanentError
+
+
+@pytest.fixture
+async def pool(database):
+    pool = await asyncpg.create_pool(database, min_size=1, max_size=2)
+    yield pool
+    await pool.close()
+
+
+async def _rows(pool, query: str) -> list[dict]:
+    async with pool.acquire() as connection:
+        return [dict(row) for row in await connection.fetch(query)]
+
+
+async def test_an_error_quoting_a_nul_and_a_lone_surrogate_is_dead_lettered_and_counted(pool):
+    """R6-1, R6-2: the text Postgres refuses is written as U+FFFD, in the
+    incident as in the dead letter (before: DataError, nothing committed)."""
+    error = describe_failure(PermanentError("the CRM answered: name\x00 caf\udce9"), 1)
+    dead_letter_id = await FailurePolicy(None, pool, "unused").dead_letter(
+        make_event("acme", "evt_unstorable"), error, permanent=True, handler="forward")
+    assert dead_letter_id is not None
+    [incident] = await _rows(pool, "SELECT last_error, error_pattern, dead_letters FROM incidents")
+    assert incident == {"last_error": "the CRM answered: name\ufffd caf\ufffd",
+                        "error_pattern": "the CRM answered: name\ufffd caf\ufffd", "dead_letters": 1}
+
+
+async def test_a_count_postgres_refuses_does_not_refuse_the_dead_letter(pool):
+    """Whatever Postgres refuses in the count (here a trigger raising
+    check_violation on incident_events: a constraint added later, a value
+    out of range), the dead letter commits without it. Before, the refusal
+    left `dead_letter`, the worker took it for its own crash and ran the
+    handler again, up to the delivery limit."""
+    async with pool.acquire() as connection:
+        await connection.execute("""
+            CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = 'check_violation'; END $$;
+            CREATE TRIGGER refuse BEFORE INSERT ON incident_events FOR EACH ROW EXECUTE FUNCTION refuse();
+        """)
+    error = describe_failure(PermanentError("refused for good"), 1)
+    dead_letter_id = await FailurePolicy(None, pool, "unused").dead_letter(
+        make_event("acme", "evt_refused_count"), error, permanent=True, handler="forward")
+    assert dead_letter_id is not None
+    assert await _rows(pool, "SELECT id, status FROM dead_letters") == [{"id": dead_letter_id, "status": "dead"}]
+    assert await _rows(pool, "SELECT id FROM incidents") == []  # the count rolled back to its savepoint, alone
