@@ -16,11 +16,12 @@ import resource
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from webhook_ingest.ingress.appkeys import settings_key
 from webhook_ingest.ingress.failure_budget import FailureBudget, failure_budget_key
 from webhook_ingest.ingress.client_address import is_within, parse_address, setup_client_address
+from webhook_ingest.ingress.content_encoding import UndecodableBody, decoder_for
 from webhook_ingest.ingress.ratelimit import SignInThrottle
 from webhook_ingest.ingress.slots import Slots, slots_key
 from webhook_ingest.ingress.responses import Rejected, error
@@ -38,9 +39,10 @@ rate_limiter_key = web.AppKey("rate_limiter", RateLimiter)
 sign_in_throttle_key = web.AppKey("sign_in_throttle", SignInThrottle)
 
 
-def handler_args(settings: Settings) -> dict[str, float]:
-    """`web.Application(handler_args=…)`: the header time limit."""
-    return {"keepalive_timeout": settings.header_timeout}
+def handler_args(settings: Settings) -> dict[str, float | bool]:
+    """`web.Application(handler_args=…)`: the header time limit, and no body
+    decoded by aiohttp (ingress/content_encoding.py decodes a webhook's)."""
+    return {"keepalive_timeout": settings.header_timeout, "auto_decompress": False}
 
 
 def setup_limits(app: web.Application, settings: Settings) -> None:
@@ -71,16 +73,20 @@ async def check_rate_limit(request: web.Request, source: Source) -> None:
 
 
 async def read_body_within(request: web.Request, limit: int) -> bytes:
-    """The raw body, never past `limit` bytes (413), within `body_timeout`
-    (else 408 and the connection closed: a client dribbling its body holds
-    a connection and a slot for nothing)."""
+    """The body, decoded from its Content-Encoding, never past `limit`
+    bytes as sent nor as decoded (413), within `body_timeout` (else 408 and
+    the connection closed: a client dribbling its body holds a connection
+    and a slot for nothing)."""
     return await _within_body_timeout(request, _read_body(request, limit))
 
 
 async def read_form_within(request: web.Request, limit: int) -> None:
     """A console form's body, its length stated (411) and within `limit`
-    (413), read within `body_timeout` as a webhook's; read through aiohttp,
-    which keeps it for `request.post()`."""
+    (413), not encoded (415: no browser compresses a form, and the limit is
+    on what is read), read within `body_timeout` as a webhook's; read
+    through aiohttp, which keeps it for `request.post()`."""
+    if request.headers.get(hdrs.CONTENT_ENCODING, "identity").lower() != "identity":
+        raise Rejected(error(415, "unsupported_media_type"))
     if request.content_length is None:
         raise Rejected(error(411, "length_required"))
     if request.content_length > limit:
@@ -95,7 +101,7 @@ async def _within_body_timeout(request: web.Request, reading: Awaitable[T]) -> T
     except TimeoutError:
         log.info("body_timeout", client=request.remote, path=request.path)
         raise Rejected(await _answered_and_closed(request, error(408, "request_timeout"))) from None
-    except web.RequestPayloadError as exc:  # aiohttp could not decode it (a broken gzip stream): bad input, not a 500
+    except (UndecodableBody, web.RequestPayloadError) as exc:  # a broken gzip stream, a broken chunk: bad input
         raise Rejected(error(400, "invalid_json")) from exc
 
 
@@ -115,12 +121,18 @@ async def _answered_and_closed(request: web.Request, response: web.Response) -> 
 async def _read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise Rejected(error(413, "body_too_large"))
-    chunks, size = [], 0
+    decoder = decoder_for(request.headers.get(hdrs.CONTENT_ENCODING))
+    chunks, sent, size = [], 0, 0
     while chunk := await request.content.readany():
+        sent += len(chunk)
+        if decoder is not None and sent <= limit:
+            chunk = decoder.decode(chunk, room=limit + 1 - size)
         size += len(chunk)
-        if size > limit:
+        if sent > limit or size > limit:
             raise Rejected(error(413, "body_too_large"))
         chunks.append(chunk)
+    if decoder is not None:
+        decoder.finish()
     return b"".join(chunks)
 
 

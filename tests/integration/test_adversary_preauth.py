@@ -119,7 +119,6 @@ def aiohttp_errors(caplog) -> list[str]:
             if record.name.startswith("aiohttp") and record.levelno >= logging.ERROR]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 round 2: aiohttp decodes bodies nobody reads")
 async def test_a_body_answered_before_it_is_read_is_never_decompressed(settings, sources, monkeypatch, caplog):
     """aiohttp decoded a Content-Encoding for every request, also while it
     drained the body of one answered early (404, 403, 429: up to 10 s of
@@ -142,7 +141,6 @@ async def test_a_body_answered_before_it_is_read_is_never_decompressed(settings,
     assert aiohttp_errors(caplog) == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 round 2: the console's 64 KiB form limit counts compressed bytes")
 async def test_a_compressed_console_form_is_refused(settings, sources, monkeypatch):
     """The 64 KiB bound of a console form was checked against Content-Length,
     and aiohttp then decoded the gzip body up to the app's client_max_size:
