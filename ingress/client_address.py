@@ -31,6 +31,7 @@ from multidict import CIMultiDictProxy
 
 Address = IPv4Address | IPv6Address
 Network = IPv4Network | IPv6Network
+IPV6_CLIENT_PREFIX = 64  # a subscriber's smallest IPv6 network (RFC 6177)
 
 
 def parse_address(text: str | None) -> Address | None:
@@ -53,6 +54,17 @@ def parse_address(text: str | None) -> Address | None:
     if isinstance(address, IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
+
+
+def client_key(client: str | None) -> str:
+    """What the per-client bounds count by (the failure budget, the bodies
+    arriving, the sign-in throttle): an IPv4 address, or an IPv6 address's
+    /64. Anyone with IPv6 is given a /64 at least and may send from any of
+    its 2^64 addresses: counted per address, no bound ever refused one such client."""
+    address = parse_address(client)
+    if isinstance(address, IPv6Address):
+        return str(IPv6Network((address, IPV6_CLIENT_PREFIX), strict=False))
+    return str(client if address is None else address)
 
 
 def is_within(address: Address | None, networks: Iterable[Network]) -> bool:

@@ -21,6 +21,7 @@ import math
 from aiohttp import web
 
 from webhook_ingest.shared.ratelimit import LocalBuckets
+from webhook_ingest.ingress.client_address import client_key
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.shared.logging import get_logger
 
@@ -38,14 +39,14 @@ class FailureBudget:
 
     def refuse_if_spent(self, client: str | None) -> None:
         """429 `too_many_failures` + `Retry-After` when `client` has no failure left."""
-        wait = self._buckets.wait(str(client), self._per_second, self._burst)
+        wait = self._buckets.wait(client_key(client), self._per_second, self._burst)
         if wait > 0:
             log.info("too_many_failures", client=client)
             raise Rejected(error(429, "too_many_failures", {"Retry-After": str(max(1, math.ceil(wait)))}))
 
     def charge(self, client: str | None) -> None:
         """One failed request of `client`'s (beyond its budget: nothing more to count)."""
-        self._buckets.retry_after(str(client), self._per_second, self._burst)
+        self._buckets.retry_after(client_key(client), self._per_second, self._burst)
 
 
 failure_budget_key = web.AppKey("failure_budget", FailureBudget)

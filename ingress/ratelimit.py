@@ -1,6 +1,7 @@
 """The console's sign-in throttle, on the rate limiter every process shares
 (shared/ratelimit.py, which also serves a source's `rate_limit`)."""
 
+from webhook_ingest.ingress.client_address import client_key
 from webhook_ingest.shared.ratelimit import RateLimiter
 
 
@@ -16,4 +17,5 @@ class SignInThrottle:
         self._burst = burst
 
     async def retry_after(self, client_address: str | None) -> float:
-        return await self._limiter.retry_after(f"sign-in:{client_address}", self._per_second, self._burst)
+        # an IPv6 client is its /64 (client_address.client_key)
+        return await self._limiter.retry_after(f"sign-in:{client_key(client_address)}", self._per_second, self._burst)

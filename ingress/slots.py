@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 from aiohttp import web
 
+from webhook_ingest.ingress.client_address import client_key
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.shared.logging import get_logger
 
@@ -34,8 +35,9 @@ class Slots:
     def taken(self, client: str | None) -> Iterator["Slot"]:
         """A slot for one request of `client`'s, its body counted as arriving
         until `Slot.body_arrived()`; 429 or 503 (Rejected) when there is none."""
-        self._refuse_if_full(str(client))
-        slot = Slot(self, str(client))
+        key = client_key(client)  # an IPv6 client is its /64
+        self._refuse_if_full(key)
+        slot = Slot(self, key)
         self._in_flight += 1
         try:
             yield slot

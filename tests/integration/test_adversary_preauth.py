@@ -170,7 +170,6 @@ async def test_a_webhook_body_is_still_decoded_within_its_limit(settings, source
 # -- who a client is ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 round 2: every IPv6 address is a client of its own")
 async def test_the_addresses_of_one_ipv6_network_are_one_client(settings, sources, monkeypatch):
     """Anyone with IPv6 holds a /64 at least (2^64 addresses) and may send from
     any of them: counted per address, the failure budget and the sign-in
