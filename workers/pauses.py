@@ -83,12 +83,19 @@ class Parking:
 
 async def keep_pauses(paused: PausedSources, parking: Parking, every: float = EVERY_SECONDS) -> None:
     """Forever (each worker runs it): the paused set, and resumed sources'
-    events moved back. Postgres away: the last known set holds."""
+    events moved back — two loops, so that a move waiting on the broker
+    (an alarm blocks its publish for as long as it lasts) never holds a
+    pause back, and a move sees a pause that lands midway. Postgres away:
+    the last known set holds."""
+    await asyncio.gather(_every(every, paused.refresh, "pause_refresh_failed"),
+                         _every(every, lambda: parking.move_back(paused), "parked_events_move_failed"))
+
+
+async def _every(seconds: float, step, failure: str) -> None:
     while True:
         try:
-            await paused.refresh()
-            await parking.move_back(paused)
-        except Exception as exc:  # noqa: BLE001 - a late resume, never a dead task
+            await step()
+        except Exception as exc:  # noqa: BLE001 - a late pause or resume, never a dead task
             raise_if_cancelled()
-            log.warning("pause_refresh_failed", error=describe(exc))
-        await asyncio.sleep(every)
+            log.warning(failure, error=describe(exc))
+        await asyncio.sleep(seconds)

@@ -147,10 +147,6 @@ async def _let_in(settings, name: str) -> None:
             await message.reject(requeue=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding R6-3: a worker reads the paused set in the same task that moves a resumed source's parked "
-    "events back, after the move; a move waiting on a blocked broker holds every later pause back from that "
-    "worker for as long, so a source paused meanwhile has its events run (3 of 3, the pause 3 s old)"))
 async def test_a_pause_reaches_a_worker_whose_move_back_waits_on_a_blocked_broker(
         settings, fleet, tmp_path):
     """§8.3: a pause reaches every worker within about a second; a paused
@@ -159,8 +155,8 @@ async def test_a_pause_reaches_a_worker_whose_move_back_waits_on_a_blocked_broke
     (a memory alarm: RabbitMQ blocks publishers, as a big parked backlog
     moving back can well cause). Then `other` is paused — its downstream
     is down for maintenance — and, three times the stated delay later, its
-    events arrive. The worker never reread the paused set: that happens
-    only after a move, in the same loop."""
+    events arrive. Finding R6-3: the worker never reread the paused set —
+    that happened only after a move, in the same loop — and ran all three."""
     path = tmp_path / "sources.toml"
     path.write_text(PAUSE_SOURCES)
     await _change_pause(settings.database_url, "acme", pause=True)
