@@ -17,6 +17,7 @@ from webhook_ingest.ingress.database import database_ctx
 from webhook_ingest.ingress.publisher import Publisher
 from webhook_ingest.ingress.redis_client import done_markers_ctx, redis_ctx
 from webhook_ingest.ingress.relay import relay_ctx
+from webhook_ingest.ingress.server_log import drop_client_protocol_errors
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
@@ -28,6 +29,7 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
     app = web.Application(
         client_max_size=max(s.max_body_bytes for s in sources.values()) + 1, handler_args=handler_args(settings)
     )
+    drop_client_protocol_errors()
     app[settings_key] = settings
     app[sources_key] = sources
     app.cleanup_ctx.append(database_ctx)

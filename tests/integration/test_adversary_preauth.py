@@ -254,7 +254,6 @@ def twilio_signed(fields: list[tuple[str, str]]) -> dict[str, str]:
 # -- the log -----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 round 2: a malformed request is an error with a traceback in the log")
 async def test_a_malformed_request_is_a_400_and_no_error_in_the_log(settings, sources, monkeypatch, caplog):
     """aiohttp answers a request it cannot parse with 400 and logged each one
     at ERROR with a traceback: anyone, with a few bytes and no budget to
