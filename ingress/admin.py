@@ -70,9 +70,11 @@ def admin_app() -> web.Application:
     admin.router.add_get("/dead-letters/{id}", show_route)
     admin.router.add_post("/dead-letters/{id}/replay", replay_route)
     admin.router.add_post("/dead-letters/{id}/discard", discard_route)
-    from webhook_ingest.ingress.admin_incidents import add_incident_routes  # they import this module
+    from webhook_ingest.ingress.admin_events import add_event_routes  # they import this module
+    from webhook_ingest.ingress.admin_incidents import add_incident_routes
     from webhook_ingest.ingress.admin_sources import add_source_routes
 
+    add_event_routes(admin)
     add_incident_routes(admin)
     add_source_routes(admin)
     return admin

@@ -14,7 +14,8 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from webhook_ingest.shared import archive
+from webhook_ingest.shared import archive, archived_events
+from webhook_ingest.shared.archived_events import Cursor, EventFilter
 from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sessions import pooled
 
@@ -73,6 +74,29 @@ class ArchiveStore:
                                           [archive.source_table(source) for source in sources],
                                           timeout=STATEMENT_SECONDS)
         return {row["source"]: row["bytes"] for row in rows}
+
+
+    # -- reading (shared/archived_events.py: the filter and the documents) ----------
+
+    async def search(self, where: EventFilter, after: Cursor | None = None,
+                     limit: int = archived_events.DEFAULT_LIMIT) -> list[asyncpg.Record]:
+        """One page, newest first, below `after` (None: the newest)."""
+        below = (after.received_at, after.source, after.key) if after else (None, None, None)
+        async with self._connection() as connection:
+            return await connection.fetch(SQL["search_archive"], *where.arguments(), *below, limit,
+                                          timeout=STATEMENT_SECONDS)
+
+    async def count(self, where: EventFilter, cap: int = archived_events.COUNT_CAP) -> int:
+        """How many rows match, up to `cap`."""
+        async with self._connection() as connection:
+            return await connection.fetchval(SQL["count_archive"], *where.arguments(), cap, timeout=STATEMENT_SECONDS)
+
+    async def event(self, key: str) -> dict | None:
+        """Every arrival of `key` and what the pipeline recorded of it; None when none is archived."""
+        async with self._connection() as connection:
+            arrivals = await connection.fetch(SQL["archived_arrivals"], key, timeout=STATEMENT_SECONDS)
+            records = await connection.fetchrow(SQL["archived_event_records"], key, timeout=STATEMENT_SECONDS)
+        return archived_events.event(key, arrivals, records) if arrivals else None
 
 
 async def discarded(connection: asyncpg.Connection, dead_letter_ids: list[int]) -> None:

@@ -248,6 +248,73 @@ SELECT source, coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_parti
                          WHERE isleaf), 0)::int8 AS bytes
 FROM unnest($1::text[], $2::text[]) AS archived(source, source_table)
 
+-- searching the event archive (shared/archived_events.py: the filter, the
+-- documents). A `queued` row whose key's lease is held is shown `processing`.
+
+-- name: search_archive
+-- One page, newest first: $1 source, $2 status (also 'processing'), $3
+-- event type, $4 received at or after, $5 received before, $6 key prefix,
+-- $7 event id prefix, $8 payload containment (jsonb), $9-$11 only rows
+-- older than this (received_at, source, key): the next page; $12 its size.
+-- NULL: no filter.
+SELECT a.source, a.key, a.received_at, a.event_id, a.event_type, a.payload_sha256, a.attempts, a.last_error,
+       a.completed_at, a.replay_of, a.ignore_rule, CASE WHEN held.processing THEN 'processing' ELSE a.status END AS status
+FROM event_archive a
+CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
+    SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
+WHERE ($1::text IS NULL OR a.source = $1)
+  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN held.processing
+                                  WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
+                                  ELSE a.status = $2 END)
+  AND ($3::text IS NULL OR a.event_type = $3)
+  AND ($4::timestamptz IS NULL OR a.received_at >= $4)
+  AND ($5::timestamptz IS NULL OR a.received_at < $5)
+  AND ($6::text IS NULL OR starts_with(a.key, $6))
+  AND ($7::text IS NULL OR starts_with(a.event_id, $7))
+  AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
+  AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key) < ($9, $10::text, $11::text))
+ORDER BY a.received_at DESC, a.source DESC, a.key DESC
+LIMIT $12
+
+-- name: count_archive
+-- How many rows search_archive's filter ($1-$8) matches, up to $9.
+SELECT count(*) FROM (
+    SELECT FROM event_archive a
+    CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
+        SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
+    WHERE ($1::text IS NULL OR a.source = $1)
+      AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN held.processing
+                                      WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
+                                      ELSE a.status = $2 END)
+      AND ($3::text IS NULL OR a.event_type = $3)
+      AND ($4::timestamptz IS NULL OR a.received_at >= $4)
+      AND ($5::timestamptz IS NULL OR a.received_at < $5)
+      AND ($6::text IS NULL OR starts_with(a.key, $6))
+      AND ($7::text IS NULL OR starts_with(a.event_id, $7))
+      AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
+    LIMIT $9
+) capped
+
+-- name: archived_arrivals
+-- Every arrival of a key, oldest first: the event, its copies, its conflicts.
+SELECT a.source, a.key, a.received_at, a.event_id, a.event_type, a.payload_sha256, a.body, a.headers, a.attempts,
+       a.last_error, a.completed_at, a.replay_of, a.ignore_rule,
+       CASE WHEN a.status = 'queued' AND EXISTS (
+           SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
+       THEN 'processing' ELSE a.status END AS status
+FROM event_archive a
+WHERE a.source = split_part($1, ':', 1) AND a.key = $1
+ORDER BY a.received_at
+
+-- name: archived_event_records
+-- What the pipeline itself recorded of a key: its completion (until
+-- `prune`), and its dead letters.
+SELECT (SELECT to_jsonb(p) - 'fencing_token' FROM processed_events p WHERE p.key = $1) AS completion,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('id', d.id, 'status', d.status, 'attempts', d.attempts,
+                                                     'received_at', d.received_at, 'created_at', d.created_at)
+                                  ORDER BY d.id)
+                 FROM dead_letters d WHERE d.key = $1), '[]') AS dead_letters
+
 -- name: outcomes_last_hour
 -- The console's overview, from what Postgres knows (retries and duplicates
 -- are counted only in the workers' metrics).

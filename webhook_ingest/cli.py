@@ -62,7 +62,7 @@ class _Commands(click.Group):
     dead-letter store for `migrate` and `--help`, ~0.15 s a start)."""
 
     ON_CALL = {"dlq": "dlq", "prune": "dlq", "incidents": "incidents",  # command: module of webhook_ingest
-               "sources": "sources_cli"}
+               "sources": "sources_cli", "events": "events"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.ON_CALL})

@@ -1,0 +1,45 @@
+"""The admin API's event archive (docs/reference.md §8): search it, read an event.
+
+    GET /admin/events?source=&status=&type=&since=&until=&key=&event_id=&payload=&limit=&cursor=
+    GET /admin/events/{key}
+
+Routes of the admin sub-application: its bearer-token middleware and its
+expected failures (ingress/admin.py) apply; the viewer token may use both.
+The documents are the CLI's (`shared/archived_events.py`).
+"""
+
+from aiohttp import web
+
+from webhook_ingest.ingress.admin import json_document
+from webhook_ingest.ingress.appkeys import database_pool_key
+from webhook_ingest.ingress.responses import error
+from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.archived_events import Cursor, InvalidFilter, page, parse_filter, parse_limit
+
+
+def add_event_routes(admin: web.Application) -> None:
+    admin.router.add_get("/events", list_route)
+    admin.router.add_get("/events/{key:.+}", show_route)  # an event id may hold a slash
+
+
+async def list_route(request: web.Request) -> web.Response:
+    """One page, newest first: {"events", "count" (up to COUNT_CAP), "count_capped", "next"}."""
+    try:
+        where = parse_filter(request.query)
+        limit = parse_limit(request.query.get("limit"))
+        after = Cursor.decode(request.query["cursor"]) if request.query.get("cursor") else None
+    except InvalidFilter as exc:
+        return error(400, f"invalid_{exc.field}")
+    store = _store(request)
+    rows = await store.search(where, after, limit)
+    count = await store.count(where) if after is None else None  # the first page says how many
+    return json_document(200, page(rows, count, limit))
+
+
+async def show_route(request: web.Request) -> web.Response:
+    document = await _store(request).event(request.match_info["key"])
+    return error(404, "not_found") if document is None else json_document(200, document)
+
+
+def _store(request: web.Request) -> ArchiveStore:
+    return ArchiveStore(request.config_dict[database_pool_key])

@@ -1,0 +1,182 @@
+"""Searching the event archive: the filter the admin API and `webhook-ingest
+events` share, and the JSON documents both answer with (docs/reference.md
+§2, §8), defined once so the two cannot drift apart.
+
+A search is one page, newest first, with keyset pagination: the page's last
+row (received_at, source, key) is the `next` cursor, so a page costs the
+same however deep it is and rows arriving meanwhile do not shift it. The
+count of matches stops at COUNT_CAP.
+"""
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import astuple, dataclass
+from datetime import UTC, datetime
+
+import orjson
+
+from webhook_ingest.shared import archive
+from webhook_ingest.shared.dead_letters import iso_utc
+from webhook_ingest.shared.errors import WebhookIngestError
+
+STATUSES = (archive.QUEUED, "processing", archive.RETRYING, archive.PROCESSED, archive.DEAD, archive.DISCARDED,
+            archive.CONFLICT, archive.DUPLICATE, archive.IGNORED)
+DEFAULT_LIMIT, MAX_LIMIT = 50, 1000
+COUNT_CAP = 10_000
+
+
+class InvalidFilter(WebhookIngestError):
+    """A search filter that cannot be one."""
+
+    def __init__(self, field: str, problem: str):
+        self.field = field
+        super().__init__(f"{field}: {problem}")
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """None is "any". `key` and `event_id` are prefixes; `payload` a JSON
+    object the body must contain (`{"customer": "cus_123"}`)."""
+
+    source: str | None = None
+    status: str | None = None
+    event_type: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    key: str | None = None
+    event_id: str | None = None
+    payload: str | None = None  # JSON text, checked to be an object
+
+    def arguments(self) -> tuple:
+        """search_archive's $1-$8."""
+        return astuple(self)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """The last row of a page: the next page starts below it."""
+
+    received_at: datetime
+    source: str
+    key: str
+
+    def encode(self) -> str:
+        raw = orjson.dumps([self.received_at.isoformat(), self.source, self.key])
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> "Cursor":
+        try:
+            received_at, source, key = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+            return cls(datetime.fromisoformat(received_at), str(source), str(key))
+        except (ValueError, TypeError) as exc:
+            raise InvalidFilter("cursor", "not a cursor this API gave") from exc
+
+
+def parse_filter(query: Mapping[str, str]) -> EventFilter:
+    """The filter from the API's query string (the CLI's options by the same names)."""
+    status = query.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise InvalidFilter("status", f"one of {', '.join(STATUSES)}")
+    return EventFilter(
+        source=query.get("source") or None,
+        status=status,
+        event_type=query.get("type") or None,
+        since=parse_time("since", query.get("since")),
+        until=parse_time("until", query.get("until")),
+        key=query.get("key") or None,
+        event_id=query.get("event_id") or None,
+        payload=parse_payload(query.get("payload")),
+    )
+
+
+def parse_time(field: str, text: str | None) -> datetime | None:
+    """ISO 8601; without an offset, UTC."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise InvalidFilter(field, "an ISO 8601 time such as 2026-11-25T14:00:00Z") from exc
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def parse_payload(text: str | None) -> str | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}") from exc
+    if not isinstance(value, dict):
+        raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}")
+    return text
+
+
+def parse_limit(text: str | None) -> int:
+    if not text:
+        return DEFAULT_LIMIT
+    if not (text.isascii() and text.isdigit()) or len(text) > 6 or not 1 <= int(text) <= MAX_LIMIT:
+        raise InvalidFilter("limit", f"a whole number from 1 to {MAX_LIMIT}")
+    return int(text)
+
+
+# -- documents -------------------------------------------------------------------
+
+
+def summary(row) -> dict:
+    """One line of `events list --json` / `GET /admin/events`."""
+    return {
+        "source": row["source"],
+        "key": row["key"],
+        "event_id": row["event_id"],
+        "event_type": row["event_type"],
+        "received_at": iso_utc(row["received_at"]),
+        "status": row["status"],
+        "attempts": row["attempts"],
+        "last_error": row["last_error"],
+        "completed_at": iso_utc(row["completed_at"]) if row["completed_at"] else None,
+        "replay_of": row["replay_of"] or None,
+        **({"ignore_rule": row["ignore_rule"]} if row["ignore_rule"] else {}),
+    }
+
+
+def page(rows: list, count: int | None, limit: int) -> dict:
+    """One page: `events list --json` / `GET /admin/events`. `count` (the
+    first page's; None on the next ones) stops at COUNT_CAP; `next` is the
+    cursor of the page below, None on the last."""
+    last = rows[-1] if len(rows) == limit else None
+    return {
+        "events": [summary(row) for row in rows],
+        "count": count,
+        "count_capped": count is not None and count >= COUNT_CAP,
+        "next": Cursor(last["received_at"], last["source"], last["key"]).encode() if last else None,
+    }
+
+
+def arrival(row) -> dict:
+    """One arrival on an event's page: its summary, what it carried."""
+    document = summary(row) | {"payload_sha256": row["payload_sha256"],
+                               "headers": json.loads(row["headers"]) if row["headers"] else None}
+    body = bytes(row["body"]) if row["body"] is not None else None
+    try:  # json, not orjson: integers wider than 64 bits stay exact
+        document["payload"] = json.loads(body) if body is not None else None
+    except ValueError:  # a form, or not text: the raw body instead
+        document["payload"] = None
+        document["body"] = body.decode(errors="replace") if body is not None else None
+    return document
+
+
+def event(key: str, arrivals: list, records) -> dict:
+    """`events show KEY --json` / `GET /admin/events/{key}`: every arrival of
+    the key, and what the pipeline recorded of it (its completion, its dead letters)."""
+    completion = json.loads(records["completion"]) if records["completion"] else None
+    return {
+        "key": key,
+        "source": key.split(":", 1)[0],
+        "event_id": key.split(":", 1)[1] if ":" in key else key,
+        "arrivals": [arrival(row) for row in arrivals],
+        "completion": completion,
+        "dead_letters": json.loads(records["dead_letters"]),
+    }

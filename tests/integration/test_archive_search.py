@@ -1,0 +1,155 @@
+"""Searching the event archive (issue 22, item 4): the admin API's
+GET /admin/events and /admin/events/{key}, and `webhook-ingest events
+list|show`, which answer the same documents. Real Postgres; the archive is
+written as the ingress and the workers write it (ArchiveStore)."""
+
+import asyncio
+import dataclasses
+import json
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from webhook_ingest.cli import main
+from webhook_ingest.shared import archive
+from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources
+from tests.support.dead_letters import failure
+from tests.support.events import make_event
+from tests.support.ingress import running_ingress
+from webhook_ingest.shared.dead_letters import record_dead_letter
+
+TOKEN = "s3cret-admin-token-of-the-archive-search-tests"
+VIEWER = "s3cret-viewer-token-of-the-archive-search-tests"
+NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+@pytest.fixture
+def admin_settings(settings, monkeypatch) -> Settings:
+    monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("WEBHOOK_INGEST_VIEWER_TOKEN", VIEWER)
+    return Settings()
+
+
+def event(source: str, event_id: str, minutes_ago: int, kind: str, **payload):
+    body = orjson.dumps({"id": event_id, "type": kind, **payload})
+    made = make_event(source, event_id, {"type": kind, **payload})
+    return dataclasses.replace(made, body=body, received_at=(NOW - timedelta(minutes=minutes_ago)).timestamp())
+
+
+@pytest.fixture
+async def archived(admin_settings):
+    """stripe: three invoices (one processed, one dead, one still queued with its
+    key's lease held), a copy and a conflict; github: a push."""
+    paid = event("stripe", "evt_1", 50, "invoice.paid", customer="cus_123")
+    failed = event("stripe", "evt_2", 40, "invoice.paid", customer="cus_456")
+    running = event("stripe", "evt_3", 30, "invoice.created", customer="cus_123")
+    copy = dataclasses.replace(paid, received_at=(NOW - timedelta(minutes=20)).timestamp())
+    other = dataclasses.replace(event("stripe", "evt_1", 10, "invoice.paid", customer="cus_999"))
+    push = event("github", "d/1", 5, "push", ref="main")
+    connection = await asyncpg.connect(admin_settings.database_url)
+    try:
+        store = ArchiveStore(connection)
+        await store.keep({"stripe": timedelta(days=7), "github": timedelta(days=7)})
+        await store.write_arrivals([archive.arrival_row(e, json.loads(e.body)["type"], '{"x-test": "1"}', archive.QUEUED)
+                                    for e in (paid, failed, running, copy, other, push)])
+        at = NOW.timestamp()
+        await store.write_outcomes([
+            archive.outcome_row(paid, archive.PROCESSED, at), archive.outcome_row(copy, archive.DUPLICATE, at),
+            archive.outcome_row(failed, archive.DEAD, at, "RuntimeError: 500"),
+            archive.outcome_row(other, archive.CONFLICT, at), archive.outcome_row(push, archive.PROCESSED, at)])
+        await connection.execute("INSERT INTO key_fences (key, token, lease_until) VALUES ($1, 1, now() + interval '1 hour')",
+                                 running.key)
+        await connection.execute("INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts)"
+                                 " VALUES ($1, 'stripe', 'evt_1', $2, 1)", paid.key, paid.payload_sha256)
+        dead_letter = await record_dead_letter(connection, failed, [failure(1)])
+    finally:
+        await connection.close()
+    return {"dead_letter": dead_letter}
+
+
+def events(*args: str):
+    return CliRunner().invoke(main, ["events", *args])
+
+
+async def get(client, path: str, token: str = TOKEN):
+    response = await client.get(path, headers={"Authorization": f"Bearer {token}"})
+    return response.status, await response.json()
+
+
+async def test_a_search_filters_newest_first_and_counts(admin_settings, archived):
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        async def keys(query: str) -> list[tuple[str, str]]:
+            status, page = await get(client, f"/admin/events?{query}")
+            assert status == 200, page
+            assert page["count"] == len(page["events"])
+            return [(row["key"], row["status"]) for row in page["events"]]
+
+        assert await keys("") == [("github:d/1", "processed"), ("stripe:evt_1", "conflict"),
+                                  ("stripe:evt_1", "duplicate"), ("stripe:evt_3", "processing"),
+                                  ("stripe:evt_2", "dead"), ("stripe:evt_1", "processed")]
+        assert await keys("source=github") == [("github:d/1", "processed")]
+        assert await keys("status=processing") == [("stripe:evt_3", "processing")]
+        assert await keys("status=queued") == []
+        assert [k for k, _ in await keys("type=invoice.paid&status=dead")] == ["stripe:evt_2"]
+        since, until = (NOW - timedelta(minutes=45)).isoformat(), (NOW - timedelta(minutes=25)).isoformat()
+        assert [k for k, _ in await keys(f"since={since}&until={until}".replace("+", "%2B"))] == ["stripe:evt_3", "stripe:evt_2"]
+        assert await keys("key=stripe:evt_2") == [("stripe:evt_2", "dead")]
+        assert [k for k, _ in await keys("event_id=d/")] == ["github:d/1"]
+        assert await keys('payload={"customer":"cus_123"}') == [  # the copy carries the same body
+            ("stripe:evt_1", "duplicate"), ("stripe:evt_3", "processing"), ("stripe:evt_1", "processed")]
+        cli = json.loads((await asyncio.to_thread(events, "list", "--payload", '{"customer": "cus_123"}',
+                                                             "--json")).stdout)
+        assert cli == (await get(client, '/admin/events?payload={"customer": "cus_123"}'))[1]
+
+
+async def test_pages_follow_one_another_by_cursor(admin_settings, archived):
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        seen, query = [], "/admin/events?limit=4"
+        status, first = await get(client, query)
+        assert (status, first["count"], len(first["events"])) == (200, 6, 4) and first["next"]
+        status, second = await get(client, f"{query}&cursor={first['next']}")
+        assert second["count"] is None and second["next"] is None  # the count on the first page only
+        seen = [(row["key"], row["received_at"]) for row in first["events"] + second["events"]]
+        _, everything = await get(client, "/admin/events")
+    assert seen == [(row["key"], row["received_at"]) for row in everything["events"]]
+
+
+async def test_an_events_page_holds_every_arrival_of_its_key_and_what_was_recorded(admin_settings, archived):
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        status, shown = await get(client, "/admin/events/stripe:evt_1", token=VIEWER)  # the viewer may read
+        assert status == 200
+        assert [a["status"] for a in shown["arrivals"]] == ["processed", "duplicate", "conflict"]
+        assert shown["arrivals"][0]["payload"] == {"id": "evt_1", "type": "invoice.paid", "customer": "cus_123"}
+        assert shown["arrivals"][0]["headers"] == {"x-test": "1"}
+        assert shown["completion"]["attempts"] == 1 and shown["dead_letters"] == []
+        _, dead = await get(client, "/admin/events/stripe:evt_2")
+        assert [d["id"] for d in dead["dead_letters"]] == [archived["dead_letter"]]
+        assert dead["arrivals"][0]["last_error"] == "RuntimeError: 500"
+        assert (await get(client, "/admin/events/github:d/1"))[0] == 200  # an id with a slash
+        assert (await get(client, "/admin/events/stripe:nope"))[0] == 404
+        cli = json.loads((await asyncio.to_thread(events, "show", "stripe:evt_1", "--json")).stdout)
+    assert cli == shown
+
+
+@pytest.mark.parametrize("query, code", [
+    ("status=lost", "invalid_status"), ("since=yesterday", "invalid_since"), ("payload=[1]", "invalid_payload"),
+    ("payload={", "invalid_payload"), ("limit=0", "invalid_limit"), ("limit=99999999", "invalid_limit"),
+    ("cursor=xyz", "invalid_cursor"),
+])
+async def test_a_filter_that_cannot_be_one_is_a_400(admin_settings, query, code):
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        assert await get(client, f"/admin/events?{query}") == (400, {"error": code})
+        response = await client.get("/admin/events")
+        assert response.status == 401  # no token
+
+
+def test_the_cli_says_in_one_line_what_is_wrong(admin_settings):
+    result = events("list", "--since", "yesterday")
+    assert result.exit_code == 2 and result.output.startswith("error: invalid --since: since: an ISO 8601 time")
+    result = events("show", "stripe:nope")
+    assert result.exit_code == 2 and "no archived event with key 'stripe:nope'" in result.output

@@ -1,0 +1,117 @@
+"""`webhook-ingest events …`: search the event archive and read an event
+(docs/reference.md §2). Like `dlq`, they need only `DATABASE_URL`.
+
+The filters and the JSON documents are the admin API's
+(`shared/archived_events.py`).
+"""
+
+from datetime import UTC, datetime
+
+import click
+
+from webhook_ingest.console import ENV_HELP, fail, run_or_fail
+from webhook_ingest.dlq import _echo_json, _indented_json, _settings, age, database, trimmed
+from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.archived_events import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    STATUSES,
+    Cursor,
+    EventFilter,
+    InvalidFilter,
+    page,
+    parse_filter,
+)
+from webhook_ingest.shared.errors import WebhookIngestError
+from webhook_ingest.shared.settings import Settings
+
+
+@click.group(epilog=ENV_HELP)
+def events() -> None:
+    """The event archive: every accepted event, whatever became of it."""
+
+
+@events.command("list", epilog=ENV_HELP)
+@click.option("--source", default=None, help="only this source")
+@click.option("--status", default=None, type=click.Choice(STATUSES), help="only this status")
+@click.option("--type", "event_type", default=None, help="only this event type (exact)")
+@click.option("--since", default=None, help="received at or after this ISO 8601 time (UTC without an offset)")
+@click.option("--until", default=None, help="received before this ISO 8601 time")
+@click.option("--key", default=None, help="keys starting with this (SOURCE:EVENT_ID)")
+@click.option("--event-id", default=None, help="event ids starting with this")
+@click.option("--payload", default=None, help='bodies containing this JSON object, e.g. \'{"customer": "cus_123"}\'')
+@click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, MAX_LIMIT),
+              help="at most this many (newest first)")
+@click.option("--cursor", default=None, help="the page after the one whose `next` this is")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object on stdout")
+def list_command(source, status, event_type, since, until, key, event_id, payload, limit, cursor, as_json) -> None:
+    """Archived events, newest first: one page, and how many match."""
+    try:
+        where = parse_filter({"source": source, "status": status, "type": event_type, "since": since,
+                              "until": until, "key": key, "event_id": event_id, "payload": payload})
+        after = Cursor.decode(cursor) if cursor else None
+    except InvalidFilter as exc:
+        fail(f"invalid --{exc.field.replace('_', '-')}: {exc}")
+    document = run_or_fail(_page(_settings(), where, after, limit))
+    if as_json:
+        _echo_json(document)
+        return
+    click.echo(_table(document["events"], datetime.now(UTC)) if document["events"] else "no archived events")
+    if document["count"] is not None:
+        click.echo(f"{document['count']}{'+' if document['count_capped'] else ''} matching")
+    if document["next"]:
+        click.echo(f"more: --cursor {document['next']}")
+
+
+@events.command("show", epilog=ENV_HELP)
+@click.argument("key")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object on stdout")
+def show_command(key: str, as_json: bool) -> None:
+    """One event (SOURCE:EVENT_ID): every arrival of its key, its completion, its dead letters."""
+    document = run_or_fail(_event(_settings(), key))
+    if as_json:
+        _echo_json(document)
+        return
+    click.echo(f"key: {document['key']}")
+    completion = document["completion"]
+    click.echo(f"completed: {completion['completed_at']} (attempt {completion['attempts']})" if completion
+               else "completed: no (or pruned)")
+    for dead_letter in document["dead_letters"]:
+        click.echo(f"dead letter {dead_letter['id']}: {dead_letter['status']}")
+    for arrival in document["arrivals"]:
+        click.echo(f"\narrival {arrival['received_at']}  {arrival['status']}  type {arrival['event_type'] or '-'}"
+                   f"  attempts {arrival['attempts']}" + (f"  last error: {arrival['last_error']}"
+                                                          if arrival["last_error"] else ""))
+        click.echo(f"headers:\n{_indented_json(arrival['headers'])}")
+        payload = arrival["payload"]
+        click.echo(f"payload:\n{_indented_json(payload)}" if payload is not None
+                   else f"body:\n  {arrival.get('body') or '(not yet archived)'}")
+
+
+class NoSuchEvent(WebhookIngestError):
+    pass
+
+
+async def _page(settings: Settings, where: EventFilter, after: Cursor | None, limit: int) -> dict:
+    async with database(settings) as connection:
+        store = ArchiveStore(connection)
+        rows = await store.search(where, after, limit)
+        return page(rows, await store.count(where) if after is None else None, limit)
+
+
+async def _event(settings: Settings, key: str) -> dict:
+    async with database(settings) as connection:
+        document = await ArchiveStore(connection).event(key)
+    if document is None:
+        raise NoSuchEvent(f"no archived event with key {key!r}")
+    return document
+
+
+def _table(rows: list[dict], now: datetime) -> str:
+    lines = [f"{'RECEIVED':<10} {'SOURCE':<12} {'STATUS':<10} {'TYPE':<20} {'ATTEMPTS':>8}  EVENT ID / LAST ERROR"]
+    for row in rows:
+        received = age(now - datetime.fromisoformat(row["received_at"]))
+        detail = row["event_id"] + (f"  {trimmed(row['last_error'], 60)}" if row["last_error"] else "")
+        lines.append(f"{received:<10} {trimmed(row['source'], 12):<12} {row['status']:<10} "
+                     f"{trimmed(row['event_type'] or '-', 20):<20} {row['attempts']:>8}  {detail}")
+    return "\n".join(lines)
