@@ -3,9 +3,10 @@ and latency, end to end, duplicates (concurrent copies, and late copies of
 completed events), recovery after a worker's kill -9, the broker blocked
 (tests/bench/broker_blocked.py), handlers that wait on the network
 (tests/bench/slow_handlers.py), the event archive's cost
-(tests/bench/archive_cost.py); a table, then one JSON line. Exit 1 on a
+(tests/bench/archive_cost.py), and OpenTelemetry tracing's
+(tests/bench/tracing_cost.py, alone only); a table, then one JSON line. Exit 1 on a
 lost or duplicated effect. `--phase broker-blocked`, `--phase slow` or
-`--phase archive` runs that phase alone; `--phase steady` every phase but the broker-blocked one
+`--phase archive` runs that phase alone (`--phase tracing` too); `--phase steady` every phase but the broker-blocked one
 (to compare candidate layouts)."""
 
 import argparse
@@ -24,6 +25,7 @@ from tests.bench import (
     raw_broker,
     raw_pipeline,
     slow_handlers,
+    tracing_cost,
 )
 from tests.bench.cpu import CpuMeter, cpu_seconds
 from tests.bench.peers import measure as peers
@@ -286,6 +288,7 @@ ROWS = [  # (key, label, format)
     *broker_blocked.ROWS,
     *slow_handlers.ROWS,
     *archive_cost.ROWS,
+    *tracing_cost.ROWS,
     ("lost", "lost events", "{:.0f}"),
     ("duplicated_effects", "duplicated effects", "{:.0f}"),
 ]
@@ -320,6 +323,12 @@ async def archive_phase_alone() -> int:
     return report(figures)
 
 
+async def tracing_phase_alone() -> int:
+    figures: dict[str, float] = {"nproc": os.cpu_count()}
+    await tracing_cost.measure(figures)
+    return report(figures)
+
+
 def report(figures: dict) -> int:
     print(f"\nwebhook-ingest bench — {figures['nproc']} cores, {INGRESS_PROCESSES} ingress processes, "
           f"{WORKERS} workers × concurrency {CONCURRENCY}\n")
@@ -342,13 +351,15 @@ if __name__ == "__main__":
     except ImportError:
         pass
     parser = argparse.ArgumentParser(prog="python -m tests.bench")
-    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow", "archive"], default="all",
-                        help="every phase (the default), every phase but the broker-blocked one, "
-                             "or the broker-blocked, slow-handler or archive-cost phases alone")
+    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow", "archive", "tracing"],
+                        default="all", help="every phase (the default), every phase but the broker-blocked one, "
+                        "or the broker-blocked, slow-handler, archive-cost or tracing-cost phases alone "
+                        "(tracing: only alone)")
     parser.add_argument("--peers", action="store_true",
                         help="also the Celery stack of tests/bench/peers, side by side (not in make test)")
     arguments = parser.parse_args()
     phase = arguments.phase
-    alone = {"broker-blocked": broker_blocked.main, "slow": slow_phases_alone, "archive": archive_phase_alone}
+    alone = {"broker-blocked": broker_blocked.main, "slow": slow_phases_alone, "archive": archive_phase_alone,
+             "tracing": tracing_phase_alone}
     sys.exit(asyncio.run(alone[phase]() if phase in alone
                          else main(with_outage=phase == "all", with_peers=arguments.peers)))

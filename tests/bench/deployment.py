@@ -102,14 +102,20 @@ class Deployment:
         for ingress in self.ingresses:
             await wait_for_output(ingress, "broker_connected")
 
-    async def start_workers(self) -> None:
+    async def start_workers(self, env: dict[str, str] | None = None) -> None:
         """The workers `run` starts, each with a metrics port to read its counts."""
         for argv in layout.worker_commands(WORKERS, CONCURRENCY, None).values():
             port = free_port()
-            worker = self.fleet._start([*argv, "--metrics-port", str(port)], None)
+            worker = self.fleet._start([*argv, "--metrics-port", str(port)], env)
             self.workers.append((worker, f"http://127.0.0.1:{port}"))
         for worker, _ in self.workers:
             await wait_for_output(worker, "worker_consuming")
+
+    async def stop_processes(self) -> None:
+        """SIGTERM to the ingress and the workers, and their exit waited for."""
+        for process in [*self.ingresses, *(worker for worker, _ in self.workers)]:
+            await asyncio.to_thread(process.terminate)
+        self.ingresses, self.workers = [], []
 
     def pids(self) -> dict[str, list[int]]:
         return {"ingress": [ingress.pid for ingress in self.ingresses],
