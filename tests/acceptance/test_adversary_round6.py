@@ -192,3 +192,73 @@ async def test_a_pause_reaches_a_worker_whose_move_back_waits_on_a_blocked_broke
     await wait_until(settled, 60, message="acme's event processed, other's parked or run")
     assert (await _inbox(settings.database_url), await queue_depth(settings.amqp_url, parked_other)) == (
         {"acme": 1}, 3)
+
+
+# -- the incident's row, in every dead letter's transaction --------------------------
+
+TWO_SOURCES_ONE_FAILING = """
+[sources.acme]
+scheme = "hmac-sha256"
+secrets = ["acme-secret"]
+handler = "tests.support.handlers:permanently_fails"
+
+[sources.other]
+scheme = "hmac-sha256"
+secrets = ["other-secret"]
+handler = "tests.support.adversary_round6_handlers:inbox_alone"
+"""
+
+
+async def _sessions_waiting_on_a_lock(connection) -> int:
+    return await connection.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                     " AND wait_event_type = 'Lock'")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding R6-5: every dead letter's transaction now updates its incident's one row (fee867c); while a "
+    "session holds that row (a partitioned worker's dead letter, ~25 s until keepalives end it), each "
+    "worker's dead letters wait on it holding the statement pool's 4 connections, and another source's "
+    "event waits for a connection until a dead letter's 10 s limit runs out"))
+async def test_another_sources_event_is_not_held_up_while_an_incidents_row_is_locked(settings, fleet, tmp_path):
+    """A worker partitioned from Postgres after its dead letter's upsert of
+    the incident row keeps that row locked server-side until TCP keepalives
+    end its session (about 25 s: docs/design.md, "Exclusion"); here the
+    test's own transaction holds it. Before fee867c a dead letter's
+    transaction wrote only its own new row, and nothing of one source's
+    failures stood in another source's way. Now each dead letter of that
+    incident waits on the row with a statement-pool connection (4 per
+    worker), and an event of a healthy source — its lease, its completion
+    check — waits for one of them (9.97 s here, until the dead letters'
+    10 s limit ran out; then they take the connections again). Its handler
+    runs alone, as `forward` does: a batch takes its leases on a
+    transaction's connection instead."""
+    path = tmp_path / "sources.toml"
+    path.write_text(TWO_SOURCES_ONE_FAILING)
+    worker = fleet.worker(env={"WEBHOOK_INGEST_SOURCES": str(path)})
+    await wait_for_output(worker, "worker_consuming")
+    await publish_events(settings.amqp_url, settings.namespace, [make_event("acme", "evt_first")])
+    await wait_until(lambda: count_rows(settings.database_url, "incidents", "dead_letters = 1"), 30,
+                     message="the incident, with its first dead letter")
+
+    holder = await asyncpg.connect(settings.database_url)
+    try:
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute("SELECT id FROM incidents FOR UPDATE")
+        await publish_events(settings.amqp_url, settings.namespace,
+                             [make_event("acme", f"evt_failing_{n}") for n in range(6)])
+        watcher = await asyncpg.connect(settings.database_url)
+        try:
+            async def pool_held() -> bool:
+                return await _sessions_waiting_on_a_lock(watcher) >= 4
+            await wait_until(pool_held, 30, message="the worker's 4 statement connections waiting on the row")
+        finally:
+            await watcher.close()
+        await publish_events(settings.amqp_url, settings.namespace, [make_event("other", "evt_healthy")])
+        await wait_until(lambda: count_rows(settings.database_url, "processed_events", "source = 'other'"), 60,
+                         message="the other source's event completed")
+        waited_out = "dead_letter_waiting_for_postgres" in worker.output()
+        await transaction.rollback()
+    finally:
+        await holder.close()
+    assert not waited_out, "the other source's event completed only once a dead letter's 10 s limit ran out"

@@ -11,6 +11,7 @@ import time
 import asyncpg
 
 from webhook_ingest.workers.handlers import PermanentError
+from webhook_ingest.workers.handlers.inbox import handle as inbox
 
 # What a receiver's answer can hold once decoded: a NUL (a binary body), or a
 # lone surrogate (bytes read with errors="surrogateescape", as os and
@@ -37,3 +38,8 @@ async def refused_quoting_a_nul(event, ctx):
 async def refused_quoting_a_lone_surrogate(event, ctx):
     await _record_run(event, ctx)
     raise PermanentError(f"the CRM refused it: {SURROGATE_ANSWER}")
+
+
+async def inbox_alone(event, ctx):
+    """`inbox`, not batchable: it runs alone, as `forward` and most handlers do."""
+    await inbox(event, ctx)
