@@ -51,10 +51,12 @@ async def record_failure(connection: asyncpg.Connection, failure: Failure, timeo
     error_type, message = storable(failure.error_type), storable(failure.message)
     fingerprint = Fingerprint.of(error_type, message)
     async with connection.transaction():  # a savepoint inside the caller's
+        new_dead_letter = failure.dead_letter_id is not None and not await connection.fetchval(
+            SQL["dead_letter_counted"], failure.dead_letter_id, failure.source, failure.handler, fingerprint.digest,
+            timeout=timeout)
         row = await connection.fetchrow(
             SQL["count_failure_in_incident"], failure.source, failure.handler, fingerprint.digest,
-            error_type, fingerprint.pattern, message[:LAST_ERROR_CHARS],
-            int(failure.dead_letter_id is not None), timeout=timeout)
+            error_type, fingerprint.pattern, message[:LAST_ERROR_CHARS], int(new_dead_letter), timeout=timeout)
         await connection.execute(SQL["count_incident_event"], row["id"], failure.key, failure.event_id,
                                  failure.attempt, failure.dead_letter_id, timeout=timeout)
         if row["change"] is not None:

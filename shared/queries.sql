@@ -353,6 +353,14 @@ ON CONFLICT (source, handler, fingerprint) DO UPDATE SET
     resolved_at = NULL
 RETURNING id, CASE WHEN opened_at = now() THEN 'open' END AS change
 
+-- name: dead_letter_counted
+-- Whether dead letter $1 is counted already in the incident of source $2,
+-- handler $3 and fingerprint $4: an event's open dead letter recorded again
+-- (a copy of an unknown-source event, an attempt run again) is one dead
+-- letter, counted once.
+SELECT EXISTS (SELECT FROM incident_events e JOIN incidents i ON i.id = e.incident_id
+               WHERE e.dead_letter_id = $1 AND (i.source, i.handler, i.fingerprint) = ($2, $3, $4))
+
 -- name: count_incident_event
 INSERT INTO incident_events (incident_id, key, event_id, last_attempt, dead_letter_id)
 VALUES ($1, $2, $3, $4, $5)

@@ -54,21 +54,18 @@ async def test_a_count_postgres_refuses_does_not_refuse_the_dead_letter(pool):
     assert await _rows(pool, "SELECT id FROM incidents") == []  # the count rolled back to its savepoint, alone
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding R6-4: insert_dead_letter answers the id of an event's open dead letter when one exists, and "
-    "dead_letter counts it in its incident again: two copies of an unknown-source event (each dead-lettered "
-    "after its own 10 minutes) make one dead letter and an incident saying 2"))
 async def test_an_open_dead_letter_recorded_again_is_not_counted_again_in_its_incident(pool):
     """Copies of an event a worker does not know the source of wait apart
     (`unknown_source_waiting`), and each becomes a dead letter after 10
-    minutes: the second finds the first open and records nothing — but the
-    incident counts a second dead letter, which "replay its open dead
-    letters" then does not find. The same for an attempt run again (B4, B6)
-    whose last attempt fails again."""
+    minutes: the second finds the first open and records nothing — and
+    the incident counted a second dead letter (finding R6-4), which
+    "replay its open dead letters" then did not find. The same for an
+    attempt run again (B4, B6) whose last attempt fails again. The second
+    failure still counts as a failure."""
     policy = FailurePolicy(None, pool, "unused")
     event = make_event("acme", "evt_copied")
     error = {"attempt": 1, "at": "2026-11-25T00:00:00+00:00", "type": "UnknownSource",
              "message": "no worker knew source 'acme' for 600 s"}
     ids = {await policy.dead_letter(event, error), await policy.dead_letter(event, error)}
     assert len(ids) == 1
-    assert await _rows(pool, "SELECT dead_letters FROM incidents") == [{"dead_letters": 1}]
+    assert await _rows(pool, "SELECT failures, dead_letters FROM incidents") == [{"failures": 2, "dead_letters": 1}]
