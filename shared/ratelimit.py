@@ -49,6 +49,7 @@ RETRY_REDIS_AFTER = 1.0
 TIMEOUT_SECONDS = 0.25
 CONNECT_TIMEOUT_SECONDS = 0.5
 _MAX_LOCAL_KEYS = 10_000
+_SWEEP_SECONDS = 60.0
 _ROUNDING = 1e-9  # float error in `burst * interval`, not a wait
 
 MAX_BATCH = 256
@@ -81,6 +82,8 @@ class LocalBuckets:
 
     def __init__(self) -> None:
         self._next_free: dict[str, float] = {}
+        self._sweep_past = _MAX_LOCAL_KEYS
+        self._swept_at = 0.0
 
     def retry_after(self, key: str, per_second: float, burst: int, now: float | None = None) -> float:
         """0.0 when a request is allowed (and counted), else seconds to wait."""
@@ -89,9 +92,19 @@ class LocalBuckets:
         if wait:
             return wait
         self._next_free[key] = max(self._next_free.get(key, now), now) + 1.0 / per_second
-        if len(self._next_free) > _MAX_LOCAL_KEYS:
+        if self._sweep_due(now):
             self._forget_full_buckets(now)
+            self._swept_at = now
+            self._sweep_past = max(_MAX_LOCAL_KEYS, 2 * len(self._next_free))
         return 0.0
+
+    def _sweep_due(self, now: float) -> bool:
+        # Once the keys left by the last sweep have doubled, so each sweep pays for
+        # itself (with more than _MAX_LOCAL_KEYS buckets not full, a sweep per request
+        # looked at every one of them); or a minute after it, past _MAX_LOCAL_KEYS,
+        # so a flood's keys are let go soon after it.
+        keys = len(self._next_free)
+        return keys > self._sweep_past or (keys > _MAX_LOCAL_KEYS and now - self._swept_at >= _SWEEP_SECONDS)
 
     def wait(self, key: str, per_second: float, burst: int, now: float | None = None) -> float:
         """What `retry_after` would answer now, counting nothing."""

@@ -19,7 +19,6 @@ class CountingBuckets(LocalBuckets):
         super()._forget_full_buckets(now)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 round 2: past 10,000 live keys every request sweeps them all")
 @pytest.mark.parametrize("per_second", [1.0, 6 / 60])  # the failure budget's, the sign-in throttle's
 def test_a_request_costs_the_same_however_many_clients_are_live(per_second):
     """Past 10,000 keys whose bucket is not full (many addresses failing at
@@ -31,3 +30,11 @@ def test_a_request_costs_the_same_however_many_clients_are_live(per_second):
     for n in range(clients):
         assert buckets.retry_after(f"client-{n}", per_second, burst=5, now=n / 1_000_000) == 0.0
     assert buckets.scanned <= 3 * clients
+
+
+def test_a_floods_keys_are_let_go_once_their_buckets_are_full_again():
+    buckets, clients = LocalBuckets(), 30_000
+    for n in range(clients):
+        buckets.retry_after(f"flooder-{n}", 1.0, burst=20, now=0.0)
+    assert buckets.retry_after("provider", 1.0, burst=20, now=61.0) == 0.0  # a minute on, every flooder's is full
+    assert len(buckets._next_free) == 1
