@@ -11,9 +11,11 @@ import json
 import logging
 import re
 import zlib
+from collections import Counter
 from urllib.parse import urlencode
 
 import pytest
+import structlog.testing
 
 from webhook_ingest.ingress.console.security import COOKIE_NAME
 from webhook_ingest.ingress.failure_budget import FAILURES_BURST
@@ -36,6 +38,8 @@ def sources(tmp_path):
     path.write_text(
         f'[sources.open]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
         f'max_body_bytes = 65536\n'
+        f'[sources.office]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
+        'allowed_ips = ["10.1.2.0/24"]\n'
         f'[sources.twilio]\nscheme = "twilio"\nsecrets = ["{PROVIDERS["twilio"].source_secret}"]\n'
         f'handler = "inbox"\npublic_url = "{TWILIO_URL}"\n'
     )
@@ -265,3 +269,23 @@ async def test_a_malformed_request_is_a_400_and_no_error_in_the_log(settings, so
         statuses = [(await exchange(client.port, request))[0] for request in malformed]
     assert statuses == [400, 400, 400]
     assert aiohttp_errors(caplog) == []
+
+
+@pytest.mark.xfail(strict=True, reason="issue 21 round 2: every refused request of a client is a log line")
+async def test_a_client_refused_again_and_again_is_logged_once_a_minute(settings, sources, monkeypatch):
+    """A client over its failure budget, or outside a source's allowlist, was
+    logged on every refused request: no budget bounds those (the 429 and the
+    403 are answered before anything is spent), so one client wrote a log
+    line per few bytes sent, for ever. The counters count every one."""
+    allowlisted = settings_with(monkeypatch)
+    async with running_ingress(allowlisted, sources) as client:
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(FAILURES_BURST + 30):
+                await client.post("/webhooks/open", data=b"{}")
+            for _ in range(30):
+                await client.post("/webhooks/office", data=b"{}")
+        metrics = await (await client.get("/metrics")).text()
+    events = Counter(line["event"] for line in logs)
+    assert events["too_many_failures"] == 1 and events["forbidden_source_ip"] == 1
+    assert 'webhook_ingress_requests_total{source="open",status="429"} 30.0' in metrics
+    assert 'webhook_ingress_requests_total{source="office",status="403"} 30.0' in metrics
