@@ -468,3 +468,10 @@ INSERT INTO source_pauses (source, paused_by) VALUES ($1, $2) ON CONFLICT (sourc
 -- name: resume_source
 -- $2, who resumed it, is in the audit log only.
 DELETE FROM source_pauses WHERE source = $1 AND $2::text IS NOT NULL RETURNING source
+
+-- name: incident_lock_timeout
+-- For the rest of the transaction (a savepoint's rollback undoes it): an
+-- incident's row held elsewhere — a partitioned worker's transaction, ~25 s
+-- until keepalives end it — costs a failure's count, never the dead letter's
+-- commit nor a statement connection for long (adversary round 6, R6-5).
+SELECT set_config('lock_timeout', $1, true)

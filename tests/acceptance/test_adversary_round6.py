@@ -214,11 +214,6 @@ async def _sessions_waiting_on_a_lock(connection) -> int:
                                      " AND wait_event_type = 'Lock'")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding R6-5: every dead letter's transaction now updates its incident's one row (fee867c); while a "
-    "session holds that row (a partitioned worker's dead letter, ~25 s until keepalives end it), each "
-    "worker's dead letters wait on it holding the statement pool's 4 connections, and another source's "
-    "event waits for a connection until a dead letter's 10 s limit runs out"))
 async def test_another_sources_event_is_not_held_up_while_an_incidents_row_is_locked(settings, fleet, tmp_path):
     """A worker partitioned from Postgres after its dead letter's upsert of
     the incident row keeps that row locked server-side until TCP keepalives
