@@ -22,18 +22,18 @@ from aiohttp import web
 
 from webhook_ingest.shared.ratelimit import LocalBuckets
 from webhook_ingest.ingress.client_address import client_key
+from webhook_ingest.ingress.refusals import RefusalLog
 from webhook_ingest.ingress.responses import Rejected, error
-from webhook_ingest.shared.logging import get_logger
-
-log = get_logger(__name__)
 
 FAILURES_BURST = 20
 FAILURES_PER_SECOND = 1.0
 
 
 class FailureBudget:
-    def __init__(self, burst: int = FAILURES_BURST, per_second: float = FAILURES_PER_SECOND):
+    def __init__(self, burst: int = FAILURES_BURST, per_second: float = FAILURES_PER_SECOND,
+                 refusals: RefusalLog | None = None):
         self._buckets = LocalBuckets()
+        self._refusals = refusals or RefusalLog()
         self._burst = burst
         self._per_second = per_second
 
@@ -41,7 +41,7 @@ class FailureBudget:
         """429 `too_many_failures` + `Retry-After` when `client` has no failure left."""
         wait = self._buckets.wait(client_key(client), self._per_second, self._burst)
         if wait > 0:
-            log.info("too_many_failures", client=client)
+            self._refusals.info("too_many_failures", client)
             raise Rejected(error(429, "too_many_failures", {"Retry-After": str(max(1, math.ceil(wait)))}))
 
     def charge(self, client: str | None) -> None:

@@ -23,6 +23,7 @@ from webhook_ingest.ingress.failure_budget import FailureBudget, failure_budget_
 from webhook_ingest.ingress.client_address import is_within, parse_address, setup_client_address
 from webhook_ingest.ingress.content_encoding import UndecodableBody, decoder_for
 from webhook_ingest.ingress.ratelimit import SignInThrottle
+from webhook_ingest.ingress.refusals import RefusalLog, refusal_log_key
 from webhook_ingest.ingress.slots import Slots, slots_key
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.shared import metrics, ratelimit
@@ -49,8 +50,9 @@ def setup_limits(app: web.Application, settings: Settings) -> None:
     """The client-address middleware (so everything after sees it), the
     slots, the failure budget, the rate limiter and its Redis client."""
     setup_client_address(app, settings.trusted_proxies, settings.client_address_header)
-    app[slots_key] = Slots(settings.max_concurrent_requests, settings.max_bodies_per_client)
-    app[failure_budget_key] = FailureBudget()
+    refusals = app[refusal_log_key] = RefusalLog()
+    app[slots_key] = Slots(settings.max_concurrent_requests, settings.max_bodies_per_client, refusals)
+    app[failure_budget_key] = FailureBudget(refusals=refusals)
     app.cleanup_ctx.append(_rate_limiter_ctx)
     app.on_startup.append(_raise_open_files_limit)
 
@@ -58,7 +60,7 @@ def setup_limits(app: web.Application, settings: Settings) -> None:
 def check_client_address(request: web.Request, source: Source) -> None:
     """403 `forbidden_source_ip` when the client is outside `allowed_ips`."""
     if source.allowed_ips and not is_within(parse_address(request.remote), source.allowed_ips):
-        log.info("forbidden_source_ip", source=source.name, client=request.remote)
+        request.app[refusal_log_key].info("forbidden_source_ip", request.remote, source=source.name)
         raise Rejected(error(403, "forbidden_source_ip"))
 
 

@@ -18,16 +18,15 @@ from collections.abc import Iterator
 from aiohttp import web
 
 from webhook_ingest.ingress.client_address import client_key
+from webhook_ingest.ingress.refusals import RefusalLog
 from webhook_ingest.ingress.responses import Rejected, error
-from webhook_ingest.shared.logging import get_logger
-
-log = get_logger(__name__)
 
 
 class Slots:
-    def __init__(self, limit: int, bodies_per_client: int):
+    def __init__(self, limit: int, bodies_per_client: int, refusals: RefusalLog | None = None):
         self._limit = limit
         self._bodies_per_client = bodies_per_client
+        self._refusals = refusals or RefusalLog()
         self._in_flight = 0
         self._bodies_arriving: dict[str, int] = {}
 
@@ -47,7 +46,7 @@ class Slots:
 
     def _refuse_if_full(self, client: str) -> None:
         if self._bodies_arriving.get(client, 0) >= self._bodies_per_client:
-            log.info("too_many_bodies_arriving", client=client)
+            self._refusals.info("too_many_bodies_arriving", client)
             raise Rejected(error(429, "too_many_open_requests", {"Retry-After": "1"}))
         if self._in_flight >= self._limit:
             raise Rejected(error(503, "unavailable", {"Retry-After": "1"}))
