@@ -21,7 +21,9 @@ WORKDIR /src
 
 # Dependencies first, from pyproject.toml alone, so a code change reuses this layer.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+# With the `otel` extra: tracing is then a matter of OTEL_* variables (docs/operations.md, "Tracing").
+RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(project['dependencies'] + project['optional-dependencies']['otel']))" \
         > requirements.txt \
     && pip wheel --wheel-dir /wheels -r requirements.txt
 
@@ -47,7 +49,7 @@ RUN groupadd --system --gid 10001 webhooks \
 
 # The wheels are bind-mounted for this one step, so they are not a layer of the image.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels webhook-ingest
+    pip install --no-index --find-links=/wheels 'webhook-ingest[otel]'
 
 USER 10001:10001
 WORKDIR /tmp

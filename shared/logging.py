@@ -2,7 +2,9 @@
 
 JSON lines (rendered by orjson) when stdout is not a terminal, a readable
 console renderer on one. Context (`source`, `key`, `attempt`) is bound per
-request and per message with contextvars, since one task serves many.
+request and per message with contextvars, since one task serves many; with
+tracing on, a line made inside a trace carries its `trace_id` and `span_id`
+(shared/tracing.py; off, that step returns at once).
 Libraries' own warnings (stdlib `logging`: asyncpg, aio-pika, aiohttp) are
 rendered the same way, so a JSON log stays one object per line — a
 traceback goes into its `exception` field instead of across forty lines.
@@ -14,6 +16,8 @@ import sys
 import orjson
 import structlog
 
+from webhook_ingest.shared import tracing
+
 from webhook_ingest.shared.storable_text import cleaned, storable
 
 
@@ -22,6 +26,7 @@ def configure_logging(log_format: str | None = None, level: int = logging.INFO) 
         log_format = "console" if sys.stderr.isatty() else "json"
     shared_processors = [
         structlog.contextvars.merge_contextvars,
+        tracing.add_trace_ids,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]

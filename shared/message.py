@@ -12,6 +12,9 @@ Two encodings are chosen for the wire, not for Python:
 - every publish carries its own AMQP `message_id`: the client matches a
   broker's return (unroutable) to its publish by that id, so two copies of
   one key published at once must not share it.
+- a traced event's W3C `traceparent` and `tracestate` travel as headers of
+  those names, the names OpenTelemetry's instrumentations use
+  (shared/tracing.py).
 """
 
 import uuid
@@ -73,13 +76,18 @@ class EventMessage:
     # the ingress's event): a newer chain's attempt 1 is not a copy of an
     # older chain's attempt already run (workers/attempts.py).
     replay_of: int = 0
+    # The W3C trace context of the span that published it (`traceparent`,
+    # `tracestate`), empty when untraced: its steps continue that trace.
+    trace_context: dict[str, str] = field(default_factory=dict)
 
     def next_attempt(self, error: dict) -> "EventMessage":
         return replace(self, attempt=self.attempt + 1, errors=(*self.errors, error))
 
     def fresh(self, replay_of: int = 0) -> "EventMessage":
-        """The same event with a new attempt budget (replay `replay_of` of its dead letter)."""
-        return replace(self, attempt=1, errors=(), deliveries=0, unknown_source_since_ms=0, replay_of=replay_of)
+        """The same event with a new attempt budget (replay `replay_of` of its
+        dead letter), and no trace yet: a replay starts its own (shared/tracing.py)."""
+        return replace(self, attempt=1, errors=(), deliveries=0, unknown_source_since_ms=0, replay_of=replay_of,
+                       trace_context={})
 
 
 def provider_headers(request_headers, also_dropped: frozenset[str] = frozenset()) -> dict[str, str]:
@@ -143,6 +151,7 @@ def to_amqp(event: EventMessage) -> aio_pika.Message:
             "x-deliveries": event.deliveries,
             **({"x-unknown-source-since-ms": event.unknown_source_since_ms} if event.unknown_source_since_ms else {}),
             **({"x-replay-of": event.replay_of} if event.replay_of else {}),
+            **event.trace_context,
         },
     )
 
@@ -163,7 +172,17 @@ def from_amqp(body: bytes, headers: dict) -> EventMessage:
         deliveries=int(headers.get("x-deliveries") or 0) + int(headers.get("x-delivery-count") or 0),
         unknown_source_since_ms=int(headers.get("x-unknown-source-since-ms") or 0),
         replay_of=int(headers.get("x-replay-of") or 0),
+        trace_context=_trace_context(headers),
     )
+
+
+_TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def _trace_context(headers: dict) -> dict[str, str]:
+    if "traceparent" not in headers:
+        return {}  # untraced: the common case, no loop
+    return {name: _text(headers[name]) for name in _TRACE_HEADERS if name in headers}
 
 
 def errors_header(errors: tuple[dict, ...]) -> str:
