@@ -18,6 +18,7 @@ from webhook_ingest.ingress.publisher import Publisher
 from webhook_ingest.ingress.redis_client import done_markers_ctx, redis_ctx
 from webhook_ingest.ingress.relay import relay_ctx
 from webhook_ingest.ingress.server_log import drop_client_protocol_errors
+from webhook_ingest.shared import tracing
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
@@ -27,7 +28,8 @@ log = get_logger(__name__)
 
 def create_app(settings: Settings, sources: dict[str, Source], connection_name: str = "ingress") -> web.Application:
     app = web.Application(
-        client_max_size=max(s.max_body_bytes for s in sources.values()) + 1, handler_args=handler_args(settings)
+        client_max_size=max(s.max_body_bytes for s in sources.values()) + 1, handler_args=handler_args(settings),
+        middlewares=tracing.server_middlewares(),  # a request's span, when tracing is on
     )
     drop_client_protocol_errors()
     app[settings_key] = settings

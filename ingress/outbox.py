@@ -17,6 +17,7 @@ import asyncio
 import asyncpg
 from pamqp import decode, encode
 
+from webhook_ingest.shared import tracing
 from webhook_ingest.shared.group_commit import GroupCommit
 from webhook_ingest.shared.errors import ServiceUnavailable, describe
 from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp
@@ -43,11 +44,14 @@ class Outbox:
 
     async def store(self, event: EventMessage) -> None:
         """Returns once a committed insert holds the event; raises
-        OutboxUnavailable when it did not commit."""
-        try:
-            await self._inserts.submit(outbox_row(event))
-        except POSTGRES_ERRORS as exc:
-            raise OutboxUnavailable(describe(exc)) from exc
+        OutboxUnavailable when it did not commit. A traced event's row
+        carries this step's span as its message's parent: the relay's
+        publish continues the request's trace."""
+        with tracing.span("outbox store", event, failed_by_errors=True):
+            try:
+                await self._inserts.submit(outbox_row(tracing.carried(event)))
+            except POSTGRES_ERRORS as exc:
+                raise OutboxUnavailable(describe(exc)) from exc
         self.stored.set()
 
     async def _insert(self, rows: list[Row]) -> None:

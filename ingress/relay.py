@@ -29,7 +29,7 @@ from aiohttp import web
 from webhook_ingest.ingress.appkeys import database_pool_key, outbox_key, publisher_key
 from webhook_ingest.ingress.outbox import QUERIES, TIMEOUT_SECONDS, Outbox, decode_message
 from webhook_ingest.ingress.publisher import BrokerUnavailable, Publisher
-from webhook_ingest.shared import metrics
+from webhook_ingest.shared import metrics, tracing
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
@@ -143,7 +143,8 @@ class Relay:
         except (KeyError, ValueError, TypeError) as exc:  # not ours to drop: stays for an operator
             log.error("outbox_row_unreadable", outbox_id=row["id"], error=describe(exc))
             return False
-        await self._publisher.publish(event)
+        with tracing.continued(event):  # its publish's span: a child of the request's, in the row
+            await self._publisher.publish(event)
         return True
 
 

@@ -23,7 +23,7 @@ from webhook_ingest.ingress.publisher import GivenUp, Publisher
 from webhook_ingest.ingress.slots import Slot, slots_key
 from webhook_ingest.shared.errors import BrokerUnavailable
 from webhook_ingest.ingress.responses import Rejected, error, json_response
-from webhook_ingest.shared import event_id, metrics, payloads, storable_json
+from webhook_ingest.shared import event_id, metrics, payloads, storable_json, tracing
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import MAX_EVENT_ID_BYTES, EventMessage, headers_fit, provider_headers, utf8_text
 from webhook_ingest.shared.payloads import Form
@@ -62,6 +62,7 @@ async def _accept(request: web.Request, source: Source | None) -> web.Response:
 async def _queued(request: web.Request, source: Source, body: bytes, form: Form | None) -> web.Response:
     payload = form if form is not None else _parse_payload(request, body)
     event = _build_event(source, request, body, payload)
+    tracing.describe(event)  # the request's span, found by the event's key
     if rule := source.ignore.matching(event.headers, payload):
         return _ignored(request, source, event, payload, rule)
     if await request.app[done_markers_key].completed_with(event.key, event.payload_sha256):

@@ -18,7 +18,7 @@ import asyncpg
 import orjson
 from aio_pika.abc import AbstractChannel
 
-from webhook_ingest.shared import archive_store, metrics, topology
+from webhook_ingest.shared import archive_store, metrics, topology, tracing
 from webhook_ingest.shared.bulk_actions import BulkAction
 from webhook_ingest.shared.dead_letters import (
     SQL,
@@ -275,8 +275,11 @@ async def _mark_replayed(connection, row, actor: Actor, bulk_action_id: int | No
 
 
 async def _publish(channel: AbstractChannel, namespace: str, row, replay_id: int) -> None:
-    await topology.publish(channel, to_amqp(rebuilt_event(row, replay_id)), topology.events_queue(namespace),
-                           timeout=REPLAY_PUBLISH_TIMEOUT)
+    """The replayed event, in a trace of its own linked to its last attempt's
+    (docs/design.md, "Traces"): its publish's span is that trace's first child."""
+    with tracing.replaying(row, replay_id):
+        await topology.publish(channel, to_amqp(rebuilt_event(row, replay_id)), topology.events_queue(namespace),
+                               timeout=REPLAY_PUBLISH_TIMEOUT)
 
 
 async def _lock_open(connection, dead_letter_id: int):

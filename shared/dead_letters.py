@@ -269,8 +269,9 @@ def describe_error(error: dict | None) -> str | None:
 
 def _error_entry(error: dict) -> dict:
     entry = {name: error.get(name) for name in ("attempt", "at", "type", "message")}
-    if error.get("traceback"):
-        entry["traceback"] = error["traceback"]
+    for optional in ("traceback", "trace_id"):  # trace_id: the attempt's OpenTelemetry trace, when it ran in one
+        if error.get(optional):
+            entry[optional] = error[optional]
     return entry
 
 

@@ -50,9 +50,11 @@ WHERE id = $1
 -- The rows a replay publishes: the given ids (whatever their status: an
 -- explicit id is the operator's decision), or with $2 every open one,
 -- optionally of one source ($3). Oldest first, the order they failed in.
--- `version` is what claim_for_replay checks: the row as this replay read it.
+-- `version` is what claim_for_replay checks: the row as this replay read it;
+-- the last attempt's trace, what the replay's own trace links to.
 SELECT id, key, source, event_id, payload_sha256, body, headers, received_at,
-       errors -> -1 ->> 'type' AS last_error_type, xmin AS version
+       errors -> -1 ->> 'type' AS last_error_type, xmin AS version,
+       errors -> -1 ->> 'trace_id' AS last_trace_id, errors -> -1 ->> 'span_id' AS last_span_id
 FROM dead_letters
 WHERE (id = ANY($1::bigint[]) OR ($2 AND status = 'dead' AND ($3::text IS NULL OR source = $3)))
 ORDER BY id
@@ -107,7 +109,8 @@ SELECT array(SELECT DISTINCT source FROM dead_letters ORDER BY 1) AS sources,
 -- commits, so a second click (or another on-call person) waits, then sees
 -- the new status instead of acting twice.
 SELECT id, key, source, event_id, payload_sha256, body, headers, received_at, status,
-       errors -> -1 ->> 'type' AS last_error_type, xmin AS version
+       errors -> -1 ->> 'type' AS last_error_type, xmin AS version,
+       errors -> -1 ->> 'trace_id' AS last_trace_id, errors -> -1 ->> 'span_id' AS last_span_id
 FROM dead_letters
 WHERE id = $1
 FOR UPDATE

@@ -12,7 +12,7 @@ from webhook_ingest.shared.logging import configure_logging, get_logger
 from webhook_ingest.shared.settings import Settings, load_settings
 from webhook_ingest.shared.sources import Source, load_sources
 from webhook_ingest import layout, ports
-from webhook_ingest.console import ENV_HELP, fail
+from webhook_ingest.console import ENV_HELP, fail, traced
 
 log = get_logger("webhook_ingest")
 SEND_TEST_URL = "http://127.0.0.1:8080"  # send-test's default: `run`'s defaults
@@ -131,6 +131,7 @@ def ingress(host: str, port: int, reuse_port: bool, processes: str) -> None:
         listening = ports.listening_sockets(host, port, reuse_port)
     except ports.PortUnavailable as exc:
         fail(str(exc))
+    traced("ingress")  # before the app: its request middleware
     install_uvloop()
     log.info("ingress_starting", host=host, port=port, sources=sorted(sources), **settings.masked())
     web.run_app(stopping_once(create_app(settings, sources)), sock=listening, handle_signals=False,
@@ -184,6 +185,7 @@ def worker(concurrency: int, metrics_port: int | None, grace_seconds: float) -> 
     """Run one worker process (start as many as you like, anywhere)."""
     settings, sources = configured()
     _validate_handlers(sources)
+    traced("worker")
     install_uvloop()
     log.info("worker_starting", concurrency=concurrency, sources=sorted(sources), **settings.masked())
     asyncio.run(_run_worker(settings, sources, concurrency, metrics_port, grace_seconds))

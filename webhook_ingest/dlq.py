@@ -34,7 +34,7 @@ from webhook_ingest.shared.logging import configure_logging
 from webhook_ingest.shared.service_errors import BROKER_ERRORS, POSTGRES_ERRORS
 from webhook_ingest.shared.settings import Settings, load_settings
 from webhook_ingest.workers.completions import CompletionStore
-from webhook_ingest.console import ENV_HELP, fail, run_or_fail
+from webhook_ingest.console import ENV_HELP, fail, run_or_fail, traced
 
 CONNECT_TIMEOUT = 10.0
 _DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -95,7 +95,9 @@ def replay_command(dead_letter_ids: tuple[str, ...], all_: bool, source: str | N
     if source and not all_:
         fail("--source goes with --all")
     ids = parse_ids(dead_letter_ids)
-    done = run_or_fail(_replay(_settings(), ids, all_, source))
+    settings = _settings()
+    traced("cli")  # each replay a trace of its own
+    done = run_or_fail(_replay(settings, ids, all_, source))
     click.echo(f"replayed {len(done.replayed)}: {', '.join(map(str, done.replayed))}" if done.replayed
                else "replayed 0")
     if done.skipped:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from webhook_ingest.console import ENV_HELP, fail, run_or_fail
+from webhook_ingest.console import ENV_HELP, fail, run_or_fail, traced
 from webhook_ingest.dlq import _echo_json, _settings, age, confirm_channel, database, trimmed
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import Actor, Replayed, parse_id
@@ -86,7 +86,9 @@ def resolve_command(incident_id: str) -> None:
 @click.argument("incident_id", metavar="ID")
 def replay_command(incident_id: str) -> None:
     """Replay the incident's open dead letters (as `dlq replay` does each)."""
-    done: Replayed = run_or_fail(_replay(_settings(), _parse(incident_id)))
+    settings = _settings()
+    traced("cli")  # each replay a trace of its own
+    done: Replayed = run_or_fail(_replay(settings, _parse(incident_id)))
     click.echo(f"replayed {len(done.replayed)}" + (f", skipped {len(done.skipped)} changed meanwhile"
                                                     if done.skipped else ""))
 

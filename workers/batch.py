@@ -23,9 +23,11 @@ mode) go through `Processor` alone from the start.
 """
 
 import asyncio
+import contextlib
 
 import asyncpg
 
+from webhook_ingest.shared import tracing
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.workers.attempts import already_handed_on
 from webhook_ingest.workers.completions import CompletionStore
@@ -56,11 +58,13 @@ class BatchProcessor:
                     and messages[i].payload_sha256 == messages[leader].payload_sha256:
                 outcomes[i] = Outcome.DUPLICATE  # the same event, completed a moment ago
         rest = [i for i in copies if i not in outcomes]  # conflicts, or a leader that failed
-        outcomes.update(zip(rest, await _all(*(self._processor.process(messages[i]) for i in rest))))
+        outcomes.update(zip(rest, await _all(*(tracing.within(messages[i], self._processor.process(messages[i]))
+                                               for i in rest))))
         return [outcomes[i] for i in range(len(messages))]
 
     async def _process_distinct(self, messages: list[EventMessage]) -> list[Outcome]:
-        claims = await self._store.claim_many([message.key for message in messages])
+        with tracing.spans("claim", messages):
+            claims = await self._store.claim_many([message.key for message in messages])
         acquired = {i: claim.lock for i, claim in enumerate(claims)
                     if claim.state is ClaimState.ACQUIRED and claim.lock is not None}  # an acquired claim holds its lock
         # kept alive from the claim on: a wait for a pooled connection must not eat them
@@ -71,7 +75,7 @@ class BatchProcessor:
             async with kept_alive(list(keepers.values())):
                 batched, *one_by_one = await _all(
                     self._run_acquired(messages, acquired, keepers),
-                    *(self._processor.process_claimed(messages[i], claims[i]) for i in alone),
+                    *(tracing.within(messages[i], self._processor.process_claimed(messages[i], claims[i])) for i in alone),
                 )
         except BaseException:
             await quietly(asyncio.gather(*(self._store.release(lock) for lock in acquired.values())))
@@ -89,8 +93,9 @@ class BatchProcessor:
         passed = None
         try:
             async with self._completions.session() as connection:
-                leases = await self._completions.take_leases(connection, _keys(messages, order),
-                                                             self._store.redlock.ttl_ms)
+                with tracing.spans("lease", [messages[i] for i in order]):
+                    leases = await self._completions.take_leases(connection, _keys(messages, order),
+                                                                 self._store.redlock.ttl_ms)
                 handed_on = [i for i in order if messages[i].key in leases
                              and already_handed_on(messages[i], leases[messages[i].key].handed_on)]
                 leased = [i for i in order if messages[i].key in leases and i not in handed_on]
@@ -102,7 +107,8 @@ class BatchProcessor:
             completed_now = set() if passed is None else {messages[i].key for i in passed[0]}
             await self._completions.release_leases([lease for key, lease in leases.items() if key not in completed_now])
         if passed is None:  # rolled back, or nothing leased: each on its own, still under its lock
-            settled = await _all(*(self._processor.run_locked(messages[i], locks[i], lock_keepers[i]) for i in order))
+            settled = await _all(*(tracing.within(messages[i], self._processor.run_locked(messages[i], locks[i], lock_keepers[i]))
+                                   for i in order))
             return dict(zip(order, settled))
         fresh, completed, busy = passed
         busy += [i for i in order if messages[i].key not in leases]
@@ -113,8 +119,9 @@ class BatchProcessor:
         await quietly(asyncio.gather(*(self._store.release(locks[i]) for i in handed_on)))
         await quietly(self._store.complete_many([(messages[i].key, messages[i].payload_sha256) for i in fresh]))
         for i, completed_sha256 in completed.items():  # Postgres knew, Redis forgot
-            outcomes[i] = await self._processor.completed(messages[i], completed_sha256)
-        settled = await _all(*(self._processor.run_locked(messages[i], locks[i], lock_keepers[i]) for i in busy))
+            outcomes[i] = await tracing.within(messages[i], self._processor.completed(messages[i], completed_sha256))
+        settled = await _all(*(tracing.within(messages[i], self._processor.run_locked(messages[i], locks[i], lock_keepers[i]))
+                               for i in busy))
         outcomes.update(zip(busy, settled))
         return outcomes
 
@@ -125,16 +132,18 @@ class BatchProcessor:
         indexes completed now, those found completed (with their hash) and
         those whose turn another run holds; None when it rolled back."""
         try:
-            async with self._completions.transaction(connection):
-                with cancelled_when_lost(lease_keeper, connection):
-                    return await self._in_transaction(connection, messages, leased, leases, lease_keeper)
+            with contextlib.ExitStack() as committing:  # the commit's spans end after the COMMIT
+                async with self._completions.transaction(connection):
+                    with cancelled_when_lost(lease_keeper, connection):
+                        return await self._in_transaction(connection, messages, leased, leases, lease_keeper,
+                                                          committing)
         except Exception as exc:
             if found_in_chain(exc, (HandlerFailed, LockLost, _RollBack)) is None:
                 raise
             return None
 
     async def _in_transaction(self, connection: asyncpg.Connection, messages: list[EventMessage], leased: list[int],
-                              leases: dict[str, Lease], lease_keeper: Keeper) -> tuple:
+                              leases: dict[str, Lease], lease_keeper: Keeper, committing: contextlib.ExitStack) -> tuple:
         turned = await self._completions.take_turns(connection, _keys(messages, leased))
         mine = [i for i in leased if messages[i].key in turned]
         done = await self._completions.completed_keys(connection, _keys(messages, mine))
@@ -144,6 +153,7 @@ class BatchProcessor:
             await self._processor.call_handler(connection, messages[i])
         lease_keeper.check()  # the leases decide, not the Redis locks (Processor._complete)
         if fresh:
+            committing.enter_context(tracing.spans("commit", [messages[i] for i in fresh]))
             completions = [(messages[i], leases[messages[i].key].token) for i in fresh]
             if await self._completions.complete_events(connection, completions) != len(completions):
                 raise _RollBack()

@@ -35,6 +35,7 @@ from typing import assert_never
 
 import asyncpg
 
+from webhook_ingest.shared import tracing
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.sources import Source
@@ -99,7 +100,9 @@ class Processor:
         return getattr(self._handlers[message.source], "batchable", False)
 
     async def process(self, message: EventMessage) -> Outcome:
-        return await self.process_claimed(message, await self._store.claim(message.key))
+        with tracing.span("claim", message):
+            claim = await self._store.claim(message.key)
+        return await self.process_claimed(message, claim)
 
     async def process_claimed(self, message: EventMessage, claim: Claim) -> Outcome:
         match claim.state:
@@ -160,12 +163,13 @@ class Processor:
         try:
             async with contextlib.AsyncExitStack() as keeping:
                 try:
-                    lease = await self._take_lease(message.key)
-                    if already_handed_on(message, lease.handed_on):
-                        raise AttemptHandedOn()
-                    lease_keeper = self.lease_keeper([lease])
-                    await keeping.enter_async_context(kept_alive([lease_keeper]))
-                    await self._check_not_completed(message.key)
+                    with tracing.span("lease", message):
+                        lease = await self._take_lease(message.key)
+                        if already_handed_on(message, lease.handed_on):
+                            raise AttemptHandedOn()
+                        lease_keeper = self.lease_keeper([lease])
+                        await keeping.enter_async_context(kept_alive([lease_keeper]))
+                        await self._check_not_completed(message.key)
                     await self._complete(message, lease, lease_keeper)
                     lease = None  # ended by the completion
                 except Exception as exc:
@@ -186,12 +190,14 @@ class Processor:
         cheaply, and a run whose lease held is not undone for a lock Redis
         forgot (docs/design.md, "A lock that cannot be kept")."""
         handler_db = HandlerTransaction(self._completions, message.key, self._statements.complete_alone)
-        async with handler_db:
-            with cancelled_when_lost(lease_keeper, handler_db):  # inside: a lost lease closes, never rolls back
-                await self.call_handler(handler_db, message)
-                lease_keeper.check()
-                if not await handler_db.complete(message, lease.token):
-                    raise CompletionRefused()
+        with contextlib.ExitStack() as committing:  # the commit's span ends after the transaction's COMMIT
+            async with handler_db:
+                with cancelled_when_lost(lease_keeper, handler_db):  # inside: a lost lease closes, never rolls back
+                    await self.call_handler(handler_db, message)
+                    lease_keeper.check()
+                    committing.enter_context(tracing.span("commit", message))
+                    if not await handler_db.complete(message, lease.token):
+                        raise CompletionRefused()
 
     async def _settle_unfinished(self, message: EventMessage, exc: Exception) -> Outcome | None:
         """What a pass that did not complete becomes; None for an outage or a bug."""
@@ -264,7 +270,8 @@ class Processor:
         )
         context = HandlerContext(db=db, options=source.handler_options, logger=log)
         try:
-            await self._handlers[message.source](event, context)
+            with tracing.span("handler", message, failed_by_errors=True):
+                await self._handlers[message.source](event, context)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

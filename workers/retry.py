@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from webhook_ingest.shared import topology
+from webhook_ingest.shared import topology, tracing
 from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.errors import describe
@@ -63,7 +63,7 @@ class FailurePolicy:
         self._namespace = namespace
 
     async def fail(self, event: EventMessage, source: Source, exc: BaseException) -> Outcome:
-        error = describe_failure(exc, event.attempt)
+        error = describe_failure(exc, event.attempt) | tracing.trace_ids(event)  # on-call's way to its trace
         retry_in = retry_decision(event, source, exc)
         if retry_in is None:
             dead_letter_id = await self.dead_letter(event, error, permanent=isinstance(exc, PermanentError),
@@ -120,14 +120,16 @@ class FailurePolicy:
         await self.publish_to(event, topology.retry_queue(self._namespace, delay_seconds))
 
     async def publish_to(self, event: EventMessage, queue_name: str) -> None:
-        """`event` on `queue_name`, waited for as `delay` waits (its docstring says why)."""
-        for pause in pauses():
-            try:
-                await self._confirmed(to_amqp(event), queue_name)
-                return
-            except BROKER_NOT_CONFIRMING as exc:
-                log.warning("broker_publish_failed", queue=queue_name, error=describe(exc), retry_in=pause)
-                await asyncio.sleep(pause)
+        """`event` on `queue_name`, waited for as `delay` waits (its docstring
+        says why); in the event's own trace, whichever task publishes it."""
+        with tracing.continued(event):
+            for pause in pauses():
+                try:
+                    await self._confirmed(to_amqp(event), queue_name)
+                    return
+                except BROKER_NOT_CONFIRMING as exc:
+                    log.warning("broker_publish_failed", queue=queue_name, error=describe(exc), retry_in=pause)
+                    await asyncio.sleep(pause)
 
     async def _confirmed(self, message, queue_name: str) -> None:
         """One publish, waited for until the broker confirms it or its channel dies."""

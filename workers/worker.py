@@ -19,7 +19,7 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from webhook_ingest.shared import amqp, backoff, metrics, topology
+from webhook_ingest.shared import amqp, backoff, metrics, topology, tracing
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.incident_store import IncidentStore
@@ -193,21 +193,22 @@ class Worker:
 
     def _dispatch(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
         if message.redelivered:  # alone, so its earlier delivery's settlement is looked up
-            self._track(self._handle(message, event))
+            self._track(self._handle(message, event), event)
             return
         leader = self._copies.leader(event.key)
         if leader is not None:
-            self._track(self._follow(leader, message, event))
+            self._track(self._follow(leader, message, event), event)
             return
         self._copies.lead(event)
         if not self.processor.batchable(event):
-            self._track(self._handle(message, event))
+            self._track(self._handle(message, event), event)
             return
         self._pending.append((message, event))
         self._start_batches()
 
-    def _track(self, coroutine) -> None:
-        task = asyncio.create_task(coroutine)
+    def _track(self, coroutine, event: EventMessage | None = None) -> None:
+        """`coroutine` as a task of its own, in `event`'s trace (its log lines and spans)."""
+        task = asyncio.create_task(coroutine if event is None else tracing.within(event, coroutine))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
 
@@ -223,10 +224,10 @@ class Worker:
             await self._deliveries.reject(message)  # a poison message
             return None
         if event.source not in self.sources:
-            self._track(self._unknown_source(message, event))
+            self._track(self._unknown_source(message, event), event)
             return None
         if event.source in self.paused:
-            self._track(self._park(message, event))
+            self._track(self._park(message, event), event)
             return None
         return event
 
@@ -318,12 +319,13 @@ class Worker:
             self._running_batches -= 1
             self._start_batches()
         if outcomes is None:  # one by one, so only the culprit goes back to the queue
-            await asyncio.gather(*(self._handle(message, event) for message, event in batch))
+            await asyncio.gather(*(tracing.within(event, self._handle(message, event)) for message, event in batch))
             return
         await self._deliveries.ack_batch([message for message, _ in batch])
         for (_, event), outcome in zip(batch, outcomes):
             self._copies.settle(event, outcome)
-            self._settled(event, outcome, started)
+            with tracing.continued(event):  # its log line, with its trace id
+                self._settled(event, outcome, started)
 
     def _settled(self, event: EventMessage, outcome: Outcome, started: float) -> None:
         """A message settled (acked): its metrics and log line, and what the archive keeps of it."""
