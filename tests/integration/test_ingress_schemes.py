@@ -163,3 +163,19 @@ async def test_a_form_reaches_the_inbox_as_its_decoded_fields(settings, sources,
     assert json.loads(stored) == {"MessageSid": "SM1234567890abcdef", "From": "+15005550006", "To": "+15005550001",
                                   "Body": "Hello & goodbye = 100%", "FromCity": "",
                                   "MediaUrl0": ["https://a/1", "https://a/2"]}
+
+
+@pytest.mark.xfail(strict=True, reason="Slack's url_verification is queued as an event; Slack never enables the URL")
+async def test_slacks_url_verification_is_answered_with_its_challenge_and_not_queued(settings, sources):
+    """Slack's Events API checks a new Request URL with a signed
+    url_verification and enables it only if the challenge comes back."""
+    body = json.dumps({"token": "x", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P",
+                       "type": "url_verification"}).encode()
+    path, headers = signed("slack", body, "-")
+    async with running_ingress(settings, sources) as client:
+        response = await client.post(path, data=body, headers=headers)
+        assert (response.status, await response.json()) == (
+            200, {"challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"})
+        unsigned = await client.post(path, data=body, headers={"Content-Type": JSON})
+        assert unsigned.status == 401
+    assert await queued_events(settings.amqp_url, settings.namespace) == []
