@@ -61,6 +61,8 @@ async def _accept(request: web.Request, source: Source | None) -> web.Response:
 
 async def _queued(request: web.Request, source: Source, body: bytes, form: Form | None) -> web.Response:
     payload = form if form is not None else _parse_payload(request, body)
+    if (challenge := _slack_challenge(source, payload)) is not None:
+        return json_response(200, {"challenge": challenge})
     event = _build_event(source, request, body, payload)
     tracing.describe(event)  # the request's span, found by the event's key
     if rule := source.ignore.matching(event.headers, payload):
@@ -73,6 +75,16 @@ async def _queued(request: web.Request, source: Source, body: bytes, form: Form 
     request.app[arrivals_key].arrived(event, source, payload)  # written in a batch, after this answer
     log.debug("accepted", source=source.name, key=event.key)
     return json_response(200, {"status": "accepted", "key": event.key})
+
+
+def _slack_challenge(source: Source, payload: object) -> str | None:
+    """Slack's Events API checks a Request URL with a signed
+    `url_verification` and enables it only when its `challenge` comes back;
+    a handshake, not an event: answered, never queued or archived."""
+    if source.scheme != "slack" or not isinstance(payload, dict) or payload.get("type") != "url_verification":
+        return None
+    challenge = payload.get("challenge")
+    return challenge if isinstance(challenge, str) else None
 
 
 def _ignored(request: web.Request, source: Source, event: EventMessage, payload: dict, rule: str) -> web.Response:

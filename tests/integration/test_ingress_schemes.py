@@ -165,7 +165,6 @@ async def test_a_form_reaches_the_inbox_as_its_decoded_fields(settings, sources,
                                   "MediaUrl0": ["https://a/1", "https://a/2"]}
 
 
-@pytest.mark.xfail(strict=True, reason="Slack's url_verification is queued as an event; Slack never enables the URL")
 async def test_slacks_url_verification_is_answered_with_its_challenge_and_not_queued(settings, sources):
     """Slack's Events API checks a new Request URL with a signed
     url_verification and enables it only if the challenge comes back."""
