@@ -46,9 +46,15 @@ def start(role: str, exporter: Any = None) -> bool:
     Raises ConfigError for an exporter or protocol we cannot serve."""
     global _on
     if _on is None and (exporter is not None or wanted()):
-        from webhook_ingest.shared import tracing_otel
+        try:
+            from webhook_ingest.shared import tracing_otel
 
-        _on = tracing_otel.Tracing(role, exporter)
+            _on = tracing_otel.Tracing(role, exporter)
+        except ImportError as exc:  # installed without the `otel` extra
+            from webhook_ingest.shared.errors import ConfigError
+
+            raise ConfigError(f"tracing is asked for (OTEL_*) but OpenTelemetry is not installed ({exc.name}):"
+                              " pip install 'webhook-ingest[otel]'") from exc
     return _on is not None
 
 

@@ -4,6 +4,7 @@ what an event's message carries of its trace, and what tracing off costs
 
 import asyncio
 import logging
+import sys
 
 import pytest
 import structlog
@@ -11,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from webhook_ingest.ingress.outbox import decode_message, encode_message
+from webhook_ingest import shared
 from webhook_ingest.shared import tracing
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.logging import configure_logging
@@ -104,4 +106,15 @@ def test_an_exporter_we_cannot_serve_is_refused_in_one_line(monkeypatch, name, v
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=complaint):
         tracing.start("worker")
+    assert tracing._on is None
+
+
+def test_tracing_asked_for_without_opentelemetry_installed_is_one_line(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+    for name in ["opentelemetry", *(name for name in sys.modules if name.startswith("opentelemetry."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # what an install without the extra finds
+    monkeypatch.delitem(sys.modules, "webhook_ingest.shared.tracing_otel", raising=False)
+    monkeypatch.delattr(shared, "tracing_otel", raising=False)
+    with pytest.raises(ConfigError, match=r"pip install 'webhook-ingest\[otel\]'"):
+        tracing.start("ingress")
     assert tracing._on is None
