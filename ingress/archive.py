@@ -50,6 +50,11 @@ class Arrivals:
         kind = event_type.resolve(source.event_type_selectors, event.headers, payload)
         self._writer.add(archive.arrival_row(event, kind, jsonb(event.headers), status, rule))
 
+    def archive_sizes(self) -> dict[str, int]:
+        """Each archived source's bytes on disk, as `webhook_archive_bytes` last
+        read them (every minute); empty until the first reading."""
+        return self._upkeep.sizes
+
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._upkeep.run(), name="archive-upkeep"),
                        asyncio.create_task(self._writer.run(), name="archive-arrivals")]

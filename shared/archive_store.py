@@ -93,10 +93,23 @@ class ArchiveStore:
 
     async def event(self, key: str) -> dict | None:
         """Every arrival of `key` and what the pipeline recorded of it; None when none is archived."""
+        arrivals, records = await self.event_rows(key)
+        return archived_events.event(key, arrivals, records) if arrivals else None
+
+    async def event_rows(self, key: str) -> tuple[list[asyncpg.Record], asyncpg.Record]:
+        """What `event` documents, as rows: the arrivals oldest first (bodies
+        as bytes, for the console), the completion and the dead letters."""
         async with self._connection() as connection:
             arrivals = await connection.fetch(SQL["archived_arrivals"], key, timeout=STATEMENT_SECONDS)
             records = await connection.fetchrow(SQL["archived_event_records"], key, timeout=STATEMENT_SECONDS)
-        return archived_events.event(key, arrivals, records) if arrivals else None
+        return arrivals, records
+
+    async def copies(self, keys: list[str]) -> dict[str, tuple[int, int]]:
+        """Each key's archived copies (`duplicate`) and conflicts: the console's columns for a page."""
+        sources = sorted({key.split(":", 1)[0] for key in keys})
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["archive_copies"], sources, keys, timeout=STATEMENT_SECONDS)
+        return {row["key"]: (row["copies"], row["conflicts"]) for row in rows}
 
 
 async def discarded(connection: asyncpg.Connection, dead_letter_ids: list[int]) -> None:

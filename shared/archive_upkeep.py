@@ -1,6 +1,7 @@
 """The event archive's tables, kept: each source's days made ahead and
 dropped whole past its `retention`, and the size on disk of each source in
-`webhook_archive_bytes` (docs/design.md, "The archive").
+`webhook_archive_bytes` (docs/design.md, "The archive"), which the console's
+overview shows as last read (`sizes`): no query of its own per page view.
 
 Every ingress process and every worker runs it — at start, then every
 KEEP_EVERY_SECONDS — so the archive is kept whichever of them runs;
@@ -36,6 +37,7 @@ class ArchiveUpkeep:
         self._retentions = {name: source.retention for name, source in sources.items()}  # 0 too: its days go
         self._archived = [name for name, source in sources.items() if source.retention]
         self.ready = asyncio.Event()
+        self.sizes: dict[str, int] = {}  # the gauge's last reading, for the console's overview
 
     async def run(self) -> None:
         """Forever; never raises (a stale gauge, a round tried later)."""
@@ -72,5 +74,6 @@ class ArchiveUpkeep:
             raise_if_cancelled()
             log.warning("archive_sizes_stale", error=describe(exc))
             return
+        self.sizes = sizes
         for source, size in sizes.items():
             metrics.archive_bytes.labels(source).set(size)

@@ -75,20 +75,60 @@ class Cursor:
 
 
 def parse_filter(query: Mapping[str, str]) -> EventFilter:
-    """The filter from the API's query string (the CLI's options by the same names)."""
-    status = query.get("status") or None
-    if status is not None and status not in STATUSES:
-        raise InvalidFilter("status", f"one of {', '.join(STATUSES)}")
-    return EventFilter(
-        source=query.get("source") or None,
+    """The filter from the API's query string (the CLI's options by the same
+    names); the first field that cannot be one raises InvalidFilter."""
+    where, problems = filter_and_problems(query)
+    if problems:
+        raise problems[0]
+    return where
+
+
+def filter_and_problems(query: Mapping[str, str]) -> tuple[EventFilter, list[InvalidFilter]]:
+    """The filter, and every field that cannot be one (left out of the
+    filter): the console's search form says what is wrong with each. A
+    value Postgres could not take (a NUL, an unpaired surrogate, a NaN in
+    the payload) is a problem here, not a failed query."""
+    problems: list[InvalidFilter] = []
+
+    def checked(parse, *arguments):
+        try:
+            return parse(*arguments)
+        except InvalidFilter as exc:
+            problems.append(exc)
+            return None
+
+    status = checked(parse_status, _text(query, "status"))
+    where = EventFilter(
+        source=checked(parse_text, "source", _text(query, "source")),
         status=status,
-        event_type=query.get("type") or None,
-        since=parse_time("since", query.get("since")),
-        until=parse_time("until", query.get("until")),
-        key=query.get("key") or None,
-        event_id=query.get("event_id") or None,
-        payload=parse_payload(query.get("payload")),
+        event_type=checked(parse_text, "type", _text(query, "type")),
+        since=checked(parse_time, "since", _text(query, "since")),
+        until=checked(parse_time, "until", _text(query, "until")),
+        key=checked(parse_text, "key", _text(query, "key")),
+        event_id=checked(parse_text, "event_id", _text(query, "event_id")),
+        payload=checked(parse_payload, _text(query, "payload")),
     )
+    return where, sorted(problems, key=lambda problem: FIELDS.index(problem.field))
+
+
+FIELDS = ("status", "since", "until", "payload", "source", "type", "key", "event_id")  # the order problems are told
+
+
+def _text(query: Mapping[str, str], name: str) -> str | None:
+    value = query.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+def parse_status(text: str | None) -> str | None:
+    if text is not None and text not in STATUSES:
+        raise InvalidFilter("status", f"one of {', '.join(STATUSES)}")
+    return text
+
+
+def parse_text(field: str, text: str | None) -> str | None:
+    if text is not None and not _storable(text):
+        raise InvalidFilter(field, "a NUL or an unpaired surrogate cannot be searched for")
+    return text
 
 
 def parse_time(field: str, text: str | None) -> datetime | None:
@@ -106,12 +146,38 @@ def parse_payload(text: str | None) -> str | None:
     if not text:
         return None
     try:
-        value = json.loads(text)
-    except ValueError as exc:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
         raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}") from exc
     if not isinstance(value, dict):
         raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}")
+    if not all(_storable(string) for string in _strings(value)) or not _storable(text):
+        raise InvalidFilter("payload", "a NUL or an unpaired surrogate cannot be searched for")
     return text
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON that Postgres stores")
+
+
+def _storable(text: str) -> bool:
+    """Text Postgres takes: UTF-8 without NUL."""
+    return "\x00" not in text and text.encode("utf-8", errors="replace").decode() == text
+
+
+def _strings(value) -> list[str]:
+    """Every key and string in a parsed JSON value (without recursion: it may be deep)."""
+    found, pending = [], [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            found.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return found
 
 
 def parse_limit(text: str | None) -> int:

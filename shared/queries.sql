@@ -309,6 +309,15 @@ FROM event_archive a
 WHERE a.source = split_part($1, ':', 1) AND a.key = $1
 ORDER BY a.received_at
 
+-- name: archive_copies
+-- How many copies (`duplicate`) and conflicts each key of a page ($2; $1
+-- their sources) has in the archive: the console's Events columns.
+SELECT a.key, count(*) FILTER (WHERE a.status = 'duplicate') AS copies,
+       count(*) FILTER (WHERE a.status = 'conflict') AS conflicts
+FROM event_archive a
+WHERE a.source = ANY($1::text[]) AND a.key = ANY($2::text[])
+GROUP BY a.key
+
 -- name: archived_event_records
 -- What the pipeline itself recorded of a key: its completion (until
 -- `prune`), and its dead letters.

@@ -24,10 +24,12 @@ from aiohttp_session import session_middleware
 from webhook_ingest.ingress.appkeys import database_pool_key
 from webhook_ingest.ingress.console import middlewares
 from webhook_ingest.ingress.console.bulk import BulkRunner
+from webhook_ingest.ingress.console.events import add_event_routes
 from webhook_ingest.ingress.console.incidents import add_incident_routes
 from webhook_ingest.ingress.console.sources import add_source_routes
 from webhook_ingest.ingress.console.security import cookie_storage
 from webhook_ingest.ingress.console.sessions import ConsoleSessions, console_sessions_key
+from webhook_ingest.ingress.console.rendering import human_bytes
 from webhook_ingest.ingress.console.vendor import HTMX_FILE
 from webhook_ingest.ingress.console.views import add_routes, bulk_runner_key
 from webhook_ingest.shared.dead_letters import iso_utc
@@ -60,7 +62,9 @@ def console_app(settings: Settings) -> web.Application:
     environment = aiohttp_jinja2.setup(console, loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
     environment.globals["htmx_file"] = HTMX_FILE
     environment.filters["when"] = lambda moment: iso_utc(moment).replace("+00:00", "Z") if moment else "—"
+    environment.filters["size"] = human_bytes
     add_routes(console)
+    add_event_routes(console)
     add_incident_routes(console)
     add_source_routes(console)
     console.router.add_static("/static/", HERE / "static", append_version=True)

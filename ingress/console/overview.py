@@ -1,10 +1,14 @@
 """The overview's figures, from what the ingress can know: the queues'
 depths (passive declares: nothing is created), the last hour from Postgres,
-the outbox when its table exists. A figure that cannot be had is None and
-the page says "n/a" — the overview never fails because one service is away.
+the outbox when its table exists, and each archived source's size on disk
+as `webhook_archive_bytes` last read it (the process's archive upkeep reads
+it every minute: no query of its own per view). A figure that cannot be had
+is None and the page says "n/a" — the overview never fails because one
+service is away.
 """
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from webhook_ingest.shared import topology
@@ -18,12 +22,15 @@ class Overview:
     outcomes: dict[str, int] | None
     open_dead_letters: int | None
     outbox_pending: int | None
+    archive_bytes: list[tuple[str, int | None]]  # each archived source's size; None: not measured yet
 
 
-async def overview(store: DeadLetterStore, amqp_url: str, namespace: str, sources: dict[str, Source]) -> Overview:
+async def overview(store: DeadLetterStore, amqp_url: str, namespace: str, sources: dict[str, Source],
+                   archive_sizes: Mapping[str, int]) -> Overview:
     queues, database = await asyncio.gather(queue_depths(amqp_url, queue_names(namespace, sources), "console-overview"),
                                             database_figures(store))
-    return Overview(queues, *database)
+    archived = sorted(name for name, source in sources.items() if source.retention)
+    return Overview(queues, *database, [(name, archive_sizes.get(name)) for name in archived])
 
 
 def queue_names(namespace: str, sources: dict[str, Source]) -> list[str]:

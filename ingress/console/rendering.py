@@ -37,3 +37,15 @@ async def leave_message(request: web.Request, kind: str, text: str) -> None:
 async def take_messages(request: web.Request) -> list[list[str]]:
     session = await get_session(request)
     return session.pop("messages", []) if "messages" in session else []
+
+
+def human_bytes(size: int | None) -> str:
+    """1,234 bytes, 12.3 MiB: a size on disk as the overview shows it."""
+    if size is None:
+        return "n/a"
+    amount, unit = float(size), "bytes"
+    for larger in ("KiB", "MiB", "GiB", "TiB"):
+        if amount < 1024:
+            break
+        amount, unit = amount / 1024, larger
+    return f"{size:,} bytes" if unit == "bytes" else f"{amount:,.1f} {unit}"

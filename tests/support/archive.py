@@ -1,0 +1,53 @@
+"""Events in the archive as the ingress and the workers write them
+(ArchiveStore's batches), for tests of the tools that read it."""
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import orjson
+
+from webhook_ingest.shared import archive
+from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.message import EventMessage
+from tests.support.events import make_event
+
+
+def archived_event(source: str, event_id: str, received: datetime, kind: str | None = "test.event",
+                   body: bytes | None = None, headers: dict | None = None, **payload) -> EventMessage:
+    """An arrival at `received`: a JSON body {"id", "type", **payload}, or `body` as given."""
+    made = make_event(source, event_id, {"type": kind, **payload})
+    raw = body if body is not None else orjson.dumps({"id": event_id, "type": kind, **payload})
+    return dataclasses.replace(made, body=raw, received_at=received.timestamp(),
+                               headers=headers if headers is not None else made.headers)
+
+
+async def seed_archive(database_url: str, arrivals: Iterable[EventMessage],
+                       outcomes: Iterable[tuple] = ()) -> None:
+    """The arrivals (status queued, their type the JSON body's `type`), then
+    `archive.outcome_row`s; each source's days made first."""
+    arrivals = list(arrivals)
+    connection = await asyncpg.connect(database_url)
+    try:
+        store = ArchiveStore(connection)
+        await store.keep({source: timedelta(days=7) for source in {event.source for event in arrivals}})
+        await store.write_arrivals([archive.arrival_row(event, _kind(event.body), json.dumps(event.headers),
+                                                        archive.QUEUED) for event in arrivals])
+        if outcomes := list(outcomes):
+            await store.write_outcomes(outcomes)
+    finally:
+        await connection.close()
+
+
+def minutes_ago(minutes: float) -> datetime:
+    return datetime.now(UTC) - timedelta(minutes=minutes)
+
+
+def _kind(body: bytes) -> str | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value.get("type") if isinstance(value, dict) else None
