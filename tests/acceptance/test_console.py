@@ -7,6 +7,7 @@ to another host is aborted and fails the test.
 """
 
 import asyncio
+import dataclasses
 import os
 import re
 import shutil
@@ -17,6 +18,8 @@ import asyncpg
 import pytest
 from playwright.async_api import Page, async_playwright, expect
 
+from webhook_ingest.shared import archive
+from tests.support.archive import archived_event, minutes_ago, seed_archive
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import queued_events
 from tests.support.processes import wait_until
@@ -156,6 +159,44 @@ async def test_an_operator_filters_opens_replays_and_finds_it_in_the_audit(start
 
     assert [event.key for event in await queued_events(service_env["AMQP_URL"], service_env["WEBHOOK_INGEST_NAMESPACE"])] == ["acme:evt_1"]
     assert {i: s for i, s in (await statuses(database)).items() if s != "dead"} == {target: "replayed"}
+
+
+async def test_on_call_searches_the_archive_and_opens_an_event(start_console, open_page, service_env):
+    """Issue 22 item 4: the Events page's search, its count, an event's page;
+    a payload and a header holding HTML are shown as text, never run."""
+    evil = {"content-type": "application/json", "x-note": "<img src=x onerror=alert(1)>"}
+    paid = archived_event("stripe", "evt_1", minutes_ago(30), "invoice.paid", customer="cus_123",
+                          note="<script>alert(1)</script>", headers=evil)
+    copy = dataclasses.replace(paid, received_at=minutes_ago(25).timestamp())
+    done = minutes_ago(29).timestamp()
+    await seed_archive(service_env["DATABASE_URL"], [
+        paid, copy, archived_event("stripe", "evt_2", minutes_ago(20), "invoice.paid", customer="cus_456"),
+        archived_event("stripe", "evt_3", minutes_ago(10), "invoice.created", customer="cus_123")],
+        [archive.outcome_row(paid, archive.PROCESSED, done), archive.outcome_row(copy, archive.DUPLICATE, done)])
+    page = await open_page(await start_console())
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: dialogs.append(dialog.message))
+    await sign_in(page, OPERATOR_TOKEN)
+
+    await page.get_by_role("navigation", name="Console").get_by_role("link").first.click()
+    await expect(page.get_by_role("heading", name="Events")).to_be_visible()
+    await page.get_by_label("Source").fill("stripe")
+    await page.get_by_label("Payload contains").fill('{"customer": "cus_123"}')
+    await page.get_by_role("button", name="Search").click()
+    rows = page.locator("table.events tbody tr")
+    await expect(rows).to_have_count(3)  # evt_3, evt_1's copy, evt_1
+    await expect(page.locator("#event-count")).to_contain_text("3 archived events match")
+    await expect(rows.first).to_contain_text("invoice.created")
+    await expect(rows.last).to_contain_text("processed")
+    await screenshot(page, "events")
+
+    await rows.last.get_by_role("link", name="stripe:evt_1", exact=True).click()
+    await expect(page.get_by_role("heading", name="Event stripe:evt_1")).to_be_visible()
+    await expect(page.locator("dl.facts")).to_contain_text("Copies1: 20")  # how many, and when
+    await expect(page.locator("pre.payload").first).to_contain_text('"note": "<script>alert(1)</script>"')
+    await expect(page.locator("table.headers").first).to_contain_text("<img src=x onerror=alert(1)>")
+    await screenshot(page, "event")
+    assert dialogs == []
 
 
 async def test_a_bulk_replay_acts_on_exactly_the_frozen_set_at_the_set_pace(start_console, open_page, service_env):
