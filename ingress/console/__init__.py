@@ -24,7 +24,7 @@ from aiohttp_session import session_middleware
 from webhook_ingest.ingress.appkeys import database_pool_key
 from webhook_ingest.ingress.console import middlewares
 from webhook_ingest.ingress.console.bulk import BulkRunner
-from webhook_ingest.ingress.console.events import add_event_routes
+from webhook_ingest.ingress.console.events import add_event_routes, event_path
 from webhook_ingest.ingress.console.incidents import add_incident_routes
 from webhook_ingest.ingress.console.sources import add_source_routes
 from webhook_ingest.ingress.console.security import cookie_storage
@@ -63,6 +63,7 @@ def console_app(settings: Settings) -> web.Application:
     environment.globals["htmx_file"] = HTMX_FILE
     environment.filters["when"] = lambda moment: iso_utc(moment).replace("+00:00", "Z") if moment else "—"
     environment.filters["size"] = human_bytes
+    environment.filters["event_path"] = event_path
     add_routes(console)
     add_event_routes(console)
     add_incident_routes(console)

@@ -13,7 +13,6 @@ from webhook_ingest.ingress.archive import arrivals_key
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.console.incidents import LISTED
 from webhook_ingest.ingress.console.bulk import DEFAULT_RATE, MAX_RATE, BulkRunner
-from webhook_ingest.ingress.console.events import event_path
 from webhook_ingest.ingress.console.filters import form_values, parse_before, parse_filter, query_string
 from webhook_ingest.ingress.console.overview import overview
 from webhook_ingest.ingress.console.rendering import leave_message, message_page, render
@@ -139,8 +138,7 @@ async def dead_letter_page(request: web.Request) -> web.Response:
     audit = await store(request).audit(dead_letter_id=dead_letter_id, limit=50)
     document = detail(row)
     return await render(request, "dead_letter.html", {
-        "letter": document, "event_path": event_path(document["key"]), "payload_text": _pretty(document),
-        "headers": sorted(document["headers"].items()),
+        "letter": document, "payload_text": _pretty(document), "headers": sorted(document["headers"].items()),
         "errors": row["errors"], "replays": history, "audit": audit})
 
 
