@@ -28,6 +28,8 @@ from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 
 PAGE_SIZE = 50
 SHOWN_DEAD_LETTERS = 10  # an event's latest dead letters whose attempts and replays its page lists
+SHOWN_ARRIVALS = 100  # of a key's arrivals (a provider retrying for days), each with its body and headers
+SHOWN_COPY_TIMES = 20
 SHOWN_BODY_CHARS = 512 * 1024  # of one body on a page; the CLI and the admin API give it whole
 routes = web.RouteTableDef()
 
@@ -146,15 +148,15 @@ async def event_page(request: web.Request) -> web.Response:
                                   f"No arrival of the key “{_shown(key)}” is in the archive: it was never "
                                   "accepted, its source is not archived (retention 0d), or its days are past "
                                   "the source's retention.")
-    views = [arrival_view(row) for row in arrivals]
-    runs = [a for a in views if a["status"] not in (archive.DUPLICATE, archive.CONFLICT)] or views[:1]
+    runs = [row for row in arrivals if row["status"] not in (archive.DUPLICATE, archive.CONFLICT)] or arrivals[:1]
     dead_letters = json.loads(records["dead_letters"])
-    context = {"key": key, "event": runs[0], "runs": runs, "arrivals": views,
-               "copies": [a for a in views if a["status"] == archive.DUPLICATE],
-               "conflicts": [a for a in views if a["status"] == archive.CONFLICT],
+    context = {"key": key, "event": arrival_view(runs[0]), "runs": runs,
+               "arrivals": [arrival_view(row) for row in arrivals[:SHOWN_ARRIVALS]], "arrivals_total": len(arrivals),
+               "copies": [row["received_at"] for row in arrivals if row["status"] == archive.DUPLICATE],
+               "conflicts": sum(row["status"] == archive.CONFLICT for row in arrivals),
                "completion": json.loads(records["completion"]) if records["completion"] else None,
                "dead_letters": await _dead_letters(request.config_dict[dead_letters_key], dead_letters)}
-    return await render(request, "event.html", context)
+    return await render(request, "event.html", context | {"shown_copy_times": SHOWN_COPY_TIMES})
 
 
 async def _dead_letters(store: DeadLetterStore, listed: list[dict]) -> list[dict]:

@@ -219,3 +219,13 @@ async def test_the_overview_shows_each_archived_sources_size_as_the_gauge_reads_
 
 def _quote(value: str) -> str:
     return quote(value, safe="")
+
+
+async def test_a_key_with_many_arrivals_shows_the_first_and_counts_them_all(console_settings, stripe, monkeypatch):
+    monkeypatch.setattr(console_events, "SHOWN_ARRIVALS", 2)
+    monkeypatch.setattr(console_events, "SHOWN_COPY_TIMES", 0)
+    async with running_ingress(console_settings, load_sources(None)) as client:
+        await signed_in(client)
+        page = await page_of(client, "/console/events/stripe:evt_1")
+    assert "The first 2 of 3 arrivals:" in page and "<dt>Copies</dt><dd>1: , …</dd>" in page
+    assert page.count('<tr><td>20') == 2  # the arrivals table holds the first two
