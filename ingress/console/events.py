@@ -106,14 +106,15 @@ def body_view(body: bytes | None) -> Body:
     except (ValueError, RecursionError):
         pass
     else:
-        return _clipped("json", _json_text(value))
+        return _clipped("json", json_text(value))
     try:
         return _clipped("text", body.decode("utf-8"))
     except UnicodeDecodeError:
         return _clipped("bytes", body.decode("utf-8", errors="backslashreplace"))
 
 
-def _json_text(value) -> str:
+def json_text(value) -> str:
+    """Pretty JSON; an escaped unpaired surrogate stays escaped (it cannot be UTF-8)."""
     text = json.dumps(value, indent=2, ensure_ascii=False)
     try:
         text.encode("utf-8")

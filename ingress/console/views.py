@@ -3,7 +3,6 @@ works without JavaScript; every POST redirects (post/redirect/get) with a
 message for the next page. Bad input — an unknown id, a garbled filter, a
 dead letter someone else handled meanwhile — is a message, never a 500."""
 
-import json
 import math
 
 from aiohttp import web
@@ -11,6 +10,7 @@ from aiohttp import web
 from webhook_ingest.ingress.admin import dead_letters_key
 from webhook_ingest.ingress.archive import arrivals_key
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.console.events import json_text
 from webhook_ingest.ingress.console.incidents import LISTED
 from webhook_ingest.ingress.console.bulk import DEFAULT_RATE, MAX_RATE, BulkRunner
 from webhook_ingest.ingress.console.filters import form_values, parse_before, parse_filter, query_string
@@ -145,7 +145,7 @@ async def dead_letter_page(request: web.Request) -> web.Response:
 def _pretty(document: dict) -> str:
     if document["payload"] is None:
         return document.get("body", "")
-    return json.dumps(document["payload"], indent=2, ensure_ascii=False, sort_keys=False)
+    return json_text(document["payload"])
 
 
 @routes.get("/audit")
