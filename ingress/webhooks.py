@@ -5,7 +5,8 @@ source (404), client address (403), the client's failure budget (429), a
 slot (429 for a client with too many bodies arriving, else 503), size
 (413, the body read within a time limit), signature (401), the source's rate
 limit (429: only verified requests spend it), JSON or form (400), event id (400),
-then the source's `ignore` rules (200 `ignored`, nothing queued).
+then the source's `ignore` rules (200 `ignored`, nothing queued), and for a source
+with routes whether any takes it (else 200 `ignored`, rule `no route`).
 A 200 `accepted` is only sent once the event is durably stored: the broker
 confirmed the message, or (RabbitMQ away) the Postgres outbox committed it.
 """
@@ -67,6 +68,8 @@ async def _queued(request: web.Request, source: Source, body: bytes, form: Form 
     tracing.describe(event)  # the request's span, found by the event's key
     if rule := source.ignore.matching(event.headers, payload):
         return _ignored(request, source, event, payload, rule)
+    if source.routes and not source.routes_taking(event.headers, payload):
+        return _ignored(request, source, event, payload, NO_ROUTE)
     if await request.app[done_markers_key].completed_with(event.key, event.payload_sha256):
         log.debug("duplicate", source=source.name, key=event.key)  # completed, same payload: nothing to queue
         request.app[arrivals_key].arrived(event, source, payload, duplicate=True)
@@ -75,6 +78,9 @@ async def _queued(request: web.Request, source: Source, body: bytes, form: Form 
     request.app[arrivals_key].arrived(event, source, payload)  # written in a batch, after this answer
     log.debug("accepted", source=source.name, key=event.key)
     return json_response(200, {"status": "accepted", "key": event.key})
+
+
+NO_ROUTE = "no route"  # the `rule` of an event no route of its source takes
 
 
 def _slack_challenge(source: Source, payload: object) -> str | None:

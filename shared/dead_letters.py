@@ -140,6 +140,7 @@ async def record_dead_letter(conn, event: EventMessage, errors: Sequence[dict],
         datetime.fromtimestamp(event.received_at, UTC),
         event.attempt,
         jsonb(list(errors)),
+        event.route or None,
         timeout=timeout,
     )
 
@@ -223,6 +224,7 @@ def rebuilt_event(row, replay_id: int) -> EventMessage:
         received_at=row["received_at"].timestamp(),
         body=bytes(row["body"]),
         headers=json.loads(headers) if isinstance(headers, str) else dict(headers),
+        route=row.get("route") or "",  # its route alone runs again
     ).fresh(replay_of=replay_id)
 
 
@@ -236,6 +238,7 @@ def summary(row) -> dict:
         "key": row["key"],
         "source": row["source"],
         "event_id": row["event_id"],
+        **({"route": row["route"]} if row.get("route") else {}),  # a route's run (KEY#ROUTE)
         "status": row["status"],
         "attempts": row["attempts"],
         "last_error": describe_error(row["last_error"]),

@@ -79,6 +79,9 @@ class EventMessage:
     # The W3C trace context of the span that published it (`traceparent`,
     # `tracestate`), empty when untraced: its steps continue that trace.
     trace_context: dict[str, str] = field(default_factory=dict)
+    # The route (shared/routes.py) this message runs, its key then `KEY#ROUTE`;
+    # "" for the event itself: its source's one handler, or its routes' fan-out.
+    route: str = ""
 
     def next_attempt(self, error: dict) -> "EventMessage":
         return replace(self, attempt=self.attempt + 1, errors=(*self.errors, error))
@@ -151,6 +154,7 @@ def to_amqp(event: EventMessage) -> aio_pika.Message:
             "x-deliveries": event.deliveries,
             **({"x-unknown-source-since-ms": event.unknown_source_since_ms} if event.unknown_source_since_ms else {}),
             **({"x-replay-of": event.replay_of} if event.replay_of else {}),
+            **({"x-route": event.route} if event.route else {}),
             **event.trace_context,
         },
     )
@@ -173,6 +177,7 @@ def from_amqp(body: bytes, headers: dict) -> EventMessage:
         unknown_source_since_ms=int(headers.get("x-unknown-source-since-ms") or 0),
         replay_of=int(headers.get("x-replay-of") or 0),
         trace_context=_trace_context(headers),
+        route=_text(headers.get("x-route") or ""),
     )
 
 

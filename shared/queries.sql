@@ -17,9 +17,9 @@ WITH done AS (
     SELECT FROM processed_events WHERE key = $1::text AND payload_sha256 = $4::text
 ), inserted AS (
     INSERT INTO dead_letters (key, source, event_id, payload_sha256, body, payload, headers,
-                              received_at, attempts, errors)
+                              received_at, attempts, errors, route)
     SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::jsonb, $7::jsonb,
-           $8::timestamptz, $9::integer, $10::jsonb
+           $8::timestamptz, $9::integer, $10::jsonb, $11::text
     WHERE NOT EXISTS (SELECT FROM done)
     ON CONFLICT (key, payload_sha256) WHERE status = 'dead' DO NOTHING
     RETURNING id
@@ -33,7 +33,7 @@ WHERE key = $1::text AND payload_sha256 = $4::text AND status = 'dead' AND NOT E
 -- Newest first; $1 source (NULL: every source), $2 status (NULL: every
 -- status), $3 limit (NULL: no limit). The body and the error history stay
 -- in the table: a listing needs only the last error.
-SELECT id, key, source, event_id, status, attempts, created_at, updated_at,
+SELECT id, key, source, event_id, route, status, attempts, created_at, updated_at,
        errors -> -1 AS last_error
 FROM dead_letters
 WHERE ($1::text IS NULL OR source = $1)
@@ -52,7 +52,7 @@ WHERE id = $1
 -- optionally of one source ($3). Oldest first, the order they failed in.
 -- `version` is what claim_for_replay checks: the row as this replay read it;
 -- the last attempt's trace, what the replay's own trace links to.
-SELECT id, key, source, event_id, payload_sha256, body, headers, received_at,
+SELECT id, key, source, event_id, route, payload_sha256, body, headers, received_at,
        errors -> -1 ->> 'type' AS last_error_type, xmin AS version,
        errors -> -1 ->> 'trace_id' AS last_trace_id, errors -> -1 ->> 'span_id' AS last_span_id
 FROM dead_letters
@@ -84,7 +84,7 @@ SELECT count(*) FROM dead_letters WHERE status = 'dead'
 -- free text in the key or the last error's message (case-insensitive, no
 -- wildcards), $7 only ids below this one (the next page), $8 page size.
 -- NULL: no filter.
-SELECT id, key, source, event_id, status, attempts, created_at, updated_at,
+SELECT id, key, source, event_id, route, status, attempts, created_at, updated_at,
        errors -> -1 AS last_error
 FROM dead_letters
 WHERE ($1::text IS NULL OR source = $1)
@@ -108,7 +108,7 @@ SELECT array(SELECT DISTINCT source FROM dead_letters ORDER BY 1) AS sources,
 -- A replay or discard from the console: the row, locked until the action
 -- commits, so a second click (or another on-call person) waits, then sees
 -- the new status instead of acting twice.
-SELECT id, key, source, event_id, payload_sha256, body, headers, received_at, status,
+SELECT id, key, source, event_id, route, payload_sha256, body, headers, received_at, status,
        errors -> -1 ->> 'type' AS last_error_type, xmin AS version,
        errors -> -1 ->> 'trace_id' AS last_trace_id, errors -> -1 ->> 'span_id' AS last_span_id
 FROM dead_letters

@@ -15,6 +15,7 @@ import tomllib
 from dataclasses import dataclass, field
 from datetime import timedelta
 from ipaddress import IPv4Network, IPv6Network, ip_network
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import (
@@ -25,10 +26,13 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from webhook_ingest.shared import event_id, ignore_rules, signatures
+from webhook_ingest.shared import routes as route_rules
+from webhook_ingest.shared.routes import Route
 from webhook_ingest.shared.archive import DEFAULT_RETENTION, parse_retention
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.event_type import default_selectors as default_event_type
@@ -90,6 +94,22 @@ class RateLimit(BaseModel):
     burst: int = Field(ge=1)
 
 
+class RouteSection(BaseModel):
+    """One `[[sources.NAME.routes]]` table (shared/routes.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: str | None = None
+    handler: str = Field(min_length=1)
+    types: list[str] | None = None
+    handler_options: dict[str, Any] = {}
+
+    @field_validator("types", mode="before")
+    @classmethod
+    def _one_type_is_a_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
 class SourceSection(BaseModel):
     """One `[sources.NAME]` table, as written (secrets resolved)."""
 
@@ -97,7 +117,8 @@ class SourceSection(BaseModel):
 
     scheme: str
     secrets: list[Secret] = Field(min_length=1)
-    handler: str = Field(min_length=1)
+    handler: str | None = Field(None, min_length=1)
+    routes: list[RouteSection] | None = Field(None, min_length=1)
     event_id: list[str] | None = None
     tolerance_seconds: float = Field(300, gt=0)
     max_body_bytes: int = Field(1_048_576, ge=1)
@@ -118,6 +139,17 @@ class SourceSection(BaseModel):
     @classmethod
     def _one_selector_is_a_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _a_handler_or_routes(self) -> "SourceSection":
+        if self.routes is None and self.handler is None:
+            raise _problem("handler: is required (or [[sources.NAME.routes]], each naming its handler)")
+        if self.routes is not None and self.handler is not None:
+            raise _problem("routes: a source has one handler or routes, not both (each route names its own"
+                           " handler)")
+        if self.routes is not None and "handler_options" in self.model_fields_set:
+            raise _problem("handler_options: put them in each route (a source with routes has none of its own)")
+        return self
 
     @field_validator("scheme")
     @classmethod
@@ -168,7 +200,7 @@ def _parsed(parse, specs):
 class Source:
     name: str
     scheme: str
-    handler: str
+    handler: str  # "" for a source with routes
     verifier: signatures.Verifier = field(repr=False)
     event_id_selectors: tuple = ()
     hash_fields: tuple[str, ...] = ()
@@ -186,6 +218,20 @@ class Source:
     retention: timedelta = DEFAULT_RETENTION  # how long the archive keeps its events (0: not archived)
     event_type_selectors: tuple = ()
     ignore: ignore_rules.IgnoreRules = ignore_rules.IgnoreRules()
+    routes: tuple[Route, ...] = ()  # empty: the one `handler`
+
+    def handler_for(self, route: str) -> tuple[str, dict[str, Any]]:
+        """The handler and its options that run `route` ("": the source's one handler)."""
+        if not route:
+            return self.handler, self.handler_options
+        found = next((r for r in self.routes if r.name == route), None)
+        if found is None:
+            raise KeyError(f"source {self.name!r} has no route {route!r}")
+        return found.handler, found.handler_options
+
+    def routes_taking(self, headers: Mapping[str, str], payload: object) -> list[Route]:
+        """The routes whose filter takes the event, in the file's order."""
+        return [route for route in self.routes if route.takes(headers, payload)]
 
     def retry_delay(self, failed_attempt: int) -> float:
         """Seconds to wait before attempt `failed_attempt + 1`; the last delay repeats."""
@@ -235,7 +281,7 @@ def parse_source(name: str, section: Any) -> Source:
     return Source(
         name=name,
         scheme=config.scheme,
-        handler=config.handler,
+        handler=config.handler or "",
         verifier=verifier,
         event_id_selectors=event_id.parse_selectors(selectors),
         hash_fields=tuple(config.hash_fields),
@@ -253,6 +299,7 @@ def parse_source(name: str, section: Any) -> Source:
         retention=parse_retention(config.retention),
         event_type_selectors=event_type,
         ignore=_ignore_rules(name, config.ignore, event_type),
+        routes=_routes(name, config.routes or [], event_type),
     )
 
 
@@ -275,6 +322,14 @@ def _ignore_rules(name: str, table: dict[str, Any], event_type: tuple) -> ignore
         raise ConfigError(f"source {name!r}: ignore.{exc.where}: {exc}") from None
 
 
+def _routes(name: str, sections: list[RouteSection], event_type: tuple) -> tuple[Route, ...]:
+    entries = [section.model_dump(exclude_unset=True) for section in sections]
+    try:
+        return route_rules.parse(entries, event_type)
+    except route_rules.RouteError as exc:
+        raise ConfigError(f"source {name!r}: {exc.where}: {exc}") from None
+
+
 # What a type or range error means for each field, in the file's own terms
 # ("[]" stands for any list index).
 _EXPECTED = {
@@ -282,6 +337,13 @@ _EXPECTED = {
     "secrets": "a non-empty list of secrets is required",
     "secrets[]": "must be a non-empty string",
     "handler": "must be a non-empty string",
+    "routes": "must be a non-empty list of [[sources.NAME.routes]] tables",
+    "routes[]": "must be a table { handler = \"module:function\", types = [\"invoice.*\"] }",
+    "routes[].name": "must be a string",
+    "routes[].handler": "must be a non-empty string",
+    "routes[].types": "must be a list of event type globs",
+    "routes[].types[]": "must be an event type glob string",
+    "routes[].handler_options": "must be a table",
     "event_id": "must be a list of selector strings",
     "event_id[]": "must be a selector string",
     "tolerance_seconds": "must be a positive number",
@@ -314,11 +376,12 @@ def first_problem(exc: ValidationError) -> str:
     error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     where, pattern = _location(error["loc"])
     if error["type"] == "extra_forbidden":
-        return f"{where}: unknown field (known: {', '.join(sorted(SourceSection.model_fields))})"
+        fields = RouteSection.model_fields if pattern.startswith("routes[]") else SourceSection.model_fields
+        return f"{where}: unknown field (known: {', '.join(sorted(fields))})"
     if error["type"] == "missing":
         return f"{where}: {'a non-empty list of secrets is required' if where == 'secrets' else 'is required'}"
     if error["type"] == "source_config":
-        return f"{where}: {error['msg']}"
+        return error["msg"] if where == "section" else f"{where}: {error['msg']}"  # "section": says its field
     return f"{where}: {_EXPECTED.get(pattern, _EXPECTED.get(pattern.split('[')[0], 'is invalid'))}"
 
 

@@ -242,8 +242,9 @@ def render_table(rows: list[dict], now: datetime) -> str:
 
 
 def render_detail(document: dict) -> str:
-    fields = ("id", "status", "source", "key", "event_id", "attempts", "received_at", "created_at", "updated_at")
-    lines = [f"{name + ':':<13} {document[name]}" for name in fields]
+    fields = ("id", "status", "source", "route", "key", "event_id", "attempts", "received_at", "created_at",
+              "updated_at")
+    lines = [f"{name + ':':<13} {document[name]}" for name in fields if name in document]  # route: a route's run
     lines += ["", "headers:", _indented_json(document["headers"]), "", "payload:"]
     payload = document["payload"]
     lines.append(_indented_json(payload) if payload is not None else "  " + document.get("body", ""))

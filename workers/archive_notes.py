@@ -16,6 +16,7 @@ never start it) notes are ignored.
 
 import asyncio
 import time
+from dataclasses import replace
 
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
@@ -74,6 +75,9 @@ class ArchiveNotes:
         source = self._sources.get(message.source)
         if self._writer is None or source is None or not source.retention:
             return
+        if message.route:  # a route's run: the event's one row shows it (docs/design.md, "Routes")
+            message = replace(message, key=message.key.removesuffix(f"#{message.route}"))
+            error = None if error is None else f"route {message.route}: {error}"[:ERROR_CHARS]
         self._writer.add(archive.outcome_row(message, status, time.time(), error))
 
 

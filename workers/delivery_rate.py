@@ -4,7 +4,7 @@ downstream that can take 20 events a second gets no more, however many
 workers forward to it.
 
 Each run waits for its turn before its POST, on one GCRA bucket per source
-in Redis that every worker shares (shared/ratelimit.py, the ingress's
+(per route, for a source with routes: each route its own downstream) in Redis that every worker shares (shared/ratelimit.py, the ingress's
 limiter): told to wait, it sleeps that long and asks again. The runs of a
 process that ask at once are answered by one Redis call, so a backlog of
 waiting runs costs about one call per process per turn, not one per run.
@@ -97,14 +97,16 @@ class SharedBuckets:
 shared_buckets = SharedBuckets()
 
 
-async def wait_for_turn(source: str, options: Mapping) -> None:
-    """Returns once the source's delivery rate allows one more delivery (at once without one)."""
+async def wait_for_turn(source: str, options: Mapping, route: str = "") -> None:
+    """Returns once the delivery rate of the source (of its route, for a
+    routed source: each route's own bucket) allows one more delivery (at
+    once without one)."""
     rate = delivery_rate(options)
     if rate is None:
         return
     started = time.monotonic()
     while True:  # the bucket is in Redis: no event to wait on, only the time it says
-        wait = await shared_buckets.retry_after(f"forward:{source}", rate)
+        wait = await shared_buckets.retry_after(f"forward:{source}#{route}" if route else f"forward:{source}", rate)
         if not wait:
             break
         await asyncio.sleep(wait)

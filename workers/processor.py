@@ -44,7 +44,7 @@ from webhook_ingest.workers.attempts import already_handed_on
 from webhook_ingest.workers.coalesced import CoalescedStatements
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.handler_db import HandlerTransaction
-from webhook_ingest.workers.handlers import Event, HandlerContext, load_handlers
+from webhook_ingest.workers.handlers import Event, HandlerContext, handler_key, load_handlers
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore, quietly
 from webhook_ingest.workers.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
 from webhook_ingest.workers.renewals import LeaseRenewals, LockRenewals
@@ -97,7 +97,7 @@ class Processor:
 
     def batchable(self, message: EventMessage) -> bool:
         """Whether the source's handler may share a transaction (`workers.batch`)."""
-        return getattr(self._handlers[message.source], "batchable", False)
+        return getattr(self._handlers[handler_key(message.source, message.route)], "batchable", False)
 
     async def process(self, message: EventMessage) -> Outcome:
         with tracing.span("claim", message):
@@ -267,11 +267,12 @@ class Processor:
             received_at=datetime.fromtimestamp(message.received_at, UTC),
             attempt=message.attempt,
             body=message.body,
+            route=message.route,
         )
-        context = HandlerContext(db=db, options=source.handler_options, logger=log)
+        context = HandlerContext(db=db, options=source.handler_for(message.route)[1], logger=log)
         try:
             with tracing.span("handler", message, failed_by_errors=True):
-                await self._handlers[message.source](event, context)
+                await self._handlers[handler_key(message.source, message.route)](event, context)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

@@ -67,11 +67,11 @@ class FailurePolicy:
         retry_in = retry_decision(event, source, exc)
         if retry_in is None:
             dead_letter_id = await self.dead_letter(event, error, permanent=isinstance(exc, PermanentError),
-                                                    handler=source.handler)
+                                                    handler=source.handler_for(event.route)[0])
             return Outcome.DEAD if dead_letter_id is not None else Outcome.DUPLICATE  # None: completed meanwhile
         await self.delay(event.next_attempt(error), retry_in)
         log.warning("event_retry_scheduled", retry_in=retry_in, error_type=error["type"], error=error["message"][:200])
-        await self._count_in_incident(failure_of(event, source.handler, error))
+        await self._count_in_incident(failure_of(event, source.handler_for(event.route)[0], error))
         return Outcome.RETRIED
 
     async def dead_letter(self, event: EventMessage, error: dict, permanent: bool = False,

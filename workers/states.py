@@ -28,6 +28,8 @@ class Outcome(enum.Enum):
     DEAD = "dead"
     DEFERRED = "deferred"      # in flight elsewhere: comes back after a short delay
     PARKED = "parked"          # its source is paused: kept in NS.paused.<source> until resumed
+    ROUTED = "routed"          # its source has routes: one message per route taking it was queued
+    UNROUTED = "unrouted"      # its source has routes and none takes it: nothing to run
 
 
 def classify_completed(completed_sha256: str, payload_sha256: str) -> Outcome:

@@ -37,6 +37,7 @@ from webhook_ingest.workers.batch import BatchProcessor
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.copies import CopiesInFlight
 from webhook_ingest.workers.delivery_rate import shared_buckets
+from webhook_ingest.workers.fan_out import route_messages
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.outage import OutageGate, outage_kind
 from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
@@ -229,7 +230,22 @@ class Worker:
         if event.source in self.paused:
             self._track(self._park(message, event), event)
             return None
+        if not event.route and self.sources[event.source].routes:
+            self._track(self._fan_out(message, event), event)
+            return None
         return event
+
+    async def _fan_out(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
+        """An event of a source with routes: one confirmed message per route
+        that takes it, then the ack (workers/fan_out.py)."""
+        started = time.perf_counter()
+        routed = route_messages(self.sources[event.source], event)
+        queue = topology.events_queue(self.settings.namespace)
+        await asyncio.gather(*(self._until_done(lambda e: self.failures.publish_to(e, queue), one) for one in routed))
+        await self._deliveries.ack(message)
+        if not routed:  # the ingress answers such an event `ignored`: a sources file changed between them
+            log.warning("event_unrouted", source=event.source, key=event.key)
+        self._settled(event, Outcome.ROUTED if routed else Outcome.UNROUTED, started)
 
     async def _park(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
         """A paused source's event: kept on its parking queue, not run (workers/pauses.py)."""

@@ -20,7 +20,6 @@ from tests.support.processes import count_rows, wait_until
 
 pytestmark = pytest.mark.slow
 
-NOT_YET = "routes are not implemented yet (issue 23, item 3)"
 
 
 def write_sources(path, fail_file: str = "/nonexistent") -> str:
@@ -58,7 +57,6 @@ def invoice(event_id: str):
     return make_event("acme", event_id, {"type": "invoice.paid"})
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_YET)
 async def test_a_failing_route_is_dead_lettered_alone_and_its_replay_runs_only_it(
         service_env, settings, fleet, tmp_path, effects_tables):
     fail_file = tmp_path / "fail"
@@ -86,7 +84,6 @@ async def test_a_failing_route_is_dead_lettered_alone_and_its_replay_runs_only_i
     assert sorted(await _completed_keys(settings.database_url)) == ["acme:evt_1#audit", "acme:evt_1#billing"]
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_YET)
 async def test_an_event_no_route_takes_runs_nothing_and_a_type_filter_holds(
         service_env, settings, fleet, tmp_path, effects_tables):
     env = {**service_env, "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "sources.toml")}
@@ -98,7 +95,6 @@ async def test_an_event_no_route_takes_runs_nothing_and_a_type_filter_holds(
         "acme:evt_other#audit": 1, "acme:evt_inv#billing": 1, "acme:evt_inv#audit": 1}
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_YET)
 async def test_copies_across_two_workers_run_each_route_once(service_env, settings, fleet, tmp_path, effects_tables):
     env = {**service_env, "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "sources.toml")}
     events = [invoice(f"evt_{n}") for n in range(40)]
@@ -111,7 +107,6 @@ async def test_copies_across_two_workers_run_each_route_once(service_env, settin
     assert len(runs) == 80 and set(runs.values()) == {1}
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_YET)
 async def test_what_a_fan_out_cut_short_leaves_runs_each_route_once(
         service_env, settings, fleet, tmp_path, effects_tables):
     """A worker killed between publishing some of an event's route messages
@@ -126,7 +121,6 @@ async def test_what_a_fan_out_cut_short_leaves_runs_each_route_once(
     assert await effects(settings.database_url) == {"acme:evt_cut#billing": 1, "acme:evt_cut#audit": 1}
 
 
-@pytest.mark.xfail(strict=True, reason=NOT_YET)
 async def test_a_worker_killed_while_fanning_out_loses_nothing_and_runs_nothing_twice(
         service_env, settings, fleet, tmp_path, effects_tables):
     env = {**service_env, "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "sources.toml")}

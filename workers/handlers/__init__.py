@@ -44,6 +44,7 @@ class Event:
     received_at: datetime
     attempt: int
     body: bytes = field(repr=False)
+    route: str = ""  # the route this run is for ("" : the source's one handler); `key` is then KEY#ROUTE
 
     @cached_property
     def payload(self) -> Any:
@@ -65,30 +66,42 @@ Handler = Callable[[Event, HandlerContext], Awaitable[dict | None]]
 
 
 def load_handlers(sources: Mapping[str, "Source"]) -> dict[str, Handler]:
-    """Every source's handler, or a one-line ConfigError naming the source
-    and the field whose handler cannot run."""
-    return {name: _source_handler(source) for name, source in sources.items()}
+    """Every source's handler, by `handler_key`, or a one-line ConfigError
+    naming the source and the field whose handler cannot run."""
+    handlers = {}
+    for name, source in sources.items():
+        if not source.routes:
+            handlers[name] = _handler(source.name, "", source.handler, source.handler_options)
+        for index, route in enumerate(source.routes):
+            handlers[handler_key(name, route.name)] = _handler(source.name, f"routes[{index}].", route.handler,
+                                                               route.handler_options)
+    return handlers
 
 
-def _source_handler(source: "Source") -> Handler:
+def handler_key(source: str, route: str) -> str:
+    """What `load_handlers` files a handler under: the source, or `SOURCE#ROUTE`."""
+    return f"{source}#{route}" if route else source
+
+
+def _handler(source: str, where: str, reference: str, options: Mapping[str, Any]) -> Handler:
     try:
-        handle = load_handler(source.handler)
+        handle = load_handler(reference)
     except ConfigError as exc:
-        raise ConfigError(f"source {source.name!r}: handler: {exc}") from None
-    if source.handler == "forward":
-        _check_forward_options(source)
+        raise ConfigError(f"source {source!r}: {where}handler: {exc}") from None
+    if reference == "forward":
+        _check_forward_options(source, where, options)
     return handle
 
 
-def _check_forward_options(source: "Source") -> None:
+def _check_forward_options(source: str, where: str, options: Mapping[str, Any]) -> None:
     from webhook_ingest.workers.delivery_rate import delivery_rate
 
-    if not isinstance(source.handler_options.get("url"), str):
-        raise ConfigError(f"source {source.name!r}: handler_options.url: the forward handler needs a url")
+    if not isinstance(options.get("url"), str):
+        raise ConfigError(f"source {source!r}: {where}handler_options.url: the forward handler needs a url")
     try:
-        delivery_rate(source.handler_options)
+        delivery_rate(options)
     except ValueError as exc:
-        raise ConfigError(f"source {source.name!r}: handler_options.{exc}") from None
+        raise ConfigError(f"source {source!r}: {where}handler_options.{exc}") from None
 
 
 def load_handler(reference: str) -> Handler:

@@ -42,11 +42,12 @@ async def close_session() -> None:
 
 
 async def handle(event: Event, ctx: HandlerContext) -> dict:
-    await wait_for_turn(event.source, ctx.options)
+    await wait_for_turn(event.source, ctx.options, event.route)
     timeout = aiohttp.ClientTimeout(total=float(ctx.options.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)))
     headers = {
         "Idempotency-Key": event.key,
         "X-Webhook-Source": event.source,
+        **({"X-Webhook-Route": event.route} if event.route else {}),
         "Content-Type": payloads.FORM if payloads.is_form(event.headers.get("content-type")) else "application/json",
     }
     async with session().post(ctx.options["url"], data=event.body, headers=headers, timeout=timeout) as response:

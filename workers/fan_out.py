@@ -1,0 +1,35 @@
+"""An event of a source with routes becomes one message per route that takes
+it (docs/design.md, "Routes"; shared/routes.py).
+
+The worker that receives the event publishes them to the events queue,
+each confirmed by the broker, and only then acks the event: a worker killed
+in between leaves the event to be redelivered and fanned out again, whose
+messages are then copies of route keys already queued or run — settled as
+copies by each key's own exactly-once steps, never run twice.
+"""
+
+import json
+from dataclasses import replace
+
+from webhook_ingest.shared import payloads
+from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.shared.routes import route_key
+from webhook_ingest.shared.sources import Source
+
+
+def route_messages(source: Source, event: EventMessage) -> list[EventMessage]:
+    """`event`'s messages, one per route of `source` that takes it, in the file's order."""
+    routes = source.routes_taking(event.headers, _payload(event))
+    # deliveries: the event's own redeliveries are not its routes' (each message counts its own)
+    return [replace(event, key=route_key(event.key, route.name), route=route.name, deliveries=0) for route in routes]
+
+
+def _payload(event: EventMessage) -> object:
+    """The payload as the ingress read it for the same filters; None when it
+    cannot be read (only routes without `types` take it then)."""
+    try:
+        if payloads.is_form(event.headers.get("content-type")):
+            return payloads.parse_form(event.body)
+        return json.loads(event.body)
+    except ValueError:
+        return None
