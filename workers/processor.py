@@ -95,6 +95,12 @@ class Processor:
         self._lease_renewals = LeaseRenewals(completions, store.redlock.ttl_ms)
         self._statements = CoalescedStatements(completions, store.redlock.ttl_ms)
 
+    def runs(self, message: EventMessage) -> bool:
+        """Whether a handler here runs `message`: its source's, or its route's
+        (a route message for a route this worker's sources file lacks does not)."""
+        return handler_key(message.source, message.route) in self._handlers or (
+            not message.route and bool(self._sources[message.source].routes))  # an event to fan out
+
     def batchable(self, message: EventMessage) -> bool:
         """Whether the source's handler may share a transaction (`workers.batch`)."""
         return getattr(self._handlers[handler_key(message.source, message.route)], "batchable", False)

@@ -224,7 +224,7 @@ class Worker:
         if event.deliveries > self.settings.delivery_limit:  # the queue's limit, counted across deferrals
             await self._deliveries.reject(message)  # a poison message
             return None
-        if event.source not in self.sources:
+        if event.source not in self.sources or not self.processor.runs(event):  # a route it does not know too
             self._track(self._unknown_source(message, event), event)
             return None
         if event.source in self.paused:
@@ -256,7 +256,8 @@ class Worker:
 
     async def _unknown_source(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
         """Sources files out of step (a rolling deploy): the event waits in a
-        delay queue for a worker that knows its source — no requeue loop, no
+        delay queue for a worker that knows its source (a route's message: its
+        route, shared/routes.py) — no requeue loop, no
         delivery spent. Past `UNKNOWN_SOURCE_PATIENCE` it is a dead letter
         on-call sees (and replays once the sources file is fixed), counted
         from the first time a worker did not know the source — not from the
@@ -266,7 +267,8 @@ class Worker:
         since_ms = event.unknown_source_since_ms or now_ms
         waited = (now_ms - since_ms) / 1000
         if waited < UNKNOWN_SOURCE_PATIENCE:
-            log.warning("unknown_source_waiting", source=event.source, key=event.key, retry_in=UNKNOWN_SOURCE_RETRY)
+            log.warning("unknown_source_waiting", source=event.source, key=event.key, retry_in=UNKNOWN_SOURCE_RETRY,
+                        **({"route": event.route} if event.route else {}))
             waiting = replace(event, unknown_source_since_ms=since_ms)
             await self._until_done(lambda e: self.failures.delay(e, UNKNOWN_SOURCE_RETRY), waiting)
             outcome = Outcome.DEFERRED
@@ -401,9 +403,9 @@ def _observe(event: EventMessage, outcome: Outcome, started: float) -> None:
 
 
 def unknown_source_error(event: EventMessage, waited: float) -> dict:
+    what = f"route {event.route!r} of source {event.source!r}" if event.route else f"source {event.source!r}"
     return {"attempt": event.attempt, "at": datetime.now(UTC).isoformat(), "type": "UnknownSource",
-            "message": f"no worker knew source {event.source!r} for {waited:.0f} s"
-                       " (add it to the workers' sources file, then replay)"}
+            "message": f"no worker knew {what} for {waited:.0f} s (add it to the workers' sources file, then replay)"}
 
 
 _COUNTED_OUTCOMES = {o.value for o in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)}

@@ -136,8 +136,6 @@ async def test_a_worker_killed_while_fanning_out_loses_nothing_and_runs_nothing_
     assert len(runs) == 600 and set(runs.values()) == {1}
 
 
-@pytest.mark.xfail(strict=True, reason="a route message whose route the worker lacks raises KeyError in"
-                   " Worker._dispatch (Processor.batchable): never acked, it pins a prefetch slot")
 async def test_a_route_message_a_worker_has_no_route_for_waits_and_holds_nothing_up(
         service_env, settings, fleet, tmp_path, effects_tables):
     """Sources files out of step: a route renamed or removed while its
