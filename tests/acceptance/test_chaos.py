@@ -23,3 +23,13 @@ async def test_a_seeded_fault_run_keeps_every_guarantee(namespace, database, tmp
     result = await run_local(options, namespace=namespace, database_url=database, log_dir=tmp_path)
     print(result.report)
     assert not result.verdict.violations, result.report
+
+
+async def test_a_seeded_fault_run_with_routes_runs_each_event_once_per_route(namespace, database, tmp_path):
+    """The same faults, the source with two routes (issue 23, item 3): each
+    (event, route) pair is judged as an event of its own (KEY#ROUTE)."""
+    options = Options(seed=SEED, events=100, duration=10, drain_timeout=60, stall_seconds=20, routes=("a", "b"))
+    result = await run_local(options, namespace=namespace, database_url=database, log_dir=tmp_path)
+    print(result.report)
+    assert result.verdict.outcomes["completed once"] > 100, result.report  # both routes' runs were judged
+    assert not result.verdict.violations, result.report

@@ -28,6 +28,8 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
                         help="local workers' WEBHOOK_INGEST_LOCK_TTL (default: run's)")
     parser.add_argument("--work-ms", type=int, default=100, help="default handler work per run, in ms")
     parser.add_argument("--no-faults", action="store_true", help="traffic only (a baseline)")
+    parser.add_argument("--routes", help="a local run's source has these routes (comma-separated names), each"
+                        " event run once per route; default: one handler")
     parser.add_argument("--keep-database", action="store_true", help="leave a local run's database for reading")
     parser.add_argument("--url", help="an operator's ingress: send traffic there instead of a local deployment")
     parser.add_argument("--source", default="chaos", help="with --url: the hmac-sha256 source to post to")
@@ -40,7 +42,8 @@ def main(argv: list[str]) -> int:
                       events=arguments.events, duration=arguments.duration, drain_timeout=arguments.drain_timeout,
                       stall_seconds=arguments.stall_seconds,
                       concurrency=arguments.concurrency, lock_ttl=arguments.lock_ttl, work_ms=arguments.work_ms,
-                      faults=not arguments.no_faults, keep_database=arguments.keep_database)
+                      faults=not arguments.no_faults, keep_database=arguments.keep_database,
+                      routes=tuple(arguments.routes.split(",")) if arguments.routes else ())
     if arguments.url:
         environment = staging_environment()
         if not environment["secret"] or not environment["database_url"]:

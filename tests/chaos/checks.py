@@ -91,20 +91,27 @@ async def _keys(connection, sql: str, pattern: str) -> set[str]:
     return {row["key"] for row in await connection.fetch(sql, pattern)}
 
 
-def resolved(sent: Sent, seen: Observed) -> int:
-    """Accepted keys that have an effect (or a completion) or an open dead letter: the drain's progress."""
+def resolved(sent: Sent, seen: Observed, routes: tuple[str, ...] = ()) -> int:
+    """Accepted keys (each route's, with routes) that have an effect (or a
+    completion) or an open dead letter: the drain's progress."""
     done = seen.inbox | seen.completions | set(seen.effects) | set(seen.open_dead_letters)
-    return sum(1 for key in sent.accepted.values() if key in done)
+    return sum(1 for key in set(sent.accepted.values()) for each in run_keys(key, routes) if each in done)
+
+
+def run_keys(key: str, routes: tuple[str, ...]) -> list[str]:
+    """The keys an accepted event runs under: its own, or one per route
+    (KEY#ROUTE, docs/reference.md §5), each judged as an event of its own."""
+    return [f"{key}#{route}" for route in routes] if routes else [key]
 
 
 def judge(events: list[PlannedEvent], sent: Sent, seen: Observed, prunes: list[tuple[float, float]],
-          leftover: dict[str, int]) -> Verdict:
+          leftover: dict[str, int], routes: tuple[str, ...] = ()) -> Verdict:
     verdict = Verdict()
     for event in events:
         _judge_answers(event, sent, verdict)
         key = sent.accepted.get(event.event_id)
-        if key is not None:
-            _judge_key(event, key, sent, seen, prunes, verdict)
+        for each in run_keys(key, routes) if key is not None else []:
+            _judge_key(event, each, sent, seen, prunes, verdict)
     for queue, count in sorted(leftover.items()):
         if count:
             verdict.violate("left in a queue", f"{count} message(s) in {queue} after the workers stopped")

@@ -55,7 +55,7 @@ class LocalDeployment:
     def __init__(self, namespace: str | None = None, database_url: str | None = None, workers: int = 3,
                  concurrency: int = layout.CONCURRENCY, lock_ttl: float = 3.0, work_ms: int = 100,
                  log_dir: Path | None = None,
-                 keep_database: bool = False):
+                 keep_database: bool = False, routes: tuple[str, ...] = ()):
         run_id = uuid.uuid4().hex[:8]
         self.namespace = namespace or f"chaos_{run_id}"
         self.owns_database = database_url is None
@@ -66,6 +66,7 @@ class LocalDeployment:
         self.redis = RedisServer()
         self.worker_count, self.concurrency, self.lock_ttl, self.work_ms = workers, concurrency, lock_ttl, work_ms
         self.degraded_worker = workers - 1
+        self.routes = routes  # the source's routes, each running the recorder (docs/reference.md §3); none: one handler
         self.fleet: Fleet | None = None
         self.slots: list[WorkerSlot] = []
         self.base_url = ""
@@ -112,11 +113,13 @@ class LocalDeployment:
 
     def _base_env(self) -> dict[str, str]:
         sources = self.log_dir / "sources.toml"
+        options = f'handler_options = {{ runs_database_url = "{self.database_url}", work_ms = "{self.work_ms}" }}\n'
+        handling = ''.join(f'[[sources.{SOURCE}.routes]]\nname = "{route}"\nhandler = "tests.chaos.handler:record"\n'
+                           f"{options}" for route in self.routes)
         sources.write_text(
-            f'[sources.{SOURCE}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
-            f'handler = "tests.chaos.handler:record"\nevent_id = ["body:id"]\n'
+            f'[sources.{SOURCE}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nevent_id = ["body:id"]\n'
             f"max_attempts = {MAX_ATTEMPTS}\nretry_delays = {list(RETRY_DELAYS)}\n"
-            f'handler_options = {{ runs_database_url = "{self.database_url}", work_ms = "{self.work_ms}" }}\n')
+            + (handling if self.routes else f'handler = "tests.chaos.handler:record"\n{options}'))
         return {"AMQP_URL": self.amqp_url, "REDIS_URLS": self.redis.url, "DATABASE_URL": self.database_url,
                 "WEBHOOK_INGEST_NAMESPACE": self.namespace, "WEBHOOK_INGEST_SOURCES": str(sources),
                 "WEBHOOK_INGEST_LOCK_TTL": str(self.lock_ttl), "LOG_FORMAT": "json",

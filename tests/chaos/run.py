@@ -43,6 +43,7 @@ class Options:
     work_ms: int = 100
     faults: bool = True
     keep_database: bool = False  # a local run's database stays, to be read after a failure
+    routes: tuple[str, ...] = ()  # a local run's source has these routes (each event runs once per route)
 
 
 @dataclass
@@ -56,7 +57,7 @@ async def run_local(options: Options, namespace: str | None = None, database_url
     plan = make_plan(options.seed, options.events, options.duration, faults=options.faults)
     deployment = LocalDeployment(namespace, database_url, concurrency=options.concurrency,
                                  lock_ttl=options.lock_ttl, work_ms=options.work_ms, log_dir=log_dir,
-                                 keep_database=options.keep_database)
+                                 keep_database=options.keep_database, routes=options.routes)
     async with deployment:
         faults = asyncio.create_task(deployment.run_faults(plan.faults))
         sent = await send_all(deployment.base_url, SOURCE, SECRET, plan.requests)
@@ -74,7 +75,7 @@ async def run_local(options: Options, namespace: str | None = None, database_url
         leftover = await ready_by_passive_declare(deployment.amqp_url, names)
         seen = await observe(deployment.database_url)
         seen.workers = deployment.pids
-        verdict = judge(plan.events, sent, seen, deployment.prunes, leftover)
+        verdict = judge(plan.events, sent, seen, deployment.prunes, leftover, options.routes)
     (deployment.log_dir / "faults.txt").write_text("".join(f"{line}\n" for line in applied))
     kept = f"; database kept: {deployment.database_url}" if deployment.keep_database else ""
     report = render(plan, sent, verdict, "a local deployment (3 workers, 1 degraded)", drained,
@@ -105,9 +106,9 @@ async def drain(database_url: str, sent: Sent, held: Callable[[], Awaitable[int 
     """Waits until every accepted key is resolved and the queues hold nothing
     (twice in a row), or nothing moved for `stall_seconds`, or the timeout."""
     started = last_change = time.monotonic()
-    last_state, calm, keys = None, 0, len(set(sent.accepted.values()))
+    last_state, calm, keys = None, 0, len(set(sent.accepted.values())) * max(len(options.routes), 1)
     while True:
-        done, in_queues = resolved(sent, await observe(database_url, key_pattern)), await held()
+        done, in_queues = resolved(sent, await observe(database_url, key_pattern), options.routes), await held()
         now = time.monotonic()
         calm = calm + 1 if done == keys and not in_queues else 0
         if calm >= 2:
