@@ -96,3 +96,27 @@ async def test_with_redis_away_a_worker_paces_on_its_own(settings, fleet, tmp_pa
     assert most_in_one_second([t for times in arrivals.values() for t in times]) <= \
         PER_SECOND + BURST + JITTER_ALLOWANCE
     assert "rate_limit_per_process" in worker[0].output()
+
+
+async def test_each_route_has_its_own_rate_and_every_pair_arrives_once(settings, fleet, tmp_path, receiver):
+    """A source with two `forward` routes (docs/reference.md §3 `routes`):
+    each route's downstream gets no more than its own rate; every (event,
+    route) pair arrives once, under its key KEY#ROUTE."""
+    url, arrivals = receiver
+    path = tmp_path / "s.toml"
+    path.write_text(f'[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n' + "".join(
+        f'[[sources.acme.routes]]\nname = "{route}"\nhandler = "forward"\n'
+        f'handler_options = {{ url = "{url}", rate_limit = {{ per_second = {PER_SECOND} }} }}\n' for route in "ab"))
+    workers = [metered_worker(fleet, {"WEBHOOK_INGEST_SOURCES": str(path)}) for _ in range(2)]
+    for worker, _ in workers:
+        await wait_for_output(worker, "worker_consuming")
+    events = [make_event("acme", f"evt_{n}") for n in range(EVENTS)]
+    await publish_events(settings.amqp_url, settings.namespace, events)
+    await until_completed(settings.database_url, 2 * EVENTS, timeout=60)
+
+    assert {key: len(times) for key, times in arrivals.items()} == {
+        f"{event.key}#{route}": 1 for event in events for route in "ab"}
+    for route in "ab":
+        times = [t for key, times in arrivals.items() if key.endswith(f"#{route}") for t in times]
+        assert most_in_one_second(times) <= PER_SECOND + BURST + JITTER_ALLOWANCE
+    assert await count_rows(settings.database_url, "dead_letters") == 0
