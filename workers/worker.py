@@ -239,9 +239,15 @@ class Worker:
         """An event of a source with routes: one confirmed message per route
         that takes it, then the ack (workers/fan_out.py)."""
         started = time.perf_counter()
-        routed = route_messages(self.sources[event.source], event)
-        queue = topology.events_queue(self.settings.namespace)
-        await asyncio.gather(*(self._until_done(lambda e: self.failures.publish_to(e, queue), one) for one in routed))
+        try:
+            routed = route_messages(self.sources[event.source], event)
+            queue = topology.events_queue(self.settings.namespace)
+            await asyncio.gather(*(self._until_done(lambda e: self.failures.publish_to(e, queue), one)
+                                   for one in routed))
+        except Exception:  # a bug: never pin the message (a second fan-out only makes copies)
+            log.exception("fan_out_crashed")
+            await self._send_back_counted(message, event)
+            return
         await self._deliveries.ack(message)
         if not routed:  # the ingress answers such an event `ignored`: a sources file changed between them
             log.warning("event_unrouted", source=event.source, key=event.key)
