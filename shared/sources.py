@@ -12,10 +12,10 @@ imports handler code.
 import importlib.resources
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from ipaddress import IPv4Network, IPv6Network, ip_network
-from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import (

@@ -4,7 +4,8 @@ downstream that can take 20 events a second gets no more, however many
 workers forward to it.
 
 Each run waits for its turn before its POST, on one GCRA bucket per source
-(per route, for a source with routes: each route its own downstream) in Redis that every worker shares (shared/ratelimit.py, the ingress's
+(per route, for a source with routes: each route has its own downstream)
+in Redis that every worker shares (shared/ratelimit.py, the ingress's
 limiter): told to wait, it sleeps that long and asks again. The runs of a
 process that ask at once are answered by one Redis call, so a backlog of
 waiting runs costs about one call per process per turn, not one per run.
