@@ -6,7 +6,8 @@ completed events), recovery after a worker's kill -9, the broker blocked
 (tests/bench/archive_cost.py), and OpenTelemetry tracing's
 (tests/bench/tracing_cost.py, alone only); a table, then one JSON line. Exit 1 on a
 lost or duplicated effect. `--phase broker-blocked`, `--phase slow` or
-`--phase archive` runs that phase alone (`--phase tracing` too); `--phase steady` every phase but the broker-blocked one
+`--phase archive` runs that phase alone (`--phase tracing` too; `--phase ingress`
+`ingress_cpu_vs_floor` alone, tests/bench/ingress_floor.py); `--phase steady` every phase but the broker-blocked one
 (to compare candidate layouts)."""
 
 import argparse
@@ -22,6 +23,7 @@ from tests.bench import (
     durable_floor,
     http_floor,
     httpload,
+    ingress_floor,
     raw_broker,
     raw_pipeline,
     slow_handlers,
@@ -351,15 +353,16 @@ if __name__ == "__main__":
     except ImportError:
         pass
     parser = argparse.ArgumentParser(prog="python -m tests.bench")
-    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow", "archive", "tracing"],
+    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow", "archive", "tracing",
+                                            "ingress"],
                         default="all", help="every phase (the default), every phase but the broker-blocked one, "
                         "or the broker-blocked, slow-handler, archive-cost or tracing-cost phases alone "
-                        "(tracing: only alone)")
+                        "(tracing: only alone; ingress: ingress_cpu_vs_floor alone)")
     parser.add_argument("--peers", action="store_true",
                         help="also the Celery stack of tests/bench/peers, side by side (not in make test)")
     arguments = parser.parse_args()
     phase = arguments.phase
     alone = {"broker-blocked": broker_blocked.main, "slow": slow_phases_alone, "archive": archive_phase_alone,
-             "tracing": tracing_phase_alone}
+             "tracing": tracing_phase_alone, "ingress": ingress_floor.main}
     sys.exit(asyncio.run(alone[phase]() if phase in alone
                          else main(with_outage=phase == "all", with_peers=arguments.peers)))
