@@ -59,7 +59,10 @@ role_key = web.RequestKey("admin_role", str)
 
 
 def setup_admin(app: web.Application, settings: Settings) -> None:
+    from webhook_ingest.ingress.admin_event_replays import setup_event_replays  # it imports this module
+
     app.cleanup_ctx.append(admin_ctx)
+    setup_event_replays(app)
     if settings.admin_token:
         app.add_subapp("/admin/", admin_app())
 
@@ -70,10 +73,12 @@ def admin_app() -> web.Application:
     admin.router.add_get("/dead-letters/{id}", show_route)
     admin.router.add_post("/dead-letters/{id}/replay", replay_route)
     admin.router.add_post("/dead-letters/{id}/discard", discard_route)
-    from webhook_ingest.ingress.admin_events import add_event_routes  # they import this module
+    from webhook_ingest.ingress.admin_event_replays import add_event_replay_routes  # they import this module
+    from webhook_ingest.ingress.admin_events import add_event_routes
     from webhook_ingest.ingress.admin_incidents import add_incident_routes
     from webhook_ingest.ingress.admin_sources import add_source_routes
 
+    add_event_replay_routes(admin)  # before add_event_routes: its /events/{key} would take /events/replay/7
     add_event_routes(admin)
     add_incident_routes(admin)
     add_source_routes(admin)

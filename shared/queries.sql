@@ -487,3 +487,99 @@ DELETE FROM source_pauses WHERE source = $1 AND $2::text IS NOT NULL RETURNING s
 -- until keepalives end it — costs a failure's count, never the dead letter's
 -- commit nor a statement connection for long (adversary round 6, R6-5).
 SELECT set_config('lock_timeout', $1, true)
+
+-- replays by selection (shared/event_replay_store.py) -------------------------
+-- The selection is search_archive's filter ($1-$8, the same WHERE), the
+-- events it matches by key: one arrival per key (the oldest matched), never
+-- an ignored arrival (never queued), a conflicting one (its payload never
+-- ran) or one whose body the archive lacks.
+
+-- name: count_event_replay
+-- How many events a replay of the filter ($1-$8) would freeze now: the dry run.
+SELECT count(DISTINCT a.key) FROM event_archive a
+CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
+    SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
+WHERE ($1::text IS NULL OR a.source = $1)
+  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN held.processing
+                                  WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
+                                  ELSE a.status = $2 END)
+  AND ($3::text IS NULL OR a.event_type = $3)
+  AND ($4::timestamptz IS NULL OR a.received_at >= $4)
+  AND ($5::timestamptz IS NULL OR a.received_at < $5)
+  AND ($6::text IS NULL OR starts_with(a.key, $6))
+  AND ($7::text IS NULL OR starts_with(a.event_id, $7))
+  AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
+  AND a.status NOT IN ('ignored', 'conflict') AND a.body IS NOT NULL
+
+-- name: insert_event_replay
+-- A replay of the filter ($1-$8) frozen now, asked by $9 with its filter as
+-- $10: the replay's row and its items, numbered in the order received, in
+-- one statement (one snapshot: what the count said is what is frozen).
+WITH selected AS (
+    SELECT DISTINCT ON (a.key) a.source, a.key, a.received_at FROM event_archive a
+    CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
+        SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
+    WHERE ($1::text IS NULL OR a.source = $1)
+      AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN held.processing
+                                      WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
+                                      ELSE a.status = $2 END)
+      AND ($3::text IS NULL OR a.event_type = $3)
+      AND ($4::timestamptz IS NULL OR a.received_at >= $4)
+      AND ($5::timestamptz IS NULL OR a.received_at < $5)
+      AND ($6::text IS NULL OR starts_with(a.key, $6))
+      AND ($7::text IS NULL OR starts_with(a.event_id, $7))
+      AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
+      AND a.status NOT IN ('ignored', 'conflict') AND a.body IS NOT NULL
+    ORDER BY a.key, a.received_at
+), replay AS (
+    INSERT INTO event_replays (filter, total, created_by)
+    SELECT $10::jsonb, count(*), $9 FROM selected
+    RETURNING id
+), items AS (
+    INSERT INTO event_replay_items (replay_id, item, source, key, received_at)
+    SELECT replay.id, row_number() OVER (ORDER BY s.received_at, s.source, s.key), s.source, s.key, s.received_at
+    FROM replay, selected s
+)
+SELECT id FROM replay
+
+-- name: get_event_replay
+SELECT * FROM event_replays WHERE id = $1
+
+-- name: event_replay_items
+-- Items $2 and after of replay $1, in order, at most $3.
+SELECT item, source, key, received_at FROM event_replay_items
+WHERE replay_id = $1 AND item >= $2 ORDER BY item LIMIT $3
+
+-- name: event_replay_arrival
+-- What a replay publishes of one frozen item: its arrival as archived.
+SELECT source, key, received_at, event_id, payload_sha256, body, headers FROM event_archive
+WHERE source = $1 AND key = $2 AND received_at = $3
+
+-- name: claim_event_replay
+-- Start (or resume) at $2 per second: only one process runs it. A run whose
+-- process died (no step for 30 s plus two of its intervals) may be resumed.
+UPDATE event_replays
+SET state = 'running', rate = $2, error = NULL, started_at = coalesce(started_at, now()), stepped_at = now()
+WHERE id = $1 AND (state IN ('prepared', 'failed')
+                   OR (state = 'running' AND stepped_at < now() - make_interval(secs => 30 + 2 / rate)))
+RETURNING *
+
+-- name: event_replay_step
+-- Item $2 handled: published ($3 true) or skipped. Only in order, once.
+UPDATE event_replays
+SET next_item = $2 + 1, published = published + $3::boolean::integer,
+    skipped = skipped + (NOT $3)::integer, stepped_at = now()
+WHERE id = $1 AND next_item = $2
+
+-- name: finish_event_replay
+UPDATE event_replays SET state = $2, error = $3, finished_at = now()
+WHERE id = $1 AND state = 'running'
+
+-- name: cancel_event_replay
+UPDATE event_replays SET state = 'cancelled', finished_at = now()
+WHERE id = $1 AND state IN ('prepared', 'running', 'failed')
+RETURNING id
+
+-- name: event_replay_state
+SELECT state FROM event_replays WHERE id = $1
+

@@ -115,3 +115,6 @@ def _table(rows: list[dict], now: datetime) -> str:
         lines.append(f"{received:<10} {trimmed(row['source'], 12):<12} {row['status']:<10} "
                      f"{trimmed(row['event_type'] or '-', 20):<20} {row['attempts']:>8}  {detail}")
     return "\n".join(lines)
+
+
+from webhook_ingest import events_replay  # noqa: E402,F401 - registers `events replay` (its own module)

@@ -18,7 +18,7 @@ import asyncio
 import time
 from dataclasses import replace
 
-from webhook_ingest.shared import archive
+from webhook_ingest.shared import archive, replay_keys
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
 from webhook_ingest.shared.archive_writer import BatchedWriter
@@ -74,6 +74,8 @@ class ArchiveNotes:
     def _note(self, message: EventMessage, status: str, error: str | None = None) -> None:
         source = self._sources.get(message.source)
         if self._writer is None or source is None or not source.retention:
+            return
+        if replay_keys.parse(message.key) is not None:  # a replay's run: the event's arrival stays as it ended
             return
         if message.route:  # a route's run: the event's one row shows it (docs/design.md, "Routes")
             message = replace(message, key=message.key.removesuffix(f"#{message.route}"))

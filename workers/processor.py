@@ -44,7 +44,7 @@ from webhook_ingest.workers.attempts import already_handed_on
 from webhook_ingest.workers.coalesced import CoalescedStatements
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.handler_db import HandlerTransaction
-from webhook_ingest.workers.handlers import Event, HandlerContext, handler_key, load_handlers
+from webhook_ingest.workers.handlers import Event, HandlerContext, handler_key, load_handlers, replay_of
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore, quietly
 from webhook_ingest.workers.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
 from webhook_ingest.workers.renewals import LeaseRenewals, LockRenewals
@@ -274,6 +274,7 @@ class Processor:
             attempt=message.attempt,
             body=message.body,
             route=message.route,
+            replay=replay_of(message.key, message.replay_of),
         )
         context = HandlerContext(db=db, options=source.handler_for(message.route)[1], logger=log)
         try:

@@ -254,9 +254,9 @@ async def start_bulk(request: web.Request) -> web.Response:
     if action is None:
         await leave_message(request, "error", "This bulk action is not waiting to start: nothing was changed.")
     else:
-        request.config_dict[bulk_runner_key].start(action, actor(request), store(request),
-                                                   request.config_dict[publisher_key],
-                                                   request.config_dict[settings_key].namespace)
+        request.config_dict[bulk_runner_key].start_bulk(action, actor(request), store(request),
+                                                        request.config_dict[publisher_key],
+                                                        request.config_dict[settings_key].namespace)
     raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")
 
 

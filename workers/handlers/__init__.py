@@ -22,7 +22,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from webhook_ingest.shared import payloads
+from webhook_ingest.shared import payloads, replay_keys
 from webhook_ingest.shared.errors import ConfigError
 
 if TYPE_CHECKING:  # the handler API stays light to import
@@ -36,6 +36,25 @@ class PermanentError(Exception):
 
 
 @dataclass(frozen=True)
+class Replay:
+    """What `event.replay` tells a replayed run (docs/reference.md §7, Handler API)."""
+
+    event_key: str  # the key the event's own run used (a route's run: its route key)
+    events_replay: int | None = None  # the replay by selection (`events replay`: event_replays.id) this run is of
+    dead_letter_replay: int | None = None  # the dead letter's replay (dead_letter_replays.id) that started its chain
+
+
+def replay_of(key: str, replay_of_dead_letter: int) -> Replay | None:
+    """A run's `event.replay` from its key (`replay-R/KEY`: shared/replay_keys.py)
+    and its chain (`x-replay-of`); None for the event's own run."""
+    parsed = replay_keys.parse(key)
+    if parsed is None and not replay_of_dead_letter:
+        return None
+    events_replay, event_key = parsed if parsed is not None else (None, key)
+    return Replay(event_key, events_replay, replay_of_dead_letter or None)
+
+
+@dataclass(frozen=True)
 class Event:
     source: str
     event_id: str
@@ -45,6 +64,7 @@ class Event:
     attempt: int
     body: bytes = field(repr=False)
     route: str = ""  # the route this run is for ("" : the source's one handler); `key` is then KEY#ROUTE
+    replay: Replay | None = None  # None: the event's own run; else which replay this run is of
 
     @cached_property
     def payload(self) -> Any:

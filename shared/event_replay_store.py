@@ -1,0 +1,144 @@
+"""Replays of archived events in Postgres (`shared/event_replays.py` says what
+they are): the dry-run count, the frozen selection, the progress, and the
+job `shared/paced_runs.py` drives — one object the admin API, the console
+and `webhook-ingest events replay` share.
+
+Over one asyncpg pool (the ingress) or one connection (the CLI), with the
+named SQL of `shared/queries.sql`.
+"""
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import asyncpg
+from aio_pika.abc import AbstractChannel
+
+from webhook_ingest.shared import topology
+from webhook_ingest.shared.archived_events import EventFilter
+from webhook_ingest.shared.dead_letters import SQL, Actor, jsonb
+from webhook_ingest.shared.event_replays import EventReplay, ReplayItem, filter_json, replayed_message
+from webhook_ingest.shared.message import to_amqp
+from webhook_ingest.shared.paced_runs import DEFAULT_RATE
+from webhook_ingest.shared.sessions import one_of
+
+ACQUIRE_TIMEOUT = 5.0
+STATEMENT_SECONDS = 60.0  # freezing a large window reads it whole
+PUBLISH_TIMEOUT = 10.0
+ITEMS_PER_READ = 500
+
+
+class EventReplayStore:
+    def __init__(self, database: asyncpg.Pool | asyncpg.Connection):
+        self._database = database
+
+    def _connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+        return one_of(self._database, ACQUIRE_TIMEOUT)
+
+    async def count(self, where: EventFilter) -> int:
+        """How many events a replay of `where` would take now (the dry run)."""
+        async with self._connection() as connection:
+            return await connection.fetchval(SQL["count_event_replay"], *where.arguments(),
+                                             timeout=STATEMENT_SECONDS)
+
+    async def prepare(self, where: EventFilter, actor: Actor) -> EventReplay:
+        """A replay of what `where` matches now, frozen, waiting to be started."""
+        async with self._connection() as connection:
+            replay_id = await connection.fetchval(SQL["insert_event_replay"], *where.arguments(), str(actor),
+                                                  jsonb(filter_json(where)), timeout=STATEMENT_SECONDS)
+            return EventReplay.from_row(await connection.fetchrow(SQL["get_event_replay"], replay_id))
+
+    async def get(self, replay_id: int) -> EventReplay | None:
+        async with self._connection() as connection:
+            row = await connection.fetchrow(SQL["get_event_replay"], replay_id)
+        return None if row is None else EventReplay.from_row(row)
+
+    async def claim(self, replay_id: int, rate: float = DEFAULT_RATE) -> EventReplay | None:
+        """Running at `rate` per second, by the caller alone; None when it runs
+        elsewhere (and has not stalled), is finished, or was cancelled."""
+        async with self._connection() as connection:
+            row = await connection.fetchrow(SQL["claim_event_replay"], replay_id, rate)
+        return None if row is None else EventReplay.from_row(row)
+
+    async def cancel(self, replay_id: int) -> bool:
+        """Cancelled (what was published stays published); False when it had ended."""
+        async with self._connection() as connection:
+            return await connection.fetchval(SQL["cancel_event_replay"], replay_id) is not None
+
+    async def state(self, replay_id: int) -> str | None:
+        async with self._connection() as connection:
+            return await connection.fetchval(SQL["event_replay_state"], replay_id)
+
+    async def items(self, replay_id: int, first: int) -> AsyncIterator[ReplayItem]:
+        """The frozen items from `first` on, in order, read a page at a time."""
+        while True:
+            async with self._connection() as connection:
+                rows = await connection.fetch(SQL["event_replay_items"], replay_id, first, ITEMS_PER_READ)
+            for row in rows:
+                yield ReplayItem(**dict(row))
+            if len(rows) < ITEMS_PER_READ:
+                return
+            first = rows[-1]["item"] + 1
+
+    async def publish(self, channel: AbstractChannel, namespace: str, replay_id: int, item: ReplayItem) -> bool:
+        """Item's event published under the replay's key, confirmed by the
+        broker; False, nothing published, when its arrival is no longer
+        archived (its day dropped by the retention meanwhile)."""
+        async with self._connection() as connection:
+            arrival = await connection.fetchrow(SQL["event_replay_arrival"], item.source, item.key, item.received_at)
+        if arrival is None or arrival["body"] is None:
+            return False
+        await topology.publish(channel, to_amqp(replayed_message(arrival, replay_id)),
+                               topology.events_queue(namespace), timeout=PUBLISH_TIMEOUT)
+        return True
+
+    async def step(self, replay_id: int, item: int, published: bool) -> None:
+        async with self._connection() as connection:
+            await connection.execute(SQL["event_replay_step"], replay_id, item, published)
+
+    async def finish(self, replay_id: int, state: str, error: str | None = None) -> None:
+        async with self._connection() as connection:
+            await connection.execute(SQL["finish_event_replay"], replay_id, state, error)
+
+    async def record_audit(self, actor: Actor, action: str, detail: dict) -> None:
+        async with self._connection() as connection:
+            await connection.execute(SQL["insert_audit"], actor.role, actor.name, actor.via, action, [],
+                                     jsonb(detail))
+
+
+class EventReplayJob:
+    """One claimed replay, as `shared/paced_runs.run` drives it. `channel()`
+    gives the confirm-mode channel to publish on (the ingress's publisher's,
+    or the CLI's own); `progress` is told after each item (the CLI prints)."""
+
+    name = "events_replay"
+
+    def __init__(self, replay: EventReplay, actor: Actor, store: EventReplayStore, channel, namespace: str,
+                 progress=None):
+        self.replay, self.actor = replay, actor
+        self.id, self.rate = replay.id, replay.rate or DEFAULT_RATE
+        self._store, self._channel, self._namespace, self._progress = store, channel, namespace, progress
+        self._published, self._skipped = replay.published, replay.skipped
+
+    def remaining(self) -> AsyncIterator[ReplayItem]:
+        return self._store.items(self.id, self.replay.next_item)
+
+    async def state(self) -> str | None:
+        return await self._store.state(self.id)
+
+    async def act(self, item: ReplayItem) -> bool:
+        return await self._store.publish(self._channel(), self._namespace, self.id, item)
+
+    async def step(self, item: ReplayItem, acted: bool) -> None:
+        await self._store.step(self.id, item.item, acted)
+        self._published, self._skipped = self._published + acted, self._skipped + (not acted)
+        if self._progress is not None:
+            self._progress(item.item, self.replay.total, self._published, self._skipped)
+
+    async def finish(self, state: str, error: str | None) -> None:
+        await self._store.finish(self.id, state, error)
+
+    async def audit(self, what: str, acted: list[ReplayItem] | None, **detail) -> None:
+        counts = ({"total": self.replay.total, "from_item": self.replay.next_item} if acted is None
+                  else {"published": len(acted), "published_in_all": self._published, "skipped": self._skipped})
+        await self._store.record_audit(self.actor, what, {"event_replay_id": self.id, "rate": self.rate,
+                                                          "filter": self.replay.filter} | counts | detail)

@@ -1,0 +1,100 @@
+"""Replays of archived events by selection (docs/reference.md §8, "Replaying
+archived events"): "replay every invoice.paid of stripe received between
+14:00 and 15:10".
+
+A replay is asked with the archive search's filter (`shared/archived_events.py`).
+A dry run counts the events it would take; preparing freezes them — the keys
+the filter matches at that moment, one arrival each, in the order received
+(`event_replay_items`) — and only those are ever published, never an event
+that arrives after. It is then run, paced, by the shared machinery of the
+dead letters' bulk actions (`shared/paced_runs.py`): cancellable from any
+process, resumable, audited. Replay R publishes each event under the key
+`replay-R/KEY` (`shared/replay_keys.py`), which is what makes it run once
+per replay. The rows are read and written by `EventReplayStore`.
+"""
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from webhook_ingest.shared.archived_events import EventFilter
+from webhook_ingest.shared.dead_letters import iso_utc
+from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.shared.replay_keys import replay_key
+
+STATES = ("prepared", "running", "done", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class EventReplay:
+    id: int
+    filter: dict
+    total: int
+    state: str
+    rate: float | None
+    next_item: int
+    published: int
+    skipped: int
+    error: str | None
+    created_by: str
+    created_at: datetime
+    started_at: datetime | None
+    stepped_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row) -> "EventReplay":
+        record = dict(row)
+        record["filter"] = json.loads(record["filter"])
+        return cls(**record)
+
+    @property
+    def handled(self) -> int:
+        return self.next_item - 1
+
+    def document(self) -> dict:
+        """`events replay --show --json` / `GET /admin/events/replay/{id}`."""
+        return {
+            "id": self.id, "state": self.state, "filter": self.filter, "total": self.total,
+            "handled": self.handled, "published": self.published, "skipped": self.skipped, "rate": self.rate,
+            "error": self.error, "created_by": self.created_by, "created_at": iso_utc(self.created_at),
+            "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+        }
+
+
+@dataclass(frozen=True)
+class ReplayItem:
+    """One frozen event of a replay: its number, and its arrival in the archive."""
+
+    item: int
+    source: str
+    key: str
+    received_at: datetime
+
+
+def filter_json(where: EventFilter) -> dict:
+    """The filter as asked, for the replay's row and the audit log."""
+    names = {"source": "source", "status": "status", "event_type": "type", "since": "since", "until": "until",
+             "key": "key", "event_id": "event_id", "payload": "payload"}
+    return {label: iso_utc(value) if isinstance(value, datetime) else value
+            for name, label in names.items() if (value := getattr(where, name)) is not None}
+
+
+def replayed_message(arrival, replay_id: int) -> EventMessage:
+    """The archived arrival as the ingress queued it, under replay `replay_id`'s
+    key: attempt 1 of a chain of its own. No route: a routed source's worker
+    fans it out to every route that takes it (`replay-R/KEY#ROUTE`)."""
+    headers = arrival["headers"]
+    return EventMessage(
+        key=replay_key(arrival["key"], replay_id),
+        source=arrival["source"],
+        event_id=arrival["event_id"],
+        payload_sha256=arrival["payload_sha256"],
+        received_at=arrival["received_at"].timestamp(),
+        body=bytes(arrival["body"]),
+        headers=json.loads(headers) if isinstance(headers, str) else dict(headers or {}),
+    )
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else iso_utc(moment)

@@ -1,0 +1,114 @@
+"""Acting on a frozen set one item at a time: paced, cancellable, resumable,
+audited — the machinery the dead letters' bulk actions and the replays of
+archived events share (docs/reference.md §8.1, §8).
+
+Item n is acted on no sooner than n / rate seconds after the start, so ten
+thousand never flood the workers. Before each item the job's state is read
+from Postgres: another process (the console's Cancel, `events replay
+--cancel`) ends the run by writing `cancelled`. Progress is written after
+each item, so any process shows it, and a run that stopped (the broker or
+Postgres failed, the process ended) resumes with what is left. The audit log
+gets one entry when the run starts and one when it ends.
+
+What an item is, how it is acted on and where progress lives is the job's
+(`PacedJob`): `ingress/console/bulk.py` for dead letters,
+`shared/event_replay_store.py` for archived events.
+"""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.logging import get_logger
+
+log = get_logger(__name__)
+
+MAX_RATE = 1000.0
+DEFAULT_RATE = 10.0
+
+
+class PacedJob(Protocol):
+    id: int
+    name: str  # the audit log's action: NAME_started, then NAME
+    rate: float
+
+    def remaining(self) -> AsyncIterator[Any]: ...
+
+    async def state(self) -> str | None: ...
+
+    async def act(self, item: Any) -> bool:
+        """True when acted on, False when skipped."""
+
+    async def step(self, item: Any, acted: bool) -> None: ...
+
+    async def finish(self, state: str, error: str | None) -> None: ...
+
+    async def audit(self, what: str, acted: list[Any] | None, **detail) -> None:
+        """One audit entry; `acted` the items acted on, None when the run starts
+        (the job says what it is about to act on)."""
+
+
+async def run(job: PacedJob) -> str:
+    """The job from its first remaining item to its last; its end state."""
+    acted: list[Any] = []
+    await _audit(job, f"{job.name}_started", None)
+    state, error = "failed", None
+    try:
+        state = await _steps(job, acted)
+    except asyncio.CancelledError:
+        state, error = "failed", "the process stopped during the run; resume it"
+        raise
+    except Exception as exc:  # noqa: BLE001 - broker or Postgres failed: resumable
+        state, error = "failed", describe(exc)
+        log.warning("paced_run_failed", job=job.name, id=job.id, error=error)
+    finally:
+        await asyncio.shield(_finish(job, acted, state, error))
+    return state
+
+
+async def _steps(job: PacedJob, acted: list[Any]) -> str:
+    loop = asyncio.get_running_loop()
+    started, n = loop.time(), 0
+    async for item in job.remaining():
+        await asyncio.sleep(max(0.0, started + n / job.rate - loop.time()))
+        n += 1
+        if await job.state() != "running":
+            return "cancelled"
+        done = await job.act(item)
+        await job.step(item, done)
+        if done:
+            acted.append(item)
+    return "done"
+
+
+async def _finish(job: PacedJob, acted: list[Any], state: str, error: str | None) -> None:
+    with contextlib.suppress(Exception):  # noqa: BLE001 - Postgres away: it shows running, resumable later
+        if state != "cancelled":
+            await job.finish(state, error)
+    await _audit(job, job.name, acted, state=state)
+
+
+async def _audit(job: PacedJob, what: str, acted: list[Any] | None, **detail) -> None:
+    with contextlib.suppress(Exception):  # noqa: BLE001 - logged instead when Postgres is away
+        await job.audit(what, acted, **detail)
+        return
+    log.warning("paced_run_audit_lost", job=job.name, id=job.id, action=what, count=len(acted or ()))
+
+
+class PacedRunner:
+    """The paced runs this process runs in the background; stopped with it."""
+
+    def __init__(self):
+        self._tasks: set[asyncio.Task] = set()
+
+    def start(self, job: PacedJob) -> None:
+        task = asyncio.create_task(run(job), name=f"{job.name}-{job.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self, _app=None) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,204 @@
+"""Replaying archived events by filter and window (issue 22, item 5): the
+selection and its freezing in real Postgres, the dry-run count and the run
+through `webhook-ingest events replay` and the admin API's
+POST /admin/events/replay. What the workers make of the replayed messages:
+tests/acceptance/test_event_replays.py."""
+
+import asyncio
+import dataclasses
+import json
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+from click.testing import CliRunner
+
+from tests.support.archive import archived_event, seed_archive
+from tests.support.events import publish_events
+from tests.support.ingress import queued_events, running_ingress
+from tests.support.processes import wait_until
+from webhook_ingest.cli import main
+from webhook_ingest.shared import archive
+from webhook_ingest.shared.archived_events import parse_filter
+from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.event_replay_store import EventReplayStore
+from webhook_ingest.shared.replay_keys import parse, replay_key
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources
+
+TOKEN = "s3cret-admin-token-of-the-event-replay-tests"
+VIEWER = "s3cret-viewer-token-of-the-event-replay-tests"
+NOW = datetime.now(UTC).replace(microsecond=0)
+SINCE, UNTIL = (NOW - timedelta(minutes=70)).isoformat(), (NOW - timedelta(minutes=20)).isoformat()
+
+
+def at(minutes_ago: int) -> datetime:
+    return NOW - timedelta(minutes=minutes_ago)
+
+
+@pytest.fixture
+def admin_settings(settings, monkeypatch) -> Settings:
+    monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("WEBHOOK_INGEST_VIEWER_TOKEN", VIEWER)
+    return Settings()
+
+
+@pytest.fixture
+async def window(settings):
+    """stripe's invoice.paid in the window [70, 20) minutes ago: evt_1 (processed,
+    a copy of it, and another payload under its key: a conflict), evt_2 (dead),
+    evt_5 (ignored); around them what the filter leaves out."""
+    paid_1 = archived_event("stripe", "evt_1", at(60), "invoice.paid", customer="cus_1")
+    copy_1 = dataclasses.replace(paid_1, received_at=at(50).timestamp())
+    paid_2 = archived_event("stripe", "evt_2", at(40), "invoice.paid", customer="cus_2")
+    other_1 = archived_event("stripe", "evt_1", at(35), "invoice.paid", customer="cus_other")  # another payload
+    ignored = archived_event("stripe", "evt_5", at(30), "invoice.paid")
+    created = archived_event("stripe", "evt_3", at(45), "invoice.created")
+    early = archived_event("stripe", "evt_0", at(90), "invoice.paid")
+    late = archived_event("stripe", "evt_9", at(10), "invoice.paid")
+    push = archived_event("github", "d-1", at(45), "invoice.paid")
+    done = NOW.timestamp()
+    await seed_archive(settings.database_url, [paid_1, copy_1, paid_2, other_1, ignored, created, early, late, push], [
+        archive.outcome_row(paid_1, archive.PROCESSED, done), archive.outcome_row(copy_1, archive.DUPLICATE, done),
+        archive.outcome_row(paid_2, archive.DEAD, done, "RuntimeError: 500"),
+        archive.outcome_row(other_1, archive.CONFLICT, done)])
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        await connection.execute("UPDATE event_archive SET status = 'ignored' WHERE key = $1", ignored.key)
+    finally:
+        await connection.close()
+    return {"paid_1": paid_1, "paid_2": paid_2}
+
+
+def stripe_paid(**more):
+    return parse_filter({"source": "stripe", "type": "invoice.paid", "since": SINCE, "until": UNTIL, **more})
+
+
+def events(*args: str):
+    return CliRunner().invoke(main, ["events", *args])
+
+
+async def test_a_selection_takes_each_matching_event_once_and_is_frozen_when_prepared(settings, window):
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        store = EventReplayStore(connection)
+        assert await store.count(stripe_paid()) == 2  # evt_1 (its copy folded in, its conflict left out) and evt_2
+        replay = await store.prepare(stripe_paid(), Actor.cli())
+        assert (replay.total, replay.state, replay.next_item, replay.created_by) == (2, "prepared", 1, f"{Actor.cli()}")
+        assert replay.filter == {"source": "stripe", "type": "invoice.paid", "since": SINCE, "until": UNTIL}
+        frozen = [(item.item, item.key, item.received_at) for item in [i async for i in store.items(replay.id, 1)]]
+        assert frozen == [(1, "stripe:evt_1", at(60)), (2, "stripe:evt_2", at(40))]  # the oldest arrival, in order
+
+        later = archived_event("stripe", "evt_7", at(25), "invoice.paid")  # arrives in the window after the freeze
+        await seed_archive(settings.database_url, [later])
+        assert await store.count(stripe_paid()) == 3
+        assert [i.key async for i in store.items(replay.id, 1)] == ["stripe:evt_1", "stripe:evt_2"]
+        assert (await store.get(replay.id)).total == 2
+        again = await store.prepare(stripe_paid(), Actor.cli())
+        assert again.id > replay.id and again.total == 3
+        assert await store.count(stripe_paid(status="dead")) == 1
+        assert await store.count(parse_filter({"payload": '{"customer": "cus_1"}'})) == 1
+    finally:
+        await connection.close()
+
+
+def test_replay_keys_split_back_into_one_replay_and_key_only():
+    assert replay_key("stripe:evt_1", 7) == "replay-7/stripe:evt_1"
+    assert parse("replay-7/stripe:evt_1") == (7, "stripe:evt_1")
+    assert parse("replay-7/stripe:evt_1#billing") == (7, "stripe:evt_1#billing")
+    for original in ("stripe:evt_1", "stripe:replay-7/x", "replay-7:x", "replay-07/a:b", "replay-/a:b", "replay-7"):
+        assert parse(original) is None, original
+
+
+def test_the_cli_counts_first_then_replays_the_frozen_selection_under_new_keys(settings, window):
+    window_options = ["--source", "stripe", "--type", "invoice.paid", "--since", SINCE, "--until", UNTIL]
+    asyncio.run(publish_events(settings.amqp_url, settings.namespace, []))  # the queue, to see it stays empty
+    dry = events("replay", *window_options, "--dry-run")
+    assert dry.exit_code == 0, dry.stderr
+    assert dry.stdout.strip() == "2 events would be replayed"
+    assert json.loads(events("replay", *window_options, "--dry-run", "--json").stdout) == {"dry_run": True, "count": 2}
+    assert asyncio.run(queued_events(settings.amqp_url, settings.namespace)) == []
+
+    declined = CliRunner().invoke(main, ["events", "replay", *window_options], input="n\n")
+    assert declined.exit_code == 2 and "cancelled: nothing was published" in declined.stderr
+    assert asyncio.run(queued_events(settings.amqp_url, settings.namespace)) == []
+
+    first = events("replay", *window_options, "--yes", "--rate", "1000", "--json")
+    assert first.exit_code == 0, first.stderr
+    document = json.loads(first.stdout)
+    assert (document["state"], document["total"], document["published"], document["skipped"]) == ("done", 2, 2, 0)
+    queued = asyncio.run(queued_events(settings.amqp_url, settings.namespace))
+    replay_id = document["id"]
+    assert [(e.key, e.attempt, e.replay_of, e.route) for e in queued] == [
+        (f"replay-{replay_id}/stripe:evt_1", 1, 0, ""), (f"replay-{replay_id}/stripe:evt_2", 1, 0, "")]
+    assert queued[0].body == window["paid_1"].body and queued[0].event_id == "evt_1"
+    assert queued[0].payload_sha256 == window["paid_1"].payload_sha256
+    assert queued[0].received_at == window["paid_1"].received_at and queued[0].headers == window["paid_1"].headers
+
+    second = json.loads(events("replay", *window_options, "--yes", "--rate", "1000", "--json").stdout)
+    assert second["id"] > replay_id  # a new replay: new keys, so each event runs once more
+    assert {e.key for e in asyncio.run(queued_events(settings.amqp_url, settings.namespace))} == {
+        f"replay-{second['id']}/stripe:evt_1", f"replay-{second['id']}/stripe:evt_2"}
+
+    shown = json.loads(events("replay", "--show", str(replay_id), "--json").stdout)
+    assert shown == document
+    assert events("replay", "--resume", str(replay_id)).exit_code == 2  # done: not waiting to run
+    assert events("replay", "--show", "999999").stderr.strip() == "error: no replay 999999"
+    nothing = events("replay", "--source", "nosuch", "--yes")
+    assert nothing.exit_code == 2 and "nothing to replay" in nothing.stderr
+    assert "invalid --since" in events("replay", "--since", "yesterday", "--dry-run").stderr
+
+
+async def test_the_admin_api_counts_runs_shows_and_cancels_a_replay(admin_settings, window):
+    auth, viewer = {"Authorization": f"Bearer {TOKEN}"}, {"Authorization": f"Bearer {VIEWER}"}
+    asked = {"source": "stripe", "type": "invoice.paid", "since": SINCE, "until": UNTIL}
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        dry = await client.post("/admin/events/replay", json=asked | {"dry_run": True}, headers=auth)
+        assert (dry.status, await dry.json()) == (200, {"dry_run": True, "count": 2})
+        assert (await client.post("/admin/events/replay", json=asked, headers=viewer)).status == 403
+        bad = await client.post("/admin/events/replay", json={"since": "yesterday"}, headers=auth)
+        assert (bad.status, (await bad.json())["error"]) == (400, "invalid_since")
+        bad = await client.post("/admin/events/replay", json=asked | {"rate": 0}, headers=auth)
+        assert (bad.status, (await bad.json())["error"]) == (400, "invalid_rate")
+        payload = await client.post("/admin/events/replay", json={"payload": {"customer": "cus_2"}, "dry_run": True},
+                                    headers=auth)
+        assert (await payload.json())["count"] == 1
+
+        started = await client.post("/admin/events/replay", json=asked | {"rate": 1000}, headers=auth)
+        assert started.status == 202, await started.text()
+        replay_id = (await started.json())["id"]
+
+        async def finished() -> bool:
+            shown = await (await client.get(f"/admin/events/replay/{replay_id}", headers=viewer)).json()
+            return shown["state"] == "done"
+
+        await wait_until(finished, 10, message="the replay done")
+        shown = await (await client.get(f"/admin/events/replay/{replay_id}", headers=auth)).json()
+        assert (shown["total"], shown["published"], shown["handled"], shown["created_by"]) == (2, 2, 2, "operator (admin-api)")
+        keys = [e.key for e in await queued_events(admin_settings.amqp_url, admin_settings.namespace)]
+        assert keys == [f"replay-{replay_id}/stripe:evt_1", f"replay-{replay_id}/stripe:evt_2"]
+        ended = await client.post(f"/admin/events/replay/{replay_id}/cancel", headers=auth)
+        assert (ended.status, (await ended.json())["error"]) == (409, "already_ended")
+        assert (await client.get("/admin/events/replay/999999", headers=auth)).status == 404
+
+        slow = await client.post("/admin/events/replay", json=asked | {"rate": 0.2}, headers=auth)  # one per 5 s
+        slow_id = (await slow.json())["id"]
+        cancelled = await client.post(f"/admin/events/replay/{slow_id}/cancel", headers=auth)
+        assert (cancelled.status, (await cancelled.json())["state"]) == (200, "cancelled")
+        await asyncio.sleep(0.5)  # its runner sees the cancel before its next item
+        shown = await (await client.get(f"/admin/events/replay/{slow_id}", headers=auth)).json()
+        assert shown["state"] == "cancelled" and shown["published"] < 2
+        queued = await queued_events(admin_settings.amqp_url, admin_settings.namespace)
+        assert len(queued) == shown["published"]
+        resumed = await client.post(f"/admin/events/replay/{slow_id}/resume", json={}, headers=auth)
+        assert resumed.status == 409  # cancelled for good
+
+    connection = await asyncpg.connect(admin_settings.database_url)
+    try:
+        audit = await connection.fetch("SELECT action, via, detail FROM audit_log ORDER BY id")
+    finally:
+        await connection.close()
+    first = [(row["action"], json.loads(row["detail"])) for row in audit if json.loads(row["detail"])["event_replay_id"] == replay_id]
+    assert [action for action, _ in first] == ["events_replay_started", "events_replay"]
+    assert first[0][1]["total"] == 2 and first[1][1]["published"] == 2 and first[1][1]["state"] == "done"
+    assert first[0][1]["filter"] == asked

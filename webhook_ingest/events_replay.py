@@ -1,0 +1,157 @@
+"""`webhook-ingest events replay …`: replay the archived events a filter
+matches (docs/reference.md §2, §8 "Replaying archived events").
+
+    events replay --source stripe --type invoice.paid --since 14:00… --until 15:10… --dry-run
+    events replay --source stripe --type invoice.paid --since … --until … [--rate 10] [--yes]
+    events replay --show ID | --cancel ID | --resume ID [--rate 10]
+
+Without `--dry-run` the selection is frozen first (its count and id are
+printed), then, once confirmed, run in the foreground by the machinery the
+console and the admin API use (`shared/paced_runs.py`), a progress line
+a second. Ctrl-C stops it resumable (`--resume ID`); `--cancel ID` ends a
+replay wherever it runs. Needs `DATABASE_URL` and `AMQP_URL`.
+"""
+
+import asyncio
+import sys
+
+import click
+
+from webhook_ingest.console import ENV_HELP, fail, run_or_fail
+from webhook_ingest.dlq import _echo_json, _settings, confirm_channel, database
+from webhook_ingest.events import events
+from webhook_ingest.shared.archived_events import STATUSES, EventFilter, InvalidFilter, parse_filter
+from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.errors import WebhookIngestError
+from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
+from webhook_ingest.shared.event_replays import EventReplay
+from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, run
+from webhook_ingest.shared.settings import Settings
+
+
+class NoSuchReplay(WebhookIngestError):
+    pass
+
+
+@events.command("replay", epilog=ENV_HELP)
+@click.option("--source", default=None, help="only this source")
+@click.option("--status", default=None, type=click.Choice(STATUSES), help="only events with this status")
+@click.option("--type", "event_type", default=None, help="only this event type (exact)")
+@click.option("--since", default=None, help="received at or after this ISO 8601 time (UTC without an offset)")
+@click.option("--until", default=None, help="received before this ISO 8601 time")
+@click.option("--key", default=None, help="keys starting with this (SOURCE:EVENT_ID)")
+@click.option("--event-id", default=None, help="event ids starting with this")
+@click.option("--payload", default=None, help='bodies containing this JSON object, e.g. \'{"customer": "cus_123"}\'')
+@click.option("--dry-run", is_flag=True, help="only count the events a replay would take")
+@click.option("--rate", default=DEFAULT_RATE, show_default=True, type=click.FloatRange(0, MAX_RATE, min_open=True),
+              help="events published per second")
+@click.option("--yes", is_flag=True, help="do not ask to confirm")
+@click.option("--show", "show_id", type=int, default=None, help="show replay ID's progress")
+@click.option("--cancel", "cancel_id", type=int, default=None, help="cancel replay ID (what was published stays)")
+@click.option("--resume", "resume_id", type=int, default=None, help="run replay ID's remaining events here")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object on stdout")
+def replay(source, status, event_type, since, until, key, event_id, payload, dry_run, rate, yes, show_id,
+           cancel_id, resume_id, as_json) -> None:
+    """Replay every archived event a filter matches, each exactly once per replay."""
+    settings = _settings()
+    if show_id is not None or cancel_id is not None:
+        replay_id = show_id if show_id is not None else cancel_id
+        document = run_or_fail(_show_or_cancel(settings, replay_id, cancel=cancel_id is not None)).document()
+        _echo_json(document) if as_json else click.echo(_describe(document))
+        return
+    if resume_id is not None:
+        _run(settings, resume_id, rate, as_json)
+        return
+    try:
+        where = parse_filter({"source": source, "status": status, "type": event_type, "since": since,
+                              "until": until, "key": key, "event_id": event_id, "payload": payload})
+    except InvalidFilter as exc:
+        fail(f"invalid --{exc.field.replace('_', '-')}: {exc}")
+    if dry_run:
+        count = run_or_fail(_count(settings, where))
+        _echo_json({"dry_run": True, "count": count}) if as_json else click.echo(f"{count} events would be replayed")
+        return
+    prepared = run_or_fail(_prepare(settings, where))
+    if prepared.total == 0:
+        run_or_fail(_show_or_cancel(settings, prepared.id, cancel=True))
+        fail("no archived event matches: nothing to replay")
+    click.echo(f"replay {prepared.id}: {prepared.total} events frozen", err=as_json)
+    if not yes and not click.confirm(f"Replay these {prepared.total} events at {rate:g} per second?", err=as_json):
+        run_or_fail(_show_or_cancel(settings, prepared.id, cancel=True))
+        fail(f"replay {prepared.id} cancelled: nothing was published")
+    _run(settings, prepared.id, rate, as_json)
+
+
+def _run(settings: Settings, replay_id: int, rate: float, as_json: bool) -> None:
+    try:
+        finished = run_or_fail(_claim_and_run(settings, replay_id, rate, as_json))
+    except KeyboardInterrupt:
+        fail(f"replay {replay_id} stopped: resume it with --resume {replay_id}, or --cancel {replay_id}")
+    if as_json:
+        _echo_json(finished.document())
+    else:
+        click.echo(_describe(finished.document()))
+    if finished.state != "done":
+        sys.exit(1)
+
+
+async def _count(settings: Settings, where: EventFilter) -> int:
+    async with database(settings) as connection:
+        return await EventReplayStore(connection).count(where)
+
+
+async def _prepare(settings: Settings, where: EventFilter) -> EventReplay:
+    async with database(settings) as connection:
+        return await EventReplayStore(connection).prepare(where, Actor.cli())
+
+
+async def _show_or_cancel(settings: Settings, replay_id: int, cancel: bool) -> EventReplay:
+    async with database(settings) as connection:
+        store = EventReplayStore(connection)
+        if cancel:
+            await store.cancel(replay_id)
+        found = await store.get(replay_id)
+    if found is None:
+        raise NoSuchReplay(f"no replay {replay_id}")
+    return found
+
+
+async def _claim_and_run(settings: Settings, replay_id: int, rate: float, as_json: bool) -> EventReplay:
+    async with database(settings) as connection, confirm_channel(settings) as channel:
+        store = EventReplayStore(connection)
+        claimed = await store.claim(replay_id, rate)
+        if claimed is None:
+            found = await store.get(replay_id)
+            raise NoSuchReplay(f"no replay {replay_id}" if found is None
+                               else f"replay {replay_id} is {found.state}: not waiting to run")
+        job = EventReplayJob(claimed, Actor.cli(), store, lambda: channel, settings.namespace,
+                             progress=_Progress(replay_id))
+        await run(job)
+        finished = await store.get(replay_id)
+    assert finished is not None
+    return finished
+
+
+class _Progress:
+    """A line on stderr at most once a second, and at the last item."""
+
+    def __init__(self, replay_id: int):
+        self._replay_id, self._shown_at = replay_id, 0.0
+
+    def __call__(self, item: int, total: int, published: int, skipped: int) -> None:
+        now = asyncio.get_running_loop().time()
+        if now - self._shown_at >= 1.0 or item == total:
+            self._shown_at = now
+            click.echo(f"replay {self._replay_id}: {item} of {total} ({published} published, {skipped} skipped)",
+                       err=True)
+
+
+def _describe(document: dict) -> str:
+    lines = [f"replay {document['id']}: {document['state']}, {document['handled']} of {document['total']} handled"
+             f" ({document['published']} published, {document['skipped']} skipped)"
+             + (f" at {document['rate']:g} per second" if document["rate"] else ""),
+             f"filter: {document['filter'] or 'none: every archived event'}",
+             f"asked by {document['created_by']} at {document['created_at']}"]
+    if document["error"]:
+        lines.append(f"stopped: {document['error']}")
+    return "\n".join(lines)
