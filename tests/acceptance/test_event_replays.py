@@ -17,6 +17,7 @@ from tests.support.events import publish_events, queue_depth
 from tests.support.exactly_once import effects_by_key, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.replay_handlers import REPLAY_RUNS_TABLE
+from tests.support.tcpproxy import free_port
 from webhook_ingest.cli import main
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.archived_events import parse_filter
@@ -78,9 +79,11 @@ async def test_a_replay_of_1000_events_with_a_worker_killed_halfway_runs_each_on
     assert told == {(key, replay["id"]) for replay in (first, second) for key in window}  # event.replay said which
 
 
-async def test_copies_of_a_replays_messages_run_each_event_once(settings, fleet, tmp_path, window):
+@pytest.mark.parametrize("redis", ["redis", "redis-unreachable"])
+async def test_copies_of_a_replays_messages_run_each_event_once(settings, fleet, tmp_path, window, redis):
     """As a runner that died between its publish and its progress leaves them,
-    or a broker's redelivery: three copies of each of 100 replayed events at once."""
+    or a broker's redelivery: three copies of each of 100 replayed events at
+    once, on two workers — also without Redis (its locks lost: Postgres alone)."""
     keys = window[:100]
     connection = await asyncpg.connect(settings.database_url)
     try:
@@ -91,11 +94,13 @@ async def test_copies_of_a_replays_messages_run_each_event_once(settings, fleet,
         await connection.close()
     messages = [replayed_message(arrival, replay.id) for arrival in arrivals]
     await publish_events(settings.amqp_url, settings.namespace, [m for m in messages for _ in range(3)])
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.replay_handlers:recorded")}
-    for _ in range(2):
-        fleet.worker("--concurrency", "32", env=env)
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.replay_handlers:recorded"),
+           **({"REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0"} if redis == "redis-unreachable" else {})}
+    workers = [fleet.worker("--concurrency", "32", env=env) for _ in range(2)]
     await _until_settled(settings, len(keys))
     assert await effects_by_key(settings.database_url) == {f"replay-{replay.id}/{key}": 1 for key in keys}
+    if redis == "redis-unreachable":
+        assert all("idempotency_store_degraded" in worker.output() for worker in workers)
 
 
 async def _until_completed(settings, count: int) -> None:
