@@ -24,6 +24,7 @@ from aiohttp_session import session_middleware
 from webhook_ingest.ingress.appkeys import database_pool_key
 from webhook_ingest.ingress.console import middlewares
 from webhook_ingest.ingress.console.bulk import BulkRunner
+from webhook_ingest.ingress.console.event_replays import add_event_replay_routes
 from webhook_ingest.ingress.console.events import add_event_routes, event_path
 from webhook_ingest.ingress.console.incidents import add_incident_routes
 from webhook_ingest.ingress.console.sources import add_source_routes
@@ -66,6 +67,7 @@ def console_app(settings: Settings) -> web.Application:
     environment.filters["event_path"] = event_path
     add_routes(console)
     add_event_routes(console)
+    add_event_replay_routes(console)
     add_incident_routes(console)
     add_source_routes(console)
     console.router.add_static("/static/", HERE / "static", append_version=True)

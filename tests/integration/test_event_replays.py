@@ -6,7 +6,9 @@ tests/acceptance/test_event_replays.py."""
 
 import asyncio
 import dataclasses
+import html
 import json
+import re
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -202,3 +204,50 @@ async def test_the_admin_api_counts_runs_shows_and_cancels_a_replay(admin_settin
     assert [action for action, _ in first] == ["events_replay_started", "events_replay"]
     assert first[0][1]["total"] == 2 and first[1][1]["published"] == 2 and first[1][1]["state"] == "done"
     assert first[0][1]["filter"] == asked
+
+
+# -- the console: the Events page's search, counted and frozen, confirmed, watched, cancelled ----------
+
+
+def csrf_of(page: str) -> str:
+    return re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
+
+
+async def test_the_console_replays_an_events_search_after_showing_its_frozen_count(admin_settings, window):
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        login = await (await client.get("/console/login")).text()
+        await client.post("/console/login", data={"csrf_token": csrf_of(login), "token": TOKEN})
+        search = {"source": "stripe", "type": "invoice.paid", "since": SINCE, "until": UNTIL}
+        page = await (await client.get("/console/events", params=search)).text()
+        assert 'action="/console/event-replays"' in page  # the search's own Replay button, its filter hidden
+        form = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', page))
+        assert {name: html.unescape(form[name]) for name in search} == search
+
+        prepared = await client.post("/console/event-replays", data=form)
+        text = await prepared.text()
+        assert prepared.status == 200 and "<strong>2</strong> events match, frozen now" in text, text[-1500:]
+        replay_path = prepared.url.path
+        await seed_archive(admin_settings.database_url, [archived_event("stripe", "evt_8", at(25), "invoice.paid")])
+        await client.post(f"{replay_path}/start", data={"csrf_token": form["csrf_token"], "rate": "1000"})
+
+        async def done() -> bool:
+            return "State: <strong>done</strong>" in await (await client.get(replay_path)).text()
+
+        await wait_until(done, 10, message="the replay done")
+        progress = await (await client.get(replay_path, headers={"HX-Request": "true"})).text()
+        assert "2 of 2 published, 0 skipped" in progress and "<h1>" not in progress
+        replay_id = int(replay_path.rsplit("/", 1)[1])
+        keys = [e.key for e in await queued_events(admin_settings.amqp_url, admin_settings.namespace)]
+        assert keys == [f"replay-{replay_id}/stripe:evt_1", f"replay-{replay_id}/stripe:evt_2"]  # not evt_8
+
+        bad = await client.post("/console/event-replays", data={"csrf_token": form["csrf_token"], "since": "soon"})
+        assert bad.status == 400 and "is not valid" in await bad.text()
+        nothing = await client.post("/console/event-replays", data={"csrf_token": form["csrf_token"], "source": "x"})
+        assert "nothing to do" in await nothing.text()
+
+        waiting = await client.post("/console/event-replays", data=form)
+        waiting_path = waiting.url.path
+        cancelled = await client.post(f"{waiting_path}/cancel", data={"csrf_token": form["csrf_token"]})
+        assert "Cancelled: what was published stays published." in await cancelled.text()
+        assert "State: <strong>cancelled</strong>" in await cancelled.text()
+        assert (await client.get("/console/event-replays/999999")).status == 404
