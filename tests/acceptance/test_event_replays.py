@@ -131,3 +131,30 @@ async def _replay_runs(settings) -> set[tuple[str, int]]:
     for row in rows:
         assert row["key"] == f"replay-{row['events_replay']}/{row['event_key']}"
     return {(row["event_key"], row["events_replay"]) for row in rows}
+
+
+async def test_a_replay_of_a_routed_sources_events_runs_every_route_once(settings, fleet, tmp_path, window):
+    """A source with two routes: the replay's message is fanned out by the
+    worker like the event was, each (event, route) once under replay-R/KEY#ROUTE."""
+    sources = tmp_path / "routes.toml"
+    sources.write_text('[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\n'
+                       '[[sources.acme.routes]]\nname = "billing"\nhandler = "tests.support.replay_handlers:recorded"\n'
+                       'types = ["invoice.*"]\n'
+                       '[[sources.acme.routes]]\nname = "crm"\nhandler = "tests.support.replay_handlers:recorded"\n')
+    for _ in range(2):
+        fleet.worker("--concurrency", "32", env={"WEBHOOK_INGEST_SOURCES": str(sources)})
+    keys = window[:50]
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        replay = await EventReplayStore(connection).prepare(parse_filter({"source": "acme", "key": "acme:evt_1"}),
+                                                            Actor.cli())
+        arrivals = [await connection.fetchrow("SELECT * FROM event_archive WHERE key = $1", key) for key in keys]
+    finally:
+        await connection.close()
+    await publish_events(settings.amqp_url, settings.namespace,
+                         [replayed_message(arrival, replay.id) for arrival in arrivals for _ in range(2)])
+    await _until_settled(settings, 2 * len(keys))
+    assert await effects_by_key(settings.database_url) == {
+        f"replay-{replay.id}/{key}#{route}": 1 for key in keys for route in ("billing", "crm")}
+    told = await _replay_runs(settings)
+    assert told == {(f"{key}#{route}", replay.id) for key in keys for route in ("billing", "crm")}
