@@ -33,6 +33,7 @@ from webhook_ingest.ingress.console.sessions import ConsoleSessions, console_ses
 from webhook_ingest.ingress.console.rendering import human_bytes
 from webhook_ingest.ingress.console.vendor import HTMX_FILE
 from webhook_ingest.ingress.console.views import add_routes, bulk_runner_key
+from webhook_ingest.shared import replay_keys
 from webhook_ingest.shared.dead_letters import iso_utc
 from webhook_ingest.shared.settings import Settings
 
@@ -65,6 +66,7 @@ def console_app(settings: Settings) -> web.Application:
     environment.filters["when"] = lambda moment: iso_utc(moment).replace("+00:00", "Z") if moment else "—"
     environment.filters["size"] = human_bytes
     environment.filters["event_path"] = event_path
+    environment.filters["replay_key_parts"] = replay_keys.parse  # (R, KEY) of replay-R/KEY, else None
     add_routes(console)
     add_event_routes(console)
     add_event_replay_routes(console)

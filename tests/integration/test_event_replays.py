@@ -23,7 +23,10 @@ from webhook_ingest.cli import main
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archived_events import parse_filter
 from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.event_replay_store import EventReplayStore
+from webhook_ingest.shared.event_replays import replayed_message
+from tests.support.dead_letters import failure
 from webhook_ingest.shared.replay_keys import parse, replay_key
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
@@ -251,3 +254,56 @@ async def test_the_console_replays_an_events_search_after_showing_its_frozen_cou
         assert "Cancelled: what was published stays published." in await cancelled.text()
         assert "State: <strong>cancelled</strong>" in await cancelled.text()
         assert (await client.get("/console/event-replays/999999")).status == 404
+
+        dead_run = replayed_message(await _arrival(admin_settings, "stripe:evt_2"), replay_id)  # its run failed for good
+        connection = await asyncpg.connect(admin_settings.database_url)
+        try:
+            dead_letter = await record_dead_letter(connection, dead_run, [failure(1)])
+        finally:
+            await connection.close()
+        letter = await (await client.get(f"/console/dead-letters/{dead_letter}")).text()
+        assert f"<code>replay-{replay_id}/stripe:evt_2</code>" in letter
+        assert '<a href="/console/events/stripe:evt_2">its archived event</a>' in letter
+        assert f'<a href="/console/event-replays/{replay_id}">replay {replay_id}</a>' in letter
+
+
+async def _arrival(settings, key: str):
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        return await connection.fetchrow("SELECT * FROM event_archive WHERE key = $1 ORDER BY received_at LIMIT 1", key)
+    finally:
+        await connection.close()
+
+
+async def test_an_event_whose_day_was_dropped_is_skipped_and_a_stalled_run_may_be_resumed(settings, window):
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        store = EventReplayStore(connection)
+        replay = await store.prepare(stripe_paid(), Actor.cli())
+        await connection.execute("DELETE FROM event_archive WHERE key = 'stripe:evt_1'")  # as a dropped day would
+        claimed = await store.claim(replay.id, 1000)
+        assert claimed is not None and await store.claim(replay.id, 1000) is None  # one runner at a time
+        await connection.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
+                                 replay.id)  # its process died mid-run
+        claimed = await store.claim(replay.id, 1000)
+        assert claimed is not None and claimed.state == "running"
+    finally:
+        await connection.close()
+    result = await asyncio.to_thread(events, "replay", "--resume", str(replay.id), "--json")
+    assert result.exit_code == 2 and "is running: not waiting to run" in result.stderr  # a live runner holds it
+    await _stale(settings, replay.id)
+    result = await asyncio.to_thread(events, "replay", "--resume", str(replay.id), "--json")
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert (document["state"], document["published"], document["skipped"]) == ("done", 1, 1)
+    queued = await queued_events(settings.amqp_url, settings.namespace)
+    assert [e.key for e in queued] == [f"replay-{replay.id}/stripe:evt_2"]
+
+
+async def _stale(settings, replay_id: int) -> None:
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        await connection.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
+                                 replay_id)
+    finally:
+        await connection.close()
