@@ -52,6 +52,13 @@ class EventReplayStore:
             row = await connection.fetchrow(SQL["get_event_replay"], replay_id)
         return None if row is None else EventReplay.from_row(row)
 
+    async def replays_of(self, key: str, limit: int = 20) -> list[dict]:
+        """The replays by selection that took the event keyed `key`, newest first
+        (an event's page): `id`, `state`, `created_by`, `created_at`, `handled`,
+        `completed_at` (its run's completion; None before, or for a routed event's)."""
+        async with self._connection() as connection:
+            return [dict(row) for row in await connection.fetch(SQL["replays_of_event"], key, limit)]
+
     async def claim(self, replay_id: int, rate: float = DEFAULT_RATE) -> EventReplay | None:
         """Running at `rate` per second, by the caller alone; None when it runs
         elsewhere (and has not stalled), is finished, or was cancelled."""

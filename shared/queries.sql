@@ -583,3 +583,15 @@ RETURNING id
 -- name: event_replay_state
 SELECT state FROM event_replays WHERE id = $1
 
+
+-- name: replays_of_event
+-- The replays by selection whose frozen items hold the key $1, newest first,
+-- at most $2: each replay's state, who asked, whether its item was handled
+-- (published or skipped) and its run's completion (under replay-R/KEY).
+SELECT r.id, r.state, r.created_by, r.created_at, r.next_item > i.item AS handled, p.completed_at
+FROM event_replay_items i
+JOIN event_replays r ON r.id = i.replay_id
+LEFT JOIN processed_events p ON p.key = 'replay-' || r.id || '/' || i.key
+WHERE i.key = $1
+ORDER BY r.id DESC
+LIMIT $2

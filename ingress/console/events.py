@@ -25,6 +25,7 @@ from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archived_events import COUNT_CAP, STATUSES, Cursor
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.event_replay_store import EventReplayStore
 
 PAGE_SIZE = 50
 SHOWN_DEAD_LETTERS = 10  # an event's latest dead letters whose attempts and replays its page lists
@@ -156,7 +157,8 @@ async def event_page(request: web.Request) -> web.Response:
                "copies": [row["received_at"] for row in arrivals if row["status"] == archive.DUPLICATE],
                "conflicts": sum(row["status"] == archive.CONFLICT for row in arrivals),
                "completion": json.loads(records["completion"]) if records["completion"] else None,
-               "dead_letters": await _dead_letters(request.config_dict[dead_letters_key], dead_letters)}
+               "dead_letters": await _dead_letters(request.config_dict[dead_letters_key], dead_letters),
+               "selection_replays": await EventReplayStore(request.config_dict[database_pool_key]).replays_of(key)}
     return await render(request, "event.html", context | {"shown_copy_times": SHOWN_COPY_TIMES})
 
 

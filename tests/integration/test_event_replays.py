@@ -255,6 +255,18 @@ async def test_the_console_replays_an_events_search_after_showing_its_frozen_cou
         assert "State: <strong>cancelled</strong>" in await cancelled.text()
         assert (await client.get("/console/event-replays/999999")).status == 404
 
+        connection = await asyncpg.connect(admin_settings.database_url)
+        try:  # replay R's run of evt_1 completed (as a worker's completion row says)
+            await connection.execute("INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts)"
+                                     " VALUES ($1, 'stripe', 'evt_1', 'x', 1)", f"replay-{replay_id}/stripe:evt_1")
+        finally:
+            await connection.close()
+        event_page = await (await client.get("/console/events/stripe:evt_1")).text()
+        assert f'<td><a href="/console/event-replays/{replay_id}">{replay_id}</a></td>' in event_page
+        assert "<td>completed " in event_page and "Never replayed." not in event_page
+        untouched = await (await client.get("/console/events/stripe:evt_0")).text()
+        assert "Never replayed." in untouched and "Replays by selection" not in untouched
+
         dead_run = replayed_message(await _arrival(admin_settings, "stripe:evt_2"), replay_id)  # its run failed for good
         connection = await asyncpg.connect(admin_settings.database_url)
         try:
