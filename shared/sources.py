@@ -262,12 +262,15 @@ def load_sources(path: str | None) -> dict[str, Source]:
 
 def parse_source(name: str, section: Any) -> Source:
     """One validated `Source`, or a one-line `ConfigError` naming `name` and the field."""
-    if not name or ":" in name or "/" in name:
+    if not name or ":" in name or "/" in name or "#" in name:
         # the last part of its URL, and its keys' part before the first ':'
         # (SOURCE:EVENT_ID): `acme` with event id `eu:1` and `acme:eu` with
-        # `1` would share one key
-        raise ConfigError(f"source {name!r}: name: must be non-empty, without ':' or '/' (it starts the source's"
-                          " idempotency keys, SOURCE:EVENT_ID, and ends its URL)")
+        # `1` would share one key. And a route's handler and delivery rate
+        # are filed under SOURCE#ROUTE: `acme#billing` would be `acme`'s
+        # route `billing` (shared/routes.py)
+        raise ConfigError(f"source {name!r}: name: must be non-empty, without ':', '/' or '#' (it starts the"
+                          " source's idempotency keys, SOURCE:EVENT_ID, ends its URL, and SOURCE#ROUTE names a"
+                          " route)")
     if not isinstance(section, dict):
         raise ConfigError(f"source {name!r}: section: must be a table")
     try:
