@@ -140,8 +140,8 @@ async def publish(
     asyncio.TimeoutError after `timeout` seconds in all. The limit covers the
     whole call: aio-pika's own `timeout` starts only once a robust channel
     has its connection back, and it waits for that without a limit."""
-    async with asyncio.timeout(timeout):
-        await channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True, timeout=timeout)
+    async with asyncio.timeout(timeout):  # the only limit: aio-pika's would be a second timer per publish
+        await channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True)
 
 
 async def queue_depths(amqp_url: str, names: list[str], connection_name: str) -> list[tuple[str, int | None]]:
