@@ -21,6 +21,7 @@ from webhook_ingest.shared.sessions import pooled
 
 SQL = load_queries("webhook_ingest.shared")
 STATEMENT_SECONDS = 10.0  # a batch's statement, or one source's tables
+EXPORT_PAGE = 500  # rows a statement of `export`: its memory, and few round trips
 LOCK_TIMEOUT = "2s"  # making or dropping a day waits this long for the source's table, then tries later
 
 
@@ -85,6 +86,23 @@ class ArchiveStore:
         async with self._connection() as connection:
             return await connection.fetch(SQL["search_archive"], *where.arguments(), *below, limit,
                                           timeout=STATEMENT_SECONDS)
+
+    async def export(self, where: EventFilter, page_size: int = EXPORT_PAGE) -> AsyncIterator[list[asyncpg.Record]]:
+        """Every row the filter matches, newest first, in pages of
+        `page_size` with their bodies and headers: one short statement a page
+        (keyset, like `search`), so a selection of any size costs one page of
+        memory and holds no transaction open."""
+        after: Cursor | None = None
+        while True:
+            below = (after.received_at, after.source, after.key) if after else (None, None, None)
+            async with self._connection() as connection:
+                rows = await connection.fetch(SQL["export_archive"], *where.arguments(), *below, page_size,
+                                              timeout=STATEMENT_SECONDS)
+            if rows:
+                yield rows
+            if len(rows) < page_size:
+                return
+            after = Cursor(rows[-1]["received_at"], rows[-1]["source"], rows[-1]["key"])
 
     async def count(self, where: EventFilter, cap: int = archived_events.COUNT_CAP) -> int:
         """How many rows match, up to `cap`."""

@@ -234,6 +234,23 @@ def arrival(row) -> dict:
     return document
 
 
+def exported(row) -> dict:
+    """One line of `events export`: the summary, the headers and the body.
+    `payload` is the body parsed when it is JSON; otherwise (a form, bytes
+    that are not UTF-8) `body_base64` holds the raw bytes, exactly. Both are
+    null while the body is not archived yet."""
+    document = summary(row) | {"payload_sha256": row["payload_sha256"],
+                               "headers": json.loads(row["headers"]) if row["headers"] else None,
+                               "payload": None, "body_base64": None}
+    body = bytes(row["body"]) if row["body"] is not None else None
+    if body is not None:
+        try:  # json, not orjson: integers wider than 64 bits stay exact
+            document["payload"] = json.loads(body, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):  # NaN is not JSON another system reads
+            document["body_base64"] = base64.b64encode(body).decode()
+    return document
+
+
 def event(key: str, arrivals: list, records) -> dict:
     """`events show KEY --json` / `GET /admin/events/{key}`: every arrival of
     the key, and what the pipeline recorded of it (its completion, its dead letters)."""

@@ -279,6 +279,29 @@ WHERE ($1::text IS NULL OR a.source = $1)
 ORDER BY a.received_at DESC, a.source DESC, a.key DESC
 LIMIT $12
 
+-- name: export_archive
+-- search_archive's page ($1-$12) with what each row carried (body, headers):
+-- `webhook-ingest events export` streams a selection page by page.
+SELECT a.source, a.key, a.received_at, a.event_id, a.event_type, a.payload_sha256, a.body, a.headers, a.attempts,
+       a.last_error, a.completed_at, a.replay_of, a.ignore_rule,
+       CASE WHEN held.processing THEN 'processing' ELSE a.status END AS status
+FROM event_archive a
+CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
+    SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
+WHERE ($1::text IS NULL OR a.source = $1)
+  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN held.processing
+                                  WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
+                                  ELSE a.status = $2 END)
+  AND ($3::text IS NULL OR a.event_type = $3)
+  AND ($4::timestamptz IS NULL OR a.received_at >= $4)
+  AND ($5::timestamptz IS NULL OR a.received_at < $5)
+  AND ($6::text IS NULL OR starts_with(a.key, $6))
+  AND ($7::text IS NULL OR starts_with(a.event_id, $7))
+  AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
+  AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key) < ($9, $10::text, $11::text))
+ORDER BY a.received_at DESC, a.source DESC, a.key DESC
+LIMIT $12
+
 -- name: count_archive
 -- How many rows search_archive's filter ($1-$8) matches, up to $9.
 SELECT count(*) FROM (

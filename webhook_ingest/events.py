@@ -1,11 +1,15 @@
-"""`webhook-ingest events …`: search the event archive and read an event
+"""`webhook-ingest events …`: search the event archive, read an event, export a selection
 (docs/reference.md §2). Like `dlq`, they need only `DATABASE_URL`.
 
 The filters and the JSON documents are the admin API's
 (`shared/archived_events.py`).
 """
 
+import json
+import os
+import sys
 from datetime import UTC, datetime
+from typing import BinaryIO
 
 import click
 
@@ -19,6 +23,7 @@ from webhook_ingest.shared.archived_events import (
     Cursor,
     EventFilter,
     InvalidFilter,
+    exported,
     page,
     parse_filter,
 )
@@ -86,6 +91,51 @@ def show_command(key: str, as_json: bool) -> None:
         payload = arrival["payload"]
         click.echo(f"payload:\n{_indented_json(payload)}" if payload is not None
                    else f"body:\n  {arrival.get('body') or '(not yet archived)'}")
+
+
+@events.command("export", epilog=ENV_HELP)
+@click.option("--source", default=None, help="only this source")
+@click.option("--status", default=None, type=click.Choice(STATUSES), help="only this status")
+@click.option("--type", "event_type", default=None, help="only this event type (exact)")
+@click.option("--since", default=None, help="received at or after this ISO 8601 time (UTC without an offset)")
+@click.option("--until", default=None, help="received before this ISO 8601 time")
+@click.option("--key", default=None, help="keys starting with this (SOURCE:EVENT_ID)")
+@click.option("--event-id", default=None, help="event ids starting with this")
+@click.option("--payload", default=None, help='bodies containing this JSON object, e.g. \'{"customer": "cus_123"}\'')
+@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False, writable=True),
+              help="write to this file instead of stdout")
+def export_command(source, status, event_type, since, until, key, event_id, payload, output) -> None:
+    """Every archived event the filter matches as JSON lines, newest first: headers and body included."""
+    try:
+        where = parse_filter({"source": source, "status": status, "type": event_type, "since": since,
+                              "until": until, "key": key, "event_id": event_id, "payload": payload})
+    except InvalidFilter as exc:
+        fail(f"invalid --{exc.field.replace('_', '-')}: {exc}")
+    if output is None:
+        _export_or_closed(_settings(), where, sys.stdout.buffer)
+        return
+    with open(output, "wb") as sink:
+        _export_or_closed(_settings(), where, sink)
+
+
+def _export_or_closed(settings: Settings, where: EventFilter, sink: BinaryIO) -> None:
+    """The export; a reader that stops reading (`| head`) ends it quietly, exit 0."""
+    if not run_or_fail(_export(settings, where, sink)):
+        # Python would flush stdout again at exit and complain: point it at nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+async def _export(settings: Settings, where: EventFilter, sink: BinaryIO) -> bool:
+    """One page in memory at a time; each written, then the next fetched (a
+    CLI's own loop, nothing else waits on it). False when the reader went away."""
+    async with database(settings) as connection:
+        async for rows in ArchiveStore(connection).export(where):
+            try:
+                sink.write(b"".join(json.dumps(exported(row), separators=(",", ":")).encode() + b"\n" for row in rows))
+                sink.flush()
+            except BrokenPipeError:  # inside `database`, an OSError would read as Postgres's
+                return False
+    return True
 
 
 class NoSuchEvent(WebhookIngestError):
