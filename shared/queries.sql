@@ -234,11 +234,14 @@ WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued')
 
 -- name: archive_discarded
 -- The arrivals whose dead letters ($1) on-call discarded, in the discard's
--- transaction.
+-- transaction. A route's dead letter (key KEY#ROUTE) is of the arrival kept
+-- under the event's own key KEY (docs/design.md, "Routes").
 UPDATE event_archive SET status = 'discarded'
 FROM dead_letters
 WHERE dead_letters.id = ANY($1::bigint[]) AND event_archive.source = dead_letters.source
-  AND event_archive.key = dead_letters.key AND event_archive.received_at = dead_letters.received_at
+  AND event_archive.key = CASE WHEN dead_letters.route IS NULL THEN dead_letters.key
+                               ELSE left(dead_letters.key, -(length(dead_letters.route) + 1)) END
+  AND event_archive.received_at = dead_letters.received_at
 
 -- name: archive_keep
 -- One source's tables (event_archive_keep); a lock it waits for longer than

@@ -50,12 +50,10 @@ async def test_a_source_whose_name_holds_a_hash_is_refused(service_env, tmp_path
     assert code != 0 and "source 'acme#billing': name:" in stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "R2: discarding a route's dead letter (key KEY#ROUTE) leaves the event's archived arrival 'dead':"
-    " queries.sql archive_discarded matches event_archive.key = dead_letters.key, but the archive keeps a routed"
-    " event under its own key KEY (workers/archive_notes.py strips #ROUTE) — seen: status 'dead' after the"
-    " discard, where an unrouted event's reads 'discarded' (test_archive_outcomes)"))
 async def test_discarding_a_routes_dead_letter_marks_the_events_archived_arrival_discarded(database):
+    """R2: the discard's archive update looked for the dead letter's key,
+    KEY#ROUTE, where the archive keeps the event under KEY (seen against
+    b51197a: the arrival stayed 'dead')."""
     event = make_event("acme", "evt_d", {"type": "invoice.paid"})
     event = replace(event, received_at=round(event.received_at, 3))  # as the ingress stamps it: whole ms
     audit = replace(event, key=route_key(event.key, "audit"), route="audit")
