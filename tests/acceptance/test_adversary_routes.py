@@ -70,3 +70,26 @@ async def test_discarding_a_routes_dead_letter_marks_the_events_archived_arrival
     finally:
         await connection.close()
     assert status == "discarded"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "R3: a routed event's archived page (ArchiveStore.event: events show --json, GET /admin/events/KEY, the"
+    " console's event page) lists none of its routes' dead letters: queries.sql archived_event_records selects"
+    " dead_letters WHERE key = KEY, and a route's is KEY#ROUTE (its completion likewise: processed_events has"
+    " only KEY#ROUTE rows, so 'completion' stays null) — seen: dead_letters [] with acme:evt_s#audit's open"))
+async def test_a_routed_events_archived_page_lists_its_routes_dead_letters(database):
+    event = make_event("acme", "evt_s", {"type": "invoice.paid"})
+    event = replace(event, received_at=round(event.received_at, 3))
+    audit = replace(event, key=route_key(event.key, "audit"), route="audit")
+    connection = await asyncpg.connect(database)
+    try:
+        store = ArchiveStore(connection)
+        await store.keep({"acme": timedelta(days=7)})
+        await store.write_arrivals([archive.arrival_row(event, "invoice.paid", "{}", archive.QUEUED)])
+        await store.write_outcomes([archive.outcome_row(event, archive.DEAD, event.received_at, "route audit: boom")])
+        dead_letter_id = await record_dead_letter(connection, audit, [failure(1)])
+        shown = await store.event(event.key)
+    finally:
+        await connection.close()
+    assert shown is not None and shown["arrivals"][0]["status"] == "dead"
+    assert [letter["id"] for letter in shown["dead_letters"]] == [dead_letter_id]
