@@ -346,12 +346,16 @@ GROUP BY a.key
 
 -- name: archived_event_records
 -- What the pipeline itself recorded of a key: its completion (until
--- `prune`), and its dead letters.
+-- `prune`), and its dead letters, its routes' (KEY#ROUTE, with `route`) too.
 SELECT (SELECT to_jsonb(p) - 'fencing_token' FROM processed_events p WHERE p.key = $1) AS completion,
        coalesce((SELECT jsonb_agg(jsonb_build_object('id', d.id, 'status', d.status, 'attempts', d.attempts,
                                                      'received_at', d.received_at, 'created_at', d.created_at)
+                                  || CASE WHEN d.route IS NULL THEN '{}'::jsonb
+                                          ELSE jsonb_build_object('route', d.route) END
                                   ORDER BY d.id)
-                 FROM dead_letters d WHERE d.key = $1), '[]') AS dead_letters
+                 FROM dead_letters d
+                 WHERE d.key = $1 OR (d.route IS NOT NULL AND left(d.key, -(length(d.route) + 1)) = $1)),
+                '[]') AS dead_letters
 
 -- name: outcomes_last_hour
 -- The console's overview, from what Postgres knows (retries and duplicates
