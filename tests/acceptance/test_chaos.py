@@ -3,11 +3,16 @@ requests with copies, conflicts, odd bodies and injected handler errors
 through a real ingress to three workers in mixed modes, while a schedule
 from the seed kills workers, cuts their Redis/Postgres/RabbitMQ, flushes
 Redis and prunes. Every guarantee it checks is listed in tests.chaos.checks.
+
+Each run is made once and judged by two tests: the pipeline's guarantees,
+and the event archive's (issue 22: every accepted event in it with its
+final status), which do not hold yet (see ARCHIVE_GAPS).
 """
 
 import pytest
 
-from tests.chaos.run import Options, run_local
+from tests.chaos.checks import ARCHIVE_VIOLATIONS
+from tests.chaos.run import Options, Result, run_local
 
 pytestmark = pytest.mark.slow
 
@@ -16,20 +21,63 @@ pytestmark = pytest.mark.slow
 # one, 3 run again just after their effect was written, 2 lone-surrogate
 # bodies accepted and then stuck in NS.dead.
 SEED = 7
+PLAIN = Options(seed=SEED, events=150, duration=12, drain_timeout=60, stall_seconds=20)
+ROUTED = Options(seed=SEED, events=100, duration=10, drain_timeout=60, stall_seconds=20, routes=("a", "b"))
+
+# Seed 7 at 08:52 UTC on 2026-11-25 (the archive check's first run): 9 archive
+# violations, the pipeline's guarantees all kept.
+# - copies miscounted (6), e.g. "chaos:evt_00028: 2 x 200, 1 processed archived":
+#   an arrival's row is (source, key, received_at in ms), so copies sent
+#   together that the ingress stamps with the same millisecond are one row
+#   (archive_arrivals' ON CONFLICT keeps the first);
+# - left queued (2), e.g. "chaos:evt_00146: 1 effect(s), archived 2 duplicate,
+#   1 queued": worker 2's outcome batch was waiting for its cut Postgres
+#   (archive_write_waiting, retry in 4 s) when it was SIGKILLed 0.5 s later;
+#   the batch lived in its memory only and nothing settles the row afterwards.
+ARCHIVE_GAPS = ("the archive merges copies stamped with the same millisecond, and a worker SIGKILLed with an "
+                "unwritten outcome batch leaves its events `queued` (tests/acceptance/test_chaos.py, ARCHIVE_GAPS)")
+
+_runs: dict[str, Result] = {}
+
+
+async def seeded(options: Options, namespace, database, tmp_path) -> Result:
+    """The run of these options, made by whichever of its tests comes first."""
+    name = repr(options)
+    if name not in _runs:
+        _runs[name] = await run_local(options, namespace=namespace, database_url=database, log_dir=tmp_path)
+        print(_runs[name].report)
+    return _runs[name]
+
+
+def pipeline(result: Result) -> list:
+    return [violation for violation in result.verdict.violations if violation[0] not in ARCHIVE_VIOLATIONS]
+
+
+def archived(result: Result) -> list:
+    return [violation for violation in result.verdict.violations if violation[0] in ARCHIVE_VIOLATIONS]
 
 
 async def test_a_seeded_fault_run_keeps_every_guarantee(namespace, database, tmp_path):
-    options = Options(seed=SEED, events=150, duration=12, drain_timeout=60, stall_seconds=20)
-    result = await run_local(options, namespace=namespace, database_url=database, log_dir=tmp_path)
-    print(result.report)
-    assert not result.verdict.violations, result.report
+    result = await seeded(PLAIN, namespace, database, tmp_path)
+    assert not pipeline(result), result.report
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=ARCHIVE_GAPS)
+async def test_a_seeded_fault_run_archives_every_accepted_event_as_it_ended(namespace, database, tmp_path):
+    result = await seeded(PLAIN, namespace, database, tmp_path)
+    assert result.verdict.outcomes["archived as it ended"] > 100, result.report  # the archive was judged
+    assert not archived(result), result.report
 
 
 async def test_a_seeded_fault_run_with_routes_runs_each_event_once_per_route(namespace, database, tmp_path):
     """The same faults, the source with two routes (issue 23, item 3): each
     (event, route) pair is judged as an event of its own (KEY#ROUTE)."""
-    options = Options(seed=SEED, events=100, duration=10, drain_timeout=60, stall_seconds=20, routes=("a", "b"))
-    result = await run_local(options, namespace=namespace, database_url=database, log_dir=tmp_path)
-    print(result.report)
+    result = await seeded(ROUTED, namespace, database, tmp_path)
     assert result.verdict.outcomes["completed once"] > 100, result.report  # both routes' runs were judged
-    assert not result.verdict.violations, result.report
+    assert not pipeline(result), result.report
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=ARCHIVE_GAPS)
+async def test_a_seeded_fault_run_with_routes_archives_every_accepted_event(namespace, database, tmp_path):
+    result = await seeded(ROUTED, namespace, database, tmp_path)
+    assert not archived(result), result.report

@@ -9,14 +9,19 @@ event the plan sent, against docs/reference.md §6–§8. Each violation names i
   was written (`chaos_runs` intervals);
 - a key accepted with two payloads has its conflict in `event_conflicts`;
 - a lone surrogate escape is refused with 400, a valid body never is;
-- no queue of the namespace holds a message once the workers are stopped.
+- no queue of the namespace holds a message once the workers are stopped;
+- the event archive (docs/reference.md §9) holds one row per 200 the sender
+  got for a key (the event, its copies, its conflicts), none left `queued`
+  or `retrying`, with the final status of what became of the event: as many
+  `processed` rows as effects and a `dead` row for an open dead letter (with
+  routes, the event's one row shows its routes' runs: only its rows are counted).
 
 A repeat after `prune` is allowed: a completion record pruned (the window
 had passed when prune ran) is forgotten by design, and docs/reference.md §2 says a later
 copy runs again.
 """
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -37,6 +42,7 @@ class Observed:
     completions: set[str] = field(default_factory=set)
     open_dead_letters: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # key -> last errors
     conflicts: set[str] = field(default_factory=set)
+    archive: dict[str, Counter] | None = None  # key -> its archived rows by status; None: no archive table
     recorder: bool = True   # the chaos handler's tables exist (always in a local run)
     workers: dict[int, str] = field(default_factory=dict)  # pid -> which worker (a local run knows)
 
@@ -84,6 +90,11 @@ async def _observe(connection, pattern: str) -> Observed:
             " WHERE status = 'dead' AND key LIKE $1 ORDER BY id", pattern):
         seen.open_dead_letters[row["key"]].append(row["last"] or "?")
     seen.conflicts = await _keys(connection, "SELECT DISTINCT key FROM event_conflicts WHERE key LIKE $1", pattern)
+    if await connection.fetchval("SELECT to_regclass('event_archive') IS NOT NULL"):
+        seen.archive = defaultdict(Counter)
+        for row in await connection.fetch(
+                "SELECT key, status, count(*) AS n FROM event_archive WHERE key LIKE $1 GROUP BY key, status", pattern):
+            seen.archive[row["key"]][row["status"]] = row["n"]
     return seen
 
 
@@ -112,6 +123,8 @@ def judge(events: list[PlannedEvent], sent: Sent, seen: Observed, prunes: list[t
         key = sent.accepted.get(event.event_id)
         for each in run_keys(key, routes) if key is not None else []:
             _judge_key(event, each, sent, seen, prunes, verdict)
+        if key is not None and seen.archive is not None:
+            _judge_archive(event, key, sent, seen, routes, verdict)
     for queue, count in sorted(leftover.items()):
         if count:
             verdict.violate("left in a queue", f"{count} message(s) in {queue} after the workers stopped")
@@ -155,6 +168,37 @@ def _judge_key(event, key: str, sent: Sent, seen: Observed, prunes, verdict: Ver
         verdict.violate("effect without inbox row", f"{key}: the inbox insert did not commit with the effect")
     _judge_runs(key, seen, effects[:1], prunes, verdict)
     _judge_conflict(event, key, sent, seen, len(effects) == 1, verdict)
+
+
+ARCHIVE_VIOLATIONS = ("not archived", "archive copies miscounted", "archive not settled", "archive status wrong")
+FINAL = ("processed", "dead", "discarded", "conflict", "duplicate")  # what a settled arrival's row shows
+
+
+def _judge_archive(event, key: str, sent: Sent, seen: Observed, routes: tuple[str, ...], verdict: Verdict) -> None:
+    """Every 200 is an archived arrival of the key, settled to what became of the event."""
+    rows, accepted = seen.archive.get(key, Counter()), sum(
+        count for answer, count in sent.answers.get(event.event_id, {}).items() if answer.startswith("200"))
+    if not rows:
+        return verdict.violate("not archived", f"{key}: {accepted} x 200, no row in event_archive")
+    if sum(rows.values()) != accepted:
+        verdict.violate("archive copies miscounted", f"{key}: {accepted} x 200, {_statuses(rows)} archived")
+    if unsettled := {status: n for status, n in rows.items() if status not in FINAL}:
+        verdict.violate("archive not settled", f"{key}: {_statuses(unsettled)} left among {_statuses(rows)}")
+    if routes:
+        return None
+    effects, dead = len(seen.effects.get(key, [])), len(seen.open_dead_letters.get(key, []))
+    if not seen.recorder:
+        effects = int(key in seen.completions or key in seen.inbox)
+    if rows["processed"] != effects or min(rows["dead"], 1) != min(dead, 1):
+        verdict.violate("archive status wrong", f"{key}: {effects} effect(s), {dead} open dead letter(s), "
+                        f"archived {_statuses(rows)}")
+    else:
+        verdict.outcomes["archived as it ended"] += 1
+    return None
+
+
+def _statuses(rows) -> str:
+    return ", ".join(f"{n} {status}" for status, n in sorted(rows.items()))
 
 
 def _judge_contract_tables(event, key: str, seen: Observed, verdict: Verdict) -> None:
