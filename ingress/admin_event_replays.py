@@ -29,6 +29,7 @@ from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, PacedRunner
 
 event_replay_runner_key = web.AppKey("event_replay_runner", PacedRunner)
 _FILTER_NAMES = ("source", "status", "type", "since", "until", "key", "event_id", "payload")
+_OTHER_NAMES = ("rate", "dry_run")
 
 
 def setup_event_replays(app: web.Application) -> None:
@@ -132,10 +133,17 @@ def parse_rate(value) -> float | None:
 
 
 def _filter_query(asked: dict) -> dict[str, str]:
-    """The JSON object's filter as the search's query (strings; `payload` as JSON text)."""
+    """The JSON object's filter as the search's query (strings; `payload` as
+    JSON text). A name it does not know, or an empty value, is refused: left
+    out, the filter would narrow nothing and the replay take every archived event."""
+    unknown = sorted(name for name in asked if name not in _FILTER_NAMES and name not in _OTHER_NAMES)
+    if unknown:
+        raise InvalidFilter(unknown[0], "not a filter's name")
     query = {}
     for name in _FILTER_NAMES:
         value = asked.get(name)
+        if value == "":
+            raise InvalidFilter(name, "empty: leave it out to match any")
         if name == "payload" and isinstance(value, dict):
             value = json.dumps(value)
         if value is not None:
