@@ -254,6 +254,9 @@ async def test_the_console_replays_an_events_search_after_showing_its_frozen_cou
         assert "Cancelled: what was published stays published." in await cancelled.text()
         assert "State: <strong>cancelled</strong>" in await cancelled.text()
         assert (await client.get("/console/event-replays/999999")).status == 404
+        audit = await (await client.get("/console/audit")).text()
+        assert f'<a href="/console/event-replays/{replay_id}">replay {replay_id}</a>: 2 events)' in audit
+        assert f'<a href="/console/event-replays/{replay_id}">replay {replay_id}</a>: 2 published, done)' in audit
 
         connection = await asyncpg.connect(admin_settings.database_url)
         try:  # replay R's run of evt_1 completed (as a worker's completion row says)
