@@ -34,6 +34,9 @@ ERROR_CHARS = 2000
 SETTLED = {Outcome.PROCESSED: archive.PROCESSED, Outcome.DUPLICATE: archive.DUPLICATE,
            Outcome.CONFLICT: archive.CONFLICT}
 FAILED = {Outcome.RETRIED: archive.RETRYING, Outcome.DEAD: archive.DEAD}
+# An event the ingress accepted for a route the worker's sources file no
+# longer has (docs/design.md, "Routes": the worker's file decides)
+UNROUTED_ERROR = "no route of the worker's sources file takes it (the ingress's did)"
 
 
 class ArchiveNotes:
@@ -61,6 +64,9 @@ class ArchiveNotes:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def settled(self, message: EventMessage, outcome: Outcome) -> None:
+        if outcome is Outcome.UNROUTED:  # acked, and nothing will run it: not `queued` for ever
+            self._note(message, archive.IGNORED, UNROUTED_ERROR)
+            return
         status = SETTLED.get(outcome)
         if status is not None:
             self._note(message, status)

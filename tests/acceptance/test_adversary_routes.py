@@ -94,13 +94,10 @@ async def test_a_routed_events_archived_page_lists_its_routes_dead_letters(datab
     assert [(letter["id"], letter.get("route")) for letter in shown["dead_letters"]] == [(dead_letter_id, "audit")]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "R4: an event the ingress accepted for a route that the worker's sources file no longer has (types changed"
-    " between them) is acked with nothing run (event_unrouted, Outcome.UNROUTED), but workers/archive_notes.py"
-    " notes nothing for UNROUTED: its archived arrival reads 'queued' — still to run — for its whole retention."
-    " Seen: event_unrouted logged, the row still 'queued' 10 s later (the archive writer flushes every 2 s)"))
 async def test_an_event_the_workers_routes_no_longer_take_is_not_archived_queued_for_ever(
         service_env, settings, fleet, tmp_path):
+    """R4: acked with nothing run (event_unrouted), its arrival stayed
+    'queued' for its whole retention (seen against 0e129f8); now `ignored`."""
     sources = tmp_path / "sources.toml"
     sources.write_text(  # the ingress's file had a route for every type; this worker's takes invoices only
         "[sources.acme]\n"
