@@ -15,7 +15,7 @@ per replay. The rows are read and written by `EventReplayStore`.
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from webhook_ingest.shared.archived_events import EventFilter
 from webhook_ingest.shared.dead_letters import iso_utc
@@ -23,6 +23,7 @@ from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.replay_keys import replay_key
 
 STATES = ("prepared", "running", "done", "failed", "cancelled")
+STALLED_SECONDS = 30.0  # and two intervals with no step: its process died (claim_event_replay takes it back)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,16 @@ class EventReplay:
     @property
     def handled(self) -> int:
         return self.next_item - 1
+
+    @property
+    def resumable(self) -> bool:
+        """Stopped with the reason (`failed`), or `running` with no step for
+        STALLED_SECONDS and two intervals: the process running it died."""
+        if self.state == "failed":
+            return True
+        if self.state != "running" or self.stepped_at is None or not self.rate:
+            return False
+        return datetime.now(UTC) - self.stepped_at > timedelta(seconds=STALLED_SECONDS + 2 / self.rate)
 
     def document(self) -> dict:
         """`events replay --show --json` / `GET /admin/events/replay/{id}`."""

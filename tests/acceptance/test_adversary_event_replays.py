@@ -125,12 +125,10 @@ async def test_what_a_cancel_reports_published_is_all_that_is_ever_published(set
     assert len(queued) == store.seen.published == finished.published
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "R3: a replay whose ingress process died mid-run (SIGKILL, OOM, a node lost) stays 'running' with no "
-    "step; the claim takes it back after 30 s plus two intervals, but the console shows Resume only when "
-    "'failed': seen with --runxfail, the page of a run stalled a minute has Cancel and no Resume, polls "
-    "for ever, and the rest of the selection is published only by whoever knows `events replay --resume`"))
 async def test_the_console_offers_to_resume_a_replay_whose_process_died(admin_settings):
+    """R3: such a replay stayed 'running' with no step; the claim takes it
+    back after 30 s plus two intervals, but the console offered Resume only
+    for 'failed': its page had Cancel and no Resume and polled for ever."""
     await seed_archive(admin_settings.database_url, [archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(
         seconds=n), "invoice.paid") for n in (1, 2)])
     connection = await asyncpg.connect(admin_settings.database_url)
