@@ -135,12 +135,17 @@ def utf8_text(header_value: str) -> str:
     return header_value
 
 
+def new_message_id() -> str:
+    """32 random hex digits: the 16 bytes uuid4() reads too, without building a UUID (4 µs a publish)."""
+    return os.urandom(16).hex()
+
+
 def to_amqp(event: EventMessage) -> aio_pika.Message:
     return aio_pika.Message(
         body=event.body,
         content_type="application/json",
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        message_id=os.urandom(16).hex(),  # as unique as uuid4().hex, without building a UUID (4 µs)
+        message_id=new_message_id(),
         headers={
             "x-key": event.key,
             "x-source": event.source,

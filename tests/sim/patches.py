@@ -98,7 +98,8 @@ def patched(sim):
             if hasattr(module, "time"):
                 stack.enter_context(mock.patch.object(module, "time", virtual))
         stack.enter_context(mock.patch("webhook_ingest.workers.redlock.uuid", counting_uuid))
-        stack.enter_context(mock.patch("webhook_ingest.shared.message.uuid", counting_uuid))
+        stack.enter_context(mock.patch("webhook_ingest.shared.message.new_message_id",
+                                       lambda: counting_uuid.uuid4().hex))
         stack.enter_context(mock.patch.object(worker, "asyncpg", _Asyncpg(sim)))
         stack.enter_context(mock.patch.object(worker, "CompletionStore", lambda pool, renewals=None, transactions=None:
                                               Client(sim.server, pool, renewals or pool, transactions or pool)))
