@@ -19,6 +19,7 @@ import time
 
 from tests.bench import (
     archive_cost,
+    archive_search,
     broker_blocked,
     durable_floor,
     http_floor,
@@ -353,16 +354,18 @@ if __name__ == "__main__":
     except ImportError:
         pass
     parser = argparse.ArgumentParser(prog="python -m tests.bench")
-    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow", "archive", "tracing",
-                                            "ingress"],
+    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow", "archive", "archive_search",
+                                            "tracing", "ingress"],
                         default="all", help="every phase (the default), every phase but the broker-blocked one, "
                         "or the broker-blocked, slow-handler, archive-cost or tracing-cost phases alone "
-                        "(tracing: only alone; ingress: ingress_cpu_vs_floor alone)")
+                        "(tracing: only alone; ingress: ingress_cpu_vs_floor alone; archive_search: searching 1,000,000 "
+                        "archived events, only alone)")
     parser.add_argument("--peers", action="store_true",
                         help="also the Celery stack of tests/bench/peers, side by side (not in make test)")
     arguments = parser.parse_args()
     phase = arguments.phase
     alone = {"broker-blocked": broker_blocked.main, "slow": slow_phases_alone, "archive": archive_phase_alone,
+             "archive_search": archive_search.main,
              "tracing": tracing_phase_alone, "ingress": ingress_floor.main}
     sys.exit(asyncio.run(alone[phase]() if phase in alone
                          else main(with_outage=phase == "all", with_peers=arguments.peers)))
