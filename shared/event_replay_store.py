@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 from aio_pika.abc import AbstractChannel
 
-from webhook_ingest.shared import topology
+from webhook_ingest.shared import topology, tracing
 from webhook_ingest.shared.archived_events import EventFilter
 from webhook_ingest.shared.dead_letters import SQL, Actor, jsonb
 from webhook_ingest.shared.event_replays import EventReplay, ReplayItem, filter_json, replayed_message
@@ -94,8 +94,9 @@ class EventReplayStore:
             arrival = await connection.fetchrow(SQL["event_replay_arrival"], item.source, item.key, item.received_at)
         if arrival is None or arrival["body"] is None:
             return False
-        await topology.publish(channel, to_amqp(replayed_message(arrival, replay_id)),
-                               topology.events_queue(namespace), timeout=PUBLISH_TIMEOUT)
+        message = replayed_message(arrival, replay_id)
+        with tracing.replaying_selection(message.source, message.key, replay_id):  # its own trace, when traced
+            await topology.publish(channel, to_amqp(message), topology.events_queue(namespace), timeout=PUBLISH_TIMEOUT)
         return True
 
     async def step(self, replay_id: int, item: int, published: bool) -> None:

@@ -116,6 +116,13 @@ def replaying(dead_letter: Mapping[str, Any], replay_id: int) -> contextlib.Abst
     return _NOTHING if _on is None else _on.replaying(dead_letter, replay_id)
 
 
+def replaying_selection(source: str, key: str, replay_id: int) -> contextlib.AbstractContextManager:
+    """The span a replay by selection publishes one event under (`events
+    replay`): a new trace, as a dead letter's replay starts one; the archive
+    keeps no trace of the event's own run to link to."""
+    return _NOTHING if _on is None else _on.replaying_selection(source, key, replay_id)
+
+
 def trace_ids(event: "EventMessage") -> dict[str, str]:
     """`trace_id` and `span_id` of the span that published `event`'s message,
     for its failed attempt's record (and so its dead letter); none when it

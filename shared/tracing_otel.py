@@ -127,6 +127,11 @@ class Tracing:
         return self._tracer.start_as_current_span(REPLAY_SPAN, context=Context(), attributes=attributes,
                                                   links=_link_to(dead_letter))
 
+    def replaying_selection(self, source: str, key: str, replay_id: int) -> contextlib.AbstractContextManager:
+        attributes: dict[str, str | int] = {"webhook.events_replay_id": replay_id, "webhook.source": source,
+                                            "webhook.key": key}
+        return self._tracer.start_as_current_span(REPLAY_SPAN, context=Context(), attributes=attributes)
+
     def add_trace_ids(self, event_dict: dict) -> dict:
         span_context = trace.get_current_span().get_span_context()
         if span_context.is_valid and span_context.trace_flags.sampled:
