@@ -25,7 +25,7 @@ from webhook_ingest.shared.archived_events import InvalidFilter, parse_filter
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.event_replays import EventReplay
-from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, PacedRunner
+from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, MIN_RATE, PacedRunner
 
 event_replay_runner_key = web.AppKey("event_replay_runner", PacedRunner)
 _FILTER_NAMES = ("source", "status", "type", "since", "until", "key", "event_id", "payload")
@@ -122,14 +122,14 @@ def start(request: web.Request, replay: EventReplay, store: EventReplayStore, ac
 
 
 def parse_rate(value) -> float | None:
-    """Events per second, above 0 and at most MAX_RATE; None when it is not one."""
+    """Events per second, MIN_RATE to MAX_RATE; None when it is not one."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
     try:
         rate = float(value)
     except ValueError:
         return None
-    return rate if 0 < rate <= MAX_RATE else None
+    return rate if MIN_RATE <= rate <= MAX_RATE else None
 
 
 def _filter_query(asked: dict) -> dict[str, str]:

@@ -15,7 +15,7 @@ per replay. The rows are read and written by `EventReplayStore`.
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from webhook_ingest.shared.archived_events import EventFilter
 from webhook_ingest.shared.dead_letters import iso_utc
@@ -61,7 +61,7 @@ class EventReplay:
             return True
         if self.state != "running" or self.stepped_at is None or not self.rate:
             return False
-        return datetime.now(UTC) - self.stepped_at > timedelta(seconds=STALLED_SECONDS + 2 / self.rate)
+        return (datetime.now(UTC) - self.stepped_at).total_seconds() > STALLED_SECONDS + 2 / self.rate
 
     def document(self) -> dict:
         """`events replay --show --json` / `GET /admin/events/replay/{id}`."""

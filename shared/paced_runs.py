@@ -26,6 +26,7 @@ from webhook_ingest.shared.logging import get_logger
 log = get_logger(__name__)
 
 MAX_RATE = 1000.0
+MIN_RATE = 0.1  # slower, a run could sleep for ever, and its stall (30 s + 2/rate) overflow Postgres
 DEFAULT_RATE = 10.0
 
 

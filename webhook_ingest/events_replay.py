@@ -25,7 +25,7 @@ from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.event_replays import EventReplay
-from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, run
+from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, MIN_RATE, run
 from webhook_ingest.shared.settings import Settings
 
 
@@ -43,7 +43,7 @@ class NoSuchReplay(WebhookIngestError):
 @click.option("--event-id", default=None, help="event ids starting with this")
 @click.option("--payload", default=None, help='bodies containing this JSON object, e.g. \'{"customer": "cus_123"}\'')
 @click.option("--dry-run", is_flag=True, help="only count the events a replay would take")
-@click.option("--rate", default=DEFAULT_RATE, show_default=True, type=click.FloatRange(0, MAX_RATE, min_open=True),
+@click.option("--rate", default=DEFAULT_RATE, show_default=True, type=click.FloatRange(MIN_RATE, MAX_RATE),
               help="events published per second")
 @click.option("--yes", is_flag=True, help="do not ask to confirm")
 @click.option("--show", "show_id", type=int, default=None, help="show replay ID's progress")

@@ -20,7 +20,7 @@ from webhook_ingest.ingress.console.rendering import leave_message, message_page
 from webhook_ingest.ingress.console.views import actor
 from webhook_ingest.shared.dead_letters import parse_id
 from webhook_ingest.shared.event_replay_store import EventReplayStore
-from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE
+from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, MIN_RATE
 
 routes = web.RouteTableDef()
 LABELS = {"source": "source", "status": "status", "type": "type", "since": "from", "until": "until",
@@ -71,7 +71,8 @@ async def start_replay(request: web.Request) -> web.Response:
     replay_id = _id(request)
     rate = parse_rate((await request.post()).get("rate"))
     if rate is None:
-        await leave_message(request, "error", f"The rate must be a number above 0 and at most {MAX_RATE:g} per second.")
+        await leave_message(request, "error",
+                            f"The rate must be a number from {MIN_RATE:g} to {MAX_RATE:g} per second.")
         raise web.HTTPSeeOther(f"/console/event-replays/{replay_id}")
     replay = await _store(request).claim(replay_id, rate)
     if replay is None:
