@@ -70,7 +70,10 @@ async def _queued(request: web.Request, source: Source, body: bytes, form: Form 
         return _ignored(request, source, event, payload, rule)
     if source.routes and not source.routes_taking(event.headers, payload):
         return _ignored(request, source, event, payload, NO_ROUTE)
-    if await request.app[done_markers_key].completed_with(event.key, event.payload_sha256):
+    # a routed event's own key never completes (its routes' KEY#ROUTE do), and
+    # another event's route key may be this very key: `evt` on route `billing`
+    # is `evt#billing`'s key (docs/design.md, "Routes")
+    if not source.routes and await request.app[done_markers_key].completed_with(event.key, event.payload_sha256):
         log.debug("duplicate", source=source.name, key=event.key)  # completed, same payload: nothing to queue
         request.app[arrivals_key].arrived(event, source, payload, duplicate=True)
         return json_response(200, {"status": "duplicate", "key": event.key})
