@@ -354,7 +354,8 @@ SELECT (SELECT to_jsonb(p) - 'fencing_token' FROM processed_events p WHERE p.key
                                           ELSE jsonb_build_object('route', d.route) END
                                   ORDER BY d.id)
                  FROM dead_letters d
-                 WHERE d.key = $1 OR (d.route IS NOT NULL AND left(d.key, -(length(d.route) + 1)) = $1)),
+                 WHERE (d.key = $1 AND d.route IS NULL)  -- not event `evt`'s route `b` on `evt#b`'s page
+                    OR (d.route IS NOT NULL AND left(d.key, -(length(d.route) + 1)) = $1)),
                 '[]') AS dead_letters
 
 -- name: outcomes_last_hour

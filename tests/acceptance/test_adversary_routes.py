@@ -161,3 +161,25 @@ async def test_an_event_id_ending_in_a_route_name_is_not_taken_for_that_routes_r
         finally:
             await markers.aclose()
         assert await post("evt_a#billing") == {"status": "accepted", "key": "stripe:evt_a#billing"}
+
+
+async def test_an_event_whose_id_ends_in_a_route_name_lists_only_its_own_dead_letters(database):
+    """R3's query, first written, listed on event `evt_b#audit`'s page the
+    dead letter of event `evt_b`'s route `audit` (key `acme:evt_b#audit`,
+    the page's key): a route's dead letter belongs to KEY less '#ROUTE'."""
+    event = make_event("acme", "evt_b", {"type": "invoice.paid"})
+    event = replace(event, received_at=round(event.received_at, 3))
+    audit = replace(event, key=route_key(event.key, "audit"), route="audit")
+    other = replace(make_event("acme", "evt_b#audit"), received_at=event.received_at)
+    connection = await asyncpg.connect(database)
+    try:
+        store = ArchiveStore(connection)
+        await store.keep({"acme": timedelta(days=7)})
+        await store.write_arrivals([archive.arrival_row(one, "invoice.paid", "{}", archive.QUEUED)
+                                    for one in (event, other)])
+        dead_letter_id = await record_dead_letter(connection, audit, [failure(1)])
+        own, others = await store.event(event.key), await store.event(other.key)
+    finally:
+        await connection.close()
+    assert own is not None and [letter["id"] for letter in own["dead_letters"]] == [dead_letter_id]
+    assert others is not None and others["dead_letters"] == []
