@@ -11,6 +11,7 @@ A 200 `accepted` is only sent once the event is durably stored: the broker
 confirmed the message, or (RabbitMQ away) the Postgres outbox committed it.
 """
 
+import functools
 import time
 
 from aiohttp import web
@@ -44,9 +45,16 @@ async def receive_webhook(request: web.Request) -> web.Response:
         response = await _accept(request, source)
     except Rejected as rejection:
         response = rejection.response
-    metrics.ingress_requests.labels(label, str(response.status)).inc()
-    metrics.ingress_request_duration.labels(label).observe(time.perf_counter() - started)
+    answered, duration = _request_series(label, response.status)
+    answered.inc()
+    duration.observe(time.perf_counter() - started)
     return response
+
+
+@functools.cache  # bounded: a source's name or "unknown", times the statuses the ingress answers
+def _request_series(label: str, status: int) -> tuple:
+    """The two series a request moves: `.labels()` looks its child up under a lock, 8 µs a request."""
+    return metrics.ingress_requests.labels(label, str(status)), metrics.ingress_request_duration.labels(label)
 
 
 async def _accept(request: web.Request, source: Source | None) -> web.Response:
