@@ -98,6 +98,8 @@ async def read_form_within(request: web.Request, limit: int) -> None:
 
 async def _within_body_timeout(request: web.Request, reading: Awaitable[T]) -> T:
     try:
+        if request.content.is_eof():  # the body already whole (most: it came with the headers) cannot dribble
+            return await reading
         async with asyncio.timeout(request.config_dict[settings_key].body_timeout):
             return await reading
     except TimeoutError:
