@@ -2,6 +2,7 @@
 each (event, route) pair runs exactly once, independently, nothing lost —
 attacked with real worker processes, RabbitMQ and Postgres."""
 
+import asyncio
 from dataclasses import replace
 from datetime import timedelta
 
@@ -183,3 +184,54 @@ async def test_an_event_whose_id_ends_in_a_route_name_lists_only_its_own_dead_le
         await connection.close()
     assert own is not None and [letter["id"] for letter in own["dead_letters"]] == [dead_letter_id]
     assert others is not None and others["dead_letters"] == []
+
+
+async def test_copies_of_the_event_fanned_out_while_a_route_is_retrying_run_nothing_twice(
+        service_env, settings, fleet, tmp_path, effects_tables):
+    """The event's copies (a provider's resends) fanned out again by two
+    workers while its route `audit` waits between attempts and `billing`
+    has completed: billing's copies are duplicates, audit's attempt-1
+    copies were handed on; audit completes once, nothing is dead-lettered."""
+    fail_file = tmp_path / "fail"
+    fail_file.write_text("fail")
+    sources = tmp_path / "sources.toml"
+    sources.write_text(
+        "[sources.acme]\n"
+        'scheme = "hmac-sha256"\n'
+        'secrets = ["s"]\n'
+        "max_attempts = 20\n"
+        "retry_delays = [0.3]\n"
+        "\n"
+        "[[sources.acme.routes]]\n"
+        'name = "billing"\n'
+        'handler = "tests.support.route_handlers:counted_route"\n'
+        "\n"
+        "[[sources.acme.routes]]\n"
+        'name = "audit"\n'
+        'handler = "tests.support.route_handlers:fails_while_flagged"\n'
+        f'handler_options = {{ fail_file = "{fail_file}" }}\n'
+    )
+    env = {**service_env, "WEBHOOK_INGEST_SOURCES": str(sources)}
+    event = make_event("acme", "evt_r", {"type": "invoice.paid"})
+    first = fleet.worker("--concurrency", "8", env=env)
+    await publish_events(settings.amqp_url, settings.namespace, [event])
+    await wait_for_output(first, '"event":"event_retry_scheduled"')
+    second = fleet.worker("--concurrency", "8", env=env)
+    await publish_events(settings.amqp_url, settings.namespace, [event] * 6)
+    await wait_until(lambda: count_rows(settings.database_url, "processed_events", "key = 'acme:evt_r#billing'"), 30,
+                     message="billing's run")
+    fail_file.unlink()
+    await wait_until(lambda: count_rows(settings.database_url, "processed_events", "key = 'acme:evt_r#audit'"), 30,
+                     message="audit's run")
+    async def all_fanned_out() -> bool:  # seven arrivals, each fanned out once or more
+        return sum(worker.output().count('"outcome":"routed"') for worker in (first, second)) >= 7
+    await wait_until(all_fanned_out, 30, message="seven fan-outs")
+    await asyncio.sleep(1.5)  # room for a wrong second run (copies deferred while in flight come back after 1 s)
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        runs = {row["key"]: row["runs"] for row in await connection.fetch(
+            "SELECT key, count(*) AS runs FROM effects GROUP BY key")}
+    finally:
+        await connection.close()
+    assert runs == {"acme:evt_r#billing": 1, "acme:evt_r#audit": 1}
+    assert await count_rows(settings.database_url, "dead_letters") == 0
