@@ -37,6 +37,18 @@ class ArchiveStore:
         else:
             yield self._database
 
+    @contextlib.asynccontextmanager
+    async def _searching(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection whose statements are planned for their own filter.
+        The search statements say "no filter" as `$1 IS NULL OR …`; after a
+        prepared statement's fifth run Postgres may keep one generic plan for
+        every filter, which can neither prune partitions nor know the LIMIT,
+        and reads the whole archive (docs/performance.md, "Searching a
+        million archived events"). SET LOCAL: gone with the transaction."""
+        async with self._connection() as connection, connection.transaction(readonly=True):
+            await connection.execute("SET LOCAL plan_cache_mode = force_custom_plan", timeout=STATEMENT_SECONDS)
+            yield connection
+
     async def write_arrivals(self, rows: list[tuple]) -> None:
         """`archive.arrival_row`s; a row twice is written once."""
         await self._write(SQL["archive_arrivals"], rows)
@@ -83,7 +95,7 @@ class ArchiveStore:
                      limit: int = archived_events.DEFAULT_LIMIT) -> list[asyncpg.Record]:
         """One page, newest first, below `after` (None: the newest)."""
         below = (after.received_at, after.source, after.key) if after else (None, None, None)
-        async with self._connection() as connection:
+        async with self._searching() as connection:
             return await connection.fetch(SQL["search_archive"], *where.arguments(), *below, limit,
                                           timeout=STATEMENT_SECONDS)
 
@@ -95,7 +107,7 @@ class ArchiveStore:
         after: Cursor | None = None
         while True:
             below = (after.received_at, after.source, after.key) if after else (None, None, None)
-            async with self._connection() as connection:
+            async with self._searching() as connection:
                 rows = await connection.fetch(SQL["export_archive"], *where.arguments(), *below, page_size,
                                               timeout=STATEMENT_SECONDS)
             if rows:
@@ -106,7 +118,7 @@ class ArchiveStore:
 
     async def count(self, where: EventFilter, cap: int = archived_events.COUNT_CAP) -> int:
         """How many rows match, up to `cap`."""
-        async with self._connection() as connection:
+        async with self._searching() as connection:
             return await connection.fetchval(SQL["count_archive"], *where.arguments(), cap, timeout=STATEMENT_SECONDS)
 
     async def event(self, key: str) -> dict | None:
