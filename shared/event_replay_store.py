@@ -9,6 +9,7 @@ named SQL of `shared/queries.sql`.
 
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import datetime
 
 import asyncpg
 from aio_pika.abc import AbstractChannel
@@ -18,7 +19,7 @@ from webhook_ingest.shared.archived_events import EventFilter
 from webhook_ingest.shared.dead_letters import SQL, Actor, jsonb
 from webhook_ingest.shared.event_replays import EventReplay, ReplayItem, filter_json, replayed_message
 from webhook_ingest.shared.message import to_amqp
-from webhook_ingest.shared.paced_runs import DEFAULT_RATE
+from webhook_ingest.shared.paced_runs import DEFAULT_RATE, TAKEN_OVER
 from webhook_ingest.shared.sessions import one_of
 
 ACQUIRE_TIMEOUT = 5.0
@@ -71,9 +72,15 @@ class EventReplayStore:
         async with self._connection() as connection:
             return await connection.fetchval(SQL["cancel_event_replay"], replay_id) is not None
 
-    async def state(self, replay_id: int) -> str | None:
+    async def state(self, replay_id: int, stepped_at: datetime | None) -> str | None:
+        """The replay's state as the runner whose last step (or claim) was at
+        `stepped_at` sees it: `taken_over` when another runner claimed it since
+        (a cancel leaves stepped_at as it was)."""
         async with self._connection() as connection:
-            return await connection.fetchval(SQL["event_replay_state"], replay_id)
+            row = await connection.fetchrow(SQL["event_replay_state"], replay_id)
+        if row is None:
+            return None
+        return TAKEN_OVER if row["stepped_at"] != stepped_at else row["state"]
 
     async def items(self, replay_id: int, first: int) -> AsyncIterator[ReplayItem]:
         """The frozen items from `first` on, in order, read a page at a time."""
@@ -99,13 +106,14 @@ class EventReplayStore:
             await topology.publish(channel, to_amqp(message), topology.events_queue(namespace), timeout=PUBLISH_TIMEOUT)
         return True
 
-    async def step(self, replay_id: int, item: int, published: bool) -> None:
+    async def step(self, replay_id: int, item: int, published: bool, stepped_at: datetime | None) -> datetime | None:
+        """The step's time, the runner's next `stepped_at`; None when the run is not this runner's."""
         async with self._connection() as connection:
-            await connection.execute(SQL["event_replay_step"], replay_id, item, published)
+            return await connection.fetchval(SQL["event_replay_step"], replay_id, item, published, stepped_at)
 
-    async def finish(self, replay_id: int, state: str, error: str | None = None) -> None:
+    async def finish(self, replay_id: int, state: str, error: str | None, stepped_at: datetime | None) -> None:
         async with self._connection() as connection:
-            await connection.execute(SQL["finish_event_replay"], replay_id, state, error)
+            await connection.execute(SQL["finish_event_replay"], replay_id, state, error, stepped_at)
 
     async def record_audit(self, actor: Actor, action: str, detail: dict) -> None:
         async with self._connection() as connection:
@@ -126,24 +134,28 @@ class EventReplayJob:
         self.id, self.rate = replay.id, replay.rate or DEFAULT_RATE
         self._store, self._channel, self._namespace, self._progress = store, channel, namespace, progress
         self._published, self._skipped = replay.published, replay.skipped
+        self._stepped_at = replay.stepped_at  # the claim's: whose run it is (a stalled run may be claimed again)
 
     def remaining(self) -> AsyncIterator[ReplayItem]:
         return self._store.items(self.id, self.replay.next_item)
 
     async def state(self) -> str | None:
-        return await self._store.state(self.id)
+        return await self._store.state(self.id, self._stepped_at)
 
     async def act(self, item: ReplayItem) -> bool:
         return await self._store.publish(self._channel(), self._namespace, self.id, item)
 
     async def step(self, item: ReplayItem, acted: bool) -> None:
-        await self._store.step(self.id, item.item, acted)
+        stepped_at = await self._store.step(self.id, item.item, acted, self._stepped_at)
+        if stepped_at is None:  # claimed again elsewhere meanwhile: the next state() says so
+            return
+        self._stepped_at = stepped_at
         self._published, self._skipped = self._published + acted, self._skipped + (not acted)
         if self._progress is not None:
             self._progress(item.item, self.replay.total, self._published, self._skipped)
 
     async def finish(self, state: str, error: str | None) -> None:
-        await self._store.finish(self.id, state, error)
+        await self._store.finish(self.id, state, error, self._stepped_at)
 
     async def audit(self, what: str, acted: list[ReplayItem] | None, **detail) -> None:
         counts = ({"total": self.replay.total, "from_item": self.replay.next_item} if acted is None

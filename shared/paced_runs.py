@@ -26,6 +26,7 @@ from webhook_ingest.shared.logging import get_logger
 log = get_logger(__name__)
 
 MAX_RATE = 1000.0
+TAKEN_OVER = "taken_over"  # a job's state() for a run another process claimed since (it stalled): stop, finish nothing
 MIN_RATE = 0.1  # slower, a run could sleep for ever, and its stall (30 s + 2/rate) overflow Postgres
 DEFAULT_RATE = 10.0
 
@@ -75,8 +76,9 @@ async def _steps(job: PacedJob, acted: list[Any]) -> str:
     async for item in job.remaining():
         await asyncio.sleep(max(0.0, started + n / job.rate - loop.time()))
         n += 1
-        if await job.state() != "running":
-            return "cancelled"
+        seen = await job.state()
+        if seen != "running":
+            return TAKEN_OVER if seen == TAKEN_OVER else "cancelled"
         done = await job.act(item)
         await job.step(item, done)
         if done:
@@ -86,7 +88,7 @@ async def _steps(job: PacedJob, acted: list[Any]) -> str:
 
 async def _finish(job: PacedJob, acted: list[Any], state: str, error: str | None) -> None:
     with contextlib.suppress(Exception):  # noqa: BLE001 - Postgres away: it shows running, resumable later
-        if state != "cancelled":
+        if state not in ("cancelled", TAKEN_OVER):
             await job.finish(state, error)
     await _audit(job, job.name, acted, state=state)
 

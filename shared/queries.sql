@@ -596,15 +596,19 @@ WHERE id = $1 AND (state IN ('prepared', 'failed')
 RETURNING *
 
 -- name: event_replay_step
--- Item $2 handled: published ($3 true) or skipped. Only in order, once.
+-- Item $2 handled: published ($3 true) or skipped. Only in order, once, and
+-- only by the runner whose last step (or claim) wrote stepped_at $4: a
+-- runner whose stalled run was claimed again elsewhere gets no row back.
 UPDATE event_replays
 SET next_item = $2 + 1, published = published + $3::boolean::integer,
     skipped = skipped + (NOT $3)::integer, stepped_at = now()
-WHERE id = $1 AND next_item = $2
+WHERE id = $1 AND next_item = $2 AND stepped_at = $4
+RETURNING stepped_at
 
 -- name: finish_event_replay
+-- By the runner that holds it ($4: its last stepped_at), never by one whose run was claimed again.
 UPDATE event_replays SET state = $2, error = $3, finished_at = now()
-WHERE id = $1 AND state = 'running'
+WHERE id = $1 AND state = 'running' AND stepped_at = $4
 
 -- name: cancel_event_replay
 UPDATE event_replays SET state = 'cancelled', finished_at = now()
@@ -612,7 +616,7 @@ WHERE id = $1 AND state IN ('prepared', 'running', 'failed')
 RETURNING id
 
 -- name: event_replay_state
-SELECT state FROM event_replays WHERE id = $1
+SELECT state, stepped_at FROM event_replays WHERE id = $1
 
 
 -- name: replays_of_event

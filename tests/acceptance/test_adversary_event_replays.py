@@ -187,13 +187,14 @@ class _Stalling(EventReplayStore):
         return await super().publish(channel, namespace, replay_id, item)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "R5: a runner whose claim was taken over (no step for 30 s + 2/rate, then Resume elsewhere) does not know "
-    "it: when it wakes it publishes its item again and, seeing the replay 'done', ends it in the audit log as "
-    "'cancelled', by its own actor, though nobody cancelled it. Seen with --runxfail: audit end states "
-    "['done', 'cancelled'], 4 messages queued for 3 events (the copy is settled by its key, so no event runs "
-    "twice). A claim carries no owner that state()/step()/finish() check"))
-async def test_a_runner_whose_claim_was_taken_over_stops_without_acting_or_auditing(settings):
+async def test_a_runner_whose_claim_was_taken_over_stops_and_says_so(settings):
+    """R5: a runner whose claim was taken over (no step for 30 s + 2/rate,
+    then Resume elsewhere) did not know it: on waking, reading 'done', it
+    wrote events_replay state 'cancelled' under its own actor though nobody
+    cancelled, and could finish the new run's state. Now its step and finish
+    are fenced by the claim's stepped_at: it stops, 'taken_over'. The item it
+    was publishing when it stalled is published once more: a copy of its
+    key, settled by the workers as any copy."""
     await seed_archive(settings.database_url, [archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(
         seconds=n), "invoice.paid") for n in (1, 2, 3)])
     first, second = await asyncpg.connect(settings.database_url), await asyncpg.connect(settings.database_url)
@@ -214,10 +215,12 @@ async def test_a_runner_whose_claim_was_taken_over_stops_without_acting_or_audit
             stalling.go.set()
             await asyncio.wait_for(stalled_run, 10)
         audit = await second.fetch("SELECT action, detail FROM audit_log ORDER BY id")
+        finished = await taker.get(replay.id)
     finally:
         await first.close()
         await second.close()
     ends = [json.loads(row["detail"])["state"] for row in audit if row["action"] == "events_replay"]
-    queued = await queued_events(settings.amqp_url, settings.namespace)
-    assert ends == ["done"]
-    assert sorted(event.key for event in queued) == [f"replay-{replay.id}/stripe:evt_{n}" for n in (1, 2, 3)]
+    keys = sorted(event.key for event in await queued_events(settings.amqp_url, settings.namespace))
+    assert ends == ["done", "taken_over"]
+    assert keys == [f"replay-{replay.id}/stripe:evt_{n}" for n in (1, 1, 2, 3)]  # evt_1: the one in flight
+    assert (finished.state, finished.published, finished.handled) == ("done", 3, 3)
