@@ -1,10 +1,13 @@
 """The duplicate lookup's RESP reply parser: the same replies whatever the
-chunks the socket delivers them in."""
+chunks the socket delivers them in; a GET's timeout."""
 
+import asyncio
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_ingest.ingress.redis_get import RedisReplyError, ReplyParser
+from webhook_ingest.ingress.redis_get import GetPipeline, RedisReplyError, ReplyParser
 
 REPLIES = st.one_of(
     st.none(),
@@ -42,3 +45,31 @@ def test_replies_come_out_whole_and_in_order_from_any_chunks(replies, data):
 
 def test_a_value_holding_crlf_is_read_by_its_length():
     assert ReplyParser().feed(b"$6\r\na\r\nb\r\n\r\n$-1\r\n") == [b"a\r\nb\r\n", None]
+
+
+async def test_a_get_unanswered_in_time_fails_and_its_late_reply_answers_no_other():
+    """A GET's timeout (one timer for the GETs of a loop iteration) fails it
+    with TimeoutError; its reply, arriving later, is skipped, and the next
+    GET gets its own."""
+    answering = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        values = iter([b"first", b"second", b"third"])
+        while data := await reader.read(65536):
+            for _ in range(data.count(b"$3\r\nGET\r\n")):
+                await answering.wait()
+                value = next(values)
+                writer.write(b"$%d\r\n%s\r\n" % (len(value), value))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pipeline = GetPipeline("127.0.0.1", port, 0, None, None, timeout=0.05, connect_timeout=1.0)
+    try:
+        with pytest.raises(TimeoutError):
+            await pipeline.get("k1")
+        answering.set()
+        assert await pipeline.get("k2") == b"second"
+        assert await asyncio.gather(pipeline.get("k3")) == [b"third"]
+    finally:
+        await pipeline.close()
+        server.close()
