@@ -31,20 +31,39 @@ from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.settings import Settings
 
 
+FILTER_OPTIONS = [
+    click.option("--source", default=None, help="only this source"),
+    click.option("--status", default=None, type=click.Choice(STATUSES), help="only this status"),
+    click.option("--type", "event_type", default=None, help="only this event type (exact)"),
+    click.option("--since", default=None, help="received at or after this ISO 8601 time (UTC without an offset)"),
+    click.option("--until", default=None, help="received before this ISO 8601 time"),
+    click.option("--key", default=None, help="keys starting with this (SOURCE:EVENT_ID)"),
+    click.option("--event-id", default=None, help="event ids starting with this"),
+    click.option("--payload", default=None,
+                 help='bodies containing this JSON object, e.g. \'{"customer": "cus_123"}\''),
+]
+
+
+def filter_options(command):
+    """The archive search's filters (list, export, replay): the admin API's, as options."""
+    for option in reversed(FILTER_OPTIONS):
+        command = option(command)
+    return command
+
+
+def cli_filter(source, status, event_type, since, until, key, event_id, payload) -> EventFilter:
+    """The options' filter; raises InvalidFilter naming the field."""
+    return parse_filter({"source": source, "status": status, "type": event_type, "since": since,
+                         "until": until, "key": key, "event_id": event_id, "payload": payload})
+
+
 @click.group(epilog=ENV_HELP)
 def events() -> None:
     """The event archive: every accepted event, whatever became of it."""
 
 
 @events.command("list", epilog=ENV_HELP)
-@click.option("--source", default=None, help="only this source")
-@click.option("--status", default=None, type=click.Choice(STATUSES), help="only this status")
-@click.option("--type", "event_type", default=None, help="only this event type (exact)")
-@click.option("--since", default=None, help="received at or after this ISO 8601 time (UTC without an offset)")
-@click.option("--until", default=None, help="received before this ISO 8601 time")
-@click.option("--key", default=None, help="keys starting with this (SOURCE:EVENT_ID)")
-@click.option("--event-id", default=None, help="event ids starting with this")
-@click.option("--payload", default=None, help='bodies containing this JSON object, e.g. \'{"customer": "cus_123"}\'')
+@filter_options
 @click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, MAX_LIMIT),
               help="at most this many (newest first)")
 @click.option("--cursor", default=None, help="the page after the one whose `next` this is")
@@ -52,8 +71,7 @@ def events() -> None:
 def list_command(source, status, event_type, since, until, key, event_id, payload, limit, cursor, as_json) -> None:
     """Archived events, newest first: one page, and how many match."""
     try:
-        where = parse_filter({"source": source, "status": status, "type": event_type, "since": since,
-                              "until": until, "key": key, "event_id": event_id, "payload": payload})
+        where = cli_filter(source, status, event_type, since, until, key, event_id, payload)
         after = Cursor.decode(cursor) if cursor else None
     except InvalidFilter as exc:
         fail(f"invalid --{exc.field.replace('_', '-')}: {exc}")
@@ -94,21 +112,13 @@ def show_command(key: str, as_json: bool) -> None:
 
 
 @events.command("export", epilog=ENV_HELP)
-@click.option("--source", default=None, help="only this source")
-@click.option("--status", default=None, type=click.Choice(STATUSES), help="only this status")
-@click.option("--type", "event_type", default=None, help="only this event type (exact)")
-@click.option("--since", default=None, help="received at or after this ISO 8601 time (UTC without an offset)")
-@click.option("--until", default=None, help="received before this ISO 8601 time")
-@click.option("--key", default=None, help="keys starting with this (SOURCE:EVENT_ID)")
-@click.option("--event-id", default=None, help="event ids starting with this")
-@click.option("--payload", default=None, help='bodies containing this JSON object, e.g. \'{"customer": "cus_123"}\'')
+@filter_options
 @click.option("--output", "-o", default=None, type=click.Path(dir_okay=False, writable=True),
               help="write to this file instead of stdout")
 def export_command(source, status, event_type, since, until, key, event_id, payload, output) -> None:
     """Every archived event the filter matches as JSON lines, newest first: headers and body included."""
     try:
-        where = parse_filter({"source": source, "status": status, "type": event_type, "since": since,
-                              "until": until, "key": key, "event_id": event_id, "payload": payload})
+        where = cli_filter(source, status, event_type, since, until, key, event_id, payload)
     except InvalidFilter as exc:
         fail(f"invalid --{exc.field.replace('_', '-')}: {exc}")
     if output is None:

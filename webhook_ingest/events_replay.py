@@ -19,8 +19,8 @@ import click
 
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 from webhook_ingest.dlq import _echo_json, _settings, confirm_channel, database
-from webhook_ingest.events import events
-from webhook_ingest.shared.archived_events import STATUSES, EventFilter, InvalidFilter, parse_filter
+from webhook_ingest.events import cli_filter, events, filter_options
+from webhook_ingest.shared.archived_events import EventFilter, InvalidFilter
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
@@ -34,14 +34,7 @@ class NoSuchReplay(WebhookIngestError):
 
 
 @events.command("replay", epilog=ENV_HELP)
-@click.option("--source", default=None, help="only this source")
-@click.option("--status", default=None, type=click.Choice(STATUSES), help="only events with this status")
-@click.option("--type", "event_type", default=None, help="only this event type (exact)")
-@click.option("--since", default=None, help="received at or after this ISO 8601 time (UTC without an offset)")
-@click.option("--until", default=None, help="received before this ISO 8601 time")
-@click.option("--key", default=None, help="keys starting with this (SOURCE:EVENT_ID)")
-@click.option("--event-id", default=None, help="event ids starting with this")
-@click.option("--payload", default=None, help='bodies containing this JSON object, e.g. \'{"customer": "cus_123"}\'')
+@filter_options
 @click.option("--dry-run", is_flag=True, help="only count the events a replay would take")
 @click.option("--rate", default=DEFAULT_RATE, show_default=True, type=click.FloatRange(MIN_RATE, MAX_RATE),
               help="events published per second")
@@ -63,8 +56,7 @@ def replay(source, status, event_type, since, until, key, event_id, payload, dry
         _run(settings, resume_id, rate, as_json)
         return
     try:
-        where = parse_filter({"source": source, "status": status, "type": event_type, "since": since,
-                              "until": until, "key": key, "event_id": event_id, "payload": payload})
+        where = cli_filter(source, status, event_type, since, until, key, event_id, payload)
     except InvalidFilter as exc:
         fail(f"invalid --{exc.field.replace('_', '-')}: {exc}")
     if dry_run:
