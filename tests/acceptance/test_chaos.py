@@ -77,7 +77,10 @@ async def test_a_seeded_fault_run_with_routes_runs_each_event_once_per_route(nam
     assert not pipeline(result), result.report
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=ARCHIVE_GAPS)
+# Not strict: this run met the gaps once (09:21 UTC, "chaos:evt_00092: 2 x 200,
+# 1 dead archived"), and whether two copies share a millisecond is the
+# machine's timing; the plain run above, strict, meets them 8 times or so.
+@pytest.mark.xfail(strict=False, raises=AssertionError, reason=ARCHIVE_GAPS)
 async def test_a_seeded_fault_run_with_routes_archives_every_accepted_event(namespace, database, tmp_path):
     result = await seeded(ROUTED, namespace, database, tmp_path)
     assert not archived(result), result.report
