@@ -182,7 +182,7 @@ async def test_on_call_searches_the_archive_and_opens_an_event(start_console, op
     await expect(page.get_by_role("heading", name="Events")).to_be_visible()
     await page.get_by_label("Source").fill("stripe")
     await page.get_by_label("Payload contains").fill('{"customer": "cus_123"}')
-    await page.get_by_role("button", name="Search").click()
+    await page.get_by_role("button", name="Search", exact=True).click()
     rows = page.locator("table.events tbody tr")
     await expect(rows).to_have_count(3)  # evt_3, evt_1's copy, evt_1
     await expect(page.locator("#event-count")).to_contain_text("3 archived events match")
