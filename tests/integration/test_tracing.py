@@ -9,13 +9,17 @@ cut, a replay (a trace of its own, linked to the one it replays).
 import asyncio
 import contextlib
 import json
+import logging
+import sys
 
 import aio_pika
 import asyncpg
 import pytest
+import structlog
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from structlog._config import BoundLoggerLazyProxy
 from structlog.testing import capture_logs
 
 from webhook_ingest.shared import signatures, tracing
@@ -104,10 +108,30 @@ async def until_committed(exported: InMemorySpanExporter, key: str) -> list[Read
     return list(exported.get_finished_spans())
 
 
+@contextlib.contextmanager
+def captured_logs():
+    """capture_logs, for our modules' loggers too. Each is structlog's lazy
+    proxy, which cache_logger_on_first_use binds for good on its first line
+    to the processors configured then (an earlier test's, or an earlier
+    capture's, whose list capture_logs does not touch): made lazy again,
+    and without a level an earlier configure_logging may have set."""
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("webhook_ingest."):
+            for value in list(vars(module).values()):
+                if isinstance(value, BoundLoggerLazyProxy):
+                    vars(value).pop("bind", None)
+    configured = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))  # an earlier level's filter off
+    try:
+        with capture_logs(processors=[tracing.add_trace_ids]) as logs:
+            yield logs
+    finally:
+        structlog.configure(**configured)
+
 @pytest.mark.parametrize("source", ["logged", "batched"], ids=["alone", "in-a-batch"])
 async def test_one_trace_from_the_request_through_the_publish_to_the_handler_and_its_commit(
         settings, sources, exported, source):
-    with capture_logs(processors=[tracing.add_trace_ids]) as logs:
+    with captured_logs() as logs:
         async with running_ingress(settings, sources) as client, running_worker(settings, sources):
             assert await post(client, source, "evt_1") == 200
             spans = await until_committed(exported, f"{source}:evt_1")

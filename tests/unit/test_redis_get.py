@@ -51,15 +51,19 @@ async def test_a_get_unanswered_in_time_fails_and_its_late_reply_answers_no_othe
     """A GET's timeout (one timer for the GETs of a loop iteration) fails it
     with TimeoutError; its reply, arriving later, is skipped, and the next
     GET gets its own."""
-    answering = asyncio.Event()
+    answering, served = asyncio.Event(), asyncio.Event()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         values = iter([b"first", b"second", b"third"])
-        while data := await reader.read(65536):
-            for _ in range(data.count(b"$3\r\nGET\r\n")):
-                await answering.wait()
-                value = next(values)
-                writer.write(b"$%d\r\n%s\r\n" % (len(value), value))
+        try:
+            while data := await reader.read(65536):
+                for _ in range(data.count(b"$3\r\nGET\r\n")):
+                    await answering.wait()
+                    value = next(values)
+                    writer.write(b"$%d\r\n%s\r\n" % (len(value), value))
+        finally:  # its socket closed here, not by the GC in a later test (an unraisable ResourceWarning)
+            writer.close()
+            served.set()
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -73,3 +77,5 @@ async def test_a_get_unanswered_in_time_fails_and_its_late_reply_answers_no_othe
     finally:
         await pipeline.close()
         server.close()
+        await server.wait_closed()
+        await asyncio.wait_for(served.wait(), 5)
