@@ -256,6 +256,17 @@ async def test_a_copy_of_an_attempt_handed_on_gives_its_redis_lock_back(pipeline
     assert pipeline.claims.locks == {}  # "replaced by a done marker or released, whatever the outcome"
 
 
+@pytest.mark.xfail(strict=True, reason="a dead letter that found its key completed meanwhile is a DUPLICATE with no "
+                   "done marker written, and run_locked keeps its Redis lock for one: held until its TTL")
+async def test_a_dead_letter_found_completed_meanwhile_gives_its_redis_lock_back(pipeline, monkeypatch):
+    async def completed_meanwhile(event, source, exc):  # record_dead_letter's NOT EXISTS processed_events: None
+        return Outcome.DUPLICATE
+
+    monkeypatch.setattr(pipeline.failures, "fail", completed_meanwhile)
+    assert await pipeline.processor.process(event("refuse")) is Outcome.DUPLICATE
+    assert pipeline.claims.locks == {}
+
+
 async def test_a_redelivery_whose_own_delivery_completed_is_settled_before(pipeline):
     message = event(message_id="m1")
     assert await pipeline.processor.process(message) is Outcome.PROCESSED
