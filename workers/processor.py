@@ -58,7 +58,11 @@ log = get_logger(__name__)
 DEFER_SECONDS = 1.0
 BUSY_RECHECKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.24)  # seconds, ~0.55 in all
 TURN_RECHECKS = (0.02, 0.05, 0.1, 0.2)  # seconds: a turn held in Postgres, before deferring
-_RELEASED_BY_DONE_MARKER = (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT)
+# Outcomes whose pass always wrote the key's done marker over our lock. Not
+# DUPLICATE: a copy of an attempt handed on, or a dead letter that found the
+# key completed meanwhile, writes none, so a DUPLICATE's lock is released —
+# compare-and-delete, a no-op where a marker replaced it.
+_RELEASED_BY_DONE_MARKER = (Outcome.PROCESSED, Outcome.CONFLICT)
 
 
 class CompletionRefused(Exception):

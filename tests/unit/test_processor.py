@@ -246,9 +246,6 @@ async def test_a_copy_of_an_attempt_already_handed_on_is_a_duplicate(pipeline):
     assert len(RUNS) == 3
 
 
-@pytest.mark.xfail(strict=True, reason="run_locked keeps the Redis lock of every DUPLICATE for a done marker, but a "
-                   "copy of an attempt handed on writes none: the lock stays until its TTL, and the next attempt "
-                   "waits ~0.55 s for it, then runs without it (the batch path releases it)")
 async def test_a_copy_of_an_attempt_handed_on_gives_its_redis_lock_back(pipeline):
     failed = event("fail")
     assert await pipeline.processor.process(failed) is Outcome.RETRIED
@@ -256,8 +253,6 @@ async def test_a_copy_of_an_attempt_handed_on_gives_its_redis_lock_back(pipeline
     assert pipeline.claims.locks == {}  # "replaced by a done marker or released, whatever the outcome"
 
 
-@pytest.mark.xfail(strict=True, reason="a dead letter that found its key completed meanwhile is a DUPLICATE with no "
-                   "done marker written, and run_locked keeps its Redis lock for one: held until its TTL")
 async def test_a_dead_letter_found_completed_meanwhile_gives_its_redis_lock_back(pipeline, monkeypatch):
     async def completed_meanwhile(event, source, exc):  # record_dead_letter's NOT EXISTS processed_events: None
         return Outcome.DUPLICATE
