@@ -4,11 +4,17 @@ once, discarded after its dead letter was discarded, a conflict, a copy.
 The real ingress app and a real worker process; the archive is read once
 the workers settled everything (no timing threshold)."""
 
+import time
+from types import SimpleNamespace
+
 import asyncpg
 import orjson
 import pytest
 
-from webhook_ingest.shared import signatures
+from webhook_ingest.ingress import webhooks
+from webhook_ingest.shared import archive_upkeep, signatures
+from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.sources import load_sources
 from tests.support.ingress import running_ingress
@@ -107,3 +113,76 @@ async def test_a_copy_that_reaches_a_worker_is_archived_as_a_duplicate(settings,
         await wait_for_output(worker, "worker_consuming")
         rows = await until_settled(settings.database_url, 3)
     assert sorted(row[1] for row in rows) == ["duplicate", "duplicate", "processed"]
+
+
+async def until_quiet(database_url: str) -> list[tuple]:
+    """The archive once it has rows, none unsettled and each with its body (however many)."""
+    async def quiet():
+        rows = await archive_of(database_url)
+        return rows if rows and all(row[1] not in ("queued", "retrying") and row[5] for row in rows) else None
+
+    return await wait_until(quiet, 60, message="the archived rows settled")
+
+
+@pytest.mark.xfail(strict=True, reason="an arrival's row is (source, key, received_at in ms): two copies stamped"
+                                       " with the same millisecond are one row (the chaos run's copies miscounted)")
+async def test_copies_received_in_the_same_millisecond_are_two_arrivals(settings, fleet, sources_path, monkeypatch):
+    """Two copies the ingress stamps with one millisecond (sent together, as
+    the chaos run's are), each answered 200: two archived arrivals, the one
+    that ran and its copy, each with its body."""
+    frozen = time.time()
+    monkeypatch.setattr(webhooks, "time", SimpleNamespace(time=lambda: frozen, perf_counter=time.perf_counter))
+    async with running_ingress(settings, load_sources(sources_path)) as client:
+        assert [await post(client, "acme", "evt_5") for _ in range(2)] == ["accepted"] * 2
+        worker = fleet.worker("--concurrency", "8", env={"WEBHOOK_INGEST_SOURCES": sources_path})
+        await wait_for_output(worker, "worker_consuming")
+        rows = await until_quiet(settings.database_url)
+    assert sorted(row[:2] for row in rows) == [("acme:evt_5", "duplicate"), ("acme:evt_5", "processed")]
+
+
+async def _archived_status(connection, key: str) -> str | None:
+    return await connection.fetchval("SELECT status FROM event_archive WHERE key = $1", key)
+
+
+@pytest.mark.xfail(strict=True, reason="a worker SIGKILLed while its outcome batch waits for Postgres leaves the"
+                                       " event's row queued for good: nothing settles it afterwards")
+async def test_a_worker_killed_before_its_outcomes_are_written_leaves_nothing_queued(settings, fleet, sources_path,
+                                                                                     monkeypatch):
+    """The chaos run's 'left queued': the worker completes the event, its
+    outcome batch waits for the archive (here: a lock on the table, as a cut
+    Postgres would hold it back), and it is SIGKILLed. The completion is
+    durable; the archive's upkeep brings the row up to date from it."""
+    async with running_ingress(settings, load_sources(sources_path)) as client:
+        await post(client, "acme", "evt_7")
+        await arrivals_written(settings.database_url)
+    connection = await asyncpg.connect(settings.database_url)
+    blocker = await asyncpg.connect(settings.database_url)
+    try:
+        held = blocker.transaction()
+        await held.start()
+        await blocker.execute("LOCK TABLE event_archive IN EXCLUSIVE MODE")  # the archive's writes wait
+        worker = fleet.worker("--concurrency", "8", env={"WEBHOOK_INGEST_SOURCES": sources_path})
+        await wait_until(lambda: connection.fetchval("SELECT count(*) FROM processed_events WHERE key = 'acme:evt_7'"),
+                         60, message="the event completed")
+        await wait_until(lambda: connection.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            " AND query LIKE 'INSERT INTO event_archive%'"), 60, message="the worker's outcome batch waiting")
+        worker.kill()
+        await held.rollback()
+        assert await _archived_status(connection, "acme:evt_7") == "queued"  # what the crash left
+
+        monkeypatch.setattr(archive_upkeep, "SETTLE_GRACE_SECONDS", 0.0)
+        await ArchiveUpkeep(ArchiveStore(connection), load_sources(sources_path)).settle()
+        assert await _archived_status(connection, "acme:evt_7") == "processed"
+    finally:
+        await blocker.close()
+        await connection.close()
+
+
+async def arrivals_written(database_url: str) -> list[tuple]:
+    """The archive once each row has its body (the ingress's write is in)."""
+    async def written():
+        rows = await archive_of(database_url)
+        return rows if rows and all(row[5] for row in rows) else None
+
+    return await wait_until(written, 30, message="the arrivals written")
