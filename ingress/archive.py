@@ -79,4 +79,4 @@ async def archive_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def _body_size(row: tuple) -> int:
-    return len(row[6])
+    return len(row[7])  # archive.arrival_row's body

@@ -27,7 +27,8 @@ from webhook_ingest.shared.errors import BrokerUnavailable
 from webhook_ingest.ingress.responses import Rejected, error, json_response
 from webhook_ingest.shared import event_id, metrics, payloads, storable_json, tracing
 from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.message import MAX_EVENT_ID_BYTES, EventMessage, headers_fit, provider_headers, utf8_text
+from webhook_ingest.shared.message import (MAX_EVENT_ID_BYTES, EventMessage, headers_fit, new_arrival, provider_headers,
+                                           utf8_text)
 from webhook_ingest.shared.payloads import Form
 from webhook_ingest.shared.signatures import SignatureError
 from webhook_ingest.shared.sources import Source
@@ -196,6 +197,7 @@ def _build_event(source: Source, request: web.Request, body: bytes, payload: dic
         received_at=time.time(),
         body=body,
         headers=headers,
+        arrival=new_arrival(),
     )
 
 

@@ -6,8 +6,10 @@ ingress writes it (body, headers, type; status `queued`, or `duplicate`
 when it answered so, or `ignored` with the `ignore` rule that matched:
 never queued, that row is its end), the workers write what became of it
 (`retrying`, `processed`, `dead`, `conflict`, `duplicate`), a discard of
-its dead letter makes it `discarded`. A row is named by (source, key, received_at), which
-the message carries, so each side writes its part without reading first.
+its dead letter makes it `discarded`. A row is named by (source, key,
+received_at, arrival), which the message carries, so each side writes its
+part without reading first: the arrival's own id (shared/message.py), drawn
+by the ingress, keeps two copies stamped with the same millisecond apart.
 
 The table is partitioned by source (LIST), each source's part by day of
 `received_at` (RANGE, UTC): a source keeps its own `retention`, and a day
@@ -73,20 +75,20 @@ def received_ms(event: EventMessage) -> int:
 
 
 def row_key(row: tuple) -> tuple:
-    """(source, key, received_ms): the first three columns of every row below."""
-    return row[:3]
+    """(source, key, received_ms, arrival): the first four columns of every row below."""
+    return row[:4]
 
 
 def arrival_row(event: EventMessage, event_type: str | None, headers_json: str, status: str,
                 ignore_rule: str | None = None) -> tuple:
     """The ingress's row, in the columns of `archive_arrivals`; `ignore_rule` only with IGNORED."""
-    return (event.source, event.key, received_ms(event), event.event_id, event_type, event.payload_sha256,
-            event.body, headers_json, status, ignore_rule)
+    return (event.source, event.key, received_ms(event), event.arrival, event.event_id, event_type,
+            event.payload_sha256, event.body, headers_json, status, ignore_rule)
 
 
 def outcome_row(event: EventMessage, status: str, at: float, error: str | None = None) -> tuple:
     """A worker's row, in the columns of `archive_outcomes`; `at` in unix seconds."""
-    return (event.source, event.key, received_ms(event), event.event_id, event.payload_sha256, status,
+    return (event.source, event.key, received_ms(event), event.arrival, event.event_id, event.payload_sha256, status,
             event.replay_of, event.attempt, error, round(at * 1000))
 
 

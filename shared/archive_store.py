@@ -94,7 +94,7 @@ class ArchiveStore:
     async def search(self, where: EventFilter, after: Cursor | None = None,
                      limit: int = archived_events.DEFAULT_LIMIT) -> list[asyncpg.Record]:
         """One page, newest first, below `after` (None: the newest)."""
-        below = (after.received_at, after.source, after.key) if after else (None, None, None)
+        below = (after.received_at, after.source, after.key, after.arrival) if after else (None,) * 4
         async with self._searching() as connection:
             return await connection.fetch(SQL["search_archive"], *where.arguments(), *below, limit,
                                           timeout=STATEMENT_SECONDS)
@@ -106,7 +106,7 @@ class ArchiveStore:
         memory and holds no transaction open."""
         after: Cursor | None = None
         while True:
-            below = (after.received_at, after.source, after.key) if after else (None, None, None)
+            below = (after.received_at, after.source, after.key, after.arrival) if after else (None,) * 4
             async with self._searching() as connection:
                 rows = await connection.fetch(SQL["export_archive"], *where.arguments(), *below, page_size,
                                               timeout=STATEMENT_SECONDS)
@@ -114,7 +114,7 @@ class ArchiveStore:
                 yield rows
             if len(rows) < page_size:
                 return
-            after = Cursor(rows[-1]["received_at"], rows[-1]["source"], rows[-1]["key"])
+            after = Cursor.below(rows[-1])
 
     async def count(self, where: EventFilter, cap: int = archived_events.COUNT_CAP) -> int:
         """How many rows match, up to `cap`."""

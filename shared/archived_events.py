@@ -3,7 +3,7 @@ events` share, and the JSON documents both answer with (docs/reference.md
 §2, §8), defined once so the two cannot drift apart.
 
 A search is one page, newest first, with keyset pagination: the page's last
-row (received_at, source, key) is the `next` cursor, so a page costs the
+row (received_at, source, key, arrival) is the `next` cursor, so a page costs the
 same however deep it is and rows arriving meanwhile do not shift it. The
 count of matches stops at COUNT_CAP.
 """
@@ -60,16 +60,24 @@ class Cursor:
     received_at: datetime
     source: str
     key: str
+    arrival: int = 0  # two arrivals of a key may share their millisecond
+
+    @classmethod
+    def below(cls, row) -> "Cursor":
+        """The cursor of the page below `row`, a search's last."""
+        return cls(row["received_at"], row["source"], row["key"], row["arrival"])
 
     def encode(self) -> str:
-        raw = orjson.dumps([self.received_at.isoformat(), self.source, self.key])
+        raw = orjson.dumps([self.received_at.isoformat(), self.source, self.key, self.arrival])
         return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
     @classmethod
     def decode(cls, text: str) -> "Cursor":
         try:
-            received_at, source, key = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-            return cls(datetime.fromisoformat(received_at), str(source), str(key))
+            received_at, source, key, *arrival = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+            if len(arrival) > 1 or not all(type(value) is int and 0 <= value < 2**63 for value in arrival):
+                raise ValueError("not a cursor")  # a bigint, or none: a cursor from before arrivals had ids
+            return cls(datetime.fromisoformat(received_at), str(source), str(key), *arrival)
         except (ValueError, TypeError) as exc:
             raise InvalidFilter("cursor", "not a cursor this API gave") from exc
 
@@ -217,7 +225,7 @@ def page(rows: list, count: int | None, limit: int) -> dict:
         "events": [summary(row) for row in rows],
         "count": count,
         "count_capped": count is not None and count >= COUNT_CAP,
-        "next": Cursor(last["received_at"], last["source"], last["key"]).encode() if last else None,
+        "next": Cursor.below(last).encode() if last else None,
     }
 
 

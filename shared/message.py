@@ -12,6 +12,11 @@ Two encodings are chosen for the wire, not for Python:
 - every publish carries its own AMQP `message_id`: the client matches a
   broker's return (unroutable) to its publish by that id, so two copies of
   one key published at once must not share it.
+- every accepted request is an arrival with its own id (`x-arrival`), drawn
+  by the ingress and kept by every message that carries the event on (a
+  retry, a route's fan-out, the outbox, a dead letter's replay): the event
+  archive's row of that arrival (shared/archive.py), whatever its receive
+  time shares with another copy's.
 - a traced event's W3C `traceparent` and `tracestate` travel as headers of
   those names, the names OpenTelemetry's instrumentations use
   (shared/tracing.py).
@@ -82,6 +87,9 @@ class EventMessage:
     # The route (shared/routes.py) this message runs, its key then `KEY#ROUTE`;
     # "" for the event itself: its source's one handler, or its routes' fan-out.
     route: str = ""
+    # The accepted request this message carries (new_arrival(); 0: queued
+    # before arrivals had ids): its row of the event archive.
+    arrival: int = 0
 
     def next_attempt(self, error: dict) -> "EventMessage":
         return replace(self, attempt=self.attempt + 1, errors=(*self.errors, error))
@@ -135,6 +143,12 @@ def utf8_text(header_value: str) -> str:
     return header_value
 
 
+def new_arrival() -> int:
+    """A random positive 63-bit id (a Postgres bigint, an AMQP signed long):
+    two arrivals of one key in one millisecond share it one time in 2**63."""
+    return int.from_bytes(os.urandom(8)) >> 1 or 1
+
+
 def new_message_id() -> str:
     """32 random hex digits: the 16 bytes uuid4() reads too, without building a UUID (4 µs a publish)."""
     return os.urandom(16).hex()
@@ -160,6 +174,7 @@ def to_amqp(event: EventMessage) -> aio_pika.Message:
             **({"x-unknown-source-since-ms": event.unknown_source_since_ms} if event.unknown_source_since_ms else {}),
             **({"x-replay-of": event.replay_of} if event.replay_of else {}),
             **({"x-route": event.route} if event.route else {}),
+            **({"x-arrival": event.arrival} if event.arrival else {}),
             **event.trace_context,
         },
     )
@@ -183,6 +198,7 @@ def from_amqp(body: bytes, headers: dict) -> EventMessage:
         replay_of=int(headers.get("x-replay-of") or 0),
         trace_context=_trace_context(headers),
         route=_text(headers.get("x-route") or ""),
+        arrival=int(headers.get("x-arrival") or 0),
     )
 
 

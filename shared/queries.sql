@@ -17,9 +17,9 @@ WITH done AS (
     SELECT FROM processed_events WHERE key = $1::text AND payload_sha256 = $4::text
 ), inserted AS (
     INSERT INTO dead_letters (key, source, event_id, payload_sha256, body, payload, headers,
-                              received_at, attempts, errors, route)
+                              received_at, attempts, errors, route, arrival)
     SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::jsonb, $7::jsonb,
-           $8::timestamptz, $9::integer, $10::jsonb, $11::text
+           $8::timestamptz, $9::integer, $10::jsonb, $11::text, $12::int8
     WHERE NOT EXISTS (SELECT FROM done)
     ON CONFLICT (key, payload_sha256) WHERE status = 'dead' DO NOTHING
     RETURNING id
@@ -192,22 +192,23 @@ SELECT state FROM console_bulk_actions WHERE id = $1
 -- Written in batches behind the requests' and the workers' backs
 -- (shared/archive_writer.py) through shared.archive_store; its tables are
 -- made and dropped by event_archive_keep (migration 0008). Each side names
--- a row by (source, key, received_at), the receive time in integer
--- milliseconds as the message carries it.
+-- a row by (source, key, received_at, arrival), the receive time in integer
+-- milliseconds and the arrival's id as the message carries them (0017).
 
 -- name: archive_arrivals
 -- What the ingress accepted (status queued), answered as a duplicate, or
 -- ignored (with the rule that matched). A row a worker wrote first (its
 -- outcome, no body yet) gets the body, headers and type; any other row is
 -- left as it is.
-INSERT INTO event_archive AS archived (source, key, received_at, event_id, event_type, payload_sha256, body, headers,
-                                       status, ignore_rule)
-SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond', event_id, event_type,
+INSERT INTO event_archive AS archived (source, key, received_at, arrival, event_id, event_type, payload_sha256, body,
+                                       headers, status, ignore_rule)
+SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond', arrival, event_id, event_type,
        payload_sha256, body, headers::jsonb, status, ignore_rule
-FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::text[],
-            $9::text[], $10::text[])
-     AS arrival(source, key, received_ms, event_id, event_type, payload_sha256, body, headers, status, ignore_rule)
-ON CONFLICT (source, key, received_at) DO UPDATE
+FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::bytea[],
+            $9::text[], $10::text[], $11::text[])
+     AS arriving(source, key, received_ms, arrival, event_id, event_type, payload_sha256, body, headers, status,
+                 ignore_rule)
+ON CONFLICT (source, key, received_at, arrival) DO UPDATE
 SET body = EXCLUDED.body, headers = EXCLUDED.headers, event_type = EXCLUDED.event_type
 WHERE archived.body IS NULL
 
@@ -217,15 +218,16 @@ WHERE archived.body IS NULL
 -- attempt, or a further step of the same one), and `duplicate` only over a
 -- row still queued (a copy of a retry message is not its event's end).
 -- A row the ingress has not written yet is made without its body.
-INSERT INTO event_archive AS archived (source, key, received_at, event_id, payload_sha256, status, replay_of, attempts,
-                                       last_error, completed_at)
-SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond', event_id, payload_sha256, status,
-       replay_of, attempts, last_error,
+INSERT INTO event_archive AS archived (source, key, received_at, arrival, event_id, payload_sha256, status, replay_of,
+                                       attempts, last_error, completed_at)
+SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond', arrival, event_id, payload_sha256,
+       status, replay_of, attempts, last_error,
        CASE WHEN status = 'processed' THEN timestamptz 'epoch' + at_ms * interval '1 millisecond' END
-FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::int4[],
-            $9::text[], $10::int8[])
-     AS outcome(source, key, received_ms, event_id, payload_sha256, status, replay_of, attempts, last_error, at_ms)
-ON CONFLICT (source, key, received_at) DO UPDATE
+FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::int8[],
+            $9::int4[], $10::text[], $11::int8[])
+     AS outcome(source, key, received_ms, arrival, event_id, payload_sha256, status, replay_of, attempts, last_error,
+                at_ms)
+ON CONFLICT (source, key, received_at, arrival) DO UPDATE
 SET status = EXCLUDED.status, replay_of = EXCLUDED.replay_of, attempts = EXCLUDED.attempts,
     last_error = coalesce(EXCLUDED.last_error, archived.last_error), completed_at = EXCLUDED.completed_at
 WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued')
@@ -241,7 +243,7 @@ FROM dead_letters
 WHERE dead_letters.id = ANY($1::bigint[]) AND event_archive.source = dead_letters.source
   AND event_archive.key = CASE WHEN dead_letters.route IS NULL THEN dead_letters.key
                                ELSE left(dead_letters.key, -(length(dead_letters.route) + 1)) END
-  AND event_archive.received_at = dead_letters.received_at
+  AND event_archive.received_at = dead_letters.received_at AND event_archive.arrival = dead_letters.arrival
 
 -- name: archive_keep
 -- One source's tables (event_archive_keep); a lock it waits for longer than
@@ -260,11 +262,12 @@ FROM unnest($1::text[], $2::text[]) AS archived(source, source_table)
 -- name: search_archive
 -- One page, newest first: $1 source, $2 status (also 'processing'), $3
 -- event type, $4 received at or after, $5 received before, $6 key prefix,
--- $7 event id prefix, $8 payload containment (jsonb), $9-$11 only rows
--- older than this (received_at, source, key): the next page; $12 its size.
+-- $7 event id prefix, $8 payload containment (jsonb), $9-$12 only rows
+-- older than this (received_at, source, key, arrival): the next page; $13
+-- its size.
 -- NULL: no filter.
-SELECT a.source, a.key, a.received_at, a.event_id, a.event_type, a.payload_sha256, a.attempts, a.last_error,
-       a.completed_at, a.replay_of, a.ignore_rule, CASE WHEN held.processing THEN 'processing' ELSE a.status END AS status
+SELECT a.source, a.key, a.received_at, a.arrival, a.event_id, a.event_type, a.payload_sha256, a.attempts,
+       a.last_error, a.completed_at, a.replay_of, a.ignore_rule, CASE WHEN held.processing THEN 'processing' ELSE a.status END AS status
 FROM event_archive a
 CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
     SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
@@ -278,15 +281,15 @@ WHERE ($1::text IS NULL OR a.source = $1)
   AND ($6::text IS NULL OR starts_with(a.key, $6))
   AND ($7::text IS NULL OR starts_with(a.event_id, $7))
   AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
-  AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key) < ($9, $10::text, $11::text))
-ORDER BY a.received_at DESC, a.source DESC, a.key DESC
-LIMIT $12
+  AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key, a.arrival) < ($9, $10::text, $11::text, $12::int8))
+ORDER BY a.received_at DESC, a.source DESC, a.key DESC, a.arrival DESC
+LIMIT $13
 
 -- name: export_archive
--- search_archive's page ($1-$12) with what each row carried (body, headers):
+-- search_archive's page ($1-$13) with what each row carried (body, headers):
 -- `webhook-ingest events export` streams a selection page by page.
-SELECT a.source, a.key, a.received_at, a.event_id, a.event_type, a.payload_sha256, a.body, a.headers, a.attempts,
-       a.last_error, a.completed_at, a.replay_of, a.ignore_rule,
+SELECT a.source, a.key, a.received_at, a.arrival, a.event_id, a.event_type, a.payload_sha256, a.body, a.headers,
+       a.attempts, a.last_error, a.completed_at, a.replay_of, a.ignore_rule,
        CASE WHEN held.processing THEN 'processing' ELSE a.status END AS status
 FROM event_archive a
 CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
@@ -301,9 +304,9 @@ WHERE ($1::text IS NULL OR a.source = $1)
   AND ($6::text IS NULL OR starts_with(a.key, $6))
   AND ($7::text IS NULL OR starts_with(a.event_id, $7))
   AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
-  AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key) < ($9, $10::text, $11::text))
-ORDER BY a.received_at DESC, a.source DESC, a.key DESC
-LIMIT $12
+  AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key, a.arrival) < ($9, $10::text, $11::text, $12::int8))
+ORDER BY a.received_at DESC, a.source DESC, a.key DESC, a.arrival DESC
+LIMIT $13
 
 -- name: count_archive
 -- How many rows search_archive's filter ($1-$8) matches, up to $9.
@@ -333,7 +336,7 @@ SELECT a.source, a.key, a.received_at, a.event_id, a.event_type, a.payload_sha25
        THEN 'processing' ELSE a.status END AS status
 FROM event_archive a
 WHERE a.source = split_part($1, ':', 1) AND a.key = $1
-ORDER BY a.received_at
+ORDER BY a.received_at, a.arrival
 
 -- name: archive_copies
 -- How many copies (`duplicate`) and conflicts each key of a page ($2; $1
@@ -582,10 +585,12 @@ SELECT item, source, key, received_at FROM event_replay_items
 WHERE replay_id = $1 AND item >= $2 ORDER BY item LIMIT $3
 
 -- name: event_replay_arrival
--- What a replay publishes of one frozen item: its arrival as archived.
+-- What a replay publishes of one frozen item: its arrival as archived (of
+-- arrivals sharing its millisecond, one the selection could have chosen).
 SELECT source, key, received_at, event_id, payload_sha256, body, headers FROM event_archive
 WHERE source = $1 AND key = $2 AND received_at = $3
 
+ORDER BY body IS NULL, status IN ('ignored', 'conflict'), arrival LIMIT 1
 -- name: claim_event_replay
 -- Start (or resume) at $2 per second: only one process runs it. A run whose
 -- process died (no step for 30 s plus two of its intervals) may be resumed.

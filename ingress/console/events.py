@@ -86,7 +86,7 @@ def _next_query(search: EventSearch, rows: list[asyncpg.Record]) -> str | None:
     if len(rows) <= PAGE_SIZE:
         return None
     last = rows[PAGE_SIZE - 1]
-    return search.query(cursor=Cursor(last["received_at"], last["source"], last["key"]).encode())
+    return search.query(cursor=Cursor.below(last).encode())
 
 
 # -- one event -------------------------------------------------------------------

@@ -124,8 +124,6 @@ async def until_quiet(database_url: str) -> list[tuple]:
     return await wait_until(quiet, 60, message="the archived rows settled")
 
 
-@pytest.mark.xfail(strict=True, reason="an arrival's row is (source, key, received_at in ms): two copies stamped"
-                                       " with the same millisecond are one row (the chaos run's copies miscounted)")
 async def test_copies_received_in_the_same_millisecond_are_two_arrivals(settings, fleet, sources_path, monkeypatch):
     """Two copies the ingress stamps with one millisecond (sent together, as
     the chaos run's are), each answered 200: two archived arrivals, the one

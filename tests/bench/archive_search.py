@@ -136,7 +136,7 @@ async def measure(connection: asyncpg.Connection, now: datetime) -> None:
             rows = await store.search(where)
         except TimeoutError:  # the store's statement timeout, as the API would meet it
             rows = []
-        after = Cursor(rows[-1]["received_at"], rows[-1]["source"], rows[-1]["key"]) if len(rows) == DEFAULT_LIMIT else None
+        after = Cursor.below(rows[-1]) if len(rows) == DEFAULT_LIMIT else None
         cases = [(f"{label}: page 1", lambda w=where: store.search(w), "search_archive", where, None),
                  (f"{label}: count (cap {COUNT_CAP:,})", lambda w=where: store.count(w), "count_archive", where, None)]
         if after is not None:
@@ -175,7 +175,7 @@ async def plan(connection: asyncpg.Connection, query: str, where: EventFilter, a
     alone for one that timed out): its first nodes, not its partitions' repeats."""
     arguments = [*where.arguments()]
     if query == "search_archive":
-        arguments += [after.received_at, after.source, after.key] if after else [None, None, None]
+        arguments += [after.received_at, after.source, after.key, after.arrival] if after else [None] * 4
         arguments.append(DEFAULT_LIMIT)
     else:
         arguments.append(COUNT_CAP)

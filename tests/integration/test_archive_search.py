@@ -22,6 +22,7 @@ from tests.support.dead_letters import failure
 from tests.support.events import make_event
 from tests.support.ingress import running_ingress
 from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.message import new_arrival
 
 TOKEN = "s3cret-admin-token-of-the-archive-search-tests"
 VIEWER = "s3cret-viewer-token-of-the-archive-search-tests"
@@ -117,6 +118,34 @@ async def test_pages_follow_one_another_by_cursor(admin_settings, archived):
         seen = [(row["key"], row["received_at"]) for row in first["events"] + second["events"]]
         _, everything = await get(client, "/admin/events")
     assert seen == [(row["key"], row["received_at"]) for row in everything["events"]]
+
+
+async def test_copies_received_in_one_millisecond_are_each_a_row_of_the_pages(admin_settings):
+    """Three arrivals of one key sharing their millisecond: a page of one
+    row at a time shows each once, and the event's page lists all three."""
+    first = dataclasses.replace(event("stripe", "evt_7", 1, "invoice.paid"), arrival=new_arrival())
+    copies = [first, *(dataclasses.replace(first, arrival=new_arrival()) for _ in range(2))]
+    connection = await asyncpg.connect(admin_settings.database_url)
+    try:
+        store = ArchiveStore(connection)
+        await store.keep({"stripe": timedelta(days=7)})
+        await store.write_arrivals([archive.arrival_row(e, "invoice.paid", "{}", archive.QUEUED) for e in copies])
+        await store.write_outcomes([archive.outcome_row(copies[0], archive.PROCESSED, NOW.timestamp()),
+                                    *(archive.outcome_row(e, archive.DUPLICATE, NOW.timestamp()) for e in copies[1:])])
+    finally:
+        await connection.close()
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        statuses, cursor = [], ""
+        for _ in range(4):
+            status, page = await get(client, f"/admin/events?limit=1{cursor}")
+            assert status == 200, page
+            statuses += [row["status"] for row in page["events"]]
+            if page["next"] is None:
+                break
+            cursor = f"&cursor={page['next']}"
+        _, shown = await get(client, "/admin/events/stripe:evt_7")
+    assert sorted(statuses) == ["duplicate", "duplicate", "processed"]
+    assert sorted(a["status"] for a in shown["arrivals"]) == ["duplicate", "duplicate", "processed"]
 
 
 async def test_an_events_page_holds_every_arrival_of_its_key_and_what_was_recorded(admin_settings, archived):

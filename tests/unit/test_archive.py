@@ -2,6 +2,7 @@
 a source's retention and event type in the sources file, its tables' names,
 the days it keeps, the rows each side writes."""
 
+import dataclasses
 import re
 from datetime import UTC, date, datetime, timedelta
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from webhook_ingest.shared import archive, event_type
 from webhook_ingest.shared.errors import ConfigError
+from webhook_ingest.shared.message import from_amqp, new_arrival, to_amqp
 from webhook_ingest.shared.sources import parse_source
 from tests.support.events import make_event
 
@@ -81,11 +83,25 @@ def test_a_retention_of_zero_keeps_and_makes_nothing():
 # -- rows ----------------------------------------------------------------------------
 
 
-def test_both_sides_name_a_row_by_the_receive_time_the_message_carries():
-    event = make_event("acme", "evt_1")
+def test_both_sides_name_a_row_by_the_receive_time_and_the_arrival_the_message_carries():
+    event = dataclasses.replace(make_event("acme", "evt_1"), arrival=new_arrival())
+    carried = from_amqp(event.body, to_amqp(next_attempt(event)).headers)  # a retry, as a worker reads it
     arrival = archive.arrival_row(event, "push", "{}", archive.QUEUED)
-    outcome = archive.outcome_row(event, archive.PROCESSED, at=event.received_at + 1)
-    assert archive.row_key(arrival) == archive.row_key(outcome) == ("acme", "acme:evt_1", round(event.received_at * 1000))
+    outcome = archive.outcome_row(carried, archive.PROCESSED, at=event.received_at + 1)
+    assert archive.row_key(arrival) == archive.row_key(outcome) \
+        == ("acme", "acme:evt_1", round(event.received_at * 1000), event.arrival)
+
+
+def test_two_copies_received_in_one_millisecond_are_two_rows():
+    first = dataclasses.replace(make_event("acme", "evt_1"), arrival=new_arrival())
+    copy = dataclasses.replace(first, arrival=new_arrival())
+    rows = [archive.arrival_row(event, "push", "{}", archive.QUEUED) for event in (first, copy)]
+    assert archive.row_key(rows[0]) != archive.row_key(rows[1])
+    assert archive.rounds(rows) == [rows]  # one statement writes both
+
+
+def next_attempt(event):
+    return event.next_attempt({"attempt": 1, "at": 0, "type": "RuntimeError", "message": "500"})
 
 
 @given(st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from("xy"), st.integers(0, 2), st.integers())))
