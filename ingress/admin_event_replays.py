@@ -26,6 +26,7 @@ from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.event_replays import EventReplay
 from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, MIN_RATE, PacedRunner
+from webhook_ingest.shared.run_locks import RunBusy
 
 event_replay_runner_key = web.AppKey("event_replay_runner", PacedRunner)
 _FILTER_NAMES = ("source", "status", "type", "since", "until", "key", "event_id", "payload")
@@ -78,7 +79,11 @@ async def show_route(request: web.Request) -> web.Response:
 async def cancel_route(request: web.Request) -> web.Response:
     replay_id = parse_path_id(request)
     store = _store(request)
-    if not await store.cancel(replay_id):
+    try:
+        cancelled = await store.cancel(replay_id)
+    except RunBusy:  # its runner held it past run_locks.WAIT_SECONDS
+        return error(503, "run_busy", {"Retry-After": "5"})
+    if not cancelled:
         return error(404, "not_found") if await store.get(replay_id) is None else error(409, "already_ended")
     return await show_route(request)
 

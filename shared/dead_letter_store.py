@@ -12,7 +12,8 @@ stays there beside it.
 import asyncio
 import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
 
 import asyncpg
 import orjson
@@ -40,6 +41,7 @@ from webhook_ingest.shared.dead_letters import (
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import to_amqp
+from webhook_ingest.shared.run_locks import RunBusy, holding, waiting_for_run
 from webhook_ingest.shared.sessions import one_of, raise_if_cancelled
 
 log = get_logger(__name__)
@@ -223,24 +225,41 @@ class DeadLetterStore:
         """Running at `rate` per second, if it was waiting (prepared, or failed
         half way); None when it runs already, finished or was cancelled."""
         async with self._connection() as connection:
-            row = await connection.fetchrow(SQL["claim_bulk_action"], bulk_action_id, rate)
+            try:
+                row = await waiting_for_run(connection, SQL["claim_bulk_action"], bulk_action_id, rate)
+            except RunBusy:
+                return None  # a runner is in the middle of a dead letter: it runs
         return None if row is None else BulkAction.from_row(row)
-
-    async def bulk_step(self, bulk_action_id: int, dead_letter_id: int, acted: bool) -> None:
-        async with self._connection() as connection:
-            await connection.execute(SQL["bulk_action_step"], bulk_action_id, dead_letter_id, acted)
 
     async def finish_bulk(self, bulk_action_id: int, state: str, error: str | None = None) -> None:
         async with self._connection() as connection:
             await connection.execute(SQL["finish_bulk_action"], bulk_action_id, state, error)
 
     async def cancel_bulk(self, bulk_action_id: int) -> bool:
+        """Cancelled (what was done stays done); False when it had ended. Waits
+        for the dead letter in flight, so that nothing is acted on after this
+        returns; RunBusy when a runner held it past `run_locks.WAIT_SECONDS`."""
         async with self._connection() as connection:
-            return await connection.fetchval(SQL["cancel_bulk_action"], bulk_action_id) is not None
+            return await waiting_for_run(connection, SQL["cancel_bulk_action"], bulk_action_id) is not None
 
-    async def bulk_state(self, bulk_action_id: int) -> str | None:
-        async with self._connection() as connection:
-            return await connection.fetchval(SQL["bulk_action_state"], bulk_action_id)
+    @contextlib.asynccontextmanager
+    async def held_bulk(self, bulk_action_id: int) -> AsyncIterator["HeldBulk"]:
+        """The bulk action's row locked for one dead letter by its runner, with its state."""
+        async with self._connection() as connection, holding(connection):
+            state = await connection.fetchval(SQL["lock_bulk_action"], bulk_action_id)
+            yield HeldBulk(connection, bulk_action_id, state)
+
+
+@dataclass(frozen=True)
+class HeldBulk:
+    """A bulk action's row as its runner holds it for one dead letter (`DeadLetterStore.held_bulk`)."""
+
+    connection: asyncpg.Connection
+    bulk_action_id: int
+    state: str | None
+
+    async def step(self, dead_letter_id: int, acted: bool) -> None:
+        await self.connection.execute(SQL["bulk_action_step"], self.bulk_action_id, dead_letter_id, acted)
 
 
 async def _record_audit(connection, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None) -> int:

@@ -9,6 +9,7 @@ named SQL of `shared/queries.sql`.
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
@@ -20,6 +21,7 @@ from webhook_ingest.shared.dead_letters import SQL, Actor, jsonb
 from webhook_ingest.shared.event_replays import EventReplay, ReplayItem, filter_json, replayed_message
 from webhook_ingest.shared.message import to_amqp
 from webhook_ingest.shared.paced_runs import DEFAULT_RATE, TAKEN_OVER
+from webhook_ingest.shared.run_locks import RunBusy, holding, waiting_for_run
 from webhook_ingest.shared.sessions import one_of
 
 ACQUIRE_TIMEOUT = 5.0
@@ -62,25 +64,32 @@ class EventReplayStore:
 
     async def claim(self, replay_id: int, rate: float = DEFAULT_RATE) -> EventReplay | None:
         """Running at `rate` per second, by the caller alone; None when it runs
-        elsewhere (and has not stalled), is finished, or was cancelled."""
+        elsewhere (and has not stalled), is finished, or was cancelled. Waits
+        for an item in flight (`shared/run_locks.py`)."""
         async with self._connection() as connection:
-            row = await connection.fetchrow(SQL["claim_event_replay"], replay_id, rate)
+            try:
+                row = await waiting_for_run(connection, SQL["claim_event_replay"], replay_id, rate)
+            except RunBusy:
+                return None  # a runner is in the middle of an item: it runs
         return None if row is None else EventReplay.from_row(row)
 
     async def cancel(self, replay_id: int) -> bool:
-        """Cancelled (what was published stays published); False when it had ended."""
+        """Cancelled (what was published stays published); False when it had ended.
+        Waits for the item in flight, so that nothing is published after this
+        returns; RunBusy when a runner held it past `run_locks.WAIT_SECONDS`."""
         async with self._connection() as connection:
-            return await connection.fetchval(SQL["cancel_event_replay"], replay_id) is not None
+            return await waiting_for_run(connection, SQL["cancel_event_replay"], replay_id) is not None
 
-    async def state(self, replay_id: int, stepped_at: datetime | None) -> str | None:
-        """The replay's state as the runner whose last step (or claim) was at
-        `stepped_at` sees it: `taken_over` when another runner claimed it since
-        (a cancel leaves stepped_at as it was)."""
-        async with self._connection() as connection:
-            row = await connection.fetchrow(SQL["event_replay_state"], replay_id)
-        if row is None:
-            return None
-        return TAKEN_OVER if row["stepped_at"] != stepped_at else row["state"]
+    @contextlib.asynccontextmanager
+    async def held(self, replay_id: int, stepped_at: datetime | None) -> AsyncIterator["HeldReplay"]:
+        """The replay's row locked for one item by the runner whose last step
+        (or claim) was at `stepped_at`, with its state as that runner sees it:
+        `taken_over` when another runner claimed it since (a cancel leaves
+        stepped_at as it was)."""
+        async with self._connection() as connection, holding(connection):
+            row = await connection.fetchrow(SQL["lock_event_replay"], replay_id)
+            state = None if row is None else TAKEN_OVER if row["stepped_at"] != stepped_at else row["state"]
+            yield HeldReplay(connection, replay_id, state)
 
     async def items(self, replay_id: int, first: int) -> AsyncIterator[ReplayItem]:
         """The frozen items from `first` on, in order, read a page at a time."""
@@ -106,11 +115,6 @@ class EventReplayStore:
             await topology.publish(channel, to_amqp(message), topology.events_queue(namespace), timeout=PUBLISH_TIMEOUT)
         return True
 
-    async def step(self, replay_id: int, item: int, published: bool, stepped_at: datetime | None) -> datetime | None:
-        """The step's time, the runner's next `stepped_at`; None when the run is not this runner's."""
-        async with self._connection() as connection:
-            return await connection.fetchval(SQL["event_replay_step"], replay_id, item, published, stepped_at)
-
     async def finish(self, replay_id: int, state: str, error: str | None, stepped_at: datetime | None) -> None:
         async with self._connection() as connection:
             await connection.execute(SQL["finish_event_replay"], replay_id, state, error, stepped_at)
@@ -119,6 +123,19 @@ class EventReplayStore:
         async with self._connection() as connection:
             await connection.execute(SQL["insert_audit"], actor.role, actor.name, actor.via, action, [],
                                      jsonb(detail))
+
+
+@dataclass(frozen=True)
+class HeldReplay:
+    """A replay's row as its runner holds it for one item (`EventReplayStore.held`)."""
+
+    connection: asyncpg.Connection
+    replay_id: int
+    state: str | None
+
+    async def step(self, item: int, published: bool, stepped_at: datetime | None) -> datetime | None:
+        """The step's time, the runner's next `stepped_at`; None when the run is not this runner's."""
+        return await self.connection.fetchval(SQL["event_replay_step"], self.replay_id, item, published, stepped_at)
 
 
 class EventReplayJob:
@@ -135,18 +152,26 @@ class EventReplayJob:
         self._store, self._channel, self._namespace, self._progress = store, channel, namespace, progress
         self._published, self._skipped = replay.published, replay.skipped
         self._stepped_at = replay.stepped_at  # the claim's: whose run it is (a stalled run may be claimed again)
+        self._held: HeldReplay | None = None  # the row, while an item is in flight
 
     def remaining(self) -> AsyncIterator[ReplayItem]:
         return self._store.items(self.id, self.replay.next_item)
 
-    async def state(self) -> str | None:
-        return await self._store.state(self.id, self._stepped_at)
+    @contextlib.asynccontextmanager
+    async def holding(self) -> AsyncIterator[str | None]:
+        async with self._store.held(self.id, self._stepped_at) as held:
+            self._held = held
+            try:
+                yield held.state
+            finally:
+                self._held = None
 
     async def act(self, item: ReplayItem) -> bool:
         return await self._store.publish(self._channel(), self._namespace, self.id, item)
 
     async def step(self, item: ReplayItem, acted: bool) -> None:
-        stepped_at = await self._store.step(self.id, item.item, acted, self._stepped_at)
+        assert self._held is not None, "a step is written while the row is held"
+        stepped_at = await self._held.step(item.item, acted, self._stepped_at)
         if stepped_at is None:  # claimed again elsewhere meanwhile: the next state() says so
             return
         self._stepped_at = stepped_at

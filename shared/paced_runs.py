@@ -3,12 +3,15 @@ audited — the machinery the dead letters' bulk actions and the replays of
 archived events share (docs/reference.md §8.1, §8).
 
 Item n is acted on no sooner than n / rate seconds after the start, so ten
-thousand never flood the workers. Before each item the job's state is read
-from Postgres: another process (the console's Cancel, `events replay
---cancel`) ends the run by writing `cancelled`. Progress is written after
-each item, so any process shows it, and a run that stopped (the broker or
-Postgres failed, the process ended) resumes with what is left. The audit log
-gets one entry when the run starts and one when it ends.
+thousand never flood the workers. Each item is one hold of the run's row
+(`job.holding()`, `shared/run_locks.py`): its state read under the lock,
+the item acted on, its progress written, then the lock let go. Another
+process (the console's Cancel, `events replay --cancel`) ends the run by
+writing `cancelled`, which waits for an item in flight: once it returns,
+nothing more is acted on. Progress is written with each item, so any
+process shows it, and a run that stopped (the broker or Postgres failed,
+the process ended) resumes with what is left. The audit log gets one entry
+when the run starts and one when it ends.
 
 What an item is, how it is acted on and where progress lives is the job's
 (`PacedJob`): `ingress/console/bulk.py` for dead letters,
@@ -18,6 +21,7 @@ What an item is, how it is acted on and where progress lives is the job's
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from webhook_ingest.shared.errors import describe
@@ -38,12 +42,15 @@ class PacedJob(Protocol):
 
     def remaining(self) -> AsyncIterator[Any]: ...
 
-    async def state(self) -> str | None: ...
+    def holding(self) -> AbstractAsyncContextManager[str | None]:
+        """The run's row locked for one item (`shared/run_locks.py`), its state
+        read under the lock: `act` and `step` run inside, and a cancel waits."""
 
     async def act(self, item: Any) -> bool:
         """True when acted on, False when skipped."""
 
-    async def step(self, item: Any, acted: bool) -> None: ...
+    async def step(self, item: Any, acted: bool) -> None:
+        """The item's progress, written in `holding`'s transaction."""
 
     async def finish(self, state: str, error: str | None) -> None: ...
 
@@ -76,13 +83,13 @@ async def _steps(job: PacedJob, acted: list[Any]) -> str:
     async for item in job.remaining():
         await asyncio.sleep(max(0.0, started + n / job.rate - loop.time()))
         n += 1
-        seen = await job.state()
-        if seen != "running":
-            return TAKEN_OVER if seen == TAKEN_OVER else "cancelled"
-        done = await job.act(item)
-        await job.step(item, done)
-        if done:
-            acted.append(item)
+        async with job.holding() as seen:
+            if seen != "running":
+                return TAKEN_OVER if seen == TAKEN_OVER else "cancelled"
+            done = await job.act(item)
+            if done:
+                acted.append(item)  # acted on, whether or not its step commits
+            await job.step(item, done)
     return "done"
 
 

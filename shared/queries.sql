@@ -185,8 +185,9 @@ UPDATE console_bulk_actions SET state = 'cancelled', finished_at = now()
 WHERE id = $1 AND state IN ('prepared', 'running', 'failed')
 RETURNING id
 
--- name: bulk_action_state
-SELECT state FROM console_bulk_actions WHERE id = $1
+-- name: lock_bulk_action
+-- The runner's hold of its bulk action for one dead letter (lock_event_replay's).
+SELECT state FROM console_bulk_actions WHERE id = $1 FOR UPDATE
 
 -- the event archive --------------------------------------------------------
 -- Written in batches behind the requests' and the workers' backs
@@ -589,8 +590,8 @@ WHERE replay_id = $1 AND item >= $2 ORDER BY item LIMIT $3
 -- arrivals sharing its millisecond, one the selection could have chosen).
 SELECT source, key, received_at, event_id, payload_sha256, body, headers FROM event_archive
 WHERE source = $1 AND key = $2 AND received_at = $3
-
 ORDER BY body IS NULL, status IN ('ignored', 'conflict'), arrival LIMIT 1
+
 -- name: claim_event_replay
 -- Start (or resume) at $2 per second: only one process runs it. A run whose
 -- process died (no step for 30 s plus two of its intervals) may be resumed.
@@ -620,8 +621,10 @@ UPDATE event_replays SET state = 'cancelled', finished_at = now()
 WHERE id = $1 AND state IN ('prepared', 'running', 'failed')
 RETURNING id
 
--- name: event_replay_state
-SELECT state, stepped_at FROM event_replays WHERE id = $1
+-- name: lock_event_replay
+-- The runner's hold of its replay for one item: the state it acts on, and
+-- the row locked until the item's step commits (a cancel waits for it).
+SELECT state, stepped_at FROM event_replays WHERE id = $1 FOR UPDATE
 
 
 -- name: replays_of_event

@@ -9,10 +9,11 @@ entries name the dead letters: the frozen ids when the run starts, the ids
 acted on when it ends.
 """
 
+import contextlib
 from collections.abc import AsyncIterator
 
 from webhook_ingest.shared.bulk_actions import BulkAction
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore, HeldBulk
 from webhook_ingest.shared.dead_letters import Actor, ChangedMeanwhile, DeadLetterNotFound, NotReplayable
 from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, PacedRunner
 
@@ -35,13 +36,20 @@ class _DeadLetterJob:
         self.action, self.actor = action, actor
         self.id, self.name, self.rate = action.id, f"bulk_{action.action}", action.rate or DEFAULT_RATE
         self._store, self._publisher, self._namespace = store, publisher, namespace
+        self._held: HeldBulk | None = None  # the row, while a dead letter is in flight
 
     async def remaining(self) -> AsyncIterator[int]:
         for dead_letter_id in self.action.remaining:
             yield dead_letter_id
 
-    async def state(self) -> str | None:
-        return await self._store.bulk_state(self.id)
+    @contextlib.asynccontextmanager
+    async def holding(self) -> AsyncIterator[str | None]:
+        async with self._store.held_bulk(self.id) as held:
+            self._held = held
+            try:
+                yield held.state
+            finally:
+                self._held = None
 
     async def act(self, dead_letter_id: int) -> bool:
         try:
@@ -57,7 +65,8 @@ class _DeadLetterJob:
         return True
 
     async def step(self, dead_letter_id: int, acted: bool) -> None:
-        await self._store.bulk_step(self.id, dead_letter_id, acted)
+        assert self._held is not None, "a step is written while the row is held"
+        await self._held.step(dead_letter_id, acted)
 
     async def finish(self, state: str, error: str | None) -> None:
         await self._store.finish_bulk(self.id, state, error)

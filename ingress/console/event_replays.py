@@ -21,6 +21,7 @@ from webhook_ingest.ingress.console.views import actor
 from webhook_ingest.shared.dead_letters import parse_id
 from webhook_ingest.shared.event_replay_store import EventReplayStore
 from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, MIN_RATE
+from webhook_ingest.shared.run_locks import RunBusy
 
 routes = web.RouteTableDef()
 LABELS = {"source": "source", "status": "status", "type": "type", "since": "from", "until": "until",
@@ -85,7 +86,11 @@ async def start_replay(request: web.Request) -> web.Response:
 @routes.post("/event-replays/{id}/cancel")
 async def cancel_replay(request: web.Request) -> web.Response:
     replay_id = _id(request)
-    cancelled = await _store(request).cancel(replay_id)
+    try:
+        cancelled = await _store(request).cancel(replay_id)
+    except RunBusy as busy:
+        await leave_message(request, "error", str(busy))
+        raise web.HTTPSeeOther(f"/console/event-replays/{replay_id}") from None
     await leave_message(request, "ok" if cancelled else "error",
                         "Cancelled: what was published stays published." if cancelled
                         else "This replay had already ended.")

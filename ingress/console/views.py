@@ -32,6 +32,7 @@ from webhook_ingest.shared.dead_letters import (
     parse_id,
 )
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.run_locks import RunBusy
 from webhook_ingest.shared.incident_store import IncidentStore
 from webhook_ingest.shared.logging import get_logger
 
@@ -271,7 +272,11 @@ def _rate(raw) -> float | None:
 @routes.post("/bulk/{id}/cancel")
 async def cancel_bulk(request: web.Request) -> web.Response:
     bulk_action_id = _id_or_404(request)
-    cancelled = await store(request).cancel_bulk(bulk_action_id)
+    try:
+        cancelled = await store(request).cancel_bulk(bulk_action_id)
+    except RunBusy as busy:
+        await leave_message(request, "error", str(busy))
+        raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}") from None
     await leave_message(request, "ok" if cancelled else "error",
                         "Cancelled: what was done stays done." if cancelled else "This bulk action had already ended.")
     raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")

@@ -3,6 +3,7 @@
 real paced run. Each finding is a strict xfail until its fix lands."""
 
 import asyncio
+import contextlib
 import json
 import re
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,7 @@ from tests.support.archive import archived_event, seed_archive
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import wait_until
 from webhook_ingest.dlq import confirm_channel
+from webhook_ingest.shared import run_locks
 from webhook_ingest.shared.archived_events import parse_filter
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
@@ -73,9 +75,10 @@ class _CancelledMidItem(EventReplayStore):
     def __init__(self, connection, database_url: str):
         super().__init__(connection)
         self._database_url, self.seen = database_url, None
+        self.cancelling: asyncio.Task | None = None
 
     async def publish(self, channel, namespace, replay_id, item):
-        cancelling = asyncio.create_task(self._cancel(replay_id))
+        cancelling = self.cancelling = asyncio.create_task(self._cancel(replay_id))
         await wait_until(lambda: self._settled(cancelling), 10, message="the cancel answered or waits")
         published = await super().publish(channel, namespace, replay_id, item)
         return published
@@ -100,11 +103,6 @@ class _CancelledMidItem(EventReplayStore):
             await other.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "R2: a Cancel between the runner's state read and its publish is answered 'cancelled, 0 published' "
-    "and the item is published after it anyway (and then counted: published 1): seen with --runxfail, "
-    "queued ['replay-R/stripe:evt_1'] while the cancel showed published 0. paced_runs reads the state, "
-    "then acts; nothing orders a cancel against the item in flight"))
 async def test_what_a_cancel_reports_published_is_all_that_is_ever_published(settings):
     await seed_archive(settings.database_url, [archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(seconds=n), "invoice.paid")
                                                for n in (1, 2)])
@@ -117,6 +115,8 @@ async def test_what_a_cancel_reports_published_is_all_that_is_ever_published(set
         async with confirm_channel(settings) as channel:
             job = EventReplayJob(claimed, Actor.cli(), store, lambda: channel, settings.namespace)
             ended = await run(job)
+        assert store.cancelling is not None
+        await asyncio.wait_for(store.cancelling, 10)  # what it saw, once it returned
         finished = await store.get(replay.id)
     finally:
         await connection.close()
@@ -173,33 +173,42 @@ async def test_a_rate_too_small_to_ever_finish_is_refused(admin_settings, rate):
 
 
 class _Stalling(EventReplayStore):
-    """The store of a runner that stalls in its first publish (a CLI
-    suspended by Ctrl-Z, a process cut from Postgres) until `go` is set."""
+    """The store of a runner that stalls (a CLI suspended by Ctrl-Z, a
+    process cut from Postgres) until `go` is set: before it holds its run's
+    row for its first item (`in_publish` False), or holding it, in its first
+    publish (`in_publish` True)."""
 
-    def __init__(self, connection):
+    def __init__(self, connection, in_publish: bool):
         super().__init__(connection)
-        self.stalled, self.go = asyncio.Event(), asyncio.Event()
+        self.stalled, self.go, self._in_publish = asyncio.Event(), asyncio.Event(), in_publish
 
-    async def publish(self, channel, namespace, replay_id, item):
+    async def _stall(self) -> None:
         if not self.go.is_set():
             self.stalled.set()
             await self.go.wait()
+
+    @contextlib.asynccontextmanager
+    async def held(self, replay_id, stepped_at):
+        if not self._in_publish:
+            await self._stall()
+        async with super().held(replay_id, stepped_at) as held:
+            yield held
+
+    async def publish(self, channel, namespace, replay_id, item):
+        if self._in_publish:
+            await self._stall()
         return await super().publish(channel, namespace, replay_id, item)
 
 
-async def test_a_runner_whose_claim_was_taken_over_stops_and_says_so(settings):
-    """R5: a runner whose claim was taken over (no step for 30 s + 2/rate,
-    then Resume elsewhere) did not know it: on waking, reading 'done', it
-    wrote events_replay state 'cancelled' under its own actor though nobody
-    cancelled, and could finish the new run's state. Now its step and finish
-    are fenced by the claim's stepped_at: it stops, 'taken_over'. The item it
-    was publishing when it stalled is published once more: a copy of its
-    key, settled by the workers as any copy."""
+async def _taken_over_while_stalled(settings, in_publish: bool) -> tuple[list, list, object]:
+    """Three events; a runner stalls (`_Stalling`), its run is taken over by
+    a Resume elsewhere and run to the end, then the stalled runner wakes.
+    The audit's end states, the keys queued, the replay as it ended."""
     await seed_archive(settings.database_url, [archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(
         seconds=n), "invoice.paid") for n in (1, 2, 3)])
     first, second = await asyncpg.connect(settings.database_url), await asyncpg.connect(settings.database_url)
     try:
-        stalling = _Stalling(first)
+        stalling = _Stalling(first, in_publish)
         replay = await stalling.prepare(parse_filter({"source": "stripe"}), Actor.cli())
         claimed = await stalling.claim(replay.id, 1000)
         async with confirm_channel(settings) as channel:
@@ -221,6 +230,34 @@ async def test_a_runner_whose_claim_was_taken_over_stops_and_says_so(settings):
         await second.close()
     ends = [json.loads(row["detail"])["state"] for row in audit if row["action"] == "events_replay"]
     keys = sorted(event.key for event in await queued_events(settings.amqp_url, settings.namespace))
+    return ends, keys, finished
+
+
+async def test_a_runner_whose_claim_was_taken_over_stops_and_says_so(settings):
+    """R5: a runner whose claim was taken over (no step for 30 s + 2/rate,
+    then Resume elsewhere) did not know it: on waking, reading 'done', it
+    wrote events_replay state 'cancelled' under its own actor though nobody
+    cancelled, and could finish the new run's state. Now its step and finish
+    are fenced by the claim's stepped_at: it stops, 'taken_over'. (It
+    stalled between items: one stalled mid-item is the test below.)"""
+    ends, keys, finished = await _taken_over_while_stalled(settings, in_publish=False)
     assert ends == ["done", "taken_over"]
-    assert keys == [f"replay-{replay.id}/stripe:evt_{n}" for n in (1, 1, 2, 3)]  # evt_1: the one in flight
+    assert keys == [f"replay-{finished.id}/stripe:evt_{n}" for n in (1, 2, 3)]
+    assert (finished.state, finished.published, finished.handled) == ("done", 3, 3)
+
+
+async def test_a_runner_stalled_holding_its_run_is_let_go_by_the_server_and_publishes_nothing_after(
+        settings, monkeypatch):
+    """R2's row lock held by a runner that stalls mid-item (in its publish)
+    would keep a Cancel or a Resume waiting for as long as it stalls: the
+    server ends its session after HOLD_SECONDS idle in its transaction,
+    which frees the row; the Resume elsewhere then runs the replay, and the
+    stalled runner, waking without its session, publishes nothing more (its
+    end is not audited: Postgres is gone for it, and it logs
+    paced_run_audit_lost). Had its publish left before it stalled, the
+    Resume's would be a copy of its key, settled by the workers."""
+    monkeypatch.setattr(run_locks, "HOLD_SECONDS", 2.0)  # a fast test
+    ends, keys, finished = await _taken_over_while_stalled(settings, in_publish=True)
+    assert ends == ["done"]
+    assert keys == [f"replay-{finished.id}/stripe:evt_{n}" for n in (1, 2, 3)]
     assert (finished.state, finished.published, finished.handled) == ("done", 3, 3)

@@ -12,11 +12,15 @@ import pytest
 from click.testing import CliRunner
 
 from webhook_ingest.cli import main
+from webhook_ingest.ingress.console.bulk import _DeadLetterJob
+from webhook_ingest.shared import paced_runs
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import running_ingress
-from tests.support.processes import wait_until
+from tests.support.processes import count_rows, wait_until
 
 OPERATOR = "operator-token-for-the-page-tests"
 
@@ -95,6 +99,64 @@ async def test_a_bulk_discard_acts_on_the_frozen_set_and_skips_what_changed_mean
     assert "2 of 3 discarded" in page and "1 skipped" in page
     assert await _statuses(database) == {first: "discarded", second: "replayed", third: "discarded",
                                          other: "dead", late: "dead"}
+
+
+class _CancelledMidDiscard(DeadLetterStore):
+    """The store, with a Cancel from elsewhere (another ingress process)
+    arriving as the runner starts on its first dead letter, after it read
+    `running`: what the Cancel reported is kept in `seen`."""
+
+    def __init__(self, pool, database_url: str):
+        super().__init__(pool)
+        self._database_url, self.seen = database_url, None
+        self.cancelling: asyncio.Task | None = None
+
+    async def discard_if_open(self, dead_letter_id, actor, bulk_action_id=None):
+        if self.cancelling is None:
+            cancelling = self.cancelling = asyncio.create_task(self._cancel(bulk_action_id))
+            await wait_until(lambda: _answered_or_waiting(cancelling, self._database_url), 10,
+                             message="the cancel answered or waits")
+        await super().discard_if_open(dead_letter_id, actor, bulk_action_id)
+
+    async def _cancel(self, bulk_action_id: int) -> None:
+        other = await asyncpg.connect(self._database_url)
+        try:
+            store = DeadLetterStore(other)
+            assert await store.cancel_bulk(bulk_action_id)
+            self.seen = await store.bulk_action(bulk_action_id)
+        finally:
+            await other.close()
+
+
+async def _answered_or_waiting(cancelling: asyncio.Task, database_url: str) -> bool:
+    return cancelling.done() or await count_rows(
+        database_url, "pg_stat_activity", "wait_event_type = 'Lock' AND query LIKE "
+        "'%console_bulk_actions SET state = ''cancelled''%'") > 0
+
+
+async def test_what_a_bulk_cancel_reports_done_is_all_that_is_ever_done(console_settings):
+    """R2 of the event replays adversary round, in the machinery it shares
+    with the dead letters' bulk actions: a Cancel between the runner's state
+    read and its act was answered 'cancelled, 0 done' and the dead letter
+    was discarded after it anyway. The runner holds the action's row from
+    its state read to its step, and the Cancel waits for it."""
+    database = console_settings.database_url
+    first, second = await seed_dead_letters(database, "acme", 2)
+    pool = await asyncpg.create_pool(database, min_size=1, max_size=3)
+    try:
+        store = _CancelledMidDiscard(pool, database)
+        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, Actor.cli()), 1000)
+        assert action is not None
+        assert await paced_runs.run(_DeadLetterJob(action, Actor.cli(), store, None, console_settings.namespace)) \
+            == "cancelled"
+        assert store.cancelling is not None
+        await asyncio.wait_for(store.cancelling, 10)
+        finished = await store.bulk_action(action.id)
+    finally:
+        await pool.close()
+    assert store.seen is not None and store.seen.state == "cancelled"
+    assert store.seen.done == finished.done == [first]
+    assert await _statuses(database) == {first: "discarded", second: "dead"}
 
 
 async def test_the_overview_shows_the_open_dead_letters_and_the_last_hour(console_settings):

@@ -20,7 +20,7 @@ from tests.support.events import publish_events
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import wait_until
 from webhook_ingest.cli import main
-from webhook_ingest.shared import archive
+from webhook_ingest.shared import archive, run_locks
 from webhook_ingest.shared.archived_events import parse_filter
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.dead_letters import record_dead_letter
@@ -207,6 +207,34 @@ async def test_the_admin_api_counts_runs_shows_and_cancels_a_replay(admin_settin
     assert [action for action, _ in first] == ["events_replay_started", "events_replay"]
     assert first[0][1]["total"] == 2 and first[1][1]["published"] == 2 and first[1][1]["state"] == "done"
     assert first[0][1]["filter"] == asked
+
+
+async def test_a_cancel_that_cannot_take_the_run_in_time_is_refused_and_changes_nothing(admin_settings, window,
+                                                                                       monkeypatch):
+    """A Cancel waits for the item in flight (the runner holds the run's row
+    from its state read to its step: shared/run_locks.py), at most
+    WAIT_SECONDS; past it a 503 run_busy, the replay as it was. A Resume
+    meanwhile is 409 not_waiting: the row's holder runs it."""
+    monkeypatch.setattr(run_locks, "WAIT_SECONDS", 0.5)  # a fast test
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    asked = {"source": "stripe", "type": "invoice.paid", "since": SINCE, "until": UNTIL}
+    holder = await asyncpg.connect(admin_settings.database_url)
+    try:
+        async with running_ingress(admin_settings, load_sources(None)) as client:
+            replay = await EventReplayStore(holder).prepare(parse_filter(asked), Actor.cli())
+            async with holder.transaction():  # a runner stuck in the middle of an item
+                await holder.execute("SELECT FROM event_replays WHERE id = $1 FOR UPDATE", replay.id)
+                busy = await client.post(f"/admin/events/replay/{replay.id}/cancel", headers=auth)
+                assert (busy.status, (await busy.json())["error"], busy.headers["Retry-After"]) == (
+                    503, "run_busy", "5")
+                resumed = await client.post(f"/admin/events/replay/{replay.id}/resume", json={}, headers=auth)
+                assert (resumed.status, (await resumed.json())["error"]) == (409, "not_waiting")
+            assert (await EventReplayStore(holder).get(replay.id)).state == "prepared"
+            cancelled = await client.post(f"/admin/events/replay/{replay.id}/cancel", headers=auth)
+            assert (cancelled.status, (await cancelled.json())["state"]) == (200, "cancelled")
+    finally:
+        await holder.close()
+    assert await queued_events(admin_settings.amqp_url, admin_settings.namespace) == []
 
 
 # -- the console: the Events page's search, counted and frozen, confirmed, watched, cancelled ----------
