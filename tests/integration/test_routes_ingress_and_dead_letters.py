@@ -12,6 +12,7 @@ import json
 
 import aio_pika
 import asyncpg
+import pytest
 from click.testing import CliRunner
 
 from webhook_ingest.cli import main
@@ -21,6 +22,7 @@ from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import from_amqp
 from webhook_ingest.shared.routes import route_key
 from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.workers.completions import CompletionStore
 from tests.integration.test_console_pages import console_settings, signed_in  # noqa: F401 - a fixture
 from tests.support.dead_letters import failure, seed_dead_letters
 from tests.support.events import make_event
@@ -92,3 +94,46 @@ async def test_the_ingress_answers_an_event_no_route_takes_ignored_and_queues_th
     assert (queued.key, queued.route) == ("stripe:evt_2", "")  # one message: the worker fans it out
     assert [(row["key"], row["status"], row["ignore_rule"]) for row in rows] == [
         ("stripe:evt_1", "ignored", "no route"), ("stripe:evt_2", "queued", None)]
+
+
+# -- R6: a plain event whose id ends in '#ROUTE' shares its key with a route's run -----------------------
+
+
+def _route_and_plain() -> tuple:
+    """Event evt_a's route billing and event evt_a#billing of the same
+    source: one key (acme:evt_a#billing), the same content hash."""
+    event = make_event("acme", "evt_a", {"type": "invoice.paid"})
+    routed = dataclasses.replace(event, key=route_key(event.key, "billing"), route="billing")
+    plain = dataclasses.replace(event, event_id="evt_a#billing", key=routed.key)
+    return routed, plain
+
+
+@pytest.mark.xfail(strict=True, reason="R6: insert_dead_letter's NOT EXISTS takes any completion of the key with "
+                   "the hash for the event's: evt_a's route billing completed, so event evt_a#billing's dead "
+                   "letter is not recorded (None)")
+async def test_a_routes_completion_does_not_stand_for_a_plain_events_under_its_key(database):
+    routed, plain = _route_and_plain()
+    connection = await asyncpg.connect(database)
+    try:
+        leases = await CompletionStore(connection).take_leases(connection, [routed.key], 5000)
+        assert await CompletionStore(connection).complete_event(connection, routed, leases[routed.key].token)
+        assert await record_dead_letter(connection, routed, [failure(1)]) is None  # the route's run: completed
+        assert await record_dead_letter(connection, plain, [failure(1)]) is not None  # evt_a#billing never ran
+    finally:
+        await connection.close()
+
+
+@pytest.mark.xfail(strict=True, reason="R6: complete_event closes every open dead letter of its key and hash: "
+                   "evt_a's route billing completing marks event evt_a#billing's dead letter 'completed', though "
+                   "it never ran")
+async def test_a_routes_completion_leaves_a_plain_events_dead_letter_open(database):
+    routed, plain = _route_and_plain()
+    connection = await asyncpg.connect(database)
+    try:
+        dead_letter_id = await record_dead_letter(connection, plain, [failure(1)])
+        leases = await CompletionStore(connection).take_leases(connection, [routed.key], 5000)
+        assert await CompletionStore(connection).complete_event(connection, routed, leases[routed.key].token)
+        status = await connection.fetchval("SELECT status FROM dead_letters WHERE id = $1", dead_letter_id)
+    finally:
+        await connection.close()
+    assert status == "dead"
