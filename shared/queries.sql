@@ -12,9 +12,12 @@
 -- inserted. A replay marks the row `replayed` in the transaction that
 -- publishes it, so a replayed event that fails again before that commit
 -- waits here for it, then gets a new row. An event completed meanwhile
--- (another copy's chain) gets none: no row is returned.
+-- (another copy's chain) gets none: no row is returned. The completion
+-- must be this event's: its event id too, since event evt_a's route billing
+-- and event evt_a#billing share the key SOURCE:evt_a#billing (docs/design.md,
+-- "Routes"), and the route's completion is not the plain event's.
 WITH done AS (
-    SELECT FROM processed_events WHERE key = $1::text AND payload_sha256 = $4::text
+    SELECT FROM processed_events WHERE key = $1::text AND payload_sha256 = $4::text AND event_id = $3::text
 ), inserted AS (
     INSERT INTO dead_letters (key, source, event_id, payload_sha256, body, payload, headers,
                               received_at, attempts, errors, route, arrival)

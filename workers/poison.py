@@ -14,7 +14,10 @@ redelivery: the event's open dead letter is found again.
 
 A worker that dies takes the acks of its other messages with it, so they
 are redelivered beside the poison one and may reach the limit too; one
-whose key has completed (same payload) is acked without a dead letter.
+whose event has completed (same key, payload and event id) is acked
+without a dead letter. The event id is what tells event evt_a#billing
+from event evt_a's route billing, whose key it shares (docs/design.md,
+"Routes"): the route's completion does not make the plain event's.
 """
 
 import asyncio
@@ -119,7 +122,8 @@ def _error(attempt: int, kind: str, text: str) -> dict:
 async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) -> int | None:
     """The dead letter's id; None, recording nothing, when the event was
     completed: a message delivered beside a poison one to the worker it
-    killed, whose ack died with that worker.
+    killed, whose ack died with that worker (`record_dead_letter` checks,
+    by key, payload and event id).
 
     An event's attempt that ends here is handed on to its dead letter, as
     one a handler failed (`workers.attempts`): a copy of it (the provider
@@ -130,8 +134,6 @@ async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) ->
     while True:
         try:
             async with pool.acquire(timeout=10) as connection:  # a session that died unseen: dropped on release
-                if await completions.completed_sha256(event.key, connection) == event.payload_sha256:
-                    return None
                 dead_letter_id = await record_dead_letter(connection, event, errors, timeout=10)
             break
         except Exception as exc:  # noqa: BLE001 - never drop it: wait and try again

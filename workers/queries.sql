@@ -61,8 +61,9 @@ SELECT key, payload_sha256 FROM processed_events WHERE key = ANY($1::text[])
 WITH fence AS (
     UPDATE key_fences SET lease_until = NULL WHERE key = $1 AND token = $5 RETURNING token
 ), resolved AS (  -- another copy's chain dead-lettered it: that row is closed, not left open
+    -- (only this event's: a route's run and an event whose id ends in '#ROUTE' share a key, not an event id)
     UPDATE dead_letters SET status = 'completed', updated_at = now()
-    WHERE key = $1 AND payload_sha256 = $4 AND status = 'dead' AND EXISTS (SELECT FROM fence)
+    WHERE key = $1 AND payload_sha256 = $4 AND event_id = $3 AND status = 'dead' AND EXISTS (SELECT FROM fence)
 )
 INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
 SELECT $1, $2, $3, $4, $5, $6, $7 FROM fence
@@ -97,6 +98,7 @@ WITH batch AS (
 ), resolved AS (
     UPDATE dead_letters SET status = 'completed', updated_at = now() FROM batch
     WHERE dead_letters.key = batch.key AND dead_letters.payload_sha256 = batch.payload_sha256
+      AND dead_letters.event_id = batch.event_id  -- only this event's (complete_event says why)
       AND dead_letters.status = 'dead' AND batch.key IN (SELECT key FROM fence)
 )
 INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)

@@ -239,14 +239,6 @@ async def test_copies_of_the_event_fanned_out_while_a_route_is_retrying_run_noth
     assert await count_rows(settings.database_url, "dead_letters") == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "R6: R5's collision past the ingress: an event of a routed source that ends in the dead letters as itself"
-    " (route-less: over the delivery limit, or no worker knew its source) is recorded only when its key has no"
-    " completion with its content hash (workers/poison.py completed_sha256, queries.sql record_dead_letter's NOT"
-    " EXISTS processed_events) — and event evt_a's route billing completed under stripe:evt_a#billing, event"
-    " evt_a#billing's key. With the same hash the poisoned evt_a#billing is dropped as 'already completed'"
-    " (poison_message_already_completed): no dead letter, no run. Needs a fix that tells these checks a routed"
-    " source's own key never completes (the drainer has no sources; the SQL no route of the key)"))
 async def test_a_routed_event_over_the_delivery_limit_whose_id_ends_in_a_route_name_is_dead_lettered(
         service_env, settings, fleet, tmp_path, redis_cleanup):
     path = tmp_path / "sources.toml"
