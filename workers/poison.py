@@ -17,7 +17,9 @@ are redelivered beside the poison one and may reach the limit too; one
 whose event has completed (same key, payload and event id) is acked
 without a dead letter. The event id is what tells event evt_a#billing
 from event evt_a's route billing, whose key it shares (docs/design.md,
-"Routes"): the route's completion does not make the plain event's.
+"Routes"): the route's completion does not make the plain event's. For
+the same reason a routed source's own event (no route) hands no attempt
+on: it never runs under its key, which is a route's.
 """
 
 import asyncio
@@ -51,16 +53,17 @@ class PoisonConsumer:
     consumer_tag: str
 
 
-async def drain_poison_queue(channel: AbstractChannel, pool, namespace: str,
-                             delivery_limit: int | None = None) -> PoisonConsumer:
+async def drain_poison_queue(channel: AbstractChannel, pool, namespace: str, delivery_limit: int | None = None,
+                             routed_sources: frozenset[str] = frozenset()) -> PoisonConsumer:
     """Start consuming `NS.dead` on `channel`, for as long as the channel lives.
     The channel is the drainer's own: a worker's batches settle the consume
     channel's deliveries with one `multiple` ack (`workers.acks`), which
     must never cover a dead message before it is recorded.
-    `delivery_limit` (the events queue's) only makes the recorded error precise."""
+    `delivery_limit` (the events queue's) only makes the recorded error precise;
+    `routed_sources` are the sources with routes (`_hands_on`)."""
     await channel.set_qos(prefetch_count=POISON_PREFETCH)
     queue = await topology.declare_dead_queue(channel, namespace)
-    consumer_tag = await queue.consume(partial(_on_poison_message, pool, delivery_limit))
+    consumer_tag = await queue.consume(partial(_on_poison_message, pool, delivery_limit, routed_sources))
     log.info("poison_drain_started", queue=queue.name)
     return PoisonConsumer(queue, consumer_tag)
 
@@ -71,9 +74,10 @@ async def stop_draining(consumer: PoisonConsumer) -> None:
     await consumer.queue.cancel(consumer.consumer_tag)
 
 
-async def _on_poison_message(pool, delivery_limit: int | None, message: AbstractIncomingMessage) -> None:
+async def _on_poison_message(pool, delivery_limit: int | None, routed_sources: frozenset[str],
+                             message: AbstractIncomingMessage) -> None:
     event, errors = poison_record(message, delivery_limit)
-    dead_letter_id = await _record_until_stored(pool, event, errors)
+    dead_letter_id = await _record_until_stored(pool, event, errors, _hands_on(event, errors, routed_sources))
     await message.ack()
     if dead_letter_id is None:
         log.info("poison_message_already_completed", source=event.source, key=event.key)
@@ -119,7 +123,15 @@ def _error(attempt: int, kind: str, text: str) -> dict:
     return {"attempt": attempt, "at": datetime.now(UTC).isoformat(), "type": kind, "message": text}
 
 
-async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) -> int | None:
+def _hands_on(event: EventMessage, errors: list[dict], routed_sources: frozenset[str]) -> bool:
+    """Whether the dead letter hands the event's attempt on (`workers.attempts`):
+    not an unreadable message's, nor a routed source's own event's — that
+    event is only ever fanned out, and its key, `KEY#ROUTE` when its id ends
+    so, may be a route's, whose next attempt it would turn into a copy."""
+    return errors[-1]["type"] != UNREADABLE and not (not event.route and event.source in routed_sources)
+
+
+async def _record_until_stored(pool, event: EventMessage, errors: list[dict], hand_on: bool) -> int | None:
     """The dead letter's id; None, recording nothing, when the event was
     completed: a message delivered beside a poison one to the worker it
     killed, whose ack died with that worker (`record_dead_letter` checks,
@@ -141,6 +153,6 @@ async def _record_until_stored(pool, event: EventMessage, errors: list[dict]) ->
             pause = next(pauses)
             log.warning("poison_record_failed", key=event.key, error=describe(exc), retry_in=pause)
             await asyncio.sleep(pause)
-    if dead_letter_id is not None and errors[-1]["type"] != UNREADABLE:  # after its connection is back in the pool
+    if dead_letter_id is not None and hand_on:  # after its connection is back in the pool
         await completions.record_handed_on(event)
     return dead_letter_id

@@ -155,7 +155,8 @@ class Worker:
         # A channel of its own: its deliveries must never sit below a batch's
         # `multiple` ack on the consume channel (workers.acks).
         poison_channel = await self.connection.channel()
-        await drain_poison_queue(poison_channel, self.pool, self.settings.namespace, self.settings.delivery_limit)
+        await drain_poison_queue(poison_channel, self.pool, self.settings.namespace, self.settings.delivery_limit,
+                                 frozenset(name for name, source in self.sources.items() if source.routes))
         # Its basic.gets too: a channel of its own.
         self.parking = Parking(await self.connection.channel(), self.failures, self.settings.namespace, self.sources)
         await self.parking.declare()

@@ -22,7 +22,6 @@ from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import from_amqp
 from webhook_ingest.shared.routes import route_key
 from webhook_ingest.shared.sources import load_sources
-from webhook_ingest.workers.attempts import already_handed_on
 from webhook_ingest.workers.completions import CompletionStore
 from tests.integration.test_console_pages import console_settings, signed_in  # noqa: F401 - a fixture
 from tests.support.dead_letters import failure, seed_dead_letters
@@ -147,18 +146,3 @@ async def test_a_plain_events_dead_letter_is_its_own_beside_a_routes_open_one(da
     finally:
         await connection.close()
     assert event_ids == {route_dead_letter: "evt_a", plain_dead_letter: "evt_a#billing"}
-
-
-@pytest.mark.xfail(strict=True, reason="R6, still open: the attempt handed on is per key (key_fences): the poison "
-                   "drainer's record for event evt_a#billing (attempt 5) makes evt_a's route billing's attempt 1, "
-                   "with the same hash, a copy of an attempt already handed on: it would never run")
-async def test_a_plain_events_attempt_handed_on_is_not_a_routes(database):
-    routed, plain = _route_and_plain()
-    connection = await asyncpg.connect(database)
-    try:
-        completions = CompletionStore(connection)
-        await completions.record_handed_on(dataclasses.replace(plain, attempt=5))
-        leases = await completions.take_leases(connection, [routed.key], 5000)
-    finally:
-        await connection.close()
-    assert not already_handed_on(routed, leases[routed.key].handed_on)
