@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from webhook_ingest.cli import main
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
-from webhook_ingest.shared import paced_runs
+from webhook_ingest.shared import paced_runs, run_locks
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.settings import Settings
@@ -157,6 +157,30 @@ async def test_what_a_bulk_cancel_reports_done_is_all_that_is_ever_done(console_
     assert store.seen is not None and store.seen.state == "cancelled"
     assert store.seen.done == finished.done == [first]
     assert await _statuses(database) == {first: "discarded", second: "dead"}
+
+
+async def test_a_bulk_cancel_that_cannot_take_the_action_in_time_says_so_and_changes_nothing(console_settings,
+                                                                                              monkeypatch):
+    """The Cancel waits for the dead letter in flight at most WAIT_SECONDS
+    (shared/run_locks.py): past it, a message, and the action as it was."""
+    monkeypatch.setattr(run_locks, "WAIT_SECONDS", 0.5)  # a fast test
+    database = console_settings.database_url
+    ids = await seed_dead_letters(database, "acme", 2)
+    holder = await asyncpg.connect(database)
+    try:
+        bulk_action_id = await DeadLetterStore(holder).prepare_bulk("discard", ids, {}, Actor.cli())
+        async with running_ingress(console_settings, load_sources(None)) as client:
+            csrf = await signed_in(client)
+            async with holder.transaction():  # a runner in the middle of a dead letter
+                await holder.execute("SELECT FROM console_bulk_actions WHERE id = $1 FOR UPDATE", bulk_action_id)
+                busy = await client.post(f"/console/bulk/{bulk_action_id}/cancel", data={"csrf_token": csrf})
+                assert "too long to wait for: nothing was changed; try again" in await busy.text()
+            assert (await DeadLetterStore(holder).bulk_action(bulk_action_id)).state == "prepared"
+            cancelled = await client.post(f"/console/bulk/{bulk_action_id}/cancel", data={"csrf_token": csrf})
+            assert "Cancelled: what was done stays done." in await cancelled.text()
+    finally:
+        await holder.close()
+    assert await _statuses(database) == {ids[0]: "dead", ids[1]: "dead"}
 
 
 async def test_the_overview_shows_the_open_dead_letters_and_the_last_hour(console_settings):
