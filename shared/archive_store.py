@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from webhook_ingest.shared import archive, archived_events
+from webhook_ingest.shared import archive, archive_settling, archived_events
 from webhook_ingest.shared.archived_events import Cursor, EventFilter
 from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sessions import pooled
@@ -22,6 +22,7 @@ from webhook_ingest.shared.sessions import pooled
 SQL = load_queries("webhook_ingest.shared")
 STATEMENT_SECONDS = 10.0  # a batch's statement, or one source's tables
 EXPORT_PAGE = 500  # rows a statement of `export`: its memory, and few round trips
+SETTLE_PAGE = 500  # rows the settling sweep reads a statement
 LOCK_TIMEOUT = "2s"  # making or dropping a day waits this long for the source's table, then tries later
 
 
@@ -61,6 +62,26 @@ class ArchiveStore:
         async with self._connection() as connection:
             for batch in archive.rounds(rows):
                 await connection.execute(statement, *archive.columns(batch), timeout=STATEMENT_SECONDS)
+
+    async def settle(self, grace_seconds: float, routes: Mapping[str, list[str]], after: datetime | None = None,
+                     limit: int = SETTLE_PAGE) -> tuple[int, datetime | None]:
+        """One page of the settling sweep (shared/archive_settling.py): the
+        unsettled rows older than the grace received after `after`, each
+        brought to what Postgres recorded of its event. (rows settled, the
+        page's last receive time: where the next page starts; None once the
+        page was the last.)"""
+        sources = [source for source, names in routes.items() for _ in names]
+        route_names = [name for names in routes.values() for name in names]
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["archive_unsettled"], grace_seconds, after, limit, sources, route_names,
+                                          timeout=STATEMENT_SECONDS)
+            writes = archive_settling.settled(rows)
+            done = "UPDATE 0"
+            if writes:
+                received = [write[2] for write in writes]
+                done = await connection.execute(SQL["archive_settle"], *archive.columns(writes), min(received),
+                                                max(received), timeout=STATEMENT_SECONDS)
+        return int(done.split()[-1]), rows[-1]["received_at"] if len(rows) == limit else None
 
     async def keep(self, retentions: Mapping[str, timedelta], now: datetime | None = None) -> tuple[int, int]:
         """Each source's tables made ahead and its days past its retention

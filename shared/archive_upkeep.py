@@ -3,6 +3,13 @@ dropped whole past its `retention`, and the size on disk of each source in
 `webhook_archive_bytes` (docs/design.md, "The archive"), which the console's
 overview shows as last read (`sizes`): no query of its own per page view.
 
+It also settles the archive (shared/archive_settling.py): every
+SETTLE_EVERY_SECONDS one page of the rows still `queued` or `retrying`
+whose event Postgres recorded an end of more than SETTLE_GRACE_SECONDS ago
+is brought up to that end — what a worker killed with its outcome batch
+unwritten left behind. A page starts where the last one stopped, so rows
+still on their way (a backlog) never hold the others back.
+
 Every ingress process and every worker runs it — at start, then every
 KEEP_EVERY_SECONDS — so the archive is kept whichever of them runs;
 `event_archive_keep` serialises them per source. Its first round that
@@ -16,6 +23,7 @@ may still have it during a rolling deploy).
 
 import asyncio
 import time
+from datetime import datetime
 
 from webhook_ingest.shared import metrics
 from webhook_ingest.shared.archive_store import ArchiveStore
@@ -29,6 +37,8 @@ log = get_logger(__name__)
 
 KEEP_EVERY_SECONDS = 600.0
 SIZES_EVERY_SECONDS = 60.0
+SETTLE_EVERY_SECONDS = 60.0  # also how long a row may show an earlier status after its worker was killed
+SETTLE_GRACE_SECONDS = 60.0  # an end this recent may still have its outcome batch on its way
 
 
 class ArchiveUpkeep:
@@ -36,13 +46,16 @@ class ArchiveUpkeep:
         self._store = store
         self._retentions = {name: source.retention for name, source in sources.items()}  # 0 too: its days go
         self._archived = [name for name, source in sources.items() if source.retention]
+        self._routes = {name: [route.name for route in source.routes] for name, source in sources.items()
+                        if source.routes}
+        self._settled_to: datetime | None = None  # where the next page of the sweep starts
         self.ready = asyncio.Event()
         self.sizes: dict[str, int] = {}  # the gauge's last reading, for the console's overview
 
     async def run(self) -> None:
         """Forever; never raises (a stale gauge, a round tried later)."""
         backoff = pauses(1.0, 60.0)
-        next_keep = 0.0
+        next_keep = next_settle = 0.0
         while True:
             if time.monotonic() >= next_keep:
                 kept = await self.keep()
@@ -50,7 +63,11 @@ class ArchiveUpkeep:
                 if kept:
                     backoff = pauses(1.0, 60.0)
             await self.refresh_sizes()
-            await asyncio.sleep(max(0.0, min(SIZES_EVERY_SECONDS, next_keep - time.monotonic())))
+            if self.ready.is_set() and time.monotonic() >= next_settle:
+                await self.settle()
+                next_settle = time.monotonic() + SETTLE_EVERY_SECONDS
+            wake = min(next_keep, next_settle) if self.ready.is_set() else next_keep
+            await asyncio.sleep(max(0.0, min(SIZES_EVERY_SECONDS, wake - time.monotonic())))
 
     async def keep(self) -> bool:
         """One round over every source; whether it succeeded."""
@@ -64,6 +81,18 @@ class ArchiveUpkeep:
             log.info("archive_days_kept", made=made, dropped=dropped)
         self.ready.set()
         return True
+
+    async def settle(self) -> int:
+        """One page of the settling sweep; rows settled. Never raises (the next round tries again)."""
+        try:
+            settled, self._settled_to = await self._store.settle(SETTLE_GRACE_SECONDS, self._routes, self._settled_to)
+        except Exception as exc:  # noqa: BLE001 - a row settled a round later
+            raise_if_cancelled()
+            log.warning("archive_settle_failed", error=describe(exc))
+            return 0
+        if settled:
+            log.info("archive_rows_settled", rows=settled)
+        return settled
 
     async def refresh_sizes(self) -> None:
         if not self._archived:

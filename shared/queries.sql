@@ -249,6 +249,56 @@ WHERE dead_letters.id = ANY($1::bigint[]) AND event_archive.source = dead_letter
                                ELSE left(dead_letters.key, -(length(dead_letters.route) + 1)) END
   AND event_archive.received_at = dead_letters.received_at AND event_archive.arrival = dead_letters.arrival
 
+-- name: archive_unsettled
+-- The settling sweep's page (shared/archive_settling.py): rows still
+-- queued or retrying, received more than $1 seconds ago and after $2 (NULL:
+-- from the oldest), oldest first, at most $3 (read from the partial index
+-- of unsettled rows, the page first: a backlog is never read whole); each
+-- with what Postgres recorded of its event more than $1 seconds ago, under
+-- its key or one of its routes' (`KEY#ROUTE`; $4 sources, $5 their routes)
+-- and with its event id (event evt_a's route billing and event
+-- evt_a#billing share a key: docs/design.md, "Routes"): a completion, the
+-- dead letter of its payload (open first), and whether an arrival of its
+-- key is archived processed already.
+SELECT a.source, a.key, a.received_at, a.arrival, a.status, a.attempts, a.payload_sha256,
+       done.payload_sha256 AS completed_sha256, done.attempts AS completed_attempts, done.completed_at,
+       dead.status AS dead_letter, dead.attempts AS dead_attempts, dead.own AS own_dead_letter,
+       EXISTS (SELECT FROM event_archive p WHERE p.source = a.source AND p.key = a.key AND p.status = 'processed')
+           AS processed_already
+FROM (SELECT source, key, received_at, arrival, event_id, status, attempts, payload_sha256 FROM event_archive
+      WHERE status IN ('queued', 'retrying') AND received_at < now() - make_interval(secs => $1)
+        AND ($2::timestamptz IS NULL OR received_at > $2)
+      ORDER BY received_at
+      LIMIT $3) a
+CROSS JOIN LATERAL (
+    SELECT a.key || coalesce((SELECT array_agg(a.key || '#' || r.route) FROM unnest($4::text[], $5::text[])
+                                  AS r(source, route) WHERE r.source = a.source), '{}') AS keys) named
+LEFT JOIN LATERAL (
+    SELECT p.payload_sha256, p.attempts, p.completed_at FROM processed_events p
+    WHERE p.key = ANY(named.keys) AND p.event_id = a.event_id AND p.completed_at < now() - make_interval(secs => $1)
+    LIMIT 1) done ON true
+LEFT JOIN LATERAL (
+    SELECT d.status, d.attempts, d.received_at = a.received_at AND d.arrival = a.arrival AS own FROM dead_letters d
+    WHERE d.key = ANY(named.keys) AND d.event_id = a.event_id AND d.payload_sha256 = a.payload_sha256
+      AND d.status IN ('dead', 'discarded')
+      AND d.updated_at < now() - make_interval(secs => $1)
+    ORDER BY d.status = 'dead' DESC, d.id DESC LIMIT 1) dead ON true
+ORDER BY a.received_at
+
+-- name: archive_settle
+-- The sweep's decisions: each row brought to its event's end, only while
+-- it is still as the sweep read it (status $5, attempts $6); a live
+-- outcome written meanwhile wins, and the next round looks again. $10,
+-- $11: the first and last receive time of the rows.
+UPDATE event_archive AS a
+SET status = s.status, attempts = s.attempts, completed_at = coalesce(s.completed_at, a.completed_at)
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::int8[], $5::text[], $6::int4[], $7::text[], $8::int4[],
+            $9::timestamptz[]) AS s(source, key, received_at, arrival, was, was_attempts, status, attempts, completed_at)
+WHERE a.source = s.source AND a.key = s.key AND a.received_at = s.received_at AND a.arrival = s.arrival
+  AND a.status = s.was AND a.attempts = s.was_attempts
+  -- the page's range of the unsettled rows' index, not every partition whole
+  AND a.status IN ('queued', 'retrying') AND a.received_at BETWEEN $10 AND $11
+
 -- name: archive_keep
 -- One source's tables (event_archive_keep); a lock it waits for longer than
 -- the caller's lock_timeout fails it, to be tried again later.

@@ -8,7 +8,8 @@ a bounded buffer that one task writes (`shared/archive_writer.py`), after
 the commit and the ack it describes: no statement, no await is added to a
 run, and Postgres being slow or away costs the runs nothing. A worker
 killed between its ack and that write leaves the row at its earlier status
-(the completion record still says what happened).
+until the archive's upkeep settles it from the completion record or the
+dead letter (shared/archive_settling.py), within a couple of minutes.
 
 Until `start` (a worker's side tasks; the simulator and the unit tests
 never start it) notes are ignored.

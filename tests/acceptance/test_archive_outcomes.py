@@ -142,8 +142,6 @@ async def _archived_status(connection, key: str) -> str | None:
     return await connection.fetchval("SELECT status FROM event_archive WHERE key = $1", key)
 
 
-@pytest.mark.xfail(strict=True, reason="a worker SIGKILLed while its outcome batch waits for Postgres leaves the"
-                                       " event's row queued for good: nothing settles it afterwards")
 async def test_a_worker_killed_before_its_outcomes_are_written_leaves_nothing_queued(settings, fleet, sources_path,
                                                                                      monkeypatch):
     """The chaos run's 'left queued': the worker completes the event, its

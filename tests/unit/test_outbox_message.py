@@ -18,6 +18,7 @@ events = st.builds(
     received_at=received_ms.map(lambda ms: ms / 1000),
     body=st.binary(max_size=200),
     headers=st.dictionaries(header_names, text, max_size=6),
+    arrival=st.integers(0, 2**63 - 1),  # the archive's row of the accepted request
 )
 
 

@@ -1,0 +1,167 @@
+"""The archive's settling sweep in real Postgres (shared/archive_settling.py,
+ArchiveStore.settle): rows a killed worker's lost outcome batch left
+`queued` or `retrying`, brought up to what processed_events and
+dead_letters recorded of their event; rows still on their way left alone."""
+
+import dataclasses
+import time
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from webhook_ingest.shared import archive
+from webhook_ingest.shared.archive_store import SQL, ArchiveStore
+from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.message import new_arrival
+from tests.support.dead_letters import failure
+from tests.support.events import make_event
+
+ROUTES = {"routed": ["billing", "audit"]}
+
+
+@pytest.fixture
+async def store(database):
+    connection = await asyncpg.connect(database)
+    store = ArchiveStore(connection)
+    await store.keep({source: timedelta(days=7) for source in ("acme", "routed")})
+    yield store
+    await connection.close()
+
+
+def arrival_of(source: str, event_id: str, seconds_ago: float = 0, **payload):
+    event = make_event(source, event_id, payload or None)
+    received_ms = round((time.time() - seconds_ago) * 1000)  # as a message carries it to a worker
+    return dataclasses.replace(event, arrival=new_arrival(), received_at=received_ms / 1000)
+
+
+async def arrived(store, *events, status: str = archive.QUEUED) -> None:
+    await store.write_arrivals([archive.arrival_row(e, "test.event", "{}", status) for e in events])
+
+
+async def completed(store, key: str, event, attempts: int = 1) -> None:
+    await store._database.execute(
+        "INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts) VALUES ($1, $2, $3, $4, $5)",
+        key, event.source, event.event_id, event.payload_sha256, attempts)
+
+
+async def statuses(store, key: str) -> list[tuple[str, int]]:
+    rows = await store._database.fetch(
+        "SELECT status, attempts FROM event_archive WHERE key = $1 ORDER BY received_at, arrival", key)
+    return [tuple(row.values()) for row in rows]
+
+
+async def test_copies_of_a_completed_event_settle_as_one_processed_and_its_copies(store):
+    first = arrival_of("acme", "evt_1", 5)
+    copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 0.001)
+    same_ms = dataclasses.replace(copy, arrival=new_arrival())
+    other_payload = arrival_of("acme", "evt_1", 4, amount=2)
+    await arrived(store, first, copy, same_ms, other_payload)
+    await completed(store, first.key, first)
+    assert await store.settle(0, ROUTES) == (4, None)
+    assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1), ("duplicate", 1),
+                                                ("conflict", 1)]
+    assert await store.settle(0, ROUTES) == (0, None)  # idempotent: nothing left unsettled
+
+
+async def test_a_copy_settles_as_a_duplicate_of_the_arrival_archived_processed(store):
+    first, copy = arrival_of("acme", "evt_2", 5), arrival_of("acme", "evt_2", 3)
+    await arrived(store, first, copy)
+    await store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, time.time())])
+    await completed(store, first.key, first)
+    await store.settle(0, ROUTES)
+    assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1)]
+
+
+async def test_a_dead_event_settles_dead_and_a_discarded_one_discarded(store):
+    dead, discarded = arrival_of("acme", "evt_3", 5), arrival_of("acme", "evt_4", 5)
+    copy_of_discarded = dataclasses.replace(discarded, arrival=new_arrival(), received_at=discarded.received_at + 1)
+    await arrived(store, dead, discarded, copy_of_discarded)
+    connection = store._database
+    await record_dead_letter(connection, dataclasses.replace(dead, attempt=3), [failure(1), failure(2), failure(3)])
+    gone = await record_dead_letter(connection, discarded, [failure(1)])
+    await connection.execute("UPDATE dead_letters SET status = 'discarded' WHERE id = $1", gone)
+    await store.settle(0, ROUTES)
+    assert await statuses(store, dead.key) == [("dead", 3)]
+    assert await statuses(store, discarded.key) == [("discarded", 1), ("dead", 1)]
+
+
+async def test_a_copy_settled_dead_that_then_runs_shows_its_own_outcome(store):
+    """A copy still in the queue when its event went dead is settled `dead`
+    by the event's dead letter; run later (its handler fixed) it completes,
+    and its own outcome is written over the sweep's."""
+    dead = arrival_of("acme", "evt_11", 5)
+    copy = dataclasses.replace(dead, arrival=new_arrival(), received_at=dead.received_at + 1)
+    await arrived(store, dead, copy)
+    await record_dead_letter(store._database, dataclasses.replace(dead, attempt=3), [failure(1), failure(2),
+                                                                                     failure(3)])
+    await store.settle(0, ROUTES)
+    assert await statuses(store, dead.key) == [("dead", 3), ("dead", 0)]
+    await store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, time.time())])
+    assert await statuses(store, dead.key) == [("dead", 3), ("processed", 1)]
+
+
+async def test_a_routed_event_settles_from_its_routes_records(store):
+    done, failed = arrival_of("routed", "evt_5", 5), arrival_of("routed", "evt_6", 5)
+    await arrived(store, done, failed)
+    await completed(store, f"{done.key}#billing", done)
+    await completed(store, f"{failed.key}#billing", failed)
+    await record_dead_letter(store._database, dataclasses.replace(failed, key=f"{failed.key}#audit", route="audit",
+                                                                  attempt=2), [failure(1), failure(2)])
+    await store.settle(0, ROUTES)
+    assert await statuses(store, done.key) == [("processed", 1)]
+    assert await statuses(store, failed.key) == [("dead", 2)]
+
+
+async def test_a_routes_completion_does_not_settle_the_event_that_shares_its_key(store):
+    """Event evt_r's route billing completes under routed:evt_r#billing, the
+    key of event evt_r#billing too (docs/design.md, "Routes"): that plain
+    event's arrival is not settled by it."""
+    event = arrival_of("routed", "evt_r", 5)
+    lookalike = dataclasses.replace(arrival_of("routed", "evt_r#billing", 5), payload_sha256=event.payload_sha256)
+    await arrived(store, event, lookalike)
+    await completed(store, f"{event.key}#billing", event)
+    await store.settle(0, ROUTES)
+    assert await statuses(store, event.key) == [("processed", 1)]
+    assert await statuses(store, lookalike.key) == [("queued", 0)]
+
+
+async def test_rows_still_on_their_way_are_left_as_they_are(store):
+    waiting = arrival_of("acme", "evt_7", 5)  # nothing recorded of it yet: in the queue, or between attempts
+    recent = arrival_of("acme", "evt_8", 5)  # completed just now: its outcome batch may be on its way
+    young = arrival_of("acme", "evt_9", 0)
+    await arrived(store, waiting, recent, young)
+    await completed(store, recent.key, recent)
+    await completed(store, young.key, young)
+    await store._database.execute("UPDATE processed_events SET completed_at = now() - interval '1 hour'"
+                                  " WHERE key = $1", young.key)
+    assert await store.settle(3, ROUTES) == (0, None)  # a 3 s grace: young was received 0 s ago
+    assert [await statuses(store, e.key) for e in (waiting, recent, young)] == [[("queued", 0)]] * 3
+
+
+async def test_a_backlog_of_rows_on_their_way_does_not_hold_the_others_back(store):
+    backlog = [arrival_of("acme", f"evt_b{n}", 10) for n in range(5)]  # oldest, nothing recorded
+    done = arrival_of("acme", "evt_done", 5)
+    await arrived(store, *backlog, done)
+    await completed(store, done.key, done)
+    settled, after = await store.settle(0, ROUTES, limit=3)
+    assert (settled, after is not None) == (0, True)
+    settled, after = await store.settle(0, ROUTES, after=after, limit=3)
+    assert (settled, after) == (1, None)
+    assert await statuses(store, done.key) == [("processed", 1)]
+
+
+async def test_an_outcome_written_after_the_sweep_read_the_row_wins(store):
+    """The sweep writes a row only as it read it: a worker's outcome written in
+    between (its batch came through after all) is not overwritten."""
+    event = arrival_of("acme", "evt_10", 5)
+    await arrived(store, event)
+    await completed(store, event.key, event)
+    rows = await store._database.fetch(
+        "SELECT source, key, received_at, arrival, 'queued' AS was, 0 AS was_attempts, 'duplicate' AS status,"
+        " 1 AS attempts, NULL::timestamptz AS completed_at FROM event_archive WHERE key = $1", event.key)
+    await store.write_outcomes([archive.outcome_row(dataclasses.replace(event, attempt=2), archive.PROCESSED,
+                                                    time.time())])
+    await store._database.execute(SQL["archive_settle"], *archive.columns([tuple(row.values()) for row in rows]),
+                                  rows[0]["received_at"], rows[0]["received_at"])
+    assert await statuses(store, event.key) == [("processed", 2)]
