@@ -21,10 +21,10 @@ import aio_pika
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 
 from webhook_ingest.ingress.patience import Patience, until_done_or_silent
-from webhook_ingest.shared import amqp, metrics, topology
+from webhook_ingest.shared import amqp, metrics, topology, tracing
 from webhook_ingest.shared.errors import BrokerUnavailable, describe
 from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.message import EventMessage, to_amqp
+from webhook_ingest.shared.message import EventMessage, amqp_properties, to_amqp
 from webhook_ingest.shared.service_errors import BROKER_ERRORS
 from webhook_ingest.shared.settings import mask_url
 
@@ -127,10 +127,8 @@ class Publisher:
             self._suspect()
             raise GivenUp(f"{self._waiting} requests already wait for a confirm", None)
         if not live:
-            return await self._confirmed(topology.publish(
-                self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
-        publishing = asyncio.ensure_future(
-            topology.publish(self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
+            return await self._confirmed(self._publish(event))
+        publishing = asyncio.ensure_future(self._publish(event))
         publishing.add_done_callback(functools.partial(self._learn, time.monotonic()))
         try:
             await self._confirmed(self._within(publishing, self._patience.seconds))
@@ -146,8 +144,17 @@ class Publisher:
             return await self._confirmed(given_up.pending)
         if not self.ready:
             raise given_up
-        await self._confirmed(
-            topology.publish(self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT))
+        await self._confirmed(self._publish(event))
+
+    def _publish(self, event: EventMessage) -> Awaitable[None]:
+        """The event's publish, straight through aiormq (7 % of a request's
+        instructions less than through aio-pika's message and exchange,
+        docs/performance.md); through aio-pika while tracing is on, whose
+        instrumentation of the exchange traces it."""
+        if tracing.is_on():
+            return topology.publish(self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT)
+        return topology.publish_properties(self._open_channel, event.body, amqp_properties(event), self.queue_name,
+                                           timeout=PUBLISH_TIMEOUT)
 
     async def _confirmed(self, publishing: Awaitable[None]) -> None:
         try:

@@ -18,7 +18,9 @@ import asyncio
 import contextlib
 
 import aio_pika
+import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
+from pamqp.commands import Basic
 
 from webhook_ingest.shared import amqp
 
@@ -142,6 +144,20 @@ async def publish(
     has its connection back, and it waits for that without a limit."""
     async with asyncio.timeout(timeout):  # the only limit: aio-pika's would be a second timer per publish
         await channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True)
+
+
+async def publish_properties(channel: AbstractChannel, body: bytes, properties: Basic.Properties, queue_name: str,
+                             timeout: float = PUBLISH_TIMEOUT) -> None:
+    """`publish` without aio-pika's message and exchange: the same frames
+    through the channel's aiormq channel, with the same guarantees — once
+    the broker confirmed; a return (unroutable, mandatory) or a nack raises;
+    one time limit over the whole call, the wait for a reconnecting robust
+    connection included (`get_underlay_channel`)."""
+    async with asyncio.timeout(timeout):
+        if channel.is_closed:  # as aio-pika's exchange refuses it
+            raise aiormq.exceptions.ChannelInvalidStateError(f"{channel!r} closed")
+        underlay = await channel.get_underlay_channel()
+        await underlay.basic_publish(body, routing_key=queue_name, properties=properties, mandatory=True)
 
 
 async def queue_depths(amqp_url: str, names: list[str], connection_name: str) -> list[tuple[str, int | None]]:

@@ -66,6 +66,14 @@ def stop() -> None:
         _on = None
 
 
+def is_on() -> bool:
+    """Whether tracing is on. A publish that leaves aio-pika's exchange out
+    (the ingress's, ingress/publisher.py) goes through it while tracing is
+    on: aio-pika's instrumentation makes the PRODUCER span and puts its
+    `traceparent` in the message there."""
+    return _on is not None
+
+
 def server_middlewares() -> list:
     """The aiohttp middleware that makes a request's span (first in the ingress app)."""
     return [] if _on is None else [_on.server_middleware]

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import frame, header
 
-from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp, utf8_text
+from webhook_ingest.shared.message import EventMessage, amqp_properties, from_amqp, to_amqp, utf8_text
 
 # 2001-09-09 .. 2100-01-01 in milliseconds since the epoch (unix seconds as a
 # float keep microseconds exact until about 2242)
@@ -79,3 +79,19 @@ def test_a_long_error_history_still_fits_one_frame_and_names_each_kept_attempt(a
                for error in carried)
     if attempts == 5:
         assert carried == errors  # a usual history is left as it is
+
+
+def test_the_ingress_publishes_the_same_message_as_aio_pika_would():
+    """amqp_properties (the ingress's publish straight through aiormq) carries
+    what to_amqp's message does, but its own message id."""
+    sent = replace(event(1_763_900_000.5), attempt=2, errors=({"attempt": 1, "type": "E"},), route="billing")
+    direct, through_aio_pika = amqp_properties(sent), to_amqp(sent).properties
+    assert direct.headers == through_aio_pika.headers
+    assert (direct.content_type, direct.delivery_mode) == (through_aio_pika.content_type, 2)
+    assert direct.message_id and direct.message_id != through_aio_pika.message_id
+    assert from_amqp(sent.body, over_the_wire_properties(direct)) == sent
+
+
+def over_the_wire_properties(properties) -> dict:
+    encoded = frame.marshal(header.ContentHeader(0, 0, properties), 1)
+    return frame.unmarshal(encoded)[2].properties.headers
