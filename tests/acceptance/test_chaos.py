@@ -6,7 +6,7 @@ Redis and prunes. Every guarantee it checks is listed in tests.chaos.checks.
 
 Each run is made once and judged by two tests: the pipeline's guarantees,
 and the event archive's (issue 22: every accepted event in it with its
-final status), which do not hold yet (see ARCHIVE_GAPS).
+final status).
 """
 
 import pytest
@@ -25,17 +25,12 @@ PLAIN = Options(seed=SEED, events=150, duration=12, drain_timeout=60, stall_seco
 ROUTED = Options(seed=SEED, events=100, duration=10, drain_timeout=60, stall_seconds=20, routes=("a", "b"))
 
 # Seed 7 at 08:52 UTC on 2026-11-25 (the archive check's first run): 9 archive
-# violations, the pipeline's guarantees all kept.
-# - copies miscounted (6), e.g. "chaos:evt_00028: 2 x 200, 1 processed archived":
-#   an arrival's row is (source, key, received_at in ms), so copies sent
-#   together that the ingress stamps with the same millisecond are one row
-#   (archive_arrivals' ON CONFLICT keeps the first);
-# - left queued (2), e.g. "chaos:evt_00146: 1 effect(s), archived 2 duplicate,
-#   1 queued": worker 2's outcome batch was waiting for its cut Postgres
-#   (archive_write_waiting, retry in 4 s) when it was SIGKILLed 0.5 s later;
-#   the batch lived in its memory only and nothing settles the row afterwards.
-ARCHIVE_GAPS = ("the archive merges copies stamped with the same millisecond, and a worker SIGKILLed with an "
-                "unwritten outcome batch leaves its events `queued` (tests/acceptance/test_chaos.py, ARCHIVE_GAPS)")
+# violations, the pipeline's guarantees all kept. Copies miscounted (6): copies
+# the ingress stamped with the same millisecond were one row, until each
+# arrival got its own id (migration 0017). Left queued (2): a worker's outcome
+# batch waiting for its cut Postgres died with it when it was SIGKILLed, until
+# the archive's sweep settled such rows from the completions and dead letters
+# (shared/archive_settling.py; the local run's ingress sweeps every 2 s).
 
 _runs: dict[str, Result] = {}
 
@@ -62,7 +57,6 @@ async def test_a_seeded_fault_run_keeps_every_guarantee(namespace, database, tmp
     assert not pipeline(result), result.report
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=ARCHIVE_GAPS)
 async def test_a_seeded_fault_run_archives_every_accepted_event_as_it_ended(namespace, database, tmp_path):
     result = await seeded(PLAIN, namespace, database, tmp_path)
     assert result.verdict.outcomes["archived as it ended"] > 100, result.report  # the archive was judged
@@ -77,10 +71,6 @@ async def test_a_seeded_fault_run_with_routes_runs_each_event_once_per_route(nam
     assert not pipeline(result), result.report
 
 
-# Not strict: this run met the gaps once (09:21 UTC, "chaos:evt_00092: 2 x 200,
-# 1 dead archived"), and whether two copies share a millisecond is the
-# machine's timing; the plain run above, strict, meets them 8 times or so.
-@pytest.mark.xfail(strict=False, raises=AssertionError, reason=ARCHIVE_GAPS)
 async def test_a_seeded_fault_run_with_routes_archives_every_accepted_event(namespace, database, tmp_path):
     result = await seeded(ROUTED, namespace, database, tmp_path)
     assert not archived(result), result.report
