@@ -3,13 +3,16 @@ ArchiveStore.settle): rows a killed worker's lost outcome batch left
 `queued` or `retrying`, brought up to what processed_events and
 dead_letters recorded of their event; rows still on their way left alone."""
 
+import asyncio
 import dataclasses
 import time
 from datetime import timedelta
 
 import asyncpg
 import pytest
+from click.testing import CliRunner
 
+from webhook_ingest.cli import main
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import SQL, ArchiveStore
 from webhook_ingest.shared.dead_letters import record_dead_letter
@@ -165,3 +168,22 @@ async def test_an_outcome_written_after_the_sweep_read_the_row_wins(store):
     await store._database.execute(SQL["archive_settle"], *archive.columns([tuple(row.values()) for row in rows]),
                                   rows[0]["received_at"], rows[0]["received_at"])
     assert await statuses(store, event.key) == [("processed", 2)]
+
+
+@pytest.mark.xfail(strict=True, reason="a replayed dead letter leaves its arrival `dead` until the replay's own"
+                                       " outcome is written: lost with a killed worker, the sweep (queued and"
+                                       " retrying rows only) never reaches it")
+async def test_a_replayed_event_whose_outcome_was_lost_is_settled_by_the_sweep(store, settings):
+    """The attacker's case: the event went dead (archived dead), on-call
+    replayed its dead letter, the replay completed, and the worker was killed
+    before writing that outcome. The arrival must not say `dead` for good."""
+    event = arrival_of("acme", "evt_12", 5)
+    await arrived(store, event)
+    failed = dataclasses.replace(event, attempt=2)
+    await store.write_outcomes([archive.outcome_row(failed, archive.DEAD, time.time(), "RuntimeError: 500")])
+    dead_letter = await record_dead_letter(store._database, failed, [failure(1), failure(2)])
+    replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead_letter)])
+    assert replayed.exit_code == 0, replayed.output
+    await completed(store, event.key, event)  # the replay's run; its outcome batch died with its worker
+    await store.settle(0, ROUTES)
+    assert await statuses(store, event.key) == [("processed", 1)]
