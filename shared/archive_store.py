@@ -167,3 +167,10 @@ async def discarded(connection: asyncpg.Connection, dead_letter_ids: list[int]) 
     """The arrivals of these dead letters are discarded: in the discard's own transaction."""
     await connection.execute(SQL["archive_discarded"], dead_letter_ids)
 
+
+async def replayed(connection: asyncpg.Connection, dead_letter_id: int, replay_id: int) -> None:
+    """The arrival of this dead letter is queued again, in chain `replay_id`:
+    in the replay's own transaction, so the replay's outcome — or, were it
+    lost with its worker, the settling sweep — writes over it."""
+    await connection.execute(SQL["archive_replayed"], dead_letter_id, replay_id)
+

@@ -290,7 +290,9 @@ async def _mark_replayed(connection, row, actor: Actor, bulk_action_id: int | No
     async with connection.transaction():
         if await connection.fetchval(SQL["claim_for_replay"], row["id"], row["version"]) is None:
             return None
-        return await connection.fetchval(SQL["insert_replay"], row["id"], str(actor), bulk_action_id)
+        replay_id = await connection.fetchval(SQL["insert_replay"], row["id"], str(actor), bulk_action_id)
+        await archive_store.replayed(connection, row["id"], replay_id)
+        return replay_id
 
 
 async def _publish(channel: AbstractChannel, namespace: str, row, replay_id: int) -> None:

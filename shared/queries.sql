@@ -249,6 +249,20 @@ WHERE dead_letters.id = ANY($1::bigint[]) AND event_archive.source = dead_letter
                                ELSE left(dead_letters.key, -(length(dead_letters.route) + 1)) END
   AND event_archive.received_at = dead_letters.received_at AND event_archive.arrival = dead_letters.arrival
 
+-- name: archive_replayed
+-- The arrival of dead letter $1, replayed as chain $2 (dead_letter_replays.id)
+-- in the replay's transaction: `queued` again in that chain, which its
+-- outcomes step on from (and the sweep, reading only queued and retrying
+-- rows, settles it should they be lost). A route's dead letter is of the
+-- arrival kept under the event's own key, as for a discard.
+UPDATE event_archive SET status = 'queued', replay_of = $2, attempts = 0
+FROM dead_letters
+WHERE dead_letters.id = $1 AND event_archive.source = dead_letters.source
+  AND event_archive.key = CASE WHEN dead_letters.route IS NULL THEN dead_letters.key
+                               ELSE left(dead_letters.key, -(length(dead_letters.route) + 1)) END
+  AND event_archive.received_at = dead_letters.received_at AND event_archive.arrival = dead_letters.arrival
+  AND event_archive.replay_of < $2
+
 -- name: archive_unsettled
 -- The settling sweep's page (shared/archive_settling.py): rows still
 -- queued or retrying, received more than $1 seconds ago and after $2 (NULL:

@@ -170,9 +170,6 @@ async def test_an_outcome_written_after_the_sweep_read_the_row_wins(store):
     assert await statuses(store, event.key) == [("processed", 2)]
 
 
-@pytest.mark.xfail(strict=True, reason="a replayed dead letter leaves its arrival `dead` until the replay's own"
-                                       " outcome is written: lost with a killed worker, the sweep (queued and"
-                                       " retrying rows only) never reaches it")
 async def test_a_replayed_event_whose_outcome_was_lost_is_settled_by_the_sweep(store, settings):
     """The attacker's case: the event went dead (archived dead), on-call
     replayed its dead letter, the replay completed, and the worker was killed
@@ -184,6 +181,7 @@ async def test_a_replayed_event_whose_outcome_was_lost_is_settled_by_the_sweep(s
     dead_letter = await record_dead_letter(store._database, failed, [failure(1), failure(2)])
     replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead_letter)])
     assert replayed.exit_code == 0, replayed.output
+    assert await statuses(store, event.key) == [("queued", 0)]  # queued again, in the replay's chain
     await completed(store, event.key, event)  # the replay's run; its outcome batch died with its worker
     await store.settle(0, ROUTES)
     assert await statuses(store, event.key) == [("processed", 1)]
