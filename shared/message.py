@@ -31,6 +31,8 @@ import orjson
 from pamqp.commands import Basic
 from pamqp.common import FieldTable
 
+from webhook_ingest.shared import amqp_table
+
 # What one AMQP content header frame must hold (RabbitMQ's frame_max is
 # 128 KiB, and a message whose headers do not fit makes the broker close the
 # whole connection): the provider's headers and the event id are bounded at
@@ -171,9 +173,10 @@ def to_amqp(event: EventMessage) -> aio_pika.Message:
 def amqp_properties(event: EventMessage) -> Basic.Properties:
     """What `to_amqp`'s message carries, as the pamqp properties aiormq
     publishes: the ingress's publish skips aio-pika's `Message` (about
-    twenty checked attribute writes, then these properties built from them)."""
-    return Basic.Properties(content_type=CONTENT_TYPE, delivery_mode=PERSISTENT, message_id=new_message_id(),
-                            headers=amqp_headers(event))
+    twenty checked attribute writes, then these properties built from them),
+    and they marshal in shared/amqp_table.py (the same bytes as pamqp's)."""
+    return amqp_table.Properties(content_type=CONTENT_TYPE, delivery_mode=PERSISTENT, message_id=new_message_id(),
+                                 headers=amqp_headers(event))
 
 
 def amqp_headers(event: EventMessage) -> FieldTable:
