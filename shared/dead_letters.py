@@ -226,7 +226,7 @@ def rebuilt_event(row, replay_id: int) -> EventMessage:
         body=bytes(row["body"]),
         headers=json.loads(headers) if isinstance(headers, str) else dict(headers),
         route=row.get("route") or "",  # its route alone runs again
-        arrival=row.get("arrival") or 0,  # the archive's row it writes over
+        arrival=row["arrival"],  # the archive's row it writes over
     ).fresh(replay_of=replay_id)
 
 

@@ -55,7 +55,7 @@ WHERE id = $1
 -- optionally of one source ($3). Oldest first, the order they failed in.
 -- `version` is what claim_for_replay checks: the row as this replay read it;
 -- the last attempt's trace, what the replay's own trace links to.
-SELECT id, key, source, event_id, route, payload_sha256, body, headers, received_at,
+SELECT id, key, source, event_id, route, payload_sha256, body, headers, received_at, arrival,
        errors -> -1 ->> 'type' AS last_error_type, xmin AS version,
        errors -> -1 ->> 'trace_id' AS last_trace_id, errors -> -1 ->> 'span_id' AS last_span_id
 FROM dead_letters
@@ -111,7 +111,7 @@ SELECT array(SELECT DISTINCT source FROM dead_letters ORDER BY 1) AS sources,
 -- A replay or discard from the console: the row, locked until the action
 -- commits, so a second click (or another on-call person) waits, then sees
 -- the new status instead of acting twice.
-SELECT id, key, source, event_id, route, payload_sha256, body, headers, received_at, status,
+SELECT id, key, source, event_id, route, payload_sha256, body, headers, received_at, arrival, status,
        errors -> -1 ->> 'type' AS last_error_type, xmin AS version,
        errors -> -1 ->> 'trace_id' AS last_trace_id, errors -> -1 ->> 'span_id' AS last_span_id
 FROM dead_letters

@@ -188,8 +188,6 @@ async def test_a_replayed_event_whose_outcome_was_lost_is_settled_by_the_sweep(s
     assert await statuses(store, event.key) == [("processed", 1)]
 
 
-@pytest.mark.xfail(strict=True, reason="the replay's queries do not read dead_letters.arrival: the replayed event"
-                                       " carries arrival 0, and its outcomes make a bodiless row of their own")
 async def test_a_replayed_dead_letter_carries_its_arrival(store, settings):
     """The replay publishes the event as it arrived, its arrival's id too:
     its outcomes are written over the arrival's own row."""
