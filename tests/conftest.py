@@ -17,6 +17,8 @@ import aio_pika
 import asyncpg
 import pytest
 import redis.asyncio as redis
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from webhook_ingest.migrate import migrate
 from webhook_ingest.shared.settings import Settings
@@ -28,6 +30,12 @@ REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 RUN_ID = uuid.uuid4().hex[:8]
 TEMPLATE_DB = f"wi_template_{RUN_ID}"
 NAMESPACE_PREFIX = f"t{RUN_ID}"
+
+# No timing thresholds in tests, Hypothesis's own included: its deadline and
+# too_slow health check measure the machine (2 shared cores, a parallel
+# suite), not the code under test.
+hypothesis_settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("suite")
 
 
 def database_url(name: str) -> str:
