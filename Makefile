@@ -20,8 +20,12 @@ run: install  ## migrate, then the ingress on :8080 and 2 workers (Ctrl-C stops)
 migrate: install
 	$(BIN)/webhook-ingest migrate
 
+# Two test processes (each its own RabbitMQ node, namespaces and template
+# database): most tests wait on processes and networks, so two halve the
+# wall time on 2 cores. Tests that hold a request rate run after, alone.
 test: install lint  ## lint, then the whole suite against the local Redis and Postgres and a private RabbitMQ node
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not alone"
+	$(BIN)/pytest -q -m alone
 
 test-fast: install  ## pure-logic tests only, no services
 	$(BIN)/pytest -q tests/unit
