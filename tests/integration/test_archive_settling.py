@@ -13,13 +13,16 @@ import pytest
 from click.testing import CliRunner
 
 from webhook_ingest.cli import main
-from webhook_ingest.shared import archive
+from webhook_ingest.shared import archive, archive_upkeep
 from webhook_ingest.shared.archive_store import SQL, ArchiveStore
+from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import new_arrival
+from webhook_ingest.shared.sources import parse_source
 from tests.support.dead_letters import failure
 from tests.support.events import make_event
 from tests.support.ingress import queued_events
+from tests.support.processes import wait_until
 
 ROUTES = {"routed": ["billing", "audit"]}
 
@@ -197,3 +200,29 @@ async def test_a_replayed_dead_letter_carries_its_arrival(store, settings):
     assert replayed.exit_code == 0, replayed.output
     [queued] = await queued_events(settings.amqp_url, settings.namespace)
     assert (queued.key, queued.arrival) == (event.key, event.arrival)
+
+
+async def test_every_process_s_upkeep_sweeps_on_its_own(store, database, monkeypatch):
+    """The upkeep's loop (every ingress process and worker runs it) sweeps
+    once its tables are kept, and again every SETTLE_EVERY_SECONDS."""
+    monkeypatch.setattr(archive_upkeep, "SETTLE_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(archive_upkeep, "SETTLE_EVERY_SECONDS", 0.05)
+    first, later = arrival_of("acme", "evt_14", 5), arrival_of("acme", "evt_15", 5)
+    await arrived(store, first, later)
+    await completed(store, first.key, first)
+    own = await asyncpg.connect(database)  # the upkeep's, as a process's archive pool is its own
+    upkeep = ArchiveUpkeep(ArchiveStore(own), {"acme": parse_source("acme", {"scheme": "github", "secrets": ["s"],
+                                                                            "handler": "inbox"})})
+    running = asyncio.create_task(upkeep.run())
+    try:
+        await wait_until(lambda: _is(store, first.key, [("processed", 1)]), 10, message="the first row settled")
+        await completed(store, later.key, later)
+        await wait_until(lambda: _is(store, later.key, [("processed", 1)]), 10, message="a later round settled the next")
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await own.close()
+
+
+async def _is(store, key: str, expected: list) -> bool:
+    return await statuses(store, key) == expected
