@@ -49,10 +49,16 @@ def parse_basic(value: str) -> bytes:
     scheme, _, token = value.strip().partition(" ")
     if scheme.lower() != "basic":
         raise InvalidSignature("Authorization is not Basic")
+    token = token.strip()
     try:
-        return base64.b64decode(token.strip(), validate=True)
+        credentials = base64.b64decode(token, validate=True)
     except ValueError:
         raise InvalidSignature("the Basic credentials are not base64") from None
+    # Pad bits that are not zero ("001=" decodes as "000=" does): no client
+    # writes them, and one credential should have one spelling (RFC 4648 §3.5).
+    if base64.b64encode(credentials).decode().rstrip("=") != token.rstrip("="):
+        raise InvalidSignature("the Basic credentials are not canonical base64")
+    return credentials
 
 
 def gitlab_verifier(secrets: Sequence[str], options: SourceOptions) -> HeaderCredentialVerifier:
