@@ -226,3 +226,20 @@ async def test_every_process_s_upkeep_sweeps_on_its_own(store, database, monkeyp
 
 async def _is(store, key: str, expected: list) -> bool:
     return await statuses(store, key) == expected
+
+
+@pytest.mark.xfail(strict=True, reason="at one chain and attempt `processed` and `duplicate` are the same step"
+                                       " (event_archive_step), so a copy's duplicate written first keeps the run's"
+                                       " processed out: two messages of one arrival (a publish given up on and"
+                                       " confirmed late, and its outbox row) can archive a run as `duplicate`")
+async def test_two_messages_of_one_arrival_archive_the_run_whichever_outcome_lands_first(store):
+    """The ingress gave up on a publish and stored the event in the outbox;
+    the broker confirmed the publish late (docs/design.md, "The outbox"): two
+    messages of one arrival. One runs, the other is settled as its copy, and
+    the two workers' batches land in either order."""
+    event = arrival_of("acme", "evt_16", 5)
+    await arrived(store, event)
+    at = time.time()
+    await store.write_outcomes([archive.outcome_row(event, archive.DUPLICATE, at)])  # the copy's batch first
+    await store.write_outcomes([archive.outcome_row(event, archive.PROCESSED, at)])
+    assert await statuses(store, event.key) == [("processed", 1)]
