@@ -158,6 +158,22 @@ async def test_a_backlog_of_rows_on_their_way_does_not_hold_the_others_back(stor
     assert await statuses(store, done.key) == [("processed", 1)]
 
 
+async def test_one_round_of_the_upkeep_reads_on_past_a_backlog(store, monkeypatch):
+    """A round reads page after page (SETTLE_PAGES at most): a lost outcome
+    behind a backlog of rows on their way is settled the same round."""
+    class SmallPages(ArchiveStore):
+        async def settle(self, *args, **kwargs):
+            return await super().settle(*args, **kwargs, limit=2)
+
+    monkeypatch.setattr(archive_upkeep, "SETTLE_GRACE_SECONDS", 0.0)
+    backlog = [arrival_of("acme", f"evt_q{n}", 10) for n in range(5)]
+    done = arrival_of("acme", "evt_past_them", 5)
+    await arrived(store, *backlog, done)
+    await completed(store, done.key, done)
+    assert await ArchiveUpkeep(SmallPages(store._database), {}).settle() == 1
+    assert await statuses(store, done.key) == [("processed", 1)]
+
+
 async def test_an_outcome_written_after_the_sweep_read_the_row_wins(store):
     """The sweep writes a row only as it read it: a worker's outcome written in
     between (its batch came through after all) is not overwritten."""
