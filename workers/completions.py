@@ -242,8 +242,9 @@ def _acquired(database: asyncpg.Pool | asyncpg.Connection) -> contextlib.Abstrac
 
 
 def completion_row(message: EventMessage, token: int) -> tuple:
+    """complete_event's arguments; the arrival names the archived arrival that ran (shared/archive_settling.py)."""
     return (message.key, message.source, message.event_id, message.payload_sha256, token, message.attempt,
-            message.message_id or None)
+            message.message_id or None, message.arrival or None)
 
 
 def _columns(leases: list[Lease]) -> tuple[list[str], list[int]]:

@@ -65,8 +65,8 @@ WITH fence AS (
     UPDATE dead_letters SET status = 'completed', updated_at = now()
     WHERE key = $1 AND payload_sha256 = $4 AND event_id = $3 AND status = 'dead' AND EXISTS (SELECT FROM fence)
 )
-INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
-SELECT $1, $2, $3, $4, $5, $6, $7 FROM fence
+INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id, arrival)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM fence
 ON CONFLICT (key) DO NOTHING
 RETURNING key
 
@@ -89,8 +89,9 @@ ON CONFLICT (key) DO NOTHING
 -- complete_event for a batch: rows whose token is still the key's current
 -- one and not completed yet; ends their leases; returns the keys it inserted.
 WITH batch AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[])
-        AS b(key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[],
+                         $8::bigint[])
+        AS b(key, source, event_id, payload_sha256, fencing_token, attempts, message_id, arrival)
 ), fence AS (
     UPDATE key_fences SET lease_until = NULL FROM batch
     WHERE key_fences.key = batch.key AND key_fences.token = batch.fencing_token
@@ -101,7 +102,7 @@ WITH batch AS (
       AND dead_letters.event_id = batch.event_id  -- only this event's (complete_event says why)
       AND dead_letters.status = 'dead' AND batch.key IN (SELECT key FROM fence)
 )
-INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
+INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id, arrival)
 SELECT batch.* FROM batch JOIN fence USING (key)
 ON CONFLICT (key) DO NOTHING
 RETURNING key

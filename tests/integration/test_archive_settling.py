@@ -262,8 +262,6 @@ async def test_two_messages_of_one_arrival_archive_the_run_whichever_outcome_lan
     assert await statuses(store, event.key) == [("processed", 1)]
 
 
-@pytest.mark.xfail(strict=True, reason="a completion does not record the arrival it ran: the sweep names the"
-                                       " oldest unsettled arrival of the key `processed`, whichever ran")
 async def test_the_sweep_names_the_arrival_that_ran(store):
     """A copy's message can run before the first arrival's (the first went
     through the outbox, or was deferred): the completion the worker writes
@@ -276,3 +274,61 @@ async def test_the_sweep_names_the_arrival_that_ran(store):
     assert await completions.complete_event(store._database, copy, leases[copy.key].token)  # the copy ran
     await store.settle(0, ROUTES)
     assert await statuses(store, first.key) == [("duplicate", 1), ("processed", 1)]
+
+
+async def test_every_completion_names_its_arrival_and_one_without_none(store):
+    """complete_event and complete_events (a batch, ctx.db's transaction and
+    the handlers without one) record the arrival their message carried;
+    a message queued before arrivals had ids (arrival 0) names none."""
+    single, batched, unnamed = (arrival_of("acme", f"evt_a{n}", 5) for n in range(3))
+    unnamed = dataclasses.replace(unnamed, arrival=0)
+    completions = CompletionStore(store._database)
+    leases = await completions.take_leases(store._database, [e.key for e in (single, batched, unnamed)], 5000)
+    assert await completions.complete_event(store._database, single, leases[single.key].token)
+    assert await completions.complete_events(store._database, [(e, leases[e.key].token) for e in (batched, unnamed)]) == 2
+    named = dict(await store._database.fetch("SELECT key, arrival FROM processed_events"))
+    assert named == {single.key: single.arrival, batched.key: batched.arrival, unnamed.key: None}
+
+
+async def test_a_completion_that_names_no_arrival_leaves_the_sweep_its_guess(store):
+    """A previous release's worker (or a message without an arrival id)
+    completes without naming the arrival: the oldest is settled processed."""
+    first = arrival_of("acme", "evt_18", 5)
+    copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
+    await arrived(store, first, copy)
+    await completed(store, copy.key, copy)  # as the previous release's complete_event: no arrival column
+    await store.settle(0, ROUTES)
+    assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1)]
+
+
+async def test_routes_that_ran_from_different_copies_each_name_theirs(store):
+    """Two copies of a routed event, each fanned out: route billing ran from
+    the first's message, route audit from the copy's. Both arrivals ran a
+    route, as their live outcomes would have said."""
+    first = arrival_of("routed", "evt_19", 5)
+    copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
+    third = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 2)
+    await arrived(store, first, copy, third)
+    completions = CompletionStore(store._database)
+    runs = [dataclasses.replace(first, key=f"{first.key}#billing", route="billing"),
+            dataclasses.replace(copy, key=f"{first.key}#audit", route="audit")]
+    leases = await completions.take_leases(store._database, [run.key for run in runs], 5000)
+    assert await completions.complete_events(store._database, [(run, leases[run.key].token) for run in runs]) == 2
+    await store.settle(0, ROUTES)
+    assert await statuses(store, first.key) == [("processed", 1), ("processed", 1), ("duplicate", 1)]
+
+
+async def test_a_copy_that_runs_again_after_prune_is_settled_processed(store):
+    """The first arrival ran and is archived processed; `prune` forgot its
+    completion, so a copy sent days later runs again (docs/reference.md
+    §2), and its worker is killed before its outcome batch. Two runs: the
+    sweep must not call the second a duplicate of the first."""
+    first = arrival_of("acme", "evt_20", 50)
+    later = arrival_of("acme", "evt_20", 5)
+    await arrived(store, first, later)
+    await store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, time.time())])
+    completions = CompletionStore(store._database)  # the first's completion is pruned; the copy runs
+    leases = await completions.take_leases(store._database, [later.key], 5000)
+    assert await completions.complete_event(store._database, later, leases[later.key].token)
+    await store.settle(0, ROUTES)
+    assert await statuses(store, first.key) == [("processed", 1), ("processed", 1)]

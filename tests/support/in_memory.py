@@ -71,6 +71,7 @@ class Completion:
     message_id: str | None
     token: int
     completed_at: float  # time.time()
+    arrival: int | None = None  # the arrival that ran; None: its message carried none
 
 
 class InMemoryCompletions:
@@ -186,7 +187,7 @@ class InMemoryCompletions:
         if message.key in self.completions:
             return False
         self.completions[message.key] = Completion(message.payload_sha256, message.message_id or None, token,
-                                                   time.time())
+                                                   time.time(), message.arrival or None)
         self._write(session, lambda: self.completions.pop(message.key))
         return True
 
