@@ -13,10 +13,14 @@ What an end says of one arrival:
 - an open dead letter of its payload, under its key or one of its routes'
   (`KEY#ROUTE`): `dead` (each copy of a dead event ran and died again);
 - else a completion of its key or of a route's: `conflict` when the
-  completed payload is another; else `processed` for the oldest arrival of
-  the key not settled yet, when none is archived `processed` already, and
-  `duplicate` for the others (which copy ran, the completion does not say;
-  the count is what matters: one run, one `processed`);
+  completed payload is another; else `processed` for the arrival the
+  completion names (`processed_events.arrival`: the message that ran
+  carried it) and `duplicate` for the others. A completion that names
+  none (written before migration 0020, by a previous release's worker, or
+  of a message queued before arrivals had ids) leaves a guess: `processed`
+  for the oldest arrival of the key not settled yet, when none is archived
+  `processed` already, `duplicate` for the others (the count is right, one
+  run, one `processed`; the attribution may not be);
 - else a discarded dead letter of its payload: `discarded` for the arrival
   it was, `dead` for another;
 - else nothing: the event is still on its way (a backlog, a retry's delay),
@@ -67,7 +71,18 @@ def end_of(row: Mapping, already_processed: bool) -> End | None:
         attempts = max(attempts, row["completed_attempts"])
         if row["completed_sha256"] != row["payload_sha256"]:
             return CONFLICT, attempts, None
-        return (DUPLICATE, attempts, None) if already_processed else (PROCESSED, attempts, row["completed_at"])
+        if ran(row, already_processed):
+            return PROCESSED, attempts, row["completed_at"]
+        return DUPLICATE, attempts, None
     if row["dead_letter"] == "discarded":
         return DISCARDED if row["own_dead_letter"] else DEAD, max(attempts, row["dead_attempts"]), None
     return None
+
+
+def ran(row: Mapping, already_processed: bool) -> bool:
+    """Whether this arrival is the one its event's completion ran: the one it
+    names, else (it names none) the oldest not settled, unless one is
+    archived `processed` already."""
+    if row["completed_arrival"] is None:
+        return not already_processed
+    return bool(row["completed_arrival"] == row["arrival"])

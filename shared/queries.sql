@@ -273,9 +273,12 @@ WHERE dead_letters.id = $1 AND event_archive.source = dead_letters.source
 -- and with its event id (event evt_a's route billing and event
 -- evt_a#billing share a key: docs/design.md, "Routes"): a completion, the
 -- dead letter of its payload (open first), and whether an arrival of its
--- key is archived processed already.
+-- key is archived processed already. The completion read is one that
+-- names this arrival if any (a route's), else one naming none (from
+-- before 0020: the sweep guesses), else another arrival's.
 SELECT a.source, a.key, a.received_at, a.arrival, a.status, a.attempts, a.payload_sha256,
        done.payload_sha256 AS completed_sha256, done.attempts AS completed_attempts, done.completed_at,
+       done.arrival AS completed_arrival,
        dead.status AS dead_letter, dead.attempts AS dead_attempts, dead.own AS own_dead_letter,
        EXISTS (SELECT FROM event_archive p WHERE p.source = a.source AND p.key = a.key AND p.status = 'processed')
            AS processed_already
@@ -288,8 +291,9 @@ CROSS JOIN LATERAL (
     SELECT a.key || coalesce((SELECT array_agg(a.key || '#' || r.route) FROM unnest($4::text[], $5::text[])
                                   AS r(source, route) WHERE r.source = a.source), '{}') AS keys) named
 LEFT JOIN LATERAL (
-    SELECT p.payload_sha256, p.attempts, p.completed_at FROM processed_events p
+    SELECT p.payload_sha256, p.attempts, p.completed_at, p.arrival FROM processed_events p
     WHERE p.key = ANY(named.keys) AND p.event_id = a.event_id AND p.completed_at < now() - make_interval(secs => $1)
+    ORDER BY p.arrival IS NOT DISTINCT FROM a.arrival DESC, p.arrival IS NULL DESC
     LIMIT 1) done ON true
 LEFT JOIN LATERAL (
     SELECT d.status, d.attempts, d.received_at = a.received_at AND d.arrival = a.arrival AS own FROM dead_letters d

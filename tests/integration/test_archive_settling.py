@@ -262,8 +262,6 @@ async def test_two_messages_of_one_arrival_archive_the_run_whichever_outcome_lan
     assert await statuses(store, event.key) == [("processed", 1)]
 
 
-@pytest.mark.xfail(strict=True, reason="a completion does not record the arrival it ran: the sweep names the"
-                                       " oldest unsettled arrival of the key `processed`, whichever ran")
 async def test_the_sweep_names_the_arrival_that_ran(store):
     """A copy's message can run before the first arrival's (the first went
     through the outbox, or was deferred): the completion the worker writes
@@ -303,8 +301,6 @@ async def test_a_completion_that_names_no_arrival_leaves_the_sweep_its_guess(sto
     assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1)]
 
 
-@pytest.mark.xfail(strict=True, reason="the sweep names one arrival processed per key, the oldest: a routed"
-                                       " event whose routes ran from different copies has the others duplicate")
 async def test_routes_that_ran_from_different_copies_each_name_theirs(store):
     """Two copies of a routed event, each fanned out: route billing ran from
     the first's message, route audit from the copy's. Both arrivals ran a
@@ -322,9 +318,6 @@ async def test_routes_that_ran_from_different_copies_each_name_theirs(store):
     assert await statuses(store, first.key) == [("processed", 1), ("processed", 1), ("duplicate", 1)]
 
 
-@pytest.mark.xfail(strict=True, reason="the sweep settles an arrival processed only when none of its key is"
-                                       " archived processed: a copy run again after prune forgot the completion"
-                                       " is settled a duplicate of the first run")
 async def test_a_copy_that_runs_again_after_prune_is_settled_processed(store):
     """The first arrival ran and is archived processed; `prune` forgot its
     completion, so a copy sent days later runs again (docs/reference.md
