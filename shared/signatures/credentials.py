@@ -55,7 +55,7 @@ def parse_basic(value: str) -> bytes:
     except ValueError:
         raise InvalidSignature("the Basic credentials are not base64") from None
     # Pad bits that are not zero ("001=" decodes as "000=" does): no client
-    # writes them, and one credential should have one spelling (RFC 4648 §3.5).
+    # writes them, and one credential should have one spelling (RFC 4648, section 3.5).
     if base64.b64encode(credentials).decode().rstrip("=") != token.rstrip("="):
         raise InvalidSignature("the Basic credentials are not canonical base64")
     return credentials
