@@ -113,9 +113,12 @@ class TcpProxy:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
 
+    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(*self.target)
+
     async def _serve(self, client_reader, client_writer) -> None:
         try:
-            upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+            upstream_reader, upstream_writer = await self._open_upstream()
         except OSError:
             client_writer.transport.abort()
             return
