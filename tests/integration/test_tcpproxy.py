@@ -41,8 +41,6 @@ def connect(proxy: TcpProxy) -> socket.socket:
     return client
 
 
-@pytest.mark.xfail(strict=True, reason="the proxy forgets a connection it is still making")
-@pytest.mark.xfail(strict=True, reason="the proxy forgets a connection it is still making")
 def test_a_connection_being_made_when_the_proxy_is_cut_is_dropped(service):
     proxy = HeldProxy(*service.getsockname()).start()
     try:
@@ -58,8 +56,6 @@ def test_a_connection_being_made_when_the_proxy_is_cut_is_dropped(service):
         proxy.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="the proxy forgets a connection it is still making")
-@pytest.mark.xfail(strict=True, reason="the proxy forgets a connection it is still making")
 def test_stop_closes_a_client_whose_upstream_connection_is_still_being_made(service):
     proxy = HeldProxy(*service.getsockname()).start()
     with connect(proxy) as client:

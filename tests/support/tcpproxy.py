@@ -31,6 +31,7 @@ class TcpProxy:
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()  # (client, upstream)
         self._orphaned: set[asyncio.StreamWriter] = set()  # client sides never told their peer is gone
         self._held = 0  # chunks read while stalled, not forwarded yet
+        self._cuts = 0
 
     def url_for(self, url: str) -> str:
         """`url` with its host:port replaced by the proxy's."""
@@ -93,6 +94,7 @@ class TcpProxy:
             self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_address=True)
 
     async def _cut(self) -> None:
+        self._cuts += 1
         server, self._server = self._server, None
         if server is not None:
             server.close()
@@ -117,10 +119,15 @@ class TcpProxy:
         return await asyncio.open_connection(*self.target)
 
     async def _serve(self, client_reader, client_writer) -> None:
+        cuts = self._cuts
         try:
             upstream_reader, upstream_writer = await self._open_upstream()
-        except OSError:
+        except (OSError, asyncio.CancelledError):  # refused, or stop(): the client must not wait for the GC
             client_writer.transport.abort()
+            return  # a start_server callback's task: asyncio logs it as an error when it ends cancelled
+        if cuts != self._cuts:  # cut while it was being made: it goes with the others
+            client_writer.transport.abort()
+            upstream_writer.transport.abort()
             return
         self._writers.update((client_writer, upstream_writer))
         self._pairs.add((client_writer, upstream_writer))
