@@ -221,22 +221,42 @@ WHERE archived.body IS NULL
 -- only when it is a step on (event_archive_step: a later chain, a later
 -- attempt, or a further step of the same one), and `duplicate` only over a
 -- row still queued (a copy of a retry message is not its event's end).
+-- At one chain and attempt the arrival's own end steps over a `duplicate`
+-- written first by a twin message of the arrival (an outbox row beside a
+-- publish confirmed late, a second fan-out): `dead`, and `processed` when
+-- its run's completion ($12: the route, its key KEY#ROUTE) names this
+-- arrival and is younger than the sweep's grace ($13 seconds). So never
+-- over a `duplicate` a sweep wrote guessing which copy ran: this release's
+-- guesses only for a completion that names none, the previous release's
+-- (still sweeping during an upgrade) only past the grace. One run, one
+-- `processed`.
 -- A row the ingress has not written yet is made without its body.
+WITH outcome AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[],
+                         $8::int8[], $9::int4[], $10::text[], $11::int8[], $12::text[])
+        AS outcome(source, key, received_ms, arrival, event_id, payload_sha256, status, replay_of, attempts,
+                   last_error, at_ms, route)
+)
 INSERT INTO event_archive AS archived (source, key, received_at, arrival, event_id, payload_sha256, status, replay_of,
                                        attempts, last_error, completed_at)
 SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond', arrival, event_id, payload_sha256,
        status, replay_of, attempts, last_error,
        CASE WHEN status = 'processed' THEN timestamptz 'epoch' + at_ms * interval '1 millisecond' END
-FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::int8[],
-            $9::int4[], $10::text[], $11::int8[])
-     AS outcome(source, key, received_ms, arrival, event_id, payload_sha256, status, replay_of, attempts, last_error,
-                at_ms)
+FROM outcome
 ON CONFLICT (source, key, received_at, arrival) DO UPDATE
 SET status = EXCLUDED.status, replay_of = EXCLUDED.replay_of, attempts = EXCLUDED.attempts,
     last_error = coalesce(EXCLUDED.last_error, archived.last_error), completed_at = EXCLUDED.completed_at
 WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued')
-  AND (EXCLUDED.replay_of, EXCLUDED.attempts, event_archive_step(EXCLUDED.status))
-      > (archived.replay_of, archived.attempts, event_archive_step(archived.status))
+  AND ((EXCLUDED.replay_of, EXCLUDED.attempts, event_archive_step(EXCLUDED.status))
+       > (archived.replay_of, archived.attempts, event_archive_step(archived.status))
+       OR (archived.status = 'duplicate'
+           AND (EXCLUDED.replay_of, EXCLUDED.attempts) = (archived.replay_of, archived.attempts)
+           AND (EXCLUDED.status = 'dead' OR (EXCLUDED.status = 'processed' AND EXISTS (
+               SELECT FROM outcome JOIN processed_events p ON p.key = outcome.key || coalesce('#' || outcome.route, '')
+               WHERE outcome.source = archived.source AND outcome.key = archived.key
+                 AND outcome.arrival = archived.arrival AND outcome.status = 'processed'
+                 AND p.event_id = archived.event_id AND p.arrival = archived.arrival
+                 AND p.completed_at > now() - make_interval(secs => $13))))))
 
 -- name: archive_discarded
 -- The arrivals whose dead letters ($1) on-call discarded, in the discard's
@@ -337,20 +357,26 @@ FROM unnest($1::text[], $2::text[]) AS archived(source, source_table)
 -- $7 event id prefix, $8 payload containment (jsonb), $9-$12 only rows
 -- older than this (received_at, source, key, arrival): the next page; $13
 -- its size.
--- NULL: no filter.
+-- NULL: no filter. A key prefix with a ':' also names its source (a key
+-- is SOURCE:EVENT_ID, as archived_arrivals reads it): only that source's
+-- tables are planned and read. 'processing' also says `a.status =
+-- 'queued'` (held.processing implies it), which the unsettled index
+-- serves: held's own test was read off every row. The prefixes' indexes
+-- and the others: migration 0019.
 SELECT a.source, a.key, a.received_at, a.arrival, a.event_id, a.event_type, a.payload_sha256, a.attempts,
        a.last_error, a.completed_at, a.replay_of, a.ignore_rule, CASE WHEN held.processing THEN 'processing' ELSE a.status END AS status
 FROM event_archive a
 CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
     SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
 WHERE ($1::text IS NULL OR a.source = $1)
-  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN held.processing
+  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
                                   WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
                                   ELSE a.status = $2 END)
   AND ($3::text IS NULL OR a.event_type = $3)
   AND ($4::timestamptz IS NULL OR a.received_at >= $4)
   AND ($5::timestamptz IS NULL OR a.received_at < $5)
   AND ($6::text IS NULL OR starts_with(a.key, $6))
+  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
   AND ($7::text IS NULL OR starts_with(a.event_id, $7))
   AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
   AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key, a.arrival) < ($9, $10::text, $11::text, $12::int8))
@@ -367,13 +393,14 @@ FROM event_archive a
 CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
     SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
 WHERE ($1::text IS NULL OR a.source = $1)
-  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN held.processing
+  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
                                   WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
                                   ELSE a.status = $2 END)
   AND ($3::text IS NULL OR a.event_type = $3)
   AND ($4::timestamptz IS NULL OR a.received_at >= $4)
   AND ($5::timestamptz IS NULL OR a.received_at < $5)
   AND ($6::text IS NULL OR starts_with(a.key, $6))
+  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
   AND ($7::text IS NULL OR starts_with(a.event_id, $7))
   AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
   AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key, a.arrival) < ($9, $10::text, $11::text, $12::int8))
@@ -387,13 +414,14 @@ SELECT count(*) FROM (
     CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
         SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
     WHERE ($1::text IS NULL OR a.source = $1)
-      AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN held.processing
+      AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
                                       WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
                                       ELSE a.status = $2 END)
       AND ($3::text IS NULL OR a.event_type = $3)
       AND ($4::timestamptz IS NULL OR a.received_at >= $4)
       AND ($5::timestamptz IS NULL OR a.received_at < $5)
       AND ($6::text IS NULL OR starts_with(a.key, $6))
+      AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
       AND ($7::text IS NULL OR starts_with(a.event_id, $7))
       AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
     LIMIT $9
@@ -606,13 +634,14 @@ SELECT count(DISTINCT a.key) FROM event_archive a
 CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
     SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
 WHERE ($1::text IS NULL OR a.source = $1)
-  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN held.processing
+  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
                                   WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
                                   ELSE a.status = $2 END)
   AND ($3::text IS NULL OR a.event_type = $3)
   AND ($4::timestamptz IS NULL OR a.received_at >= $4)
   AND ($5::timestamptz IS NULL OR a.received_at < $5)
   AND ($6::text IS NULL OR starts_with(a.key, $6))
+  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
   AND ($7::text IS NULL OR starts_with(a.event_id, $7))
   AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
   AND a.status NOT IN ('ignored', 'conflict') AND a.body IS NOT NULL
@@ -626,13 +655,14 @@ WITH selected AS (
     CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
         SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
     WHERE ($1::text IS NULL OR a.source = $1)
-      AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN held.processing
+      AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
                                       WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
                                       ELSE a.status = $2 END)
       AND ($3::text IS NULL OR a.event_type = $3)
       AND ($4::timestamptz IS NULL OR a.received_at >= $4)
       AND ($5::timestamptz IS NULL OR a.received_at < $5)
       AND ($6::text IS NULL OR starts_with(a.key, $6))
+      AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
       AND ($7::text IS NULL OR starts_with(a.event_id, $7))
       AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
       AND a.status NOT IN ('ignored', 'conflict') AND a.body IS NOT NULL
