@@ -87,9 +87,10 @@ def arrival_row(event: EventMessage, event_type: str | None, headers_json: str, 
 
 
 def outcome_row(event: EventMessage, status: str, at: float, error: str | None = None) -> tuple:
-    """A worker's row, in the columns of `archive_outcomes`; `at` in unix seconds."""
+    """A worker's row, in the columns of `archive_outcomes`; `at` in unix seconds. A route's
+    run is noted under its event's key, with its route: its completion's key is KEY#ROUTE."""
     return (event.source, event.key, received_ms(event), event.arrival, event.event_id, event.payload_sha256, status,
-            event.replay_of, event.attempt, error, round(at * 1000))
+            event.replay_of, event.attempt, error, round(at * 1000), event.route or None)
 
 
 def rounds(rows: list[tuple]) -> list[list[tuple]]:

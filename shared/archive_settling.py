@@ -40,6 +40,11 @@ from datetime import datetime
 from webhook_ingest.shared.archive import CONFLICT, DEAD, DISCARDED, DUPLICATE, PROCESSED
 
 End = tuple[str, int, datetime | None]  # status, attempts, completed_at
+# An end this recent may still have its outcome batch on its way: the sweep
+# leaves it. Within it a live `processed` also steps over a twin message's
+# `duplicate` of its arrival (`archive_outcomes`): no sweep, this release's
+# or the previous one's (60 s too), can have written that `duplicate` yet.
+GRACE_SECONDS = 60.0
 
 
 def settled(rows: Iterable[Mapping]) -> list[tuple]:

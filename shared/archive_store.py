@@ -56,12 +56,12 @@ class ArchiveStore:
 
     async def write_outcomes(self, rows: list[tuple]) -> None:
         """`archive.outcome_row`s, each judged against what the earlier ones wrote."""
-        await self._write(SQL["archive_outcomes"], rows)
+        await self._write(SQL["archive_outcomes"], rows, archive_settling.GRACE_SECONDS)
 
-    async def _write(self, statement: str, rows: list[tuple]) -> None:
+    async def _write(self, statement: str, rows: list[tuple], *more: object) -> None:
         async with self._connection() as connection:
             for batch in archive.rounds(rows):
-                await connection.execute(statement, *archive.columns(batch), timeout=STATEMENT_SECONDS)
+                await connection.execute(statement, *archive.columns(batch), *more, timeout=STATEMENT_SECONDS)
 
     async def settle(self, grace_seconds: float, routes: Mapping[str, list[str]], after: datetime | None = None,
                      limit: int = SETTLE_PAGE) -> tuple[int, datetime | None]:

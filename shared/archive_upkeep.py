@@ -26,7 +26,7 @@ import asyncio
 import time
 from datetime import datetime
 
-from webhook_ingest.shared import metrics
+from webhook_ingest.shared import archive_settling, metrics
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.errors import describe
@@ -39,7 +39,7 @@ log = get_logger(__name__)
 KEEP_EVERY_SECONDS = 600.0
 SIZES_EVERY_SECONDS = 60.0
 SETTLE_EVERY_SECONDS = 60.0  # also how long a row may show an earlier status after its worker was killed
-SETTLE_GRACE_SECONDS = 60.0  # an end this recent may still have its outcome batch on its way
+SETTLE_GRACE_SECONDS = archive_settling.GRACE_SECONDS  # an end this recent may still have its outcome batch on its way
 SETTLE_PAGES = 20  # of 500 rows a round at most: a backlog of rows on their way is read 10,000 a minute
 
 

@@ -221,22 +221,42 @@ WHERE archived.body IS NULL
 -- only when it is a step on (event_archive_step: a later chain, a later
 -- attempt, or a further step of the same one), and `duplicate` only over a
 -- row still queued (a copy of a retry message is not its event's end).
+-- At one chain and attempt the arrival's own end steps over a `duplicate`
+-- written first by a twin message of the arrival (an outbox row beside a
+-- publish confirmed late, a second fan-out): `dead`, and `processed` when
+-- its run's completion ($12: the route, its key KEY#ROUTE) names this
+-- arrival and is younger than the sweep's grace ($13 seconds). So never
+-- over a `duplicate` a sweep wrote guessing which copy ran: this release's
+-- guesses only for a completion that names none, the previous release's
+-- (still sweeping during an upgrade) only past the grace. One run, one
+-- `processed`.
 -- A row the ingress has not written yet is made without its body.
+WITH outcome AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[],
+                         $8::int8[], $9::int4[], $10::text[], $11::int8[], $12::text[])
+        AS outcome(source, key, received_ms, arrival, event_id, payload_sha256, status, replay_of, attempts,
+                   last_error, at_ms, route)
+)
 INSERT INTO event_archive AS archived (source, key, received_at, arrival, event_id, payload_sha256, status, replay_of,
                                        attempts, last_error, completed_at)
 SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond', arrival, event_id, payload_sha256,
        status, replay_of, attempts, last_error,
        CASE WHEN status = 'processed' THEN timestamptz 'epoch' + at_ms * interval '1 millisecond' END
-FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::int8[],
-            $9::int4[], $10::text[], $11::int8[])
-     AS outcome(source, key, received_ms, arrival, event_id, payload_sha256, status, replay_of, attempts, last_error,
-                at_ms)
+FROM outcome
 ON CONFLICT (source, key, received_at, arrival) DO UPDATE
 SET status = EXCLUDED.status, replay_of = EXCLUDED.replay_of, attempts = EXCLUDED.attempts,
     last_error = coalesce(EXCLUDED.last_error, archived.last_error), completed_at = EXCLUDED.completed_at
 WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued')
-  AND (EXCLUDED.replay_of, EXCLUDED.attempts, event_archive_step(EXCLUDED.status))
-      > (archived.replay_of, archived.attempts, event_archive_step(archived.status))
+  AND ((EXCLUDED.replay_of, EXCLUDED.attempts, event_archive_step(EXCLUDED.status))
+       > (archived.replay_of, archived.attempts, event_archive_step(archived.status))
+       OR (archived.status = 'duplicate'
+           AND (EXCLUDED.replay_of, EXCLUDED.attempts) = (archived.replay_of, archived.attempts)
+           AND (EXCLUDED.status = 'dead' OR (EXCLUDED.status = 'processed' AND EXISTS (
+               SELECT FROM outcome JOIN processed_events p ON p.key = outcome.key || coalesce('#' || outcome.route, '')
+               WHERE outcome.source = archived.source AND outcome.key = archived.key
+                 AND outcome.arrival = archived.arrival AND outcome.status = 'processed'
+                 AND p.event_id = archived.event_id AND p.arrival = archived.arrival
+                 AND p.completed_at > now() - make_interval(secs => $13))))))
 
 -- name: archive_discarded
 -- The arrivals whose dead letters ($1) on-call discarded, in the discard's

@@ -162,7 +162,7 @@ async def test_a_worker_killed_before_its_outcomes_are_written_leaves_nothing_qu
                          60, message="the event completed")
         await wait_until(lambda: connection.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            " AND query LIKE 'INSERT INTO event_archive%'"), 60, message="the worker's outcome batch waiting")
+            " AND query LIKE '%INSERT INTO event_archive%'"), 60, message="the worker's outcome batch waiting")
         worker.kill()
         await held.rollback()
         assert await _archived_status(connection, "acme:evt_7") == "queued"  # what the crash left

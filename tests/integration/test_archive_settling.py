@@ -253,10 +253,6 @@ async def _is(store, key: str, expected: list) -> bool:
     return await statuses(store, key) == expected
 
 
-@pytest.mark.xfail(strict=True, reason="at one chain and attempt `processed` and `duplicate` are the same step"
-                                       " (event_archive_step), so a copy's duplicate written first keeps the run's"
-                                       " processed out: two messages of one arrival (a publish given up on and"
-                                       " confirmed late, and its outbox row) can archive a run as `duplicate`")
 async def test_two_messages_of_one_arrival_archive_the_run_whichever_outcome_lands_first(store):
     """The ingress gave up on a publish and stored the event in the outbox;
     the broker confirmed the publish late (docs/design.md, "The outbox"): two
@@ -338,9 +334,6 @@ async def test_a_copy_that_runs_again_after_prune_is_settled_processed(store):
     assert await statuses(store, first.key) == [("processed", 1), ("processed", 1)]
 
 
-@pytest.mark.xfail(strict=True, reason="at one chain and attempt `dead` and `duplicate` are the same step: a twin"
-                                       " message's duplicate written first keeps the arrival's own `dead` out,"
-                                       " and the sweep reads no `duplicate` row")
 async def test_two_messages_of_one_arrival_archive_its_dead_letter_whichever_lands_first(store):
     """Two messages of one arrival (the outbox's twin of a publish confirmed
     late): the first dies at attempt 1 (a PermanentError), the second is a
@@ -354,9 +347,6 @@ async def test_two_messages_of_one_arrival_archive_its_dead_letter_whichever_lan
     assert await statuses(store, event.key) == [("dead", 1)]
 
 
-@pytest.mark.xfail(strict=True, reason="at one chain and attempt `processed` and `duplicate` are the same step:"
-                                       " a route's twin message (the event fanned out twice) written first keeps"
-                                       " the route's run out of the arrival's row")
 async def test_a_route_s_twin_outcome_landing_first_does_not_hide_its_run(store):
     """A worker killed between its fan-out's confirms and its ack: the event
     comes back and is fanned out again, two messages of route billing for
@@ -370,3 +360,35 @@ async def test_a_route_s_twin_outcome_landing_first_does_not_hide_its_run(store)
     await store.write_outcomes([archive.outcome_row(as_noted, archive.DUPLICATE, at)])
     await store.write_outcomes([archive.outcome_row(as_noted, archive.PROCESSED, at)])
     assert await statuses(store, event.key) == [("processed", 1)]
+
+
+async def test_a_late_processed_never_makes_a_second_over_the_sweep_s_guess(store):
+    """A completion that names no arrival (the previous release's worker)
+    leaves the sweep its guess: the oldest processed, the copy duplicate.
+    Were the copy the one that ran, its outcome batch coming through late
+    stays out: one run, one `processed`."""
+    first = arrival_of("acme", "evt_23", 5)
+    copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
+    await arrived(store, first, copy)
+    await completed(store, copy.key, copy)
+    await store.settle(0, ROUTES)
+    await store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, time.time())])
+    assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1)]
+
+
+async def test_a_late_processed_never_makes_a_second_over_the_previous_release_s_guess(store):
+    """During an upgrade the previous release's processes still sweep, and
+    guess the oldest arrival though the completion names the copy. The
+    copy's own batch, held past the grace, comes through late: it stays out
+    (the completion is older than any sweep's grace), one run, one
+    `processed`."""
+    first = arrival_of("acme", "evt_24", 200)
+    copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
+    await arrived(store, first, copy)
+    await ran(store, copy)
+    await store._database.execute("UPDATE processed_events SET completed_at = now() - interval '2 minutes'")
+    at = time.time()  # the previous release's sweep, as its guess: the oldest processed, the copy duplicate
+    await store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, at),
+                                archive.outcome_row(copy, archive.DUPLICATE, at)])
+    await store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, at)])
+    assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1)]
