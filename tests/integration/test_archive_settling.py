@@ -392,3 +392,19 @@ async def test_a_late_processed_never_makes_a_second_over_the_previous_release_s
                                 archive.outcome_row(copy, archive.DUPLICATE, at)])
     await store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, at)])
     assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1)]
+
+
+@pytest.mark.xfail(strict=True, reason="a twin message's `duplicate` is written over the arrival that ran, and"
+                                       " the sweep reads no `duplicate` row: with the run's own batch lost, the"
+                                       " arrival says duplicate for good")
+async def test_a_run_whose_batch_died_is_not_left_a_duplicate_of_itself(store):
+    """Two messages of one arrival (the outbox's twin of a publish confirmed
+    late): the first runs and completes, and its worker is SIGKILLed before
+    its outcome batch; the twin, settled as a copy, writes `duplicate` over
+    the arrival. The sweep must still say the arrival ran."""
+    event = arrival_of("acme", "evt_25", 5)
+    await arrived(store, event)
+    await ran(store, event)  # its `processed` died with the worker
+    await store.write_outcomes([archive.outcome_row(event, archive.DUPLICATE, time.time())])  # the twin's
+    await store.settle(0, ROUTES)
+    assert await statuses(store, event.key) == [("processed", 1)]
