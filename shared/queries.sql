@@ -229,7 +229,10 @@ WHERE archived.body IS NULL
 -- over a `duplicate` a sweep wrote guessing which copy ran: this release's
 -- guesses only for a completion that names none, the previous release's
 -- (still sweeping during an upgrade) only past the grace. One run, one
--- `processed`.
+-- `processed`. And a twin's `duplicate` of the arrival its run's
+-- completion names is not written at all: that arrival's end is the run's
+-- `processed`, its worker's or, the batch lost with a killed worker, the
+-- sweep's (which reads no `duplicate` row).
 -- A row the ingress has not written yet is made without its body.
 WITH outcome AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[],
@@ -243,6 +246,9 @@ SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond'
        status, replay_of, attempts, last_error,
        CASE WHEN status = 'processed' THEN timestamptz 'epoch' + at_ms * interval '1 millisecond' END
 FROM outcome
+WHERE NOT (status = 'duplicate' AND EXISTS (  -- a twin's, of the arrival that ran (see above)
+    SELECT FROM processed_events p WHERE p.key = outcome.key || coalesce('#' || outcome.route, '')
+                                     AND p.event_id = outcome.event_id AND p.arrival = outcome.arrival))
 ON CONFLICT (source, key, received_at, arrival) DO UPDATE
 SET status = EXCLUDED.status, replay_of = EXCLUDED.replay_of, attempts = EXCLUDED.attempts,
     last_error = coalesce(EXCLUDED.last_error, archived.last_error), completed_at = EXCLUDED.completed_at
