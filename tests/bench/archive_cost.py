@@ -25,6 +25,7 @@ on disk per event, and whether every archived event's row says processed.
 """
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -39,6 +40,8 @@ SOURCES = {ARCHIVED: source_entry(ARCHIVED, "tests.bench.handler:record"),
            PLAIN: source_entry(PLAIN, "tests.bench.handler:record") + 'retention = "0d"\n'}
 RUN_EVENTS, ROUNDS, WARM_UP = 10_000, 2, 2_000
 SETTLE_SECONDS = 2.0  # the writers' lingering and a batch's write, after the last ack
+# BENCH_ARCHIVE_DROP_INDEXES: the archive's indexes (comma-separated) dropped after migrating, to weigh them
+DROPPED = [name for name in os.environ.get("BENCH_ARCHIVE_DROP_INDEXES", "").split(",") if name]
 PROCESSES = ("ingress", "workers", "beam", "redis_server", "postgres")
 POSTGRES_PARTS = ("postgres_ours", "postgres_shared")
 
@@ -59,6 +62,8 @@ ROWS = [
 
 async def measure(figures: dict) -> None:
     async with Deployment(sources="".join(SOURCES.values())) as deployment:
+        for index in DROPPED:  # a candidate's price: the same run without these
+            await deployment.fetchval(f"DROP INDEX {index}")
         await deployment.start_ingress()
         await deployment.start_workers()
         meter = CpuMeter(deployment.pids(), deployment.database_name, deployment.redis_port)
