@@ -188,7 +188,12 @@ def worker(concurrency: int, metrics_port: int | None, grace_seconds: float) -> 
     traced("worker")
     install_uvloop()
     log.info("worker_starting", concurrency=concurrency, sources=sorted(sources), **settings.masked())
-    asyncio.run(_run_worker(settings, sources, concurrency, metrics_port, grace_seconds))
+    from webhook_ingest.shared.schema import SchemaBehind
+
+    try:
+        asyncio.run(_run_worker(settings, sources, concurrency, metrics_port, grace_seconds))
+    except SchemaBehind as exc:  # before any message was taken
+        fail(str(exc))
     log.info("worker_stopped")
 
 

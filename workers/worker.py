@@ -19,7 +19,7 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from webhook_ingest.shared import amqp, backoff, metrics, topology, tracing
+from webhook_ingest.shared import amqp, backoff, metrics, schema, topology, tracing
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.incident_store import IncidentStore
@@ -80,6 +80,7 @@ class Worker:
             # three pools, so that nothing short waits behind something long (workers.completions)
             self.pool = await _wait_for("postgres", lambda: self._open_pool(STATEMENT_CONNECTIONS))
             stack.push_async_callback(close_pool, self.pool)  # within 2 s, whatever the server does
+            await _wait_for("postgres", lambda: schema.require_migrations(self.pool))  # SchemaBehind: not retried
             self.transactions = await _wait_for(
                 "postgres", lambda: self._open_pool(min(self.concurrency, MAX_TRANSACTIONS)))
             stack.push_async_callback(close_pool, self.transactions)

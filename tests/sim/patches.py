@@ -61,6 +61,10 @@ async def _no_incidents(*_, **__) -> int:
     return 0
 
 
+async def _schema_current(pool) -> None:
+    """The simulated Postgres is always of this release's schema."""
+
+
 class _NothingPaused:
     def __init__(self, pool) -> None:
         pass
@@ -109,6 +113,7 @@ def patched(sim):
                                        sim.server.record_dead_letter))
         stack.enter_context(mock.patch("webhook_ingest.workers.retry.record_failure", _no_incidents))
         stack.enter_context(mock.patch.object(worker, "PausedSources", _NothingPaused))
+        stack.enter_context(mock.patch.object(worker.schema, "require_migrations", _schema_current))
         stack.enter_context(mock.patch.object(processor.Processor, "call_handler", call_handler))
         stack.enter_context(mock.patch("tests.support.in_memory.Session", SimSession))
         stack.enter_context(mock.patch.object(SimSession, "server", sim.server))
