@@ -1,0 +1,83 @@
+"""Upgrade order (docs/operations.md, "Upgrading"): the previous release's
+workers still complete events after `migrate` applied 0020. Their
+statements, verbatim as of 5068c52, against this schema: the completion
+goes in once, naming no arrival, and a key completed by either release is
+refused to the other (exactly once across the mixed fleet)."""
+
+import dataclasses
+
+import asyncpg
+import pytest
+
+from webhook_ingest.shared.message import new_arrival
+from webhook_ingest.workers.completions import CompletionStore
+from tests.support.events import make_event
+
+PREVIOUS_COMPLETE_EVENT = """
+WITH fence AS (
+    UPDATE key_fences SET lease_until = NULL WHERE key = $1 AND token = $5 RETURNING token
+), resolved AS (
+    UPDATE dead_letters SET status = 'completed', updated_at = now()
+    WHERE key = $1 AND payload_sha256 = $4 AND event_id = $3 AND status = 'dead' AND EXISTS (SELECT FROM fence)
+)
+INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
+SELECT $1, $2, $3, $4, $5, $6, $7 FROM fence
+ON CONFLICT (key) DO NOTHING
+RETURNING key
+"""
+
+PREVIOUS_COMPLETE_EVENTS = """
+WITH batch AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[])
+        AS b(key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
+), fence AS (
+    UPDATE key_fences SET lease_until = NULL FROM batch
+    WHERE key_fences.key = batch.key AND key_fences.token = batch.fencing_token
+    RETURNING key_fences.key
+), resolved AS (
+    UPDATE dead_letters SET status = 'completed', updated_at = now() FROM batch
+    WHERE dead_letters.key = batch.key AND dead_letters.payload_sha256 = batch.payload_sha256
+      AND dead_letters.event_id = batch.event_id
+      AND dead_letters.status = 'dead' AND batch.key IN (SELECT key FROM fence)
+)
+INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)
+SELECT batch.* FROM batch JOIN fence USING (key)
+ON CONFLICT (key) DO NOTHING
+RETURNING key
+"""
+
+
+@pytest.fixture
+async def connection(database):
+    connection = await asyncpg.connect(database)
+    yield connection
+    await connection.close()
+
+
+def previous_row(event, token: int) -> tuple:
+    return (event.key, event.source, event.event_id, event.payload_sha256, token, event.attempt, "m-" + event.event_id)
+
+
+async def test_the_previous_release_completes_once_naming_no_arrival(connection):
+    completions = CompletionStore(connection)
+    single, batched = (dataclasses.replace(make_event("acme", f"evt_p{n}"), arrival=new_arrival()) for n in range(2))
+    leases = await completions.take_leases(connection, [single.key, batched.key], 5000)
+    assert await connection.fetchval(PREVIOUS_COMPLETE_EVENT, *previous_row(single, leases[single.key].token))
+    rows = [previous_row(batched, leases[batched.key].token)]
+    assert len(await connection.fetch(PREVIOUS_COMPLETE_EVENTS, *map(list, zip(*rows)))) == 1
+    assert dict(await connection.fetch("SELECT key, arrival FROM processed_events")) == \
+        {single.key: None, batched.key: None}
+    # a copy on a worker of this release, with a lease of its own, finds it completed: nothing inserted
+    again = await completions.take_leases(connection, [single.key], 5000)
+    assert not await completions.complete_event(connection, single, again[single.key].token)
+    assert await connection.fetchval("SELECT count(*) FROM processed_events") == 2
+
+
+async def test_a_key_this_release_completed_is_refused_to_the_previous_release(connection):
+    completions = CompletionStore(connection)
+    event = dataclasses.replace(make_event("acme", "evt_p9"), arrival=new_arrival())
+    ours = await completions.take_leases(connection, [event.key], 5000)
+    assert await completions.complete_event(connection, event, ours[event.key].token)
+    theirs = await completions.take_leases(connection, [event.key], 5000)
+    assert await connection.fetchval(PREVIOUS_COMPLETE_EVENT, *previous_row(event, theirs[event.key].token)) is None
+    assert await connection.fetchval("SELECT arrival FROM processed_events WHERE key = $1", event.key) == event.arrival
