@@ -20,6 +20,7 @@ from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import new_arrival
 from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.workers.completions import CompletionStore
+from tests.support.archive import ran, statuses
 from tests.support.dead_letters import failure
 from tests.support.events import make_event
 from tests.support.ingress import queued_events
@@ -51,20 +52,6 @@ async def completed(store, key: str, event, attempts: int = 1) -> None:
     await store._database.execute(
         "INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts) VALUES ($1, $2, $3, $4, $5)",
         key, event.source, event.event_id, event.payload_sha256, attempts)
-
-
-async def ran(store, *runs) -> None:
-    """Each run's completion, as a worker's: a lease, then complete_events (naming its arrival)."""
-    completions = CompletionStore(store._database)
-    leases = await completions.take_leases(store._database, [run.key for run in runs], 5000)
-    assert await completions.complete_events(store._database, [(run, leases[run.key].token) for run in runs]) \
-        == len(runs)
-
-
-async def statuses(store, key: str) -> list[tuple[str, int]]:
-    rows = await store._database.fetch(
-        "SELECT status, attempts FROM event_archive WHERE key = $1 ORDER BY received_at, arrival", key)
-    return [tuple(row.values()) for row in rows]
 
 
 async def test_copies_of_a_completed_event_settle_as_one_processed_and_its_copies(store):

@@ -14,7 +14,7 @@ from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import new_arrival
-from webhook_ingest.workers.completions import CompletionStore
+from tests.support.archive import ran, statuses
 from tests.support.dead_letters import failure
 from tests.support.events import make_event
 
@@ -38,20 +38,6 @@ def arrival_of(source: str, event_id: str, seconds_ago: float = 0):
 
 async def arrived(store, *events) -> None:
     await store.write_arrivals([archive.arrival_row(e, "test.event", "{}", archive.QUEUED) for e in events])
-
-
-async def ran(store, *runs) -> None:
-    """Each run's completion, as a worker's: a lease, then complete_events (naming its arrival)."""
-    completions = CompletionStore(store._database)
-    leases = await completions.take_leases(store._database, [run.key for run in runs], 5000)
-    assert await completions.complete_events(store._database, [(run, leases[run.key].token) for run in runs]) \
-        == len(runs)
-
-
-async def statuses(store, key: str) -> list[tuple[str, int]]:
-    rows = await store._database.fetch(
-        "SELECT status, attempts FROM event_archive WHERE key = $1 ORDER BY received_at, arrival", key)
-    return [tuple(row.values()) for row in rows]
 
 
 @pytest.mark.xfail(strict=True, reason=(

@@ -12,6 +12,7 @@ import orjson
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.workers.completions import CompletionStore
 from tests.support.events import make_event
 
 
@@ -51,3 +52,18 @@ def _kind(body: bytes) -> str | None:
     except ValueError:
         return None
     return value.get("type") if isinstance(value, dict) else None
+
+
+async def ran(store: ArchiveStore, *runs: EventMessage) -> None:
+    """Each run's completion, as a worker's: a lease, then complete_events (naming its arrival)."""
+    completions = CompletionStore(store._database)
+    leases = await completions.take_leases(store._database, [run.key for run in runs], 5000)
+    assert await completions.complete_events(store._database, [(run, leases[run.key].token) for run in runs]) \
+        == len(runs)
+
+
+async def statuses(store: ArchiveStore, key: str) -> list[tuple[str, int]]:
+    """The key's archived (status, attempts), oldest arrival first."""
+    rows = await store._database.fetch(
+        "SELECT status, attempts FROM event_archive WHERE key = $1 ORDER BY received_at, arrival", key)
+    return [tuple(row.values()) for row in rows]
