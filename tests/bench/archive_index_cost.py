@@ -18,18 +18,15 @@ import asyncio
 import os
 import statistics
 import time
-import uuid
 from dataclasses import replace
 from datetime import timedelta
 
-import asyncpg
 import orjson
 
-from webhook_ingest.migrate import migrate
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
 from tests.bench.cpu import cpu_seconds
-from tests.bench.deployment import SERVER_URL
+from tests.bench.deployment import scratch_database
 from tests.bench.httpload import BODY_BYTES
 from tests.support.events import make_event
 
@@ -70,34 +67,21 @@ WHERE parent.indrelid = 'event_archive'::regclass GROUP BY 1 ORDER BY 1"""
 async def one_run(dropped: list[str], sizes: dict[str, float]) -> float:
     """Backend CPU µs per event with `dropped` gone; `sizes` gets each
     index's bytes per event."""
-    name = f"wi_bench_index_{uuid.uuid4().hex[:8]}"
-    url = SERVER_URL.rsplit("/", 1)[0] + "/" + name
-    try:
-        await migrate(url)
-        connection = await asyncpg.connect(url)
-        try:
-            for index in dropped:
-                await connection.execute(f"DROP INDEX {index}")
-            store = ArchiveStore(connection)
-            await store.keep({SOURCE: timedelta(days=7)})
-            warm, measured = events("warm_", WARM_UP), events("evt_", EVENTS)
-            for first in range(0, WARM_UP, BATCH):
-                await write(store, warm[first:first + BATCH])
-            pid = await connection.fetchval("SELECT pg_backend_pid()")
-            before = cpu_seconds(pid)
-            for first in range(0, EVENTS, BATCH):
-                await write(store, measured[first:first + BATCH])
-            spent = cpu_seconds(pid) - before
-            sizes.update({index: size / (WARM_UP + EVENTS) for index, size in await connection.fetch(SIZES)})
-            return spent / EVENTS * 1e6
-        finally:
-            await connection.close()
-    finally:
-        admin = await asyncpg.connect(SERVER_URL)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+    async with scratch_database("wi_bench_index") as connection:
+        for index in dropped:
+            await connection.execute(f"DROP INDEX {index}")
+        store = ArchiveStore(connection)
+        await store.keep({SOURCE: timedelta(days=7)})
+        warm, measured = events("warm_", WARM_UP), events("evt_", EVENTS)
+        for first in range(0, WARM_UP, BATCH):
+            await write(store, warm[first:first + BATCH])
+        pid = await connection.fetchval("SELECT pg_backend_pid()")
+        before = cpu_seconds(pid)
+        for first in range(0, EVENTS, BATCH):
+            await write(store, measured[first:first + BATCH])
+        spent = cpu_seconds(pid) - before
+        sizes.update({index: size / (WARM_UP + EVENTS) for index, size in await connection.fetch(SIZES)})
+        return spent / EVENTS * 1e6
 
 
 async def main() -> None:

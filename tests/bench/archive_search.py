@@ -19,16 +19,14 @@ import json
 import os
 import statistics
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from webhook_ingest.migrate import migrate
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import SQL, STATEMENT_SECONDS, ArchiveStore
 from webhook_ingest.shared.archived_events import COUNT_CAP, DEFAULT_LIMIT, Cursor, EventFilter
-from tests.bench.deployment import SERVER_URL
+from tests.bench.deployment import scratch_database
 
 ROWS = int(os.environ.get("BENCH_SEARCH_ROWS", "1000000"))  # fewer: a quick try of the bench itself
 BATCH = 100_000
@@ -73,26 +71,13 @@ CROSS JOIN LATERAL (SELECT s.*, $8::jsonb -> s.source ->> ((n / 7) % jsonb_array
 
 
 async def main() -> int:
-    name = f"wi_bench_search_{uuid.uuid4().hex[:8]}"
-    url = SERVER_URL.rsplit("/", 1)[0] + "/" + name
-    try:
-        await migrate(url)
-        connection = await asyncpg.connect(url)
-        try:
-            now = datetime.now(UTC).replace(microsecond=0)
-            filled = await fill(connection, now)
-            size = await connection.fetchval(
-                "SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('event_archive')")
-            print(f"filled {ROWS:,} rows in {filled:.1f} s; the archive on disk: {size / 2**20:,.0f} MiB")
-            await measure(connection, now)
-        finally:
-            await connection.close()
-    finally:
-        admin = await asyncpg.connect(SERVER_URL)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+    async with scratch_database("wi_bench_search") as connection:
+        now = datetime.now(UTC).replace(microsecond=0)
+        filled = await fill(connection, now)
+        size = await connection.fetchval(
+            "SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('event_archive')")
+        print(f"filled {ROWS:,} rows in {filled:.1f} s; the archive on disk: {size / 2**20:,.0f} MiB")
+        await measure(connection, now)
     return 0
 
 

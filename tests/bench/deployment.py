@@ -48,6 +48,26 @@ def source_entry(name: str, handler: str, **options: str) -> str:
 BENCH_SOURCE = source_entry(SOURCE, "tests.bench.handler:record")
 
 
+
+@contextlib.asynccontextmanager
+async def scratch_database(prefix: str):
+    """A connection to a new database of its own, migrated; dropped after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    url = SERVER_URL.rsplit("/", 1)[0] + "/" + name
+    try:
+        await migrate(url)
+        connection = await asyncpg.connect(url)
+        try:
+            yield connection
+        finally:
+            await connection.close()
+    finally:
+        admin = await asyncpg.connect(SERVER_URL)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
 class Deployment:
     def __init__(self, amqp_url: str = AMQP_URL, sources: str = ""):
         run_id = uuid.uuid4().hex[:8]
