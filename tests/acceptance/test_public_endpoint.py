@@ -135,6 +135,8 @@ async def dribble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, da
                 break
             sent += 1
             continue
+        except ConnectionError:  # hung up with a reset: our byte sent after its close made the kernel send one
+            break
         if not chunk:
             break
         answer += chunk
