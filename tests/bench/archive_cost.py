@@ -26,6 +26,7 @@ on disk per event, and whether every archived event's row says processed.
 
 import asyncio
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -38,7 +39,9 @@ from tests.support.processes import wait_until
 ARCHIVED, PLAIN = "kept", "plain"
 SOURCES = {ARCHIVED: source_entry(ARCHIVED, "tests.bench.handler:record"),
            PLAIN: source_entry(PLAIN, "tests.bench.handler:record") + 'retention = "0d"\n'}
-RUN_EVENTS, ROUNDS, WARM_UP = 10_000, 2, 2_000
+RUN_EVENTS, WARM_UP = 10_000, 2_000
+# BENCH_ARCHIVE_ROUNDS: rounds of (off, on) pairs; more of them to read a ratio through a noisy machine
+ROUNDS = int(os.environ.get("BENCH_ARCHIVE_ROUNDS", "2"))
 SETTLE_SECONDS = 2.0  # the writers' lingering and a batch's write, after the last ack
 # BENCH_ARCHIVE_DROP_INDEXES: the archive's indexes (comma-separated) dropped after migrating, to weigh them
 DROPPED = [name for name in os.environ.get("BENCH_ARCHIVE_DROP_INDEXES", "").split(",") if name]
@@ -81,6 +84,7 @@ async def measure(figures: dict) -> None:
                 elapsed = time.perf_counter() - started
                 await asyncio.sleep(SETTLE_SECONDS)
                 runs[source].append((elapsed, meter.stop() | postgres.seconds()))
+                print_run(round_, source, elapsed, runs[source][-1][1])
         await until_archived(deployment, f"r{ROUNDS - 1}_")
         await report(deployment, runs, figures)
 
@@ -94,6 +98,14 @@ async def send(deployment: Deployment, source: str, prefix: str, count: int, han
     handled += count
     await until_every_message_handled([url for _, url in deployment.workers], handled, timeout=300)
     return handled
+
+
+def print_run(round_: int, source: str, elapsed: float, cpu: dict[str, float]) -> None:
+    """Each run as it ends, to stderr: a ratio's spread across rounds shows the machine's noise."""
+    per_event = {name: 1000 * cpu.get(_meter_name(name), 0.0) / RUN_EVENTS for name in PROCESSES}
+    shown = " ".join(f"{name} {ms:.3f}" for name, ms in per_event.items())
+    print(f"archive round {round_} {source}: {RUN_EVENTS / elapsed:,.0f} events/s; CPU ms per event: {shown}",
+          file=sys.stderr)
 
 
 async def until_archived(deployment: Deployment, prefix: str) -> None:
