@@ -6,7 +6,10 @@ The node (tests/support/rabbit_cluster.py's `RabbitNode`) has its own name,
 Erlang cookie, ports and data folder, so nothing of the suite can reach or
 disturb another node. `start()` sets `AMQP_URL` and `TEST_RABBITMQCTL` in
 the environment, so every test, every process a test starts and every tool
-of ours that lists queues (`ctl_command()`) talks to this node. A node that
+of ours that lists queues (`ctl_command()`) talks to this node. The node
+also serves the management HTTP API on loopback, for `queue_names()`: the
+suite lists queues after every few tests, and `rabbitmqctl` would start an
+Erlang VM each time. A node that
 stops answering mid-run (RabbitMQ 3.10 here wedged after hundreds of live
 quorum queues) is the suite's own to restart: `restart()` kills it and
 starts it again on the same port with an empty data folder.
@@ -16,10 +19,14 @@ node): for a developer who wants to watch a run in a broker's own tools.
 """
 
 import atexit
+import base64
+import json
 import os
 import shlex
 import shutil
+import subprocess
 import tempfile
+import urllib.request
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -45,7 +52,7 @@ def start() -> str:
         cookie = home / ".erlang.cookie"
         cookie.write_text(uuid.uuid4().hex)
         cookie.chmod(0o400)
-        _node = RabbitNode(_base, f"witest{uuid.uuid4().hex[:6]}@localhost", home)
+        _node = RabbitNode(_base, f"witest{uuid.uuid4().hex[:6]}@localhost", home, management=True)
         atexit.register(stop)
         _node.start()
         os.environ["TEST_RABBITMQCTL"] = shlex.join([CTL, "-n", _node.name, "--erlang-cookie", cookie.read_text()])
@@ -69,6 +76,20 @@ def amqp_port() -> int:
 def ctl_command() -> list[str]:
     """`rabbitmqctl` for the suite's broker (the private node's, with its cookie)."""
     return shlex.split(os.environ.get("TEST_RABBITMQCTL", "rabbitmqctl"))
+
+
+def queue_names() -> list[str]:
+    """Every queue of the suite's broker: over the private node's HTTP API,
+    else (an external TEST_AMQP_URL broker) from `rabbitmqctl`."""
+    api = _node.api_url() if _node is not None else None
+    if api is None:
+        listing = subprocess.run([*ctl_command(), "-q", "list_queues", "name"], capture_output=True, text=True,
+                                 timeout=60)
+        return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
+    request = urllib.request.Request(f"{api}/queues/%2F?columns=name", headers={
+        "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return [queue["name"] for queue in json.load(answer)]
 
 
 def restart() -> bool:
