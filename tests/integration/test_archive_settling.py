@@ -6,7 +6,6 @@ dead_letters recorded of their event; rows still on their way left alone."""
 import asyncio
 import dataclasses
 import time
-from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -20,141 +19,122 @@ from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import new_arrival
 from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.workers.completions import CompletionStore
-from tests.support.archive import ran, statuses
+from tests.support.archive import arrival_of, arrived, ran, statuses
 from tests.support.dead_letters import failure
-from tests.support.events import make_event
 from tests.support.ingress import queued_events
 from tests.support.processes import wait_until
 
 ROUTES = {"routed": ["billing", "audit"]}
 
 
-@pytest.fixture
-async def store(database):
-    connection = await asyncpg.connect(database)
-    store = ArchiveStore(connection)
-    await store.keep({source: timedelta(days=7) for source in ("acme", "routed")})
-    yield store
-    await connection.close()
-
-
-def arrival_of(source: str, event_id: str, seconds_ago: float = 0, **payload):
-    event = make_event(source, event_id, payload or None)
-    received_ms = round((time.time() - seconds_ago) * 1000)  # as a message carries it to a worker
-    return dataclasses.replace(event, arrival=new_arrival(), received_at=received_ms / 1000)
-
-
-async def arrived(store, *events, status: str = archive.QUEUED) -> None:
-    await store.write_arrivals([archive.arrival_row(e, "test.event", "{}", status) for e in events])
-
-
-async def completed(store, key: str, event, attempts: int = 1) -> None:
-    await store._database.execute(
+async def completed(archive_store, key: str, event, attempts: int = 1) -> None:
+    await archive_store._database.execute(
         "INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts) VALUES ($1, $2, $3, $4, $5)",
         key, event.source, event.event_id, event.payload_sha256, attempts)
 
 
-async def test_copies_of_a_completed_event_settle_as_one_processed_and_its_copies(store):
+async def test_copies_of_a_completed_event_settle_as_one_processed_and_its_copies(archive_store):
     first = arrival_of("acme", "evt_1", 5)
     copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 0.001)
     same_ms = dataclasses.replace(copy, arrival=new_arrival())
     other_payload = arrival_of("acme", "evt_1", 4, amount=2)
-    await arrived(store, first, copy, same_ms, other_payload)
-    await completed(store, first.key, first)
-    assert await store.settle(0, ROUTES) == (4, None)
-    assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1), ("duplicate", 1),
+    await arrived(archive_store, first, copy, same_ms, other_payload)
+    await completed(archive_store, first.key, first)
+    assert await archive_store.settle(0, ROUTES) == (4, None)
+    assert await statuses(archive_store, first.key) == [("processed", 1), ("duplicate", 1), ("duplicate", 1),
                                                 ("conflict", 1)]
-    assert await store.settle(0, ROUTES) == (0, None)  # idempotent: nothing left unsettled
+    assert await archive_store.settle(0, ROUTES) == (0, None)  # idempotent: nothing left unsettled
 
 
-async def test_a_copy_settles_as_a_duplicate_of_the_arrival_archived_processed(store):
+async def test_a_copy_settles_as_a_duplicate_of_the_arrival_archived_processed(archive_store):
     first, copy = arrival_of("acme", "evt_2", 5), arrival_of("acme", "evt_2", 3)
-    await arrived(store, first, copy)
-    await store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, time.time())])
-    await completed(store, first.key, first)
-    await store.settle(0, ROUTES)
-    assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1)]
+    await arrived(archive_store, first, copy)
+    await archive_store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, time.time())])
+    await completed(archive_store, first.key, first)
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, first.key) == [("processed", 1), ("duplicate", 1)]
 
 
-async def test_a_dead_event_settles_dead_and_a_discarded_one_discarded(store):
+async def test_a_dead_event_settles_dead_and_a_discarded_one_discarded(archive_store):
     dead, discarded = arrival_of("acme", "evt_3", 5), arrival_of("acme", "evt_4", 5)
     copy_of_discarded = dataclasses.replace(discarded, arrival=new_arrival(), received_at=discarded.received_at + 1)
-    await arrived(store, dead, discarded, copy_of_discarded)
-    connection = store._database
+    await arrived(archive_store, dead, discarded, copy_of_discarded)
+    connection = archive_store._database
     await record_dead_letter(connection, dataclasses.replace(dead, attempt=3), [failure(1), failure(2), failure(3)])
     gone = await record_dead_letter(connection, discarded, [failure(1)])
     await connection.execute("UPDATE dead_letters SET status = 'discarded' WHERE id = $1", gone)
-    await store.settle(0, ROUTES)
-    assert await statuses(store, dead.key) == [("dead", 3)]
-    assert await statuses(store, discarded.key) == [("discarded", 1), ("dead", 1)]
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, dead.key) == [("dead", 3)]
+    assert await statuses(archive_store, discarded.key) == [("discarded", 1), ("dead", 1)]
 
 
-async def test_a_copy_settled_dead_that_then_runs_shows_its_own_outcome(store):
+async def test_a_copy_settled_dead_that_then_runs_shows_its_own_outcome(archive_store):
     """A copy still in the queue when its event went dead is settled `dead`
     by the event's dead letter; run later (its handler fixed) it completes,
     and its own outcome is written over the sweep's."""
     dead = arrival_of("acme", "evt_11", 5)
     copy = dataclasses.replace(dead, arrival=new_arrival(), received_at=dead.received_at + 1)
-    await arrived(store, dead, copy)
-    await record_dead_letter(store._database, dataclasses.replace(dead, attempt=3), [failure(1), failure(2),
+    await arrived(archive_store, dead, copy)
+    await record_dead_letter(archive_store._database, dataclasses.replace(dead, attempt=3), [failure(1), failure(2),
                                                                                      failure(3)])
-    await store.settle(0, ROUTES)
-    assert await statuses(store, dead.key) == [("dead", 3), ("dead", 0)]
-    await store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, time.time())])
-    assert await statuses(store, dead.key) == [("dead", 3), ("processed", 1)]
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, dead.key) == [("dead", 3), ("dead", 0)]
+    await archive_store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, time.time())])
+    assert await statuses(archive_store, dead.key) == [("dead", 3), ("processed", 1)]
 
 
-async def test_a_routed_event_settles_from_its_routes_records(store):
+async def test_a_routed_event_settles_from_its_routes_records(archive_store):
     done, failed = arrival_of("routed", "evt_5", 5), arrival_of("routed", "evt_6", 5)
-    await arrived(store, done, failed)
-    await completed(store, f"{done.key}#billing", done)
-    await completed(store, f"{failed.key}#billing", failed)
-    await record_dead_letter(store._database, dataclasses.replace(failed, key=f"{failed.key}#audit", route="audit",
-                                                                  attempt=2), [failure(1), failure(2)])
-    await store.settle(0, ROUTES)
-    assert await statuses(store, done.key) == [("processed", 1)]
-    assert await statuses(store, failed.key) == [("dead", 2)]
+    await arrived(archive_store, done, failed)
+    await completed(archive_store, f"{done.key}#billing", done)
+    await completed(archive_store, f"{failed.key}#billing", failed)
+    await record_dead_letter(archive_store._database,
+                             dataclasses.replace(failed, key=f"{failed.key}#audit", route="audit", attempt=2),
+                             [failure(1), failure(2)])
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, done.key) == [("processed", 1)]
+    assert await statuses(archive_store, failed.key) == [("dead", 2)]
 
 
-async def test_a_routes_completion_does_not_settle_the_event_that_shares_its_key(store):
+async def test_a_routes_completion_does_not_settle_the_event_that_shares_its_key(archive_store):
     """Event evt_r's route billing completes under routed:evt_r#billing, the
     key of event evt_r#billing too (docs/design.md, "Routes"): that plain
     event's arrival is not settled by it."""
     event = arrival_of("routed", "evt_r", 5)
     lookalike = dataclasses.replace(arrival_of("routed", "evt_r#billing", 5), payload_sha256=event.payload_sha256)
-    await arrived(store, event, lookalike)
-    await completed(store, f"{event.key}#billing", event)
-    await store.settle(0, ROUTES)
-    assert await statuses(store, event.key) == [("processed", 1)]
-    assert await statuses(store, lookalike.key) == [("queued", 0)]
+    await arrived(archive_store, event, lookalike)
+    await completed(archive_store, f"{event.key}#billing", event)
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, event.key) == [("processed", 1)]
+    assert await statuses(archive_store, lookalike.key) == [("queued", 0)]
 
 
-async def test_rows_still_on_their_way_are_left_as_they_are(store):
+async def test_rows_still_on_their_way_are_left_as_they_are(archive_store):
     waiting = arrival_of("acme", "evt_7", 5)  # nothing recorded of it yet: in the queue, or between attempts
     recent = arrival_of("acme", "evt_8", 5)  # completed just now: its outcome batch may be on its way
     young = arrival_of("acme", "evt_9", 0)
-    await arrived(store, waiting, recent, young)
-    await completed(store, recent.key, recent)
-    await completed(store, young.key, young)
-    await store._database.execute("UPDATE processed_events SET completed_at = now() - interval '1 hour'"
+    await arrived(archive_store, waiting, recent, young)
+    await completed(archive_store, recent.key, recent)
+    await completed(archive_store, young.key, young)
+    await archive_store._database.execute("UPDATE processed_events SET completed_at = now() - interval '1 hour'"
                                   " WHERE key = $1", young.key)
-    assert await store.settle(3, ROUTES) == (0, None)  # a 3 s grace: young was received 0 s ago
-    assert [await statuses(store, e.key) for e in (waiting, recent, young)] == [[("queued", 0)]] * 3
+    assert await archive_store.settle(3, ROUTES) == (0, None)  # a 3 s grace: young was received 0 s ago
+    assert [await statuses(archive_store, e.key) for e in (waiting, recent, young)] == [[("queued", 0)]] * 3
 
 
-async def test_a_backlog_of_rows_on_their_way_does_not_hold_the_others_back(store):
+async def test_a_backlog_of_rows_on_their_way_does_not_hold_the_others_back(archive_store):
     backlog = [arrival_of("acme", f"evt_b{n}", 10) for n in range(5)]  # oldest, nothing recorded
     done = arrival_of("acme", "evt_done", 5)
-    await arrived(store, *backlog, done)
-    await completed(store, done.key, done)
-    settled, after = await store.settle(0, ROUTES, limit=3)
+    await arrived(archive_store, *backlog, done)
+    await completed(archive_store, done.key, done)
+    settled, after = await archive_store.settle(0, ROUTES, limit=3)
     assert (settled, after is not None) == (0, True)
-    settled, after = await store.settle(0, ROUTES, after=after, limit=3)
+    settled, after = await archive_store.settle(0, ROUTES, after=after, limit=3)
     assert (settled, after) == (1, None)
-    assert await statuses(store, done.key) == [("processed", 1)]
+    assert await statuses(archive_store, done.key) == [("processed", 1)]
 
 
-async def test_one_round_of_the_upkeep_reads_on_past_a_backlog(store, monkeypatch):
+async def test_one_round_of_the_upkeep_reads_on_past_a_backlog(archive_store, monkeypatch):
     """A round reads page after page (SETTLE_PAGES at most): a lost outcome
     behind a backlog of rows on their way is settled the same round."""
     class SmallPages(ArchiveStore):
@@ -164,206 +144,209 @@ async def test_one_round_of_the_upkeep_reads_on_past_a_backlog(store, monkeypatc
     monkeypatch.setattr(archive_upkeep, "SETTLE_GRACE_SECONDS", 0.0)
     backlog = [arrival_of("acme", f"evt_q{n}", 10) for n in range(5)]
     done = arrival_of("acme", "evt_past_them", 5)
-    await arrived(store, *backlog, done)
-    await completed(store, done.key, done)
-    assert await ArchiveUpkeep(SmallPages(store._database), {}).settle() == 1
-    assert await statuses(store, done.key) == [("processed", 1)]
+    await arrived(archive_store, *backlog, done)
+    await completed(archive_store, done.key, done)
+    assert await ArchiveUpkeep(SmallPages(archive_store._database), {}).settle() == 1
+    assert await statuses(archive_store, done.key) == [("processed", 1)]
 
 
-async def test_an_outcome_written_after_the_sweep_read_the_row_wins(store):
+async def test_an_outcome_written_after_the_sweep_read_the_row_wins(archive_store):
     """The sweep writes a row only as it read it: a worker's outcome written in
     between (its batch came through after all) is not overwritten."""
     event = arrival_of("acme", "evt_10", 5)
-    await arrived(store, event)
-    await completed(store, event.key, event)
-    rows = await store._database.fetch(
+    await arrived(archive_store, event)
+    await completed(archive_store, event.key, event)
+    rows = await archive_store._database.fetch(
         "SELECT source, key, received_at, arrival, 'queued' AS was, 0 AS was_attempts, 'duplicate' AS status,"
         " 1 AS attempts, NULL::timestamptz AS completed_at FROM event_archive WHERE key = $1", event.key)
-    await store.write_outcomes([archive.outcome_row(dataclasses.replace(event, attempt=2), archive.PROCESSED,
+    await archive_store.write_outcomes([archive.outcome_row(dataclasses.replace(event, attempt=2), archive.PROCESSED,
                                                     time.time())])
-    await store._database.execute(SQL["archive_settle"], *archive.columns([tuple(row.values()) for row in rows]),
+    await archive_store._database.execute(SQL["archive_settle"],
+                                          *archive.columns([tuple(row.values()) for row in rows]),
                                   rows[0]["received_at"], rows[0]["received_at"])
-    assert await statuses(store, event.key) == [("processed", 2)]
+    assert await statuses(archive_store, event.key) == [("processed", 2)]
 
 
-async def test_a_replayed_event_whose_outcome_was_lost_is_settled_by_the_sweep(store, settings):
+async def test_a_replayed_event_whose_outcome_was_lost_is_settled_by_the_sweep(archive_store, settings):
     """The attacker's case: the event went dead (archived dead), on-call
     replayed its dead letter, the replay completed, and the worker was killed
     before writing that outcome. The arrival must not say `dead` for good."""
     event = arrival_of("acme", "evt_12", 5)
-    await arrived(store, event)
+    await arrived(archive_store, event)
     failed = dataclasses.replace(event, attempt=2)
-    await store.write_outcomes([archive.outcome_row(failed, archive.DEAD, time.time(), "RuntimeError: 500")])
-    dead_letter = await record_dead_letter(store._database, failed, [failure(1), failure(2)])
+    await archive_store.write_outcomes([archive.outcome_row(failed, archive.DEAD, time.time(), "RuntimeError: 500")])
+    dead_letter = await record_dead_letter(archive_store._database, failed, [failure(1), failure(2)])
     replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead_letter)])
     assert replayed.exit_code == 0, replayed.output
-    assert await statuses(store, event.key) == [("queued", 0)]  # queued again, in the replay's chain
-    await completed(store, event.key, event)  # the replay's run; its outcome batch died with its worker
-    await store.settle(0, ROUTES)
-    assert await statuses(store, event.key) == [("processed", 1)]
+    assert await statuses(archive_store, event.key) == [("queued", 0)]  # queued again, in the replay's chain
+    await completed(archive_store, event.key, event)  # the replay's run; its outcome batch died with its worker
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, event.key) == [("processed", 1)]
 
 
-async def test_a_replayed_dead_letter_carries_its_arrival(store, settings):
+async def test_a_replayed_dead_letter_carries_its_arrival(archive_store, settings):
     """The replay publishes the event as it arrived, its arrival's id too:
     its outcomes are written over the arrival's own row."""
     event = arrival_of("acme", "evt_13", 5)
-    dead_letter = await record_dead_letter(store._database, event, [failure(1)])
+    dead_letter = await record_dead_letter(archive_store._database, event, [failure(1)])
     replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead_letter)])
     assert replayed.exit_code == 0, replayed.output
     [queued] = await queued_events(settings.amqp_url, settings.namespace)
     assert (queued.key, queued.arrival) == (event.key, event.arrival)
 
 
-async def test_every_process_s_upkeep_sweeps_on_its_own(store, database, monkeypatch):
+async def test_every_process_s_upkeep_sweeps_on_its_own(archive_store, database, monkeypatch):
     """The upkeep's loop (every ingress process and worker runs it) sweeps
     once its tables are kept, and again every SETTLE_EVERY_SECONDS."""
     monkeypatch.setattr(archive_upkeep, "SETTLE_GRACE_SECONDS", 0.0)
     monkeypatch.setattr(archive_upkeep, "SETTLE_EVERY_SECONDS", 0.05)
     first, later = arrival_of("acme", "evt_14", 5), arrival_of("acme", "evt_15", 5)
-    await arrived(store, first, later)
-    await completed(store, first.key, first)
+    await arrived(archive_store, first, later)
+    await completed(archive_store, first.key, first)
     own = await asyncpg.connect(database)  # the upkeep's, as a process's archive pool is its own
     upkeep = ArchiveUpkeep(ArchiveStore(own), {"acme": parse_source("acme", {"scheme": "github", "secrets": ["s"],
                                                                             "handler": "inbox"})})
     running = asyncio.create_task(upkeep.run())
     try:
-        await wait_until(lambda: _is(store, first.key, [("processed", 1)]), 10, message="the first row settled")
-        await completed(store, later.key, later)
-        await wait_until(lambda: _is(store, later.key, [("processed", 1)]), 10, message="a later round settled the next")
+        await wait_until(lambda: _is(archive_store, first.key, [("processed", 1)]), 10, message="the first row settled")
+        await completed(archive_store, later.key, later)
+        await wait_until(lambda: _is(archive_store, later.key, [("processed", 1)]), 10,
+                         message="a later round settled the next")
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
         await own.close()
 
 
-async def _is(store, key: str, expected: list) -> bool:
-    return await statuses(store, key) == expected
+async def _is(archive_store, key: str, expected: list) -> bool:
+    return await statuses(archive_store, key) == expected
 
 
-async def test_two_messages_of_one_arrival_archive_the_run_whichever_outcome_lands_first(store):
+async def test_two_messages_of_one_arrival_archive_the_run_whichever_outcome_lands_first(archive_store):
     """The ingress gave up on a publish and stored the event in the outbox;
     the broker confirmed the publish late (docs/design.md, "The outbox"): two
     messages of one arrival. One runs, the other is settled as its copy, and
     the two workers' batches land in either order."""
     event = arrival_of("acme", "evt_16", 5)
-    await arrived(store, event)
-    await ran(store, event)  # the run's completion, which names its arrival
+    await arrived(archive_store, event)
+    await ran(archive_store, event)  # the run's completion, which names its arrival
     at = time.time()
-    await store.write_outcomes([archive.outcome_row(event, archive.DUPLICATE, at)])  # the copy's batch first
-    await store.write_outcomes([archive.outcome_row(event, archive.PROCESSED, at)])
-    assert await statuses(store, event.key) == [("processed", 1)]
+    await archive_store.write_outcomes([archive.outcome_row(event, archive.DUPLICATE, at)])  # the copy's batch first
+    await archive_store.write_outcomes([archive.outcome_row(event, archive.PROCESSED, at)])
+    assert await statuses(archive_store, event.key) == [("processed", 1)]
 
 
-async def test_the_sweep_names_the_arrival_that_ran(store):
+async def test_the_sweep_names_the_arrival_that_ran(archive_store):
     """A copy's message can run before the first arrival's (the first went
     through the outbox, or was deferred): the completion the worker writes
     says which arrival it was, and the sweep settles that one `processed`."""
     first = arrival_of("acme", "evt_17", 5)
     copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
-    await arrived(store, first, copy)
-    completions = CompletionStore(store._database)
-    leases = await completions.take_leases(store._database, [copy.key], 5000)
-    assert await completions.complete_event(store._database, copy, leases[copy.key].token)  # the copy ran
-    await store.settle(0, ROUTES)
-    assert await statuses(store, first.key) == [("duplicate", 1), ("processed", 1)]
+    await arrived(archive_store, first, copy)
+    completions = CompletionStore(archive_store._database)
+    leases = await completions.take_leases(archive_store._database, [copy.key], 5000)
+    assert await completions.complete_event(archive_store._database, copy, leases[copy.key].token)  # the copy ran
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, first.key) == [("duplicate", 1), ("processed", 1)]
 
 
-async def test_every_completion_names_its_arrival_and_one_without_none(store):
+async def test_every_completion_names_its_arrival_and_one_without_none(archive_store):
     """complete_event and complete_events (a batch, ctx.db's transaction and
     the handlers without one) record the arrival their message carried;
     a message queued before arrivals had ids (arrival 0) names none."""
     single, batched, unnamed = (arrival_of("acme", f"evt_a{n}", 5) for n in range(3))
     unnamed = dataclasses.replace(unnamed, arrival=0)
-    completions = CompletionStore(store._database)
-    leases = await completions.take_leases(store._database, [e.key for e in (single, batched, unnamed)], 5000)
-    assert await completions.complete_event(store._database, single, leases[single.key].token)
-    assert await completions.complete_events(store._database, [(e, leases[e.key].token) for e in (batched, unnamed)]) == 2
-    named = dict(await store._database.fetch("SELECT key, arrival FROM processed_events"))
+    completions = CompletionStore(archive_store._database)
+    leases = await completions.take_leases(archive_store._database, [e.key for e in (single, batched, unnamed)], 5000)
+    assert await completions.complete_event(archive_store._database, single, leases[single.key].token)
+    assert await completions.complete_events(archive_store._database,
+                                             [(e, leases[e.key].token) for e in (batched, unnamed)]) == 2
+    named = dict(await archive_store._database.fetch("SELECT key, arrival FROM processed_events"))
     assert named == {single.key: single.arrival, batched.key: batched.arrival, unnamed.key: None}
 
 
-async def test_a_completion_that_names_no_arrival_leaves_the_sweep_its_guess(store):
+async def test_a_completion_that_names_no_arrival_leaves_the_sweep_its_guess(archive_store):
     """A previous release's worker (or a message without an arrival id)
     completes without naming the arrival: the oldest is settled processed."""
     first = arrival_of("acme", "evt_18", 5)
     copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
-    await arrived(store, first, copy)
-    await completed(store, copy.key, copy)  # as the previous release's complete_event: no arrival column
-    await store.settle(0, ROUTES)
-    assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1)]
+    await arrived(archive_store, first, copy)
+    await completed(archive_store, copy.key, copy)  # as the previous release's complete_event: no arrival column
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, first.key) == [("processed", 1), ("duplicate", 1)]
 
 
-async def test_routes_that_ran_from_different_copies_each_name_theirs(store):
+async def test_routes_that_ran_from_different_copies_each_name_theirs(archive_store):
     """Two copies of a routed event, each fanned out: route billing ran from
     the first's message, route audit from the copy's. Both arrivals ran a
     route, as their live outcomes would have said."""
     first = arrival_of("routed", "evt_19", 5)
     copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
     third = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 2)
-    await arrived(store, first, copy, third)
-    await ran(store, dataclasses.replace(first, key=f"{first.key}#billing", route="billing"),
+    await arrived(archive_store, first, copy, third)
+    await ran(archive_store, dataclasses.replace(first, key=f"{first.key}#billing", route="billing"),
               dataclasses.replace(copy, key=f"{first.key}#audit", route="audit"))
-    await store.settle(0, ROUTES)
-    assert await statuses(store, first.key) == [("processed", 1), ("processed", 1), ("duplicate", 1)]
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, first.key) == [("processed", 1), ("processed", 1), ("duplicate", 1)]
 
 
-async def test_a_copy_that_runs_again_after_prune_is_settled_processed(store):
+async def test_a_copy_that_runs_again_after_prune_is_settled_processed(archive_store):
     """The first arrival ran and is archived processed; `prune` forgot its
     completion, so a copy sent days later runs again (docs/reference.md
     §2), and its worker is killed before its outcome batch. Two runs: the
     sweep must not call the second a duplicate of the first."""
     first = arrival_of("acme", "evt_20", 50)
     later = arrival_of("acme", "evt_20", 5)
-    await arrived(store, first, later)
-    await store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, time.time())])
-    await ran(store, later)  # the first's completion is pruned; the copy runs
-    await store.settle(0, ROUTES)
-    assert await statuses(store, first.key) == [("processed", 1), ("processed", 1)]
+    await arrived(archive_store, first, later)
+    await archive_store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, time.time())])
+    await ran(archive_store, later)  # the first's completion is pruned; the copy runs
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, first.key) == [("processed", 1), ("processed", 1)]
 
 
-async def test_two_messages_of_one_arrival_archive_its_dead_letter_whichever_lands_first(store):
+async def test_two_messages_of_one_arrival_archive_its_dead_letter_whichever_lands_first(archive_store):
     """Two messages of one arrival (the outbox's twin of a publish confirmed
     late): the first dies at attempt 1 (a PermanentError), the second is a
     copy of that attempt, handed on. The copy's batch lands first."""
     event = arrival_of("acme", "evt_21", 5)
-    await arrived(store, event)
-    await record_dead_letter(store._database, event, [failure(1)])
+    await arrived(archive_store, event)
+    await record_dead_letter(archive_store._database, event, [failure(1)])
     at = time.time()
-    await store.write_outcomes([archive.outcome_row(event, archive.DUPLICATE, at)])  # the twin's, handed on
-    await store.write_outcomes([archive.outcome_row(event, archive.DEAD, at, "PermanentError: no")])
-    assert await statuses(store, event.key) == [("dead", 1)]
+    await archive_store.write_outcomes([archive.outcome_row(event, archive.DUPLICATE, at)])  # the twin's, handed on
+    await archive_store.write_outcomes([archive.outcome_row(event, archive.DEAD, at, "PermanentError: no")])
+    assert await statuses(archive_store, event.key) == [("dead", 1)]
 
 
-async def test_a_route_s_twin_outcome_landing_first_does_not_hide_its_run(store):
+async def test_a_route_s_twin_outcome_landing_first_does_not_hide_its_run(archive_store):
     """A worker killed between its fan-out's confirms and its ack: the event
     comes back and is fanned out again, two messages of route billing for
     one arrival. One runs, the other is its duplicate, landing first."""
     event = arrival_of("routed", "evt_22", 5)
-    await arrived(store, event)
+    await arrived(archive_store, event)
     billing = dataclasses.replace(event, key=f"{event.key}#billing", route="billing")
-    await ran(store, billing)
+    await ran(archive_store, billing)
     as_noted = dataclasses.replace(billing, key=event.key)  # the worker's note: the event's own row, route kept
     at = time.time()
-    await store.write_outcomes([archive.outcome_row(as_noted, archive.DUPLICATE, at)])
-    await store.write_outcomes([archive.outcome_row(as_noted, archive.PROCESSED, at)])
-    assert await statuses(store, event.key) == [("processed", 1)]
+    await archive_store.write_outcomes([archive.outcome_row(as_noted, archive.DUPLICATE, at)])
+    await archive_store.write_outcomes([archive.outcome_row(as_noted, archive.PROCESSED, at)])
+    assert await statuses(archive_store, event.key) == [("processed", 1)]
 
 
-async def test_a_late_processed_never_makes_a_second_over_the_sweep_s_guess(store):
+async def test_a_late_processed_never_makes_a_second_over_the_sweep_s_guess(archive_store):
     """A completion that names no arrival (the previous release's worker)
     leaves the sweep its guess: the oldest processed, the copy duplicate.
     Were the copy the one that ran, its outcome batch coming through late
     stays out: one run, one `processed`."""
     first = arrival_of("acme", "evt_23", 5)
     copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
-    await arrived(store, first, copy)
-    await completed(store, copy.key, copy)
-    await store.settle(0, ROUTES)
-    await store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, time.time())])
-    assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1)]
+    await arrived(archive_store, first, copy)
+    await completed(archive_store, copy.key, copy)
+    await archive_store.settle(0, ROUTES)
+    await archive_store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, time.time())])
+    assert await statuses(archive_store, first.key) == [("processed", 1), ("duplicate", 1)]
 
 
-async def test_a_late_processed_never_makes_a_second_over_the_previous_release_s_guess(store):
+async def test_a_late_processed_never_makes_a_second_over_the_previous_release_s_guess(archive_store):
     """During an upgrade the previous release's processes still sweep, and
     guess the oldest arrival though the completion names the copy. The
     copy's own batch, held past the grace, comes through late: it stays out
@@ -371,42 +354,43 @@ async def test_a_late_processed_never_makes_a_second_over_the_previous_release_s
     `processed`."""
     first = arrival_of("acme", "evt_24", 200)
     copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
-    await arrived(store, first, copy)
-    await ran(store, copy)
-    await store._database.execute("UPDATE processed_events SET completed_at = now() - interval '2 minutes'")
-    await store._database.execute(  # the previous release's sweep, its guess: the oldest processed, the copy not
+    await arrived(archive_store, first, copy)
+    await ran(archive_store, copy)
+    await archive_store._database.execute("UPDATE processed_events SET completed_at = now() - interval '2 minutes'")
+    # the previous release's sweep, its guess: the oldest processed, the copy not
+    await archive_store._database.execute(
         "UPDATE event_archive SET status = CASE WHEN arrival = $1 THEN 'processed' ELSE 'duplicate' END, attempts = 1"
         " WHERE key = $2", first.arrival, first.key)
-    await store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, time.time())])
-    assert await statuses(store, first.key) == [("processed", 1), ("duplicate", 1)]
+    await archive_store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, time.time())])
+    assert await statuses(archive_store, first.key) == [("processed", 1), ("duplicate", 1)]
 
 
-async def test_a_run_whose_batch_died_is_not_left_a_duplicate_of_itself(store):
+async def test_a_run_whose_batch_died_is_not_left_a_duplicate_of_itself(archive_store):
     """Two messages of one arrival (the outbox's twin of a publish confirmed
     late): the first runs and completes, and its worker is SIGKILLed before
     its outcome batch; the twin, settled as a copy, writes `duplicate` over
     the arrival. The sweep must still say the arrival ran."""
     event = arrival_of("acme", "evt_25", 5)
-    await arrived(store, event)
-    await ran(store, event)  # its `processed` died with the worker
-    await store.write_outcomes([archive.outcome_row(event, archive.DUPLICATE, time.time())])  # the twin's
-    await store.settle(0, ROUTES)
-    assert await statuses(store, event.key) == [("processed", 1)]
+    await arrived(archive_store, event)
+    await ran(archive_store, event)  # its `processed` died with the worker
+    await archive_store.write_outcomes([archive.outcome_row(event, archive.DUPLICATE, time.time())])  # the twin's
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, event.key) == [("processed", 1)]
 
 
 @pytest.mark.xfail(strict=True, reason="a page starts after the last page's receive time (received_at > $2):"
                                        " rows of that same millisecond past the page's end are skipped, and while"
                                        " a page's worth of them stays unsettled the next rounds skip them again")
-async def test_a_lost_outcome_among_rows_of_one_millisecond_is_not_skipped(store):
+async def test_a_lost_outcome_among_rows_of_one_millisecond_is_not_skipped(archive_store):
     """A burst the ingress stamped with one millisecond: rows still on their
     way fill a page, and a lost outcome of the same millisecond is behind
     them. Every round starts again from the oldest and must reach it."""
     first = arrival_of("acme", "evt_m0", 10)
     waiting, done = (dataclasses.replace(arrival_of("acme", name, 10), received_at=first.received_at)
                      for name in ("evt_m1", "evt_m_done"))
-    await arrived(store, first, waiting, done)  # nothing recorded of the first two: on their way
-    await completed(store, done.key, done)
+    await arrived(archive_store, first, waiting, done)  # nothing recorded of the first two: on their way
+    await completed(archive_store, done.key, done)
     after = None
     for _ in range(4):  # two rounds of pages of 2
-        _, after = await store.settle(0, ROUTES, after=after, limit=2)
-    assert await statuses(store, done.key) == [("processed", 1)]
+        _, after = await archive_store.settle(0, ROUTES, after=after, limit=2)
+    assert await statuses(archive_store, done.key) == [("processed", 1)]

@@ -3,6 +3,7 @@
 
 import dataclasses
 import json
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
@@ -11,7 +12,7 @@ import orjson
 
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.shared.message import EventMessage, new_arrival
 from webhook_ingest.workers.completions import CompletionStore
 from tests.support.events import make_event
 
@@ -42,6 +43,14 @@ async def seed_archive(database_url: str, arrivals: Iterable[EventMessage],
         await connection.close()
 
 
+def arrival_of(source: str, event_id: str, seconds_ago: float = 0, **payload) -> EventMessage:
+    """An arrival of its own (a new arrival id), received `seconds_ago` in
+    whole milliseconds, as a message carries it to a worker."""
+    event = make_event(source, event_id, payload or None)
+    received_ms = round((time.time() - seconds_ago) * 1000)
+    return dataclasses.replace(event, arrival=new_arrival(), received_at=received_ms / 1000)
+
+
 def minutes_ago(minutes: float) -> datetime:
     return datetime.now(UTC) - timedelta(minutes=minutes)
 
@@ -52,6 +61,11 @@ def _kind(body: bytes) -> str | None:
     except ValueError:
         return None
     return value.get("type") if isinstance(value, dict) else None
+
+
+async def arrived(store: ArchiveStore, *events: EventMessage, status: str = archive.QUEUED) -> None:
+    """The ingress's rows of `events` (type test.event, no headers)."""
+    await store.write_arrivals([archive.arrival_row(e, "test.event", "{}", status) for e in events])
 
 
 async def ran(store: ArchiveStore, *runs: EventMessage) -> None:
