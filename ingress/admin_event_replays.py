@@ -80,7 +80,7 @@ async def cancel_route(request: web.Request) -> web.Response:
     replay_id = parse_path_id(request)
     store = _store(request)
     try:
-        cancelled = await store.cancel(replay_id)
+        cancelled = await store.cancel(replay_id, _actor(request))
     except RunBusy:  # its runner held it past run_locks.WAIT_SECONDS
         return error(503, "run_busy", {"Retry-After": "5"})
     if not cancelled:

@@ -8,7 +8,7 @@ rows are read and written by `DeadLetterStore` (`shared/dead_letter_store.py`).
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 ACTIONS = ("replay", "discard")
@@ -29,6 +29,7 @@ class BulkAction:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    in_doubt: list[int] = field(default_factory=list)  # counted done by a Cancel, never stepped (its runner died)
 
     @classmethod
     def from_row(cls, row) -> "BulkAction":

@@ -41,7 +41,7 @@ from webhook_ingest.shared.dead_letters import (
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import to_amqp
-from webhook_ingest.shared.run_locks import RunBusy, holding, waiting_for_run
+from webhook_ingest.shared.run_locks import BULK_ACTIONS, Hold, RunBusy, holding, run_lock, waiting_for_run
 from webhook_ingest.shared.sessions import one_of, raise_if_cancelled
 
 log = get_logger(__name__)
@@ -226,7 +226,8 @@ class DeadLetterStore:
         half way); None when it runs already, finished or was cancelled."""
         async with self._connection() as connection:
             try:
-                row = await waiting_for_run(connection, SQL["claim_bulk_action"], bulk_action_id, rate)
+                row = await waiting_for_run(connection, run_lock(BULK_ACTIONS, bulk_action_id),
+                                            SQL["claim_bulk_action"], bulk_action_id, rate)
             except RunBusy:
                 return None  # a runner is in the middle of a dead letter: it runs
         return None if row is None else BulkAction.from_row(row)
@@ -238,28 +239,36 @@ class DeadLetterStore:
     async def cancel_bulk(self, bulk_action_id: int) -> bool:
         """Cancelled (what was done stays done); False when it had ended. Waits
         for the dead letter in flight, so that nothing is acted on after this
-        returns; RunBusy when a runner held it past `run_locks.WAIT_SECONDS`."""
+        returns; RunBusy when a runner held it past `run_locks.WAIT_SECONDS`.
+        A dead letter its runner marked in flight and never stepped (it died
+        mid-act) is counted done and `in_doubt`."""
         async with self._connection() as connection:
-            return await waiting_for_run(connection, SQL["cancel_bulk_action"], bulk_action_id) is not None
+            return await waiting_for_run(connection, run_lock(BULK_ACTIONS, bulk_action_id),
+                                         SQL["cancel_bulk_action"], bulk_action_id) is not None
 
     @contextlib.asynccontextmanager
     async def held_bulk(self, bulk_action_id: int) -> AsyncIterator["HeldBulk"]:
         """The bulk action's row locked for one dead letter by its runner, with its state."""
-        async with self._connection() as connection, holding(connection):
+        lock = run_lock(BULK_ACTIONS, bulk_action_id)
+        async with self._connection() as connection, holding(connection, lock) as hold:
             state = await connection.fetchval(SQL["lock_bulk_action"], bulk_action_id)
-            yield HeldBulk(connection, bulk_action_id, state)
+            yield HeldBulk(hold, bulk_action_id, state)
 
 
 @dataclass(frozen=True)
 class HeldBulk:
     """A bulk action's row as its runner holds it for one dead letter (`DeadLetterStore.held_bulk`)."""
 
-    connection: asyncpg.Connection
+    hold: Hold
     bulk_action_id: int
     state: str | None
 
+    async def in_flight(self, dead_letter_id: int) -> None:
+        """"`dead_letter_id` in flight" committed, the action still held: before acting on it."""
+        await self.hold.in_flight(SQL["bulk_action_in_flight"], self.bulk_action_id, dead_letter_id)
+
     async def step(self, dead_letter_id: int, acted: bool) -> None:
-        await self.connection.execute(SQL["bulk_action_step"], self.bulk_action_id, dead_letter_id, acted)
+        await self.hold.connection.execute(SQL["bulk_action_step"], self.bulk_action_id, dead_letter_id, acted)
 
 
 async def _record_audit(connection, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None) -> int:

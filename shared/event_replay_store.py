@@ -21,7 +21,7 @@ from webhook_ingest.shared.dead_letters import SQL, Actor, jsonb
 from webhook_ingest.shared.event_replays import EventReplay, ReplayItem, filter_json, replayed_message
 from webhook_ingest.shared.message import to_amqp
 from webhook_ingest.shared.paced_runs import DEFAULT_RATE, TAKEN_OVER
-from webhook_ingest.shared.run_locks import RunBusy, holding, waiting_for_run
+from webhook_ingest.shared.run_locks import EVENT_REPLAYS, Hold, RunBusy, holding, run_lock, waiting_for_run
 from webhook_ingest.shared.sessions import one_of
 
 ACQUIRE_TIMEOUT = 5.0
@@ -68,17 +68,31 @@ class EventReplayStore:
         for an item in flight (`shared/run_locks.py`)."""
         async with self._connection() as connection:
             try:
-                row = await waiting_for_run(connection, SQL["claim_event_replay"], replay_id, rate)
+                row = await waiting_for_run(connection, run_lock(EVENT_REPLAYS, replay_id), SQL["claim_event_replay"],
+                                            replay_id, rate)
             except RunBusy:
                 return None  # a runner is in the middle of an item: it runs
         return None if row is None else EventReplay.from_row(row)
 
-    async def cancel(self, replay_id: int) -> bool:
+    async def cancel(self, replay_id: int, actor: Actor | None = None) -> bool:
         """Cancelled (what was published stays published); False when it had ended.
         Waits for the item in flight, so that nothing is published after this
-        returns; RunBusy when a runner held it past `run_locks.WAIT_SECONDS`."""
+        returns; RunBusy when a runner held it past `run_locks.WAIT_SECONDS`.
+        An item its runner marked in flight and never stepped (it died
+        mid-publish) is counted published and `in_doubt`. Audited
+        `events_replay_cancelled` under `actor`, with what it reports."""
         async with self._connection() as connection:
-            return await waiting_for_run(connection, SQL["cancel_event_replay"], replay_id) is not None
+            row = await waiting_for_run(connection, run_lock(EVENT_REPLAYS, replay_id), SQL["cancel_event_replay"],
+                                        replay_id)
+        if row is None:
+            return False
+        if actor is not None:
+            cancelled = await self.get(replay_id)
+            assert cancelled is not None
+            await self.record_audit(actor, "events_replay_cancelled", {
+                "event_replay_id": replay_id, "handled": cancelled.handled, "published": cancelled.published,
+                "skipped": cancelled.skipped, "in_doubt": cancelled.in_doubt})
+        return True
 
     @contextlib.asynccontextmanager
     async def held(self, replay_id: int, stepped_at: datetime | None) -> AsyncIterator["HeldReplay"]:
@@ -86,10 +100,10 @@ class EventReplayStore:
         (or claim) was at `stepped_at`, with its state as that runner sees it:
         `taken_over` when another runner claimed it since (a cancel leaves
         stepped_at as it was)."""
-        async with self._connection() as connection, holding(connection):
+        async with self._connection() as connection, holding(connection, run_lock(EVENT_REPLAYS, replay_id)) as hold:
             row = await connection.fetchrow(SQL["lock_event_replay"], replay_id)
             state = None if row is None else TAKEN_OVER if row["stepped_at"] != stepped_at else row["state"]
-            yield HeldReplay(connection, replay_id, state)
+            yield HeldReplay(hold, replay_id, state)
 
     async def items(self, replay_id: int, first: int) -> AsyncIterator[ReplayItem]:
         """The frozen items from `first` on, in order, read a page at a time."""
@@ -129,13 +143,18 @@ class EventReplayStore:
 class HeldReplay:
     """A replay's row as its runner holds it for one item (`EventReplayStore.held`)."""
 
-    connection: asyncpg.Connection
+    hold: Hold
     replay_id: int
     state: str | None
 
+    async def in_flight(self, item: int) -> None:
+        """"Item `item` in flight" committed, the replay still held: before its publish."""
+        await self.hold.in_flight(SQL["event_replay_in_flight"], self.replay_id, item)
+
     async def step(self, item: int, published: bool, stepped_at: datetime | None) -> datetime | None:
         """The step's time, the runner's next `stepped_at`; None when the run is not this runner's."""
-        return await self.connection.fetchval(SQL["event_replay_step"], self.replay_id, item, published, stepped_at)
+        return await self.hold.connection.fetchval(SQL["event_replay_step"], self.replay_id, item, published,
+                                                   stepped_at)
 
 
 class EventReplayJob:
@@ -165,6 +184,10 @@ class EventReplayJob:
                 yield held.state
             finally:
                 self._held = None
+
+    async def in_flight(self, item: ReplayItem) -> None:
+        assert self._held is not None, "an item is marked in flight while the row is held"
+        await self._held.in_flight(item.item)
 
     async def act(self, item: ReplayItem) -> bool:
         return await self._store.publish(self._channel(), self._namespace, self.id, item)

@@ -42,6 +42,7 @@ class EventReplay:
     started_at: datetime | None
     stepped_at: datetime | None
     finished_at: datetime | None
+    in_doubt: bool = False  # a Cancel counted an item published its runner (dead mid-publish) never stepped
 
     @classmethod
     def from_row(cls, row) -> "EventReplay":
@@ -67,7 +68,8 @@ class EventReplay:
         """`events replay --show --json` / `GET /admin/events/replay/{id}`."""
         return {
             "id": self.id, "state": self.state, "filter": self.filter, "total": self.total,
-            "handled": self.handled, "published": self.published, "skipped": self.skipped, "rate": self.rate,
+            "handled": self.handled, "published": self.published, "in_doubt": int(self.in_doubt),
+            "skipped": self.skipped, "rate": self.rate,
             "error": self.error, "created_by": self.created_by, "created_at": iso_utc(self.created_at),
             "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
         }

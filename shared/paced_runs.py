@@ -3,15 +3,18 @@ audited — the machinery the dead letters' bulk actions and the replays of
 archived events share (docs/reference.md §8.1, §8).
 
 Item n is acted on no sooner than n / rate seconds after the start, so ten
-thousand never flood the workers. Each item is one hold of the run's row
+thousand never flood the workers. Each item is one hold of the run
 (`job.holding()`, `shared/run_locks.py`): its state read under the lock,
-the item acted on, its progress written, then the lock let go. Another
-process (the console's Cancel, `events replay --cancel`) ends the run by
-writing `cancelled`, which waits for an item in flight: once it returns,
-nothing more is acted on. Progress is written with each item, so any
-process shows it, and a run that stopped (the broker or Postgres failed,
-the process ended) resumes with what is left. The audit log gets one entry
-when the run starts and one when it ends.
+"item n in flight" committed (`job.in_flight`), the item acted on, its
+progress written, then the lock let go. Another process (the console's
+Cancel, `events replay --cancel`) ends the run by writing `cancelled`,
+which waits for an item in flight: once it returns, nothing more is acted
+on, and an item its runner marked in flight but never stepped (it died
+mid-publish) is counted as one that may have been acted on. Progress is
+written with each item, so any process shows it, and a run that stopped
+(the broker or Postgres failed, the process ended) resumes with what is
+left, the item in flight included. The audit log gets one entry when the
+run starts and one when it ends.
 
 What an item is, how it is acted on and where progress lives is the job's
 (`PacedJob`): `ingress/console/bulk.py` for dead letters,
@@ -45,6 +48,9 @@ class PacedJob(Protocol):
     def holding(self) -> AbstractAsyncContextManager[str | None]:
         """The run's row locked for one item (`shared/run_locks.py`), its state
         read under the lock: `act` and `step` run inside, and a cancel waits."""
+
+    async def in_flight(self, item: Any) -> None:
+        """"`item` in flight" committed (`run_locks.Hold.in_flight`), the run still held."""
 
     async def act(self, item: Any) -> bool:
         """True when acted on, False when skipped."""
@@ -86,6 +92,7 @@ async def _steps(job: PacedJob, acted: list[Any]) -> str:
         async with job.holding() as seen:
             if seen != "running":
                 return TAKEN_OVER if seen == TAKEN_OVER else "cancelled"
+            await job.in_flight(item)  # before the act: a cancel behind a runner that dies in it learns of it
             done = await job.act(item)
             if done:
                 acted.append(item)  # acted on, whether or not its step commits

@@ -161,7 +161,12 @@ VALUES ($1, $2::bigint[], $3::jsonb, $4)
 RETURNING id
 
 -- name: get_bulk_action
-SELECT * FROM console_bulk_actions WHERE id = $1
+-- The action, and the dead letter a Cancel counted done that its runner,
+-- dead mid-act, never stepped (cancel_bulk_action): none or one.
+SELECT b.*, CASE WHEN f.in_doubt THEN ARRAY[f.item] ELSE '{}'::bigint[] END AS in_doubt
+FROM console_bulk_actions b
+LEFT JOIN paced_run_in_flight f ON f.kind = 'bulk_action' AND f.run_id = b.id
+WHERE b.id = $1
 
 -- name: claim_bulk_action
 -- Start (or resume after a failure) at $2 per second: only one process runs it.
@@ -184,9 +189,27 @@ SET state = $2, error = $3, finished_at = now()
 WHERE id = $1 AND state = 'running'
 
 -- name: cancel_bulk_action
-UPDATE console_bulk_actions SET state = 'cancelled', finished_at = now()
-WHERE id = $1 AND state IN ('prepared', 'running', 'failed')
-RETURNING id
+-- Under the run's lock, as cancel_event_replay: a dead letter marked in
+-- flight and neither done nor skipped is counted done, and in doubt.
+WITH run AS (
+    SELECT b.id, f.item AS in_doubt FROM console_bulk_actions b
+    LEFT JOIN paced_run_in_flight f ON f.kind = 'bulk_action' AND f.run_id = b.id
+                                   AND NOT f.item = ANY(b.done || b.skipped)
+    WHERE b.id = $1 AND b.state IN ('prepared', 'running', 'failed')
+), doubted AS (
+    UPDATE paced_run_in_flight f SET in_doubt = true FROM run
+    WHERE f.kind = 'bulk_action' AND f.run_id = run.id AND run.in_doubt IS NOT NULL
+)
+UPDATE console_bulk_actions b SET state = 'cancelled', finished_at = now(),
+    done = CASE WHEN run.in_doubt IS NULL THEN b.done ELSE b.done || run.in_doubt END
+FROM run WHERE b.id = run.id
+RETURNING b.id
+
+-- name: bulk_action_in_flight
+-- Dead letter $2 about to be acted on by bulk action $1, committed before
+-- (cancel_bulk_action reads it when the runner never stepped it).
+INSERT INTO paced_run_in_flight (kind, run_id, item) VALUES ('bulk_action', $1, $2)
+ON CONFLICT (kind, run_id) DO UPDATE SET item = EXCLUDED.item, marked_at = now(), in_doubt = false
 
 -- name: lock_bulk_action
 -- The runner's hold of its bulk action for one dead letter (lock_event_replay's).
@@ -685,7 +708,11 @@ WITH selected AS (
 SELECT id FROM replay
 
 -- name: get_event_replay
-SELECT * FROM event_replays WHERE id = $1
+-- The replay, and whether a Cancel counted an item published that its
+-- runner, dead mid-publish, never stepped (cancel_event_replay).
+SELECT r.*, coalesce(f.in_doubt, false) AS in_doubt FROM event_replays r
+LEFT JOIN paced_run_in_flight f ON f.kind = 'event_replay' AND f.run_id = r.id
+WHERE r.id = $1
 
 -- name: event_replay_items
 -- Items $2 and after of replay $1, in order, at most $3.
@@ -724,9 +751,28 @@ UPDATE event_replays SET state = $2, error = $3, finished_at = now()
 WHERE id = $1 AND state = 'running' AND stepped_at = $4
 
 -- name: cancel_event_replay
-UPDATE event_replays SET state = 'cancelled', finished_at = now()
-WHERE id = $1 AND state IN ('prepared', 'running', 'failed')
-RETURNING id
+-- Under the run's lock (shared/run_locks.py: no runner is mid-item). An item
+-- marked in flight and not stepped (its runner died, or its publish failed,
+-- once it may have been sent) is counted published and handled, and marked
+-- in doubt: what a cancel reports published is all that can have gone out.
+WITH run AS (
+    SELECT r.id, f.item IS NOT NULL AS in_doubt FROM event_replays r
+    LEFT JOIN paced_run_in_flight f ON f.kind = 'event_replay' AND f.run_id = r.id AND f.item = r.next_item
+    WHERE r.id = $1 AND r.state IN ('prepared', 'running', 'failed')
+), doubted AS (
+    UPDATE paced_run_in_flight f SET in_doubt = true FROM run
+    WHERE f.kind = 'event_replay' AND f.run_id = run.id AND run.in_doubt
+)
+UPDATE event_replays r SET state = 'cancelled', finished_at = now(),
+    next_item = r.next_item + run.in_doubt::integer, published = r.published + run.in_doubt::integer
+FROM run WHERE r.id = run.id
+RETURNING r.id, run.in_doubt
+
+-- name: event_replay_in_flight
+-- Item $2 of replay $1 about to be published, committed before its publish
+-- (cancel_event_replay reads it when the runner never stepped it).
+INSERT INTO paced_run_in_flight (kind, run_id, item) VALUES ('event_replay', $1, $2)
+ON CONFLICT (kind, run_id) DO UPDATE SET item = EXCLUDED.item, marked_at = now(), in_doubt = false
 
 -- name: lock_event_replay
 -- The runner's hold of its replay for one item: the state it acts on, and

@@ -101,7 +101,7 @@ async def _show_or_cancel(settings: Settings, replay_id: int, cancel: bool) -> E
     async with database(settings) as connection:
         store = EventReplayStore(connection)
         if cancel:
-            await store.cancel(replay_id)
+            await store.cancel(replay_id, Actor.cli())
         found = await store.get(replay_id)
     if found is None:
         raise NoSuchReplay(f"no replay {replay_id}")
@@ -140,10 +140,15 @@ class _Progress:
 
 def _describe(document: dict) -> str:
     lines = [f"replay {document['id']}: {document['state']}, {document['handled']} of {document['total']} handled"
-             f" ({document['published']} published, {document['skipped']} skipped)"
+             f" ({document['published']} published"
+             + (f", {document['in_doubt']} of them in doubt" if document["in_doubt"] else "")
+             + f", {document['skipped']} skipped)"
              + (f" at {document['rate']:g} per second" if document["rate"] else ""),
              f"filter: {document['filter'] or 'none: every archived event'}",
              f"asked by {document['created_by']} at {document['created_at']}"]
     if document["error"]:
         lines.append(f"stopped: {document['error']}")
+    if document["in_doubt"]:
+        lines.append("in doubt: its runner died while publishing the last event counted published;"
+                     " it may not have gone out")
     return "\n".join(lines)

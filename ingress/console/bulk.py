@@ -51,6 +51,10 @@ class _DeadLetterJob:
             finally:
                 self._held = None
 
+    async def in_flight(self, dead_letter_id: int) -> None:
+        assert self._held is not None, "a dead letter is marked in flight while the row is held"
+        await self._held.in_flight(dead_letter_id)
+
     async def act(self, dead_letter_id: int) -> bool:
         try:
             if self.action.action == "replay":

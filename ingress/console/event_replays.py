@@ -87,7 +87,7 @@ async def start_replay(request: web.Request) -> web.Response:
 async def cancel_replay(request: web.Request) -> web.Response:
     replay_id = _id(request)
     try:
-        cancelled = await _store(request).cancel(replay_id)
+        cancelled = await _store(request).cancel(replay_id, actor(request))
     except RunBusy as busy:
         await leave_message(request, "error", str(busy))
         raise web.HTTPSeeOther(f"/console/event-replays/{replay_id}") from None

@@ -130,8 +130,8 @@ class _CancelledMidDiscard(DeadLetterStore):
 
 async def _answered_or_waiting(cancelling: asyncio.Task, database_url: str) -> bool:
     return cancelling.done() or await count_rows(
-        database_url, "pg_stat_activity", "wait_event_type = 'Lock' AND query LIKE "
-        "'%console_bulk_actions SET state = ''cancelled''%'") > 0
+        database_url, "pg_stat_activity", "wait_event_type = 'Lock' AND datname = current_database() AND query = "
+        f"'{run_locks.WAIT_FOR_RUN}'") > 0
 
 
 async def test_what_a_bulk_cancel_reports_done_is_all_that_is_ever_done(console_settings):
