@@ -1,0 +1,94 @@
+"""A replay whose runner died mid-publish, taken over: the item it had in
+flight is published again by its successor, and the handler still runs once
+(docs/design.md, "A replay by selection"). Real worker process, real paced
+runs; the first copy is run and completed before the second is sent, as a
+takeover 30 s later would find it."""
+
+import asyncio
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from tests.support.archive import archived_event, minutes_ago, seed_archive
+from tests.support.events import queue_depth
+from tests.support.exactly_once import effects_by_key, metered_worker, write_sources
+from tests.support.processes import count_rows, outcomes, wait_for_output, wait_until
+from tests.support.replay_handlers import REPLAY_RUNS_TABLE
+from webhook_ingest.dlq import confirm_channel
+from webhook_ingest.shared import topology
+from webhook_ingest.shared.archived_events import parse_filter
+from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
+from webhook_ingest.shared.paced_runs import run
+
+pytestmark = pytest.mark.usefixtures("effects_tables")
+KEYS = [f"acme:evt_{n}" for n in (1, 2, 3)]
+
+
+class _DiesAfterItsFirstPublish(EventReplayStore):
+    """The store of a runner whose process dies (SIGKILL; or Postgres cut
+    from it) once its first publish was confirmed, before its step commits."""
+
+    async def publish(self, channel, namespace, replay_id, item):
+        published = await super().publish(channel, namespace, replay_id, item)
+        self._database.terminate()  # its session ends: its step's transaction, and its hold of the run, with it
+        return published
+
+
+async def test_the_item_a_dead_runner_had_in_flight_is_published_again_and_runs_once(settings, fleet, tmp_path):
+    start = minutes_ago(10)
+    await seed_archive(settings.database_url, [archived_event("acme", key.split(":")[1], start + timedelta(seconds=n))
+                                               for n, key in enumerate(KEYS)])
+    first, second = await asyncpg.connect(settings.database_url), await asyncpg.connect(settings.database_url)
+    try:
+        await second.execute(REPLAY_RUNS_TABLE)
+        worker, metrics = metered_worker(fleet, {"WEBHOOK_INGEST_SOURCES": write_sources(
+            tmp_path / "s.toml", "tests.support.replay_handlers:recorded")})
+        await wait_for_output(worker, "worker_consuming")
+        dying = _DiesAfterItsFirstPublish(first)
+        replay = await dying.prepare(parse_filter({"source": "acme"}), Actor.cli())
+        claimed = await dying.claim(replay.id, 1000)
+        assert claimed is not None
+        async with confirm_channel(settings) as channel:
+            assert await run(EventReplayJob(claimed, Actor.cli(), dying, lambda: channel, settings.namespace)) \
+                == "failed"
+            await _until_completed(settings, 1)  # the dead runner's copy ran
+
+            await second.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
+                                 replay.id)  # as 30 s + 2/rate without a step would
+            taker = EventReplayStore(second)
+            taken = await taker.claim(replay.id, 1000)  # the console's Resume
+            assert taken is not None and taken.next_item == 1  # the item in flight was never stepped
+            published: list[int] = []
+            job = EventReplayJob(taken, Actor.cli(), taker, lambda: channel, settings.namespace,
+                                 progress=lambda item, total, count, skipped: published.append(item))
+            assert await run(job) == "done"
+        await _until_settled(settings, len(KEYS))
+        finished = await taker.get(replay.id)
+        handled = await outcomes([metrics])
+    finally:
+        first.terminate()
+        await second.close()
+    assert published == [1, 2, 3]  # item 1 went out twice: once from each runner
+    assert (finished.state, finished.published, finished.handled, finished.in_doubt) == ("done", 3, 3, False)
+    assert (handled.get("processed"), handled.get("duplicate")) == (3, 1)  # the second copy reached the worker
+    assert await effects_by_key(settings.database_url) == {f"replay-{replay.id}/{key}": 1 for key in KEYS}
+
+
+async def _until_completed(settings, count: int) -> None:
+    async def done() -> bool:
+        return await count_rows(settings.database_url, "processed_events") >= count
+
+    await wait_until(done, 30, message=f"{count} completions")
+
+
+async def _until_settled(settings, count: int) -> None:
+    """`count` completions, the events queue empty, and a second more for a copy to be run (or not)."""
+    await _until_completed(settings, count)
+
+    async def drained() -> bool:
+        return await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace)) == 0
+
+    await wait_until(drained, 30, message="an empty events queue")
+    await asyncio.sleep(1.5)
