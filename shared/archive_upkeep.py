@@ -7,8 +7,9 @@ It also settles the archive (shared/archive_settling.py): every
 SETTLE_EVERY_SECONDS up to SETTLE_PAGES pages of the rows still `queued`
 or `retrying` whose event Postgres recorded an end of more than
 SETTLE_GRACE_SECONDS ago are brought up to that end — what a worker killed
-with its outcome batch unwritten left behind. A page starts where the last
-one stopped, so rows still on their way (a backlog) never hold the others
+with its outcome batch unwritten left behind. A page starts after the last
+one's last row, named whole (a burst of one millisecond is read on, not
+skipped), so rows still on their way (a backlog) never hold the others
 back.
 
 Every ingress process and every worker runs it — at start, then every
@@ -24,10 +25,9 @@ may still have it during a rolling deploy).
 
 import asyncio
 import time
-from datetime import datetime
-
 from webhook_ingest.shared import archive_settling, metrics
 from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.archived_events import Cursor
 from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
@@ -50,7 +50,7 @@ class ArchiveUpkeep:
         self._archived = [name for name, source in sources.items() if source.retention]
         self._routes = {name: [route.name for route in source.routes] for name, source in sources.items()
                         if source.routes}
-        self._settled_to: datetime | None = None  # where the next page of the sweep starts
+        self._settled_to: Cursor | None = None  # the row after which the next page of the sweep starts
         self.ready = asyncio.Event()
         self.sizes: dict[str, int] = {}  # the gauge's last reading, for the console's overview
 

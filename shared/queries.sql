@@ -314,9 +314,12 @@ WHERE dead_letters.id = $1 AND event_archive.source = dead_letters.source
 
 -- name: archive_unsettled
 -- The settling sweep's page (shared/archive_settling.py): rows still
--- queued or retrying, received more than $1 seconds ago and after $2 (NULL:
--- from the oldest), oldest first, at most $3 (read from the partial index
--- of unsettled rows, the page first: a backlog is never read whole); each
+-- queued or retrying, received more than $1 seconds ago and after the row
+-- named ($2 received_at, $6 source, $7 key, $8 arrival: the last page's
+-- last; NULL: from the oldest), in that order, at most $3 (read from the
+-- partial index of unsettled rows on that whole name, migration 0022, the
+-- page first: a backlog is never read whole, and rows sharing the last
+-- one's millisecond are not skipped); each
 -- with what Postgres recorded of its event more than $1 seconds ago, under
 -- its key or one of its routes' (`KEY#ROUTE`; $4 sources, $5 their routes)
 -- and with its event id (event evt_a's route billing and event
@@ -333,8 +336,9 @@ SELECT a.source, a.key, a.received_at, a.arrival, a.status, a.attempts, a.payloa
            AS processed_already
 FROM (SELECT source, key, received_at, arrival, event_id, status, attempts, payload_sha256 FROM event_archive
       WHERE status IN ('queued', 'retrying') AND received_at < now() - make_interval(secs => $1)
-        AND ($2::timestamptz IS NULL OR received_at > $2)
-      ORDER BY received_at
+        AND (received_at, source, key, arrival) > (coalesce($2::timestamptz, '-infinity'), coalesce($6::text, ''),
+                                                   coalesce($7::text, ''), coalesce($8::int8, -9223372036854775808))
+      ORDER BY received_at, source, key, arrival
       LIMIT $3) a
 CROSS JOIN LATERAL (
     SELECT a.key || coalesce((SELECT array_agg(a.key || '#' || r.route) FROM unnest($4::text[], $5::text[])
@@ -350,7 +354,7 @@ LEFT JOIN LATERAL (
       AND d.status IN ('dead', 'discarded')
       AND d.updated_at < now() - make_interval(secs => $1)
     ORDER BY d.status = 'dead' DESC, d.id DESC LIMIT 1) dead ON true
-ORDER BY a.received_at
+ORDER BY a.received_at, a.source, a.key, a.arrival
 
 -- name: archive_settle
 -- The sweep's decisions: each row brought to its event's end, only while
