@@ -129,7 +129,7 @@ RETURNING id
 -- A discarded dead letter's event starts afresh if the provider sends it
 -- again: its key forgets the attempt handed on (workers/attempts.py), when
 -- that record is of the discarded payload.
-UPDATE key_fences SET replay_of = 0, attempt = 0, payload_sha256 = NULL
+UPDATE key_fences SET replay_of = 0, attempt = 0, payload_sha256 = NULL, arrival = NULL
 FROM dead_letters
 WHERE dead_letters.id = ANY($1::bigint[]) AND key_fences.key = dead_letters.key
   AND key_fences.payload_sha256 = dead_letters.payload_sha256
@@ -253,9 +253,11 @@ WHERE archived.body IS NULL
 -- guesses only for a completion that names none, the previous release's
 -- (still sweeping during an upgrade) only past the grace. One run, one
 -- `processed`. And a twin's `duplicate` of the arrival its run's
--- completion names is not written at all: that arrival's end is the run's
--- `processed`, its worker's or, the batch lost with a killed worker, the
--- sweep's (which reads no `duplicate` row).
+-- completion names, or the key's last attempt handed on names (key_fences,
+-- migration 0023: the twin found that attempt run), is not written at all:
+-- that arrival's end is its own chain's, its worker's note or, the batch
+-- lost with a killed worker, the sweep's (which reads the row still queued
+-- or retrying, never a `duplicate` one).
 -- A row the ingress has not written yet is made without its body.
 WITH outcome AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::text[],
@@ -269,9 +271,12 @@ SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond'
        status, replay_of, attempts, last_error,
        CASE WHEN status = 'processed' THEN timestamptz 'epoch' + at_ms * interval '1 millisecond' END
 FROM outcome
-WHERE NOT (status = 'duplicate' AND EXISTS (  -- a twin's, of the arrival that ran (see above)
+WHERE NOT (status = 'duplicate' AND (EXISTS (  -- a twin's, of the arrival that ran (see above)
     SELECT FROM processed_events p WHERE p.key = outcome.key || coalesce('#' || outcome.route, '')
-                                     AND p.event_id = outcome.event_id AND p.arrival = outcome.arrival))
+                                     AND p.event_id = outcome.event_id AND p.arrival = outcome.arrival)
+  OR EXISTS (  -- a twin's, of the arrival whose attempt was handed on
+    SELECT FROM key_fences f WHERE f.key = outcome.key || coalesce('#' || outcome.route, '')
+                               AND f.arrival = outcome.arrival AND f.payload_sha256 = outcome.payload_sha256)))
 ON CONFLICT (source, key, received_at, arrival) DO UPDATE
 SET status = EXCLUDED.status, replay_of = EXCLUDED.replay_of, attempts = EXCLUDED.attempts,
     last_error = coalesce(EXCLUDED.last_error, archived.last_error), completed_at = EXCLUDED.completed_at

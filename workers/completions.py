@@ -128,7 +128,7 @@ class CompletionStore:
                 async with self._connection(timeout=10) as connection, closed_if_left_by(connection, TIMED_OUT):
                     # idempotent: a statement lost in a black hole is made again
                     await connection.execute(SQL["record_handed_on"], message.key, message.replay_of,
-                                             message.attempt, message.payload_sha256, timeout=10)
+                                             message.attempt, message.payload_sha256, message.arrival, timeout=10)
                 return
             except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
                 log.warning("attempt_record_waiting_for_postgres", error=describe(exc), retry_in=pause)

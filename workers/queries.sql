@@ -39,13 +39,15 @@ FROM unnest($1::text[], $2::bigint[]) AS ours(key, token)
 WHERE key_fences.key = ours.key AND key_fences.token = ours.token
 
 -- name: record_handed_on
--- Attempt $3 of chain $2 (workers/attempts.py), payload $4, was handed on:
--- its retry message is confirmed or its dead letter committed. Only ever
--- moves forward. A key without a fence row (a message the delivery limit
--- stopped before any run took a lease) gets one, its lease free.
-INSERT INTO key_fences (key, token, replay_of, attempt, payload_sha256)
-VALUES ($1, nextval('fencing_tokens'), $2, $3, $4)
-ON CONFLICT (key) DO UPDATE SET replay_of = $2, attempt = $3, payload_sha256 = $4, updated_at = now()
+-- Attempt $3 of chain $2 (workers/attempts.py), payload $4, of arrival $5
+-- (0: none; migration 0023) was handed on: its retry message is confirmed
+-- or its dead letter committed. Only ever moves forward. A key without a
+-- fence row (a message the delivery limit stopped before any run took a
+-- lease) gets one, its lease free.
+INSERT INTO key_fences (key, token, replay_of, attempt, payload_sha256, arrival)
+VALUES ($1, nextval('fencing_tokens'), $2, $3, $4, nullif($5::int8, 0))
+ON CONFLICT (key) DO UPDATE
+    SET replay_of = $2, attempt = $3, payload_sha256 = $4, arrival = nullif($5::int8, 0), updated_at = now()
 WHERE key_fences.replay_of < $2 OR (key_fences.replay_of = $2 AND key_fences.attempt < $3)
 
 -- name: completed_keys
@@ -136,7 +138,7 @@ SELECT now() - $1::interval
 WITH doomed AS (
     SELECT key FROM processed_events WHERE completed_at < $1 LIMIT $2
 ), forgotten AS (
-    UPDATE key_fences SET replay_of = 0, attempt = 0, payload_sha256 = NULL
+    UPDATE key_fences SET replay_of = 0, attempt = 0, payload_sha256 = NULL, arrival = NULL
     WHERE key IN (SELECT key FROM doomed)
 )
 DELETE FROM processed_events

@@ -1,9 +1,9 @@
 """1c1a6ff's interleaving with real worker processes and real SIGKILLs: a
 twin message of one arrival (the outbox's row beside a publish confirmed
-late) finds the arrival's attempt 1 handed on and archives 'duplicate'
-before the chain's own notes; the run that follows completes and its
-worker is killed before its outcome batch. The archive's upkeep must still
-say the arrival ran."""
+late) finds the arrival's attempt 1 handed on, after the chain's own
+'retrying' note died with its worker; the run that follows completes and
+its worker is killed before its outcome batch. The twin's note must not
+hide the run, and the archive's upkeep must say the arrival ran."""
 
 import dataclasses
 import time
@@ -52,17 +52,16 @@ async def _lose_the_batch(connection) -> None:
         " AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO event_archive%'") == 1
 
 
+async def _no_outcome_batch_waiting(connection) -> bool:
+    return not await _outcome_batch_waiting(connection)
+
+
 async def _outcome_batch_waiting(connection) -> bool:
     return bool(await connection.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
         " AND query LIKE '%INSERT INTO event_archive%'"))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "The twin's 'duplicate' (0, 1) of a handed-on attempt lands on the still-queued row (the chain's 'retrying' "
-    "note died with its SIGKILLed worker); attempt 2 completes naming the arrival and its worker is SIGKILLed before "
-    "its outcome batch. The upkeep's sweep reads only queued/retrying rows: the arrival that ran stays 'duplicate', "
-    "no arrival of the event 'processed' (design.md 'The archive' lists it open)."))
 async def test_a_twin_of_a_handed_on_attempt_and_two_kills_still_archive_the_run(settings, fleet, tmp_path,
                                                                                  monkeypatch):
     sources_path = tmp_path / "sources.toml"
@@ -83,15 +82,20 @@ async def test_a_twin_of_a_handed_on_attempt_and_two_kills_still_archive_the_run
         await wait_until(lambda: _one(connection, "SELECT attempt FROM key_fences WHERE key = $1", event.key),
                          60, message="attempt 1 handed on")
         await wait_until(lambda: _outcome_batch_waiting(connection), 60, message="its 'retrying' note waiting")
+        assert await _one(connection, "SELECT arrival FROM key_fences WHERE key = $1", event.key) == event.arrival
         first.kill()
         await _lose_the_batch(connection)
         await held.rollback()
         assert await _one(connection, "SELECT status FROM event_archive WHERE key = $1", event.key) == "queued"
 
+        held = await _hold_archive_writes(blocker)
         await publish_events(settings.amqp_url, settings.namespace, [event])  # the twin: same arrival, attempt 1
         second = fleet.worker("--concurrency", "8", env=env)
-        await wait_until(lambda: _one(connection, "SELECT status = 'duplicate' FROM event_archive WHERE key = $1",
-                                      event.key), 30, message="the twin's 'duplicate' written")
+        await wait_until(lambda: _outcome_batch_waiting(connection), 30, message="the twin's note waiting")
+        await held.rollback()
+        await wait_until(lambda: _no_outcome_batch_waiting(connection), 30, message="the twin's note written")
+        # acked as a copy of its own arrival's attempt: the arrival's end is its chain's, not 'duplicate'
+        assert await _one(connection, "SELECT status FROM event_archive WHERE key = $1", event.key) == "queued"
         held = await _hold_archive_writes(blocker)
         await wait_until(lambda: _one(connection, "SELECT count(*) FROM processed_events WHERE key = $1", event.key),
                          60, message="attempt 2 completed")
@@ -99,7 +103,7 @@ async def test_a_twin_of_a_handed_on_attempt_and_two_kills_still_archive_the_run
         second.kill()
         await _lose_the_batch(connection)
         await held.rollback()
-        assert await _one(connection, "SELECT status FROM event_archive WHERE key = $1", event.key) == "duplicate"
+        assert await _one(connection, "SELECT status FROM event_archive WHERE key = $1", event.key) == "queued"
         assert await _one(connection, "SELECT arrival FROM processed_events WHERE key = $1", event.key) == event.arrival
 
         monkeypatch.setattr(archive_upkeep, "SETTLE_GRACE_SECONDS", 0.0)
