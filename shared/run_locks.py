@@ -85,13 +85,13 @@ async def holding(connection: asyncpg.Connection, lock: int) -> AsyncIterator[Ho
     try:
         await connection.execute("SELECT pg_advisory_lock($1)", lock)
         yield Hold(connection, lock)
-    except BaseException:
+        await connection.execute(f"COMMIT; SELECT pg_advisory_unlock({int(lock)})")
+    except BaseException:  # also a COMMIT that failed: the rest of its query (the unlock) did not run
         try:
             await connection.execute(f"ROLLBACK; SELECT pg_advisory_unlock({int(lock)})")
         except BaseException:  # noqa: BLE001 - its session is gone or going: its end lets the run go
             connection.terminate()
         raise
-    await connection.execute(f"COMMIT; SELECT pg_advisory_unlock({int(lock)})")
 
 
 def _limits() -> str:
