@@ -103,7 +103,7 @@ class EventReplayStore:
         async with self._connection() as connection, holding(connection, run_lock(EVENT_REPLAYS, replay_id)) as hold:
             row = await connection.fetchrow(SQL["lock_event_replay"], replay_id)
             state = None if row is None else TAKEN_OVER if row["stepped_at"] != stepped_at else row["state"]
-            yield HeldReplay(hold, replay_id, state)
+            yield HeldReplay(hold, replay_id, state, row is not None and row["orphaned"])
 
     async def items(self, replay_id: int, first: int) -> AsyncIterator[ReplayItem]:
         """The frozen items from `first` on, in order, read a page at a time."""
@@ -146,6 +146,7 @@ class HeldReplay:
     hold: Hold
     replay_id: int
     state: str | None
+    orphaned: bool  # the item was in flight when a runner before this one died (or its publish failed)
 
     async def in_flight(self, item: int) -> None:
         """"Item `item` in flight" committed, the replay still held: before its publish."""
@@ -155,6 +156,10 @@ class HeldReplay:
         """The step's time, the runner's next `stepped_at`; None when the run is not this runner's."""
         return await self.hold.connection.fetchval(SQL["event_replay_step"], self.replay_id, item, published,
                                                    stepped_at)
+
+    async def doubted(self) -> None:
+        """The replay counts an item published that may not have gone out (in the step's transaction)."""
+        await self.hold.connection.execute(SQL["event_replay_doubted"], self.replay_id)
 
 
 class EventReplayJob:
@@ -170,6 +175,7 @@ class EventReplayJob:
         self.id, self.rate = replay.id, replay.rate or DEFAULT_RATE
         self._store, self._channel, self._namespace, self._progress = store, channel, namespace, progress
         self._published, self._skipped = replay.published, replay.skipped
+        self._doubted = 0  # items this runner counted published though it did not publish them (`step`)
         self._stepped_at = replay.stepped_at  # the claim's: whose run it is (a stalled run may be claimed again)
         self._held: HeldReplay | None = None  # the row, while an item is in flight
 
@@ -194,11 +200,16 @@ class EventReplayJob:
 
     async def step(self, item: ReplayItem, acted: bool) -> None:
         assert self._held is not None, "a step is written while the row is held"
-        stepped_at = await self._held.step(item.item, acted, self._stepped_at)
+        # Skipped now (its arrival gone) but in flight when a runner before died: that one may have sent it.
+        published = acted or self._held.orphaned
+        stepped_at = await self._held.step(item.item, published, self._stepped_at)
         if stepped_at is None:  # claimed again elsewhere meanwhile: the next state() says so
             return
+        if published and not acted:
+            await self._held.doubted()
+            self._doubted += 1
         self._stepped_at = stepped_at
-        self._published, self._skipped = self._published + acted, self._skipped + (not acted)
+        self._published, self._skipped = self._published + published, self._skipped + (not published)
         if self._progress is not None:
             self._progress(item.item, self.replay.total, self._published, self._skipped)
 
@@ -207,6 +218,7 @@ class EventReplayJob:
 
     async def audit(self, what: str, acted: list[ReplayItem] | None, **detail) -> None:
         counts = ({"total": self.replay.total, "from_item": self.replay.next_item} if acted is None
-                  else {"published": len(acted), "published_in_all": self._published, "skipped": self._skipped})
+                  else {"published": len(acted), "published_in_all": self._published, "skipped": self._skipped,
+                        "in_doubt": self._doubted})
         await self._store.record_audit(self.actor, what, {"event_replay_id": self.id, "rate": self.rate,
                                                           "filter": self.replay.filter} | counts | detail)

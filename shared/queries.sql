@@ -779,14 +779,24 @@ RETURNING r.id, run.in_doubt
 
 -- name: event_replay_in_flight
 -- Item $2 of replay $1 about to be published, committed before its publish
--- (cancel_event_replay reads it when the runner never stepped it).
+-- (cancel_event_replay reads it when the runner never stepped it). Once in
+-- doubt, a replay stays so: its published count holds one that may not
+-- have gone out.
 INSERT INTO paced_run_in_flight (kind, run_id, item) VALUES ('event_replay', $1, $2)
-ON CONFLICT (kind, run_id) DO UPDATE SET item = EXCLUDED.item, marked_at = now(), in_doubt = false
+ON CONFLICT (kind, run_id) DO UPDATE SET item = EXCLUDED.item, marked_at = now()
+
+-- name: event_replay_doubted
+-- A replay counted an item published that may not have gone out: its
+-- runner died with it in flight, and its successor skipped it.
+UPDATE paced_run_in_flight SET in_doubt = true WHERE kind = 'event_replay' AND run_id = $1
 
 -- name: lock_event_replay
 -- The runner's hold of its replay for one item: the state it acts on, and
 -- the row locked until the item's step commits (a cancel waits for it).
-SELECT state, stepped_at FROM event_replays WHERE id = $1 FOR UPDATE
+-- `orphaned`: the item is marked in flight by a runner that never stepped it.
+SELECT r.state, r.stepped_at, f.item IS NOT NULL AS orphaned FROM event_replays r
+LEFT JOIN paced_run_in_flight f ON f.kind = 'event_replay' AND f.run_id = r.id AND f.item = r.next_item
+WHERE r.id = $1 FOR UPDATE OF r
 
 
 -- name: replays_of_event

@@ -95,12 +95,6 @@ async def _until_settled(settings, count: int) -> None:
     await asyncio.sleep(1.5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "attacker review of c1ae24a: a takeover whose item in flight (published by the runner that died) is no "
-    "longer archived (its day dropped by the retention meanwhile) steps it 'skipped': the replay ends done "
-    "with published 1 while 2 events went out, and nothing says one is in doubt. The mark of a dead runner "
-    "found by its successor is forgotten; a fix would count such an item published (in doubt) when it is "
-    "skipped, as a Cancel does"))
 async def test_a_takeover_that_finds_the_item_in_flight_gone_from_the_archive_still_counts_what_went_out(settings):
     start = minutes_ago(10)
     await seed_archive(settings.database_url, [archived_event("acme", key.split(":")[1], start + timedelta(seconds=n))
