@@ -251,8 +251,9 @@ class DeadLetterStore:
         """The bulk action's row locked for one dead letter by its runner, with its state."""
         lock = run_lock(BULK_ACTIONS, bulk_action_id)
         async with self._connection() as connection, holding(connection, lock) as hold:
-            state = await connection.fetchval(SQL["lock_bulk_action"], bulk_action_id)
-            yield HeldBulk(hold, bulk_action_id, state)
+            row = await connection.fetchrow(SQL["lock_bulk_action"], bulk_action_id)
+            yield HeldBulk(hold, bulk_action_id, None if row is None else row["state"],
+                           None if row is None else row["orphaned"])
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,7 @@ class HeldBulk:
     hold: Hold
     bulk_action_id: int
     state: str | None
+    orphaned: int | None  # the dead letter in flight when a runner before this one died (or its act failed)
 
     async def in_flight(self, dead_letter_id: int) -> None:
         """"`dead_letter_id` in flight" committed, the action still held: before acting on it."""

@@ -213,7 +213,10 @@ ON CONFLICT (kind, run_id) DO UPDATE SET item = EXCLUDED.item, marked_at = now()
 
 -- name: lock_bulk_action
 -- The runner's hold of its bulk action for one dead letter (lock_event_replay's).
-SELECT state FROM console_bulk_actions WHERE id = $1 FOR UPDATE
+-- `orphaned`: the dead letter a runner marked in flight and never stepped.
+SELECT b.state, f.item AS orphaned FROM console_bulk_actions b
+LEFT JOIN paced_run_in_flight f ON f.kind = 'bulk_action' AND f.run_id = b.id AND NOT f.item = ANY(b.done || b.skipped)
+WHERE b.id = $1 FOR UPDATE OF b
 
 -- the event archive --------------------------------------------------------
 -- Written in batches behind the requests' and the workers' backs

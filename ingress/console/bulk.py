@@ -37,6 +37,7 @@ class _DeadLetterJob:
         self.id, self.name, self.rate = action.id, f"bulk_{action.action}", action.rate or DEFAULT_RATE
         self._store, self._publisher, self._namespace = store, publisher, namespace
         self._held: HeldBulk | None = None  # the row, while a dead letter is in flight
+        self._no_longer_open = False  # the dead letter in flight was skipped as replayed or discarded meanwhile
 
     async def remaining(self) -> AsyncIterator[int]:
         for dead_letter_id in self.action.remaining:
@@ -64,13 +65,17 @@ class _DeadLetterJob:
                                                  self.actor, bulk_action_id=self.id)
             else:
                 await self._store.discard_if_open(dead_letter_id, self.actor, bulk_action_id=self.id)
-        except _SKIPPED:
+        except _SKIPPED as skipped:
+            self._no_longer_open = isinstance(skipped, ChangedMeanwhile)
             return False
         return True
 
     async def step(self, dead_letter_id: int, acted: bool) -> None:
         assert self._held is not None, "a step is written while the row is held"
-        await self._held.step(dead_letter_id, acted)
+        # No longer open because a runner before this one acted on it, then died before its step: done, not skipped.
+        done = acted or (dead_letter_id == self._held.orphaned and self._no_longer_open)
+        self._no_longer_open = False
+        await self._held.step(dead_letter_id, done)
 
     async def finish(self, state: str, error: str | None) -> None:
         await self._store.finish_bulk(self.id, state, error)

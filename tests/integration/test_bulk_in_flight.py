@@ -4,7 +4,6 @@
 real paced run; the runner's death is its held session's end."""
 
 import asyncpg
-import pytest
 
 from tests.support.dead_letters import seed_dead_letters
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
@@ -48,12 +47,6 @@ async def test_a_cancel_behind_a_bulk_runner_that_died_counts_its_dead_letter_do
     assert statuses == {first: "discarded", second: "dead"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "attacker review of c1ae24a: a bulk action resumed after its runner died with a dead letter in flight "
-    "(discarded, its step lost) skips that dead letter as 'replayed or discarded meanwhile': the action "
-    "reports 1 discarded, 1 skipped while it discarded both. The resumed run does not read the mark its "
-    "predecessor left (event replays do: lock_event_replay's orphaned); a fix would count such a dead letter "
-    "done (in doubt, unless its history names this action) instead of skipped"))
 async def test_a_resumed_bulk_action_counts_the_dead_letter_its_dead_runner_acted_on(settings):
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
     try:
