@@ -91,7 +91,7 @@ class EventReplayStore:
             assert cancelled is not None
             await self.record_audit(actor, "events_replay_cancelled", {
                 "event_replay_id": replay_id, "handled": cancelled.handled, "published": cancelled.published,
-                "skipped": cancelled.skipped, "in_doubt": cancelled.in_doubt})
+                "skipped": cancelled.skipped, "in_doubt": int(cancelled.in_doubt)})
         return True
 
     @contextlib.asynccontextmanager

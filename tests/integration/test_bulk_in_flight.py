@@ -3,13 +3,20 @@
 (docs/reference.md §8.1 "Bulk"; shared/run_locks.py). Real Postgres, the
 real paced run; the runner's death is its held session's end."""
 
+import re
+
 import asyncpg
 
 from tests.support.dead_letters import seed_dead_letters
+from tests.support.ingress import running_ingress
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
 from webhook_ingest.shared import paced_runs
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources
+
+TOKEN = "operator-token-of-the-bulk-in-flight-tests"
 
 
 class _DiesAfterItsFirstAct(_DeadLetterJob):
@@ -58,3 +65,23 @@ async def test_a_resumed_bulk_action_counts_the_dead_letter_its_dead_runner_acte
     finally:
         await pool.close()
     assert (sorted(finished.done), finished.skipped) == (sorted([first, second]), [])
+
+
+async def test_the_bulk_action_s_page_names_the_dead_letter_in_doubt(settings, monkeypatch):
+    monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", TOKEN)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
+    try:
+        store, action_id, (first, _) = await _died_after_discarding_the_first(settings.database_url, pool)
+        async with running_ingress(Settings(), load_sources(None)) as client:
+            login = await (await client.get("/console/login")).text()
+            csrf = re.search(r'name="csrf_token" value="([^"]+)"', login)[1]
+            await client.post("/console/login", data={"csrf_token": csrf, "token": TOKEN})
+            page = await (await client.get(f"/console/bulk/{action_id}")).text()
+            csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
+            cancelled = await (await client.post(f"/console/bulk/{action_id}/cancel",
+                                                 data={"csrf_token": csrf})).text()
+    finally:
+        await pool.close()
+    assert "Cancelled: what was done stays done." in cancelled
+    assert f'In doubt: the cancel counts dead letter <a href="/console/dead-letters/{first}">{first}</a> discarded' \
+        in cancelled
