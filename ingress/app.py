@@ -11,7 +11,6 @@ from webhook_ingest.ingress import health, webhooks
 from webhook_ingest.ingress.admin import setup_admin
 from webhook_ingest.ingress.archive import archive_ctx
 from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
-from webhook_ingest.ingress.console import setup_console
 from webhook_ingest.ingress.limits import handler_args, setup_limits
 from webhook_ingest.ingress.database import database_ctx
 from webhook_ingest.ingress.publisher import Publisher
@@ -42,7 +41,10 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
     setup_limits(app, settings)
     app.cleanup_ctx.append(done_markers_ctx)
     setup_admin(app, settings)
-    setup_console(app, settings)
+    if settings.admin_token:  # the console (jinja2, aiohttp-session, cryptography) is imported only where it is on
+        from webhook_ingest.ingress.console import setup_console
+
+        setup_console(app, settings)
     app.router.add_post("/webhooks/{source}", webhooks.receive_webhook)
     app.router.add_get("/healthz", health.healthz)
     app.router.add_get("/readyz", health.readyz)
