@@ -265,9 +265,11 @@ class HeldBulk:
     state: str | None
     orphaned: int | None  # the dead letter in flight when a runner before this one died (or its act failed)
 
-    async def in_flight(self, dead_letter_id: int) -> None:
-        """"`dead_letter_id` in flight" committed, the action still held: before acting on it."""
+    async def in_flight(self, dead_letter_id: int) -> str | None:
+        """"`dead_letter_id` in flight" committed, the action still held: before
+        acting on it. Its state as read again (`HeldReplay.in_flight`'s why)."""
         await self.hold.in_flight(SQL["bulk_action_in_flight"], self.bulk_action_id, dead_letter_id)
+        return await self.hold.connection.fetchval(SQL["lock_bulk_action"], self.bulk_action_id)
 
     async def step(self, dead_letter_id: int, acted: bool) -> None:
         await self.hold.connection.execute(SQL["bulk_action_step"], self.bulk_action_id, dead_letter_id, acted)

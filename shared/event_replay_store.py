@@ -102,8 +102,7 @@ class EventReplayStore:
         stepped_at as it was)."""
         async with self._connection() as connection, holding(connection, run_lock(EVENT_REPLAYS, replay_id)) as hold:
             row = await connection.fetchrow(SQL["lock_event_replay"], replay_id)
-            state = None if row is None else TAKEN_OVER if row["stepped_at"] != stepped_at else row["state"]
-            yield HeldReplay(hold, replay_id, state, row is not None and row["orphaned"])
+            yield HeldReplay(hold, replay_id, _seen(row, stepped_at), row is not None and row["orphaned"], stepped_at)
 
     async def items(self, replay_id: int, first: int) -> AsyncIterator[ReplayItem]:
         """The frozen items from `first` on, in order, read a page at a time."""
@@ -148,9 +147,15 @@ class HeldReplay:
     state: str | None
     orphaned: bool  # the item was in flight when a runner before this one died (or its publish failed)
 
-    async def in_flight(self, item: int) -> None:
-        """"Item `item` in flight" committed, the replay still held: before its publish."""
+    stepped_at: datetime | None  # the runner's last step (or claim): whose run it is
+
+    async def in_flight(self, item: int) -> str | None:
+        """"Item `item` in flight" committed, the replay still held: before its
+        publish. The state as read again once the row is taken again: a writer
+        of the row that does not take the run's lock (the previous release's
+        Cancel, during an upgrade) may have written it at the mark's commit."""
         await self.hold.in_flight(SQL["event_replay_in_flight"], self.replay_id, item)
+        return _seen(await self.hold.connection.fetchrow(SQL["lock_event_replay"], self.replay_id), self.stepped_at)
 
     async def step(self, item: int, published: bool, stepped_at: datetime | None) -> datetime | None:
         """The step's time, the runner's next `stepped_at`; None when the run is not this runner's."""
@@ -191,9 +196,9 @@ class EventReplayJob:
             finally:
                 self._held = None
 
-    async def in_flight(self, item: ReplayItem) -> None:
+    async def in_flight(self, item: ReplayItem) -> str | None:
         assert self._held is not None, "an item is marked in flight while the row is held"
-        await self._held.in_flight(item.item)
+        return await self._held.in_flight(item.item)
 
     async def act(self, item: ReplayItem) -> bool:
         return await self._store.publish(self._channel(), self._namespace, self.id, item)
@@ -222,3 +227,8 @@ class EventReplayJob:
                         "in_doubt": self._doubted})
         await self._store.record_audit(self.actor, what, {"event_replay_id": self.id, "rate": self.rate,
                                                           "filter": self.replay.filter} | counts | detail)
+
+
+def _seen(row, stepped_at: datetime | None) -> str | None:
+    """The replay's state as the runner whose last step was at `stepped_at` sees it (`EventReplayStore.held`)."""
+    return None if row is None else TAKEN_OVER if row["stepped_at"] != stepped_at else row["state"]

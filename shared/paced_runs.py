@@ -49,8 +49,9 @@ class PacedJob(Protocol):
         """The run's row locked for one item (`shared/run_locks.py`), its state
         read under the lock: `act` and `step` run inside, and a cancel waits."""
 
-    async def in_flight(self, item: Any) -> None:
-        """"`item` in flight" committed (`run_locks.Hold.in_flight`), the run still held."""
+    async def in_flight(self, item: Any) -> str | None:
+        """"`item` in flight" committed (`run_locks.Hold.in_flight`), the run still
+        held; its state read again, as `holding()`'s, after the commit."""
 
     async def act(self, item: Any) -> bool:
         """True when acted on, False when skipped."""
@@ -92,7 +93,11 @@ async def _steps(job: PacedJob, acted: list[Any]) -> str:
         async with job.holding() as seen:
             if seen != "running":
                 return TAKEN_OVER if seen == TAKEN_OVER else "cancelled"
-            await job.in_flight(item)  # before the act: a cancel behind a runner that dies in it learns of it
+            # Before the act: a cancel behind a runner that dies in it learns of it. Read again after the
+            # mark's commit, which lets the row go to a writer that does not take the run's lock.
+            seen = await job.in_flight(item)
+            if seen != "running":
+                return TAKEN_OVER if seen == TAKEN_OVER else "cancelled"
             done = await job.act(item)
             if done:
                 acted.append(item)  # acted on, whether or not its step commits

@@ -52,9 +52,9 @@ class _DeadLetterJob:
             finally:
                 self._held = None
 
-    async def in_flight(self, dead_letter_id: int) -> None:
+    async def in_flight(self, dead_letter_id: int) -> str | None:
         assert self._held is not None, "a dead letter is marked in flight while the row is held"
-        await self._held.in_flight(dead_letter_id)
+        return await self._held.in_flight(dead_letter_id)
 
     async def act(self, dead_letter_id: int) -> bool:
         try:
