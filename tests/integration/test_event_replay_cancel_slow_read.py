@@ -1,0 +1,75 @@
+"""A Cancel behind an ingress runner whose item outlasts its hold of the run
+(docs/reference.md §8, the cancel route: "nothing is [published] after it
+returns"). The ingress's runner reads the item's archived arrival on a
+second pooled connection, with no time limit, while its held session sits
+idle in its transaction: past run_locks.HOLD_SECONDS the server ends that
+session, its lock goes, and a Cancel waiting for it returns while the
+runner, alive, still publishes once its read is answered. Real Postgres
+and RabbitMQ; the slow read is a wait before it. The CLI's runner reads on its one connection:
+there the statement's own limit ends the read, nothing is published."""
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from tests.support.archive import archived_event, minutes_ago, seed_archive
+from tests.support.ingress import queued_events
+from webhook_ingest.dlq import confirm_channel
+from webhook_ingest.shared import run_locks
+from webhook_ingest.shared.archived_events import parse_filter
+from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
+from webhook_ingest.shared.paced_runs import run
+
+HOLD_SECONDS = 1.0  # the server's limit on the runner's held session, short for a fast test
+
+
+class _SlowArrivalRead(EventReplayStore):
+    """The ingress's store whose read of an item's arrival is slow (a retention
+    drop or a migration holds the archive's day; the pool's connections are
+    all busy): its publish waits for `answered` before it reads and publishes."""
+
+    def __init__(self, database):
+        super().__init__(database)
+        self.reading, self.answered = asyncio.Event(), asyncio.Event()
+
+    async def publish(self, channel, namespace, replay_id, item):
+        self.reading.set()
+        await self.answered.wait()
+        return await super().publish(channel, namespace, replay_id, item)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "attacker review of c1ae24a: the ingress's replay runner reads the item's arrival (event_replay_arrival) "
+    "on another pooled connection, unbounded, while its held session idles in its transaction; past "
+    "HOLD_SECONDS the server ends that session and lets the run go, a Cancel returns 'cancelled' (published "
+    "1, in doubt), and the live runner then publishes the event: 1 message queued after the Cancel returned, "
+    "which reference.md §8 says cannot happen. Candidate fix: read the arrival on the held connection "
+    "(statement_timeout HOLD_SECONDS; a killed session fails the read before any publish), as the CLI does"))
+async def test_nothing_is_published_after_a_cancel_behind_a_runner_whose_arrival_read_outlasts_its_hold(
+        settings, monkeypatch):
+    monkeypatch.setattr(run_locks, "HOLD_SECONDS", HOLD_SECONDS)
+    await seed_archive(settings.database_url, [archived_event("stripe", "evt_1", minutes_ago(10), "invoice.paid")])
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)  # as the ingress's
+    try:
+        store = _SlowArrivalRead(pool)
+        replay = await store.prepare(parse_filter({"source": "stripe"}), Actor.cli())
+        claimed = await store.claim(replay.id, 1000)
+        assert claimed is not None
+        async with confirm_channel(settings) as channel:
+            runner = asyncio.create_task(run(EventReplayJob(claimed, Actor.cli(), store, lambda: channel,
+                                                            settings.namespace)))
+            await asyncio.wait_for(store.reading.wait(), 10)  # item 1 marked in flight, its read slow
+            assert await store.cancel(replay.id)  # returns once the runner's held session is ended
+            cancelled = await store.get(replay.id)
+            queued_when_cancelled = await queued_events(settings.amqp_url, settings.namespace)
+            store.answered.set()
+            await asyncio.wait_for(runner, 15)
+        queued_after = await queued_events(settings.amqp_url, settings.namespace)
+    finally:
+        await pool.close()
+    assert cancelled is not None
+    assert (cancelled.state, cancelled.published, cancelled.in_doubt) == ("cancelled", 1, 1)  # an upper bound
+    assert queued_when_cancelled == []
+    assert [event.key for event in queued_after] == []  # nothing published after the Cancel returned
