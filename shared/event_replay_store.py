@@ -115,11 +115,16 @@ class EventReplayStore:
                 return
             first = rows[-1]["item"] + 1
 
-    async def publish(self, channel: AbstractChannel, namespace: str, replay_id: int, item: ReplayItem) -> bool:
+    async def publish(self, channel: AbstractChannel, namespace: str, replay_id: int, item: ReplayItem,
+                      held: asyncpg.Connection | None = None) -> bool:
         """Item's event published under the replay's key, confirmed by the
         broker; False, nothing published, when its arrival is no longer
-        archived (its day dropped by the retention meanwhile)."""
-        async with self._connection() as connection:
+        archived (its day dropped by the retention meanwhile). `held`: the
+        runner's session holding the run, which reads the arrival: a read
+        slower than the hold fails on its statement limit, or on the session
+        the server ended meanwhile, before any publish; on another session it
+        could be answered after a Cancel took the run and returned."""
+        async with contextlib.nullcontext(held) if held is not None else self._connection() as connection:
             arrival = await connection.fetchrow(SQL["event_replay_arrival"], item.source, item.key, item.received_at)
         if arrival is None or arrival["body"] is None:
             return False
@@ -201,7 +206,8 @@ class EventReplayJob:
         return await self._held.in_flight(item.item)
 
     async def act(self, item: ReplayItem) -> bool:
-        return await self._store.publish(self._channel(), self._namespace, self.id, item)
+        assert self._held is not None, "an item is published while the row is held"
+        return await self._store.publish(self._channel(), self._namespace, self.id, item, self._held.hold.connection)
 
     async def step(self, item: ReplayItem, acted: bool) -> None:
         assert self._held is not None, "a step is written while the row is held"

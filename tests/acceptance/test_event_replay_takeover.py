@@ -31,8 +31,8 @@ class _DiesAfterItsFirstPublish(EventReplayStore):
     """The store of a runner whose process dies (SIGKILL; or Postgres cut
     from it) once its first publish was confirmed, before its step commits."""
 
-    async def publish(self, channel, namespace, replay_id, item):
-        published = await super().publish(channel, namespace, replay_id, item)
+    async def publish(self, channel, namespace, replay_id, item, held=None):
+        published = await super().publish(channel, namespace, replay_id, item, held)
         self._database.terminate()  # its session ends: its step's transaction, and its hold of the run, with it
         return published
 

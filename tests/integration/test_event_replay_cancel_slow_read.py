@@ -1,17 +1,17 @@
 """A Cancel behind an ingress runner whose item outlasts its hold of the run
 (docs/reference.md §8, the cancel route: "nothing is [published] after it
-returns"). The ingress's runner reads the item's archived arrival on a
-second pooled connection, with no time limit, while its held session sits
-idle in its transaction: past run_locks.HOLD_SECONDS the server ends that
-session, its lock goes, and a Cancel waiting for it returns while the
-runner, alive, still publishes once its read is answered. Real Postgres
-and RabbitMQ; the slow read is a wait before it. The CLI's runner reads on its one connection:
-there the statement's own limit ends the read, nothing is published."""
+returns"). The runner's held session sits idle in its transaction while the
+item is acted on: past run_locks.HOLD_SECONDS the server ends it, its lock
+goes, and a Cancel waiting for it returns. The item's archived arrival is
+read on that held session, so a runner whose read came after that fails it
+and publishes nothing (read on another pooled connection, as before, it was
+answered and published after the Cancel returned). Real Postgres and
+RabbitMQ; the slow read is a wait before it (a retention drop or a migration
+holding the day, a busy pool)."""
 
 import asyncio
 
 import asyncpg
-import pytest
 
 from tests.support.archive import archived_event, minutes_ago, seed_archive
 from tests.support.ingress import queued_events
@@ -34,19 +34,12 @@ class _SlowArrivalRead(EventReplayStore):
         super().__init__(database)
         self.reading, self.answered = asyncio.Event(), asyncio.Event()
 
-    async def publish(self, channel, namespace, replay_id, item):
+    async def publish(self, channel, namespace, replay_id, item, held=None):
         self.reading.set()
         await self.answered.wait()
-        return await super().publish(channel, namespace, replay_id, item)
+        return await super().publish(channel, namespace, replay_id, item, held)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "attacker review of c1ae24a: the ingress's replay runner reads the item's arrival (event_replay_arrival) "
-    "on another pooled connection, unbounded, while its held session idles in its transaction; past "
-    "HOLD_SECONDS the server ends that session and lets the run go, a Cancel returns 'cancelled' (published "
-    "1, in doubt), and the live runner then publishes the event: 1 message queued after the Cancel returned, "
-    "which reference.md §8 says cannot happen. Candidate fix: read the arrival on the held connection "
-    "(statement_timeout HOLD_SECONDS; a killed session fails the read before any publish), as the CLI does"))
 async def test_nothing_is_published_after_a_cancel_behind_a_runner_whose_arrival_read_outlasts_its_hold(
         settings, monkeypatch):
     monkeypatch.setattr(run_locks, "HOLD_SECONDS", HOLD_SECONDS)

@@ -34,8 +34,8 @@ def admin_settings(settings, monkeypatch) -> Settings:
 
 
 class _DiesAfterItsFirstPublish(EventReplayStore):
-    async def publish(self, channel, namespace, replay_id, item):
-        published = await super().publish(channel, namespace, replay_id, item)
+    async def publish(self, channel, namespace, replay_id, item, held=None):
+        published = await super().publish(channel, namespace, replay_id, item, held)
         self._database.terminate()  # SIGKILL, or Postgres cut from it: its step is lost, its mark is not
         return published
 
