@@ -1,0 +1,62 @@
+"""The settling sweep against what changes a row between its page's read and
+its settle (ArchiveStore.settle: two statements, shared/archive_settling.py
+deciding in between). Real Postgres; on-call's replay is the real
+`dlq replay`, run at that moment."""
+
+import dataclasses
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from tests.support.archive import arrival_of, arrived, statuses
+from tests.support.dead_letters import failure
+from webhook_ingest.cli import main
+from webhook_ingest.shared import archive, archive_settling
+from webhook_ingest.shared.dead_letters import record_dead_letter
+
+ROUTES: dict[str, list[str]] = {}
+
+
+def _replayed_meanwhile(monkeypatch, dead_letter_id: int) -> None:
+    """On-call replays the dead letter once the sweep has read its page, before it settles it."""
+    decide = archive_settling.settled
+
+    def settled(rows):
+        done = []
+        thread = threading.Thread(target=lambda: done.append(CliRunner().invoke(
+            main, ["dlq", "replay", str(dead_letter_id)])))
+        thread.start()
+        thread.join(30)
+        assert done and done[0].exit_code == 0, done and done[0].output
+        return decide(rows)
+
+    monkeypatch.setattr(archive_settling, "settled", settled)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "attacker review of the sweep (1c359b8's brief item: a row whose status changes between page read and "
+    "settle): archive_settle writes only over a row still of the status and attempts it read, not of the chain "
+    "(replay_of). A row left queued (0) by a dead chain whose notes were lost is read, decided dead (3) from its "
+    "dead letter; on-call's replay then sets it queued (0) in chain R (archive_replayed); the settle still "
+    "matches and writes dead (3) in chain R, over which the replay's processed (R, 1) is no step on: the "
+    "replayed and processed event stays 'dead' for good (the sweep reads no dead row). Candidate fix: the "
+    "settle also matches the replay_of it read (archive_unsettled returns it, archive_settle compares it)"))
+async def test_a_dead_letter_replayed_while_the_sweep_settles_its_arrival_ends_as_the_replay_does(
+        archive_store, settings, monkeypatch):
+    event = arrival_of("acme", "evt_1", 5)
+    await arrived(archive_store, event)  # queued: every note of its chain lost with killed workers
+    dead_letter = await record_dead_letter(archive_store._database, dataclasses.replace(event, attempt=3),
+                                           [failure(1), failure(2), failure(3)])
+    _replayed_meanwhile(monkeypatch, dead_letter)
+    await archive_store.settle(0, ROUTES)
+    replay_of = await archive_store._database.fetchval("SELECT replay_of FROM event_archive WHERE key = $1",
+                                                       event.key)
+    assert replay_of > 0  # the replay's chain
+    settled = await statuses(archive_store, event.key)
+    # the replay's run completes and its worker writes its outcome
+    await archive_store.write_outcomes([archive.outcome_row(
+        dataclasses.replace(event, replay_of=replay_of, attempt=1), archive.PROCESSED, time.time())])
+    assert settled == [("queued", 0)]  # queued again, in the replay's chain, as the replay left it
+    assert await statuses(archive_store, event.key) == [("processed", 1)]
