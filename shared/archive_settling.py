@@ -50,8 +50,8 @@ GRACE_SECONDS = 60.0
 def settled(rows: Iterable[Mapping]) -> list[tuple]:
     """What the sweep writes for `rows` (`archive_unsettled`'s, oldest
     first), in the columns of `archive_settle`: each row whose event's end
-    Postgres recorded, with the status and attempts it was read with (a
-    row changed since is left to the next round)."""
+    Postgres recorded, with the status, attempts and chain it was read with
+    (a row changed since is left to the next round)."""
     processed: set[tuple[str, str]] = set()
     writes = []
     for row in rows:
@@ -63,7 +63,7 @@ def settled(rows: Iterable[Mapping]) -> list[tuple]:
         if status == PROCESSED:
             processed.add(named)
         writes.append((row["source"], row["key"], row["received_at"], row["arrival"], row["status"], row["attempts"],
-                       status, attempts, completed_at))
+                       status, attempts, completed_at, row["replay_of"]))
     return writes
 
 

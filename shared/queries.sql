@@ -336,13 +336,13 @@ WHERE dead_letters.id = $1 AND event_archive.source = dead_letters.source
 -- key is archived processed already. The completion read is one that
 -- names this arrival if any (a route's), else one naming none (from
 -- before 0020: the sweep guesses), else another arrival's.
-SELECT a.source, a.key, a.received_at, a.arrival, a.status, a.attempts, a.payload_sha256,
+SELECT a.source, a.key, a.received_at, a.arrival, a.status, a.attempts, a.replay_of, a.payload_sha256,
        done.payload_sha256 AS completed_sha256, done.attempts AS completed_attempts, done.completed_at,
        done.arrival AS completed_arrival,
        dead.status AS dead_letter, dead.attempts AS dead_attempts, dead.own AS own_dead_letter,
        EXISTS (SELECT FROM event_archive p WHERE p.source = a.source AND p.key = a.key AND p.status = 'processed')
            AS processed_already
-FROM (SELECT source, key, received_at, arrival, event_id, status, attempts, payload_sha256 FROM event_archive
+FROM (SELECT source, key, received_at, arrival, event_id, status, attempts, replay_of, payload_sha256 FROM event_archive
       WHERE status IN ('queued', 'retrying') AND received_at < now() - make_interval(secs => $1)
         AND (received_at, source, key, arrival) > (coalesce($2::timestamptz, '-infinity'), coalesce($6::text, ''),
                                                    coalesce($7::text, ''), coalesce($8::int8, -9223372036854775808))
@@ -366,17 +366,20 @@ ORDER BY a.received_at, a.source, a.key, a.arrival
 
 -- name: archive_settle
 -- The sweep's decisions: each row brought to its event's end, only while
--- it is still as the sweep read it (status $5, attempts $6); a live
--- outcome written meanwhile wins, and the next round looks again. $10,
--- $11: the first and last receive time of the rows.
+-- it is still as the sweep read it (status $5, attempts $6, chain $10: a
+-- dead letter replayed meanwhile leaves it queued at attempt 0 again, in
+-- the replay's chain, which the end read of the chain before is not); a
+-- live outcome written meanwhile wins, and the next round looks again.
+-- $11, $12: the first and last receive time of the rows.
 UPDATE event_archive AS a
 SET status = s.status, attempts = s.attempts, completed_at = coalesce(s.completed_at, a.completed_at)
 FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::int8[], $5::text[], $6::int4[], $7::text[], $8::int4[],
-            $9::timestamptz[]) AS s(source, key, received_at, arrival, was, was_attempts, status, attempts, completed_at)
+            $9::timestamptz[], $10::int8[])
+     AS s(source, key, received_at, arrival, was, was_attempts, status, attempts, completed_at, was_replay_of)
 WHERE a.source = s.source AND a.key = s.key AND a.received_at = s.received_at AND a.arrival = s.arrival
-  AND a.status = s.was AND a.attempts = s.was_attempts
+  AND a.status = s.was AND a.attempts = s.was_attempts AND a.replay_of = s.was_replay_of
   -- the page's range of the unsettled rows' index, not every partition whole
-  AND a.status IN ('queued', 'retrying') AND a.received_at BETWEEN $10 AND $11
+  AND a.status IN ('queued', 'retrying') AND a.received_at BETWEEN $11 AND $12
 
 -- name: archive_keep
 -- One source's tables (event_archive_keep); a lock it waits for longer than

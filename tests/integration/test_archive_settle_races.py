@@ -7,7 +7,6 @@ import dataclasses
 import threading
 import time
 
-import pytest
 from click.testing import CliRunner
 
 from tests.support.archive import arrival_of, arrived, statuses
@@ -35,14 +34,6 @@ def _replayed_meanwhile(monkeypatch, dead_letter_id: int) -> None:
     monkeypatch.setattr(archive_settling, "settled", settled)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "attacker review of the sweep (1c359b8's brief item: a row whose status changes between page read and "
-    "settle): archive_settle writes only over a row still of the status and attempts it read, not of the chain "
-    "(replay_of). A row left queued (0) by a dead chain whose notes were lost is read, decided dead (3) from its "
-    "dead letter; on-call's replay then sets it queued (0) in chain R (archive_replayed); the settle still "
-    "matches and writes dead (3) in chain R, over which the replay's processed (R, 1) is no step on: the "
-    "replayed and processed event stays 'dead' for good (the sweep reads no dead row). Candidate fix: the "
-    "settle also matches the replay_of it read (archive_unsettled returns it, archive_settle compares it)"))
 async def test_a_dead_letter_replayed_while_the_sweep_settles_its_arrival_ends_as_the_replay_does(
         archive_store, settings, monkeypatch):
     event = arrival_of("acme", "evt_1", 5)

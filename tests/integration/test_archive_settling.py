@@ -158,7 +158,7 @@ async def test_an_outcome_written_after_the_sweep_read_the_row_wins(archive_stor
     await completed(archive_store, event.key, event)
     rows = await archive_store._database.fetch(
         "SELECT source, key, received_at, arrival, 'queued' AS was, 0 AS was_attempts, 'duplicate' AS status,"
-        " 1 AS attempts, NULL::timestamptz AS completed_at FROM event_archive WHERE key = $1", event.key)
+        " 1 AS attempts, NULL::timestamptz AS completed_at, replay_of FROM event_archive WHERE key = $1", event.key)
     await archive_store.write_outcomes([archive.outcome_row(dataclasses.replace(event, attempt=2), archive.PROCESSED,
                                                     time.time())])
     await archive_store._database.execute(SQL["archive_settle"],
