@@ -51,3 +51,21 @@ async def test_a_dead_letter_replayed_while_the_sweep_settles_its_arrival_ends_a
         dataclasses.replace(event, replay_of=replay_of, attempt=1), archive.PROCESSED, time.time())])
     assert settled == [("queued", 0)]  # queued again, in the replay's chain, as the replay left it
     assert await statuses(archive_store, event.key) == [("processed", 1)]
+
+
+async def test_a_lost_outcome_in_another_source_s_table_of_the_same_millisecond_is_not_skipped(archive_store):
+    """1c359b8's cursor across sources: rows of one millisecond in two
+    sources' day tables, a page of 2 ending in the first source's, the lost
+    outcome in the second's. The page after starts at that source's rows."""
+    first = arrival_of("acme", "evt_s0", 10)
+    waiting = dataclasses.replace(arrival_of("acme", "evt_s1", 10), received_at=first.received_at)
+    done = dataclasses.replace(arrival_of("routed", "evt_s2", 10), received_at=first.received_at)
+    await arrived(archive_store, first, waiting, done)  # nothing recorded of the first two: on their way
+    await archive_store._database.execute(
+        "INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts, arrival)"
+        " VALUES ($1, $2, $3, $4, 1, $5)", done.key, done.source, done.event_id, done.payload_sha256, done.arrival)
+    settled, after = await archive_store.settle(0, ROUTES, limit=2)
+    assert (settled, after is not None) == (0, True)  # the page: acme's two, on their way
+    settled, after = await archive_store.settle(0, ROUTES, after=after, limit=2)
+    assert (settled, after) == (1, None)
+    assert await statuses(archive_store, done.key) == [("processed", 1)]
