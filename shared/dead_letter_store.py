@@ -236,15 +236,23 @@ class DeadLetterStore:
         async with self._connection() as connection:
             await connection.execute(SQL["finish_bulk_action"], bulk_action_id, state, error)
 
-    async def cancel_bulk(self, bulk_action_id: int) -> bool:
+    async def cancel_bulk(self, bulk_action_id: int, actor: Actor | None = None) -> bool:
         """Cancelled (what was done stays done); False when it had ended. Waits
         for the dead letter in flight, so that nothing is acted on after this
         returns; RunBusy when a runner held it past `run_locks.WAIT_SECONDS`.
         A dead letter its runner marked in flight and never stepped (it died
-        mid-act) is counted done and `in_doubt`."""
+        mid-act) is counted done and `in_doubt`. Audited `bulk_ACTION_cancelled`
+        under `actor`, with the ids counted done: a runner that died wrote no
+        end entry, and this one is then the log's only word of what it did."""
         async with self._connection() as connection:
-            return await waiting_for_run(connection, run_lock(BULK_ACTIONS, bulk_action_id),
-                                         SQL["cancel_bulk_action"], bulk_action_id) is not None
+            cancelled = await waiting_for_run(connection, run_lock(BULK_ACTIONS, bulk_action_id),
+                                              SQL["cancel_bulk_action"], bulk_action_id) is not None
+        if cancelled and actor is not None:
+            action = await self.bulk_action(bulk_action_id)
+            assert action is not None
+            await self.record_audit(actor, f"bulk_{action.action}_cancelled", action.done, {
+                "bulk_action_id": bulk_action_id, "skipped": len(action.skipped), "in_doubt": action.in_doubt})
+        return cancelled
 
     @contextlib.asynccontextmanager
     async def held_bulk(self, bulk_action_id: int) -> AsyncIterator["HeldBulk"]:

@@ -273,7 +273,7 @@ def _rate(raw) -> float | None:
 async def cancel_bulk(request: web.Request) -> web.Response:
     bulk_action_id = _id_or_404(request)
     try:
-        cancelled = await store(request).cancel_bulk(bulk_action_id)
+        cancelled = await store(request).cancel_bulk(bulk_action_id, actor(request))
     except RunBusy as busy:
         await leave_message(request, "error", str(busy))
         raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}") from None
