@@ -21,7 +21,7 @@ from hypothesis import settings as hypothesis_settings
 
 from webhook_ingest.migrate import migrate
 from webhook_ingest.shared.settings import Settings
-from tests.support import broker
+from tests.support import broker, polling_connections
 from tests.support.processes import Fleet
 
 SERVER_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -262,7 +262,9 @@ async def database(template_database, namespace):
     name = f"wi_{namespace}"
     clone = await asyncio.to_thread(template_database.take)
     await _admin(f'ALTER DATABASE "{clone}" RENAME TO "{name}"')
+    polling_connections.allow(database_url(name))
     yield database_url(name)
+    await polling_connections.close(database_url(name))
     template_database.drop(name)
 
 

@@ -13,6 +13,7 @@ import aiohttp
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import polling_connections
 from tests.support.tcpproxy import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,9 +112,12 @@ async def wait_until(predicate, timeout: float, interval: float = 0.05, message:
 
 
 async def count_rows(database_url: str, table: str, where: str = "TRUE") -> int:
+    query = f"SELECT count(*) FROM {table} WHERE {where}"
+    with contextlib.suppress(polling_connections.NotPolled):
+        return await polling_connections.fetchval(database_url, query)
     connection = await asyncpg.connect(database_url)
     try:
-        return await connection.fetchval(f"SELECT count(*) FROM {table} WHERE {where}")
+        return await connection.fetchval(query)
     finally:
         await connection.close()
 
