@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from webhook_ingest.shared.errors import WebhookIngestError
+from webhook_ingest.shared.sessions import terminate
 
 HOLD_SECONDS = 20.0  # a publish's limit (10 s) and a pooled connection's (5 s), with room
 WAIT_SECONDS = 30.0  # longer than a runner can hold the run
@@ -86,12 +87,28 @@ async def holding(connection: asyncpg.Connection, lock: int) -> AsyncIterator[Ho
         await connection.execute("SELECT pg_advisory_lock($1)", lock)
         yield Hold(connection, lock)
         await connection.execute(f"COMMIT; SELECT pg_advisory_unlock({int(lock)})")
-    except BaseException:  # also a COMMIT that failed: the rest of its query (the unlock) did not run
+    except BaseException as failed:  # also a COMMIT that failed: the rest of its query (the unlock) did not run
         try:
             await connection.execute(f"ROLLBACK; SELECT pg_advisory_unlock({int(lock)})")
-        except BaseException:  # noqa: BLE001 - its session is gone or going: its end lets the run go
-            connection.terminate()
+        except BaseException as gone:  # noqa: BLE001 - its session is gone or going: its end lets the run go
+            terminate(connection)
+            if isinstance(failed, Exception) and isinstance(gone, _SESSION_GONE):
+                raise SessionLost() from failed  # what the item's call said was of the pool, not of this
         raise
+
+
+class SessionLost(WebhookIngestError):
+    """The run's Postgres session ended in the middle of an item: idle or in one statement past its limit
+    (HOLD_SECONDS), Postgres restarted, or the connection was cut. Resume it."""
+
+    def __init__(self):
+        super().__init__(f"the run's Postgres session ended mid-item (idle or in one statement past "
+                         f"{HOLD_SECONDS:g} s, a restart, a cut connection): resume it")
+
+
+# What a call on a session that is gone raises: a pooled one's proxy detached (InterfaceError), the CLI's
+# one connection closed, its socket gone.
+_SESSION_GONE = (asyncpg.InterfaceError, asyncpg.ConnectionDoesNotExistError, OSError)
 
 
 def _limits() -> str:

@@ -34,8 +34,17 @@ async def closed_if_left_by(connection: asyncpg.Connection,
     try:
         yield
     except errors:
-        connection.terminate()
+        terminate(connection)
         raise
+
+
+def terminate(connection: asyncpg.Connection) -> None:
+    """Its session closed at once; nothing when it is gone already. A pooled
+    connection whose session was lost (ended by the server, cut) is detached
+    from the caller's proxy, whose every call then raises InterfaceError: over
+    the error that told of the loss, which is the one to report."""
+    with contextlib.suppress(asyncpg.InterfaceError):
+        connection.terminate()
 
 
 @contextlib.asynccontextmanager
