@@ -15,7 +15,6 @@ from collections import Counter
 from urllib.parse import urlencode
 
 import pytest
-import structlog.testing
 
 from webhook_ingest.ingress.console.security import COOKIE_NAME
 from webhook_ingest.ingress.failure_budget import FAILURES_BURST
@@ -24,6 +23,7 @@ from webhook_ingest.shared.signatures import twilio
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
 from tests.support.ingress import running_ingress
+from tests.support.logs import captured_logs
 from tests.support.signing import PROVIDERS, TWILIO_URL
 from tests.support.tcpproxy import free_port
 
@@ -278,7 +278,7 @@ async def test_a_client_refused_again_and_again_is_logged_once_a_minute(settings
     line per few bytes sent, for ever. The counters count every one."""
     async with running_ingress(settings_with(monkeypatch), sources) as client:
         before = await refusals_counted(client)
-        with structlog.testing.capture_logs() as logs:
+        with captured_logs() as logs:
             for _ in range(FAILURES_BURST + 30):
                 await client.post("/webhooks/open", data=b"{}")
             for _ in range(30):

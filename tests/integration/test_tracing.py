@@ -9,18 +9,13 @@ cut, a replay (a trace of its own, linked to the one it replays).
 import asyncio
 import contextlib
 import json
-import logging
-import sys
 
 import aio_pika
 import asyncpg
 import pytest
-import structlog
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from structlog._config import BoundLoggerLazyProxy
-from structlog.testing import capture_logs
 
 from webhook_ingest.shared import signatures, tracing
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
@@ -28,6 +23,7 @@ from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers.handlers import PermanentError
 from webhook_ingest.workers.worker import Worker
+from tests.support.logs import captured_logs as our_logs
 from tests.support.broker import amqp_port
 from tests.support.ingress import running_ingress
 from tests.support.processes import wait_until
@@ -108,25 +104,9 @@ async def until_committed(exported: InMemorySpanExporter, key: str) -> list[Read
     return list(exported.get_finished_spans())
 
 
-@contextlib.contextmanager
 def captured_logs():
-    """capture_logs, for our modules' loggers too. Each is structlog's lazy
-    proxy, which cache_logger_on_first_use binds for good on its first line
-    to the processors configured then (an earlier test's, or an earlier
-    capture's, whose list capture_logs does not touch): made lazy again,
-    and without a level an earlier configure_logging may have set."""
-    for module in list(sys.modules.values()):
-        if getattr(module, "__name__", "").startswith("webhook_ingest."):
-            for value in list(vars(module).values()):
-                if isinstance(value, BoundLoggerLazyProxy):
-                    vars(value).pop("bind", None)
-    configured = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))  # an earlier level's filter off
-    try:
-        with capture_logs(processors=[tracing.add_trace_ids]) as logs:
-            yield logs
-    finally:
-        structlog.configure(**configured)
+    """Our modules' lines, each with its trace ids."""
+    return our_logs(processors=[tracing.add_trace_ids])
 
 @pytest.mark.parametrize("source", ["logged", "batched"], ids=["alone", "in-a-batch"])
 async def test_one_trace_from_the_request_through_the_publish_to_the_handler_and_its_commit(
