@@ -145,13 +145,14 @@ class DeadLetterStore:
         return [row["id"] for row in discarded]
 
     async def replay_if_open(self, channel: AbstractChannel, namespace: str, dead_letter_id: int, actor: Actor,
-                             bulk_action_id: int | None = None) -> None:
+                             bulk_action_id: int | None = None, held: asyncpg.Connection | None = None) -> None:
         """Replay one dead letter only while it is still open: the console's
         button, and each step of a bulk replay. Its row stays locked from the
         check to the commit, so two people clicking at once replay it once; the
         second gets ChangedMeanwhile. A single replay is audited here, a bulk
-        one by its caller, once for the whole set."""
-        async with self._connection() as connection, connection.transaction():
+        one by its caller, once for the whole set. `held`: a bulk runner's
+        session holding its action (`_acting`)."""
+        async with self._acting(held) as connection:
             row = await _lock_open(connection, dead_letter_id)
             if row["last_error_type"] == UNREADABLE:
                 raise NotReplayable([dead_letter_id])
@@ -167,15 +168,33 @@ class DeadLetterStore:
             if bulk_action_id is None:
                 await _record_audit(connection, actor, "replay", [dead_letter_id])
 
-    async def discard_if_open(self, dead_letter_id: int, actor: Actor, bulk_action_id: int | None = None) -> None:
+    async def discard_if_open(self, dead_letter_id: int, actor: Actor, bulk_action_id: int | None = None,
+                              held: asyncpg.Connection | None = None) -> None:
         """Discard one dead letter only while it is still open (see replay_if_open)."""
-        async with self._connection() as connection, connection.transaction():
+        async with self._acting(held) as connection:
             await _lock_open(connection, dead_letter_id)
             await connection.execute(SQL["set_dead_letter_status"], [dead_letter_id], "discarded")
             await connection.execute(SQL["forget_handed_on"], [dead_letter_id])
             await archive_store.discarded(connection, [dead_letter_id])
             if bulk_action_id is None:
                 await _record_audit(connection, actor, "discard", [dead_letter_id])
+
+    @contextlib.asynccontextmanager
+    async def _acting(self, held: asyncpg.Connection | None) -> AsyncIterator[asyncpg.Connection]:
+        """One act's transaction: of a connection of its own, or with `held`, a
+        savepoint of the transaction in which a bulk runner holds its action
+        (`run_locks.holding`), committed with the dead letter's step. There
+        the act is under the hold's statement limit, and a session the server
+        ended meanwhile (idle past it) fails the act before anything is
+        written or published: on another connection it was answered, and
+        committed, after a Cancel took the action and returned. A runner
+        killed mid-act leaves nothing of it written."""
+        if held is not None:
+            async with _savepoint(held, "bulk_act"):
+                yield held
+            return
+        async with self._connection() as connection, connection.transaction():
+            yield connection
 
     async def replay(self, channel: AbstractChannel, namespace: str, ids: Sequence[int] | None = None,
                      all_: bool = False, source: str | None = None, actor: Actor = UNKNOWN_ACTOR) -> Replayed:
@@ -308,12 +327,28 @@ async def _mark_replayed(connection, row, actor: Actor, bulk_action_id: int | No
     names the new retry chain: every replay is one, also of a dead letter
     replayed before (workers/attempts.py). None, nothing changed, when the
     row is no longer the version `row` was read as (claim_for_replay)."""
-    async with connection.transaction():
+    async with _savepoint(connection, "mark_replayed"):
         if await connection.fetchval(SQL["claim_for_replay"], row["id"], row["version"]) is None:
             return None
         replay_id = await connection.fetchval(SQL["insert_replay"], row["id"], str(actor), bulk_action_id)
         await archive_store.replayed(connection, row["id"], replay_id)
         return replay_id
+
+
+@contextlib.asynccontextmanager
+async def _savepoint(connection, name: str) -> AsyncIterator[None]:
+    """A subtransaction of the connection's transaction, by hand: asyncpg's
+    `connection.transaction()` refuses to nest in one begun by hand (a bulk
+    runner's held session). Undone on an error, which goes on; a session
+    gone meanwhile fails the rollback too, and the error goes on as it was."""
+    await connection.execute(f"SAVEPOINT {name}")
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # noqa: BLE001 - the transaction's end undoes it then
+            await connection.execute(f"ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}")
+        raise
+    await connection.execute(f"RELEASE SAVEPOINT {name}")
 
 
 async def _publish(channel: AbstractChannel, namespace: str, row, replay_id: int) -> None:

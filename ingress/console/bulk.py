@@ -57,14 +57,16 @@ class _DeadLetterJob:
         return await self._held.in_flight(dead_letter_id)
 
     async def act(self, dead_letter_id: int) -> bool:
+        assert self._held is not None, "a dead letter is acted on while the row is held"
+        held = self._held.hold.connection  # the act commits with its step, or not at all
         try:
             if self.action.action == "replay":
                 if not self._publisher.ready:
                     raise ConnectionError("RabbitMQ is unreachable")
                 await self._store.replay_if_open(self._publisher.channel, self._namespace, dead_letter_id,
-                                                 self.actor, bulk_action_id=self.id)
+                                                 self.actor, bulk_action_id=self.id, held=held)
             else:
-                await self._store.discard_if_open(dead_letter_id, self.actor, bulk_action_id=self.id)
+                await self._store.discard_if_open(dead_letter_id, self.actor, bulk_action_id=self.id, held=held)
         except _SKIPPED as skipped:
             self._no_longer_open = isinstance(skipped, ChangedMeanwhile)
             return False
@@ -72,7 +74,8 @@ class _DeadLetterJob:
 
     async def step(self, dead_letter_id: int, acted: bool) -> None:
         assert self._held is not None, "a step is written while the row is held"
-        # No longer open because a runner before this one acted on it, then died before its step: done, not skipped.
+        # No longer open though in flight before this runner: acted on by a runner that committed its act apart
+        # from its step (the previous release's, during an upgrade) and died between them: done, not skipped.
         done = acted or (dead_letter_id == self._held.orphaned and self._no_longer_open)
         self._no_longer_open = False
         await self._held.step(dead_letter_id, done)

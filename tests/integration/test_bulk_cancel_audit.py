@@ -1,9 +1,11 @@
 """The audit log of a dead-letter bulk action whose runner died (SIGKILL)
-with a dead letter discarded and not stepped, then cancelled from the
+with a dead letter acted on and not stepped, then cancelled from the
 console (docs/reference.md §8.1 "Audit": every replay and discard, which
 ids). A runner that dies writes no end entry; the Cancel writes
-`bulk_ACTION_cancelled` with the ids counted done, as an event replay's
-writes `events_replay_cancelled`. Real Postgres, the real paced run and
+`bulk_ACTION_cancelled` with the ids counted done (the one in flight in
+doubt: of a replay it may have been published), as an event replay's writes
+`events_replay_cancelled`. A discard's writes commit with its step, so the
+killed runner's died with it. Real Postgres, the real paced run and
 console."""
 
 import re
@@ -23,8 +25,8 @@ TOKEN = "operator-token-of-the-bulk-cancel-audit-tests"
 
 
 class _KilledAfterItsFirstAct(_DeadLetterJob):
-    """A runner SIGKILLed once its first dead letter is discarded: its held
-    session ends before the step, and it writes no end entry."""
+    """A runner SIGKILLed once its first dead letter is discarded, before its
+    step commits: its held session ends, and it writes no end entry."""
 
     async def act(self, dead_letter_id):
         acted = await super().act(dead_letter_id)
@@ -58,6 +60,7 @@ async def test_a_cancel_behind_a_killed_bulk_runner_leaves_an_audit_entry_of_wha
         audit = await pool.fetch("SELECT action, dead_letter_ids FROM audit_log ORDER BY id")
     finally:
         await pool.close()
-    assert "Cancelled: what was done stays done." in cancelled and status == "discarded"
+    assert "Cancelled: what was done stays done." in cancelled
+    assert status == "dead"  # its discard died uncommitted with its step: nothing half done
     done = [(row["action"], row["dead_letter_ids"]) for row in audit if not row["action"].endswith("_started")]
-    assert done == [("bulk_discard_cancelled", [first])]  # the dead letter discarded, named
+    assert done == [("bulk_discard_cancelled", [first])]  # the dead letter counted done (in doubt), named

@@ -1,17 +1,18 @@
 """A Cancel behind a dead-letter bulk runner whose act outlasts its hold of
 the action (docs/reference.md §8.1 "Bulk"; shared/dead_letter_store.py
 cancel_bulk: "nothing is acted on after this returns"). The runner's held
-session sits idle in its transaction while the dead letter is acted on in
-a transaction of another pooled connection, with no time limit: past
-run_locks.HOLD_SECONDS the server ends the held session, its lock goes, and
-a Cancel waiting for it returns. Real Postgres, the real paced run; the
-slow act is a wait before it (the dead letter's row locked by a replay of
-it elsewhere, a busy pool)."""
+session sits idle in its transaction while the act waits: past
+run_locks.HOLD_SECONDS the server ends it, its lock goes, and a Cancel
+waiting for it returns. The act's statements run on that held session (a
+savepoint of its transaction), so an act that comes after that fails and
+changes nothing (on another pooled connection, as before, the dead letter
+was discarded after the Cancel returned). Real Postgres, the real paced
+run; the slow act is a wait before it (the dead letter's row locked by a
+replay of it elsewhere, a busy pool)."""
 
 import asyncio
 
 import asyncpg
-import pytest
 
 from tests.support.dead_letters import seed_dead_letters
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
@@ -29,20 +30,12 @@ class _SlowDiscard(DeadLetterStore):
         super().__init__(database)
         self.acting, self.answered = asyncio.Event(), asyncio.Event()
 
-    async def discard_if_open(self, dead_letter_id, actor, bulk_action_id=None):
+    async def discard_if_open(self, dead_letter_id, actor, bulk_action_id=None, held=None):
         self.acting.set()
         await self.answered.wait()
-        return await super().discard_if_open(dead_letter_id, actor, bulk_action_id=bulk_action_id)
+        return await super().discard_if_open(dead_letter_id, actor, bulk_action_id=bulk_action_id, held=held)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "attacker review of c1ae24a (bulk half): the bulk runner acts on its dead letter (discard_if_open, "
-    "replay_if_open) in a transaction of another pooled connection, unbounded, while its held session idles; "
-    "past HOLD_SECONDS the server ends that session, a Cancel returns 'cancelled' (done [first], in doubt), "
-    "and the live runner then discards it: the dead letter is 'discarded' though the Cancel returned while it "
-    "was 'dead' (cancel_bulk: nothing is acted on after it returns). The event replays' fix (9549d4b: read on "
-    "the held session) needs here the act's statements on the held session, whose transaction asyncpg's "
-    "connection.transaction() refuses (begun by hand): a savepoint or the act's SQL run there directly"))
 async def test_nothing_is_acted_on_after_a_cancel_behind_a_bulk_runner_whose_act_outlasts_its_hold(
         settings, monkeypatch):
     monkeypatch.setattr(run_locks, "HOLD_SECONDS", HOLD_SECONDS)

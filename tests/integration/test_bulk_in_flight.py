@@ -1,7 +1,10 @@
 """A dead-letter bulk action whose runner died with a dead letter in flight
-(acted on, its step lost): what a Cancel, or a Resume, reports of it
-(docs/reference.md §8.1 "Bulk"; shared/run_locks.py). Real Postgres, the
-real paced run; the runner's death is its held session's end."""
+(its act done, its step not committed): what a Cancel, or a Resume, reports
+of it (docs/reference.md §8.1 "Bulk"; shared/run_locks.py). The act's writes
+commit with its step, so they die with the runner too: a discard is left
+undone, exactly, while the Cancel's count stays an upper bound (a replay's
+publish cannot be undone). Real Postgres, the real paced run; the runner's
+death is its held session's end."""
 
 import re
 
@@ -51,7 +54,7 @@ async def test_a_cancel_behind_a_bulk_runner_that_died_counts_its_dead_letter_do
         await pool.close()
     assert (cancelled.state, cancelled.done, cancelled.skipped, cancelled.in_doubt) == ("cancelled", [first], [],
                                                                                         [first])
-    assert statuses == {first: "discarded", second: "dead"}
+    assert statuses == {first: "dead", second: "dead"}  # its discard died with its step: nothing half done
 
 
 async def test_a_resumed_bulk_action_counts_the_dead_letter_its_dead_runner_acted_on(settings):

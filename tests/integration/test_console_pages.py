@@ -111,12 +111,12 @@ class _CancelledMidDiscard(DeadLetterStore):
         self._database_url, self.seen = database_url, None
         self.cancelling: asyncio.Task | None = None
 
-    async def discard_if_open(self, dead_letter_id, actor, bulk_action_id=None):
+    async def discard_if_open(self, dead_letter_id, actor, bulk_action_id=None, held=None):
         if self.cancelling is None:
             cancelling = self.cancelling = asyncio.create_task(self._cancel(bulk_action_id))
             await wait_until(lambda: _answered_or_waiting(cancelling, self._database_url), 10,
                              message="the cancel answered or waits")
-        await super().discard_if_open(dead_letter_id, actor, bulk_action_id)
+        await super().discard_if_open(dead_letter_id, actor, bulk_action_id, held)
 
     async def _cancel(self, bulk_action_id: int) -> None:
         other = await asyncpg.connect(self._database_url)
