@@ -12,11 +12,11 @@ import asyncpg
 import pytest
 
 from tests.support.archive import archived_event, seed_archive
-from tests.support.ingress import queued_events, running_ingress
+from tests.support.event_replays import claimed_replay, replay_job
+from tests.support.ingress import console_login, queued_events, running_ingress
 from tests.support.processes import wait_until
 from webhook_ingest.dlq import confirm_channel
 from webhook_ingest.shared import run_locks
-from webhook_ingest.shared.archived_events import parse_filter
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.paced_runs import run
@@ -31,6 +31,12 @@ AN_HOUR_AGO = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
 def admin_settings(settings, monkeypatch) -> Settings:
     monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", TOKEN)
     return Settings()
+
+
+async def _seed_invoices(database_url: str, count: int) -> None:
+    """stripe's evt_1 to evt_`count`, invoice.paid, a second apart, an hour ago."""
+    await seed_archive(database_url, [archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(seconds=n),
+                                                     "invoice.paid") for n in range(1, count + 1)])
 
 
 async def _replays(database_url: str) -> list:
@@ -67,6 +73,16 @@ async def test_a_replay_asked_with_a_filter_name_it_does_not_know_is_refused_not
     assert await queued_events(admin_settings.amqp_url, admin_settings.namespace) == []
 
 
+async def _waits_for_a_lock(database_url: str, query: str) -> bool:
+    """Whether a session of this database runs `query` and waits for a lock."""
+    other = await asyncpg.connect(database_url)
+    try:
+        return await other.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                    "AND datname = current_database() AND query = $1", query) > 0
+    finally:
+        await other.close()
+
+
 class _CancelledMidItem(EventReplayStore):
     """The store, with a Cancel from elsewhere (another connection: the
     console, `--cancel`) arriving after the runner read `running` and before
@@ -84,15 +100,7 @@ class _CancelledMidItem(EventReplayStore):
         return published
 
     async def _settled(self, cancelling: asyncio.Task) -> bool:
-        if cancelling.done():
-            return True
-        other = await asyncpg.connect(self._database_url)
-        try:
-            return await other.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                        "AND datname = current_database() AND query = $1",
-                                        run_locks.WAIT_FOR_RUN) > 0
-        finally:
-            await other.close()
+        return cancelling.done() or await _waits_for_a_lock(self._database_url, run_locks.WAIT_FOR_RUN)
 
     async def _cancel(self, replay_id: int) -> None:
         other = await asyncpg.connect(self._database_url)
@@ -105,16 +113,13 @@ class _CancelledMidItem(EventReplayStore):
 
 
 async def test_what_a_cancel_reports_published_is_all_that_is_ever_published(settings):
-    await seed_archive(settings.database_url, [archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(seconds=n), "invoice.paid")
-                                               for n in (1, 2)])
+    await _seed_invoices(settings.database_url, 2)
     connection = await asyncpg.connect(settings.database_url)
     try:
         store = _CancelledMidItem(connection, settings.database_url)
-        replay = await store.prepare(parse_filter({"source": "stripe"}), Actor.cli())
-        claimed = await store.claim(replay.id, 1000)
-        assert claimed is not None
+        replay = await claimed_replay(store, "stripe")
         async with confirm_channel(settings) as channel:
-            job = EventReplayJob(claimed, Actor.cli(), store, lambda: channel, settings.namespace)
+            job = replay_job(replay, store, channel, settings.namespace)
             ended = await run(job)
         assert store.cancelling is not None
         await asyncio.wait_for(store.cancelling, 10)  # what it saw, once it returned
@@ -141,16 +146,13 @@ class _DiesAfterPublishing(_CancelledMidItem):
 
 
 async def test_a_cancel_behind_a_runner_that_died_mid_publish_reports_what_is_published(settings):
-    await seed_archive(settings.database_url, [archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(seconds=n), "invoice.paid")
-                                               for n in (1, 2)])
+    await _seed_invoices(settings.database_url, 2)
     connection = await asyncpg.connect(settings.database_url)
     try:
         store = _DiesAfterPublishing(connection, settings.database_url)
-        replay = await store.prepare(parse_filter({"source": "stripe"}), Actor.cli())
-        claimed = await store.claim(replay.id, 1000)
-        assert claimed is not None
+        replay = await claimed_replay(store, "stripe")
         async with confirm_channel(settings) as channel:
-            await run(EventReplayJob(claimed, Actor.cli(), store, lambda: channel, settings.namespace))
+            await run(replay_job(replay, store, channel, settings.namespace))
         assert store.cancelling is not None
         await asyncio.wait_for(store.cancelling, 10)
     finally:
@@ -166,21 +168,17 @@ async def test_the_console_offers_to_resume_a_replay_whose_process_died(admin_se
     """R3: such a replay stayed 'running' with no step; the claim takes it
     back after 30 s plus two intervals, but the console offered Resume only
     for 'failed': its page had Cancel and no Resume and polled for ever."""
-    await seed_archive(admin_settings.database_url, [archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(
-        seconds=n), "invoice.paid") for n in (1, 2)])
+    await _seed_invoices(admin_settings.database_url, 2)
     connection = await asyncpg.connect(admin_settings.database_url)
     try:  # an ingress claimed it, then was SIGKILLed before its first step
         store = EventReplayStore(connection)
-        replay = await store.prepare(parse_filter({"source": "stripe"}), Actor.cli())
-        assert await store.claim(replay.id, 1000) is not None
+        replay = await claimed_replay(store, "stripe")
         await connection.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
                                  replay.id)
     finally:
         await connection.close()
     async with running_ingress(admin_settings, load_sources(None)) as client:
-        login = await (await client.get("/console/login")).text()
-        csrf = re.search(r'name="csrf_token" value="([^"]+)"', login)[1]
-        await client.post("/console/login", data={"csrf_token": csrf, "token": TOKEN})
+        await console_login(client, TOKEN)
         path = f"/console/event-replays/{replay.id}"
         page = await (await client.get(path)).text()
         assert f'action="{path}/start"' in page and ">Resume</button>" in page, page[-1500:]
@@ -240,15 +238,13 @@ async def _taken_over_while_stalled(settings, in_publish: bool) -> tuple[list, l
     """Three events; a runner stalls (`_Stalling`), its run is taken over by
     a Resume elsewhere and run to the end, then the stalled runner wakes.
     The audit's end states, the keys queued, the replay as it ended."""
-    await seed_archive(settings.database_url, [archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(
-        seconds=n), "invoice.paid") for n in (1, 2, 3)])
+    await _seed_invoices(settings.database_url, 3)
     first, second = await asyncpg.connect(settings.database_url), await asyncpg.connect(settings.database_url)
     try:
         stalling = _Stalling(first, in_publish)
-        replay = await stalling.prepare(parse_filter({"source": "stripe"}), Actor.cli())
-        claimed = await stalling.claim(replay.id, 1000)
+        replay = await claimed_replay(stalling, "stripe")
         async with confirm_channel(settings) as channel:
-            job = EventReplayJob(claimed, Actor.cli(), stalling, lambda: channel, settings.namespace)
+            job = replay_job(replay, stalling, channel, settings.namespace)
             stalled_run = asyncio.create_task(run(job))
             await asyncio.wait_for(stalling.stalled.wait(), 10)
             await second.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
@@ -256,7 +252,7 @@ async def _taken_over_while_stalled(settings, in_publish: bool) -> tuple[list, l
             taker = EventReplayStore(second)
             taken = await taker.claim(replay.id, 1000)  # the console's Resume
             assert taken is not None
-            assert await run(EventReplayJob(taken, Actor.cli(), taker, lambda: channel, settings.namespace)) == "done"
+            assert await run(replay_job(taken, taker, channel, settings.namespace)) == "done"
             stalling.go.set()
             await asyncio.wait_for(stalled_run, 10)
         audit = await second.fetch("SELECT action, detail FROM audit_log ORDER BY id")
@@ -320,13 +316,7 @@ class _CancelledByThePreviousRelease(EventReplayJob):
         await super().in_flight(item)
 
     async def _waiting(self) -> bool:
-        other = await asyncpg.connect(self._database_url)
-        try:
-            return await other.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                        "AND datname = current_database() AND query = $1",
-                                        PREVIOUS_RELEASE_CANCEL) > 0
-        finally:
-            await other.close()
+        return await _waits_for_a_lock(self._database_url, PREVIOUS_RELEASE_CANCEL)
 
     async def _cancel(self) -> None:
         other = await asyncpg.connect(self._database_url)
@@ -338,16 +328,13 @@ class _CancelledByThePreviousRelease(EventReplayJob):
 
 
 async def test_a_cancel_from_the_previous_release_reports_what_is_published(settings):
-    await seed_archive(settings.database_url, [archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(seconds=n), "invoice.paid")
-                                               for n in (1, 2)])
+    await _seed_invoices(settings.database_url, 2)
     connection = await asyncpg.connect(settings.database_url)
     try:
         store = EventReplayStore(connection)
-        replay = await store.prepare(parse_filter({"source": "stripe"}), Actor.cli())
-        claimed = await store.claim(replay.id, 1000)
-        assert claimed is not None
+        replay = await claimed_replay(store, "stripe")
         async with confirm_channel(settings) as channel:
-            job = _CancelledByThePreviousRelease(claimed, Actor.cli(), store, lambda: channel, settings.namespace,
+            job = _CancelledByThePreviousRelease(replay, Actor.cli(), store, lambda: channel, settings.namespace,
                                                  database_url=settings.database_url)
             await run(job)
         assert job.cancelling is not None

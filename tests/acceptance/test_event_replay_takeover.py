@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from tests.support.archive import archived_event, minutes_ago, seed_archive
+from tests.support.event_replays import DiesAfterItsFirstPublish, claimed_replay, replay_job
 from tests.support.events import queue_depth
 from tests.support.ingress import queued_events
 from tests.support.exactly_once import effects_by_key, metered_worker, write_sources
@@ -18,23 +19,11 @@ from tests.support.processes import count_rows, outcomes, wait_for_output, wait_
 from tests.support.replay_handlers import REPLAY_RUNS_TABLE
 from webhook_ingest.dlq import confirm_channel
 from webhook_ingest.shared import topology
-from webhook_ingest.shared.archived_events import parse_filter
-from webhook_ingest.shared.dead_letters import Actor
-from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
+from webhook_ingest.shared.event_replay_store import EventReplayStore
 from webhook_ingest.shared.paced_runs import run
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 KEYS = [f"acme:evt_{n}" for n in (1, 2, 3)]
-
-
-class _DiesAfterItsFirstPublish(EventReplayStore):
-    """The store of a runner whose process dies (SIGKILL; or Postgres cut
-    from it) once its first publish was confirmed, before its step commits."""
-
-    async def publish(self, channel, namespace, replay_id, item, held=None):
-        published = await super().publish(channel, namespace, replay_id, item, held)
-        self._database.terminate()  # its session ends: its step's transaction, and its hold of the run, with it
-        return published
 
 
 async def test_the_item_a_dead_runner_had_in_flight_is_published_again_and_runs_once(settings, fleet, tmp_path):
@@ -47,13 +36,10 @@ async def test_the_item_a_dead_runner_had_in_flight_is_published_again_and_runs_
         worker, metrics = metered_worker(fleet, {"WEBHOOK_INGEST_SOURCES": write_sources(
             tmp_path / "s.toml", "tests.support.replay_handlers:recorded")})
         await wait_for_output(worker, "worker_consuming")
-        dying = _DiesAfterItsFirstPublish(first)
-        replay = await dying.prepare(parse_filter({"source": "acme"}), Actor.cli())
-        claimed = await dying.claim(replay.id, 1000)
-        assert claimed is not None
+        dying = DiesAfterItsFirstPublish(first)
+        replay = await claimed_replay(dying, "acme")
         async with confirm_channel(settings) as channel:
-            assert await run(EventReplayJob(claimed, Actor.cli(), dying, lambda: channel, settings.namespace)) \
-                == "failed"
+            assert await run(replay_job(replay, dying, channel, settings.namespace)) == "failed"
             await _until_completed(settings, 1)  # the dead runner's copy ran
 
             await second.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
@@ -62,8 +48,8 @@ async def test_the_item_a_dead_runner_had_in_flight_is_published_again_and_runs_
             taken = await taker.claim(replay.id, 1000)  # the console's Resume
             assert taken is not None and taken.next_item == 1  # the item in flight was never stepped
             published: list[int] = []
-            job = EventReplayJob(taken, Actor.cli(), taker, lambda: channel, settings.namespace,
-                                 progress=lambda item, total, count, skipped: published.append(item))
+            job = replay_job(taken, taker, channel, settings.namespace,
+                             progress=lambda item, total, count, skipped: published.append(item))
             assert await run(job) == "done"
         await _until_settled(settings, len(KEYS))
         finished = await taker.get(replay.id)
@@ -101,20 +87,17 @@ async def test_a_takeover_that_finds_the_item_in_flight_gone_from_the_archive_st
                                                for n, key in enumerate(KEYS[:2])])
     first, second = await asyncpg.connect(settings.database_url), await asyncpg.connect(settings.database_url)
     try:
-        dying = _DiesAfterItsFirstPublish(first)
-        replay = await dying.prepare(parse_filter({"source": "acme"}), Actor.cli())
-        claimed = await dying.claim(replay.id, 1000)
-        assert claimed is not None
+        dying = DiesAfterItsFirstPublish(first)
+        replay = await claimed_replay(dying, "acme")
         async with confirm_channel(settings) as channel:
-            assert await run(EventReplayJob(claimed, Actor.cli(), dying, lambda: channel, settings.namespace)) \
-                == "failed"
+            assert await run(replay_job(replay, dying, channel, settings.namespace)) == "failed"
             await second.execute("DELETE FROM event_archive WHERE key = $1", KEYS[0])  # its day dropped meanwhile
             await second.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
                                  replay.id)
             taker = EventReplayStore(second)
             taken = await taker.claim(replay.id, 1000)
             assert taken is not None
-            assert await run(EventReplayJob(taken, Actor.cli(), taker, lambda: channel, settings.namespace)) == "done"
+            assert await run(replay_job(taken, taker, channel, settings.namespace)) == "done"
         finished = await taker.get(replay.id)
     finally:
         first.terminate()

@@ -8,13 +8,11 @@ doubt: of a replay it may have been published), as an event replay's writes
 killed runner's died with it. Real Postgres, the real paced run and
 console."""
 
-import re
-
 import asyncpg
 
+from tests.support.bulk_actions import DiesAfterItsFirstAct, cancel_from_the_console
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import running_ingress
-from webhook_ingest.ingress.console.bulk import _DeadLetterJob
 from webhook_ingest.shared import paced_runs
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import Actor
@@ -24,15 +22,9 @@ from webhook_ingest.shared.sources import load_sources
 TOKEN = "operator-token-of-the-bulk-cancel-audit-tests"
 
 
-class _KilledAfterItsFirstAct(_DeadLetterJob):
+class _KilledAfterItsFirstAct(DiesAfterItsFirstAct):
     """A runner SIGKILLed once its first dead letter is discarded, before its
     step commits: its held session ends, and it writes no end entry."""
-
-    async def act(self, dead_letter_id):
-        acted = await super().act(dead_letter_id)
-        assert self._held is not None
-        self._held.hold.connection.terminate()
-        return acted
 
     async def audit(self, what, acted, **detail):
         if acted is None:  # the start's entry, written before it died
@@ -50,12 +42,7 @@ async def test_a_cancel_behind_a_killed_bulk_runner_leaves_an_audit_entry_of_wha
         assert action is not None
         assert await paced_runs.run(_KilledAfterItsFirstAct(action, Actor.cli(), store, None, "ns")) == "failed"
         async with running_ingress(Settings(), load_sources(None)) as client:
-            login = await (await client.get("/console/login")).text()
-            csrf = re.search(r'name="csrf_token" value="([^"]+)"', login)[1]
-            await client.post("/console/login", data={"csrf_token": csrf, "token": TOKEN})
-            page = await (await client.get(f"/console/bulk/{action.id}")).text()
-            csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
-            cancelled = await (await client.post(f"/console/bulk/{action.id}/cancel", data={"csrf_token": csrf})).text()
+            cancelled = await cancel_from_the_console(client, action.id, TOKEN)
         status = await pool.fetchval("SELECT status FROM dead_letters WHERE id = $1", first)
         audit = await pool.fetch("SELECT action, dead_letter_ids FROM audit_log ORDER BY id")
     finally:

@@ -6,10 +6,9 @@ undone, exactly, while the Cancel's count stays an upper bound (a replay's
 publish cannot be undone). Real Postgres, the real paced run; the runner's
 death is its held session's end."""
 
-import re
-
 import asyncpg
 
+from tests.support.bulk_actions import DiesAfterItsFirstAct, cancel_from_the_console
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import running_ingress
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
@@ -22,23 +21,12 @@ from webhook_ingest.shared.sources import load_sources
 TOKEN = "operator-token-of-the-bulk-in-flight-tests"
 
 
-class _DiesAfterItsFirstAct(_DeadLetterJob):
-    """The job of a runner whose session ends (SIGKILL; Postgres cut from it)
-    once its first dead letter is discarded, before its step commits."""
-
-    async def act(self, dead_letter_id):
-        acted = await super().act(dead_letter_id)
-        assert self._held is not None
-        self._held.hold.connection.terminate()
-        return acted
-
-
 async def _died_after_discarding_the_first(database: str, pool) -> tuple[DeadLetterStore, int, list[int]]:
     ids = await seed_dead_letters(database, "acme", 2)
     store = DeadLetterStore(pool)
     action = await store.claim_bulk(await store.prepare_bulk("discard", ids, {}, Actor.cli()), 1000)
     assert action is not None
-    assert await paced_runs.run(_DiesAfterItsFirstAct(action, Actor.cli(), store, None, "ns")) == "failed"
+    assert await paced_runs.run(DiesAfterItsFirstAct(action, Actor.cli(), store, None, "ns")) == "failed"
     return store, action.id, ids
 
 
@@ -76,13 +64,7 @@ async def test_the_bulk_action_s_page_names_the_dead_letter_in_doubt(settings, m
     try:
         store, action_id, (first, _) = await _died_after_discarding_the_first(settings.database_url, pool)
         async with running_ingress(Settings(), load_sources(None)) as client:
-            login = await (await client.get("/console/login")).text()
-            csrf = re.search(r'name="csrf_token" value="([^"]+)"', login)[1]
-            await client.post("/console/login", data={"csrf_token": csrf, "token": TOKEN})
-            page = await (await client.get(f"/console/bulk/{action_id}")).text()
-            csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
-            cancelled = await (await client.post(f"/console/bulk/{action_id}/cancel",
-                                                 data={"csrf_token": csrf})).text()
+            cancelled = await cancel_from_the_console(client, action_id, TOKEN)
     finally:
         await pool.close()
     assert "Cancelled: what was done stays done." in cancelled

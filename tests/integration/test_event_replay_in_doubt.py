@@ -6,7 +6,6 @@ Postgres and RabbitMQ; the runner's death is its session's end."""
 
 import asyncio
 import json
-import re
 from datetime import timedelta
 
 import asyncpg
@@ -14,12 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from tests.support.archive import archived_event, minutes_ago, seed_archive
-from tests.support.ingress import queued_events, running_ingress
+from tests.support.event_replays import DiesAfterItsFirstPublish, claimed_replay, replay_job
+from tests.support.ingress import console_login, queued_events, running_ingress
 from webhook_ingest.cli import main
 from webhook_ingest.dlq import confirm_channel
-from webhook_ingest.shared.archived_events import parse_filter
-from webhook_ingest.shared.dead_letters import Actor
-from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.paced_runs import run
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
@@ -33,28 +30,19 @@ def admin_settings(settings, monkeypatch) -> Settings:
     return Settings()
 
 
-class _DiesAfterItsFirstPublish(EventReplayStore):
-    async def publish(self, channel, namespace, replay_id, item, held=None):
-        published = await super().publish(channel, namespace, replay_id, item, held)
-        self._database.terminate()  # SIGKILL, or Postgres cut from it: its step is lost, its mark is not
-        return published
-
-
 async def _a_runner_died_after_its_first_publish(settings: Settings) -> int:
     start = minutes_ago(10)
     await seed_archive(settings.database_url, [archived_event("stripe", f"evt_{n}", start + timedelta(seconds=n),
                                                               "invoice.paid") for n in (1, 2)])
     connection = await asyncpg.connect(settings.database_url)
     try:
-        dying = _DiesAfterItsFirstPublish(connection)
-        replay = await dying.prepare(parse_filter({"source": "stripe"}), Actor.cli())
-        claimed = await dying.claim(replay.id, 1000)
-        assert claimed is not None
+        dying = DiesAfterItsFirstPublish(connection)  # its step is lost with its session, its mark is not
+        claimed = await claimed_replay(dying, "stripe")
         async with confirm_channel(settings) as channel:
-            await run(EventReplayJob(claimed, Actor.cli(), dying, lambda: channel, settings.namespace))
+            await run(replay_job(claimed, dying, channel, settings.namespace))
     finally:
         connection.terminate()
-    return replay.id
+    return claimed.id
 
 
 async def test_a_cancel_behind_a_dead_runner_says_in_doubt_everywhere(admin_settings):
@@ -64,9 +52,7 @@ async def test_a_cancel_behind_a_dead_runner_says_in_doubt_everywhere(admin_sett
         cancelled = await client.post(f"/admin/events/replay/{replay_id}/cancel", headers=auth)
         assert cancelled.status == 200
         answer = await cancelled.json()
-        login = await (await client.get("/console/login")).text()
-        csrf = re.search(r'name="csrf_token" value="([^"]+)"', login)[1]
-        await client.post("/console/login", data={"csrf_token": csrf, "token": TOKEN})
+        await console_login(client, TOKEN)
         page = await (await client.get(f"/console/event-replays/{replay_id}")).text()
     shown = await asyncio.to_thread(CliRunner().invoke, main, ["events", "replay", "--show", str(replay_id)])
     connection = await asyncpg.connect(admin_settings.database_url)

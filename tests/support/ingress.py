@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import re
 
 import aio_pika
 from aiohttp.test_utils import TestClient, TestServer
@@ -32,6 +33,13 @@ async def wait_until_ready(client: TestClient, timeout: float = 15.0) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the ingress never became ready")
+
+
+async def console_login(client: TestClient, token: str) -> None:
+    """Logs the client in to the console with `token` (its session cookie kept)."""
+    login = await (await client.get("/console/login")).text()
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', login)[1]
+    await client.post("/console/login", data={"csrf_token": csrf, "token": token})
 
 
 async def queued_events(amqp_url: str, namespace: str) -> list[EventMessage]:
