@@ -6,14 +6,21 @@ instead of running handlers whose completions the old schema refuses
 release (the previous release still running after `migrate`) is fine."""
 
 import importlib.resources
+from importlib.resources.abc import Traversable
 
 import asyncpg
 
 from webhook_ingest.shared.errors import WebhookIngestError
 
+
+def migration_files() -> list[Traversable]:
+    """This release's migrations, in the order they apply (`webhook-ingest migrate` runs them)."""
+    folder = importlib.resources.files("webhook_ingest.shared").joinpath("migrations")
+    return sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
+
+
 # Read once, at import: the names are the release's, not the database's.
-MIGRATIONS = sorted(f.name for f in importlib.resources.files("webhook_ingest.shared").joinpath("migrations").iterdir()
-                    if f.name.endswith(".sql"))
+MIGRATIONS = [f.name for f in migration_files()]
 
 
 class SchemaBehind(WebhookIngestError):
@@ -32,5 +39,10 @@ async def missing_migrations(database: asyncpg.Pool | asyncpg.Connection) -> lis
     """This release's migrations the database has not applied; all of them before a first `migrate`."""
     if await database.fetchval("SELECT to_regclass('schema_migrations')") is None:
         return list(MIGRATIONS)
-    applied = {row["name"] for row in await database.fetch("SELECT name FROM schema_migrations")}
-    return [name for name in MIGRATIONS if name not in applied]
+    done = await applied(database)
+    return [name for name in MIGRATIONS if name not in done]
+
+
+async def applied(database: asyncpg.Pool | asyncpg.Connection) -> set[str]:
+    """The migrations the database records as applied (`schema_migrations` exists)."""
+    return {row["name"] for row in await database.fetch("SELECT name FROM schema_migrations")}

@@ -12,11 +12,11 @@ nothing from it. Only when the target does not exist is the maintenance
 database asked to create it.
 """
 
-import importlib.resources
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncpg
 
+from webhook_ingest.shared import schema
 from webhook_ingest.shared.errors import WebhookIngestError
 
 _MIGRATION_LOCK = 0x77686b6d  # any constant shared by every migrating process
@@ -37,8 +37,8 @@ async def migrate(database_url: str) -> list[str]:
             "CREATE TABLE IF NOT EXISTS schema_migrations"
             " (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        applied = {row["name"] for row in await connection.fetch("SELECT name FROM schema_migrations")}
-        pending = [(name, sql) for name, sql in migrations() if name not in applied]
+        done = await schema.applied(connection)
+        pending = [(name, sql) for name, sql in migrations() if name not in done]
         for name, sql in pending:
             async with connection.transaction():
                 await connection.execute(sql)
@@ -49,9 +49,7 @@ async def migrate(database_url: str) -> list[str]:
 
 
 def migrations() -> list[tuple[str, str]]:
-    folder = importlib.resources.files("webhook_ingest.shared").joinpath("migrations")
-    files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
-    return [(f.name, f.read_text()) for f in files]
+    return [(f.name, f.read_text()) for f in schema.migration_files()]
 
 
 async def connect_creating_if_missing(database_url: str) -> asyncpg.Connection:
