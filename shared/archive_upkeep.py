@@ -25,6 +25,7 @@ may still have it during a rolling deploy).
 
 import asyncio
 import time
+
 from webhook_ingest.shared import archive_settling, metrics
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archived_events import Cursor
