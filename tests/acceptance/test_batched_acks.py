@@ -9,7 +9,8 @@ import pytest
 
 from webhook_ingest.shared import topology
 from tests.support.events import make_event, publish_events, queue_depth
-from tests.support.exactly_once import assert_each_once, effects_by_key, until_completed
+from tests.support.exactly_once import (assert_each_once, effects_by_key, metered_worker, until_completed,
+                                         until_every_message_handled)
 from tests.support.processes import count_rows, wait_until
 from tests.support.tcpproxy import TcpProxy
 from tests.support.broker import amqp_port
@@ -41,9 +42,10 @@ async def test_batches_acked_above_a_delivery_in_its_handler_and_its_waiting_cop
     held = make_event("held", "evt_held")
     events = [make_event("acme", f"evt_{n}") for n in range(300)]
     await publish_events(settings.amqp_url, settings.namespace, [held, held, *events])
-    worker = fleet.worker("--concurrency", "64", env=env)
+    worker, metrics_url = metered_worker(fleet, env, "--concurrency", "64")
 
-    await until_completed(settings.database_url, len(events))
+    # acked, not only committed: a batch killed between its commit and its ack would come back too
+    await until_every_message_handled([metrics_url], len(events))
     assert await count_rows(settings.database_url, "runs_started") == 1  # the held run is in its handler
     worker.kill()
     await wait_until(lambda: _queue_depth_is(settings, 2), 30, message="the held event and its copy back in the queue")
