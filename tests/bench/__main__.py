@@ -6,7 +6,8 @@ completed events), recovery after a worker's kill -9, the broker blocked
 (tests/bench/archive_cost.py), and OpenTelemetry tracing's
 (tests/bench/tracing_cost.py, alone only); a table, then one JSON line. Exit 1 on a
 lost or duplicated effect. `--phase broker-blocked`, `--phase slow` or
-`--phase archive` runs that phase alone (`--phase tracing` too; `--phase ingress`
+`--phase archive` runs that phase alone, with the archive's floor
+(tests/bench/archive_floor.py; `--phase archive_floor` the floor alone; `--phase tracing` too; `--phase ingress`
 `ingress_cpu_vs_floor` alone, tests/bench/ingress_floor.py); `--phase steady` every phase but the broker-blocked one
 (to compare candidate layouts)."""
 
@@ -19,6 +20,7 @@ import time
 
 from tests.bench import (
     archive_cost,
+    archive_floor,
     archive_search,
     broker_blocked,
     durable_floor,
@@ -71,6 +73,7 @@ async def main(with_outage: bool = True, with_peers: bool = False) -> int:
         await recovery_phase(deployment, figures)
     await slow_handlers.measure(figures)  # a deployment of its own, with four sources
     await archive_cost.measure(figures)  # a deployment of its own, with an archived source and one not
+    await archive_floor.measure(figures)  # a database of its own; the budget from the archive phase's runs
     if with_outage:
         await broker_blocked.measure(figures)  # a deployment of its own, on a private broker
     if with_peers:
@@ -291,6 +294,7 @@ ROWS = [  # (key, label, format)
     *broker_blocked.ROWS,
     *slow_handlers.ROWS,
     *archive_cost.ROWS,
+    *archive_floor.ROWS_TABLE,
     *tracing_cost.ROWS,
     ("lost", "lost events", "{:.0f}"),
     ("duplicated_effects", "duplicated effects", "{:.0f}"),
@@ -323,6 +327,7 @@ async def slow_phases_alone() -> int:
 async def archive_phase_alone() -> int:
     figures: dict[str, float] = {"nproc": os.cpu_count()}
     await archive_cost.measure(figures)
+    await archive_floor.measure(figures)
     return report(figures)
 
 
@@ -355,17 +360,18 @@ if __name__ == "__main__":
         pass
     parser = argparse.ArgumentParser(prog="python -m tests.bench")
     parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow", "archive", "archive_search",
-                                            "tracing", "ingress"],
+                                            "archive_floor", "tracing", "ingress"],
                         default="all", help="every phase (the default), every phase but the broker-blocked one, "
                         "or the broker-blocked, slow-handler, archive-cost or tracing-cost phases alone "
                         "(tracing: only alone; ingress: ingress_cpu_vs_floor alone; archive_search: searching 1,000,000 "
-                        "archived events, only alone)")
+                        "archived events, only alone; archive_floor: what Postgres spends to keep an event, the "
+                        "pipeline's statements aside)")
     parser.add_argument("--peers", action="store_true",
                         help="also the Celery stack of tests/bench/peers, side by side (not in make test)")
     arguments = parser.parse_args()
     phase = arguments.phase
     alone = {"broker-blocked": broker_blocked.main, "slow": slow_phases_alone, "archive": archive_phase_alone,
-             "archive_search": archive_search.main,
+             "archive_search": archive_search.main, "archive_floor": archive_floor.main,
              "tracing": tracing_phase_alone, "ingress": ingress_floor.main}
     sys.exit(asyncio.run(alone[phase]() if phase in alone
                          else main(with_outage=phase == "all", with_peers=arguments.peers)))
