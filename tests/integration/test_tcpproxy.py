@@ -5,8 +5,12 @@ to the garbage collector is a ResourceWarning, which the suite makes an
 error in whichever test happens to collect it (a chaos run failed so)."""
 
 import asyncio
+import gc
+import os
 import socket
 import threading
+import time
+import warnings
 
 import pytest
 
@@ -65,3 +69,71 @@ def test_stop_closes_a_client_whose_upstream_connection_is_still_being_made(serv
             assert client.recv(1) == b""
         except ConnectionResetError:
             pass
+
+
+def _sockets_of_this_process(*, local_port: int | None = None, remote_port: int | None = None) -> list[str]:
+    """This process's open TCP sockets (Linux: /proc) with that local or
+    remote port, as /proc/net/tcp lines: what the kernel holds open, whatever
+    Python still references."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own fd, gone already
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link.removeprefix("socket:[").removesuffix("]"))
+    found = []
+    with open("/proc/self/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            local, remote, inode = int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16), fields[9]
+            if inode in inodes and (local == local_port or remote == remote_port):
+                found.append(line.strip())
+    return found
+
+
+@pytest.mark.xfail(strict=True, reason="stop() leaves sockets accepted mid-burst open (cancelled before their "
+                   "handler ran, or made after its task snapshot)")
+def test_stop_during_a_burst_of_new_connections_leaves_no_socket_open(service):
+    """stop() while clients keep connecting: every socket the proxy accepted
+    or opened upstream is closed when stop() returns, whichever step of
+    being accepted or served it was at — accepted but not served yet, its
+    upstream connection being made — and none is left to the garbage
+    collector (its ResourceWarning fails whichever later test collects it:
+    test_adversary_round6 did, 'loop is closed'). Many short rounds: each
+    stops at another point of its burst."""
+    leaks = []
+    with warnings.catch_warnings(record=True) as caught:  # all of them: the collector runs when it likes
+        warnings.simplefilter("always")
+        for round_ in range(30):
+            proxy = TcpProxy(*service.getsockname()).start()
+            clients: list[socket.socket] = []
+            go = threading.Event()
+
+            def burst(port=proxy.port, clients=clients, go=go):
+                go.wait()
+                for _ in range(40):
+                    try:
+                        clients.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+                    except OSError:  # refused: the proxy has stopped
+                        return
+
+            connecting = threading.Thread(target=burst)
+            connecting.start()
+            go.set()
+            time.sleep(0.002)
+            proxy.stop()
+            connecting.join()
+            left = (_sockets_of_this_process(local_port=proxy.port)
+                    + _sockets_of_this_process(remote_port=service.getsockname()[1]))
+            for client in clients:
+                client.close()
+            gc.collect()
+            unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+            caught.clear()
+            if left or unclosed:
+                leaks.append(f"round {round_}: {len(clients)} clients, {len(left)} sockets open after stop(),"
+                             f" {len(unclosed)} ResourceWarnings {unclosed[:2]}")
+    assert leaks == []
