@@ -11,10 +11,10 @@ The documents are the CLI's (`shared/archived_events.py`).
 from aiohttp import web
 
 from webhook_ingest.ingress.admin import json_document
-from webhook_ingest.ingress.appkeys import database_pool_key
+from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.archived_events import Cursor, InvalidFilter, page, parse_filter, parse_limit
+from webhook_ingest.shared.archived_events import Cursor, InvalidFilter, page, parse_filter, parse_limit, route_names
 
 
 def add_event_routes(admin: web.Application) -> None:
@@ -37,7 +37,8 @@ async def list_route(request: web.Request) -> web.Response:
 
 
 async def show_route(request: web.Request) -> web.Response:
-    document = await _store(request).event(request.match_info["key"])
+    key, sources = request.match_info["key"], request.config_dict[sources_key]
+    document = await _store(request).event(key, route_names(sources, key))
     return error(404, "not_found") if document is None else json_document(200, document)
 
 

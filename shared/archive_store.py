@@ -9,7 +9,7 @@ and is closed, not waited on, when Postgres does not answer
 """
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -149,17 +149,24 @@ class ArchiveStore:
         async with self._searching() as connection:
             return await connection.fetchval(SQL["count_archive"], *where.arguments(), cap, timeout=STATEMENT_SECONDS)
 
-    async def event(self, key: str) -> dict | None:
-        """Every arrival of `key` and what the pipeline recorded of it; None when none is archived."""
-        arrivals, records = await self.event_rows(key)
+    async def event(self, key: str, routes: Sequence[str] = ()) -> dict | None:
+        """Every arrival of `key` and what the pipeline recorded of it, each
+        of `routes` (its source's route names: `archived_events.route_names`)
+        with its own completion; None when none is archived."""
+        arrivals, records = await self.event_rows(key, routes)
         return archived_events.event(key, arrivals, records) if arrivals else None
 
-    async def event_rows(self, key: str) -> tuple[list[asyncpg.Record], asyncpg.Record]:
+    async def event_rows(self, key: str, routes: Sequence[str] = ()) -> tuple[list[asyncpg.Record], asyncpg.Record]:
         """What `event` documents, as rows: the arrivals oldest first (bodies
-        as bytes, for the console), the completion and the dead letters."""
+        as bytes, for the console), the completion, each route's, and the
+        dead letters."""
         async with self._connection() as connection:
             arrivals = await connection.fetch(SQL["archived_arrivals"], key, timeout=STATEMENT_SECONDS)
-            records = await connection.fetchrow(SQL["archived_event_records"], key, timeout=STATEMENT_SECONDS)
+            # the arrivals' event id (SOURCE:EVENT_ID's); it tells a route's completion from a plain
+            # event's under the same key (docs/design.md, "Routes")
+            event_id = arrivals[0]["event_id"] if arrivals else key.split(":", 1)[-1]
+            records = await connection.fetchrow(SQL["archived_event_records"], key, event_id, list(routes),
+                                                timeout=STATEMENT_SECONDS)
         return arrivals, records
 
     async def copies(self, keys: list[str]) -> dict[str, tuple[int, int]]:

@@ -19,6 +19,7 @@ import orjson
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.dead_letters import iso_utc
 from webhook_ingest.shared.errors import WebhookIngestError
+from webhook_ingest.shared.sources import Source
 
 STATUSES = (archive.QUEUED, "processing", archive.RETRYING, archive.PROCESSED, archive.DEAD, archive.DISCARDED,
             archive.CONFLICT, archive.DUPLICATE, archive.IGNORED)
@@ -261,13 +262,35 @@ def exported(row) -> dict:
 
 def event(key: str, arrivals: list, records) -> dict:
     """`events show KEY --json` / `GET /admin/events/{key}`: every arrival of
-    the key, and what the pipeline recorded of it (its completion, its dead letters)."""
-    completion = json.loads(records["completion"]) if records["completion"] else None
+    the key, and what the pipeline recorded of it (its completion, each
+    route's, its dead letters)."""
     return {
         "key": key,
         "source": key.split(":", 1)[0],
         "event_id": key.split(":", 1)[1] if ":" in key else key,
         "arrivals": [arrival(row) for row in arrivals],
-        "completion": completion,
+        "completion": completion(records),
+        "completions": route_completions(records),
         "dead_letters": json.loads(records["dead_letters"]),
     }
+
+
+def completion(records) -> dict | None:
+    """The completion under the event's own key: a source with one handler's
+    (a routed source runs nothing under it)."""
+    return json.loads(records["completion"]) if records["completion"] else None
+
+
+def route_completions(records) -> dict[str, dict | None]:
+    """Each route of the event's source, in the sources file's order, with
+    the completion of its run (KEY#ROUTE) or None; {} for a source without
+    routes."""
+    return {route: done for route, done in json.loads(records["route_completions"])}
+
+
+def route_names(sources: Mapping[str, Source], key: str) -> list[str]:
+    """The names of the routes of `key`'s source (SOURCE:EVENT_ID), in the
+    file's order: none for a source with one handler, or one the file does
+    not name."""
+    source = sources.get(key.split(":", 1)[0])
+    return [route.name for route in source.routes] if source is not None else []

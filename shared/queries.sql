@@ -492,9 +492,21 @@ WHERE a.source = ANY($1::text[]) AND a.key = ANY($2::text[])
 GROUP BY a.key
 
 -- name: archived_event_records
--- What the pipeline itself recorded of a key: its completion (until
--- `prune`), and its dead letters, its routes' (KEY#ROUTE, with `route`) too.
-SELECT (SELECT to_jsonb(p) - 'fencing_token' FROM processed_events p WHERE p.key = $1) AS completion,
+-- What the pipeline itself recorded of key $1, event id $2: its completion
+-- (until `prune`), each of its routes' ($3, its source's route names, in
+-- the file's order: [name, completion or null]), and its dead letters, its
+-- routes' (KEY#ROUTE, with `route`) too. A completion is the event's only
+-- with its event id: event `evt`'s route `b` completes under `evt#b`'s key,
+-- carrying `evt` (docs/design.md, "Routes").
+SELECT (SELECT to_jsonb(p) - 'fencing_token' FROM processed_events p WHERE p.key = $1 AND p.event_id = $2)
+           AS completion,
+       coalesce((SELECT jsonb_agg(jsonb_build_array(r.route, (SELECT to_jsonb(p) - 'fencing_token'
+                                                               FROM processed_events p
+                                                               WHERE p.key = $1 || '#' || r.route
+                                                                 AND p.event_id = $2))
+                                  ORDER BY r.place)
+                 FROM unnest($3::text[]) WITH ORDINALITY AS r(route, place)),
+                '[]') AS route_completions,
        coalesce((SELECT jsonb_agg(jsonb_build_object('id', d.id, 'status', d.status, 'attempts', d.attempts,
                                                      'received_at', d.received_at, 'created_at', d.created_at)
                                   || CASE WHEN d.route IS NULL THEN '{}'::jsonb

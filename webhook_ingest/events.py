@@ -1,5 +1,7 @@
 """`webhook-ingest events …`: search the event archive, read an event, export a selection
-(docs/reference.md §2). Like `dlq`, they need only `DATABASE_URL`.
+(docs/reference.md §2). Like `dlq`, they need only `DATABASE_URL`; `events show`
+also reads the sources file for the routes of a routed event's source (each
+route's completion), and says so on stderr, showing none, when it cannot.
 
 The filters and the JSON documents are the admin API's
 (`shared/archived_events.py`).
@@ -26,9 +28,11 @@ from webhook_ingest.shared.archived_events import (
     exported,
     page,
     parse_filter,
+    route_names,
 )
-from webhook_ingest.shared.errors import WebhookIngestError
+from webhook_ingest.shared.errors import ConfigError, WebhookIngestError
 from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources
 
 
 FILTER_OPTIONS = [
@@ -90,17 +94,23 @@ def list_command(source, status, event_type, since, until, key, event_id, payloa
 @click.argument("key")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object on stdout")
 def show_command(key: str, as_json: bool) -> None:
-    """One event (SOURCE:EVENT_ID): every arrival of its key, its completion, its dead letters."""
-    document = run_or_fail(_event(_settings(), key))
+    """One event (SOURCE:EVENT_ID): every arrival of its key, its completion (each route's), its dead letters."""
+    settings = _settings()
+    document = run_or_fail(_event(settings, key, _route_names(settings, key)))
     if as_json:
         _echo_json(document)
         return
     click.echo(f"key: {document['key']}")
     completion = document["completion"]
-    click.echo(f"completed: {completion['completed_at']} (attempt {completion['attempts']})" if completion
-               else "completed: no (or pruned)")
+    for route, done in document["completions"].items():
+        click.echo(f"completed, route {route}: {done['completed_at']} (attempt {done['attempts']})" if done
+                   else f"completed, route {route}: no (or pruned)")
+    if completion or not document["completions"]:
+        click.echo(f"completed: {completion['completed_at']} (attempt {completion['attempts']})" if completion
+                   else "completed: no (or pruned)")
     for dead_letter in document["dead_letters"]:
-        click.echo(f"dead letter {dead_letter['id']}: {dead_letter['status']}")
+        route = f" (route {dead_letter['route']})" if dead_letter.get("route") else ""
+        click.echo(f"dead letter {dead_letter['id']}: {dead_letter['status']}{route}")
     for arrival in document["arrivals"]:
         click.echo(f"\narrival {arrival['received_at']}  {arrival['status']}  type {arrival['event_type'] or '-'}"
                    f"  attempts {arrival['attempts']}" + (f"  last error: {arrival['last_error']}"
@@ -159,9 +169,19 @@ async def _page(settings: Settings, where: EventFilter, after: Cursor | None, li
         return page(rows, await store.count(where) if after is None else None, limit)
 
 
-async def _event(settings: Settings, key: str) -> dict:
+def _route_names(settings: Settings, key: str) -> list[str]:
+    """The routes of the key's source, from the sources file; none, and a
+    warning, when the file cannot be read here (a secret it names unset)."""
+    try:
+        return route_names(load_sources(settings.sources_path), key)
+    except ConfigError as exc:
+        click.echo(f"warning: {exc}; each route's completion is not shown", err=True)
+        return []
+
+
+async def _event(settings: Settings, key: str, routes: list[str]) -> dict:
     async with database(settings) as connection:
-        document = await ArchiveStore(connection).event(key)
+        document = await ArchiveStore(connection).event(key, routes)
     if document is None:
         raise NoSuchEvent(f"no archived event with key {key!r}")
     return document

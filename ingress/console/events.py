@@ -18,12 +18,19 @@ import asyncpg
 from aiohttp import web
 
 from webhook_ingest.ingress.admin import dead_letters_key
-from webhook_ingest.ingress.appkeys import database_pool_key
+from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.console.event_search import LABELS, EventSearch, event_search
 from webhook_ingest.ingress.console.rendering import message_page, render
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.archived_events import COUNT_CAP, STATUSES, Cursor
+from webhook_ingest.shared.archived_events import (
+    COUNT_CAP,
+    STATUSES,
+    Cursor,
+    completion,
+    route_completions,
+    route_names,
+)
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.event_replay_store import EventReplayStore
 
@@ -144,7 +151,9 @@ def arrival_view(row: asyncpg.Record) -> dict:
 @routes.get("/events/{key:.+}")
 async def event_page(request: web.Request) -> web.Response:
     key = request.match_info["key"]
-    arrivals, records = await archive_store(request).event_rows(key) if _searchable(key) else ([], None)
+    sources = request.config_dict[sources_key]
+    routes = route_names(sources, key)
+    arrivals, records = await archive_store(request).event_rows(key, routes) if _searchable(key) else ([], None)
     if not arrivals or records is None:
         return await message_page(request, 404, "No such archived event",
                                   f"No arrival of the key “{_shown(key)}” is in the archive: it was never "
@@ -156,7 +165,7 @@ async def event_page(request: web.Request) -> web.Response:
                "arrivals": [arrival_view(row) for row in arrivals[:SHOWN_ARRIVALS]], "arrivals_total": len(arrivals),
                "copies": [row["received_at"] for row in arrivals if row["status"] == archive.DUPLICATE],
                "conflicts": sum(row["status"] == archive.CONFLICT for row in arrivals),
-               "completion": json.loads(records["completion"]) if records["completion"] else None,
+               "completion": completion(records), "completions": route_completions(records),
                "dead_letters": await _dead_letters(request.config_dict[dead_letters_key], dead_letters),
                "selection_replays": await EventReplayStore(request.config_dict[database_pool_key]).replays_of(key)}
     return await render(request, "event.html", context | {"shown_copy_times": SHOWN_COPY_TIMES})

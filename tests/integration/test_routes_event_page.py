@@ -1,0 +1,142 @@
+"""A routed event's archived page (docs/reference.md §2 `events show`, §8
+admin API, §8.1 console; docs/design.md "Routes"): each route completes
+under its own key, KEY#ROUTE, so the page shows each of the source's
+routes with its completion — and never takes the completion of event
+`evt#billing` (a plain event whose id ends in a route name, same key) for
+route `billing`'s of event `evt`, nor the other way round: the event id
+tells them apart. Real Postgres; the admin API, `events show` and the
+console read one document."""
+
+import asyncio
+import dataclasses
+import html
+import json
+from datetime import timedelta
+
+import asyncpg
+import pytest
+from click.testing import CliRunner
+
+from webhook_ingest.cli import main
+from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.routes import route_key
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources
+from tests.support.archive import archived_event, arrived, minutes_ago, ran
+from tests.support.ingress import console_login, running_ingress
+
+TOKEN = "operator-token-for-the-routed-event-page-tests"
+SOURCES = (
+    "[sources.acme]\n"
+    'scheme = "hmac-sha256"\n'
+    'secrets = ["s"]\n'
+    "\n"
+    "[[sources.acme.routes]]\n"
+    'name = "billing"\n'
+    'handler = "tests.support.route_handlers:counted_route"\n'
+    "\n"
+    "[[sources.acme.routes]]\n"
+    'name = "audit"\n'
+    'handler = "tests.support.route_handlers:counted_route"\n'
+    "\n"
+    "[sources.plain]\n"
+    'scheme = "hmac-sha256"\n'
+    'secrets = ["s"]\n'
+    'handler = "inbox"\n'
+)
+
+
+@pytest.fixture
+def routed_settings(settings, monkeypatch, tmp_path) -> Settings:
+    path = tmp_path / "sources.toml"
+    path.write_text(SOURCES)
+    monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("WEBHOOK_INGEST_SOURCES", str(path))  # `events show` reads the routes from it too
+    return Settings()
+
+
+@pytest.fixture
+async def routed(routed_settings):
+    """acme's event evt_s, whose route billing completed and audit did not;
+    acme's event evt_s#billing (its key is evt_s's route billing's), not
+    run; plain's event evt_p, completed by the source's one handler."""
+    event = archived_event("acme", "evt_s", minutes_ago(3), "invoice.paid")
+    hashed = archived_event("acme", "evt_s#billing", minutes_ago(2), "invoice.paid")
+    plain = archived_event("plain", "evt_p", minutes_ago(1), "invoice.paid")
+    assert hashed.key == route_key(event.key, "billing")
+    connection = await asyncpg.connect(routed_settings.database_url)
+    try:
+        store = ArchiveStore(connection)
+        await store.keep({"acme": timedelta(days=7), "plain": timedelta(days=7)})
+        await arrived(store, event, hashed, plain)
+        await ran(store, dataclasses.replace(event, key=route_key(event.key, "billing"), route="billing"), plain)
+    finally:
+        await connection.close()
+    return {"event": event, "hashed": hashed, "plain": plain}
+
+
+async def show(client, key: str) -> dict:
+    response = await client.get(f"/admin/events/{key}", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status == 200, await response.text()
+    return await response.json()
+
+
+def events_show(*args: str) -> str:
+    result = CliRunner().invoke(main, ["events", "show", *args])
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return result.stdout
+
+
+async def test_a_routed_events_page_shows_each_routes_completion(routed_settings, routed):
+    async with running_ingress(routed_settings, load_sources(routed_settings.sources_path)) as client:
+        shown = await show(client, "acme:evt_s")
+        hashed = await show(client, "acme:evt_s%23billing")
+        plain = await show(client, "plain:evt_p")
+    assert shown["completion"] is None  # no run is under the event's own key
+    assert list(shown["completions"]) == ["billing", "audit"]  # every route of the source, in the file's order
+    billing = shown["completions"]["billing"]
+    assert (billing["key"], billing["event_id"], billing["attempts"]) == ("acme:evt_s#billing", "evt_s", 1)
+    assert "fencing_token" not in billing
+    assert shown["completions"]["audit"] is None  # not completed
+    # event evt_s#billing shares the key of evt_s's route billing: that completion is not its own
+    assert hashed["completion"] is None and hashed["completions"] == {"billing": None, "audit": None}
+    # a source with one handler: as before, and no routes
+    assert plain["completion"]["key"] == "plain:evt_p" and plain["completions"] == {}
+
+    cli = json.loads(await asyncio.to_thread(events_show, "acme:evt_s", "--json"))
+    assert cli == shown
+    text = await asyncio.to_thread(events_show, "acme:evt_s")
+    assert f"completed, route billing: {billing['completed_at']} (attempt 1)" in text
+    assert "completed, route audit: no (or pruned)" in text
+    hashed_text = await asyncio.to_thread(events_show, "acme:evt_s#billing")
+    assert "completed, route billing: no (or pruned)" in hashed_text and "(attempt" not in hashed_text
+    assert "completed: 20" in await asyncio.to_thread(events_show, "plain:evt_p")  # its own, as before
+
+
+async def test_the_console_shows_each_routes_completion(routed_settings, routed):
+    async with running_ingress(routed_settings, load_sources(routed_settings.sources_path)) as client:
+        await console_login(client, TOKEN)
+        page = html.unescape(await (await client.get("/console/events/acme:evt_s")).text())
+        hashed = html.unescape(await (await client.get("/console/events/acme:evt_s%23billing")).text())
+    assert "<dt>Completed</dt>" in page
+    completed = page.split("<dt>Completed</dt>", 1)[1].split("</dd>", 1)[0]
+    assert "route <code>billing</code>: " in completed and "(attempt 1)" in completed
+    assert "route <code>audit</code>: —" in completed
+    hashed_completed = hashed.split("<dt>Completed</dt>", 1)[1].split("</dd>", 1)[0]
+    assert "(attempt" not in hashed_completed  # not evt_s's route billing's completion
+
+
+async def test_events_show_without_a_readable_sources_file_says_so_and_shows_the_rest(
+        routed_settings, routed, tmp_path, monkeypatch):
+    """`events show` needs only DATABASE_URL: a sources file it cannot load
+    here (a secret of another machine's environment) is a warning on stderr,
+    and the page without its routes' completions, not a failure."""
+    path = tmp_path / "elsewhere.toml"
+    path.write_text(SOURCES.replace('secrets = ["s"]', 'secrets = ["env:SECRET_OF_ANOTHER_MACHINE"]', 1))
+    monkeypatch.delenv("SECRET_OF_ANOTHER_MACHINE", raising=False)
+    monkeypatch.setenv("WEBHOOK_INGEST_SOURCES", str(path))
+    result = await asyncio.to_thread(CliRunner().invoke, main, ["events", "show", "acme:evt_s", "--json"])
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert "SECRET_OF_ANOTHER_MACHINE" in result.stderr and "each route's completion is not shown" in result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["key"] == "acme:evt_s" and shown["completion"] is None and shown["completions"] == {}
