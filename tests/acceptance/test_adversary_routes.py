@@ -82,8 +82,9 @@ async def test_discarding_a_routes_dead_letter_marks_the_events_archived_arrival
 
 async def test_a_routed_events_archived_page_lists_its_routes_dead_letters(database):
     """R3: the page's dead letters were those keyed KEY, and a route's is
-    KEY#ROUTE (seen against 8450e20: none listed). Its completion is still
-    null: each route completes under its own key (documented)."""
+    KEY#ROUTE (seen against 8450e20: none listed). Each route's completion,
+    under its own key, is the page's `completions` (given the source's
+    routes): tests/integration/test_routes_event_page.py."""
     event = make_event("acme", "evt_s", {"type": "invoice.paid"})
     event = replace(event, received_at=round(event.received_at, 3))
     audit = replace(event, key=route_key(event.key, "audit"), route="audit")

@@ -19,7 +19,9 @@ import pytest
 from playwright.async_api import Page, async_playwright, expect
 
 from webhook_ingest.shared import archive
-from tests.support.archive import archived_event, minutes_ago, seed_archive
+from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.routes import route_key
+from tests.support.archive import archived_event, minutes_ago, ran, seed_archive
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import queued_events
 from tests.support.processes import wait_until
@@ -197,6 +199,28 @@ async def test_on_call_searches_the_archive_and_opens_an_event(start_console, op
     await expect(page.locator("table.headers").first).to_contain_text("<img src=x onerror=alert(1)>")
     await screenshot(page, "event")
     assert dialogs == []
+
+
+async def test_a_routed_events_page_shows_each_routes_completion(start_console, open_page, service_env, tmp_path):
+    """Each route completes under KEY#ROUTE: the page lists every route of
+    the source with its completion, or a dash (tests/integration/test_routes_event_page.py)."""
+    sources = tmp_path / "sources.toml"
+    sources.write_text('[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\n'
+                       '[[sources.acme.routes]]\nname = "billing"\nhandler = "inbox"\n'
+                       '[[sources.acme.routes]]\nname = "audit"\nhandler = "inbox"\n')
+    event = archived_event("acme", "evt_s", minutes_ago(5), "invoice.paid")
+    await seed_archive(service_env["DATABASE_URL"], [event])
+    connection = await asyncpg.connect(service_env["DATABASE_URL"])
+    try:
+        await ran(ArchiveStore(connection), dataclasses.replace(event, key=route_key(event.key, "billing"),
+                                                                route="billing"))
+    finally:
+        await connection.close()
+    page = await open_page(await start_console(WEBHOOK_INGEST_SOURCES=str(sources)))
+    await sign_in(page, OPERATOR_TOKEN)
+    await page.goto("/console/events/acme:evt_s")
+    completed = page.locator("dl.facts dt:text-is('Completed') + dd")
+    await expect(completed).to_contain_text(re.compile(r"route billing: \S+ \(attempt 1\); route audit: —"))
 
 
 async def test_a_bulk_replay_acts_on_exactly_the_frozen_set_at_the_set_pace(start_console, open_page, service_env):
