@@ -1,5 +1,5 @@
-"""The archive's searches through their indexes (migrations 0018 and 0019;
-issue 22, item 4: docs/performance.md, "Searching a million archived
+"""The archive's searches through their indexes (migrations 0018, 0019 and
+0024; issue 22, item 4: docs/performance.md, "Searching a million archived
 events") find what a read of every row finds. Beside the rows searched
 for, stripe has FILLER processed invoices, analyzed, so the searches are
 planned as over a large archive, through the filter's index (checked in
@@ -20,7 +20,7 @@ from webhook_ingest.shared.archive_store import SQL, ArchiveStore
 from webhook_ingest.shared.archived_events import COUNT_CAP, EventFilter
 from tests.support.events import make_event
 
-KEY, EVENT_ID, TYPE = "event_archive_key_prefix", "event_archive_event_id_prefix", "event_archive_type"
+EVENT_ID, TYPE = "event_archive_event_id_prefix", "event_archive_type"
 STATUS, UNSETTLED = "event_archive_status", "event_archive_unsettled"
 IDS = ["evt_a", "evt_a1", "evt_a\u00e9", "evt_a\U0010ffff", "evt_b", "EVT_a", "evt_"]
 FILLER = 3_000
@@ -76,11 +76,14 @@ async def indexes_read(connection: asyncpg.Connection, where: EventFilter) -> se
 
 
 @pytest.mark.parametrize(("where", "keys", "index"), [
+    # A key is SOURCE:EVENT_ID: a key prefix naming its source is its source's event id prefix (0024)
     (EventFilter(key="stripe:evt_a"),
-     ["stripe:evt_a", "stripe:evt_a1", "stripe:evt_a\u00e9", "stripe:evt_a\U0010ffff"], KEY),
-    (EventFilter(key="stripe:evt_a\U0010ffff"), ["stripe:evt_a\U0010ffff"], KEY),
+     ["stripe:evt_a", "stripe:evt_a1", "stripe:evt_a\u00e9", "stripe:evt_a\U0010ffff"], EVENT_ID),
+    (EventFilter(key="stripe:evt_a\U0010ffff"), ["stripe:evt_a\U0010ffff"], EVENT_ID),
     (EventFilter(key="githu"), [f"github:{event_id}" for event_id in IDS], None),  # no ':', no source named: no pruning
-    (EventFilter(key="stripe:EVT"), ["stripe:EVT_a"], KEY),
+    (EventFilter(key="stripe:EVT"), ["stripe:EVT_a"], EVENT_ID),
+    (EventFilter(key="github:"), [f"github:{event_id}" for event_id in IDS], None),
+    (EventFilter(key="stripe:evt_a", event_id="evt_a1"), ["stripe:evt_a1"], EVENT_ID),
     (EventFilter(event_id="evt_a"),
      [f"{source}:{event_id}" for source in ("github", "stripe") for event_id in IDS[:4]], EVENT_ID),
     (EventFilter(event_id="evt_a\u00e9"), ["github:evt_a\u00e9", "stripe:evt_a\u00e9"], EVENT_ID),
@@ -99,3 +102,12 @@ async def test_an_indexed_search_finds_what_reading_every_row_finds(connection, 
     scanned, scanned_count = await found(connection, where)
     assert sorted(indexed) == sorted(scanned) == sorted(keys)
     assert indexed_count == scanned_count == len(keys)
+
+
+async def test_no_index_is_kept_on_the_key_alone(connection):
+    """Every arrival entered it, and every outcome's update again (0024):
+    the event id's index serves a key's prefix within its source."""
+    names = {row[0] for row in await connection.fetch(
+        "SELECT indexname FROM pg_indexes WHERE tablename = 'event_archive'")}
+    assert "event_archive_key_prefix" not in names
+    assert EVENT_ID in names
