@@ -30,6 +30,10 @@ class ArchiveStore:
     def __init__(self, database: asyncpg.Pool | asyncpg.Connection):
         self._database = database  # a pool, or the CLI's (or a test's) one connection
 
+    @property
+    def database(self) -> asyncpg.Pool | asyncpg.Connection:
+        return self._database
+
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         if isinstance(self._database, asyncpg.Pool):

@@ -21,6 +21,15 @@ not granted within its timeout) is logged and tried again, backing off:
 tables are made DAYS_AHEAD days ahead, so a day of failures loses nothing.
 A source no longer in the sources file is left as it is (another process
 may still have it during a rolling deploy).
+
+It prunes the frozen selections of replays by selection
+(`event_replay_items`, docs/reference.md §8): every PRUNE_EVERY_SECONDS, at
+most PRUNE_STATEMENTS statements of PRUNE_PAGE items, each deleting the
+items, oldest first, of a replay that ended (`done`, `cancelled`) more
+than PRUNE_AFTER_SECONDS ago whose event has no arrival archived any more
+(its days dropped by the retention: its event has no page). The replay's
+row, its progress, stays. Processes at once take different items; an item
+of a replay that can still run (prepared, running, failed) is never read.
 """
 
 import asyncio
@@ -31,6 +40,7 @@ from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archived_events import Cursor
 from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.event_replay_store import EventReplayStore
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.sessions import raise_if_cancelled
 from webhook_ingest.shared.sources import Source
@@ -42,11 +52,16 @@ SIZES_EVERY_SECONDS = 60.0
 SETTLE_EVERY_SECONDS = 60.0  # also how long a row may show an earlier status after its worker was killed
 SETTLE_GRACE_SECONDS = archive_settling.GRACE_SECONDS  # an end this recent may still have its outcome batch on its way
 SETTLE_PAGES = 20  # of 500 rows a round at most: a backlog of rows on their way is read 10,000 a minute
+PRUNE_EVERY_SECONDS = 60.0
+PRUNE_PAGE = 1000  # items a statement reads and deletes at most (~0.1 s with 30 days kept): never a DELETE storm
+PRUNE_STATEMENTS = 20  # a round's at most: 20,000 items a minute a process, a million in under an hour
+PRUNE_AFTER_SECONDS = 86400.0  # a replay ended this long ago (a runner frozen mid-run still finds its items)
 
 
 class ArchiveUpkeep:
     def __init__(self, store: ArchiveStore, sources: dict[str, Source]):
         self._store = store
+        self._replays = EventReplayStore(store.database)
         self._retentions = {name: source.retention for name, source in sources.items()}  # 0 too: its days go
         self._archived = [name for name, source in sources.items() if source.retention]
         self._routes = {name: [route.name for route in source.routes] for name, source in sources.items()
@@ -58,7 +73,7 @@ class ArchiveUpkeep:
     async def run(self) -> None:
         """Forever; never raises (a stale gauge, a round tried later)."""
         backoff = pauses(1.0, 60.0)
-        next_keep = next_settle = 0.0
+        next_keep = next_settle = next_prune = 0.0
         while True:
             if time.monotonic() >= next_keep:
                 kept = await self.keep()
@@ -69,7 +84,10 @@ class ArchiveUpkeep:
             if self.ready.is_set() and time.monotonic() >= next_settle:
                 await self.settle()
                 next_settle = time.monotonic() + SETTLE_EVERY_SECONDS
-            wake = min(next_keep, next_settle) if self.ready.is_set() else next_keep
+            if self.ready.is_set() and time.monotonic() >= next_prune:
+                await self.prune()
+                next_prune = time.monotonic() + PRUNE_EVERY_SECONDS
+            wake = min(next_keep, next_settle, next_prune) if self.ready.is_set() else next_keep
             await asyncio.sleep(max(0.0, min(SIZES_EVERY_SECONDS, wake - time.monotonic())))
 
     async def keep(self) -> bool:
@@ -102,6 +120,26 @@ class ArchiveUpkeep:
         if settled:
             log.info("archive_rows_settled", rows=settled)
         return settled
+
+    async def prune(self) -> int:
+        """One round of pruning the items of ended replays: at most
+        PRUNE_STATEMENTS statements, a replay's until an item of it is still
+        archived; items deleted. Never raises (the next round goes on)."""
+        pruned = statements = 0
+        try:
+            for replay_id in await self._replays.to_prune(PRUNE_AFTER_SECONDS, PRUNE_STATEMENTS):
+                more = True
+                while more and statements < PRUNE_STATEMENTS:
+                    deleted, more = await self._replays.prune(replay_id, PRUNE_AFTER_SECONDS, PRUNE_PAGE)
+                    pruned, statements = pruned + deleted, statements + 1
+                if statements >= PRUNE_STATEMENTS:
+                    break
+        except Exception as exc:  # noqa: BLE001 - pruned a round later
+            raise_if_cancelled()
+            log.warning("event_replay_prune_failed", error=describe(exc))
+        if pruned:
+            log.info("event_replay_items_pruned", items=pruned)
+        return pruned
 
     async def refresh_sizes(self) -> None:
         if not self._archived:

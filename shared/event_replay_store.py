@@ -28,6 +28,7 @@ ACQUIRE_TIMEOUT = 5.0
 STATEMENT_SECONDS = 60.0  # freezing a large window reads it whole
 PUBLISH_TIMEOUT = 10.0
 ITEMS_PER_READ = 500
+PRUNE_SECONDS = 10.0  # one statement of the items' pruning (archive_upkeep.PRUNE_PAGE items: ~0.1 s)
 
 
 class EventReplayStore:
@@ -114,6 +115,27 @@ class EventReplayStore:
             if len(rows) < ITEMS_PER_READ:
                 return
             first = rows[-1]["item"] + 1
+
+    async def to_prune(self, ended_seconds: float, limit: int) -> list[int]:
+        """The replays, oldest first, at most `limit`, that ended (`done`,
+        `cancelled`) more than `ended_seconds` ago and whose oldest item left
+        names an event no longer archived: those `prune` has items of to
+        delete (`shared/archive_upkeep.py`)."""
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["event_replays_to_prune"], ended_seconds, limit, timeout=PRUNE_SECONDS)
+        return [row["id"] for row in rows]
+
+    async def prune(self, replay_id: int, ended_seconds: float, limit: int) -> tuple[int, bool]:
+        """One statement: of the first `limit` items left of the replay, if it
+        ended more than `ended_seconds` ago, those whose event has no arrival
+        archived (its page is gone) deleted; items another process is deleting
+        meanwhile are left to it. (Items deleted, whether the next `limit` may
+        hold more: as many were read, every one deleted.) The replay's row,
+        its progress, stays."""
+        async with self._connection() as connection:
+            row = await connection.fetchrow(SQL["prune_event_replay_items"], replay_id, ended_seconds, limit,
+                                            timeout=PRUNE_SECONDS)
+        return row["deleted"], row["read"] == limit and row["deleted"] == limit
 
     async def publish(self, channel: AbstractChannel, namespace: str, replay_id: int, item: ReplayItem,
                       held: asyncpg.Connection | None = None) -> bool:

@@ -828,3 +828,45 @@ LEFT JOIN processed_events p ON p.key = 'replay-' || r.id || '/' || i.key
 WHERE i.key = $1
 ORDER BY r.id DESC
 LIMIT $2
+
+-- pruning the frozen selections of ended replays (shared/archive_upkeep.py) ----
+-- An item of a replay that ended (`done` or `cancelled`: never claimed
+-- again) a while ago goes once no arrival of its key is archived: then its
+-- event has no page, the one place an ended replay's items show (its
+-- progress is the replay's row). Oldest first: an item whose event is
+-- still archived holds back the ones after it.
+
+-- name: event_replays_to_prune
+-- The replays that ended more than $1 seconds ago whose oldest item left
+-- names an event no longer archived, oldest first, at most $2.
+SELECT r.id FROM event_replays r
+CROSS JOIN LATERAL (SELECT i.source, i.key FROM event_replay_items i
+                    WHERE i.replay_id = r.id ORDER BY i.item LIMIT 1) oldest
+WHERE r.state IN ('done', 'cancelled') AND r.finished_at < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT FROM event_archive a WHERE a.source = oldest.source AND a.key = oldest.key)
+ORDER BY r.id
+LIMIT $2
+
+-- name: prune_event_replay_items
+-- Of the first $3 items left of replay $1, if it ended more than $2 seconds
+-- ago, those whose event is no longer archived deleted; items another
+-- process is deleting are left to it (SKIP LOCKED), so upkeeps at once
+-- share the work. How many were deleted, how many read, and whether one
+-- read is still archived (the oldest-first prune stops there).
+WITH page AS (
+    SELECT i.item, i.source, i.key FROM event_replay_items i
+    JOIN event_replays r ON r.id = i.replay_id
+    WHERE i.replay_id = $1 AND r.state IN ('done', 'cancelled') AND r.finished_at < now() - make_interval(secs => $2)
+    ORDER BY i.item
+    LIMIT $3
+    FOR UPDATE OF i SKIP LOCKED
+), judged AS (
+    SELECT page.item, EXISTS (SELECT FROM event_archive a WHERE a.source = page.source AND a.key = page.key) AS archived
+    FROM page
+), deleted AS (
+    DELETE FROM event_replay_items i USING judged
+    WHERE i.replay_id = $1 AND i.item = judged.item AND NOT judged.archived
+    RETURNING i.item
+)
+SELECT (SELECT count(*) FROM deleted) AS deleted, count(*) AS read, coalesce(bool_or(archived), false) AS archived
+FROM judged

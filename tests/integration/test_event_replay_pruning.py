@@ -71,7 +71,6 @@ async def items_of(connection, replay_id: int) -> list[str]:
         "SELECT key FROM event_replay_items WHERE replay_id = $1 ORDER BY item", replay_id)]
 
 
-@pytest.mark.xfail(strict=True, reason="event_replay_items are never pruned")
 async def test_an_ended_replays_items_go_once_their_events_left_the_archive_and_nothing_shown_changes(
         database, connection):
     ids = await replays_of_a_window(database, connection)
@@ -97,7 +96,6 @@ async def test_an_ended_replays_items_go_once_their_events_left_the_archive_and_
     assert await ArchiveUpkeep(archived, SOURCES).prune() == 0  # idempotent
 
 
-@pytest.mark.xfail(strict=True, reason="event_replay_items are never pruned")
 async def test_upkeeps_at_once_prune_in_bounded_statements_and_each_item_once(database, connection, monkeypatch):
     monkeypatch.setattr(archive_upkeep, "PRUNE_PAGE", 3)
     monkeypatch.setattr(archive_upkeep, "PRUNE_STATEMENTS", 2)
