@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from tests.support.archive import archived_event, seed_archive
+from tests.support.processes import wait_until
 from webhook_ingest.shared import archive_upkeep
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
@@ -117,3 +118,22 @@ async def test_upkeeps_at_once_prune_in_bounded_statements_and_each_item_once(da
     for name, replay_id in ids.items():
         expected = everything[20:] if name in ("done", "cancelled") else everything
         assert await items_of(connection, replay_id) == expected, name
+
+
+async def test_the_upkeep_every_process_runs_prunes_once_its_archive_is_ready(database, connection):
+    ids = await replays_of_a_window(database, connection)
+    own = await asyncpg.connect(database)
+    upkeep = ArchiveUpkeep(ArchiveStore(own), SOURCES)
+    task = asyncio.create_task(upkeep.run())
+    try:
+        async def pruned() -> bool:
+            return len(await items_of(connection, ids["cancelled"])) == 2
+
+        await wait_until(pruned, 10, message="the cancelled replay's items pruned by the upkeep's loop")
+        assert upkeep.ready.is_set()
+        assert await items_of(connection, ids["done"]) == ["acme:copied", "acme:new"]
+        assert len(await items_of(connection, ids["running"])) == 4
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await own.close()
