@@ -403,10 +403,11 @@ FROM unnest($1::text[], $2::text[]) AS archived(source, source_table)
 -- its size.
 -- NULL: no filter. A key prefix with a ':' also names its source (a key
 -- is SOURCE:EVENT_ID, as archived_arrivals reads it): only that source's
--- tables are planned and read. 'processing' also says `a.status =
--- 'queued'` (held.processing implies it), which the unsettled index
--- serves: held's own test was read off every row. The prefixes' indexes
--- and the others: migration 0019.
+-- tables are planned and read, and the rest of it is their event ids'
+-- prefix, which their event id index serves (migration 0024).
+-- 'processing' also says `a.status = 'queued'` (held.processing implies
+-- it), which the unsettled index serves: held's own test was read off
+-- every row. The event id prefix's index and the others: migration 0019.
 SELECT a.source, a.key, a.received_at, a.arrival, a.event_id, a.event_type, a.payload_sha256, a.attempts,
        a.last_error, a.completed_at, a.replay_of, a.ignore_rule, CASE WHEN held.processing THEN 'processing' ELSE a.status END AS status
 FROM event_archive a
@@ -421,6 +422,7 @@ WHERE ($1::text IS NULL OR a.source = $1)
   AND ($5::timestamptz IS NULL OR a.received_at < $5)
   AND ($6::text IS NULL OR starts_with(a.key, $6))
   AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
+  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR starts_with(a.event_id, substr($6, strpos($6, ':') + 1)))
   AND ($7::text IS NULL OR starts_with(a.event_id, $7))
   AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
   AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key, a.arrival) < ($9, $10::text, $11::text, $12::int8))
@@ -445,6 +447,7 @@ WHERE ($1::text IS NULL OR a.source = $1)
   AND ($5::timestamptz IS NULL OR a.received_at < $5)
   AND ($6::text IS NULL OR starts_with(a.key, $6))
   AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
+  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR starts_with(a.event_id, substr($6, strpos($6, ':') + 1)))
   AND ($7::text IS NULL OR starts_with(a.event_id, $7))
   AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
   AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key, a.arrival) < ($9, $10::text, $11::text, $12::int8))
@@ -466,6 +469,7 @@ SELECT count(*) FROM (
       AND ($5::timestamptz IS NULL OR a.received_at < $5)
       AND ($6::text IS NULL OR starts_with(a.key, $6))
       AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
+      AND ($6::text IS NULL OR strpos($6, ':') = 0 OR starts_with(a.event_id, substr($6, strpos($6, ':') + 1)))
       AND ($7::text IS NULL OR starts_with(a.event_id, $7))
       AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
     LIMIT $9
@@ -698,6 +702,7 @@ WHERE ($1::text IS NULL OR a.source = $1)
   AND ($5::timestamptz IS NULL OR a.received_at < $5)
   AND ($6::text IS NULL OR starts_with(a.key, $6))
   AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
+  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR starts_with(a.event_id, substr($6, strpos($6, ':') + 1)))
   AND ($7::text IS NULL OR starts_with(a.event_id, $7))
   AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
   AND a.status NOT IN ('ignored', 'conflict') AND a.body IS NOT NULL
@@ -719,6 +724,7 @@ WITH selected AS (
       AND ($5::timestamptz IS NULL OR a.received_at < $5)
       AND ($6::text IS NULL OR starts_with(a.key, $6))
       AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
+      AND ($6::text IS NULL OR strpos($6, ':') = 0 OR starts_with(a.event_id, substr($6, strpos($6, ':') + 1)))
       AND ($7::text IS NULL OR starts_with(a.event_id, $7))
       AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
       AND a.status NOT IN ('ignored', 'conflict') AND a.body IS NOT NULL
