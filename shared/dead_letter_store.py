@@ -260,7 +260,8 @@ class DeadLetterStore:
         for the dead letter in flight, so that nothing is acted on after this
         returns; RunBusy when a runner held it past `run_locks.WAIT_SECONDS`.
         A dead letter its runner marked in flight and never stepped (it died
-        mid-act) is counted done and `in_doubt`. Audited `bulk_ACTION_cancelled`
+        mid-act) is, of a replay, counted done and `in_doubt`; of a discard,
+        done only if discarded. Audited `bulk_ACTION_cancelled`
         under `actor`, with the ids counted done: a runner that died wrote no
         end entry, and this one is then the log's only word of what it did."""
         async with self._connection() as connection:

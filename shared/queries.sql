@@ -190,19 +190,30 @@ WHERE id = $1 AND state = 'running'
 
 -- name: cancel_bulk_action
 -- Under the run's lock, as cancel_event_replay: a dead letter marked in
--- flight and neither done nor skipped is counted done, and in doubt.
+-- flight and neither done nor skipped (its runner died mid-act). Of a
+-- replay it is counted done, and in doubt: its publish may have gone out.
+-- Of a discard it is known: the act commits with its step (a savepoint of
+-- the held session), so with no step it never happened, unless a runner
+-- of the previous release committed it apart (an upgrade): counted done
+-- when the dead letter is discarded, else not, and never in doubt.
 WITH run AS (
-    SELECT b.id, f.item AS in_doubt FROM console_bulk_actions b
+    SELECT b.id, b.action, f.item AS in_flight FROM console_bulk_actions b
     LEFT JOIN paced_run_in_flight f ON f.kind = 'bulk_action' AND f.run_id = b.id
                                    AND NOT f.item = ANY(b.done || b.skipped)
     WHERE b.id = $1 AND b.state IN ('prepared', 'running', 'failed')
+), judged AS (
+    SELECT run.id, run.in_flight, run.action = 'replay' AS in_doubt,
+           run.action = 'replay' OR EXISTS (SELECT FROM dead_letters d WHERE d.id = run.in_flight
+                                                                        AND d.status = 'discarded') AS counted
+    FROM run WHERE run.in_flight IS NOT NULL
 ), doubted AS (
-    UPDATE paced_run_in_flight f SET in_doubt = true FROM run
-    WHERE f.kind = 'bulk_action' AND f.run_id = run.id AND run.in_doubt IS NOT NULL
+    UPDATE paced_run_in_flight f SET in_doubt = true FROM judged
+    WHERE f.kind = 'bulk_action' AND f.run_id = judged.id AND judged.in_doubt
 )
 UPDATE console_bulk_actions b SET state = 'cancelled', finished_at = now(),
-    done = CASE WHEN run.in_doubt IS NULL THEN b.done ELSE b.done || run.in_doubt END
-FROM run WHERE b.id = run.id
+    done = CASE WHEN judged.counted THEN b.done || judged.in_flight ELSE b.done END
+FROM run LEFT JOIN judged ON judged.id = run.id
+WHERE b.id = run.id
 RETURNING b.id
 
 -- name: bulk_action_in_flight

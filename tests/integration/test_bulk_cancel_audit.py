@@ -2,11 +2,11 @@
 with a dead letter acted on and not stepped, then cancelled from the
 console (docs/reference.md §8.1 "Audit": every replay and discard, which
 ids). A runner that dies writes no end entry; the Cancel writes
-`bulk_ACTION_cancelled` with the ids counted done (the one in flight in
-doubt: of a replay it may have been published), as an event replay's writes
-`events_replay_cancelled`. A discard's writes commit with its step, so the
-killed runner's died with it. Real Postgres, the real paced run and
-console."""
+`bulk_ACTION_cancelled` with the ids counted done (of a replay, the one in
+flight too, in doubt: it may have been published), as an event replay's
+writes `events_replay_cancelled`. A discard's writes commit with its step,
+so the killed runner's died with it, and the entry names none. Real
+Postgres, the real paced run and console."""
 
 import asyncpg
 
@@ -31,7 +31,7 @@ class _KilledAfterItsFirstAct(DiesAfterItsFirstAct):
             await super().audit(what, acted, **detail)
 
 
-async def test_a_cancel_behind_a_killed_bulk_runner_leaves_an_audit_entry_of_what_it_discarded(
+async def test_a_cancel_behind_a_killed_bulk_runner_leaves_an_audit_entry_of_what_it_discarded_none(
         settings, monkeypatch):
     monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", TOKEN)
     first, second = await seed_dead_letters(settings.database_url, "acme", 2)
@@ -50,4 +50,4 @@ async def test_a_cancel_behind_a_killed_bulk_runner_leaves_an_audit_entry_of_wha
     assert "Cancelled: what was done stays done." in cancelled
     assert status == "dead"  # its discard died uncommitted with its step: nothing half done
     done = [(row["action"], row["dead_letter_ids"]) for row in audit if not row["action"].endswith("_started")]
-    assert done == [("bulk_discard_cancelled", [first])]  # the dead letter counted done (in doubt), named
+    assert done == [("bulk_discard_cancelled", [])]  # its discard never committed: nothing done, nothing in doubt
