@@ -8,7 +8,7 @@ named SQL of `shared/queries.sql`.
 """
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -56,12 +56,25 @@ class EventReplayStore:
             row = await connection.fetchrow(SQL["get_event_replay"], replay_id)
         return None if row is None else EventReplay.from_row(row)
 
-    async def replays_of(self, key: str, limit: int = 20) -> list[dict]:
+    async def replays_of(self, key: str, routes: Sequence[str] = (), limit: int = 20) -> list[dict]:
         """The replays by selection that took the event keyed `key`, newest first
         (an event's page): `id`, `state`, `created_by`, `created_at`, `handled`,
-        `completed_at` (its run's completion; None before, or for a routed event's)."""
+        `completions` (each of `routes`, its source's route names, with the
+        completion time of its run, `replay-R/KEY#ROUTE`, or None; {} without
+        routes) and `completed_at`: its run's completion (`replay-R/KEY`), or
+        for a routed event the latest of its routes' once every one completed;
+        None before."""
         async with self._connection() as connection:
-            return [dict(row) for row in await connection.fetch(SQL["replays_of_event"], key, limit)]
+            rows = await connection.fetch(SQL["replays_of_event"], key, limit, list(routes))
+        listed = []
+        for row in rows:
+            replay = dict(row)
+            replay["completions"] = dict(zip(routes, replay.pop("route_completed_at"), strict=True))
+            times = list(replay["completions"].values())
+            if replay["completed_at"] is None and times and None not in times:
+                replay["completed_at"] = max(times)
+            listed.append(replay)
+        return listed
 
     async def claim(self, replay_id: int, rate: float = DEFAULT_RATE) -> EventReplay | None:
         """Running at `rate` per second, by the caller alone; None when it runs

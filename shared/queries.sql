@@ -837,11 +837,22 @@ WHERE r.id = $1 FOR UPDATE OF r
 -- name: replays_of_event
 -- The replays by selection whose frozen items hold the key $1, newest first,
 -- at most $2: each replay's state, who asked, whether its item was handled
--- (published or skipped) and its run's completion (under replay-R/KEY).
-SELECT r.id, r.state, r.created_by, r.created_at, r.next_item > i.item AS handled, p.completed_at
+-- (published or skipped), its run's completion (under replay-R/KEY) and,
+-- for a source with routes ($3, its route names in the file's order), each
+-- route's run's (replay-R/KEY#ROUTE), null when not completed. A completion
+-- is the event's only with its event id (KEY's after SOURCE:): event `evt`'s
+-- route `b` completes under event `evt#b`'s key (docs/design.md, "Routes").
+SELECT r.id, r.state, r.created_by, r.created_at, r.next_item > i.item AS handled,
+       (SELECT p.completed_at FROM processed_events p
+        WHERE p.key = 'replay-' || r.id || '/' || i.key AND p.event_id = substr($1, strpos($1, ':') + 1))
+           AS completed_at,
+       array(SELECT (SELECT p.completed_at FROM processed_events p
+                     WHERE p.key = 'replay-' || r.id || '/' || i.key || '#' || route.name
+                       AND p.event_id = substr($1, strpos($1, ':') + 1))
+             FROM unnest($3::text[]) WITH ORDINALITY AS route(name, place)
+             ORDER BY route.place) AS route_completed_at
 FROM event_replay_items i
 JOIN event_replays r ON r.id = i.replay_id
-LEFT JOIN processed_events p ON p.key = 'replay-' || r.id || '/' || i.key
 WHERE i.key = $1
 ORDER BY r.id DESC
 LIMIT $2

@@ -161,13 +161,14 @@ async def event_page(request: web.Request) -> web.Response:
                                   "the source's retention.")
     runs = [row for row in arrivals if row["status"] not in (archive.DUPLICATE, archive.CONFLICT)] or arrivals[:1]
     dead_letters = json.loads(records["dead_letters"])
+    selection_replays = EventReplayStore(request.config_dict[database_pool_key])
     context = {"key": key, "event": arrival_view(runs[0]), "runs": runs,
                "arrivals": [arrival_view(row) for row in arrivals[:SHOWN_ARRIVALS]], "arrivals_total": len(arrivals),
                "copies": [row["received_at"] for row in arrivals if row["status"] == archive.DUPLICATE],
                "conflicts": sum(row["status"] == archive.CONFLICT for row in arrivals),
                "completion": completion(records), "completions": route_completions(records),
                "dead_letters": await _dead_letters(request.config_dict[dead_letters_key], dead_letters),
-               "selection_replays": await EventReplayStore(request.config_dict[database_pool_key]).replays_of(key)}
+               "selection_replays": await selection_replays.replays_of(key, routes)}
     return await render(request, "event.html", context | {"shown_copy_times": SHOWN_COPY_TIMES})
 
 

@@ -19,6 +19,10 @@ from click.testing import CliRunner
 
 from webhook_ingest.cli import main
 from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.archived_events import parse_filter
+from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.event_replay_store import EventReplayStore
+from webhook_ingest.shared.replay_keys import replay_key
 from webhook_ingest.shared.routes import route_key
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
@@ -140,3 +144,51 @@ async def test_events_show_without_a_readable_sources_file_says_so_and_shows_the
     assert "SECRET_OF_ANOTHER_MACHINE" in result.stderr and "each route's completion is not shown" in result.stderr
     shown = json.loads(result.stdout)
     assert shown["key"] == "acme:evt_s" and shown["completion"] is None and shown["completions"] == {}
+
+
+def this_event(page: str, replay_id: int) -> str:
+    """The "This event" cell of replay `replay_id`'s row in the page's replays by selection."""
+    row = page.split(f'<td><a href="/console/event-replays/{replay_id}">{replay_id}</a></td>', 1)[1].split("</tr>", 1)[0]
+    return row.rsplit("<td>", 1)[1].split("</td>", 1)[0]
+
+
+async def test_the_replay_list_shows_each_routes_replay_run(routed_settings, routed):
+    """A replay by selection runs a routed event's routes under
+    `replay-R/KEY#ROUTE`: the event's page shows each route's run, and the
+    replay completed once every route's run did; event evt_s#billing (its
+    replay key is evt_s's route billing's) never takes evt_s's run."""
+    event = routed["event"]
+    connection = await asyncpg.connect(routed_settings.database_url)
+    try:
+        replay = await EventReplayStore(connection).prepare(parse_filter({"source": "acme"}), Actor.cli())
+        assert replay.total == 2  # evt_s and evt_s#billing
+        await connection.execute("UPDATE event_replays SET next_item = total + 1, state = 'done' WHERE id = $1",
+                                 replay.id)  # both published
+        replayed = replay_key(event.key, replay.id)
+        await ran(ArchiveStore(connection), dataclasses.replace(event, key=route_key(replayed, "billing"),
+                                                                route="billing"))
+        listed = await EventReplayStore(connection).replays_of(event.key, ["billing", "audit"])
+        assert listed[0]["completed_at"] is None  # route audit's run has not completed
+        assert list(listed[0]["completions"]) == ["billing", "audit"] and listed[0]["completions"]["audit"] is None
+        assert listed[0]["completions"]["billing"] is not None
+        hashed = await EventReplayStore(connection).replays_of(routed["hashed"].key, ["billing", "audit"])
+        assert hashed[0]["completions"] == {"billing": None, "audit": None} and hashed[0]["completed_at"] is None
+        plain = await EventReplayStore(connection).replays_of(event.key)
+        assert plain[0]["completions"] == {}  # no routes named: as before (its run under replay-R/KEY alone)
+
+        async with running_ingress(routed_settings, load_sources(routed_settings.sources_path)) as client:
+            await console_login(client, TOKEN)
+            partly = html.unescape(await (await client.get("/console/events/acme:evt_s")).text())
+            hashed_page = html.unescape(await (await client.get("/console/events/acme:evt_s%23billing")).text())
+            await ran(ArchiveStore(connection), dataclasses.replace(event, key=route_key(replayed, "audit"),
+                                                                    route="audit"))
+            whole = html.unescape(await (await client.get("/console/events/acme:evt_s")).text())
+    finally:
+        await connection.close()
+    cell = this_event(partly, replay.id)
+    assert cell.startswith("published") and "route <code>billing</code>: completed " in cell, cell
+    assert "route <code>audit</code>: —" in cell, cell
+    hashed_cell = this_event(hashed_page, replay.id)  # its own routes' runs (replay-R/KEY#billing#ROUTE): none
+    assert "completed" not in hashed_cell and "route <code>billing</code>: —" in hashed_cell, hashed_cell
+    cell = this_event(whole, replay.id)
+    assert cell.startswith("completed ") and "route <code>audit</code>: completed " in cell, cell
