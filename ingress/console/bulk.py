@@ -35,6 +35,8 @@ class _DeadLetterJob:
     def __init__(self, action: BulkAction, actor: Actor, store: DeadLetterStore, publisher, namespace: str):
         self.action, self.actor = action, actor
         self.id, self.name, self.rate = action.id, f"bulk_{action.action}", action.rate or DEFAULT_RATE
+        # A discard commits with its step (`act`), or not at all; a replay's publish goes out all the same.
+        self.undone_without_its_step = action.action == "discard"
         self._store, self._publisher, self._namespace = store, publisher, namespace
         self._held: HeldBulk | None = None  # the row, while a dead letter is in flight
         self._no_longer_open = False  # the dead letter in flight was skipped as replayed or discarded meanwhile

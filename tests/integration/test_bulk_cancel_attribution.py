@@ -1,0 +1,129 @@
+"""A Cancel of a dead-letter bulk discard whose runner died with a dead
+letter in flight counts it done only if this action discarded it
+(docs/reference.md §8.1 "Bulk": "one whose runner died while discarding it
+is known ... never in doubt"; "Audit": every discard, who, which ids).
+The runner's discard commits with its step, so a dead letter in flight and
+not stepped that another operator discarded meanwhile (its own page's
+Discard, `dlq discard`: audited `discard` under that operator) was not
+this action's: counted done, the Cancel's `bulk_discard_cancelled` entry
+would name a second discarder of it, and the action's page one discard
+too many, not even in doubt. Real Postgres, the real paced run (attacker
+review of 4bb6caf)."""
+
+import asyncpg
+import pytest
+
+from tests.support.bulk_actions import DiesAfterItsFirstAct
+from tests.support.dead_letters import seed_dead_letters
+from webhook_ingest.shared import paced_runs
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.dead_letters import Actor
+
+OPERATOR_A = Actor("operator", "console", "alice")
+OPERATOR_B = Actor("operator", "console", "bob")
+
+
+@pytest.mark.xfail(strict=True, reason="cancel_bulk_action counts a discarded dead letter in flight done, whoever discarded it")
+async def test_a_cancel_does_not_count_a_dead_letter_another_operator_discarded_after_the_runner_died(settings):
+    first, second = await seed_dead_letters(settings.database_url, "acme", 2)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
+    try:
+        store = DeadLetterStore(pool)
+        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
+        assert action is not None
+        # The runner dies with `first` in flight: its discard dies with its step.
+        assert await paced_runs.run(DiesAfterItsFirstAct(action, OPERATOR_A, store, None, "ns")) == "failed"
+        assert await pool.fetchval("SELECT status FROM dead_letters WHERE id = $1", first) == "dead"
+        # Bob discards `first` from its own page before Alice cancels the action.
+        await store.discard_if_open(first, OPERATOR_B)
+        assert await store.cancel_bulk(action.id, OPERATOR_A)
+        cancelled = await store.bulk_action(action.id)
+        audit = [(row["name"], row["action"], row["dead_letter_ids"]) for row in await pool.fetch(
+            "SELECT name, action, dead_letter_ids FROM audit_log WHERE action IN ('discard', 'bulk_discard_cancelled')"
+            " ORDER BY id")]
+    finally:
+        await pool.close()
+    assert audit[0] == ("bob", "discard", [first])
+    # The action discarded nothing: one discarder of `first` in the log, Bob.
+    assert (cancelled.state, cancelled.done, cancelled.in_doubt) == ("cancelled", [], [])
+    assert audit[1:] == [("alice", "bulk_discard_cancelled", [])]
+
+
+async def test_a_cancel_still_counts_the_discard_a_runner_of_the_previous_release_committed(settings):
+    """The case 4bb6caf counts done: the discard committed apart from its step,
+    by the action's own runner, and nobody else's entry names it."""
+    first, second = await seed_dead_letters(settings.database_url, "acme", 2)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
+    try:
+        store = DeadLetterStore(pool)
+        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
+        assert action is not None
+        assert await paced_runs.run(_PreviousReleaseDiesAfterItsFirstAct(action, OPERATOR_A, store, None, "ns")) \
+            == "failed"
+        assert await store.cancel_bulk(action.id, OPERATOR_A)
+        cancelled = await store.bulk_action(action.id)
+    finally:
+        await pool.close()
+    assert (cancelled.state, cancelled.done, cancelled.in_doubt) == ("cancelled", [first], [])
+
+
+@pytest.mark.xfail(strict=True, reason="cancel_bulk_action counts a discarded dead letter in flight done, whoever discarded it")
+async def test_a_cancel_does_not_count_a_dead_letter_another_bulk_discard_discarded(settings):
+    """Another bulk discard over the same dead letter, run to its end after
+    this action's runner died with it in flight: that action's, not this one's."""
+    first, second = await seed_dead_letters(settings.database_url, "acme", 2)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
+    try:
+        store = DeadLetterStore(pool)
+        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
+        assert action is not None
+        assert await paced_runs.run(DiesAfterItsFirstAct(action, OPERATOR_A, store, None, "ns")) == "failed"
+        other = await store.claim_bulk(await store.prepare_bulk("discard", [first], {}, OPERATOR_B), 1000)
+        assert other is not None
+        assert await paced_runs.run(_job(other, store)) == "done"
+        assert (await store.bulk_action(other.id)).done == [first]
+        assert await store.cancel_bulk(action.id, OPERATOR_A)
+        cancelled = await store.bulk_action(action.id)
+    finally:
+        await pool.close()
+    assert (cancelled.state, cancelled.done, cancelled.in_doubt) == ("cancelled", [], [])
+
+
+async def test_a_runner_whose_session_was_cut_mid_discard_names_no_discard_in_its_end_entry(settings):
+    """The runner's process lives on (Postgres cut from its held session, a
+    failover, the session ended past its limit after the act): its discard
+    rolled back with the lost step, yet its `bulk_discard` end entry
+    (state failed) named the dead letter, which is still open, as discarded.
+    A bulk replay's publish, which cannot be undone, is another matter."""
+    first, second = await seed_dead_letters(settings.database_url, "acme", 2)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
+    try:
+        store = DeadLetterStore(pool)
+        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
+        assert action is not None
+        assert await paced_runs.run(DiesAfterItsFirstAct(action, OPERATOR_A, store, None, "ns")) == "failed"
+        status = await pool.fetchval("SELECT status FROM dead_letters WHERE id = $1", first)
+        ended = await pool.fetchrow("SELECT dead_letter_ids, detail FROM audit_log WHERE action = 'bulk_discard'")
+    finally:
+        await pool.close()
+    assert status == "dead"
+    assert '"failed"' in ended["detail"]
+    assert ended["dead_letter_ids"] == []  # it discarded nothing
+
+
+def _job(action, store):
+    from webhook_ingest.ingress.console.bulk import _DeadLetterJob
+
+    return _DeadLetterJob(action, OPERATOR_B, store, None, "ns")
+
+
+class _PreviousReleaseDiesAfterItsFirstAct(DiesAfterItsFirstAct):
+    """A runner of the previous release: its discard commits apart from its
+    step (no audit entry of its own: a bulk act is audited at the run's end),
+    then its session ends before the step."""
+
+    async def act(self, dead_letter_id):
+        await self._store.discard_if_open(dead_letter_id, self.actor, bulk_action_id=self.id)
+        assert self._held is not None
+        self._held.hold.connection.terminate()
+        return True
