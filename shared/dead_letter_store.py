@@ -261,7 +261,7 @@ class DeadLetterStore:
         returns; RunBusy when a runner held it past `run_locks.WAIT_SECONDS`.
         A dead letter its runner marked in flight and never stepped (it died
         mid-act) is, of a replay, counted done and `in_doubt`; of a discard,
-        done only if discarded. Audited `bulk_ACTION_cancelled`
+        done only if discarded and by no one else's discard. Audited `bulk_ACTION_cancelled`
         under `actor`, with the ids counted done: a runner that died wrote no
         end entry, and this one is then the log's only word of what it did."""
         async with self._connection() as connection:

@@ -195,7 +195,11 @@ WHERE id = $1 AND state = 'running'
 -- Of a discard it is known: the act commits with its step (a savepoint of
 -- the held session), so with no step it never happened, unless a runner
 -- of the previous release committed it apart (an upgrade): counted done
--- when the dead letter is discarded, else not, and never in doubt.
+-- when the dead letter is discarded and no one else's discard names it,
+-- else not, and never in doubt. Every other discard says whose it was in
+-- its own transaction: a single one (its page, `dlq discard`, the admin
+-- API, an incident's) by its `discard` audit entry, another bulk
+-- discard's by its step (`done`).
 WITH run AS (
     SELECT b.id, b.action, f.item AS in_flight FROM console_bulk_actions b
     LEFT JOIN paced_run_in_flight f ON f.kind = 'bulk_action' AND f.run_id = b.id
@@ -203,8 +207,12 @@ WITH run AS (
     WHERE b.id = $1 AND b.state IN ('prepared', 'running', 'failed')
 ), judged AS (
     SELECT run.id, run.in_flight, run.action = 'replay' AS in_doubt,
-           run.action = 'replay' OR EXISTS (SELECT FROM dead_letters d WHERE d.id = run.in_flight
-                                                                        AND d.status = 'discarded') AS counted
+           run.action = 'replay' OR (
+               EXISTS (SELECT FROM dead_letters d WHERE d.id = run.in_flight AND d.status = 'discarded')
+               AND NOT EXISTS (SELECT FROM audit_log l WHERE l.dead_letter_ids @> ARRAY[run.in_flight]
+                                                         AND l.action = 'discard')
+               AND NOT EXISTS (SELECT FROM console_bulk_actions o WHERE o.id <> run.id AND o.action = 'discard'
+                                                                    AND run.in_flight = ANY(o.done))) AS counted
     FROM run WHERE run.in_flight IS NOT NULL
 ), doubted AS (
     UPDATE paced_run_in_flight f SET in_doubt = true FROM judged
