@@ -94,8 +94,29 @@ def _sockets_of_this_process(*, local_port: int | None = None, remote_port: int 
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="stop() leaves sockets accepted mid-burst open (cancelled before their "
-                   "handler ran, or made after its task snapshot)")
+def _burst(proxy: TcpProxy, then) -> list[socket.socket]:
+    """Clients connecting one after the other, as fast as they can; 2 ms in,
+    `then()` (a cut, a stop) meets them at whatever step each has reached."""
+    clients: list[socket.socket] = []
+    go = threading.Event()
+
+    def connect_many():
+        go.wait()
+        for _ in range(40):
+            try:
+                clients.append(socket.create_connection(("127.0.0.1", proxy.port), timeout=1))
+            except OSError:  # refused: the proxy no longer listens
+                return
+
+    connecting = threading.Thread(target=connect_many)
+    connecting.start()
+    go.set()
+    time.sleep(0.002)
+    then()
+    connecting.join()
+    return clients
+
+
 def test_stop_during_a_burst_of_new_connections_leaves_no_socket_open(service):
     """stop() while clients keep connecting: every socket the proxy accepted
     or opened upstream is closed when stop() returns, whichever step of
@@ -109,23 +130,7 @@ def test_stop_during_a_burst_of_new_connections_leaves_no_socket_open(service):
         warnings.simplefilter("always")
         for round_ in range(30):
             proxy = TcpProxy(*service.getsockname()).start()
-            clients: list[socket.socket] = []
-            go = threading.Event()
-
-            def burst(port=proxy.port, clients=clients, go=go):
-                go.wait()
-                for _ in range(40):
-                    try:
-                        clients.append(socket.create_connection(("127.0.0.1", port), timeout=1))
-                    except OSError:  # refused: the proxy has stopped
-                        return
-
-            connecting = threading.Thread(target=burst)
-            connecting.start()
-            go.set()
-            time.sleep(0.002)
-            proxy.stop()
-            connecting.join()
+            clients = _burst(proxy, proxy.stop)
             left = (_sockets_of_this_process(local_port=proxy.port)
                     + _sockets_of_this_process(remote_port=service.getsockname()[1]))
             for client in clients:
@@ -137,3 +142,28 @@ def test_stop_during_a_burst_of_new_connections_leaves_no_socket_open(service):
                 leaks.append(f"round {round_}: {len(clients)} clients, {len(left)} sockets open after stop(),"
                              f" {len(unclosed)} ResourceWarnings {unclosed[:2]}")
     assert leaks == []
+
+
+def test_a_cut_during_a_burst_of_new_connections_drops_every_one(service):
+    """cut() while clients keep connecting: every client that got through
+    is dropped (end of stream or reset), none left waiting on a socket the
+    proxy accepted and never served nor closed — a fault test's client would
+    wait for an answer until its own timeout."""
+    waiting = []
+    for round_ in range(30):
+        with TcpProxy(*service.getsockname()) as proxy:
+            clients = _burst(proxy, proxy.cut)
+            deadline = time.monotonic() + 3
+            left = 0
+            for client in clients:
+                with client:
+                    client.settimeout(max(0.01, deadline - time.monotonic()))
+                    try:
+                        left += client.recv(1) != b""
+                    except ConnectionResetError:
+                        pass
+                    except TimeoutError:
+                        left += 1
+            if left:
+                waiting.append(f"round {round_}: {left} of {len(clients)} clients still connected 3 s after the cut")
+    assert waiting == []

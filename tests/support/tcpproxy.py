@@ -8,6 +8,7 @@ the test's loop is busy, and can serve processes the test starts.
 import asyncio
 import socket
 import threading
+import weakref
 
 
 def free_port() -> int:
@@ -25,7 +26,10 @@ class TcpProxy:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.AbstractServer | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._writers: set[asyncio.StreamWriter] = set()  # a cut drops these
+        self._made: weakref.WeakSet[asyncio.StreamWriter] = weakref.WeakSet()  # every socket of ours not gone yet
+        self._tasks: set[asyncio.Task] = set()  # _serve's, one a connection
+        self._stopping = False
         self._flowing = asyncio.Event()  # cleared: bytes wait, connections stay open
         self._flowing.set()
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()  # (client, upstream)
@@ -73,12 +77,15 @@ class TcpProxy:
         self._call(self._orphan())
 
     def stop(self) -> None:
-        self.flow()
-        self.cut()
-        self._call(self._cancel_pipes())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
+        """Close every socket the proxy accepted or opened, then its loop:
+        nothing is left to the garbage collector, whose ResourceWarning
+        ('loop is closed') would fail whichever test it ran in."""
+        try:
+            self._call(self._close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            self._loop.close()
 
     def __enter__(self) -> "TcpProxy":
         return self.start()
@@ -91,12 +98,35 @@ class TcpProxy:
 
     async def _listen(self) -> None:
         if self._server is None:
-            self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_address=True)
+            cuts = self._cuts
+            self._server = await asyncio.start_server(
+                lambda reader, writer: self._accepted(reader, writer, cuts), "127.0.0.1", self.port,
+                reuse_address=True)
+
+    def _accepted(self, client_reader, client_writer, cuts: int) -> None:
+        """A connection's transport is made (asyncio's connection_made): it is
+        ours from here, before any task of it runs — one cancelled before its
+        first step never reaches its own `finally`."""
+        self._made.add(client_writer)
+        if cuts != self._cuts or self._stopping:  # accepted by a listener since closed
+            client_writer.transport.abort()
+            return
+        self._writers.add(client_writer)
+        task = self._loop.create_task(self._serve(client_reader, client_writer, cuts))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _cut(self) -> None:
         self._cuts += 1
         server, self._server = self._server, None
         if server is not None:
+            # Accept no more, then let asyncio make the transports of those
+            # it accepted (their tasks' first steps, queued already) before
+            # close(): a transport made after it fails Server._attach's
+            # assert, and its accepted socket is left open for the GC.
+            for listener in server.sockets:
+                self._loop.remove_reader(listener.fileno())
+            await asyncio.sleep(0)
             server.close()
         for writer in list(self._writers):
             writer.transport.abort()
@@ -109,27 +139,54 @@ class TcpProxy:
             self._orphaned.add(client_writer)
             upstream_writer.transport.abort()
 
-    async def _cancel_pipes(self) -> None:
-        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in others:
+    async def _close(self) -> None:
+        self._stopping = True
+        self._flowing.set()
+        await self._cut()
+        # asyncio's own tasks (_accept_connection2: a transport being made
+        # for a connection accepted before the cut) are let finish, and
+        # _accepted aborts each: cancelled before its first step, one would
+        # drop its accepted socket unclosed. Ours are cancelled: each aborts
+        # its sockets on the way out, and one cancelled before its first
+        # step is aborted below (_accepted registered its client).
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*others, return_exceptions=True)
+        while others := {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}:
+            _, pending = await asyncio.wait(others, timeout=1)
+            for task in pending:  # stuck a second after its first step: cancelled, it closes what it holds
+                task.cancel()
+        for writer in list(self._made):
+            writer.transport.abort()
+        # An abort closes its socket on the loop's next turn
+        # (connection_lost): the loop must not stop before.
+        closing = [writer.wait_closed() for writer in list(self._made)]
+        await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), 5)
 
     async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.open_connection(*self.target)
 
-    async def _serve(self, client_reader, client_writer) -> None:
-        cuts = self._cuts
+    async def _serve(self, client_reader, client_writer, cuts: int) -> None:
+        if cuts != self._cuts:  # cut before its task began
+            client_writer.transport.abort()
+            self._writers.discard(client_writer)
+            return
         try:
             upstream_reader, upstream_writer = await self._open_upstream()
-        except (OSError, asyncio.CancelledError):  # refused, or stop(): the client must not wait for the GC
+        except OSError:  # refused: the client must not wait for the GC
             client_writer.transport.abort()
-            return  # a start_server callback's task: asyncio logs it as an error when it ends cancelled
+            self._writers.discard(client_writer)
+            return
+        except asyncio.CancelledError:  # stop()
+            client_writer.transport.abort()
+            self._writers.discard(client_writer)
+            raise
+        self._made.add(upstream_writer)
         if cuts != self._cuts:  # cut while it was being made: it goes with the others
             client_writer.transport.abort()
             upstream_writer.transport.abort()
+            self._writers.discard(client_writer)
             return
-        self._writers.update((client_writer, upstream_writer))
+        self._writers.add(upstream_writer)
         self._pairs.add((client_writer, upstream_writer))
         await asyncio.gather(
             self._pipe(client_reader, upstream_writer, self.latency), self._pipe(upstream_reader, client_writer)
