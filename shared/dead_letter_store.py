@@ -266,7 +266,8 @@ class DeadLetterStore:
         end entry, and this one is then the log's only word of what it did."""
         async with self._connection() as connection:
             cancelled = await waiting_for_run(connection, run_lock(BULK_ACTIONS, bulk_action_id),
-                                              SQL["cancel_bulk_action"], bulk_action_id) is not None
+                                              SQL["cancel_bulk_action"], bulk_action_id,
+                                              settled=SQL["bulk_action_act_settled"]) is not None
         if cancelled and actor is not None:
             action = await self.bulk_action(bulk_action_id)
             assert action is not None

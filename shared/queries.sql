@@ -224,6 +224,19 @@ FROM run LEFT JOIN judged ON judged.id = run.id
 WHERE b.id = run.id
 RETURNING b.id
 
+-- name: bulk_action_act_settled
+-- Before cancel_bulk_action, under the run's lock: the dead letter bulk
+-- action $1 has in flight, once no transaction acting on it is open
+-- (waiting, within the Cancel's lock_timeout). A runner of the previous
+-- release discards over a pooled connection of its own, which outlives its
+-- held session: frozen mid-act past HOLD_SECONDS, its session ended and
+-- let the run go, its discard still to commit. Read before it lands, the
+-- Cancel counted it not done; another operator's Discard in progress, read
+-- before its audit entry commits, would be counted this action's.
+SELECT FROM dead_letters d
+WHERE d.id = (SELECT f.item FROM paced_run_in_flight f WHERE f.kind = 'bulk_action' AND f.run_id = $1)
+FOR SHARE OF d
+
 -- name: bulk_action_in_flight
 -- Dead letter $2 about to be acted on by bulk action $1, committed before
 -- (cancel_bulk_action reads it when the runner never stepped it).

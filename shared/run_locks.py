@@ -116,15 +116,22 @@ def _limits() -> str:
     return f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; SET LOCAL statement_timeout = {limit_ms}"
 
 
-async def waiting_for_run(connection: asyncpg.Connection, lock: int, sql: str, *args) -> asyncpg.Record | None:
+async def waiting_for_run(connection: asyncpg.Connection, lock: int, sql: str, *args,
+                          settled: str | None = None) -> asyncpg.Record | None:
     """`sql`'s row (a statement that writes the run's row: a cancel, a claim),
     once no runner holds the run (its item stepped, or its session ended),
     waiting at most WAIT_SECONDS; RunBusy past that. `sql` reads what the
-    item's runner committed: it runs after the wait, with a snapshot of its own."""
+    item's runner committed: it runs after the wait, with a snapshot of its own.
+    `settled` (with `sql`'s arguments): a statement run between the two that
+    waits, within the same limit, for what else the item may be waiting on
+    (the row of the dead letter a bulk runner of the previous release acts
+    on over a connection of its own, which outlives its held session)."""
     try:
         async with connection.transaction():
             await connection.execute(f"SET LOCAL lock_timeout = {int(WAIT_SECONDS * 1000)}")
             await connection.execute(WAIT_FOR_RUN, lock)
+            if settled is not None:
+                await connection.execute(settled, *args)
             return await connection.fetchrow(sql, *args)
     except asyncpg.LockNotAvailableError as exc:
         raise RunBusy() from exc

@@ -11,13 +11,15 @@ action's page one discard too many, not even in doubt. And the runner's
 own end entry names only what committed. Real Postgres, the real paced
 run (attacker review of 4bb6caf)."""
 
+import asyncio
+
 import asyncpg
 
 from tests.support.bulk_actions import DiesAfterItsFirstAct
 from tests.support.dead_letters import seed_dead_letters
 from webhook_ingest.shared import paced_runs
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.dead_letters import SQL, Actor
 
 OPERATOR_A = Actor("operator", "console", "alice")
 OPERATOR_B = Actor("operator", "console", "bob")
@@ -125,3 +127,59 @@ class _PreviousReleaseDiesAfterItsFirstAct(DiesAfterItsFirstAct):
         assert self._held is not None
         self._held.hold.connection.terminate()
         return True
+
+
+
+class _PreviousReleaseFrozenMidDiscard(DiesAfterItsFirstAct):
+    """A runner of the previous release, its discard on a pooled connection
+    of its own (no time limit), frozen mid-act (a suspended VM) past
+    HOLD_SECONDS: the server ends its held session, which lets the run go,
+    and its discard commits once it wakes (`resume`)."""
+
+    def __init__(self, *args, database_url: str):
+        super().__init__(*args)
+        self._database_url = database_url
+        self.acting, self.resume = asyncio.Event(), asyncio.Event()
+
+    async def act(self, dead_letter_id):
+        own = await asyncpg.connect(self._database_url)
+        try:
+            async with own.transaction():
+                await own.fetchrow(SQL["lock_dead_letter"], dead_letter_id)
+                await own.execute(SQL["set_dead_letter_status"], [dead_letter_id], "discarded")
+                assert self._held is not None
+                self._held.hold.connection.terminate()  # idle past HOLD_SECONDS: the server ended it
+                self.acting.set()
+                await self.resume.wait()
+        finally:
+            await own.close()
+        return True
+
+
+async def test_a_cancel_behind_a_previous_release_runner_frozen_mid_discard_counts_the_discard_that_lands(settings):
+    """Before 4bb6caf this Cancel counted the dead letter done and in doubt (an
+    upper bound); since, it reads it `dead` (the discard not committed yet),
+    says nothing was discarded and nothing is in doubt, and the discard
+    commits a moment later: the action discarded one its report and its
+    `bulk_discard_cancelled` entry say it did not."""
+    first, second = await seed_dead_letters(settings.database_url, "acme", 2)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
+    try:
+        store = DeadLetterStore(pool)
+        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
+        assert action is not None
+        runner = _PreviousReleaseFrozenMidDiscard(action, OPERATOR_A, store, None, "ns",
+                                                  database_url=settings.database_url)
+        run = asyncio.create_task(paced_runs.run(runner))
+        await asyncio.wait_for(runner.acting.wait(), 10)
+        cancel = asyncio.create_task(store.cancel_bulk(action.id, OPERATOR_A))
+        await asyncio.sleep(1.0)  # the Cancel has answered, or waits for the discard in progress
+        runner.resume.set()  # the runner wakes: its discard commits
+        assert await asyncio.wait_for(cancel, 10)
+        assert await asyncio.wait_for(run, 10) == "failed"
+        cancelled = await store.bulk_action(action.id)
+        status = await pool.fetchval("SELECT status FROM dead_letters WHERE id = $1", first)
+    finally:
+        await pool.close()
+    assert status == "discarded"  # by this action's runner
+    assert (cancelled.state, cancelled.done) == ("cancelled", [first])
