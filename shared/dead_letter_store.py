@@ -303,6 +303,13 @@ class HeldBulk:
     async def step(self, dead_letter_id: int, acted: bool) -> None:
         await self.hold.connection.execute(SQL["bulk_action_step"], self.bulk_action_id, dead_letter_id, acted)
 
+    async def acted_apart(self, dead_letter_id: int, action: str) -> bool:
+        """Whether the dead letter in flight when a runner before died, no
+        longer open now, was acted on by that runner (the previous release's,
+        which committed its act apart from its step), not by someone else."""
+        return await self.hold.connection.fetchval(SQL["bulk_action_acted_apart"], self.bulk_action_id,
+                                                   dead_letter_id, action)
+
 
 async def _record_audit(connection, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None) -> int:
     return await connection.fetchval(SQL["insert_audit"], actor.role, actor.name, actor.via, action, list(ids),

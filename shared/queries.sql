@@ -237,6 +237,22 @@ SELECT FROM dead_letters d
 WHERE d.id = (SELECT f.item FROM paced_run_in_flight f WHERE f.kind = 'bulk_action' AND f.run_id = $1)
 FOR SHARE OF d
 
+-- name: bulk_action_acted_apart
+-- Whether dead letter $2, in flight when a runner of bulk action $1 died
+-- and no longer open now, was acted on by that runner ($3 the action): a
+-- runner of the previous release (an upgrade) commits its act apart from
+-- its step. A replay by it names the action in the replay history; a
+-- discard, as cancel_bulk_action judges it: discarded, and no other
+-- discard names it (a 'discard' audit entry, another bulk discard's step).
+-- Otherwise someone else changed it meanwhile: skipped, not counted done.
+SELECT CASE WHEN $3 = 'replay'
+            THEN EXISTS (SELECT FROM dead_letter_replays r WHERE r.dead_letter_id = $2 AND r.bulk_action_id = $1)
+            ELSE EXISTS (SELECT FROM dead_letters d WHERE d.id = $2 AND d.status = 'discarded')
+                 AND NOT EXISTS (SELECT FROM audit_log l WHERE l.dead_letter_ids @> ARRAY[$2::bigint]
+                                                           AND l.action = 'discard')
+                 AND NOT EXISTS (SELECT FROM console_bulk_actions o WHERE o.id <> $1 AND o.action = 'discard'
+                                                                      AND $2 = ANY(o.done)) END
+
 -- name: bulk_action_in_flight
 -- Dead letter $2 about to be acted on by bulk action $1, committed before
 -- (cancel_bulk_action reads it when the runner never stepped it).

@@ -77,8 +77,10 @@ class _DeadLetterJob:
     async def step(self, dead_letter_id: int, acted: bool) -> None:
         assert self._held is not None, "a step is written while the row is held"
         # No longer open though in flight before this runner: acted on by a runner that committed its act apart
-        # from its step (the previous release's, during an upgrade) and died between them: done, not skipped.
-        done = acted or (dead_letter_id == self._held.orphaned and self._no_longer_open)
+        # from its step (the previous release's, during an upgrade) and died between them: done, not skipped;
+        # unless someone else's act says it was theirs (another operator's replay or discard meanwhile).
+        done = acted or (dead_letter_id == self._held.orphaned and self._no_longer_open
+                         and await self._held.acted_apart(dead_letter_id, self.action.action))
         self._no_longer_open = False
         await self._held.step(dead_letter_id, done)
 

@@ -14,7 +14,6 @@ run (attacker review of 4bb6caf)."""
 import asyncio
 
 import asyncpg
-import pytest
 
 from tests.support.bulk_actions import DiesAfterItsFirstAct
 from tests.support.dead_letters import seed_dead_letters
@@ -188,8 +187,6 @@ async def test_a_cancel_behind_a_previous_release_runner_frozen_mid_discard_coun
     assert (cancelled.state, cancelled.done) == ("cancelled", [first])
 
 
-@pytest.mark.xfail(strict=True, reason="a Resume counts the orphaned dead letter done whenever it is no longer open, "
-                                       "whoever changed it, even replayed")
 async def test_a_resume_does_not_count_what_another_operator_did_to_the_dead_letter_in_flight(settings):
     """The Resume's side of the same question (bulk.py `step`): the dead
     letter its dead runner had in flight is no longer open, Bob having
@@ -228,3 +225,21 @@ async def test_a_resume_does_not_count_what_another_operator_did_to_the_dead_let
 
 async def _ready(publisher: Publisher) -> bool:
     return publisher.ready
+
+
+async def test_a_resume_still_counts_the_discard_a_runner_of_the_previous_release_committed(settings):
+    first, second = await seed_dead_letters(settings.database_url, "acme", 2)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
+    try:
+        store = DeadLetterStore(pool)
+        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
+        assert action is not None
+        assert await paced_runs.run(_PreviousReleaseDiesAfterItsFirstAct(action, OPERATOR_A, store, None, "ns")) \
+            == "failed"
+        resumed = await store.claim_bulk(action.id, 1000)
+        assert resumed is not None
+        assert await paced_runs.run(_job(resumed, store)) == "done"
+        finished = await store.bulk_action(action.id)
+    finally:
+        await pool.close()
+    assert (finished.done, finished.skipped) == ([first, second], [])
