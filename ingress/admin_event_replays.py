@@ -19,9 +19,9 @@ import json
 from aiohttp import web
 
 from webhook_ingest.ingress.admin import json_document, parse_path_id, role_key
-from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
+from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.responses import error
-from webhook_ingest.shared.archived_events import InvalidFilter, parse_filter
+from webhook_ingest.shared.archived_events import InvalidFilter, SourceRoutes, parse_filter
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.event_replays import EventReplay
@@ -62,12 +62,12 @@ async def replay_route(request: web.Request) -> web.Response:
     dry_run = asked.get("dry_run", False)
     if rate is None or not isinstance(dry_run, bool):
         return error(400, "invalid_rate" if rate is None else "invalid_dry_run")
-    store = _store(request)
+    store, routes = _store(request), SourceRoutes.of(request.config_dict[sources_key])
     if dry_run:
-        return json_document(200, {"dry_run": True, "count": await store.count(where)})
+        return json_document(200, {"dry_run": True, "count": await store.count(where, routes)})
     if not _publisher_ready(request):
         return error(503, "broker_unavailable", {"Retry-After": "5"})
-    replay = await store.prepare(where, _actor(request))
+    replay = await store.prepare(where, _actor(request), routes)
     return await _start(request, replay.id, rate)
 
 

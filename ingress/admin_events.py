@@ -14,7 +14,15 @@ from webhook_ingest.ingress.admin import json_document
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.archived_events import Cursor, InvalidFilter, page, parse_filter, parse_limit, route_names
+from webhook_ingest.shared.archived_events import (
+    Cursor,
+    InvalidFilter,
+    SourceRoutes,
+    page,
+    parse_filter,
+    parse_limit,
+    route_names,
+)
 
 
 def add_event_routes(admin: web.Application) -> None:
@@ -30,9 +38,9 @@ async def list_route(request: web.Request) -> web.Response:
         after = Cursor.decode(request.query["cursor"]) if request.query.get("cursor") else None
     except InvalidFilter as exc:
         return error(400, f"invalid_{exc.field}")
-    store = _store(request)
-    rows = await store.search(where, after, limit)
-    count = await store.count(where) if after is None else None  # the first page says how many
+    store, routes = _store(request), SourceRoutes.of(request.config_dict[sources_key])
+    rows = await store.search(where, after, limit, routes)
+    count = await store.count(where, routes=routes) if after is None else None  # the first page says how many
     return json_document(200, page(rows, count, limit))
 
 

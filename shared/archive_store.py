@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from webhook_ingest.shared import archive, archive_settling, archived_events
-from webhook_ingest.shared.archived_events import Cursor, EventFilter
+from webhook_ingest.shared.archived_events import NO_ROUTES, Cursor, EventFilter, SourceRoutes
 from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sessions import pooled
 
@@ -49,9 +49,13 @@ class ArchiveStore:
         prepared statement's fifth run Postgres may keep one generic plan for
         every filter, which can neither prune partitions nor know the LIMIT,
         and reads the whole archive (docs/performance.md, "Searching a
-        million archived events"). SET LOCAL: gone with the transaction."""
+        million archived events"). No JIT: a page or a capped count is a few
+        ms of work, and reading each row's leases (a routed event's, on its
+        routes' keys) puts a count's estimate past jit_above_cost, where
+        compiling it cost 100-400 ms. SET LOCAL: gone with the transaction."""
         async with self._connection() as connection, connection.transaction(readonly=True):
-            await connection.execute("SET LOCAL plan_cache_mode = force_custom_plan", timeout=STATEMENT_SECONDS)
+            await connection.execute("SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL jit = off",
+                                     timeout=STATEMENT_SECONDS)
             yield connection
 
     async def write_arrivals(self, rows: list[tuple]) -> None:
@@ -124,34 +128,40 @@ class ArchiveStore:
     # -- reading (shared/archived_events.py: the filter and the documents) ----------
 
     async def search(self, where: EventFilter, after: Cursor | None = None,
-                     limit: int = archived_events.DEFAULT_LIMIT) -> list[asyncpg.Record]:
-        """One page, newest first, below `after` (None: the newest)."""
+                     limit: int = archived_events.DEFAULT_LIMIT,
+                     routes: SourceRoutes = NO_ROUTES) -> list[asyncpg.Record]:
+        """One page, newest first, below `after` (None: the newest); a
+        routed event `processing` while one of `routes` (the sources file's)
+        holds its lease."""
         below = (after.received_at, after.source, after.key, after.arrival) if after else (None,) * 4
         async with self._searching() as connection:
             return await connection.fetch(SQL["search_archive"], *where.arguments(), *below, limit,
-                                          timeout=STATEMENT_SECONDS)
+                                          *routes.arguments(), timeout=STATEMENT_SECONDS)
 
-    async def export(self, where: EventFilter, page_size: int = EXPORT_PAGE) -> AsyncIterator[list[asyncpg.Record]]:
+    async def export(self, where: EventFilter, page_size: int = EXPORT_PAGE,
+                     routes: SourceRoutes = NO_ROUTES) -> AsyncIterator[list[asyncpg.Record]]:
         """Every row the filter matches, newest first, in pages of
         `page_size` with their bodies and headers: one short statement a page
         (keyset, like `search`), so a selection of any size costs one page of
-        memory and holds no transaction open."""
+        memory and holds no transaction open. `routes` as `search`'s."""
         after: Cursor | None = None
         while True:
             below = (after.received_at, after.source, after.key, after.arrival) if after else (None,) * 4
             async with self._searching() as connection:
                 rows = await connection.fetch(SQL["export_archive"], *where.arguments(), *below, page_size,
-                                              timeout=STATEMENT_SECONDS)
+                                              *routes.arguments(), timeout=STATEMENT_SECONDS)
             if rows:
                 yield rows
             if len(rows) < page_size:
                 return
             after = Cursor.below(rows[-1])
 
-    async def count(self, where: EventFilter, cap: int = archived_events.COUNT_CAP) -> int:
-        """How many rows match, up to `cap`."""
+    async def count(self, where: EventFilter, cap: int = archived_events.COUNT_CAP,
+                    routes: SourceRoutes = NO_ROUTES) -> int:
+        """How many rows match, up to `cap`; `routes` as `search`'s."""
         async with self._searching() as connection:
-            return await connection.fetchval(SQL["count_archive"], *where.arguments(), cap, timeout=STATEMENT_SECONDS)
+            return await connection.fetchval(SQL["count_archive"], *where.arguments(), cap, *routes.arguments(),
+                                             timeout=STATEMENT_SECONDS)
 
     async def event(self, key: str, routes: Sequence[str] = ()) -> dict | None:
         """Every arrival of `key` and what the pipeline recorded of it, each
@@ -162,10 +172,11 @@ class ArchiveStore:
 
     async def event_rows(self, key: str, routes: Sequence[str] = ()) -> tuple[list[asyncpg.Record], asyncpg.Record]:
         """What `event` documents, as rows: the arrivals oldest first (bodies
-        as bytes, for the console), the completion, each route's, and the
-        dead letters."""
+        as bytes, for the console; `processing` while one of `routes` holds
+        its lease, for a routed source), the completion, each route's, and
+        the dead letters."""
         async with self._connection() as connection:
-            arrivals = await connection.fetch(SQL["archived_arrivals"], key, timeout=STATEMENT_SECONDS)
+            arrivals = await connection.fetch(SQL["archived_arrivals"], key, list(routes), timeout=STATEMENT_SECONDS)
             # the arrivals' event id (SOURCE:EVENT_ID's); it tells a route's completion from a plain
             # event's under the same key (docs/design.md, "Routes")
             event_id = arrivals[0]["event_id"] if arrivals else key.split(":", 1)[-1]

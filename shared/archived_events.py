@@ -55,6 +55,30 @@ class EventFilter:
 
 
 @dataclass(frozen=True)
+class SourceRoutes:
+    """Every route of the sources file, as (source, route name) pairs: a
+    routed event's arrival is `processing` while one of its routes holds its
+    lease, on KEY#ROUTE (docs/design.md, "Routes"), where a source with one
+    handler's holds it on KEY. None known (`NO_ROUTES`): leases on KEY alone
+    are read, and a routed event stays `queued` while its routes run."""
+
+    sources: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, sources: dict[str, Source]) -> "SourceRoutes":
+        pairs = [(name, route.name) for name, source in sources.items() for route in source.routes]
+        return cls(tuple(name for name, _ in pairs), tuple(route for _, route in pairs))
+
+    def arguments(self) -> tuple[list[str], list[str]]:
+        """The search statements' last two: the sources, their route names."""
+        return list(self.sources), list(self.names)
+
+
+NO_ROUTES = SourceRoutes()
+
+
+@dataclass(frozen=True)
 class Cursor:
     """The last row of a page: the next page starts below it."""
 

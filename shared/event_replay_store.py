@@ -16,7 +16,7 @@ import asyncpg
 from aio_pika.abc import AbstractChannel
 
 from webhook_ingest.shared import topology, tracing
-from webhook_ingest.shared.archived_events import EventFilter
+from webhook_ingest.shared.archived_events import NO_ROUTES, EventFilter, SourceRoutes
 from webhook_ingest.shared.dead_letters import SQL, Actor, jsonb
 from webhook_ingest.shared.event_replays import EventReplay, ReplayItem, filter_json, replayed_message
 from webhook_ingest.shared.message import to_amqp
@@ -38,17 +38,21 @@ class EventReplayStore:
     def _connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
         return one_of(self._database, ACQUIRE_TIMEOUT)
 
-    async def count(self, where: EventFilter) -> int:
-        """How many events a replay of `where` would take now (the dry run)."""
+    async def count(self, where: EventFilter, routes: SourceRoutes = NO_ROUTES) -> int:
+        """How many events a replay of `where` would take now (the dry run);
+        `routes`, the sources file's, tell a routed event `processing`
+        (`ArchiveStore.search`)."""
         async with self._connection() as connection:
-            return await connection.fetchval(SQL["count_event_replay"], *where.arguments(),
+            return await connection.fetchval(SQL["count_event_replay"], *where.arguments(), *routes.arguments(),
                                              timeout=STATEMENT_SECONDS)
 
-    async def prepare(self, where: EventFilter, actor: Actor) -> EventReplay:
-        """A replay of what `where` matches now, frozen, waiting to be started."""
+    async def prepare(self, where: EventFilter, actor: Actor, routes: SourceRoutes = NO_ROUTES) -> EventReplay:
+        """A replay of what `where` matches now, frozen, waiting to be started
+        (`routes` as `count`'s)."""
         async with self._connection() as connection:
             replay_id = await connection.fetchval(SQL["insert_event_replay"], *where.arguments(), str(actor),
-                                                  jsonb(filter_json(where)), timeout=STATEMENT_SECONDS)
+                                                  jsonb(filter_json(where)), *routes.arguments(),
+                                                  timeout=STATEMENT_SECONDS)
             return EventReplay.from_row(await connection.fetchrow(SQL["get_event_replay"], replay_id))
 
     async def get(self, replay_id: int) -> EventReplay | None:

@@ -441,14 +441,20 @@ SELECT source, coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_parti
 FROM unnest($1::text[], $2::text[]) AS archived(source, source_table)
 
 -- searching the event archive (shared/archived_events.py: the filter, the
--- documents). A `queued` row whose key's lease is held is shown `processing`.
+-- documents). A `queued` row whose key's lease is held is shown `processing`:
+-- for a source with routes (the statement's last two arguments: the sources
+-- file's sources and their route names, SourceRoutes), a lease on one of its
+-- routes' keys, KEY#ROUTE, never on KEY (a routed event never runs under its
+-- own key, and event `evt#b`'s key is event `evt`'s route `b`'s); for
+-- the others, on KEY. `held` is read per queued row only (docs/design.md,
+-- "Routes").
 
 -- name: search_archive
 -- One page, newest first: $1 source, $2 status (also 'processing'), $3
 -- event type, $4 received at or after, $5 received before, $6 key prefix,
 -- $7 event id prefix, $8 payload containment (jsonb), $9-$12 only rows
 -- older than this (received_at, source, key, arrival): the next page; $13
--- its size.
+-- its size; $14, $15 the sources file's routes (above).
 -- NULL: no filter. A key prefix with a ':' also names its source (a key
 -- is SOURCE:EVENT_ID, as archived_arrivals reads it): only that source's
 -- tables are planned and read, and the rest of it is their event ids'
@@ -459,8 +465,13 @@ FROM unnest($1::text[], $2::text[]) AS archived(source, source_table)
 SELECT a.source, a.key, a.received_at, a.arrival, a.event_id, a.event_type, a.payload_sha256, a.attempts,
        a.last_error, a.completed_at, a.replay_of, a.ignore_rule, CASE WHEN held.processing THEN 'processing' ELSE a.status END AS status
 FROM event_archive a
-CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
-    SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
+CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($14::text[])
+    THEN EXISTS (SELECT FROM unnest($14::text[], $15::text[]) AS r(source, route)
+                 WHERE r.source = a.source AND EXISTS (
+                     SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || r.route
+                                              AND key_fences.lease_until > clock_timestamp()))
+    ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
+    END AS processing) held
 WHERE ($1::text IS NULL OR a.source = $1)
   AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
                                   WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
@@ -478,14 +489,19 @@ ORDER BY a.received_at DESC, a.source DESC, a.key DESC, a.arrival DESC
 LIMIT $13
 
 -- name: export_archive
--- search_archive's page ($1-$13) with what each row carried (body, headers):
+-- search_archive's page ($1-$15) with what each row carried (body, headers):
 -- `webhook-ingest events export` streams a selection page by page.
 SELECT a.source, a.key, a.received_at, a.arrival, a.event_id, a.event_type, a.payload_sha256, a.body, a.headers,
        a.attempts, a.last_error, a.completed_at, a.replay_of, a.ignore_rule,
        CASE WHEN held.processing THEN 'processing' ELSE a.status END AS status
 FROM event_archive a
-CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
-    SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
+CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($14::text[])
+    THEN EXISTS (SELECT FROM unnest($14::text[], $15::text[]) AS r(source, route)
+                 WHERE r.source = a.source AND EXISTS (
+                     SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || r.route
+                                              AND key_fences.lease_until > clock_timestamp()))
+    ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
+    END AS processing) held
 WHERE ($1::text IS NULL OR a.source = $1)
   AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
                                   WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
@@ -503,11 +519,17 @@ ORDER BY a.received_at DESC, a.source DESC, a.key DESC, a.arrival DESC
 LIMIT $13
 
 -- name: count_archive
--- How many rows search_archive's filter ($1-$8) matches, up to $9.
+-- How many rows search_archive's filter ($1-$8) matches, up to $9; $10, $11
+-- the sources file's routes.
 SELECT count(*) FROM (
     SELECT FROM event_archive a
-    CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
-        SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
+    CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($10::text[])
+        THEN EXISTS (SELECT FROM unnest($10::text[], $11::text[]) AS r(source, route)
+                     WHERE r.source = a.source AND EXISTS (
+                         SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || r.route
+                                                  AND key_fences.lease_until > clock_timestamp()))
+        ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
+        END AS processing) held
     WHERE ($1::text IS NULL OR a.source = $1)
       AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
                                       WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
@@ -524,11 +546,16 @@ SELECT count(*) FROM (
 ) capped
 
 -- name: archived_arrivals
--- Every arrival of a key, oldest first: the event, its copies, its conflicts.
+-- Every arrival of a key, oldest first: the event, its copies, its conflicts;
+-- `processing` as the searches', $2 the route names of the key's source.
 SELECT a.source, a.key, a.received_at, a.event_id, a.event_type, a.payload_sha256, a.body, a.headers, a.attempts,
        a.last_error, a.completed_at, a.replay_of, a.ignore_rule,
-       CASE WHEN a.status = 'queued' AND EXISTS (
-           SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
+       CASE WHEN a.status = 'queued' AND CASE WHEN cardinality($2::text[]) > 0
+           THEN EXISTS (SELECT FROM unnest($2::text[]) AS route WHERE EXISTS (
+                            SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || route
+                                                     AND key_fences.lease_until > clock_timestamp()))
+           ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
+           END
        THEN 'processing' ELSE a.status END AS status
 FROM event_archive a
 WHERE a.source = split_part($1, ':', 1) AND a.key = $1
@@ -737,10 +764,16 @@ SELECT set_config('lock_timeout', $1, true)
 -- ran) or one whose body the archive lacks.
 
 -- name: count_event_replay
--- How many events a replay of the filter ($1-$8) would freeze now: the dry run.
+-- How many events a replay of the filter ($1-$8) would freeze now: the dry
+-- run; $9, $10 the sources file's routes.
 SELECT count(DISTINCT a.key) FROM event_archive a
-CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
-    SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
+CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($9::text[])
+    THEN EXISTS (SELECT FROM unnest($9::text[], $10::text[]) AS r(source, route)
+                 WHERE r.source = a.source AND EXISTS (
+                     SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || r.route
+                                              AND key_fences.lease_until > clock_timestamp()))
+    ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
+    END AS processing) held
 WHERE ($1::text IS NULL OR a.source = $1)
   AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
                                   WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
@@ -757,12 +790,17 @@ WHERE ($1::text IS NULL OR a.source = $1)
 
 -- name: insert_event_replay
 -- A replay of the filter ($1-$8) frozen now, asked by $9 with its filter as
--- $10: the replay's row and its items, numbered in the order received, in
+-- $10 ($11, $12 the sources file's routes): the replay's row and its items, numbered in the order received, in
 -- one statement (one snapshot: what the count said is what is frozen).
 WITH selected AS (
     SELECT DISTINCT ON (a.key) a.source, a.key, a.received_at FROM event_archive a
-    CROSS JOIN LATERAL (SELECT a.status = 'queued' AND EXISTS (
-        SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp()) AS processing) held
+    CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($11::text[])
+        THEN EXISTS (SELECT FROM unnest($11::text[], $12::text[]) AS r(source, route)
+                     WHERE r.source = a.source AND EXISTS (
+                         SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || r.route
+                                                  AND key_fences.lease_until > clock_timestamp()))
+        ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
+        END AS processing) held
     WHERE ($1::text IS NULL OR a.source = $1)
       AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
                                       WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing

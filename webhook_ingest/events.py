@@ -24,7 +24,9 @@ from webhook_ingest.shared.archived_events import (
     STATUSES,
     Cursor,
     EventFilter,
+    NO_ROUTES,
     InvalidFilter,
+    SourceRoutes,
     exported,
     page,
     parse_filter,
@@ -149,7 +151,7 @@ async def _export(settings: Settings, where: EventFilter, sink: BinaryIO) -> boo
     """One page in memory at a time; each written, then the next fetched (a
     CLI's own loop, nothing else waits on it). False when the reader went away."""
     async with database(settings) as connection:
-        async for rows in ArchiveStore(connection).export(where):
+        async for rows in ArchiveStore(connection).export(where, routes=source_routes(settings)):
             try:
                 sink.write(b"".join(json.dumps(exported(row), separators=(",", ":")).encode() + b"\n" for row in rows))
                 sink.flush()
@@ -164,9 +166,9 @@ class NoSuchEvent(WebhookIngestError):
 
 async def _page(settings: Settings, where: EventFilter, after: Cursor | None, limit: int) -> dict:
     async with database(settings) as connection:
-        store = ArchiveStore(connection)
-        rows = await store.search(where, after, limit)
-        return page(rows, await store.count(where) if after is None else None, limit)
+        store, routes = ArchiveStore(connection), source_routes(settings)
+        rows = await store.search(where, after, limit, routes)
+        return page(rows, await store.count(where, routes=routes) if after is None else None, limit)
 
 
 def _route_names(settings: Settings, key: str) -> list[str]:
@@ -175,8 +177,21 @@ def _route_names(settings: Settings, key: str) -> list[str]:
     try:
         return route_names(load_sources(settings.sources_path), key)
     except ConfigError as exc:
-        click.echo(f"warning: {exc}; each route's completion is not shown", err=True)
+        click.echo(f"warning: {exc}; each route's completion is not shown (nor `processing` while a route"
+                   " runs the event)", err=True)
         return []
+
+
+def source_routes(settings: Settings) -> SourceRoutes:
+    """Every route of the sources file: a routed event is `processing` while
+    one of its routes holds its lease (KEY#ROUTE); none, and a warning, when
+    the file cannot be read here (a secret it names unset)."""
+    try:
+        return SourceRoutes.of(load_sources(settings.sources_path))
+    except ConfigError as exc:
+        click.echo(f"warning: {exc}; an event of a source with routes shows `queued`, not `processing`, while"
+                   " its routes run it", err=True)
+        return NO_ROUTES
 
 
 async def _event(settings: Settings, key: str, routes: list[str]) -> dict:

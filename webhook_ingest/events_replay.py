@@ -19,7 +19,7 @@ import click
 
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 from webhook_ingest.dlq import _echo_json, _settings, confirm_channel, database
-from webhook_ingest.events import cli_filter, events, filter_options
+from webhook_ingest.events import cli_filter, events, filter_options, source_routes
 from webhook_ingest.shared.archived_events import EventFilter, InvalidFilter
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.errors import WebhookIngestError
@@ -89,12 +89,12 @@ def _run(settings: Settings, replay_id: int, rate: float, as_json: bool) -> None
 
 async def _count(settings: Settings, where: EventFilter) -> int:
     async with database(settings) as connection:
-        return await EventReplayStore(connection).count(where)
+        return await EventReplayStore(connection).count(where, source_routes(settings))
 
 
 async def _prepare(settings: Settings, where: EventFilter) -> EventReplay:
     async with database(settings) as connection:
-        return await EventReplayStore(connection).prepare(where, Actor.cli())
+        return await EventReplayStore(connection).prepare(where, Actor.cli(), source_routes(settings))
 
 
 async def _show_or_cancel(settings: Settings, replay_id: int, cancel: bool) -> EventReplay:

@@ -14,10 +14,11 @@ on the store and runner the admin API uses (`shared/event_replay_store.py`,
 from aiohttp import web
 
 from webhook_ingest.ingress.admin_event_replays import parse_rate, start
-from webhook_ingest.ingress.appkeys import database_pool_key
+from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.console.event_search import event_search
 from webhook_ingest.ingress.console.rendering import leave_message, message_page, render
 from webhook_ingest.ingress.console.views import actor
+from webhook_ingest.shared.archived_events import SourceRoutes
 from webhook_ingest.shared.dead_letters import parse_id
 from webhook_ingest.shared.event_replay_store import EventReplayStore
 from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, MIN_RATE
@@ -43,7 +44,8 @@ async def prepare(request: web.Request) -> web.Response:
     search = event_search(form)
     if search.problems:
         return await message_page(request, 400, "Nothing was replayed", " ".join(search.problems))
-    replay = await _store(request).prepare(search.where, actor(request))
+    replay = await _store(request).prepare(search.where, actor(request),
+                                           SourceRoutes.of(request.config_dict[sources_key]))
     if replay.total == 0:
         await _store(request).cancel(replay.id)
         await leave_message(request, "error", "No archived event this search matches can be replayed: nothing to do.")

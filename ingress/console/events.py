@@ -27,6 +27,7 @@ from webhook_ingest.shared.archived_events import (
     COUNT_CAP,
     STATUSES,
     Cursor,
+    SourceRoutes,
     completion,
     route_completions,
     route_names,
@@ -61,7 +62,9 @@ def event_path(key: str) -> str:
 @routes.get("/events")
 async def events_page(request: web.Request) -> web.Response:
     search = event_search(request.query)
-    rows, count, copies = await _results(archive_store(request), search) if not search.problems else ([], None, {})
+    rows, count, copies = (await _results(archive_store(request), search,
+                                          SourceRoutes.of(request.config_dict[sources_key]))
+                           if not search.problems else ([], None, {}))
     context = {"search": search, "values": search.values, "labels": LABELS, "statuses": STATUSES,
                "problems": search.problems + ([search.cursor_problem] if search.cursor_problem else []),
                "rows": [_row_view(row, copies) for row in rows[:PAGE_SIZE]],
@@ -70,10 +73,11 @@ async def events_page(request: web.Request) -> web.Response:
     return await render(request, "events.html", context, status=400 if search.problems else 200)
 
 
-async def _results(store: ArchiveStore, search: EventSearch) -> tuple[list[asyncpg.Record], int, dict]:
+async def _results(store: ArchiveStore, search: EventSearch,
+                   routes: SourceRoutes) -> tuple[list[asyncpg.Record], int, dict]:
     """One row more than a page (is there a next one?), the capped count, the page's copies."""
-    rows, count = await asyncio.gather(store.search(search.where, search.after, PAGE_SIZE + 1),
-                                       store.count(search.where, COUNT_CAP))
+    rows, count = await asyncio.gather(store.search(search.where, search.after, PAGE_SIZE + 1, routes),
+                                       store.count(search.where, COUNT_CAP, routes))
     copies = await store.copies(sorted({row["key"] for row in rows[:PAGE_SIZE]})) if rows else {}
     return rows, count, copies
 

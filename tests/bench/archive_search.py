@@ -6,10 +6,15 @@ One throwaway database, migrated, its archive filled in SQL (one
 INSERT … SELECT over generate_series, a few seconds a 100,000 rows): five
 sources, one table a day for the last 7 days, rows spread evenly over them,
 each source's own event types, JSON bodies of ~400 bytes with a customer
-among CUSTOMERS, mostly `processed`, some dead, copies, retrying. Then the
-statements the admin API runs (ArchiveStore.search and .count: the named
-queries of shared/queries.sql, as prepared statements, as the API runs
-them), each RUNS times: median and max, against the goal, and EXPLAIN's
+among CUSTOMERS, mostly `processed`, some dead, copies, retrying, 1 %
+queued. Two sources have routes (ROUTES): a lease row (key_fences) for
+each archived key's runs, KEY#ROUTE for theirs, KEY for the others', half
+the queued events' leases held (one route's), so `processing` and `queued`
+read the leases as over a real backlog. Then the statements the admin API
+runs (ArchiveStore.search and .count: the named queries of
+shared/queries.sql, as prepared statements, as the API runs them, given
+the sources file's routes; the status searches also without), each RUNS
+times: median and max, against the goal, and EXPLAIN's
 plan for any that misses it. The database is dropped at the end, whatever
 happened.
 """
@@ -25,7 +30,7 @@ import asyncpg
 
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import SQL, STATEMENT_SECONDS, ArchiveStore
-from webhook_ingest.shared.archived_events import COUNT_CAP, DEFAULT_LIMIT, Cursor, EventFilter
+from webhook_ingest.shared.archived_events import NO_ROUTES, COUNT_CAP, DEFAULT_LIMIT, Cursor, EventFilter, SourceRoutes
 from tests.bench.deployment import scratch_database
 
 ROWS = int(os.environ.get("BENCH_SEARCH_ROWS", "1000000"))  # fewer: a quick try of the bench itself
@@ -40,6 +45,8 @@ SOURCES = {  # source -> its event types
     "slack": ["message", "app_mention"],
     "acme": ["order.shipped", "order.cancelled", "refund.issued"],
 }
+ROUTES = SourceRoutes(("stripe", "stripe", "stripe", "shopify", "shopify"), ("billing", "audit", "crm", "orders", "stock"))
+HELD_ROUTES = ["billing", "orders"]  # of a routed source's queued event held, the route holding its lease
 
 FILL = """
 INSERT INTO event_archive (source, key, received_at, event_id, event_type, payload_sha256, body, headers, status,
@@ -64,9 +71,26 @@ CROSS JOIN LATERAL (SELECT
     'evt_' || substr(md5(n::text), 1, 20) AS event_id,
     $3::timestamptz - (n::float8 / $6 * $7) * interval '1 second' AS received_at,
     CASE WHEN n % 100 = 0 THEN 'dead' WHEN n % 50 = 1 THEN 'duplicate' WHEN n % 500 = 2 THEN 'retrying'
-         ELSE 'processed' END AS status) s
+         WHEN n % 97 = 3 THEN 'queued' ELSE 'processed' END AS status) s
 CROSS JOIN LATERAL (SELECT s.*, $8::jsonb -> s.source ->> ((n / 7) % jsonb_array_length($8::jsonb -> s.source))
                            AS event_type) r
+"""
+
+
+# Each archived key's lease rows, as its runs left them (released), half
+# the queued events' held: on KEY#ROUTE (one route's, HELD_ROUTES) for a
+# source with routes ($1 sources, $2 their routes), on KEY for the others.
+FENCES = """
+INSERT INTO key_fences (key, token, lease_until)
+SELECT f.key, 1, CASE WHEN f.held THEN now() + interval '1 day' END
+FROM event_archive a
+CROSS JOIN LATERAL (
+    SELECT a.key || '#' || r.route AS key,
+           a.status = 'queued' AND right(a.event_id, 1) < '8' AND r.route = ANY($3::text[]) AS held
+    FROM unnest($1::text[], $2::text[]) AS r(source, route) WHERE r.source = a.source
+    UNION ALL
+    SELECT a.key, a.status = 'queued' AND right(a.event_id, 1) < '8' WHERE a.source <> ALL($1::text[])) f
+ON CONFLICT (key) DO NOTHING
 """
 
 
@@ -91,7 +115,9 @@ async def fill(connection: asyncpg.Connection, now: datetime) -> float:
     for first in range(1, ROWS + 1, BATCH):
         await connection.execute(FILL, first, min(first + BATCH - 1, ROWS), now, CUSTOMERS, list(SOURCES), ROWS,
                                  DAYS * 86_400 - 60, types, timeout=600)
+    await connection.execute(FENCES, *ROUTES.arguments(), HELD_ROUTES, timeout=600)
     await connection.execute("VACUUM ANALYZE event_archive")
+    await connection.execute("VACUUM ANALYZE key_fences")
     return time.monotonic() - started
 
 
@@ -103,6 +129,9 @@ def searches(now: datetime) -> list[tuple[str, EventFilter]]:
         ("source + type", EventFilter(source="stripe", event_type="invoice.paid")),
         ("type alone", EventFilter(event_type="orders/paid")),
         ("status dead", EventFilter(status="dead")),
+        ("status processing", EventFilter(status="processing")),
+        ("status queued", EventFilter(status="queued")),
+        ("source + status processing", EventFilter(source="stripe", status="processing")),
         ("key prefix", EventFilter(key="stripe:evt_ab1")),
         ("event id prefix", EventFilter(event_id="evt_ab1")),
         ("payload containment (one customer)", EventFilter(payload='{"customer": "cus_123"}')),
@@ -116,32 +145,46 @@ async def measure(connection: asyncpg.Connection, now: datetime) -> None:
     print(f"\n| {'query':<58} | {'median ms':>9} | {'max ms':>8} | {'runs':>4} | {'rows':>6} | goal {GOAL_MS:.0f} ms |")
     print(f"| {'-' * 58} | {'-' * 9} | {'-' * 8} | {'-' * 4} | {'-' * 6} | {'-' * 12} |")
     missed = []
-    for label, where in searches(now):
+    for label, where, routes in cases_of(searches(now)):
         try:
-            rows = await store.search(where)
+            rows = await store.search(where, routes=routes)
         except TimeoutError:  # the store's statement timeout, as the API would meet it
             rows = []
         after = Cursor.below(rows[-1]) if len(rows) == DEFAULT_LIMIT else None
-        cases = [(f"{label}: page 1", lambda w=where: store.search(w), "search_archive", where, None),
-                 (f"{label}: count (cap {COUNT_CAP:,})", lambda w=where: store.count(w), "count_archive", where, None)]
+        cases = [(f"{label}: page 1", lambda w=where, r=routes: store.search(w, routes=r), "search_archive", where,
+                  None, routes),
+                 (f"{label}: count (cap {COUNT_CAP:,})", lambda w=where, r=routes: store.count(w, routes=r),
+                  "count_archive", where, None, routes)]
         if after is not None:
-            cases.append((f"{label}: next page", lambda w=where, a=after: store.search(w, a), "search_archive", where,
-                          after))
-        for name, run, query, case_where, case_after in cases:
+            cases.append((f"{label}: next page", lambda w=where, a=after, r=routes: store.search(w, a, routes=r),
+                          "search_archive", where, after, routes))
+        for name, run, query, case_where, case_after, case_routes in cases:
             try:
                 median, most, runs, result = await timed(run)
             except TimeoutError:
                 print(f"| {name:<58} | {'> ' + str(STATEMENT_SECONDS):>9} | {'timeout':>8} | {1:>4} | {'-':>6} | {'MISSED':<12} |")
-                missed.append((name, await plan(connection, query, case_where, case_after, analyze=False)))
+                missed.append((name, await plan(connection, query, case_where, case_after, case_routes,
+                                                analyze=False)))
                 continue
             size = len(result) if isinstance(result, list) else result
             ok = most < GOAL_MS
             print(f"| {name:<58} | {median:>9.1f} | {most:>8.1f} | {runs:>4} | {size:>6} | {'ok' if ok else 'MISSED':<12} |")
             if not ok:
-                missed.append((name, await plan(connection, query, case_where, case_after)))
+                missed.append((name, await plan(connection, query, case_where, case_after, case_routes)))
     for name, lines in missed:
         print(f"\nEXPLAIN of {name}:")
         print("\n".join(f"  {line}" for line in lines))
+
+
+def cases_of(searched: list[tuple[str, EventFilter]]) -> list[tuple[str, EventFilter, SourceRoutes]]:
+    """Each search given the sources file's routes; a status search also
+    without (what it costs when a routed event's leases are not read)."""
+    cases = []
+    for label, where in searched:
+        cases.append((label, where, ROUTES))
+        if where.status in ("processing", "queued"):
+            cases.append((f"{label} (routes unknown)", where, NO_ROUTES))
+    return cases
 
 
 async def timed(run) -> tuple[float, float, int, object]:
@@ -155,7 +198,7 @@ async def timed(run) -> tuple[float, float, int, object]:
 
 
 async def plan(connection: asyncpg.Connection, query: str, where: EventFilter, after: Cursor | None,
-               analyze: bool = True) -> list[str]:
+               routes: SourceRoutes, analyze: bool = True) -> list[str]:
     """The plan of the statement for this filter (EXPLAIN ANALYZE; EXPLAIN
     alone for one that timed out): its first nodes, not its partitions' repeats."""
     arguments = [*where.arguments()]
@@ -164,6 +207,7 @@ async def plan(connection: asyncpg.Connection, query: str, where: EventFilter, a
         arguments.append(DEFAULT_LIMIT)
     else:
         arguments.append(COUNT_CAP)
+    arguments += routes.arguments()
     lines = [row[0] for row in await connection.fetch(f"EXPLAIN ({'ANALYZE, ' if analyze else ''}COSTS OFF, SUMMARY ON) {SQL[query]}",
                                                        *arguments)]
     return lines[:14] + [line for line in lines[14:] if "Execution Time" in line]

@@ -17,13 +17,14 @@ import pytest
 
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import SQL, ArchiveStore
-from webhook_ingest.shared.archived_events import COUNT_CAP, EventFilter
+from webhook_ingest.shared.archived_events import COUNT_CAP, EventFilter, SourceRoutes
 from tests.support.events import make_event
 
 EVENT_ID, TYPE = "event_archive_event_id_prefix", "event_archive_type"
 STATUS, UNSETTLED = "event_archive_status", "event_archive_unsettled"
 IDS = ["evt_a", "evt_a1", "evt_a\u00e9", "evt_a\U0010ffff", "evt_b", "EVT_a", "evt_"]
 FILLER = 3_000
+ROUTES = SourceRoutes(("stripe", "stripe"), ("billing", "audit"))  # as searches pass the sources file's
 
 
 @pytest.fixture
@@ -57,7 +58,8 @@ async def connection(settings):
 
 async def found(connection: asyncpg.Connection, where: EventFilter) -> tuple[list[str], int]:
     store = ArchiveStore(connection)
-    return [row["key"] for row in await store.search(where, limit=100)], await store.count(where, COUNT_CAP)
+    return ([row["key"] for row in await store.search(where, limit=100, routes=ROUTES)],
+            await store.count(where, COUNT_CAP, ROUTES))
 
 
 async def indexes_read(connection: asyncpg.Connection, where: EventFilter) -> set[str]:
@@ -65,7 +67,8 @@ async def indexes_read(connection: asyncpg.Connection, where: EventFilter) -> se
     async with connection.transaction(readonly=True):
         await connection.execute("SET LOCAL plan_cache_mode = force_custom_plan")
         plan = "\n".join(row[0] for row in await connection.fetch(f"EXPLAIN {SQL['count_archive']}",
-                                                                  *where.arguments(), COUNT_CAP))
+                                                                  *where.arguments(), COUNT_CAP,
+                                                                  *ROUTES.arguments()))
     days = re.findall(r"Index (?:Only )?Scan (?:Backward )?(?:using|on) (\S+)", plan)
     rows = await connection.fetch("""
         WITH RECURSIVE up(index) AS (SELECT unnest($1::regclass[])::oid

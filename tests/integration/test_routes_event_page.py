@@ -26,6 +26,7 @@ from webhook_ingest.shared.replay_keys import replay_key
 from webhook_ingest.shared.routes import route_key
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.workers.completions import CompletionStore
 from tests.support.archive import archived_event, arrived, minutes_ago, ran
 from tests.support.ingress import console_login, running_ingress
 
@@ -192,3 +193,54 @@ async def test_the_replay_list_shows_each_routes_replay_run(routed_settings, rou
     assert "completed" not in hashed_cell and "route <code>billing</code>: —" in hashed_cell, hashed_cell
     cell = this_event(whole, replay.id)
     assert cell.startswith("completed ") and "route <code>audit</code>: completed " in cell, cell
+
+
+async def test_a_routed_event_whose_route_holds_its_lease_is_processing(routed_settings, routed):
+    """A routed event's routes hold their leases on KEY#ROUTE: while one
+    does, its queued arrival is `processing` in searches (admin API, `events
+    list`, `events export`, the console, a replay's selection) and on its
+    page, as a source with one handler's is under KEY. Event evt_s#billing,
+    whose key is evt_s's route billing's, is not processing for it."""
+    event, hashed = routed["event"], routed["hashed"]
+    other = archived_event("plain", "evt_q", minutes_ago(1), "invoice.paid")  # plain's, run under its own key
+    connection = await asyncpg.connect(routed_settings.database_url)
+    try:
+        await arrived(ArchiveStore(connection), other)
+        leases = await CompletionStore(connection).take_leases(
+            connection, [route_key(event.key, "billing"), route_key(event.key, "audit"), other.key], 60_000)
+        assert len(leases) == 3
+        async with running_ingress(routed_settings, load_sources(routed_settings.sources_path)) as client:
+            listed = await admin(client, "GET", "/admin/events", params={"source": "acme"})
+            processing = await admin(client, "GET", "/admin/events", params={"status": "processing"})
+            queued = await admin(client, "GET", "/admin/events", params={"source": "acme", "status": "queued"})
+            shown, hashed_shown = await show(client, "acme:evt_s"), await show(client, "acme:evt_s%23billing")
+            dry_run = await admin(client, "POST", "/admin/events/replay", json={"status": "processing",
+                                                                                 "dry_run": True})
+            await console_login(client, TOKEN)
+            console = html.unescape(await (await client.get("/console/events", params={"status": "processing"})).text())
+        cli = json.loads(await asyncio.to_thread(events_cli, "list", "--status", "processing", "--json"))
+        exported = await asyncio.to_thread(events_cli, "export", "--status", "processing")
+    finally:
+        await connection.close()
+    assert {row["key"]: row["status"] for row in listed["events"]} == {event.key: "processing", hashed.key: "queued"}
+    assert sorted(row["key"] for row in processing["events"]) == [event.key, other.key] and processing["count"] == 2
+    assert [row["key"] for row in queued["events"]] == [hashed.key] and queued["count"] == 1
+    assert [arrival["status"] for arrival in shown["arrivals"]] == ["processing"]
+    assert [arrival["status"] for arrival in hashed_shown["arrivals"]] == ["queued"]
+    assert dry_run["count"] == 2
+    assert "acme:evt_s<" in console or "acme:evt_s\"" in console, console[-2000:]
+    assert "acme:evt_s#billing" not in console
+    assert sorted(row["key"] for row in cli["events"]) == [event.key, other.key] and cli["count"] == 2
+    assert sorted(json.loads(line)["key"] for line in exported.splitlines()) == [event.key, other.key]
+
+
+async def admin(client, method: str, path: str, **asked) -> dict:
+    response = await client.request(method, path, headers={"Authorization": f"Bearer {TOKEN}"}, **asked)
+    assert response.status == 200, await response.text()
+    return await response.json()
+
+
+def events_cli(*args: str) -> str:
+    result = CliRunner().invoke(main, ["events", *args])
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return result.stdout
