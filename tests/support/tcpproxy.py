@@ -123,7 +123,8 @@ class TcpProxy:
             # Accept no more, then let asyncio make the transports of those
             # it accepted (their tasks' first steps, queued already) before
             # close(): a transport made after it fails Server._attach's
-            # assert, and its accepted socket is left open for the GC.
+            # assert, and its accepted socket is left open for the GC
+            # (CPython gh-109564, gh-155934; in 3.11 here).
             for listener in server.sockets:
                 self._loop.remove_reader(listener.fileno())
             await asyncio.sleep(0)
