@@ -15,10 +15,14 @@ import asyncio
 
 import asyncpg
 
-from tests.support.bulk_actions import DiesAfterItsFirstAct
+from tests.support.bulk_actions import (
+    DiesAfterItsFirstAct,
+    PreviousReleaseDiesAfterItsFirstAct,
+    claimed_bulk,
+    connected_publisher,
+    died_after_its_first_act,
+)
 from tests.support.dead_letters import seed_dead_letters
-from tests.support.processes import wait_until
-from webhook_ingest.ingress.publisher import Publisher
 from webhook_ingest.shared import paced_runs
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import SQL, Actor
@@ -32,10 +36,8 @@ async def test_a_cancel_does_not_count_a_dead_letter_another_operator_discarded_
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
     try:
         store = DeadLetterStore(pool)
-        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
-        assert action is not None
         # The runner dies with `first` in flight: its discard dies with its step.
-        assert await paced_runs.run(DiesAfterItsFirstAct(action, OPERATOR_A, store, None, "ns")) == "failed"
+        action = await died_after_its_first_act(store, "discard", [first, second], OPERATOR_A)
         assert await pool.fetchval("SELECT status FROM dead_letters WHERE id = $1", first) == "dead"
         # Bob discards `first` from its own page before Alice cancels the action.
         await store.discard_if_open(first, OPERATOR_B)
@@ -59,10 +61,8 @@ async def test_a_cancel_still_counts_the_discard_a_runner_of_the_previous_releas
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
     try:
         store = DeadLetterStore(pool)
-        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
-        assert action is not None
-        assert await paced_runs.run(_PreviousReleaseDiesAfterItsFirstAct(action, OPERATOR_A, store, None, "ns")) \
-            == "failed"
+        action = await died_after_its_first_act(store, "discard", [first, second], OPERATOR_A,
+                                                PreviousReleaseDiesAfterItsFirstAct)
         assert await store.cancel_bulk(action.id, OPERATOR_A)
         cancelled = await store.bulk_action(action.id)
     finally:
@@ -77,11 +77,8 @@ async def test_a_cancel_does_not_count_a_dead_letter_another_bulk_discard_discar
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
     try:
         store = DeadLetterStore(pool)
-        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
-        assert action is not None
-        assert await paced_runs.run(DiesAfterItsFirstAct(action, OPERATOR_A, store, None, "ns")) == "failed"
-        other = await store.claim_bulk(await store.prepare_bulk("discard", [first], {}, OPERATOR_B), 1000)
-        assert other is not None
+        action = await died_after_its_first_act(store, "discard", [first, second], OPERATOR_A)
+        other = await claimed_bulk(store, "discard", [first], OPERATOR_B)
         assert await paced_runs.run(_job(other, store)) == "done"
         assert (await store.bulk_action(other.id)).done == [first]
         assert await store.cancel_bulk(action.id, OPERATOR_A)
@@ -101,9 +98,7 @@ async def test_a_runner_whose_session_was_cut_mid_discard_names_no_discard_in_it
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
     try:
         store = DeadLetterStore(pool)
-        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
-        assert action is not None
-        assert await paced_runs.run(DiesAfterItsFirstAct(action, OPERATOR_A, store, None, "ns")) == "failed"
+        await died_after_its_first_act(store, "discard", [first, second], OPERATOR_A)
         status = await pool.fetchval("SELECT status FROM dead_letters WHERE id = $1", first)
         ended = await pool.fetchrow("SELECT dead_letter_ids, detail FROM audit_log WHERE action = 'bulk_discard'")
     finally:
@@ -117,19 +112,6 @@ def _job(action, store):
     from webhook_ingest.ingress.console.bulk import _DeadLetterJob
 
     return _DeadLetterJob(action, OPERATOR_B, store, None, "ns")
-
-
-class _PreviousReleaseDiesAfterItsFirstAct(DiesAfterItsFirstAct):
-    """A runner of the previous release: its discard commits apart from its
-    step (no audit entry of its own: a bulk act is audited at the run's end),
-    then its session ends before the step."""
-
-    async def act(self, dead_letter_id):
-        await self._store.discard_if_open(dead_letter_id, self.actor, bulk_action_id=self.id)
-        assert self._held is not None
-        self._held.hold.connection.terminate()
-        return True
-
 
 
 class _PreviousReleaseFrozenMidDiscard(DiesAfterItsFirstAct):
@@ -168,8 +150,7 @@ async def test_a_cancel_behind_a_previous_release_runner_frozen_mid_discard_coun
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
     try:
         store = DeadLetterStore(pool)
-        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
-        assert action is not None
+        action = await claimed_bulk(store, "discard", [first, second], OPERATOR_A)
         runner = _PreviousReleaseFrozenMidDiscard(action, OPERATOR_A, store, None, "ns",
                                                   database_url=settings.database_url)
         run = asyncio.create_task(paced_runs.run(runner))
@@ -193,21 +174,16 @@ async def test_a_resume_does_not_count_what_another_operator_did_to_the_dead_let
     replayed `first` and discarded `third` from their pages meanwhile. It
     counted both discarded by this action (its done list: a dead letter
     whose status says `replayed`), not skipped as changed meanwhile."""
-    publisher = Publisher(settings.amqp_url, settings.namespace, settings.delivery_limit)
-    publisher.start()
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
     try:
-        await wait_until(lambda: _ready(publisher), 10, 0.02, "the publisher to connect")
         first, second, third = await seed_dead_letters(settings.database_url, "acme", 3)
         store = DeadLetterStore(pool)
         done = {}
         for other in (first, third):
-            action = await store.claim_bulk(await store.prepare_bulk("discard", [other, second], {}, OPERATOR_A),
-                                            1000)
-            assert action is not None
-            assert await paced_runs.run(DiesAfterItsFirstAct(action, OPERATOR_A, store, None, "ns")) == "failed"
+            action = await died_after_its_first_act(store, "discard", [other, second], OPERATOR_A)
             if other == first:
-                await store.replay_if_open(publisher.channel, settings.namespace, first, OPERATOR_B)
+                async with connected_publisher(settings) as publisher:
+                    await store.replay_if_open(publisher.channel, settings.namespace, first, OPERATOR_B)
             else:
                 await store.discard_if_open(third, OPERATOR_B)
             resumed = await store.claim_bulk(action.id, 1000)
@@ -217,14 +193,9 @@ async def test_a_resume_does_not_count_what_another_operator_did_to_the_dead_let
         statuses = {row["id"]: row["status"] for row in await pool.fetch("SELECT id, status FROM dead_letters")}
     finally:
         await pool.close()
-        await publisher.close()
     assert statuses == {first: "replayed", second: "discarded", third: "discarded"}
     assert (done[first].done, done[first].skipped) == ([second], [first])  # Bob's replay, not this discard
     assert (done[third].done, done[third].skipped) == ([], [third, second])  # second: the first action's
-
-
-async def _ready(publisher: Publisher) -> bool:
-    return publisher.ready
 
 
 async def test_a_resume_still_counts_the_discard_a_runner_of_the_previous_release_committed(settings):
@@ -232,10 +203,8 @@ async def test_a_resume_still_counts_the_discard_a_runner_of_the_previous_releas
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
     try:
         store = DeadLetterStore(pool)
-        action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, OPERATOR_A), 1000)
-        assert action is not None
-        assert await paced_runs.run(_PreviousReleaseDiesAfterItsFirstAct(action, OPERATOR_A, store, None, "ns")) \
-            == "failed"
+        action = await died_after_its_first_act(store, "discard", [first, second], OPERATOR_A,
+                                                PreviousReleaseDiesAfterItsFirstAct)
         resumed = await store.claim_bulk(action.id, 1000)
         assert resumed is not None
         assert await paced_runs.run(_job(resumed, store)) == "done"
