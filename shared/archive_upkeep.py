@@ -24,12 +24,15 @@ may still have it during a rolling deploy).
 
 It prunes the frozen selections of replays by selection
 (`event_replay_items`, docs/reference.md §8): every PRUNE_EVERY_SECONDS, at
-most PRUNE_STATEMENTS statements of PRUNE_PAGE items, each deleting the
-items, oldest first, of a replay that ended (`done`, `cancelled`) more
-than PRUNE_AFTER_SECONDS ago whose event has no arrival archived any more
-(its days dropped by the retention: its event has no page). The replay's
-row, its progress, stays. Processes at once take different items; an item
-of a replay that can still run (prepared, running, failed) is never read.
+most PRUNE_STATEMENTS statements of PRUNE_PAGE items, each reading the next
+items of a pass over a replay that ended (`done`, `cancelled`) more than
+PRUNE_AFTER_SECONDS ago and deleting those whose event has no arrival
+archived any more (its days dropped by the retention: its event has no
+page); an item still archived is skipped, never holding back the ones
+after it, and read again by the replay's next pass, begun no sooner than
+PRUNE_AGAIN_SECONDS after the last began. The replay's row, its progress,
+stays. Processes at once take different items; an item of a replay that
+can still run (prepared, running, failed) is never read.
 """
 
 import asyncio
@@ -56,6 +59,7 @@ PRUNE_EVERY_SECONDS = 60.0
 PRUNE_PAGE = 1000  # items a statement reads and deletes at most (~0.1 s with 30 days kept): never a DELETE storm
 PRUNE_STATEMENTS = 20  # a round's at most: 20,000 items a minute a process, a million in under an hour
 PRUNE_AFTER_SECONDS = 86400.0  # a replay ended this long ago (a runner frozen mid-run still finds its items)
+PRUNE_AGAIN_SECONDS = 86400.0  # a replay's items still archived are read again once a day at most
 
 
 class ArchiveUpkeep:
@@ -123,14 +127,15 @@ class ArchiveUpkeep:
 
     async def prune(self) -> int:
         """One round of pruning the items of ended replays: at most
-        PRUNE_STATEMENTS statements, a replay's until an item of it is still
-        archived; items deleted. Never raises (the next round goes on)."""
+        PRUNE_STATEMENTS statements, a replay's until its pass is over;
+        items deleted. Never raises (the next round goes on)."""
         pruned = statements = 0
         try:
-            for replay_id in await self._replays.to_prune(PRUNE_AFTER_SECONDS, PRUNE_STATEMENTS):
+            for replay_id in await self._replays.to_prune(PRUNE_AFTER_SECONDS, PRUNE_STATEMENTS, PRUNE_AGAIN_SECONDS):
                 more = True
                 while more and statements < PRUNE_STATEMENTS:
-                    deleted, more = await self._replays.prune(replay_id, PRUNE_AFTER_SECONDS, PRUNE_PAGE)
+                    deleted, more = await self._replays.prune(replay_id, PRUNE_AFTER_SECONDS, PRUNE_PAGE,
+                                                              PRUNE_AGAIN_SECONDS)
                     pruned, statements = pruned + deleted, statements + 1
                 if statements >= PRUNE_STATEMENTS:
                     break

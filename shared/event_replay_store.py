@@ -133,26 +133,30 @@ class EventReplayStore:
                 return
             first = rows[-1]["item"] + 1
 
-    async def to_prune(self, ended_seconds: float, limit: int) -> list[int]:
+    async def to_prune(self, ended_seconds: float, limit: int, again_seconds: float) -> list[int]:
         """The replays, oldest first, at most `limit`, that ended (`done`,
-        `cancelled`) more than `ended_seconds` ago and whose oldest item left
-        names an event no longer archived: those `prune` has items of to
-        delete (`shared/archive_upkeep.py`)."""
+        `cancelled`) more than `ended_seconds` ago with items left that a
+        pass of `prune` has still to read: none begun, one under way, or one
+        over that began more than `again_seconds` ago (`shared/archive_upkeep.py`)."""
         async with self._connection() as connection:
-            rows = await connection.fetch(SQL["event_replays_to_prune"], ended_seconds, limit, timeout=PRUNE_SECONDS)
+            rows = await connection.fetch(SQL["event_replays_to_prune"], ended_seconds, limit, again_seconds,
+                                          timeout=PRUNE_SECONDS)
         return [row["id"] for row in rows]
 
-    async def prune(self, replay_id: int, ended_seconds: float, limit: int) -> tuple[int, bool]:
-        """One statement: of the first `limit` items left of the replay, if it
-        ended more than `ended_seconds` ago, those whose event has no arrival
-        archived (its page is gone) deleted; items another process is deleting
-        meanwhile are left to it. (Items deleted, whether the next `limit` may
-        hold more: as many were read, every one deleted.) The replay's row,
-        its progress, stays."""
+    async def prune(self, replay_id: int, ended_seconds: float, limit: int, again_seconds: float) -> tuple[int, bool]:
+        """One statement: if the replay ended more than `ended_seconds` ago,
+        the next `limit` items of its pass (from where the last statement
+        left it; from the first item left when none has begun, or when the
+        last is over and began more than `again_seconds` ago), those whose
+        event has no arrival archived (its page is gone) deleted, the others
+        skipped, and the pass moved past them; items another process is
+        reading meanwhile are left to it. (Items deleted, whether the pass
+        may have more: as many were read as asked.) The replay's row, its
+        progress, stays."""
         async with self._connection() as connection:
             row = await connection.fetchrow(SQL["prune_event_replay_items"], replay_id, ended_seconds, limit,
-                                            timeout=PRUNE_SECONDS)
-        return row["deleted"], row["read"] == limit and row["deleted"] == limit
+                                            again_seconds, timeout=PRUNE_SECONDS)
+        return row["deleted"], row["read"] == limit
 
     async def publish(self, channel: AbstractChannel, namespace: str, replay_id: int, item: ReplayItem,
                       held: asyncpg.Connection | None = None) -> bool:

@@ -936,30 +936,52 @@ LIMIT $2
 -- An item of a replay that ended (`done` or `cancelled`: never claimed
 -- again) a while ago goes once no arrival of its key is archived: then its
 -- event has no page, the one place an ended replay's items show (its
--- progress is the replay's row). Oldest first: an item whose event is
--- still archived holds back the ones after it.
+-- progress is the replay's row). Each replay is walked in passes
+-- (event_replay_prune_passes, migration 0025): a statement reads the next
+-- page of items from the pass's position, deletes the gone ones, skips the
+-- archived ones and moves the position past the page, so an archived item
+-- never holds back the ones after it. Past the last item, the pass is over;
+-- the next begins at the first item left no sooner than $3 seconds after
+-- it began, to read the skipped items again.
 
 -- name: event_replays_to_prune
--- The replays that ended more than $1 seconds ago whose oldest item left
--- names an event no longer archived, oldest first, at most $2.
+-- The replays that ended more than $1 seconds ago with items left that a
+-- pass has still to read: none begun, one under way, or one over that
+-- began more than $3 seconds ago; oldest first, at most $2.
 SELECT r.id FROM event_replays r
-CROSS JOIN LATERAL (SELECT i.source, i.key FROM event_replay_items i
-                    WHERE i.replay_id = r.id ORDER BY i.item LIMIT 1) oldest
+LEFT JOIN event_replay_prune_passes p ON p.replay_id = r.id
 WHERE r.state IN ('done', 'cancelled') AND r.finished_at < now() - make_interval(secs => $1)
-  AND NOT EXISTS (SELECT FROM event_archive a WHERE a.source = oldest.source AND a.key = oldest.key)
+  AND (EXISTS (SELECT FROM event_replay_items i WHERE i.replay_id = r.id AND i.item >= p.next_item)
+       OR (p.replay_id IS NULL OR p.pass_started_at < now() - make_interval(secs => $3))
+          AND EXISTS (SELECT FROM event_replay_items i WHERE i.replay_id = r.id))
 ORDER BY r.id
 LIMIT $2
 
 -- name: prune_event_replay_items
--- Of the first $3 items left of replay $1, if it ended more than $2 seconds
--- ago, those whose event is no longer archived deleted; items another
--- process is deleting are left to it (SKIP LOCKED), so upkeeps at once
--- share the work. How many were deleted, how many read, and whether one
--- read is still archived (the oldest-first prune stops there).
-WITH page AS (
+-- Of replay $1, if it ended more than $2 seconds ago, the next $3 items of
+-- its pass (from its position; from the first item left when none has
+-- begun, or when the last is over and began more than $4 seconds ago):
+-- those whose event is no longer archived deleted, the others skipped, the
+-- pass's position moved past them. Items another process is reading are
+-- left to it (SKIP LOCKED), so upkeeps at once share the work; the
+-- position only moves forward within a pass (GREATEST), and a new pass is
+-- begun once (the pass row read must be the one still there). How many
+-- were deleted and how many read.
+WITH pass AS (
+    SELECT CASE WHEN p.replay_id IS NULL THEN 1
+                WHEN EXISTS (SELECT FROM event_replay_items i WHERE i.replay_id = r.id AND i.item >= p.next_item)
+                    THEN p.next_item
+                WHEN p.pass_started_at < now() - make_interval(secs => $4) THEN 1
+           END AS start,
+           p.replay_id IS NULL OR NOT EXISTS (SELECT FROM event_replay_items i
+                                              WHERE i.replay_id = r.id AND i.item >= p.next_item) AS begins,
+           p.pass_started_at AS began
+    FROM event_replays r
+    LEFT JOIN event_replay_prune_passes p ON p.replay_id = r.id
+    WHERE r.id = $1 AND r.state IN ('done', 'cancelled') AND r.finished_at < now() - make_interval(secs => $2)
+), page AS (
     SELECT i.item, i.source, i.key FROM event_replay_items i
-    JOIN event_replays r ON r.id = i.replay_id
-    WHERE i.replay_id = $1 AND r.state IN ('done', 'cancelled') AND r.finished_at < now() - make_interval(secs => $2)
+    WHERE i.replay_id = $1 AND i.item >= (SELECT start FROM pass)  -- a bound of the index's range
     ORDER BY i.item
     LIMIT $3
     FOR UPDATE OF i SKIP LOCKED
@@ -970,6 +992,13 @@ WITH page AS (
     DELETE FROM event_replay_items i USING judged
     WHERE i.replay_id = $1 AND i.item = judged.item AND NOT judged.archived
     RETURNING i.item
+), moved AS (
+    INSERT INTO event_replay_prune_passes AS p (replay_id, next_item)
+    SELECT $1, coalesce((SELECT max(item) + 1 FROM judged), pass.start) FROM pass WHERE pass.start IS NOT NULL
+    ON CONFLICT (replay_id) DO UPDATE
+    SET next_item = CASE WHEN (SELECT begins FROM pass) AND p.pass_started_at = (SELECT began FROM pass)
+                         THEN EXCLUDED.next_item ELSE greatest(p.next_item, EXCLUDED.next_item) END,
+        pass_started_at = CASE WHEN (SELECT begins FROM pass) AND p.pass_started_at = (SELECT began FROM pass)
+                               THEN now() ELSE p.pass_started_at END
 )
-SELECT (SELECT count(*) FROM deleted) AS deleted, count(*) AS read, coalesce(bool_or(archived), false) AS archived
-FROM judged
+SELECT (SELECT count(*) FROM deleted) AS deleted, count(*) AS read FROM judged
