@@ -122,10 +122,21 @@ async def test_a_round_reads_a_bounded_page_of_a_replay_whatever_is_archived(dat
         await connection.close()
 
 
+async def upkeeps_at_once(connection, upkeeps: list[ArchiveUpkeep]) -> int:
+    """Rounds of every upkeep at once until no pass has items to read; items deleted."""
+    rounds: list[list[int]] = []
+    while len(rounds) < 40 and await EventReplayStore(connection).to_prune(DAY, 20, DAY):
+        rounds.append(await asyncio.gather(*(upkeep.prune() for upkeep in upkeeps)))
+        assert all(count <= 3 * 2 for count in rounds[-1])
+    assert len(rounds) < 40
+    return sum(map(sum, rounds))
+
+
 async def test_upkeeps_at_once_share_a_pass_behind_a_recurring_first_key(database, monkeypatch):
     monkeypatch.setattr(archive_upkeep, "PRUNE_PAGE", 3)
     monkeypatch.setattr(archive_upkeep, "PRUNE_STATEMENTS", 2)
-    arrivals = [archived_event("acme", "heartbeat", YESTERDAY), archived_event("acme", "heartbeat", MIDNIGHT)]
+    arrivals = [archived_event("acme", "heartbeat", YESTERDAY), archived_event("acme", "heartbeat", MIDNIGHT),
+                archived_event("acme", "heartbeat", TOMORROW)]
     arrivals += [archived_event("acme", f"old_{n}", YESTERDAY + timedelta(seconds=n)) for n in range(1, 31)]
     arrivals += [archived_event("acme", f"kept_{n}", MIDNIGHT + timedelta(seconds=n)) for n in range(1, 11)]
     await seed_archive(database, arrivals)
@@ -135,15 +146,19 @@ async def test_upkeeps_at_once_share_a_pass_behind_a_recurring_first_key(databas
         first, second = await ended_replay_of_acme(connection), await ended_replay_of_acme(connection)
         await ArchiveStore(connection).keep({"acme": timedelta(days=7)}, now=A_WEEK_ON)
         upkeeps = [ArchiveUpkeep(ArchiveStore(other), SOURCES) for other in others]
-        rounds: list[list[int]] = []
-        while len(rounds) < 40 and await EventReplayStore(connection).to_prune(DAY, 20, DAY):
-            rounds.append(await asyncio.gather(*(upkeep.prune() for upkeep in upkeeps)))
-            assert all(count <= 3 * 2 for count in rounds[-1])
-        assert sum(map(sum, rounds)) == 2 * 30  # each gone item deleted once
+        assert await upkeeps_at_once(connection, upkeeps) == 2 * 30  # each gone item deleted once
         kept = ["acme:heartbeat"] + [f"acme:kept_{n}" for n in range(1, 11)]
         assert await items_of(connection, first) == kept
         assert await items_of(connection, second) == kept
         assert [await upkeep.prune() for upkeep in upkeeps] == [0, 0, 0]
+
+        # today goes too, and a day on the upkeeps all begin the next passes at once: one pass each, shared
+        await ArchiveStore(connection).keep({"acme": timedelta(days=7)}, now=A_WEEK_ON + timedelta(days=1))
+        await connection.execute("UPDATE event_replay_prune_passes SET pass_started_at = now() - interval '25 hours'")
+        assert await upkeeps_at_once(connection, upkeeps) == 2 * 10
+        assert await items_of(connection, first) == await items_of(connection, second) == ["acme:heartbeat"]
+        assert await connection.fetchval("SELECT count(*) FROM event_replay_prune_passes"
+                                         " WHERE pass_started_at > now() - interval '1 hour'") == 2
     finally:
         for other in others:
             await other.close()
