@@ -965,8 +965,9 @@ LIMIT $2
 -- pass's position moved past them. Items another process is reading are
 -- left to it (SKIP LOCKED), so upkeeps at once share the work; the
 -- position only moves forward within a pass (GREATEST), and a new pass is
--- begun once (the pass row read must be the one still there). How many
--- were deleted and how many read.
+-- begun once (the pass row read must be the one still there); a statement
+-- that read the last pass leaves a new one's position alone (its page was
+-- the last pass's). How many were deleted and how many read.
 WITH pass AS (
     SELECT CASE WHEN p.replay_id IS NULL THEN 1
                 WHEN EXISTS (SELECT FROM event_replay_items i WHERE i.replay_id = r.id AND i.item >= p.next_item)
@@ -997,7 +998,11 @@ WITH pass AS (
     SELECT $1, coalesce((SELECT max(item) + 1 FROM judged), pass.start) FROM pass WHERE pass.start IS NOT NULL
     ON CONFLICT (replay_id) DO UPDATE
     SET next_item = CASE WHEN (SELECT begins FROM pass) AND p.pass_started_at = (SELECT began FROM pass)
-                         THEN EXCLUDED.next_item ELSE greatest(p.next_item, EXCLUDED.next_item) END,
+                             THEN EXCLUDED.next_item
+                         -- read in the last pass, and the next began since: its position is not this one's
+                         WHEN NOT (SELECT begins FROM pass) AND p.pass_started_at <> (SELECT began FROM pass)
+                             THEN p.next_item
+                         ELSE greatest(p.next_item, EXCLUDED.next_item) END,
         pass_started_at = CASE WHEN (SELECT begins FROM pass) AND p.pass_started_at = (SELECT began FROM pass)
                                THEN now() ELSE p.pass_started_at END
 )

@@ -13,7 +13,6 @@ import asyncio
 from datetime import UTC, datetime, time, timedelta
 
 import asyncpg
-import pytest
 
 from tests.support.archive import archived_event, seed_archive
 from webhook_ingest.shared.archive_store import ArchiveStore
@@ -54,7 +53,6 @@ async def held(connection, pid: int) -> None:
     raise AssertionError(f"backend {pid} never reached its upsert")
 
 
-@pytest.mark.xfail(strict=True, reason="a statement of the last pass moves the next pass's position with greatest() (15ce0f6)")
 async def test_a_statement_of_the_last_pass_does_not_move_the_next_pass_s_position(database):
     # heartbeat recurs (archived on every day); old_1..old_4 yesterday only: gone once yesterday goes
     await seed_archive(database, [archived_event("acme", "heartbeat", YESTERDAY)]
