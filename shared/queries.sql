@@ -948,12 +948,15 @@ LIMIT $2
 -- The replays that ended more than $1 seconds ago with items left that a
 -- pass has still to read: none begun, one under way, or one over that
 -- began more than $3 seconds ago; oldest first, at most $2.
+-- The last item left read as max(): one backward probe of the items' primary key per replay,
+-- whatever the statistics say (an EXISTS became a seq scan each when one replay held every item).
 SELECT r.id FROM event_replays r
 LEFT JOIN event_replay_prune_passes p ON p.replay_id = r.id
+CROSS JOIN LATERAL (SELECT max(i.item) AS item FROM event_replay_items i WHERE i.replay_id = r.id) last
 WHERE r.state IN ('done', 'cancelled') AND r.finished_at < now() - make_interval(secs => $1)
-  AND (EXISTS (SELECT FROM event_replay_items i WHERE i.replay_id = r.id AND i.item >= p.next_item)
-       OR (p.replay_id IS NULL OR p.pass_started_at < now() - make_interval(secs => $3))
-          AND EXISTS (SELECT FROM event_replay_items i WHERE i.replay_id = r.id))
+  AND last.item IS NOT NULL
+  AND (last.item >= p.next_item
+       OR p.replay_id IS NULL OR p.pass_started_at < now() - make_interval(secs => $3))
 ORDER BY r.id
 LIMIT $2
 
