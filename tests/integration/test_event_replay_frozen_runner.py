@@ -10,24 +10,19 @@ ends `done`, and ends `cancelled`. Real Postgres (attacker review of
 2a0ce2d)."""
 
 import json
-from datetime import UTC, datetime, time, timedelta
+from datetime import timedelta
 
 import asyncpg
 import pytest
 
 from tests.support.archive import archived_event, seed_archive
+from tests.support.pruning import A_WEEK_ON, SOURCES, YESTERDAY
 from tests.support.event_replays import claimed_replay, replay_job
 from webhook_ingest.shared import paced_runs
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.event_replay_store import EventReplayStore
-from webhook_ingest.shared.sources import parse_source
-
-NOW = datetime.now(UTC)
-YESTERDAY = datetime.combine(NOW.date(), time(), UTC) - timedelta(hours=6)
-A_WEEK_ON = NOW + timedelta(days=7)  # the oldest day kept is today: yesterday goes
-SOURCES = {"acme": parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox"})}
 
 
 @pytest.fixture

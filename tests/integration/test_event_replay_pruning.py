@@ -6,12 +6,13 @@ replay ended a day ago; a replay that can still run keeps every item, and
 what a replay's page and an event's page show is unchanged. Real Postgres."""
 
 import asyncio
-from datetime import UTC, datetime, time, timedelta
+from datetime import timedelta
 
 import asyncpg
 import pytest
 
 from tests.support.archive import archived_event, seed_archive
+from tests.support.pruning import A_WEEK_ON, MIDNIGHT, SOURCES, YESTERDAY
 from tests.support.processes import wait_until
 from webhook_ingest.shared import archive_upkeep
 from webhook_ingest.shared.archive_store import ArchiveStore
@@ -19,15 +20,9 @@ from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
 from webhook_ingest.shared.archived_events import parse_filter
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.event_replay_store import EventReplayStore
-from webhook_ingest.shared.sources import parse_source
 
-NOW = datetime.now(UTC)
-MIDNIGHT = datetime.combine(NOW.date(), time(), UTC)
-YESTERDAY = MIDNIGHT - timedelta(hours=6)  # the day the retention drops below
 TODAY = MIDNIGHT + timedelta(milliseconds=10)  # a day still kept
 RETENTION = {"acme": timedelta(days=7)}
-A_WEEK_ON = NOW + timedelta(days=7)  # the oldest day kept is today: yesterday goes
-SOURCES = {"acme": parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox"})}
 
 # Each replay's state, and how long ago it ended (None: it has not).
 REPLAYS = {"done": ("done", timedelta(days=2)), "cancelled": ("cancelled", timedelta(days=2)),

@@ -11,18 +11,16 @@ round then timed out and nothing was pruned again. Now the last item
 left is read as max(): one backward probe of the primary key each. Real
 Postgres."""
 
-from datetime import UTC, datetime, time, timedelta
+from datetime import timedelta
 
 import asyncpg
 
 from tests.support.archive import archived_event, seed_archive
+from tests.support.pruning import DAY, MIDNIGHT
 from webhook_ingest.shared import event_replay_store
 from webhook_ingest.shared.archived_events import parse_filter
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.event_replay_store import EventReplayStore
-
-MIDNIGHT = datetime.combine(datetime.now(UTC).date(), time(), UTC)
-DAY = 86400.0
 
 
 async def test_listing_stays_cheap_when_one_replay_holds_every_item_left(database, monkeypatch):

@@ -10,25 +10,18 @@ at its upsert by a test trigger (a BEFORE INSERT trigger fires before the
 conflict check, so the held statement holds no lock on the pass row)."""
 
 import asyncio
-from datetime import UTC, datetime, time, timedelta
+from datetime import timedelta
 
 import asyncpg
 
 from tests.support.archive import archived_event, seed_archive
+from tests.support.pruning import A_WEEK_ON, DAY, MIDNIGHT, SOURCES, TOMORROW, YESTERDAY
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
 from webhook_ingest.shared.archived_events import parse_filter
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.event_replay_store import EventReplayStore
-from webhook_ingest.shared.sources import parse_source
 
-NOW = datetime.now(UTC)
-MIDNIGHT = datetime.combine(NOW.date(), time(), UTC)
-YESTERDAY = MIDNIGHT - timedelta(hours=6)
-A_WEEK_ON = NOW + timedelta(days=7)  # the oldest day kept is today: yesterday goes
-TOMORROW = MIDNIGHT + timedelta(days=1, hours=6)
-DAY = 86400.0
-SOURCES = {"acme": parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox"})}
 
 HOLD = """
 CREATE FUNCTION test_hold_pass_upsert() RETURNS trigger LANGUAGE plpgsql AS $$
