@@ -24,7 +24,6 @@ from webhook_ingest.shared.archived_events import (
     STATUSES,
     Cursor,
     EventFilter,
-    NO_ROUTES,
     InvalidFilter,
     SourceRoutes,
     exported,
@@ -34,7 +33,7 @@ from webhook_ingest.shared.archived_events import (
 )
 from webhook_ingest.shared.errors import ConfigError, WebhookIngestError
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources import Source, load_sources
 
 
 FILTER_OPTIONS = [
@@ -172,26 +171,27 @@ async def _page(settings: Settings, where: EventFilter, after: Cursor | None, li
 
 
 def _route_names(settings: Settings, key: str) -> list[str]:
-    """The routes of the key's source, from the sources file; none, and a
-    warning, when the file cannot be read here (a secret it names unset)."""
-    try:
-        return route_names(load_sources(settings.sources_path), key)
-    except ConfigError as exc:
-        click.echo(f"warning: {exc}; each route's completion is not shown (nor `processing` while a route"
-                   " runs the event)", err=True)
-        return []
+    """The routes of the key's source, from the sources file."""
+    return route_names(_sources(settings, "each route's completion is not shown (nor `processing` while a route"
+                                          " runs the event)"), key)
 
 
 def source_routes(settings: Settings) -> SourceRoutes:
     """Every route of the sources file: a routed event is `processing` while
-    one of its routes holds its lease (KEY#ROUTE); none, and a warning, when
-    the file cannot be read here (a secret it names unset)."""
+    one of its routes holds its lease (KEY#ROUTE)."""
+    return SourceRoutes.of(_sources(settings, "an event of a source with routes shows `queued`, not `processing`,"
+                                              " while its routes run it"))
+
+
+def _sources(settings: Settings, without_them: str) -> dict[str, Source]:
+    """The sources file's sources, for their routes; none, and a warning that
+    says `without_them`, when the file cannot be read here (a secret it names
+    unset in this shell: these commands need only DATABASE_URL)."""
     try:
-        return SourceRoutes.of(load_sources(settings.sources_path))
+        return load_sources(settings.sources_path)
     except ConfigError as exc:
-        click.echo(f"warning: {exc}; an event of a source with routes shows `queued`, not `processing`, while"
-                   " its routes run it", err=True)
-        return NO_ROUTES
+        click.echo(f"warning: {exc}; {without_them}", err=True)
+        return {}
 
 
 async def _event(settings: Settings, key: str, routes: list[str]) -> dict:
