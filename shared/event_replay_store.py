@@ -221,6 +221,7 @@ class EventReplayJob:
     or the CLI's own); `progress` is told after each item (the CLI prints)."""
 
     name = "events_replay"
+    undone_without_its_step = False  # a publish goes out whether or not its step commits
 
     def __init__(self, replay: EventReplay, actor: Actor, store: EventReplayStore, channel, namespace: str,
                  progress=None):

@@ -42,9 +42,10 @@ class PacedJob(Protocol):
     id: int
     name: str  # the audit log's action: NAME_started, then NAME
     rate: float
-    # Optional, `undone_without_its_step`: True when the act commits with its step or not at all (a bulk
-    # discard), so it counts acted on only once the item's hold committed. Without it (False), the act may
-    # have taken effect though its step was lost (a publish went out): acted on as soon as `act` says so.
+    # True when the act commits with its step or not at all (a bulk discard): it counts acted on only once the
+    # item's hold committed. False when the act may take effect though its step is lost (a publish went out):
+    # acted on as soon as `act` says so.
+    undone_without_its_step: bool
 
     def remaining(self) -> AsyncIterator[Any]: ...
 
@@ -90,7 +91,6 @@ async def run(job: PacedJob) -> str:
 async def _steps(job: PacedJob, acted: list[Any]) -> str:
     loop = asyncio.get_running_loop()
     started, n = loop.time(), 0
-    with_its_step = getattr(job, "undone_without_its_step", False)
     async for item in job.remaining():
         await asyncio.sleep(max(0.0, started + n / job.rate - loop.time()))
         n += 1
@@ -104,10 +104,10 @@ async def _steps(job: PacedJob, acted: list[Any]) -> str:
             if seen != "running":
                 return TAKEN_OVER if seen == TAKEN_OVER else "cancelled"
             done = await job.act(item)
-            if done and not with_its_step:
+            if done and not job.undone_without_its_step:
                 acted.append(item)  # acted on, whether or not its step commits
             await job.step(item, done)
-        if done and with_its_step:
+        if done and job.undone_without_its_step:
             acted.append(item)  # its act committed with its step, as the hold ended
     # No item left: still this runner's run? One frozen past a Cancel or a takeover (a suspended VM) may
     # find none because an ended replay's items were pruned meanwhile (shared/archive_upkeep.py).
