@@ -42,7 +42,6 @@ async def limited_role(database, effects_tables):
         await connection.close()
 
 
-@pytest.mark.xfail(strict=True, reason="a refused session fails the handler's attempt (issue 35, finding 6)")
 async def test_a_refused_connection_spends_no_attempt(settings, fleet, tmp_path, database, limited_role):
     role, role_url = limited_role
     sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:writes_then_waits")
