@@ -47,6 +47,10 @@ idempotency_store_errors = Counter(
     "Failed calls to an idempotency store (redis), by store.",
     ["store"],
 )
+postgres_sessions_refused = Counter(
+    "webhook_postgres_sessions_refused_total",
+    "Sessions Postgres refused for want of room (max_connections or a role's limit); each run waits and asks again.",
+)
 handlers_cancelled = Counter(
     "webhook_handlers_cancelled_total",
     "Handlers cancelled because their key's lease could not be renewed in time (the event runs again later).",

@@ -28,6 +28,10 @@ from typing import Any
 
 import asyncpg
 
+from webhook_ingest.shared import backoff, metrics
+from webhook_ingest.shared.logging import get_logger
+
+log = get_logger(__name__)
 _QUERIES = frozenset({
     "execute", "executemany", "fetch", "fetchrow", "fetchval", "fetchmany",
     "copy_from_query", "copy_from_table", "copy_to_table", "copy_records_to_table",
@@ -70,8 +74,27 @@ class HandlerTransaction:
             if self.turn_refused:
                 raise TurnRefused(self._key)
             if self._connection is None:
-                await self._open()
+                await self._open_when_let_in()
         return self._connection
+
+    async def _open_when_let_in(self) -> None:
+        """`_open`, again and again while the server refuses the session for
+        want of room (max_connections, a role's limit): a full server is an
+        outage to wait out, like one that does not answer, never the
+        handler's failure — and waiting here, under the lease, does not run
+        what the handler did before its first query once more
+        (docs/design.md, "Outages are not failures")."""
+        refusals = 0
+        for pause in backoff.pauses(first=0.05, most=1.0):
+            try:
+                return await self._open()
+            except asyncpg.TooManyConnectionsError as exc:
+                self.open_error = None
+                metrics.postgres_sessions_refused.inc()
+                if not refusals:  # one line a run, however long it waits
+                    log.warning("postgres_session_refused", key=self._key, error=str(exc))
+                refusals += 1
+                await asyncio.sleep(pause)
 
     async def _open(self) -> None:
         """The session, its transaction and the key's turn. A failed attempt

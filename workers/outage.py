@@ -27,6 +27,7 @@ POSTGRES_LOST = (
     asyncpg.CrashShutdownError,
     asyncpg.exceptions.ConnectionDoesNotExistError,
     asyncpg.ReadOnlySQLTransactionError,  # 25006: a demoted primary (a failover) refuses writes for a while
+    asyncpg.TooManyConnectionsError,  # 53300: a full server refuses new sessions until others close
 )
 BROKER_LOST = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError)
 # OSError/TimeoutError count only outside handlers: a handler's own network

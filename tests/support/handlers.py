@@ -121,3 +121,10 @@ async def call_then_record(event, ctx):
     through ctx.db: the transaction opens after the network wait."""
     await forward(event, ctx)
     await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+
+
+async def writes_then_waits(event, ctx):
+    """counted_inbox, then 300 ms with its transaction still open: a handler
+    that writes first, then calls the network."""
+    await counted_inbox(event, ctx)
+    await asyncio.sleep(0.3)
