@@ -3,7 +3,8 @@ each worker reports itself (its row on the admin API and the console's
 overview, its outcomes counted per minute); one stopped with a real SIGSTOP
 is shown silent after its heartbeat and the ingress's
 `webhook_workers_silent` says so; SIGCONT brings it back live; one that
-stops cleanly is marked stopped, never silent."""
+stops cleanly is marked stopped, never silent; one without its Redis is
+degraded, and `webhook_workers_degraded` says so."""
 
 import asyncio
 import os
@@ -15,6 +16,7 @@ import pytest
 
 from tests.support.events import make_event, publish_events
 from tests.support.processes import wait_for_output, wait_until
+from tests.support.tcpproxy import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +32,14 @@ async def workers(base: str) -> dict[int, dict]:
         return {row["pid"]: row for row in await response.json()}
 
 
-async def silent_gauge(base: str) -> float:
+async def gauge(base: str, name: str) -> float:
     async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as response:
         text = await response.text()
-    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("webhook_workers_silent "))
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(f"{name} "))
+
+
+async def silent_gauge(base: str) -> float:
+    return await gauge(base, "webhook_workers_silent")
 
 
 async def processed_per_minute(database_url: str) -> int:
@@ -52,7 +58,8 @@ def state(row: dict) -> str:
 async def test_workers_report_themselves_a_paused_one_is_silent_and_a_stopped_one_says_so(fleet, settings):
     _, base = fleet.ingress(env={"WEBHOOK_INGEST_ADMIN_TOKEN": TOKEN, **BEAT})
     first, second = fleet.worker(env=BEAT), fleet.worker(env=BEAT)
-    for worker in (first, second):
+    without_redis = fleet.worker(env={**BEAT, "REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0"})
+    for worker in (first, second, without_redis):
         await wait_for_output(worker, "worker_consuming")
 
     async def both_live() -> bool:
@@ -73,6 +80,13 @@ async def test_workers_report_themselves_a_paused_one_is_silent_and_a_stopped_on
         return await processed_per_minute(settings.database_url) == 20
 
     await wait_until(all_counted, 30, interval=0.2, message="20 processed in the workers' minutes")
+
+    async def one_degraded() -> bool:  # its Redis calls failed: it runs on Postgres alone
+        seen = await workers(base)
+        return seen[without_redis.pid]["degraded"] and await gauge(base, "webhook_workers_degraded") == 1
+
+    await wait_until(one_degraded, 30, interval=0.2, message="the worker without Redis degraded, the gauge at 1")
+    assert not any(row["degraded"] for pid, row in (await workers(base)).items() if pid != without_redis.pid)
 
     os.kill(second.pid, signal.SIGSTOP)
     try:
