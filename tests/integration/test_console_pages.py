@@ -234,7 +234,7 @@ async def test_the_overview_shows_each_worker_and_the_last_hour_per_minute(conso
     assert re.search(r'class="number">(4[0-9]) s ago<', rows["silent"])  # its last beat, 40 s ago
     assert '<td class="number">3 of 26</td>' in rows["live"]
     assert '<td class="number">2</td>' in rows["silent"]  # its lease losses in the last 15 minutes
-    assert '<p class="figure">2 live</p>' in figures and "1 silent,\n      1 degraded." in figures
+    assert '<a href="#workers-heading">2</a>' in figures and "1 silent,\n      1 degraded." in figures
     chart = re.search(r'<svg class="outcome-chart".*?</svg>', figures, re.S)[0]
     assert '<title id="minutes-title">Outcomes per minute, last hour (UTC)</title>' in chart
     assert chart.count('<g class="minute">') == 60
