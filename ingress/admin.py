@@ -77,11 +77,13 @@ def admin_app() -> web.Application:
     from webhook_ingest.ingress.admin_events import add_event_routes
     from webhook_ingest.ingress.admin_incidents import add_incident_routes
     from webhook_ingest.ingress.admin_sources import add_source_routes
+    from webhook_ingest.ingress.workers_watch import add_worker_routes
 
     add_event_replay_routes(admin)  # before add_event_routes: its /events/{key} would take /events/replay/7
     add_event_routes(admin)
     add_incident_routes(admin)
     add_source_routes(admin)
+    add_worker_routes(admin)
     return admin
 
 

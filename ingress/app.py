@@ -17,6 +17,7 @@ from webhook_ingest.ingress.publisher import Publisher
 from webhook_ingest.ingress.redis_client import done_markers_ctx, redis_ctx
 from webhook_ingest.ingress.relay import relay_ctx
 from webhook_ingest.ingress.server_log import drop_client_protocol_errors
+from webhook_ingest.ingress.workers_watch import workers_watch_ctx
 from webhook_ingest.shared import tracing
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.settings import Settings
@@ -34,6 +35,7 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
     app[settings_key] = settings
     app[sources_key] = sources
     app.cleanup_ctx.append(database_ctx)
+    app.cleanup_ctx.append(workers_watch_ctx)
     app.cleanup_ctx.append(_publisher_ctx(connection_name))
     app.cleanup_ctx.append(relay_ctx)
     app.cleanup_ctx.append(archive_ctx)  # after the pool's: its rows are flushed before the pool closes

@@ -121,6 +121,16 @@ archive_bytes = Gauge(
     ["source"],
 )
 
+workers_silent = Gauge(
+    "webhook_workers_silent",
+    "Workers whose heartbeat is older than three of their intervals and that did not stop cleanly (paused, hung, cut "
+    "off from Postgres, or dead without a word); read by the ingress from the workers' heartbeat rows.",
+)
+workers_degraded = Gauge(
+    "webhook_workers_degraded",
+    "Live workers whose last heartbeat says Redis quorum is lost (they run on Postgres alone); read by the ingress.",
+)
+
 
 async def endpoint(request: "web.Request") -> "web.Response":
     """GET /metrics, in the ingress and on a worker's --metrics-port: this process's series."""

@@ -30,6 +30,8 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_LOCK_TTL", "TTL in seconds of the Redis processing lock and the Postgres lease of a key"
                                 " (renewed every third of it while a handler runs; a killed worker's keys are free"
                                 " after it)"),
+    ("WEBHOOK_INGEST_HEARTBEAT_SECONDS", "seconds between a worker's heartbeats (its row on the console's overview);"
+                                         " silent after three missed"),
     ("WEBHOOK_INGEST_DONE_TTL", "seconds Redis remembers a completed key (Postgres remembers until pruned)"),
     ("WEBHOOK_INGEST_TRUSTED_PROXIES", "comma-separated CIDRs of the proxies whose forwarding header sets the client"
                                        " address (unset: none)"),
@@ -74,6 +76,7 @@ class Settings(BaseSettings):
     incident_quiet_minutes: float = Field(30.0, alias="WEBHOOK_INGEST_INCIDENT_QUIET_MINUTES", gt=0)
     delivery_limit: int = Field(20, alias="WEBHOOK_INGEST_DELIVERY_LIMIT", ge=1)
     lock_ttl: float = Field(3.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
+    heartbeat_seconds: float = Field(5.0, alias="WEBHOOK_INGEST_HEARTBEAT_SECONDS", gt=0)
     done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)
     log_format: str | None = Field(None, alias="LOG_FORMAT", pattern=r"^(json|console)$")
     trusted_proxies_csv: str = Field("", alias="WEBHOOK_INGEST_TRUSTED_PROXIES")
@@ -150,6 +153,7 @@ class Settings(BaseSettings):
                                                               ("webhook", self.notify_webhook_url)) if url],
             "delivery_limit": self.delivery_limit,
             "lock_ttl": self.lock_ttl,
+            "heartbeat_seconds": self.heartbeat_seconds,
             "trusted_proxies": [str(network) for network in self.trusted_proxies],
             "client_address_header": self.client_address_header,
             "metrics_allowed_ips": [str(network) for network in self.metrics_allowed_ips],

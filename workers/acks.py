@@ -51,6 +51,10 @@ class OpenDeliveries:
     def __init__(self):
         self._channels: dict[AbstractChannel, _Channel] = {}
 
+    def open_count(self) -> int:
+        """Deliveries not yet settled: the worker's messages in flight (its heartbeat)."""
+        return sum(len(state.open) for channel, state in self._channels.items() if not channel.is_closed)
+
     def delivered(self, message: AbstractIncomingMessage) -> None:
         """Call first thing when a message arrives, before anything awaits."""
         channel = _channel_of(message)

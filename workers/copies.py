@@ -44,6 +44,10 @@ class CopiesInFlight:
     def __init__(self):
         self._leaders: dict[str, _Leader] = {}
 
+    def keys_led(self) -> int:
+        """Keys this process leads: taking their lease, running, or settling (its heartbeat)."""
+        return len(self._leaders)
+
     def leader(self, key: str) -> _Leader | None:
         return self._leaders.get(key)
 

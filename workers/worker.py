@@ -31,6 +31,7 @@ from webhook_ingest.shared.message import EventMessage, from_amqp
 from webhook_ingest.shared.sessions import close_pool
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
+from webhook_ingest.shared.worker_heartbeats import Figures, HeartbeatStore
 from webhook_ingest.workers.acks import OpenDeliveries
 from webhook_ingest.workers.archive_notes import ArchiveNotes
 from webhook_ingest.workers.batch import BatchProcessor
@@ -38,6 +39,7 @@ from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.copies import CopiesInFlight
 from webhook_ingest.workers.delivery_rate import shared_buckets
 from webhook_ingest.workers.fan_out import route_messages
+from webhook_ingest.workers.heartbeat import Heartbeat
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.outage import OutageGate, outage_kind
 from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
@@ -71,6 +73,7 @@ class Worker:
         self._running_batches = 0
         self._copies = CopiesInFlight()
         self._deliveries = OpenDeliveries()  # what a batch's one `multiple` ack may cover
+        self.heartbeat: Heartbeat | None = None  # started with the side tasks
 
     def stop(self) -> None:
         self._stopping.set()
@@ -137,6 +140,8 @@ class Worker:
         for task in side_tasks:
             task.cancel()
         await asyncio.gather(*side_tasks, return_exceptions=True)
+        if self.heartbeat is not None:
+            await self.heartbeat.stopped()
 
     async def _declare_queues(self, channel):
         namespace = self.settings.namespace
@@ -162,11 +167,21 @@ class Worker:
         self.parking = Parking(await self.connection.channel(), self.failures, self.settings.namespace, self.sources)
         await self.parking.declare()
         quiet_seconds = self.settings.incident_quiet_minutes * 60
-        return [asyncio.create_task(DeadLetterStore(self.pool).keep_open_gauge(), name="dead-letters-gauge"),
+        # On the bookkeeping pool: never a connection of the claim path's.
+        self.heartbeat = Heartbeat(HeartbeatStore(self.archive_pool), self.name, self.settings.heartbeat_seconds,
+                                   self._heartbeat_figures)
+        return [asyncio.create_task(self.heartbeat.run(), name="heartbeat"),
+                asyncio.create_task(DeadLetterStore(self.pool).keep_open_gauge(), name="dead-letters-gauge"),
                 asyncio.create_task(IncidentStore(self.pool).keep_resolving(quiet_seconds), name="incident-resolver"),
                 asyncio.create_task(Notifier(self.pool, targets_from(self.settings)).run_forever(),
                                     name="incident-notifier"),
                 asyncio.create_task(keep_pauses(self.paused, self.parking), name="pauses")]
+
+    def _heartbeat_figures(self) -> Figures:
+        claim_pools = (self.pool, self.transactions, self.renewals)
+        return Figures(self._deliveries.open_count(), self._copies.keys_led(),
+                       sum(pool.get_size() - pool.get_idle_size() for pool in claim_pools),
+                       sum(pool.get_max_size() for pool in claim_pools), self.store.degraded)
 
     async def _wait_for_stop(self, side_tasks: list[asyncio.Task]) -> None:
         """Until stop(); a side task that dies stops the worker too."""

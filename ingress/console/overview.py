@@ -2,9 +2,11 @@
 depths (passive declares: nothing is created), the last hour from Postgres,
 the outbox when its table exists, and each archived source's size on disk
 as `webhook_archive_bytes` last read it (the process's archive upkeep reads
-it every minute: no query of its own per view). A figure that cannot be had
-is None and the page says "n/a" — the overview never fails because one
-service is away.
+it every minute: no query of its own per view), and the workers as their
+heartbeat rows say (shared/worker_heartbeats.py) with the last hour's
+outcomes per minute they counted, drawn as a chart
+(ingress/console/outcome_chart.py). A figure that cannot be had is None and
+the page says "n/a" — the overview never fails because one service is away.
 """
 
 import asyncio
@@ -15,6 +17,8 @@ from webhook_ingest.shared import topology
 from webhook_ingest.shared.topology import queue_depths
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.sources import Source
+from webhook_ingest.shared.worker_heartbeats import SILENT_AFTER_BEATS, HeartbeatStore
+from webhook_ingest.ingress.console.outcome_chart import Chart, chart
 
 @dataclass(frozen=True)
 class Overview:
@@ -23,14 +27,21 @@ class Overview:
     open_dead_letters: int | None
     outbox_pending: int | None
     archive_bytes: list[tuple[str, int | None]]  # each archived source's size; None: not measured yet
+    workers: list[dict] | None  # each worker's last beat (shared/worker_heartbeats.py)
+    outcomes_by_minute: Chart | None
+    silent_after_beats: int = SILENT_AFTER_BEATS
 
 
-async def overview(store: DeadLetterStore, amqp_url: str, namespace: str, sources: dict[str, Source],
-                   archive_sizes: Mapping[str, int]) -> Overview:
-    queues, database = await asyncio.gather(queue_depths(amqp_url, queue_names(namespace, sources), "console-overview"),
-                                            database_figures(store))
+async def overview(store: DeadLetterStore, heartbeats: HeartbeatStore, amqp_url: str, namespace: str,
+                   sources: dict[str, Source], archive_sizes: Mapping[str, int]) -> Overview:
+    queues, database, workers = await asyncio.gather(
+        queue_depths(amqp_url, queue_names(namespace, sources), "console-overview"), database_figures(store),
+        worker_figures(heartbeats))
     archived = sorted(name for name, source in sources.items() if source.retention)
-    return Overview(queues, *database, [(name, archive_sizes.get(name)) for name in archived])
+    outcomes, open_dead_letters, outbox_pending = database
+    workers_seen, by_minute = workers
+    return Overview(queues, outcomes, open_dead_letters, outbox_pending,
+                    [(name, archive_sizes.get(name)) for name in archived], workers_seen, by_minute)
 
 
 def queue_names(namespace: str, sources: dict[str, Source]) -> list[str]:
@@ -45,3 +56,11 @@ async def database_figures(store: DeadLetterStore) -> tuple[dict[str, int] | Non
         return await store.overview()
     except Exception:  # noqa: BLE001 - Postgres away: the figures are n/a, the page still shows
         return None, None, None
+
+
+async def worker_figures(heartbeats: HeartbeatStore) -> tuple[list[dict] | None, Chart | None]:
+    """Each worker's last beat, and the last hour's outcomes per minute (None: Postgres away)."""
+    try:
+        return await heartbeats.workers(), chart(await heartbeats.outcomes_by_minute())
+    except Exception:  # noqa: BLE001 - Postgres away: the figures are n/a, the page still shows
+        return None, None

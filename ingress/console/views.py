@@ -35,6 +35,7 @@ from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.run_locks import RunBusy
 from webhook_ingest.shared.incident_store import IncidentStore
 from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.worker_heartbeats import HeartbeatStore
 
 log = get_logger(__name__)
 PAGE_SIZE = 50
@@ -98,7 +99,8 @@ async def logout(request: web.Request) -> web.Response:
 async def overview_page(request: web.Request) -> web.Response:
     settings = request.config_dict[settings_key]
     arrivals = request.config_dict.get(arrivals_key)
-    figures = await overview(store(request), settings.amqp_url, settings.namespace,
+    figures = await overview(store(request), HeartbeatStore(request.config_dict[database_pool_key]),
+                             settings.amqp_url, settings.namespace,
                              request.config_dict[sources_key], arrivals.archive_sizes() if arrivals else {})
     if request.headers.get("HX-Request"):
         return await render(request, "overview_figures.html", {"overview": figures})

@@ -23,6 +23,7 @@ from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.routes import route_key
 from tests.support.archive import archived_event, minutes_ago, ran, seed_archive
 from tests.support.dead_letters import seed_dead_letters
+from tests.support.heartbeats import seed_workers
 from tests.support.ingress import queued_events
 from tests.support.processes import wait_until
 
@@ -320,3 +321,24 @@ async def test_the_session_expires(start_console, open_page):
     await page.goto("/console/dead-letters")
     await expect(page.get_by_text("Your session expired. Sign in again.")).to_be_visible()
     await expect(page.get_by_role("button", name="Sign in")).to_be_visible()
+
+
+async def test_on_call_sees_each_worker_and_the_last_hour_per_minute(start_console, open_page, service_env):
+    """Issue 35, requirement 7: the overview names a silent worker, and its
+    chart of the last hour is an image with a name, a description and a table."""
+    ids = await seed_workers(service_env["DATABASE_URL"])
+    page = await open_page(await start_console())
+    await sign_in(page, OPERATOR_TOKEN)
+
+    workers = page.locator("table.workers")
+    await expect(workers.get_by_role("row").filter(has_text=ids["silent"])).to_contain_text("silent")
+    await expect(workers.get_by_role("row").filter(has_text=ids["degraded"])).to_contain_text("degraded")
+    await expect(workers.get_by_role("row").filter(has_text=ids["stopped"])).to_contain_text("stopped")
+    chart = page.get_by_role("img", name="Outcomes per minute, last hour (UTC)")
+    await expect(chart).to_be_visible()
+    await expect(page.locator("#minutes-desc")).to_contain_text("18 dead")
+    assert (await chart.bounding_box())["width"] > 600  # drawn, not collapsed
+    await page.get_by_text("The same figures as a table").click()
+    await expect(page.locator("details.minutes-table tbody tr")).to_have_count(60)
+    await page.get_by_text("The same figures as a table").click()
+    await screenshot(page, "overview-workers")

@@ -13,7 +13,7 @@ RUNBOOK = ROOT / "docs" / "oncall.md"
 ALERTS_FILE = ROOT / "deploy" / "prometheus" / "alerts.yml"
 REQUIRED_ANCHORS = {
     "ingress-5xx", "ingress-unavailable", "outbox-backlog", "dead-letters", "slow-processing",
-    "idempotency-store-degraded", "conflicts", "dead-letters-not-recorded",
+    "idempotency-store-degraded", "conflicts", "dead-letters-not-recorded", "silent-workers",
 }
 
 

@@ -19,6 +19,7 @@ from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
 from tests.support.dead_letters import seed_dead_letters
+from tests.support.heartbeats import seed_workers
 from tests.support.ingress import running_ingress
 from tests.support.processes import count_rows, wait_until
 
@@ -217,3 +218,26 @@ async def test_sign_in_is_throttled_before_the_token_is_checked(console_settings
         assert "Too many sign-in attempts" in await answers[-1].text()
         right = await client.post("/console/login", data={"csrf_token": csrf_of(login), "token": OPERATOR})
         assert right.status == 429  # the right token too: nothing tells a guess it was right
+
+
+async def test_the_overview_shows_each_worker_and_the_last_hour_per_minute(console_settings):
+    """Issue 35, requirement 7: each worker's state and figures, a silent
+    one named as such, and the hour's outcomes as a chart with its table."""
+    ids = await seed_workers(console_settings.database_url)
+    async with running_ingress(console_settings, load_sources(None)) as client:
+        await signed_in(client)
+        figures = await (await client.get("/console/", headers={"HX-Request": "true"})).text()
+    rows = {state: re.search(rf"<code>{re.escape(worker_id)}</code>.*?</tr>", figures, re.S)[0]
+            for state, worker_id in ids.items()}
+    for state, row in rows.items():
+        assert f'<span class="state {state}">{state}</span>' in row, (state, row)
+    assert re.search(r'class="number">(4[0-9]) s ago<', rows["silent"])  # its last beat, 40 s ago
+    assert '<td class="number">3 of 26</td>' in rows["live"]
+    assert '<td class="number">2</td>' in rows["silent"]  # its lease losses in the last 15 minutes
+    assert '<a href="#workers-heading">2</a>' in figures and "1 silent,\n      1 degraded." in figures
+    chart = re.search(r'<svg class="outcome-chart".*?</svg>', figures, re.S)[0]
+    assert '<title id="minutes-title">Outcomes per minute, last hour (UTC)</title>' in chart
+    assert chart.count('<g class="minute">') == 60
+    assert re.search(r'<desc id="minutes-desc">In the last 60 minutes: \d+ processed, \d+ retried, 18 dead,', chart)
+    assert figures.count("<tr><td>") >= 60  # the same figures as a table
+    assert "PostgreSQL is unreachable" not in figures
