@@ -1,5 +1,5 @@
 """The ingress's one Redis client, shared by everything in the process that
-reads Redis (the duplicate fast path; a rate limiter may use it too).
+reads Redis (the duplicate fast path, the content bindings; a rate limiter may use it too).
 
 It talks to the first master of `REDIS_URLS` only: what the ingress reads
 there is a hint (a done marker), never a decision the Redlock quorum must
@@ -14,7 +14,8 @@ from aiohttp import web
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from webhook_ingest.ingress.appkeys import done_markers_key, redis_key, settings_key
+from webhook_ingest.ingress.appkeys import content_bindings_key, done_markers_key, redis_key, settings_key
+from webhook_ingest.ingress.content_bindings import ContentBindings
 from webhook_ingest.ingress.done_markers import DoneMarkers
 from webhook_ingest.ingress.redis_get import connect_get
 
@@ -31,8 +32,10 @@ def connect(url: str) -> redis.Redis:
 
 async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
     """aiohttp cleanup_ctx: the client exists for the application's lifetime."""
-    client = connect(app[settings_key].redis_urls[0])
+    settings = app[settings_key]
+    client = connect(settings.redis_urls[0])
     app[redis_key] = client
+    app[content_bindings_key] = ContentBindings(client, settings.namespace, settings.replay_window)
     yield
     await client.aclose()
 

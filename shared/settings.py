@@ -31,6 +31,9 @@ ENVIRONMENT_VARIABLES = (
                                 " (renewed every third of it while a handler runs; a killed worker's keys are free"
                                 " after it)"),
     ("WEBHOOK_INGEST_DONE_TTL", "seconds Redis remembers a completed key (Postgres remembers until pruned)"),
+    ("WEBHOOK_INGEST_REPLAY_WINDOW", "seconds Redis binds signed content to the id and type it first came with, for"
+                                     " the schemes that sign neither (reference §5): the same content with another"
+                                     " id or type is a duplicate"),
     ("WEBHOOK_INGEST_TRUSTED_PROXIES", "comma-separated CIDRs of the proxies whose forwarding header sets the client"
                                        " address (unset: none)"),
     ("WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER", "the one forwarding header those proxies manage: `X-Forwarded-For` or"
@@ -75,6 +78,7 @@ class Settings(BaseSettings):
     delivery_limit: int = Field(20, alias="WEBHOOK_INGEST_DELIVERY_LIMIT", ge=1)
     lock_ttl: float = Field(3.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
     done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)
+    replay_window: int = Field(604800, alias="WEBHOOK_INGEST_REPLAY_WINDOW", ge=1)
     log_format: str | None = Field(None, alias="LOG_FORMAT", pattern=r"^(json|console)$")
     trusted_proxies_csv: str = Field("", alias="WEBHOOK_INGEST_TRUSTED_PROXIES")
     client_address_header: str = Field("X-Forwarded-For", alias="WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER")

@@ -179,7 +179,8 @@ def test_standard_webhooks_default_falls_back_to_svix_id():
 
 def test_hmac_sha256_default_order():
     payload = {"id": "i", "event_id": "e", "messageId": "m"}
-    assert scheme_id("hmac-sha256", {"X-Event-ID": "h"}, payload) == "h"
+    assert scheme_id("hmac-sha256", {"X-Event-ID": "h"}, payload) == "i"  # the signed body's first
+    assert scheme_id("hmac-sha256", {"X-Event-ID": "h"}, {"other": 1}) == "h"
     assert scheme_id("hmac-sha256", {}, payload) == "i"
     assert scheme_id("hmac-sha256", {}, {"event_id": "e", "messageId": "m"}) == "e"
     assert scheme_id("hmac-sha256", {}, {"messageId": "m"}) == "m"
