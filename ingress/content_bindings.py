@@ -1,5 +1,6 @@
 """Signed content bound to the first identity it came with (docs/reference.md §5,
-"An identity the signature does not cover"; docs/security.md "The event archive").
+"An identity the signature does not cover"; why: docs/design.md "Identity from
+what is signed"; its limits: docs/security.md "The event archive").
 
 GitHub, Shopify, Twilio and GitLab sign no id and no time: their id (and
 GitHub's and Shopify's type) is a header anyone may change. So when an
