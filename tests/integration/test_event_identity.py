@@ -23,10 +23,12 @@ import standardwebhooks
 import stripe
 from twilio.request_validator import RequestValidator
 
+from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers.fan_out import route_messages
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.signing import PROVIDERS, TWILIO_URL
+from tests.support.tcpproxy import free_port
 
 SVIX_SECRET = PROVIDERS["standard-webhooks"].source_secret
 STRIPE_SECRET = PROVIDERS["stripe"].source_secret
@@ -204,3 +206,13 @@ async def test_a_twilio_form_reordered_or_with_a_field_repeated_is_no_new_event(
                        (200, {"status": "duplicate", "key": "twilio:tok-1"}),
                        (400, {"error": "invalid_form"})]  # a field twice with one value: no form Twilio sends
     assert await queued_keys(settings) == ["twilio:tok-1"]
+
+
+async def test_with_redis_away_a_delivery_whose_id_is_unsigned_is_still_accepted(settings, sources, monkeypatch):
+    """The binding cannot be read: the event takes the normal path, never lost (docs/security.md says the cost)."""
+    monkeypatch.setenv("REDIS_URLS", f"redis://127.0.0.1:{free_port()}/0")
+    push = json.dumps({"ref": "refs/heads/main", "after": "b1a177c8"}).encode()
+    async with running_ingress(Settings(), sources) as client:
+        replies = await answers(client, "/webhooks/github", [(push, github_signed(push, "d-1", "push"))])
+    assert replies == [(200, {"status": "accepted", "key": "github:d-1"})]
+    assert await queued_keys(settings) == ["github:d-1"]
