@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from webhook_ingest.ingress import signature_headers
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
 from webhook_ingest.ingress.failure_budget import failure_budget_key
 from webhook_ingest.ingress.responses import Rejected, error
@@ -112,8 +113,14 @@ async def list_route(request: web.Request) -> web.Response:
 
 
 async def show_route(request: web.Request) -> web.Response:
+    if signature_headers.asked(request) and not may_change(request[role_key]):
+        return error(403, "forbidden")
     row = await _store(request).get(parse_path_id(request))
-    return error(404, "not_found") if row is None else json_document(200, detail(row))
+    if row is None:
+        return error(404, "not_found")
+    document = detail(row)
+    document["headers"] = signature_headers.hide(document["headers"], signature_headers.hidden_names(request))
+    return json_document(200, document)
 
 
 async def replay_route(request: web.Request) -> web.Response:

@@ -1,18 +1,21 @@
 """The admin API's event archive (docs/reference.md §8): search it, read an event.
 
     GET /admin/events?source=&status=&type=&since=&until=&key=&event_id=&payload=&limit=&cursor=
-    GET /admin/events/{key}
+    GET /admin/events/{key}[?signatures=show]
 
 Routes of the admin sub-application: its bearer-token middleware and its
 expected failures (ingress/admin.py) apply; the viewer token may use both.
-The documents are the CLI's (`shared/archived_events.py`).
+The documents are the CLI's (`shared/archived_events.py`), signature headers
+hidden unless the operator token asks (ingress/signature_headers.py).
 """
 
 from aiohttp import web
 
-from webhook_ingest.ingress.admin import json_document
+from webhook_ingest.ingress import signature_headers
+from webhook_ingest.ingress.admin import json_document, role_key
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.responses import error
+from webhook_ingest.ingress.tokens import may_change
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archived_events import (
     Cursor,
@@ -45,9 +48,16 @@ async def list_route(request: web.Request) -> web.Response:
 
 
 async def show_route(request: web.Request) -> web.Response:
+    if signature_headers.asked(request) and not may_change(request[role_key]):
+        return error(403, "forbidden")
     key, sources = request.match_info["key"], request.config_dict[sources_key]
     document = await _store(request).event(key, route_names(sources, key))
-    return error(404, "not_found") if document is None else json_document(200, document)
+    if document is None:
+        return error(404, "not_found")
+    hidden = signature_headers.hidden_names(request)
+    for arrival in document["arrivals"]:
+        arrival["headers"] = signature_headers.hide(arrival["headers"], hidden)
+    return json_document(200, document)
 
 
 def _store(request: web.Request) -> ArchiveStore:

@@ -1,5 +1,5 @@
 """The ingress's one Redis client, shared by everything in the process that
-reads Redis (the duplicate fast path; a rate limiter may use it too).
+reads Redis (the duplicate fast path, the content bindings; a rate limiter may use it too).
 
 It talks to the first master of `REDIS_URLS` only: what the ingress reads
 there is a hint (a done marker), never a decision the Redlock quorum must
@@ -14,7 +14,8 @@ from aiohttp import web
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from webhook_ingest.ingress.appkeys import done_markers_key, redis_key, settings_key
+from webhook_ingest.ingress.appkeys import content_bindings_key, done_markers_key, redis_key, settings_key
+from webhook_ingest.ingress.content_bindings import ContentBindings, client_set_nx_get
 from webhook_ingest.ingress.done_markers import DoneMarkers
 from webhook_ingest.ingress.redis_get import connect_get
 
@@ -38,11 +39,13 @@ async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def done_markers_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The duplicate lookup: GETs pipelined on a connection of its own when
-    the URL allows (`ingress.redis_get`), else through the shared client."""
+    """The duplicate lookup and the content bindings: pipelined on a connection
+    of their own when the URL allows (`ingress.redis_get`), else through the shared client."""
     settings = app[settings_key]
     pipeline = connect_get(settings.redis_urls[0], TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS)
     app[done_markers_key] = DoneMarkers(pipeline.get if pipeline else app[redis_key].get, settings.namespace)
+    set_nx_get = pipeline.set_nx_get if pipeline else client_set_nx_get(app[redis_key])
+    app[content_bindings_key] = ContentBindings(set_nx_get, settings.namespace, settings.replay_window)
     yield
     if pipeline is not None:
         await pipeline.close()

@@ -4,9 +4,13 @@ The checks run in the order docs/reference.md §6 fixes, the first failure answe
 source (404), client address (403), the client's failure budget (429), a
 slot (429 for a client with too many bodies arriving, else 503), size
 (413, the body read within a time limit), signature (401), the source's rate
-limit (429: only verified requests spend it), JSON or form (400), event id (400),
-then the source's `ignore` rules (200 `ignored`, nothing queued), and for a source
-with routes whether any takes it (else 200 `ignored`, rule `no route`).
+limit (429: only verified requests spend it), JSON or form (400; a body that starts
+as JSON is read as JSON whatever the unsigned Content-Type says), event
+id (400), for an id or type read from a header the signature does not cover its
+signed content's binding (200 `duplicate` of the first key when it came with
+another: ingress/content_bindings.py), then the source's `ignore` rules (200
+`ignored`, nothing queued), and for a source with routes whether any takes it
+(else 200 `ignored`, rule `no route`).
 A 200 `accepted` is only sent once the event is durably stored: the broker
 confirmed the message, or (RabbitMQ away) the Postgres outbox committed it.
 """
@@ -17,7 +21,8 @@ import time
 from aiohttp import web
 
 from webhook_ingest.ingress.archive import arrivals_key
-from webhook_ingest.ingress.appkeys import done_markers_key, outbox_key, publisher_key, sources_key
+from webhook_ingest.ingress.appkeys import (content_bindings_key, done_markers_key, outbox_key, publisher_key,
+                                           sources_key)
 from webhook_ingest.ingress.failure_budget import failure_budget_key
 from webhook_ingest.ingress.limits import check_client_address, check_rate_limit, read_body_within
 from webhook_ingest.ingress.outbox import OutboxUnavailable
@@ -25,12 +30,11 @@ from webhook_ingest.ingress.publisher import GivenUp, Publisher
 from webhook_ingest.ingress.slots import Slot, slots_key
 from webhook_ingest.shared.errors import BrokerUnavailable
 from webhook_ingest.ingress.responses import Rejected, error, json_response
-from webhook_ingest.shared import event_id, metrics, payloads, storable_json, tracing
+from webhook_ingest.shared import event_id, event_type, metrics, payloads, storable_json, tracing
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import (MAX_EVENT_ID_BYTES, EventMessage, headers_fit, new_arrival, provider_headers,
                                            utf8_text)
-from webhook_ingest.shared.payloads import Form
-from webhook_ingest.shared.signatures import SignatureError
+from webhook_ingest.shared.signatures import SignatureError, Verified
 from webhook_ingest.shared.sources import Source
 
 log = get_logger(__name__)
@@ -64,17 +68,21 @@ async def _accept(request: web.Request, source: Source | None) -> web.Response:
     check_client_address(request, source)
     request.app[failure_budget_key].refuse_if_spent(request.remote)
     with request.app[slots_key].taken(request.remote) as slot:  # the headers vetted: now it may hold one
-        body, form = await _verified_body(request, source, slot)
+        body, verified = await _verified_body(request, source, slot)
         await check_rate_limit(request, source)  # the provider's budget: spent by verified requests only
-        return await _queued(request, source, body, form)
+        return await _queued(request, source, body, verified)
 
 
-async def _queued(request: web.Request, source: Source, body: bytes, form: Form | None) -> web.Response:
-    payload = form if form is not None else _parse_payload(request, body)
+async def _queued(request: web.Request, source: Source, body: bytes, verified: Verified) -> web.Response:
+    payload, as_form = _payload(request, body, verified)
     if (challenge := _slack_challenge(source, payload)) is not None:
         return json_response(200, {"challenge": challenge})
-    event = _build_event(source, request, body, payload)
+    event, unsigned_id = _build_event(source, request, body, payload, verified, as_form)
     tracing.describe(event)  # the request's span, found by the event's key
+    if first_key := await _bound_elsewhere(request, source, event, payload, verified, unsigned_id):
+        log.warning("replayed_content", source=source.name, key=event.key, first_key=first_key)
+        metrics.ingress_replays.labels(source.name).inc()
+        return json_response(200, {"status": "duplicate", "key": first_key})
     if rule := source.ignore.matching(event.headers, payload):
         return _ignored(request, source, event, payload, rule)
     if source.routes and not source.routes_taking(event.headers, payload):
@@ -93,6 +101,18 @@ async def _queued(request: web.Request, source: Source, body: bytes, form: Form 
 
 
 NO_ROUTE = "no route"  # the `rule` of an event no route of its source takes
+
+
+async def _bound_elsewhere(request: web.Request, source: Source, event: EventMessage, payload: dict,
+                           verified: Verified, unsigned_id: bool) -> str | None:
+    """When the id or the type was read from a header the signature does not cover: the key this
+    signed content was first accepted under, if that is another key or came with another type."""
+    kind = event_id.resolve_with(source.event_type_selectors, event.headers, payload)
+    if not unsigned_id and (kind is None or not event_id.reads_unsigned_header(kind[1], verified.signed_headers)):
+        return None  # id and type signed (or no type): a replay is the same key, a duplicate as any copy
+    signed_content = event.body if verified.signed_content is None else verified.signed_content
+    type_name = None if kind is None else event_type.resolve(source.event_type_selectors, event.headers, payload)
+    return await request.app[content_bindings_key].first_key(source.name, signed_content, event.key, type_name)
 
 
 def _slack_challenge(source: Source, payload: object) -> str | None:
@@ -138,20 +158,20 @@ async def _publish_anyway(publisher: Publisher, event: EventMessage, given_up: G
     log.info("published_without_outbox", source=event.source, key=event.key, outbox=outbox_error)
 
 
-async def _verified_body(request: web.Request, source: Source, slot: Slot) -> tuple[bytes, Form | None]:
-    """The body, read and its signature verified (and the form, when verifying decoded it);
+async def _verified_body(request: web.Request, source: Source, slot: Slot) -> tuple[bytes, Verified]:
+    """The body, read and its signature verified (and what the signature covers besides);
     a failure spends its client's failure budget."""
     try:
         body = await read_body_within(request, source.max_body_bytes)
         slot.body_arrived()
-        form = _verify(source, request, body)
+        verified = _verify(source, request, body)
     except Rejected:
         request.app[failure_budget_key].charge(request.remote)
         raise
-    return body, form
+    return body, verified
 
 
-def _verify(source: Source, request: web.Request, body: bytes) -> Form | None:
+def _verify(source: Source, request: web.Request, body: bytes) -> Verified:
     try:
         return source.verifier.verify(request.headers, body, query_string=request.rel_url.raw_query_string)
     except SignatureError as exc:
@@ -160,12 +180,17 @@ def _verify(source: Source, request: web.Request, body: bytes) -> Form | None:
         raise Rejected(error(401, exc.code, {"WWW-Authenticate": challenge} if challenge else None)) from exc
 
 
-def _parse_payload(request: web.Request, body: bytes) -> dict:
-    """The handler's payload, by Content-Type (shared/payloads.py): a form, else JSON."""
-    if not payloads.is_form(request.headers.get("Content-Type")):
-        return _parse_json(body)
+def _payload(request: web.Request, body: bytes, verified: Verified) -> tuple[dict, bool]:
+    """The handler's payload and whether it is a form: JSON when the body starts as JSON does,
+    whatever the unsigned Content-Type says (shared/payloads.py)."""
+    if verified.form is not None:  # decoded to verify it (twilio), which signs the set of its fields
+        if payloads.repeats_a_field(verified.form):
+            raise Rejected(error(400, "invalid_form"))
+        return verified.form, True
+    if verified.json or payloads.reads_as_json(body) or not payloads.is_form(request.headers.get("Content-Type")):
+        return _parse_json(body), False
     try:
-        return payloads.parse_form(body)
+        return payloads.parse_form(body), True
     except ValueError as exc:  # UnicodeDecodeError included
         raise Rejected(error(400, "invalid_form")) from exc
 
@@ -183,10 +208,14 @@ def _parse_json(body: bytes) -> dict:
     return payload
 
 
-def _build_event(source: Source, request: web.Request, body: bytes, payload: dict) -> EventMessage:
+def _build_event(source: Source, request: web.Request, body: bytes, payload: dict, verified: Verified,
+                 as_form: bool) -> tuple[EventMessage, bool]:
+    """The event, and whether its id was read from a header the signature does not cover."""
     payload_hash = event_id.payload_sha256(payload, source.hash_fields)
-    resolved_id = _event_id(source, request, payload, payload_hash)
+    resolved_id, unsigned_id = _event_id(source, request, payload, payload_hash, verified)
     headers = provider_headers(request.headers, also_dropped=_credential_headers(source))
+    if (read_as := payloads.content_type_read(headers.get("content-type"), as_form)) is not None:
+        headers["content-type"] = read_as  # what the workers read it as (payloads.py): what was read here
     if not headers_fit(headers):
         raise Rejected(error(431, "headers_too_large"))
     return EventMessage(
@@ -198,7 +227,7 @@ def _build_event(source: Source, request: web.Request, body: bytes, payload: dic
         body=body,
         headers=headers,
         arrival=new_arrival(),
-    )
+    ), unsigned_id
 
 
 def _credential_headers(source: Source) -> frozenset[str]:
@@ -207,13 +236,17 @@ def _credential_headers(source: Source) -> frozenset[str]:
     return frozenset({header.lower()}) if header else frozenset()
 
 
-def _event_id(source: Source, request: web.Request, payload: dict, payload_hash: str) -> str:
-    resolved_id = event_id.resolve_event_id(source.event_id_selectors, request.headers, payload)
-    if resolved_id is None:
+def _event_id(source: Source, request: web.Request, payload: dict, payload_hash: str,
+              verified: Verified) -> tuple[str, bool]:
+    """The event id, and whether it was read from a header the signature does not cover."""
+    headers = event_id.SignedHeaders(request.headers, verified.signed_headers) if verified.signed_headers \
+        else request.headers
+    resolved = event_id.resolve_with(source.event_id_selectors, headers, payload)
+    if resolved is None:
         if not source.fallback_hash:
             raise Rejected(error(400, "missing_event_id"))
-        return event_id.fallback_event_id(payload_hash)
-    resolved_id = utf8_text(resolved_id)  # from a header with bytes that are not UTF-8
+        return event_id.fallback_event_id(payload_hash), False
+    resolved_id = utf8_text(resolved[0])  # from a header with bytes that are not UTF-8
     if len(resolved_id.encode()) > MAX_EVENT_ID_BYTES:
         raise Rejected(error(400, "invalid_event_id"))
-    return resolved_id
+    return resolved_id, event_id.reads_unsigned_header(resolved[1], verified.signed_headers)

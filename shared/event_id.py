@@ -13,6 +13,14 @@ headers of plain HMAC senders), so later selectors are fallbacks; an empty
 string counts as absent, because an empty id would fold unrelated events into
 the one key `SOURCE:` and drop all but the first as duplicates.
 
+A `header:` selector reads what anyone may send, unless the scheme signs
+that header: the ingress resolves selectors against the request's headers
+as its signature covers them (`SignedHeaders`: a Svix sender's signed
+`svix-id`, never an added `webhook-id`), and an id or type read from a
+header the signature does not cover (`reads_unsigned_header`) binds the
+signed content to it (ingress/content_bindings.py). The defaults read a
+signed body before any header (docs/reference.md §4).
+
 When no selector resolves, the id is the SHA-256 of the canonical JSON body.
 Canonical JSON is *defined* by the contract as the output of Python's stdlib
 `json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=False)`,
@@ -24,7 +32,7 @@ so a single differing byte would turn every redelivery into a conflict.
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -39,7 +47,8 @@ DEFAULT_EVENT_ID: dict[str, tuple[str, ...]] = {
     "shopify": ("header:X-Shopify-Webhook-Id", "header:X-Shopify-Event-Id"),
     "paystack": ("{body.event}:{body.data.id}:{body.data.reference}",),
     "standard-webhooks": ("header:webhook-id", "header:svix-id"),
-    "hmac-sha256": ("header:X-Event-ID", "body:id", "body:event_id", "body:messageId"),
+    # the signed body's id first: X-Event-ID is signed by nothing
+    "hmac-sha256": ("body:id", "body:event_id", "body:messageId", "header:X-Event-ID"),
     "standard-webhooks-v1a": ("header:webhook-id", "header:svix-id"),
     # event_callback's event_id; a slash command's or an interaction's trigger_id (form fields)
     "slack": ("body:event_id", "body:trigger_id"),
@@ -49,8 +58,8 @@ DEFAULT_EVENT_ID: dict[str, tuple[str, ...]] = {
     "gitlab": ("header:Idempotency-Key",),
     "twilio": ("header:I-Twilio-Idempotency-Token",),
     "square": ("body:event_id",),
-    "basic-auth": ("header:X-Event-ID", "body:id", "body:event_id", "body:messageId"),
-    "api-key": ("header:X-Event-ID", "body:id", "body:event_id", "body:messageId"),
+    "basic-auth": ("body:id", "body:event_id", "body:messageId", "header:X-Event-ID"),
+    "api-key": ("body:id", "body:event_id", "body:messageId", "header:X-Event-ID"),
 }
 
 # RFC 9110 token characters: a header name with anything else could never match.
@@ -118,11 +127,56 @@ def parse_hash_fields(paths: Sequence[str]) -> tuple[str, ...]:
 
 def resolve_event_id(selectors: Sequence[Selector], headers: Mapping[str, str], payload: object) -> str | None:
     """The value of the first selector that resolves to a non-empty string, else None."""
+    resolved = resolve_with(selectors, headers, payload)
+    return None if resolved is None else resolved[0]
+
+
+def resolve_with(selectors: Sequence[Selector], headers: Mapping[str, str],
+                 payload: object) -> tuple[str, Selector] | None:
+    """The first non-empty value and the selector it came from, else None."""
     for selector in selectors:
         value = selector.resolve(headers, payload)
         if value is not None:
-            return value
+            return value, selector
     return None
+
+
+def reads_unsigned_header(selector: Selector, signed_headers: Mapping[str, str | None]) -> bool:
+    """Whether `selector` reads a header whose value the signature does not cover
+    (`signed_headers`: lower-case names with their signed values, `Verified.signed_headers`)."""
+    if isinstance(selector, HeaderSelector):
+        return signed_headers.get(selector.name.lower()) is None
+    if isinstance(selector, TemplateSelector):
+        return any(reads_unsigned_header(part, signed_headers) for part in selector.parts
+                   if isinstance(part, HeaderSelector))
+    return False
+
+
+class SignedHeaders(Mapping[str, str]):
+    """A request's headers as the identity selectors read them: a header the
+    scheme signs has the value its signature covers, one of the scheme's
+    names that this request's signature does not cover is absent (a Svix
+    sender signs `svix-id`: an added `webhook-id` is nobody's); the rest as sent."""
+
+    __slots__ = ("_headers", "_signed")
+
+    def __init__(self, headers: Mapping[str, str], signed_headers: Mapping[str, str | None]):
+        self._headers, self._signed = headers, signed_headers
+
+    def __getitem__(self, name: str) -> str:
+        lower = name.lower()
+        if lower not in self._signed:
+            return self._headers[name]
+        value = self._signed[lower]
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._headers)
+
+    def __len__(self) -> int:
+        return len(self._headers)
 
 
 def selected_value(selector: Selector, headers: Mapping[str, str], payload: object) -> object:

@@ -16,8 +16,9 @@ from webhook_ingest.shared.message import utf8_text
 
 MAX_EVENT_TYPE_CHARS = 200  # a type is a short name; a longer value is cut, never refused
 
-# What a sender that is not one provider in particular tends to use.
-_GENERIC = ("header:X-Event-Type", "body:type", "body:event_type")
+# What a sender that is not one provider in particular tends to use: the signed body's first,
+# X-Event-Type (signed by nothing) only when the body names none.
+_GENERIC = ("body:type", "body:event_type", "header:X-Event-Type")
 
 DEFAULT_EVENT_TYPE: dict[str, tuple[str, ...]] = {
     "stripe": ("body:type",),

@@ -19,6 +19,12 @@ ingress_requests = Counter(
     "Webhook requests answered by the ingress, by source and HTTP status.",
     ["source", "status"],
 )
+ingress_replays = Counter(
+    "webhook_ingress_replays_total",
+    "Verified requests answered 200 duplicate because their signed content came first with another id or"
+    " type read from a header the signature does not cover (reference §5), by source.",
+    ["source"],
+)
 ingress_ignored = Counter(
     "webhook_ingress_ignored_total",
     "Verified events answered 200 ignored and never queued, by source and the ignore rule that matched "

@@ -1,10 +1,18 @@
-"""What a handler's `event.payload` is, decided by the request's Content-Type, in one place.
+"""What a handler's `event.payload` is, in one place.
 
+A body whose first byte past blanks is `{` is JSON, whatever the unsigned
+Content-Type says (docs/reference.md §6): signed once, it is one payload.
+Any other body is a url-encoded form when the Content-Type says
 `application/x-www-form-urlencoded` (Twilio, Slack slash commands and
-interactivity) is decoded into a dict of name -> value: a name sent once
-maps to its string, a name sent several times to the list of its values in
-the order sent. Anything else is parsed as JSON, as before. The raw body
-travels unchanged either way; this is only how it is read.
+interactivity, GitHub's form option), decoded into a dict of name ->
+value: a name sent once maps to its string, a name sent several times to
+the list of its values in the order sent; else it is JSON, and refused.
+So a Content-Type can refuse a signed body, never make it a second
+payload (Twilio's signed query says it for Twilio: signatures/twilio.py).
+The ingress stores the event with the Content-Type it read it as
+(`content_type_read`), so the workers' readings (by Content-Type, below)
+are the ingress's. The raw body travels unchanged; this is only how it is
+read.
 
 A form must be UTF-8 once percent-decoded and hold no NUL, for the same
 reason `storable_json` refuses such JSON: the decoded form is hashed and
@@ -17,6 +25,8 @@ of `a=&` cost ~0.45 s of the event loop per unsigned request.
 from urllib.parse import parse_qsl
 
 FORM = "application/x-www-form-urlencoded"
+JSON = "application/json"
+_JSON_BLANKS = b" \t\r\n"
 
 Form = dict[str, str | list[str]]
 MAX_FORM_FIELDS = 1000  # Twilio sends a few dozen, Slack fewer
@@ -27,6 +37,26 @@ def is_form(content_type: str | None) -> bool:
     if not content_type:
         return False
     return content_type.partition(";")[0].strip().lower() == FORM
+
+
+def reads_as_json(body: bytes) -> bool:
+    """Whether the body is JSON by its own first byte: a JSON object starts with `{`, no form Twilio,
+    Slack or GitHub sends does (their first field is a name such as `payload`, `token`, `ToCountry`)."""
+    return body.lstrip(_JSON_BLANKS)[:1] == b"{"
+
+
+def content_type_read(content_type: str | None, as_form: bool) -> str | None:
+    """The Content-Type to store with a body read as a form (`as_form`) or as JSON: the one sent when it
+    says so, else the one that does (None: keep the one sent)."""
+    if is_form(content_type) == as_form:
+        return None
+    return FORM if as_form else JSON
+
+
+def repeats_a_field(form: Form) -> bool:
+    """Whether a name carries one value twice: a form a signature over the set of fields (Twilio's)
+    cannot tell from the one with it once."""
+    return any(isinstance(value, list) and len(set(value)) < len(value) for value in form.values())
 
 
 def parse_form(body: bytes) -> Form:

@@ -33,6 +33,9 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_HEARTBEAT_SECONDS", "seconds between a worker's heartbeats (its row on the console's overview);"
                                          " silent after three missed"),
     ("WEBHOOK_INGEST_DONE_TTL", "seconds Redis remembers a completed key (Postgres remembers until pruned)"),
+    ("WEBHOOK_INGEST_REPLAY_WINDOW", "seconds Redis binds signed content to the id and type it first came with, for"
+                                     " the schemes that sign neither (reference §5): the same content with another"
+                                     " id or type is a duplicate"),
     ("WEBHOOK_INGEST_TRUSTED_PROXIES", "comma-separated CIDRs of the proxies whose forwarding header sets the client"
                                        " address (unset: none)"),
     ("WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER", "the one forwarding header those proxies manage: `X-Forwarded-For` or"
@@ -78,6 +81,7 @@ class Settings(BaseSettings):
     lock_ttl: float = Field(3.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
     heartbeat_seconds: float = Field(5.0, alias="WEBHOOK_INGEST_HEARTBEAT_SECONDS", gt=0)
     done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)
+    replay_window: int = Field(604800, alias="WEBHOOK_INGEST_REPLAY_WINDOW", ge=1)
     log_format: str | None = Field(None, alias="LOG_FORMAT", pattern=r"^(json|console)$")
     trusted_proxies_csv: str = Field("", alias="WEBHOOK_INGEST_TRUSTED_PROXIES")
     client_address_header: str = Field("X-Forwarded-For", alias="WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER")

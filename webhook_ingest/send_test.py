@@ -13,15 +13,13 @@ from webhook_ingest.shared import payloads, signatures
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.sources import Source
 
-# Headers that carry the event id for schemes whose default selector reads a header.
+# Headers that carry the event id for schemes whose default selector reads a header (hmac-sha256,
+# basic-auth and api-key read the sample body's `id` first).
 _ID_HEADERS = {
     "github": "X-GitHub-Delivery",
     "shopify": "X-Shopify-Webhook-Id",
-    "hmac-sha256": "X-Event-ID",
     "gitlab": "Idempotency-Key",
     "twilio": "I-Twilio-Idempotency-Token",
-    "basic-auth": "X-Event-ID",
-    "api-key": "X-Event-ID",
 }
 
 

@@ -17,10 +17,13 @@ from urllib.parse import quote
 import asyncpg
 from aiohttp import web
 
+from webhook_ingest.ingress import signature_headers
 from webhook_ingest.ingress.admin import dead_letters_key
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.console.event_search import LABELS, EventSearch, event_search
 from webhook_ingest.ingress.console.rendering import message_page, render
+from webhook_ingest.ingress.console.security import role_key
+from webhook_ingest.ingress.tokens import may_change
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archived_events import (
@@ -139,23 +142,28 @@ def _clipped(kind: str, text: str) -> Body:
     return Body(kind, text[:SHOWN_BODY_CHARS], len(text) > SHOWN_BODY_CHARS)
 
 
-def headers_view(headers_json: str | None) -> list[tuple[str, str]]:
-    """Name and value, in the order stored; a value that is not a string as JSON."""
-    headers = json.loads(headers_json) if headers_json else {}
+def headers_view(headers_json: str | None, hidden: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """Name and value, in the order stored; a value that is not a string as JSON; `hidden` names' values hidden."""
+    headers = signature_headers.hide(json.loads(headers_json) if headers_json else {}, hidden)
     if not isinstance(headers, dict):
         return [("", json.dumps(headers))]
     return [(name, value if isinstance(value, str) else json.dumps(value)) for name, value in headers.items()]
 
 
-def arrival_view(row: asyncpg.Record) -> dict:
+def arrival_view(row: asyncpg.Record, hidden: frozenset[str] = frozenset()) -> dict:
     return dict(row) | {"body_view": body_view(bytes(row["body"]) if row["body"] is not None else None),
-                        "header_list": headers_view(row["headers"])}
+                        "header_list": headers_view(row["headers"], hidden)}
 
 
 @routes.get("/events/{key:.+}")
 async def event_page(request: web.Request) -> web.Response:
+    if signature_headers.asked(request) and not may_change(request.get(role_key)):
+        return await message_page(request, 403, "Signature headers are the operator's",
+                                  "With its body, a signature header is the request itself: the viewer token "
+                                  "sees every other header.")
     key = request.match_info["key"]
     sources = request.config_dict[sources_key]
+    hidden = signature_headers.hidden_names(request)
     routes = route_names(sources, key)
     arrivals, records = await archive_store(request).event_rows(key, routes) if _searchable(key) else ([], None)
     if not arrivals or records is None:
@@ -166,14 +174,16 @@ async def event_page(request: web.Request) -> web.Response:
     runs = [row for row in arrivals if row["status"] not in (archive.DUPLICATE, archive.CONFLICT)] or arrivals[:1]
     dead_letters = json.loads(records["dead_letters"])
     selection_replays = EventReplayStore(request.config_dict[database_pool_key])
-    context = {"key": key, "event": arrival_view(runs[0]), "runs": runs,
-               "arrivals": [arrival_view(row) for row in arrivals[:SHOWN_ARRIVALS]], "arrivals_total": len(arrivals),
+    context = {"key": key, "event": arrival_view(runs[0], hidden), "runs": runs,
+               "arrivals": [arrival_view(row, hidden) for row in arrivals[:SHOWN_ARRIVALS]],
+               "arrivals_total": len(arrivals),
                "copies": [row["received_at"] for row in arrivals if row["status"] == archive.DUPLICATE],
                "conflicts": sum(row["status"] == archive.CONFLICT for row in arrivals),
                "completion": completion(records), "completions": route_completions(records),
                "dead_letters": await _dead_letters(request.config_dict[dead_letters_key], dead_letters),
                "selection_replays": await selection_replays.replays_of(key, routes)}
-    return await render(request, "event.html", context | {"shown_copy_times": SHOWN_COPY_TIMES})
+    return await render(request, "event.html", context | {"shown_copy_times": SHOWN_COPY_TIMES,
+                                                          "signatures_shown": not hidden})
 
 
 async def _dead_letters(store: DeadLetterStore, listed: list[dict]) -> list[dict]:

@@ -7,6 +7,7 @@ import math
 
 from aiohttp import web
 
+from webhook_ingest.ingress import signature_headers
 from webhook_ingest.ingress.admin import dead_letters_key
 from webhook_ingest.ingress.archive import arrivals_key
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
@@ -18,7 +19,7 @@ from webhook_ingest.ingress.console.overview import overview
 from webhook_ingest.ingress.console.rendering import leave_message, message_page, render
 from webhook_ingest.ingress.console.security import form_field, role_key, session_role, sign_in, sign_out
 from webhook_ingest.ingress.limits import sign_in_throttle_key
-from webhook_ingest.ingress.tokens import role_of
+from webhook_ingest.ingress.tokens import may_change, role_of
 from webhook_ingest.shared import bulk_actions
 from webhook_ingest.shared.dead_letters import (
     STATUSES,
@@ -129,6 +130,10 @@ def _row_view(row: dict) -> dict:
 
 @routes.get("/dead-letters/{id}")
 async def dead_letter_page(request: web.Request) -> web.Response:
+    if signature_headers.asked(request) and not may_change(request.get(role_key)):
+        return await message_page(request, 403, "Signature headers are the operator's",
+                                  "With its body, a signature header is the request itself: the viewer token "
+                                  "sees every other header.")
     dead_letter_id = parse_id(request.match_info["id"])
     if dead_letter_id is None:
         return await message_page(request, 400, "Not a dead-letter id",
@@ -140,8 +145,10 @@ async def dead_letter_page(request: web.Request) -> web.Response:
     history = await store(request).replays_of(dead_letter_id)
     audit = await store(request).audit(dead_letter_id=dead_letter_id, limit=50)
     document = detail(row)
+    headers = signature_headers.hide(document["headers"], signature_headers.hidden_names(request))
     return await render(request, "dead_letter.html", {
-        "letter": document, "payload_text": _pretty(document), "headers": sorted(document["headers"].items()),
+        "letter": document, "payload_text": _pretty(document), "headers": sorted(headers.items()),
+        "signatures_shown": signature_headers.asked(request),
         "errors": row["errors"], "replays": history, "audit": audit})
 
 

@@ -7,17 +7,18 @@ constant time against every listed secret (rotation). `sign()` produces the
 headers a provider would send, for `send-test` and the tests.
 
 - `errors`: what a request's failure raises (its 401 code), and start-up's `SchemeConfigError`
-- `contract`: the `Verifier` protocol and the options a scheme is built or signs with
+- `contract`: the `Verifier` protocol, what it returns (`Verified`: what the signature covers besides
+  the body), and the options a scheme is built or signs with
 - `parts`: keyed MACs, constant-time comparison, header and timestamp reading
 - `body`: github, shopify, paystack, hmac-sha256 (an HMAC over the body)
 - `stripe`, `slack`: an HMAC over a timestamp and the body
 - `standard`: standard-webhooks (v1, HMAC) and standard-webhooks-v1a (ed25519)
 - `twilio`, `square` (with `public_url`): an HMAC over the URL called and the body or its fields
 - `credentials`: gitlab, basic-auth, api-key: a secret sent as it is
-- `schemes`: the names, and `build_verifier` / `sign`
+- `schemes`: the names, each with its signature headers; `build_verifier` / `sign`
 """
 
-from webhook_ingest.shared.signatures.contract import Verifier
+from webhook_ingest.shared.signatures.contract import BODY_ONLY, Verified, Verifier
 from webhook_ingest.shared.signatures.errors import (
     InvalidSignature,
     MissingSignature,
@@ -25,9 +26,15 @@ from webhook_ingest.shared.signatures.errors import (
     SignatureError,
     StaleTimestamp,
 )
-from webhook_ingest.shared.signatures.schemes import SCHEMES, URL_SIGNING_SCHEMES, build_verifier, sign
+from webhook_ingest.shared.signatures.schemes import (
+    SCHEMES,
+    SIGNATURE_HEADERS,
+    URL_SIGNING_SCHEMES,
+    build_verifier,
+    sign,
+)
 
 __all__ = [
-    "SCHEMES", "URL_SIGNING_SCHEMES", "InvalidSignature", "MissingSignature", "SchemeConfigError", "SignatureError",
-    "StaleTimestamp", "Verifier", "build_verifier", "sign",
+    "BODY_ONLY", "SCHEMES", "SIGNATURE_HEADERS", "URL_SIGNING_SCHEMES", "InvalidSignature", "MissingSignature",
+    "SchemeConfigError", "SignatureError", "StaleTimestamp", "Verified", "Verifier", "build_verifier", "sign",
 ]

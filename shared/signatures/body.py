@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from webhook_ingest.shared.signatures import parts
-from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions
+from webhook_ingest.shared.signatures.contract import BODY_ONLY, SignOptions, SourceOptions, Verified
 from webhook_ingest.shared.signatures.errors import InvalidSignature
 from webhook_ingest.shared.signatures.parts import BASE64, HEX
 
@@ -35,12 +35,13 @@ class BodyVerifier:
         self._macs = parts.KeyedMacs(keys, body_format.digestmod)
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> None:
+               query_string: str = "") -> Verified:
         value = parts.header(headers, self._format.header)
         if not value.startswith(self._format.prefix):
             raise InvalidSignature(f"{self._format.header} does not start with {self._format.prefix!r}")
         signature = parts.decode(self._format.encoding, value[len(self._format.prefix):])
         parts.require_match(self._macs.digests(body), [signature])
+        return BODY_ONLY
 
 
 def verifier(scheme: str, secrets: Sequence[str], options: SourceOptions) -> BodyVerifier:

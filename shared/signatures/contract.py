@@ -7,20 +7,42 @@ send (for `send-test` and the tests).
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from webhook_ingest.shared.payloads import Form
 
 
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """What a request's signature covers besides its body, for the event's identity (docs/reference.md §4).
+
+    `signed_headers`: lower-case header names the scheme reads, each with the
+    value the signature covers, or None where this request's signature covers
+    none (a Svix sender signs `svix-id`: its `webhook-id`, if sent, is anyone's).
+    `signed_content`: the bytes the signature covers when they are not the body
+    as sent (Twilio signs the query and the sorted fields: their order is anyone's).
+    `form`: the decoded form, when verifying decoded it, so the ingress does not again;
+    `json`: the signature says the body is JSON (Twilio's signed `bodySHA256`), not a form.
+    """
+
+    signed_headers: Mapping[str, str | None] = field(default_factory=lambda: _NOTHING)
+    signed_content: bytes | None = None
+    form: Form | None = None
+    json: bool = False
+
+
+_NOTHING: Mapping[str, str | None] = MappingProxyType({})
+BODY_ONLY = Verified()  # what most schemes return: the signature covers the body, no header the ingress reads
+
+
 class Verifier(Protocol):
     def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Form | None:
-        """Returns when `body` is authentic; raises a `SignatureError` otherwise.
+               query_string: str = "") -> Verified:
+        """What the signature covers, when `body` is authentic; raises a `SignatureError` otherwise.
 
         `query_string` is the request's raw query (schemes that sign the URL).
-        A verifier that had to decode a form body to check it (Twilio signs the
-        decoded fields) returns the form, so the ingress does not decode it again.
         """
 
 

@@ -10,7 +10,7 @@ import base64
 from collections.abc import Mapping, Sequence
 
 from webhook_ingest.shared.signatures import parts
-from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions
+from webhook_ingest.shared.signatures.contract import BODY_ONLY, SignOptions, SourceOptions, Verified
 from webhook_ingest.shared.signatures.errors import InvalidSignature, SchemeConfigError
 
 GITLAB_HEADER = "X-Gitlab-Token"
@@ -26,8 +26,9 @@ class HeaderCredentialVerifier:
         self._credentials = parts.Credentials(secrets)
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> None:
+               query_string: str = "") -> Verified:
         self._credentials.require(parts.utf8(parts.header(headers, self.credential_header)))
+        return BODY_ONLY  # nothing is signed: whoever holds the credential may send any body
 
 
 class BasicAuthVerifier:
@@ -40,8 +41,9 @@ class BasicAuthVerifier:
         self._credentials = parts.Credentials(secrets)
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> None:
+               query_string: str = "") -> Verified:
         self._credentials.require(parse_basic(parts.header(headers, AUTHORIZATION)))
+        return BODY_ONLY
 
 
 def parse_basic(value: str) -> bytes:

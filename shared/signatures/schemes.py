@@ -1,7 +1,7 @@
 """The scheme names of the sources file, each with its verifier builder and its signer."""
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from webhook_ingest.shared.signatures import body, credentials, slack, square, standard, stripe, twilio
@@ -13,23 +13,34 @@ from webhook_ingest.shared.signatures.errors import SchemeConfigError
 class Scheme:
     verifier: Callable[[Sequence[str], SourceOptions], Verifier]
     sign: Callable[[bytes, str, SignOptions], dict[str, str]]
+    signature_headers: tuple[str, ...]  # lower-case: hidden from viewers (shared/signature_headers.py)
+
+
+def _body(name: str) -> Scheme:
+    return Scheme(partial(body.verifier, name), partial(body.sign, name), (body.FORMATS[name].header.lower(),))
 
 
 SCHEME_TABLE: Mapping[str, Scheme] = {
-    "stripe": Scheme(stripe.verifier, stripe.sign),
-    **{name: Scheme(partial(body.verifier, name), partial(body.sign, name))
-       for name in ("github", "shopify", "paystack")},
-    "standard-webhooks": Scheme(standard.verifier, standard.sign),
-    "hmac-sha256": Scheme(partial(body.verifier, "hmac-sha256"), partial(body.sign, "hmac-sha256")),
-    "standard-webhooks-v1a": Scheme(standard.asymmetric_verifier, standard.asymmetric_sign),
-    "slack": Scheme(slack.verifier, slack.sign),
-    "gitlab": Scheme(credentials.gitlab_verifier, credentials.gitlab_sign),
-    "twilio": Scheme(twilio.verifier, twilio.sign),
-    "square": Scheme(square.verifier, square.sign),
-    "basic-auth": Scheme(credentials.basic_auth_verifier, credentials.basic_auth_sign),
-    "api-key": Scheme(credentials.api_key_verifier, credentials.api_key_sign),
+    "stripe": Scheme(stripe.verifier, stripe.sign, ("stripe-signature",)),
+    # GitHub's sha1 X-Hub-Signature beside the sha256 one is as good for a replay
+    "github": replace(_body("github"), signature_headers=("x-hub-signature-256", "x-hub-signature")),
+    "shopify": _body("shopify"),
+    "paystack": _body("paystack"),
+    "standard-webhooks": Scheme(standard.verifier, standard.sign, ("webhook-signature", "svix-signature")),
+    "hmac-sha256": _body("hmac-sha256"),
+    "standard-webhooks-v1a": Scheme(standard.asymmetric_verifier, standard.asymmetric_sign,
+                                    ("webhook-signature", "svix-signature")),
+    "slack": Scheme(slack.verifier, slack.sign, ("x-slack-signature",)),
+    "gitlab": Scheme(credentials.gitlab_verifier, credentials.gitlab_sign, ()),
+    "twilio": Scheme(twilio.verifier, twilio.sign, ("x-twilio-signature",)),
+    "square": Scheme(square.verifier, square.sign, ("x-square-hmacsha256-signature", "x-square-signature")),
+    "basic-auth": Scheme(credentials.basic_auth_verifier, credentials.basic_auth_sign, ()),
+    "api-key": Scheme(credentials.api_key_verifier, credentials.api_key_sign, ()),
 }
 SCHEMES: tuple[str, ...] = tuple(SCHEME_TABLE)
+# Every scheme's signature headers: what the archive and the dead letters hide from viewers (a
+# source's own hmac-sha256 `signature_header` is added by the reader, `hidden_signatures`).
+SIGNATURE_HEADERS = frozenset(name for scheme in SCHEME_TABLE.values() for name in scheme.signature_headers)
 # The schemes that sign the URL the provider calls: their sources must state it.
 URL_SIGNING_SCHEMES = frozenset({"twilio", "square"})
 

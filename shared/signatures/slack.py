@@ -4,7 +4,7 @@ with the app's signing secret; stale past the source's tolerance (300 s, Slack's
 from collections.abc import Mapping, Sequence
 
 from webhook_ingest.shared.signatures import parts
-from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions
+from webhook_ingest.shared.signatures.contract import BODY_ONLY, SignOptions, SourceOptions, Verified
 from webhook_ingest.shared.signatures.errors import InvalidSignature
 from webhook_ingest.shared.signatures.parts import HEX
 
@@ -19,11 +19,12 @@ class SlackVerifier:
         self._tolerance = tolerance_seconds
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> None:
+               query_string: str = "") -> Verified:
         signature = parse_signature(parts.header(headers, SIGNATURE_HEADER))
         timestamp = parts.timestamp_text(headers.get(TIMESTAMP_HEADER))
         parts.require_match(self._macs.digests(timestamp.encode("ascii"), b":", body), [signature])
         parts.require_fresh(timestamp, self._tolerance, now)
+        return BODY_ONLY
 
 
 def parse_signature(value: str) -> bytes:

@@ -8,7 +8,7 @@ and fed it at start-up, so a request costs one HMAC over the body per key.
 from collections.abc import Mapping, Sequence
 
 from webhook_ingest.shared.signatures import parts, public_url
-from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions
+from webhook_ingest.shared.signatures.contract import BODY_ONLY, SignOptions, SourceOptions, Verified
 from webhook_ingest.shared.signatures.parts import BASE64
 
 HEADER = "x-square-hmacsha256-signature"
@@ -19,9 +19,10 @@ class SquareVerifier:
         self._macs = parts.KeyedMacs(keys, prefix=url.encode())
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> None:
+               query_string: str = "") -> Verified:
         signature = parts.decode(BASE64, parts.header(headers, HEADER))
         parts.require_match(self._macs.digests(body), [signature])
+        return BODY_ONLY
 
 
 def verifier(secrets: Sequence[str], options: SourceOptions) -> SquareVerifier:

@@ -17,7 +17,7 @@ from cryptography.exceptions import InvalidSignature as BadEd25519Signature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from webhook_ingest.shared.signatures import parts
-from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions
+from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions, Verified
 from webhook_ingest.shared.signatures.errors import InvalidSignature, MissingSignature, SchemeConfigError
 from webhook_ingest.shared.signatures.parts import BASE64
 
@@ -39,12 +39,13 @@ class StandardWebhooksVerifier:
         self._tolerance = tolerance_seconds
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> None:
-        msg_id, timestamp, signature_header = message_headers(headers)
+               query_string: str = "") -> Verified:
+        prefix, msg_id, timestamp, signature_header = message_headers(headers)
         signatures = signatures_of("v1", signature_header)
         parts.require_match(self._macs.digests(parts.utf8(msg_id), b".", timestamp.encode("ascii"), b".", body),
                             signatures)
         parts.require_fresh(timestamp, self._tolerance, now)
+        return signed(prefix, msg_id, timestamp)
 
 
 class AsymmetricVerifier:
@@ -55,8 +56,8 @@ class AsymmetricVerifier:
         self._tolerance = tolerance_seconds
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> None:
-        msg_id, timestamp, signature_header = message_headers(headers)
+               query_string: str = "") -> Verified:
+        prefix, msg_id, timestamp, signature_header = message_headers(headers)
         signatures = signatures_of("v1a", signature_header)
         if len(signatures) > MAX_ASYMMETRIC_SIGNATURES:
             raise InvalidSignature(f"more than {MAX_ASYMMETRIC_SIGNATURES} v1a signatures")
@@ -64,6 +65,7 @@ class AsymmetricVerifier:
         if not any(_signed_by(key, signature, message) for key in self._public_keys for signature in signatures):
             raise InvalidSignature("no signature matches")
         parts.require_fresh(timestamp, self._tolerance, now)
+        return signed(prefix, msg_id, timestamp)
 
 
 def verifier(secrets: Sequence[str], options: SourceOptions) -> StandardWebhooksVerifier:
@@ -97,16 +99,25 @@ def public_key_text(private_key: str) -> str:
     return PUBLIC_KEY_PREFIX + base64.b64encode(raw).decode()
 
 
-def message_headers(headers: Mapping[str, str]) -> tuple[str, str, str]:
-    """(id, timestamp, signature header) from the webhook-* names, else the svix-* ones."""
+def message_headers(headers: Mapping[str, str]) -> tuple[str, str, str, str]:
+    """(prefix, id, timestamp, signature header) from the webhook-* names, else the svix-* ones."""
     for prefix in PREFIXES:
         signature_header = headers.get(prefix + "signature")
         if signature_header is not None:
             msg_id = headers.get(prefix + "id")
             if not msg_id:
                 raise InvalidSignature(f"{prefix}signature without {prefix}id")
-            return msg_id, parts.timestamp_text(headers.get(prefix + "timestamp")), signature_header
+            return prefix, msg_id, parts.timestamp_text(headers.get(prefix + "timestamp")), signature_header
     raise MissingSignature("no webhook-signature (or svix-signature) header")
+
+
+def signed(prefix: str, msg_id: str, timestamp: str) -> Verified:
+    """The id and timestamp of the family the signature covers; the other family's names are anyone's."""
+    signed_headers: dict[str, str | None] = {}
+    for family in PREFIXES:
+        signed_headers[family + "id"] = msg_id if family == prefix else None
+        signed_headers[family + "timestamp"] = timestamp if family == prefix else None
+    return Verified(signed_headers)
 
 
 def signatures_of(version: str, signature_header: str) -> list[bytes]:

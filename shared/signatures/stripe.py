@@ -4,7 +4,7 @@ string; other schemes in the header (v0) are ignored."""
 from collections.abc import Mapping, Sequence
 
 from webhook_ingest.shared.signatures import parts
-from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions
+from webhook_ingest.shared.signatures.contract import BODY_ONLY, SignOptions, SourceOptions, Verified
 from webhook_ingest.shared.signatures.errors import InvalidSignature
 from webhook_ingest.shared.signatures.parts import HEX
 
@@ -17,10 +17,11 @@ class StripeVerifier:
         self._tolerance = tolerance_seconds
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> None:
+               query_string: str = "") -> Verified:
         timestamp, signatures = parse_header(parts.header(headers, HEADER))
         parts.require_match(self._macs.digests(timestamp.encode("ascii"), b".", body), signatures)
         parts.require_fresh(timestamp, self._tolerance, now)
+        return BODY_ONLY
 
 
 def verifier(secrets: Sequence[str], options: SourceOptions) -> StripeVerifier:

@@ -3,11 +3,15 @@
 
 - URL: the source's `public_url` plus the request's own query string, as
   received; tried as written and with the default port added or removed.
-- A form body (`application/x-www-form-urlencoded`): its fields sorted by
-  name, a name's distinct values sorted, each appended as name + value.
-- Any other body (JSON) is covered only through the URL: Twilio adds
+- A form body: its fields sorted by name, a name's distinct values sorted,
+  each appended as name + value. The order of the fields, and how often a
+  value is sent, are not signed: the content an event is bound to is what
+  is (`Verified.signed_content`).
+- A JSON body is covered only through the URL: Twilio adds
   `bodySHA256=<hex SHA-256 of the body>` to the query, and that must match.
-  Without it the signature would say nothing about the body, so it is refused.
+  The signed query, never the unsigned Content-Type, says which of the two
+  a body is: with `bodySHA256` JSON, without it a form (as Twilio's own
+  validator reads it).
 - HMAC-SHA1 keyed with the account's auth token, or, when the request names
   it in `X-Twilio-Webhooks-Signature-Settings: …,algorithm=HMAC_SHA256`,
   HMAC-SHA256 keyed with a shared key's secret; list either (or both) as secrets.
@@ -21,7 +25,7 @@ from urllib.parse import parse_qs
 from webhook_ingest.shared import payloads
 from webhook_ingest.shared.payloads import Form
 from webhook_ingest.shared.signatures import parts, public_url
-from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions
+from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions, Verified
 from webhook_ingest.shared.signatures.errors import InvalidSignature
 from webhook_ingest.shared.signatures.parts import BASE64
 
@@ -30,6 +34,7 @@ SETTINGS_HEADER = "X-Twilio-Webhooks-Signature-Settings"
 ALGORITHMS = {"HMAC_SHA1": hashlib.sha1, "HMAC_SHA256": hashlib.sha256}
 DEFAULT_ALGORITHM = "HMAC_SHA1"
 BODY_HASH_PARAMETER = "bodySHA256"
+JSON_BODY = Verified(json=True)
 
 
 class TwilioVerifier:
@@ -38,17 +43,18 @@ class TwilioVerifier:
         self._urls = tuple(variant.encode() for variant in public_url.with_and_without_port(url))
 
     def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Form | None:
+               query_string: str = "") -> Verified:
         signature = parts.decode(BASE64, parts.header(headers, SIGNATURE_HEADER))
         macs = self._macs[algorithm(headers.get(SETTINGS_HEADER))]
         query = parts.utf8(f"?{query_string}" if query_string else "")
-        form = _form(body) if payloads.is_form(headers.get("Content-Type")) else None
-        if form is None:
-            _require_body_hash(body, query_string)
+        body_hash = parse_qs(query_string).get(BODY_HASH_PARAMETER)
+        form = None if body_hash else _form(body)
+        if body_hash:
+            _require_body_hash(body, body_hash[0])
         fields = b"" if form is None else signed_fields(form)
         parts.require_match((digest for url in self._urls for digest in macs.digests(url, query, fields)),
                             [signature])
-        return form
+        return JSON_BODY if form is None else Verified(signed_content=query + fields, form=form)
 
 
 def algorithm(settings: str | None) -> str:
@@ -92,9 +98,6 @@ def _form(body: bytes) -> Form:
         raise InvalidSignature("the form body is not UTF-8 url-encoding") from None
 
 
-def _require_body_hash(body: bytes, query_string: str) -> None:
-    sent = parse_qs(query_string).get(BODY_HASH_PARAMETER)
-    if not sent:
-        raise InvalidSignature(f"a body that is not a form must carry {BODY_HASH_PARAMETER} in the URL")
-    if not hmac.compare_digest(hashlib.sha256(body).hexdigest().encode(), sent[0].encode("utf-8", "replace")):
+def _require_body_hash(body: bytes, sent: str) -> None:
+    if not hmac.compare_digest(hashlib.sha256(body).hexdigest().encode(), sent.encode("utf-8", "replace")):
         raise InvalidSignature(f"{BODY_HASH_PARAMETER} does not match the body")

@@ -112,7 +112,7 @@ async def test_bad_input_rows_answer_in_spec_order_and_queue_nothing(settings, s
         no_id = b'{"type": "x"}'
         assert await post("strict", no_id, signatures.sign("hmac-sha256", no_id, "s")) == (400, {"error": "missing_event_id"})
     [accepted] = await queued_events(settings.amqp_url, settings.namespace)
-    assert accepted.key == "strict:a"
+    assert accepted.key == "strict:e"  # the signed body's id, not the unsigned X-Event-ID (issue 36)
 
 
 async def test_without_an_event_id_the_key_is_the_payload_hash(settings, sources):

@@ -124,7 +124,8 @@ def test_rounds_never_hold_a_row_twice_and_keep_the_order(rows):
     ("shopify", {"x-shopify-topic": "orders/create"}, {"id": 1}, "orders/create"),
     ("standard-webhooks", {}, {"type": "user.created", "data": {}}, "user.created"),
     ("paystack", {}, {"event": "charge.success", "data": {}}, "charge.success"),
-    ("hmac-sha256", {"x-event-type": "ping"}, {"type": "ignored"}, "ping"),
+    ("hmac-sha256", {"x-event-type": "ping"}, {"type": "invoice.paid"}, "invoice.paid"),  # the signed body's first
+    ("hmac-sha256", {"x-event-type": "ping"}, {"id": 1}, "ping"),
     ("github", {}, {"type": "not github's"}, None),
 ])
 def test_each_provider_names_its_event_type_where_it_puts_it(scheme, headers, payload, expected):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from multidict import CIMultiDict
 
-from webhook_ingest.shared import signatures
+from webhook_ingest.shared import event_id, signatures
 from webhook_ingest.shared.event_id import (
     DEFAULT_EVENT_ID,
     SelectorError,
@@ -179,7 +179,8 @@ def test_standard_webhooks_default_falls_back_to_svix_id():
 
 def test_hmac_sha256_default_order():
     payload = {"id": "i", "event_id": "e", "messageId": "m"}
-    assert scheme_id("hmac-sha256", {"X-Event-ID": "h"}, payload) == "h"
+    assert scheme_id("hmac-sha256", {"X-Event-ID": "h"}, payload) == "i"  # the signed body's first
+    assert scheme_id("hmac-sha256", {"X-Event-ID": "h"}, {"other": 1}) == "h"
     assert scheme_id("hmac-sha256", {}, payload) == "i"
     assert scheme_id("hmac-sha256", {}, {"event_id": "e", "messageId": "m"}) == "e"
     assert scheme_id("hmac-sha256", {}, {"messageId": "m"}) == "m"
@@ -391,3 +392,22 @@ def test_resolve_never_raises_and_returns_a_non_empty_string_or_none(specs, head
 @given(json_values, st.lists(st.lists(path_segments, min_size=1, max_size=3).map(".".join), max_size=3))
 def test_payload_sha256_never_raises(payload, hash_fields):
     assert len(payload_sha256(payload, parse_hash_fields(hash_fields))) == 64
+
+
+# -- what the signature covers (issue 36) -------------------------------------------------------
+
+
+def test_signed_headers_answer_the_signed_value_and_hide_the_unsigned_family():
+    sent = CIMultiDict({"webhook-id": "forged", "svix-id": "msg_1", "X-Other": "o"})
+    view = event_id.SignedHeaders(sent, {"svix-id": "msg_1", "webhook-id": None})
+    selectors = event_id.parse_selectors(["header:webhook-id", "header:Svix-Id"])
+    assert event_id.resolve_with(selectors, view, {}) == ("msg_1", selectors[1])
+    assert view.get("Webhook-ID") is None and view["x-other"] == "o"
+
+
+def test_an_id_from_a_header_the_signature_does_not_cover_is_unsigned():
+    header, body, template = event_id.parse_selectors(["header:X-GitHub-Delivery", "body:id", "{header.svix-id}:x"])
+    assert event_id.reads_unsigned_header(header, {})
+    assert not event_id.reads_unsigned_header(body, {})
+    assert event_id.reads_unsigned_header(template, {"svix-id": None})
+    assert not event_id.reads_unsigned_header(template, {"svix-id": "msg_1"})

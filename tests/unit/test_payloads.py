@@ -59,3 +59,15 @@ def test_a_form_of_more_fields_than_max_form_fields_is_refused(fields):
     else:
         with pytest.raises(ValueError):
             payloads.parse_form(body)
+
+
+def test_a_body_that_starts_as_json_is_json_whatever_the_content_type():
+    assert payloads.reads_as_json(b' \n{"id": 1}') and not payloads.reads_as_json(b"payload=%7B%7D")
+    assert payloads.content_type_read("application/x-www-form-urlencoded", as_form=False) == payloads.JSON
+    assert payloads.content_type_read("text/plain", as_form=True) == payloads.FORM
+    assert payloads.content_type_read("application/json; charset=utf-8", as_form=False) is None  # as sent
+
+
+def test_a_value_sent_twice_under_one_name_is_a_repeated_field():
+    assert payloads.repeats_a_field({"Body": ["hi", "hi"]})
+    assert not payloads.repeats_a_field({"MediaUrl0": ["https://a/1", "https://a/2"], "Body": "hi"})
