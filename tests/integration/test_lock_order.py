@@ -64,7 +64,6 @@ async def gated(test: asyncpg.Connection):
         await test.execute("SELECT pg_advisory_unlock($1)", GATE)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: extend_leases locks fences in the plan's order, not the key's")
 async def test_taking_and_renewing_leases_in_opposite_orders_do_not_deadlock(connections):
     """A worker takes the leases of two keys whose leases ran out (its copies)
     while the worker that held them renews them, its batch in another order."""
@@ -84,7 +83,6 @@ async def test_taking_and_renewing_leases_in_opposite_orders_do_not_deadlock(con
     assert renewed == set()  # so the holder's tokens are not the keys' any more
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: a deadlock victim's statement fails its runs")
 async def test_a_shared_statement_chosen_as_a_deadlock_victim_is_sent_again(connections):
     """Someone else's transaction (an operator's, an older release's)
     locks the rows in the other order: Postgres ends our statement, which
