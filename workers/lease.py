@@ -63,9 +63,11 @@ class Keeper:
     """
 
     def __init__(self, name: str, renew: Callable[[], Awaitable[bool]], ttl_seconds: float,
-                 valid_until: float | None = None):
+                 valid_until: float | None = None, refusal_is_final: bool = True):
         self.name = name
         self._renew = renew
+        # False from Postgres means "not ours"; from Redis, also "no quorum answered"
+        self._refusal_is_final = refusal_is_final
         self._ttl = ttl_seconds
         self.valid_until = valid_until if valid_until is not None else time.monotonic() + ttl_seconds
         self.lost = False
@@ -155,13 +157,14 @@ class Keeper:
             try:
                 renewed = await self._renew()
             except Exception:  # noqa: BLE001 - no answer: asked again, until the timer decides
-                await asyncio.sleep(RENEW_RETRY_SECONDS)
-                continue
+                renewed = None
             if self.lost or self.retired:
                 return
-            if not renewed:
+            if renewed:
+                return self._renewed(started)
+            if renewed is False and self._refusal_is_final:
                 return self._lose()  # "not ours": another run took it, or it ended
-            return self._renewed(started)
+            await asyncio.sleep(RENEW_RETRY_SECONDS)
 
     def _lose(self) -> None:
         if self.lost:
