@@ -30,7 +30,7 @@ import asyncpg
 from webhook_ingest.shared import tracing
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.workers.attempts import already_handed_on
-from webhook_ingest.workers.completions import CompletionStore
+from webhook_ingest.workers.completions import LOCK_CONFLICTS, CompletionStore
 from webhook_ingest.workers.idempotency import IdempotencyStore, quietly
 from webhook_ingest.workers.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
 from webhook_ingest.workers.outage import found_in_chain
@@ -138,8 +138,8 @@ class BatchProcessor:
                         return await self._in_transaction(connection, messages, leased, leases, lease_keeper,
                                                           committing)
         except Exception as exc:
-            if found_in_chain(exc, (HandlerFailed, LockLost, _RollBack)) is None:
-                raise
+            if found_in_chain(exc, (HandlerFailed, LockLost, _RollBack, *LOCK_CONFLICTS)) is None:
+                raise  # a lock conflict of ours rolled the batch back: each event goes alone, as for a failure
             return None
 
     async def _in_transaction(self, connection: asyncpg.Connection, messages: list[EventMessage], leased: list[int],

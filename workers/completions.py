@@ -47,6 +47,13 @@ TIMED_OUT = (asyncio.TimeoutError,)
 # lease timer bounds) are answered within this, or their session is closed.
 STATEMENT_SECONDS = 5.0
 PROBE_SECONDS = 2.0
+# A shared autocommit statement (many runs' leases, renewals, releases or
+# completions) that Postgres ended as a deadlock's victim or for a
+# serialization failure rolled back whole: it is sent again, a few times,
+# rather than failing every run in it. Ours lock fence rows in key order
+# and do not deadlock among themselves (queries.sql, extend_leases).
+LOCK_CONFLICTS = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+STATEMENT_TRIES = 3
 
 
 class Settled(NamedTuple):
@@ -91,7 +98,8 @@ class CompletionStore:
         """The leases granted among `keys` (distinct), in one statement outside any transaction."""
         sent_at = time.monotonic()
         async with closed_if_left_by(connection, TIMED_OUT):
-            rows = await connection.fetch(SQL["take_leases"], keys, ttl_ms, timeout=STATEMENT_SECONDS)
+            rows = await _fetch_again_on_conflict(connection, SQL["take_leases"], keys, ttl_ms,
+                                                  timeout=STATEMENT_SECONDS)
         return {row["key"]: Lease(row["key"], row["token"], sent_at, HandedOn(row["replay_of"], row["attempt"], row["payload_sha256"]))
                 for row in rows}
 
@@ -102,7 +110,8 @@ class CompletionStore:
         try:
             async with self._connection(pool, timeout=ttl_ms / 3000) as connection, \
                     closed_if_left_by(connection, TIMED_OUT):
-                rows = await connection.fetch(SQL["extend_leases"], *_columns(leases), ttl_ms, timeout=ttl_ms / 3000)
+                rows = await _fetch_again_on_conflict(connection, SQL["extend_leases"], *_columns(leases), ttl_ms,
+                                                      timeout=ttl_ms / 3000)
         except asyncpg.ReadOnlySQLTransactionError:  # a session opened before a failover: open new ones
             if isinstance(pool, asyncpg.Pool):
                 await pool.expire_connections()
@@ -115,7 +124,7 @@ class CompletionStore:
             return
         try:
             async with self._connection(timeout=5) as connection, closed_if_left_by(connection, TIMED_OUT):
-                await connection.execute(SQL["release_leases"], *_columns(leases), timeout=5)  # not waited for
+                await _fetch_again_on_conflict(connection, SQL["release_leases"], *_columns(leases), timeout=5)
         except Exception as exc:  # noqa: BLE001 - Postgres away: the lease expires instead
             log.info("lease_release_failed", error=describe(exc))
 
@@ -172,14 +181,16 @@ class CompletionStore:
         """complete_events for handlers that never used `ctx.db`, as an
         autocommit statement of its own (workers/coalesced.py; distinct
         keys); the keys it completed."""
+        rows = [completion_row(message, token) for message, token in completions]
         async with closed_if_left_by(connection, TIMED_OUT):
-            return await self._complete_events(connection, completions, STATEMENT_SECONDS)
+            inserted = await _fetch_again_on_conflict(connection, SQL["complete_events"], *map(list, zip(*rows)),
+                                                      timeout=STATEMENT_SECONDS)
+        return {row["key"] for row in inserted}
 
     async def _complete_events(self, connection: asyncpg.Connection,
-                               completions: Sequence[tuple[EventMessage, int]],
-                               timeout: float | None = None) -> set[str]:
+                               completions: Sequence[tuple[EventMessage, int]]) -> set[str]:
         rows = [completion_row(message, token) for message, token in completions]
-        inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)), timeout=timeout)
+        inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)))
         return {row["key"] for row in inserted}
 
     # -- on a connection of their own ------------------------------------------
@@ -233,6 +244,20 @@ class CompletionStore:
             pruned = await _delete_in_batches(connection, SQL["prune_completed_events"], cutoff, batch_size)
             await _delete_in_batches(connection, SQL["prune_key_fences"], cutoff, batch_size)
         return pruned
+
+
+async def _fetch_again_on_conflict(connection: asyncpg.Connection, query: str, *args,
+                                   timeout: float) -> list[asyncpg.Record]:
+    """`query`, an autocommit statement, sent again when Postgres ended it
+    for a lock conflict (LOCK_CONFLICTS), up to STATEMENT_TRIES times."""
+    for tries_left in reversed(range(STATEMENT_TRIES)):
+        try:
+            return await connection.fetch(query, *args, timeout=timeout)
+        except LOCK_CONFLICTS as exc:
+            if not tries_left:
+                raise
+            log.warning("statement_sent_again", error=describe(exc))
+    raise AssertionError("unreachable")
 
 
 def _acquired(database: asyncpg.Pool | asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:

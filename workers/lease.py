@@ -27,7 +27,9 @@ from webhook_ingest.workers.attempts import HandedOn
 
 log = get_logger(__name__)
 RENEW_RETRY_SECONDS = 0.2
-SAFETY_MARGIN = 1 / 3  # of the TTL: what is left of a validity when it counts as lost
+SAFETY_MARGIN = 1 / 3  # of the TTL: what is left of a validity when it must be confirmed
+CONFIRM_MARGIN = 1 / 6  # of the TTL: what is left of a validity when an unanswered confirmation loses it
+LATE_CONFIRM_SHARE = 1.0  # of the TTL: how long a confirmation asked for past that may take
 
 
 @dataclass(frozen=True)
@@ -46,33 +48,44 @@ class Keeper:
     """Keeps one lock or lease renewed while a handler runs; knows whether
     it was kept throughout.
 
-    A failed renewal is tried again (a blip must not cost it). It counts as
-    lost once a third of the TTL is all that is left of its validity since
-    the last renewal that succeeded — a margin for the clocks and for what
-    the handler's cancellation takes (`cancelled_when_lost`). The loss is
-    decided by a timer, not by a renewal's answer: a renewal that hangs
-    (a black-holed server) must not postpone it. Then the handler's work
-    must not complete under it (`check`), and the event runs again later.
+    A failed renewal is tried again (a blip must not cost it). At its
+    deadline — a third of the TTL left of its validity since the last
+    renewal that succeeded, by its own clock — it asks once more before it
+    gives up (`_confirm`): that clock may have run on while the process
+    stood still (a pause, a loaded loop), and a lease whose fencing token
+    is still the key's was taken by no one meanwhile, so it is extended and
+    the run goes on, even past the TTL. It is lost when the answer is "not
+    ours", or when none comes within a sixth of the TTL: a timer decides,
+    not the answer, which a black-holed server may never give. Then the
+    handler's work must not complete under it (`check`,
+    `cancelled_when_lost`), and the event runs again later. Why asking is
+    safe: docs/design.md, "Exclusion".
     """
 
     def __init__(self, name: str, renew: Callable[[], Awaitable[bool]], ttl_seconds: float,
-                 valid_until: float | None = None):
+                 valid_until: float | None = None, refusal_is_final: bool = True):
         self.name = name
         self._renew = renew
+        # False from Postgres means "not ours"; from Redis, also "no quorum answered"
+        self._refusal_is_final = refusal_is_final
         self._ttl = ttl_seconds
         self.valid_until = valid_until if valid_until is not None else time.monotonic() + ttl_seconds
         self.lost = False
         self.retired = False  # its lock ended (a done marker replaced it): nothing left to keep
         self._on_lost: list[Callable[[], None]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._confirming: asyncio.Task | None = None
 
     @property
     def deadline(self) -> float:
-        """When it counts as lost, unless renewed before (time.monotonic())."""
+        """When it is confirmed or lost, unless renewed before (time.monotonic())."""
         return self.valid_until - self._ttl * SAFETY_MARGIN
 
     def check(self) -> None:
-        if self.lost or time.monotonic() > self.deadline:
+        """Raises LockLost once it is lost. Past its deadline but not lost
+        yet, its confirmation is on its way: a completion sent meanwhile is
+        still refused unless its fencing token is the key's."""
+        if self.lost:
             raise LockLost(self.name)
 
     def when_lost(self, callback: Callable[[], None]) -> Callable[[], None]:
@@ -83,8 +96,7 @@ class Keeper:
     def retire(self) -> None:
         """Stops renewing (and losing) what is no longer ours to keep."""
         self.retired = True
-        if self._timer is not None:
-            self._timer.cancel()
+        self._disarm()
 
     async def keep(self) -> None:
         self._arm()
@@ -93,8 +105,7 @@ class Keeper:
                 await asyncio.sleep(self._ttl / 3)
                 await self._renew_until_lost()
         finally:
-            if self._timer is not None:
-                self._timer.cancel()
+            self._disarm()
 
     async def _renew_until_lost(self) -> None:
         while not (self.lost or self.retired):
@@ -106,22 +117,60 @@ class Keeper:
             if self.retired:
                 return
             if renewed and not self.lost:
-                self.valid_until = started + self._ttl * 0.99
-                self._arm()
+                self._renewed(started)
                 return
             metrics.idempotency_store_errors.labels(self.name).inc()
             await asyncio.sleep(RENEW_RETRY_SECONDS)
 
+    def _renewed(self, started: float) -> None:
+        self.valid_until = max(self.valid_until, started + self._ttl * 0.99)
+        self._arm()
+
     def _arm(self) -> None:
-        """The loss, at the deadline (asyncio's clock is time.monotonic())."""
+        """The confirmation, at the deadline (asyncio's clock is time.monotonic())."""
+        self._disarm()
+        if not (self.retired or self.lost):
+            self._timer = asyncio.get_running_loop().call_at(self.deadline, self._confirm)
+
+    def _disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        if self.retired:
-            return
-        self._timer = asyncio.get_running_loop().call_at(self.deadline, self._lose)
+        if self._confirming is not None and self._confirming is not asyncio.current_task():
+            self._confirming.cancel()
+        self._confirming = None
+
+    def _confirm(self) -> None:
+        """Our clock says it may run out: ask, and lose it unless the answer
+        is "still ours" by the time a sixth of the TTL is left of it, or,
+        when the process stood still past that, within a TTL."""
+        loop = asyncio.get_running_loop()
+        lose_at = self.valid_until - self._ttl * CONFIRM_MARGIN
+        if loop.time() > lose_at:  # the key may be another's already: only the answer tells
+            lose_at = loop.time() + self._ttl * LATE_CONFIRM_SHARE
+        self._timer = loop.call_at(lose_at, self._lose)
+        self._confirming = asyncio.create_task(self._confirmed(), name=f"confirm-{self.name}")
+
+    async def _confirmed(self) -> None:
+        """Asks until answered; the timer set by `_confirm` ends it."""
+        while True:
+            started = time.monotonic()
+            try:
+                renewed = await self._renew()
+            except Exception:  # noqa: BLE001 - no answer: asked again, until the timer decides
+                renewed = None
+            if self.lost or self.retired:
+                return
+            if renewed:
+                return self._renewed(started)
+            if renewed is False and self._refusal_is_final:
+                return self._lose()  # "not ours": another run took it, or it ended
+            await asyncio.sleep(RENEW_RETRY_SECONDS)
 
     def _lose(self) -> None:
+        if self.lost:
+            return
         self.lost = True
+        self._disarm()
         log.warning("processing_lock_lost", holder=self.name)
         for callback in list(self._on_lost):
             callback()

@@ -252,7 +252,7 @@ class Processor:
         async def renew() -> bool:
             return await self._lock_renewals.extend(lock)
 
-        return Keeper("redis", renew, self._store.redlock.ttl_ms / 1000, lock.valid_until)
+        return Keeper("redis", renew, self._store.redlock.ttl_ms / 1000, lock.valid_until, refusal_is_final=False)
 
     def lease_keeper(self, leases: list[Lease]) -> Keeper:
         ttl_ms = self._store.redlock.ttl_ms

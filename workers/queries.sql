@@ -27,16 +27,33 @@ RETURNING key, token, replay_of, attempt, payload_sha256
 
 -- name: extend_leases
 -- Our leases ($1 keys, $2 tokens) run $3 ms longer, if still ours and not
--- ended by a completion; returns those extended.
+-- ended by a completion; returns those extended. Every statement that
+-- locks several fence rows locks them in key order first, as take_leases
+-- does (a SELECT ... ORDER BY key FOR UPDATE: its LockRows sits above the
+-- Sort), so two never wait for each other's rows (docs/design.md,
+-- "Exclusion"). A row whose token changed while we waited for it is
+-- checked again and left out.
+WITH ours AS (
+    SELECT key_fences.key FROM key_fences
+    JOIN unnest($1::text[], $2::bigint[]) AS ours(key, token)
+        ON key_fences.key = ours.key AND key_fences.token = ours.token
+    WHERE key_fences.lease_until IS NOT NULL
+    ORDER BY key_fences.key FOR UPDATE OF key_fences
+)
 UPDATE key_fences SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
-FROM unnest($1::text[], $2::bigint[]) AS ours(key, token)
-WHERE key_fences.key = ours.key AND key_fences.token = ours.token AND key_fences.lease_until IS NOT NULL
+FROM ours WHERE key_fences.key = ours.key
 RETURNING key_fences.key, key_fences.token
 
 -- name: release_leases
+-- Our leases ($1 keys, $2 tokens) end; rows locked in key order (extend_leases).
+WITH ours AS (
+    SELECT key_fences.key FROM key_fences
+    JOIN unnest($1::text[], $2::bigint[]) AS ours(key, token)
+        ON key_fences.key = ours.key AND key_fences.token = ours.token
+    ORDER BY key_fences.key FOR UPDATE OF key_fences
+)
 UPDATE key_fences SET lease_until = NULL
-FROM unnest($1::text[], $2::bigint[]) AS ours(key, token)
-WHERE key_fences.key = ours.key AND key_fences.token = ours.token
+FROM ours WHERE key_fences.key = ours.key
 
 -- name: record_handed_on
 -- Attempt $3 of chain $2 (workers/attempts.py), payload $4, of arrival $5
@@ -89,14 +106,19 @@ ON CONFLICT (key) DO NOTHING
 
 -- name: complete_events
 -- complete_event for a batch: rows whose token is still the key's current
--- one and not completed yet; ends their leases; returns the keys it inserted.
+-- one and not completed yet; ends their leases; returns the keys it
+-- inserted. Fence rows locked in key order (extend_leases).
 WITH batch AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[],
                          $8::bigint[])
         AS b(key, source, event_id, payload_sha256, fencing_token, attempts, message_id, arrival)
+), locked AS (
+    SELECT key_fences.key FROM key_fences JOIN batch
+        ON key_fences.key = batch.key AND key_fences.token = batch.fencing_token
+    ORDER BY key_fences.key FOR UPDATE OF key_fences
 ), fence AS (
-    UPDATE key_fences SET lease_until = NULL FROM batch
-    WHERE key_fences.key = batch.key AND key_fences.token = batch.fencing_token
+    UPDATE key_fences SET lease_until = NULL FROM locked
+    WHERE key_fences.key = locked.key
     RETURNING key_fences.key
 ), resolved AS (
     UPDATE dead_letters SET status = 'completed', updated_at = now() FROM batch
@@ -135,17 +157,27 @@ SELECT now() - $1::interval
 -- The keys' attempt records (workers/attempts.py) go with their completions:
 -- a copy after the retention window is processed again, not taken for a
 -- copy of an attempt of the forgotten chain.
+-- Their fence rows are locked in key order (extend_leases).
 WITH doomed AS (
     SELECT key FROM processed_events WHERE completed_at < $1 LIMIT $2
+), fences AS (
+    SELECT key FROM key_fences WHERE key IN (SELECT key FROM doomed) ORDER BY key FOR UPDATE
 ), forgotten AS (
     UPDATE key_fences SET replay_of = 0, attempt = 0, payload_sha256 = NULL, arrival = NULL
-    WHERE key IN (SELECT key FROM doomed)
+    WHERE key IN (SELECT key FROM fences)
 )
 DELETE FROM processed_events
 WHERE key IN (SELECT key FROM doomed)
   AND completed_at < $1
 
 -- name: prune_key_fences
+-- Rows locked in key order (extend_leases), each checked again once locked.
+WITH doomed AS (
+    SELECT key FROM key_fences
+    WHERE key IN (SELECT key FROM key_fences WHERE updated_at < $1 LIMIT $2)
+      AND updated_at < $1 AND (lease_until IS NULL OR lease_until < now())
+    ORDER BY key FOR UPDATE
+)
 DELETE FROM key_fences
-WHERE key IN (SELECT key FROM key_fences WHERE updated_at < $1 LIMIT $2)
+WHERE key IN (SELECT key FROM doomed)
   AND updated_at < $1 AND (lease_until IS NULL OR lease_until < now())

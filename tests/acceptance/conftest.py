@@ -3,6 +3,7 @@
 import asyncpg
 import pytest
 
+from tests.support import downstream as downstream_server
 from tests.support.handlers import EFFECTS_TABLES
 
 
@@ -14,3 +15,10 @@ async def effects_tables(database):
         await connection.execute(EFFECTS_TABLES)
     finally:
         await connection.close()
+
+
+@pytest.fixture
+async def downstream():
+    """A receiver answering 200 after 300 ms (or `?latency=`), counting calls per key (tests/support/downstream.py)."""
+    async for serving in downstream_server.serving():
+        yield serving

@@ -11,46 +11,14 @@ validity ran out (LockLost, deferred, run again), and a deferral came back
 while its leader was still registered and was acked as its copy."""
 
 import asyncio
-import collections
-
-import pytest
-from aiohttp import web
 
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import effects_by_key, until_completed, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
-from tests.support.tcpproxy import TcpProxy, free_port
+from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import topology
 
 EVENTS = 300
-LATENCY = 0.3  # seconds the downstream takes to answer
-
-
-@pytest.fixture
-async def downstream():
-    """A receiver answering 200 after LATENCY (or `?latency=`); counts the POSTs per Idempotency-Key."""
-    posts: collections.Counter[str] = collections.Counter()  # also: posts.peak, the most at once
-    posts.peak, in_flight = 0, 0  # type: ignore[attr-defined]
-
-    async def receive(request: web.Request) -> web.Response:
-        nonlocal in_flight
-        posts[request.headers["Idempotency-Key"]] += 1
-        in_flight += 1
-        posts.peak = max(posts.peak, in_flight)  # type: ignore[attr-defined]
-        try:
-            await asyncio.sleep(float(request.query.get("latency", LATENCY)))
-        finally:
-            in_flight -= 1
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/hook", receive)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield f"http://127.0.0.1:{port}/hook", posts
-    await runner.cleanup()
 
 
 async def _run_backlog_through_two_default_workers(settings, fleet, sources: str, database_url: str = "") -> list:
@@ -73,7 +41,7 @@ async def _run_backlog_through_two_default_workers(settings, fleet, sources: str
 
 
 async def test_a_slow_network_handler_runs_once_per_event_and_loses_none(settings, fleet, tmp_path, downstream):
-    url, posts = downstream
+    url, posts = downstream.url, downstream.posts
     sources = write_sources(tmp_path / "s.toml", "forward", url=url)
     events = await _run_backlog_through_two_default_workers(settings, fleet, sources)
 
@@ -86,17 +54,17 @@ async def test_a_worker_calls_the_downstream_for_every_message_in_flight(setting
     """aiohttp's default of 100 connections per session made the 101st
     `forward` of a worker wait for one: two workers had at most 200 calls in
     flight, whatever their concurrency."""
-    url, posts = downstream
+    url, posts = downstream.url, downstream.posts
     sources = write_sources(tmp_path / "s.toml", "forward", url=url + "?latency=3")
     events = await _run_backlog_through_two_default_workers(settings, fleet, sources)
 
     assert posts == {event.key: 1 for event in events}
-    assert posts.peak > 200  # type: ignore[attr-defined]
+    assert downstream.peak > 200
 
 
 async def test_a_slow_handler_that_writes_through_ctx_db_runs_once_and_commits_once(
         settings, fleet, tmp_path, downstream, effects_tables):
-    url, posts = downstream
+    url, posts = downstream.url, downstream.posts
     sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:call_then_record", url=url)
     events = await _run_backlog_through_two_default_workers(settings, fleet, sources)
 
@@ -113,7 +81,7 @@ async def test_a_ctx_db_handler_keeps_its_lease_when_postgres_is_a_round_trip_aw
     one statement each on two connections cannot do in time (they queued
     past their deadlines and runs ended LockLost, deferred, ran again);
     renewed together (workers/renewals.py), they keep their leases."""
-    url, posts = downstream
+    url, posts = downstream.url, downstream.posts
     sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:call_then_record", url=url + "?latency=3")
     with TcpProxy("127.0.0.1", 5432, latency=0.02) as postgres:
         events = await _run_backlog_through_two_default_workers(

@@ -9,6 +9,7 @@ it was asked to do (the broker side of retries is tested elsewhere).
 
 import asyncio
 import contextlib
+import time
 from datetime import timedelta
 
 import asyncpg
@@ -17,6 +18,7 @@ import redis.asyncio as redis
 
 from tests.conftest import REDIS_URL
 from tests.support.events import make_event
+from tests.support.processes import wait_until
 from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers import processor as processor_module
@@ -201,6 +203,60 @@ async def test_a_lock_that_cannot_be_renewed_is_lost_and_refuses_completion():
     assert keeper.lost
     with pytest.raises(LockLost):
         keeper.check()
+
+
+class Answers:
+    """A renewal answering `renewed` (None: never, a black hole); counts the asks."""
+
+    def __init__(self, renewed: bool | None):
+        self.renewed = renewed
+        self.asked = 0
+
+    async def __call__(self) -> bool:
+        self.asked += 1
+        if self.renewed is None:
+            await asyncio.Event().wait()
+        return bool(self.renewed)
+
+
+async def _kept_through_a_stall(keeper: Keeper, stall: float) -> None:
+    """`keeper` kept while the whole process stands still for `stall` seconds
+    (a GC pause, SIGSTOP), then until it is renewed past the stall or lost."""
+    task = asyncio.create_task(keeper.keep())
+    await asyncio.sleep(0)
+    time.sleep(stall)  # blocks the loop: no renewal, no timer runs meanwhile
+    woke = time.monotonic()
+
+    async def settled() -> bool:
+        return keeper.lost or keeper.valid_until > woke
+
+    try:
+        await wait_until(settled, 5, interval=0.01, message="renewed past the stall, or lost")
+    finally:
+        task.cancel()
+
+
+async def test_a_lease_still_ours_after_a_stall_past_its_ttl_is_kept():
+    """Issue 35: its own clock says the lease may have run out; Postgres says
+    its token is still the key's, so no one took the key: it goes on."""
+    renew = Answers(renewed=True)
+    keeper = Keeper("postgres", renew, ttl_seconds=0.6)
+    await _kept_through_a_stall(keeper, stall=1.0)
+    keeper.check()
+    assert not keeper.lost and renew.asked >= 1
+
+
+async def test_a_lease_taken_during_a_stall_is_lost_when_postgres_says_so():
+    keeper = Keeper("postgres", Answers(renewed=False), ttl_seconds=0.6)
+    await _kept_through_a_stall(keeper, stall=1.0)
+    assert keeper.lost
+
+
+async def test_a_lease_nobody_confirms_after_a_stall_is_lost():
+    """A black hole after a stall: no answer, so the timer decides."""
+    keeper = Keeper("postgres", Answers(renewed=None), ttl_seconds=0.6)
+    await _kept_through_a_stall(keeper, stall=1.0)
+    assert keeper.lost
 
 
 async def test_prune_keeps_a_fence_refreshed_while_it_waited(pool):
