@@ -72,7 +72,6 @@ async def _sweep(connection, sources_path: str, monkeypatch) -> None:  # noqa: F
     await ArchiveUpkeep(ArchiveStore(connection), load_sources(sources_path)).settle()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 #5: prune forgets a completion the sweep has not settled yet")
 async def test_a_run_whose_outcome_was_lost_is_processed_after_a_prune(settings, fleet, sources_path, monkeypatch):  # noqa: F811
     async with running_ingress(settings, load_sources(sources_path)) as client:
         await post(client, "acme", "evt_1")
@@ -90,7 +89,6 @@ async def test_a_run_whose_outcome_was_lost_is_processed_after_a_prune(settings,
         await connection.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 #5: prune forgets a completion the sweep has not settled yet")
 async def test_a_run_repeated_after_a_prune_is_archived_as_a_second_run(settings, fleet, sources_path,  # noqa: F811
                                                                         monkeypatch):
     connection = await asyncpg.connect(settings.database_url)
