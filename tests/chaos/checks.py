@@ -21,6 +21,7 @@ had passed when prune ran) is forgotten by design, and docs/reference.md §2 say
 copy runs again.
 """
 
+import asyncio
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -61,11 +62,22 @@ class Verdict:
 
 async def observe(database_url: str, key_pattern: str = "%") -> Observed:
     """The rows of the keys matching `key_pattern` (SQL LIKE): only this run's, in a shared database."""
-    connection = await asyncpg.connect(database_url)
+    connection = await connect(database_url)
     try:
         return await _observe(connection, key_pattern)
     finally:
         await connection.close()
+
+
+async def connect(database_url: str, tries: int = 30) -> asyncpg.Connection:
+    """A connection, waiting while a Postgres shared with other work has no
+    slot left (TooManyConnectionsError): the run's verdict is not its host's."""
+    for _ in range(tries - 1):
+        try:
+            return await asyncpg.connect(database_url)
+        except asyncpg.TooManyConnectionsError:
+            await asyncio.sleep(1.0)
+    return await asyncpg.connect(database_url)
 
 
 async def _observe(connection, pattern: str) -> Observed:
@@ -116,7 +128,9 @@ def run_keys(key: str, routes: tuple[str, ...]) -> list[str]:
 
 
 def judge(events: list[PlannedEvent], sent: Sent, seen: Observed, prunes: list[tuple[float, float]],
-          leftover: dict[str, int], routes: tuple[str, ...] = ()) -> Verdict:
+          leftover: dict[str, int], routes: tuple[str, ...] = (),
+          left: dict[str, list[tuple[str, str]]] | None = None) -> Verdict:
+    """`left`: a few of each queue's leftover messages, (key, headers), to name them."""
     verdict = Verdict()
     for event in events:
         _judge_answers(event, sent, verdict)
@@ -127,8 +141,16 @@ def judge(events: list[PlannedEvent], sent: Sent, seen: Observed, prunes: list[t
             _judge_archive(event, key, sent, seen, routes, verdict)
     for queue, count in sorted(leftover.items()):
         if count:
-            verdict.violate("left in a queue", f"{count} message(s) in {queue} after the workers stopped")
+            named = "".join(f"; {key} ({_recorded(key, seen)}): {headers}" for key, headers in (left or {}).get(queue, []))
+            verdict.violate("left in a queue", f"{count} message(s) in {queue} after the workers stopped{named}")
     return verdict
+
+
+def _recorded(key: str, seen: Observed) -> str:
+    """What Postgres holds of a leftover message's key: is it a copy of something settled?"""
+    if key in seen.completions or key in seen.effects:
+        return "completed"
+    return "open dead letter" if key in seen.open_dead_letters else "neither completed nor dead-lettered"
 
 
 def _judge_answers(event: PlannedEvent, sent: Sent, verdict: Verdict) -> None:

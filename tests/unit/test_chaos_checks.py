@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from tests.chaos.checks import Observed, judge
 from tests.chaos.plan import PlannedEvent, make_plan
+from tests.chaos.queues import described
 from tests.chaos.traffic import Sent
 
 KEY = "chaos:evt_1"
@@ -93,3 +94,15 @@ def test_a_lone_surrogate_must_be_refused_at_the_door():
     refused = Sent(answers={"evt_1": {"400 invalid_json": 1}})
     assert _kinds([event], refused, Observed()) == []
     assert "unstorable body accepted" in _kinds([event], _accepted(), _completed_once())
+
+
+def test_a_message_left_in_a_queue_is_named_by_its_queue_key_headers_and_what_postgres_holds_of_it():
+    """Issue 35 #4: "a message was still in the deployment's queues" must say which one."""
+    event = PlannedEvent("evt_1", "", "plain")
+    headers = {"x-key": b"chaos:evt_1", "x-attempt": 2, "x-arrival": 77, "x-delivery-count": 3,
+               "x-death": [{"queue": "ns.retry.0.5s", "reason": "expired", "count": 1}]}
+    left = {"ns.events": [described(headers, message_id="m-1")]}
+    [(kind, detail)] = judge([event], _accepted(), _completed_once(), [], {"ns.events": 1}, (), left).violations
+    assert kind == "left in a queue"
+    assert detail == ("1 message(s) in ns.events after the workers stopped; chaos:evt_1 (completed): attempt 2, "
+                      "arrival 77, delivery-count 3, died in ns.retry.0.5s (expired x1), message id m-1")
