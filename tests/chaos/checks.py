@@ -69,9 +69,9 @@ async def observe(database_url: str, key_pattern: str = "%") -> Observed:
         await connection.close()
 
 
-async def connect(database_url: str, tries: int = 30) -> asyncpg.Connection:
+async def connect(database_url: str, tries: int = 120) -> asyncpg.Connection:
     """A connection, waiting while a Postgres shared with other work has no
-    slot left (TooManyConnectionsError): the run's verdict is not its host's."""
+    slot left (TooManyConnectionsError), two minutes at most: the verdict is on the run, not its host."""
     for _ in range(tries - 1):
         try:
             return await asyncpg.connect(database_url)
