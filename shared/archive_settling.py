@@ -23,8 +23,10 @@ What an end says of one arrival:
   run, one `processed`; the attribution may not be);
 - else a discarded dead letter of its payload: `discarded` for the arrival
   it was, `dead` for another;
-- else nothing: the event is still on its way (a backlog, a retry's delay),
-  or its completion was pruned. The row is left as it is.
+- else nothing: the event is still on its way (a backlog, a retry's delay).
+  The row is left as it is. A completion is never pruned unread: `prune`
+  settles the rows of the events whose completions it deletes with this
+  same decision, in its transaction (ArchiveStore.settle_pruned).
 
 Its attempts become at least the end's, so an outcome batch that arrives
 after all (a worker's batch held through a long outage) is written over

@@ -23,6 +23,8 @@ SQL = load_queries("webhook_ingest.shared")
 STATEMENT_SECONDS = 10.0  # a batch's statement, or one source's tables
 EXPORT_PAGE = 500  # rows a statement of `export`: its memory, and few round trips
 SETTLE_PAGE = 500  # rows the settling sweep reads a statement
+# processed_events' columns archive_unsettled_of_pruned reads of each completion prune deletes
+PRUNED_COLUMNS = ("key", "source", "event_id", "payload_sha256", "attempts", "completed_at", "arrival")
 LOCK_TIMEOUT = "2s"  # making or dropping a day waits this long for the source's table, then tries later
 
 
@@ -97,6 +99,27 @@ class ArchiveStore:
                 done = await connection.execute(SQL["archive_settle"], *archive.columns(writes), min(received),
                                                 max(received), timeout=STATEMENT_SECONDS)
         return int(done.split()[-1]), Cursor.below(rows[-1]) if len(rows) == limit else None
+
+    async def settle_pruned(self, completions: Sequence[Mapping]) -> int:
+        """The rows still `queued` or `retrying` of the events whose
+        `completions` (processed_events rows) `prune` is deleting, settled
+        from them as the sweep would (shared/archive_settling.py): to be
+        called in prune's transaction, since once the record is gone no
+        sweep can say what became of them (a run whose worker was killed
+        before its outcome batch would say `queued` for good). Rows settled."""
+        if not completions:
+            return 0
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["archive_unsettled_of_pruned"],
+                                          *([row[name] for row in completions] for name in PRUNED_COLUMNS),
+                                          timeout=STATEMENT_SECONDS)
+            writes = archive_settling.settled(rows)
+            if not writes:
+                return 0
+            received = [write[2] for write in writes]
+            done = await connection.execute(SQL["archive_settle"], *archive.columns(writes), min(received),
+                                            max(received), timeout=STATEMENT_SECONDS)
+        return int(done.split()[-1])
 
     async def keep(self, retentions: Mapping[str, timedelta], now: datetime | None = None) -> tuple[int, int]:
         """Each source's tables made ahead and its days past its retention

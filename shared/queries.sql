@@ -296,8 +296,10 @@ WHERE archived.body IS NULL
 -- attempt, or a further step of the same one), and `duplicate` only over a
 -- row still queued (a copy of a retry message is not its event's end).
 -- At one chain and attempt the arrival's own end steps over a `duplicate`
--- written first by a twin message of the arrival (an outbox row beside a
--- publish confirmed late, a second fan-out): `dead`, and `processed` when
+-- or a `conflict` written first by a twin message of the arrival (an
+-- outbox row beside a publish confirmed late, a second fan-out; a
+-- conflict: the twin still found another payload's completion, which a
+-- prune then forgot): `dead`, and `processed` when
 -- its run's completion ($12: the route, its key KEY#ROUTE) names this
 -- arrival and is younger than the sweep's grace ($13 seconds). So never
 -- over a `duplicate` a sweep wrote guessing which copy ran: this release's
@@ -334,7 +336,7 @@ SET status = EXCLUDED.status, replay_of = EXCLUDED.replay_of, attempts = EXCLUDE
 WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued')
   AND ((EXCLUDED.replay_of, EXCLUDED.attempts, event_archive_step(EXCLUDED.status))
        > (archived.replay_of, archived.attempts, event_archive_step(archived.status))
-       OR (archived.status = 'duplicate'
+       OR (archived.status IN ('duplicate', 'conflict')
            AND (EXCLUDED.replay_of, EXCLUDED.attempts) = (archived.replay_of, archived.attempts)
            AND (EXCLUDED.status = 'dead' OR (EXCLUDED.status = 'processed' AND EXISTS (
                SELECT FROM outcome JOIN processed_events p ON p.key = outcome.key || coalesce('#' || outcome.route, '')
@@ -411,6 +413,50 @@ LEFT JOIN LATERAL (
       AND d.updated_at < now() - make_interval(secs => $1)
     ORDER BY d.status = 'dead' DESC, d.id DESC LIMIT 1) dead ON true
 ORDER BY a.received_at, a.source, a.key, a.arrival
+
+-- name: archive_unsettled_of_pruned
+-- archive_unsettled's columns for the rows still queued or retrying of the
+-- events whose completions `prune` is deleting ($1-$7: the key, source,
+-- event id, payload, attempts, completion time and arrival of each, as its
+-- DELETE returned them), in its transaction: once the record is gone no
+-- sweep can say what became of them. Each row with those completions as
+-- the sweep reads processed_events (the one naming this arrival first, else
+-- one naming none, else another's; no grace: this is the last look), the
+-- dead letter of its payload (open first) and whether an arrival of its key
+-- is archived processed already; each key's rows oldest first. An event's
+-- rows are under its own key SOURCE:EVENT_ID (one join of the completions
+-- with the archive: a lateral scan of them per row was 5,000 x 5,000
+-- comparisons, 7.7 s a batch); its routes' completions under KEY#ROUTE, carrying its
+-- event id (a replay's run, replay-R/KEY, is not its arrival's end); its
+-- routes' dead letters are found by the event's key
+-- (dead_letters_route_event_key), as on its page.
+WITH pruned AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::timestamptz[], $7::int8[])
+        AS pruned(key, source, event_id, payload_sha256, attempts, completed_at, arrival)
+    WHERE pruned.key = pruned.source || ':' || pruned.event_id
+       OR starts_with(pruned.key, pruned.source || ':' || pruned.event_id || '#')
+)
+SELECT DISTINCT ON (a.source, a.key, a.received_at, a.arrival)
+       a.source, a.key, a.received_at, a.arrival, a.status, a.attempts, a.replay_of, a.payload_sha256,
+       done.payload_sha256 AS completed_sha256, done.attempts AS completed_attempts, done.completed_at,
+       done.arrival AS completed_arrival,
+       dead.status AS dead_letter, dead.attempts AS dead_attempts, dead.own AS own_dead_letter,
+       EXISTS (SELECT FROM event_archive p WHERE p.source = a.source AND p.key = a.key AND p.status = 'processed')
+           AS processed_already
+FROM pruned done
+JOIN event_archive a ON a.source = done.source AND a.key = done.source || ':' || done.event_id
+                    AND a.event_id = done.event_id AND a.status IN ('queued', 'retrying')
+LEFT JOIN LATERAL (
+    SELECT d.status, d.attempts, d.received_at = a.received_at AND d.arrival = a.arrival AS own
+    FROM (SELECT * FROM dead_letters WHERE key = a.key
+          UNION ALL
+          SELECT * FROM dead_letters WHERE route IS NOT NULL AND left(key, -(length(route) + 1)) = a.key) d
+    WHERE d.event_id = a.event_id AND d.payload_sha256 = a.payload_sha256 AND d.status IN ('dead', 'discarded')
+    ORDER BY d.status = 'dead' DESC, d.id DESC LIMIT 1) dead ON true
+-- each key's rows oldest first (shared/archive_settling.py's guess reads them so); each row once, with the
+-- completion that names its arrival first, else one naming none, else another's
+ORDER BY a.source, a.key, a.received_at, a.arrival, done.arrival IS NOT DISTINCT FROM a.arrival DESC,
+         done.arrival IS NULL DESC
 
 -- name: archive_settle
 -- The sweep's decisions: each row brought to its event's end, only while

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import asyncpg
 
+from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
@@ -237,11 +238,21 @@ class CompletionStore:
 
     async def prune(self, window: timedelta, batch_size: int = PRUNE_BATCH) -> int:
         """Delete `processed_events` completed, and `key_fences` untouched, before
-        now - `window`; batch by batch, each its own short transaction. Returns
-        how many completion records went."""
+        now - `window`; batch by batch, each its own short transaction. The
+        archive's rows of a batch's events still unsettled are settled from
+        its completions in its transaction (ArchiveStore.settle_pruned).
+        Returns how many completion records went."""
         async with self._connection() as connection:
             cutoff = await connection.fetchval(SQL["retention_cutoff"], window)
-            pruned = await _delete_in_batches(connection, SQL["prune_completed_events"], cutoff, batch_size)
+            archive = ArchiveStore(connection)
+            pruned = 0
+            while True:
+                async with connection.transaction():
+                    forgotten = await connection.fetch(SQL["prune_completed_events"], cutoff, batch_size)
+                    await archive.settle_pruned(forgotten)
+                pruned += len(forgotten)
+                if len(forgotten) < batch_size:
+                    break
             await _delete_in_batches(connection, SQL["prune_key_fences"], cutoff, batch_size)
         return pruned
 

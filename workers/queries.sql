@@ -156,8 +156,10 @@ SELECT now() - $1::interval
 -- new version (a fence a worker just refreshed must survive).
 -- The keys' attempt records (workers/attempts.py) go with their completions:
 -- a copy after the retention window is processed again, not taken for a
--- copy of an attempt of the forgotten chain.
--- Their fence rows are locked in key order (extend_leases).
+-- copy of an attempt of the forgotten chain. Their fence rows are locked in
+-- key order (extend_leases). What went is returned: the archive's rows of
+-- those events still unsettled are settled from it in the same transaction
+-- (ArchiveStore.settle_pruned).
 WITH doomed AS (
     SELECT key FROM processed_events WHERE completed_at < $1 LIMIT $2
 ), fences AS (
@@ -169,6 +171,7 @@ WITH doomed AS (
 DELETE FROM processed_events
 WHERE key IN (SELECT key FROM doomed)
   AND completed_at < $1
+RETURNING key, source, event_id, payload_sha256, attempts, completed_at, arrival
 
 -- name: prune_key_fences
 -- Rows locked in key order (extend_leases), each checked again once locked.

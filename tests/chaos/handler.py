@@ -33,6 +33,8 @@ CREATE INDEX IF NOT EXISTS chaos_runs_key ON chaos_runs (key);
 CREATE TABLE IF NOT EXISTS chaos_effects (
     key text NOT NULL, pid integer NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp(),
     transaction_started timestamptz NOT NULL DEFAULT now());  -- = processed_events.completed_at, which prune reads
+-- the arrival's receive time: two effects of one arrival (a message run again after prune) are one archived row
+ALTER TABLE chaos_effects ADD COLUMN IF NOT EXISTS received_ms bigint;
 """
 
 _pools: dict[str, asyncio.Task] = {}
@@ -49,7 +51,8 @@ async def record(event, ctx):
     finally:
         await intervals.execute("UPDATE chaos_runs SET ended = clock_timestamp() WHERE id = $1", run_id)
     _fail_if_told(directive, event.attempt)
-    await ctx.db.execute("INSERT INTO chaos_effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+    await ctx.db.execute("INSERT INTO chaos_effects (key, pid, received_ms) VALUES ($1, $2, $3)", event.key,
+                         os.getpid(), round(event.received_at.timestamp() * 1000))
     await inbox(event, ctx)
 
 

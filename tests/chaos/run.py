@@ -14,9 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
 
-from tests.chaos.checks import Verdict, judge, observe, resolved
+from tests.chaos.checks import Verdict, connect, judge, observe, resolved
 from webhook_ingest import layout
 from tests.chaos.deployment import (
     SECRET,
@@ -27,7 +26,7 @@ from tests.chaos.deployment import (
     namespace_queues,
 )
 from tests.chaos.plan import make_plan
-from tests.chaos.queues import held_by_rabbitmqctl, ready_by_passive_declare
+from tests.chaos.queues import held_by_rabbitmqctl, peek, ready_by_passive_declare
 from tests.chaos.report import render
 from tests.chaos.traffic import Sent, send_all
 
@@ -67,9 +66,8 @@ async def run_local(options: Options, namespace: str | None = None, database_url
         applied = await faults
         deployment.all_restored()
 
-        async def held() -> int | None:
-            counts = await held_by_rabbitmqctl(deployment.namespace)
-            return None if counts is None else sum(counts.values())
+        async def held() -> dict[str, int] | None:
+            return await held_by_rabbitmqctl(deployment.namespace)
 
         drained = await drain(deployment.database_url, sent, held, options)
         await deployment.stop_workers()
@@ -77,9 +75,10 @@ async def run_local(options: Options, namespace: str | None = None, database_url
         names = await namespace_queues(deployment.amqp_url, deployment.namespace, events_only=True) \
             or known_queues(deployment.namespace)
         leftover = await ready_by_passive_declare(deployment.amqp_url, names)
+        left = {queue: await peek(deployment.amqp_url, queue) for queue, count in leftover.items() if count}
         seen = await observe(deployment.database_url)
         seen.workers = deployment.pids
-        verdict = judge(plan.events, sent, seen, deployment.prunes, leftover, options.routes)
+        verdict = judge(plan.events, sent, seen, deployment.prunes, leftover, options.routes, left)
     (deployment.log_dir / "faults.txt").write_text("".join(f"{line}\n" for line in applied))
     kept = f"; database kept: {deployment.database_url}" if deployment.keep_database else ""
     report = render(plan, sent, verdict, "a local deployment (3 workers, 1 degraded)", drained,
@@ -95,8 +94,8 @@ async def run_staging(options: Options, url: str, source: str, secret: str, data
     sent = await send_all(url, source, secret, plan.requests)
     queue_names = known_queues(namespace) if amqp_url and namespace else []
 
-    async def held() -> int | None:
-        return sum((await ready_by_passive_declare(amqp_url, queue_names)).values()) if queue_names else 0
+    async def held() -> dict[str, int] | None:
+        return await ready_by_passive_declare(amqp_url, queue_names) if queue_names else {}
 
     pattern = f"{source}:{prefix}%"
     drained = await drain(database_url, sent, held, options, pattern)
@@ -105,14 +104,16 @@ async def run_staging(options: Options, url: str, source: str, secret: str, data
     return Result(render(plan, sent, verdict, url, drained, ""), verdict)
 
 
-async def drain(database_url: str, sent: Sent, held: Callable[[], Awaitable[int | None]], options: Options,
-                key_pattern: str = "%") -> str:
+async def drain(database_url: str, sent: Sent, held: Callable[[], Awaitable[dict[str, int] | None]],
+                options: Options, key_pattern: str = "%") -> str:
     """Waits until every accepted key is resolved and the queues hold nothing
-    (twice in a row), or nothing moved for `stall_seconds`, or the timeout."""
+    (twice in a row), or nothing moved for `stall_seconds`, or the timeout;
+    giving up, it names the queues that still held messages."""
     started = last_change = time.monotonic()
     last_state, calm, keys = None, 0, len(set(sent.accepted.values())) * max(len(options.routes), 1)
     while True:
-        done, in_queues = resolved(sent, await observe(database_url, key_pattern), options.routes), await held()
+        done, by_queue = resolved(sent, await observe(database_url, key_pattern), options.routes), await held()
+        in_queues = None if by_queue is None else sum(by_queue.values())
         now = time.monotonic()
         calm = calm + 1 if done == keys and not in_queues else 0
         if calm >= 2:
@@ -120,8 +121,10 @@ async def drain(database_url: str, sent: Sent, held: Callable[[], Awaitable[int 
         if (done, in_queues) != last_state:
             last_state, last_change = (done, in_queues), now
         if now - last_change > options.stall_seconds or now - started > options.drain_timeout:
+            where = ", ".join(f"{queue} {count}" for queue, count in sorted((by_queue or {}).items()) if count)
             return (f"gave up after {now - started:.0f}s: {done}/{keys} keys resolved, "
-                    f"{in_queues} message(s) still held, no change for {now - last_change:.0f}s")
+                    f"{in_queues} message(s) still held{f' ({where})' if where else ''}, "
+                    f"no change for {now - last_change:.0f}s")
         await asyncio.sleep(POLL_SECONDS)
 
 
@@ -133,7 +136,7 @@ async def archive_settled(database_url: str) -> None:
     unsettled then is judged as it is."""
     deadline = time.monotonic() + SETTLE_SECONDS + 5 * POLL_SECONDS
     while time.monotonic() < deadline:
-        connection = await asyncpg.connect(database_url)
+        connection = await connect(database_url)
         try:
             left = await connection.fetchval(
                 "SELECT count(*) FROM event_archive WHERE status IN ('queued', 'retrying')")

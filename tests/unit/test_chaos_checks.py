@@ -3,12 +3,14 @@ seed, and the verdict flags what it must and allows what the contract
 allows (a repeat after prune)."""
 
 import json
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.chaos.checks import Observed, judge
 from tests.chaos.plan import PlannedEvent, make_plan
+from tests.chaos.queues import described
 from tests.chaos.traffic import Sent
 
 KEY = "chaos:evt_1"
@@ -93,3 +95,37 @@ def test_a_lone_surrogate_must_be_refused_at_the_door():
     refused = Sent(answers={"evt_1": {"400 invalid_json": 1}})
     assert _kinds([event], refused, Observed()) == []
     assert "unstorable body accepted" in _kinds([event], _accepted(), _completed_once())
+
+
+def test_a_message_left_in_a_queue_is_named_by_its_queue_key_headers_and_what_postgres_holds_of_it():
+    """Issue 35 #4: "a message was still in the deployment's queues" must say which one."""
+    event = PlannedEvent("evt_1", "", "plain")
+    headers = {"x-key": b"chaos:evt_1", "x-attempt": 2, "x-arrival": 77, "x-delivery-count": 3,
+               "x-death": [{"queue": "ns.retry.0.5s", "reason": "expired", "count": 1}]}
+    left = {"ns.events": [described(headers, message_id="m-1")]}
+    [(kind, detail)] = judge([event], _accepted(), _completed_once(), [], {"ns.events": 1}, (), left).violations
+    assert kind == "left in a queue"
+    assert detail == ("1 message(s) in ns.events after the workers stopped; chaos:evt_1 (completed): attempt 2, "
+                      "arrival 77, delivery-count 3, died in ns.retry.0.5s (expired x1), message id m-1")
+
+
+def _rerun_after_prune(arrivals: set[int], archived: dict[str, int]) -> list[str]:
+    """Two effects of KEY, a prune between them; the archive's rows as given."""
+    seen = _completed_once(runs=[(10.0, 10.4, 1), (30.0, 30.4, 2)])
+    seen.effects[KEY] = [(10.5, 10.0), (30.5, 30.0)]
+    seen.effect_arrivals[KEY] = arrivals
+    seen.archive = {KEY: Counter(archived)}
+    sent = _accepted()
+    sent.answers["evt_1"] = {"200 accepted": sum(archived.values())}
+    return _kinds([PlannedEvent("evt_1", "", "plain")], sent, seen, prunes=[(20.0, 21.0)])
+
+
+def test_an_arrival_run_again_after_a_prune_is_one_processed_row_for_two_effects():
+    assert _rerun_after_prune({1000}, {"processed": 1}) == []
+    assert _rerun_after_prune({1000, 2000}, {"processed": 2}) == []
+
+
+def test_a_run_archived_a_duplicate_of_the_next_one_is_still_wrong():
+    """make chaos SEED=7's `2 effects, archived 1 duplicate, 1 processed`: two arrivals ran."""
+    assert _rerun_after_prune({1000, 2000}, {"duplicate": 1, "processed": 1}) == ["archive status wrong"]
+    assert _rerun_after_prune({1000}, {"queued": 1}) == ["archive not settled", "archive status wrong"]

@@ -1,0 +1,79 @@
+"""The archive across a `prune` (issue 35, finding 5), in real Postgres: the
+real completion SQL (a lease, complete_events), the real prune
+(CompletionStore.prune), the real outcome batches and the real sweep.
+
+`make chaos SEED=7`'s `chaos:evt_00741: 2 effects, archived 1 conflict, 1
+processed`: event evt completed with payload A, prune forgot it, and
+arrival B (another payload) reached two workers as twin messages. One
+still found A's completion (Redis remembers a completed key past a prune,
+docs/reference.md §2) and noted B a `conflict`; the other ran B, which
+completed naming arrival B. B's own run is its end: `processed`."""
+
+import dataclasses
+import time
+from datetime import timedelta
+
+from webhook_ingest.shared import archive
+from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.replay_keys import replay_key
+from webhook_ingest.workers.completions import CompletionStore
+from tests.support.archive import arrival_of, arrived, ran, statuses
+from tests.support.dead_letters import failure
+
+
+async def pruned(archive_store) -> None:
+    """`webhook-ingest prune` of every completion so far."""
+    await archive_store._database.execute("UPDATE processed_events SET completed_at = now() - interval '1 hour'")
+    await CompletionStore(archive_store._database).prune(timedelta(minutes=1))
+
+
+async def test_a_run_after_a_prune_steps_over_the_conflict_a_twin_noted(archive_store):
+    first = arrival_of("acme", "evt_c1", 10)
+    other = arrival_of("acme", "evt_c1", 5, amount=2)
+    await arrived(archive_store, first, other)
+    await ran(archive_store, first)
+    await archive_store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, time.time())])
+    await pruned(archive_store)
+    # the twin that still saw A's completion, then the run of B itself (its completion names B)
+    await archive_store.write_outcomes([archive.outcome_row(other, archive.CONFLICT, time.time())])
+    await ran(archive_store, other)
+    await archive_store.write_outcomes([archive.outcome_row(other, archive.PROCESSED, time.time())])
+    assert await statuses(archive_store, first.key) == [("processed", 1), ("processed", 1)]
+
+
+async def test_prune_settles_the_rows_a_lost_outcome_left_from_the_completions_it_deletes(archive_store):
+    """A run whose outcome batch died with its worker, its copies' notes lost
+    too: prune is the last that knows what became of them."""
+    ran_first = arrival_of("acme", "evt_p1", 10)
+    copy = arrival_of("acme", "evt_p1", 9)
+    other_payload = arrival_of("acme", "evt_p1", 8, amount=2)
+    await arrived(archive_store, ran_first, copy, other_payload)
+    await ran(archive_store, ran_first)
+    await pruned(archive_store)
+    assert await statuses(archive_store, ran_first.key) == [("processed", 1), ("duplicate", 1), ("conflict", 1)]
+
+
+async def test_prune_settles_a_routed_event_from_its_routes_completions_and_dead_letters(archive_store):
+    done, failed = arrival_of("routed", "evt_p2", 5), arrival_of("routed", "evt_p3", 5)
+    await arrived(archive_store, done, failed)
+    await ran(archive_store, dataclasses.replace(done, key=f"{done.key}#billing", route="billing"),
+              dataclasses.replace(failed, key=f"{failed.key}#billing", route="billing"))
+    await record_dead_letter(archive_store._database,
+                             dataclasses.replace(failed, key=f"{failed.key}#audit", route="audit", attempt=2),
+                             [failure(1), failure(2)])
+    await pruned(archive_store)
+    assert await statuses(archive_store, done.key) == [("processed", 1)]
+    assert await statuses(archive_store, failed.key) == [("dead", 2)]
+
+
+async def test_prune_leaves_rows_its_completions_are_not_the_end_of(archive_store):
+    """A replay's run (replay-R/KEY) is not its arrival's end, nor is a
+    route's completion the end of the plain event that shares its key."""
+    event = arrival_of("acme", "evt_p4", 5)
+    lookalike = arrival_of("routed", "evt_p5#billing", 5)
+    await arrived(archive_store, event, lookalike)
+    await ran(archive_store, dataclasses.replace(event, key=replay_key(event.key, 7)),
+              dataclasses.replace(arrival_of("routed", "evt_p5", 5), key="routed:evt_p5#billing", route="billing"))
+    await pruned(archive_store)
+    assert await statuses(archive_store, event.key) == [("queued", 0)]
+    assert await statuses(archive_store, lookalike.key) == [("queued", 0)]
