@@ -235,6 +235,30 @@ async def test_one_client_trickling_many_bodies_does_not_starve_another(settings
     assert Counter(heads) == {b"HTTP/1.1 429 Too Many Requests": 9, None: 3}  # 3 still trickling
 
 
+@pytest.mark.xfail(strict=True, reason="issue 36, finding 6: a prompt body counts as arriving")
+async def test_a_burst_from_one_address_whose_bodies_follow_their_headers_is_all_accepted(settings, sources):
+    """Issue 36, finding 6: a provider sends many deliveries at once from one
+    address, each body in the segment after its headers. Those bodies are not
+    trickling: every one is accepted (GitHub would not redeliver a 429)."""
+    burst = 64  # twice the default WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT
+    async with running_ingress(settings, sources) as client:
+        connections = [await asyncio.open_connection("127.0.0.1", client.port, local_addr=("127.0.0.4", 0))
+                       for _ in range(burst)]
+        bodies = [signed(n) for n in range(burst)]
+        for (_, writer), (body, headers) in zip(connections, bodies):
+            head = f"POST /webhooks/inside HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            writer.write((head + "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n").encode())
+            await writer.drain()
+        await asyncio.sleep(0.1)  # every request's headers read, its body not yet sent
+        for (_, writer), (body, _) in zip(connections, bodies):
+            writer.write(body)
+        heads = [(await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")[0] for reader, _ in connections]
+        for _, writer in connections:
+            writer.close()
+    assert Counter(heads) == {b"HTTP/1.1 200 OK": burst}
+    assert len(await queued_events(settings.amqp_url, settings.namespace)) == burst
+
+
 async def answer_head(reader: asyncio.StreamReader) -> bytes | None:
     """The status line already answered on a connection; None while it waits."""
     try:
