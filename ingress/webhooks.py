@@ -2,8 +2,8 @@
 
 The checks run in the order docs/reference.md §6 fixes, the first failure answering:
 source (404), client address (403), the client's failure budget (429), a
-slot (429 for a client with too many bodies arriving, else 503), size
-(413, the body read within a time limit), signature (401), the source's rate
+slot (503), size (413, the body read within a time limit; 429 for a slow body
+of a client with too many slow ones), signature (401), the source's rate
 limit (429: only verified requests spend it), JSON or form (400), event id (400),
 then the source's `ignore` rules (200 `ignored`, nothing queued), and for a source
 with routes whether any takes it (else 200 `ignored`, rule `no route`).
@@ -142,7 +142,7 @@ async def _verified_body(request: web.Request, source: Source, slot: Slot) -> tu
     """The body, read and its signature verified (and the form, when verifying decoded it);
     a failure spends its client's failure budget."""
     try:
-        body = await read_body_within(request, source.max_body_bytes)
+        body = await read_body_within(request, slot, source.max_body_bytes)
         slot.body_arrived()
         form = _verify(source, request, body)
     except Rejected:

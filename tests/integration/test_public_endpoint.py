@@ -18,7 +18,7 @@ from webhook_ingest.shared.metrics import ingress_rate_limit_local
 from webhook_ingest.shared.ratelimit import RateLimiter
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
-from tests.support.ingress import queued_events, running_ingress
+from tests.support.ingress import queued_events, running_ingress, status_lines_once_answered
 from tests.support.tcpproxy import free_port
 
 SECRET = "public-endpoint-secret"
@@ -216,15 +216,16 @@ async def trickling(port: int, client_address: str, body: bytes, headers: dict[s
 
 async def test_one_client_trickling_many_bodies_does_not_starve_another(settings, sources, monkeypatch):
     """Issue 21, item 3: real connections from 127.0.0.3 holding slow bodies,
-    a signed delivery from 127.0.0.1 meanwhile."""
-    bounded = settings_with(monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="10",
+    a signed delivery from 127.0.0.1 meanwhile. Once slow (PROMPT_BODY_SECONDS),
+    all but 3 are answered 429 and closed."""
+    bounded = settings_with(monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="12",
                             WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT="3")
-    body, headers = signed(1)
+    slow_body = orjson.dumps({"id": "evt_1", "padding": "x" * 200})  # 40 s at a byte every 0.2 s
+    body, headers = slow_body, signatures.sign("hmac-sha256", slow_body, SECRET)
     async with running_ingress(bounded, sources) as client:
         slow = [await trickling(client.port, "127.0.0.3", body, headers) for _ in range(12)]
         try:
-            await asyncio.sleep(0.3)
-            heads = [await answer_head(reader) for reader, _, _ in slow]
+            heads = await status_lines_once_answered([reader for reader, _, _ in slow], answered=9)
             delivery, delivery_headers = signed(2)
             other = await client.post("/webhooks/inside", data=delivery, headers=delivery_headers)
             assert other.status == 200, await other.text()
@@ -235,7 +236,6 @@ async def test_one_client_trickling_many_bodies_does_not_starve_another(settings
     assert Counter(heads) == {b"HTTP/1.1 429 Too Many Requests": 9, None: 3}  # 3 still trickling
 
 
-@pytest.mark.xfail(strict=True, reason="issue 36, finding 6: a prompt body counts as arriving")
 async def test_a_burst_from_one_address_whose_bodies_follow_their_headers_is_all_accepted(settings, sources):
     """Issue 36, finding 6: a provider sends many deliveries at once from one
     address, each body in the segment after its headers. Those bodies are not
