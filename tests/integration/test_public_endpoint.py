@@ -178,6 +178,27 @@ async def test_a_client_failing_verification_is_refused_alone(settings, sources)
                 assert answer.status == 200, await answer.text()
 
 
+@pytest.mark.xfail(strict=True, reason="issue 36, finding 7: an address over its failure budget is refused whole")
+async def test_failures_from_a_shared_address_never_refuse_its_valid_deliveries(settings, sources):
+    """Issue 36, finding 7: providers deliver every customer's webhooks from a
+    few addresses, and anyone may point their own account at our URL with a
+    wrong secret. Their failures still get 401, then 429 once over the
+    budget; the provider's signed deliveries from that address are accepted."""
+    wrong_body = orjson.dumps({"id": "someone_elses"})
+    wrong = signatures.sign("hmac-sha256", wrong_body, "someone-elses-secret")
+    async with running_ingress(settings, sources) as client:
+        failed, delivered = [], []
+        for n in range(4):
+            for _ in range(10):
+                failed.append((await client.post("/webhooks/inside", data=wrong_body, headers=wrong)).status)
+            body, headers = signed(n)
+            delivered.append((await client.post("/webhooks/inside", data=body, headers=headers)).status)
+    assert failed == [401] * FAILURES_BURST + [429] * (40 - FAILURES_BURST)
+    assert delivered == [200] * 4
+    assert sorted(event.key for event in await queued_events(settings.amqp_url, settings.namespace)) == [
+        f"inside:evt_{n}" for n in range(4)]
+
+
 async def test_beyond_the_concurrency_bound_the_ingress_answers_503_at_once(settings, sources, monkeypatch):
     bounded = settings_with(monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="1")
     body, headers = signed()
