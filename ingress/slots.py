@@ -2,8 +2,7 @@
 them one client may hold while their bodies are still arriving.
 
 A slot is taken only once the headers are vetted (a known source, a client
-inside its allowlist, a client with failures left), so a request refused
-for those holds nothing.
+inside its allowlist), so a request refused for those holds nothing.
 Beyond `WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS` slots the answer is 503 at
 once: queueing without end only turns overload into timeouts. And one
 client address may have at most `WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT`
