@@ -72,7 +72,6 @@ async def viewed(ingress_url: str, path: str) -> str:
             return await answer.text()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 36, finding 8: the URL's credentials are in every error text")
 async def test_a_forward_urls_credentials_reach_no_viewer_log_or_notification(service_env, settings, fleet, tmp_path):
     downstream, notified = Receiver(404), Receiver(200)  # 404: dead-lettered at once
     url = f"http://user:{PASSWORD}@127.0.0.1:{downstream.port}/hook?access_token={ACCESS_TOKEN}"
@@ -97,7 +96,6 @@ async def test_a_forward_urls_credentials_reach_no_viewer_log_or_notification(se
         assert PASSWORD not in text and ACCESS_TOKEN not in text, where
 
 
-@pytest.mark.xfail(strict=True, reason="issue 36, finding 8: forward has no headers option")
 async def test_forward_sends_headers_whose_values_are_secrets_from_the_environment_or_a_file(
         service_env, settings, fleet, tmp_path):
     downstream = Receiver(200)
