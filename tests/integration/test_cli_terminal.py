@@ -57,7 +57,6 @@ async def cli(*args: str) -> str:
     return result.output
 
 
-@pytest.mark.xfail(strict=True, reason="issue 36, finding 9: controls are printed raw")
 async def test_no_control_sequence_reaches_the_terminal(hostile):
     dead_letter_id = json.loads(await cli("dlq", "list", "--json"))[0]["id"]
     outputs = {"events list": await cli("events", "list"), "events show": await cli("events", "show", hostile.key),
