@@ -4,6 +4,7 @@ list|show`, which answer the same documents. Real Postgres; the archive is
 written as the ingress and the workers write it (ArchiveStore)."""
 
 import asyncio
+import base64
 import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
@@ -20,7 +21,7 @@ from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
 from tests.support.dead_letters import failure
 from tests.support.events import make_event
-from tests.support.ingress import running_ingress
+from tests.support.ingress import console_login, running_ingress
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import new_arrival
 
@@ -182,6 +183,16 @@ def test_the_cli_says_in_one_line_what_is_wrong(admin_settings):
     assert result.exit_code == 2 and result.output.startswith("error: invalid --since: since: an ISO 8601 time")
     result = events("show", "stripe:nope")
     assert result.exit_code == 2 and "no archived event with key 'stripe:nope'" in result.output
+
+
+@pytest.mark.xfail(strict=True, reason="issue 36, finding 10: a nested cursor is a RecursionError, a 500")
+async def test_a_cursor_nested_past_the_parsers_stack_is_a_400_and_the_consoles_newest_page(admin_settings):
+    nested = base64.urlsafe_b64encode(b"[" * 1200).decode().rstrip("=")
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        assert await get(client, f"/admin/events?cursor={nested}") == (400, {"error": "invalid_cursor"})
+        await console_login(client, TOKEN)
+        page = await client.get(f"/console/events?cursor={nested}")
+        assert page.status == 200 and "The page link is not valid" in await page.text()
 
 
 @pytest.mark.parametrize("query, code", [
