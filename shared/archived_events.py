@@ -103,7 +103,7 @@ class Cursor:
             if len(arrival) > 1 or not all(type(value) is int and 0 <= value < 2**63 for value in arrival):
                 raise ValueError("not a cursor")  # a bigint, or none: a cursor from before arrivals had ids
             return cls(datetime.fromisoformat(received_at), str(source), str(key), *arrival)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: '[' nested past the stack
             raise InvalidFilter("cursor", "not a cursor this API gave") from exc
 
 

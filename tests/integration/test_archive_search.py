@@ -185,7 +185,6 @@ def test_the_cli_says_in_one_line_what_is_wrong(admin_settings):
     assert result.exit_code == 2 and "no archived event with key 'stripe:nope'" in result.output
 
 
-@pytest.mark.xfail(strict=True, reason="issue 36, finding 10: a nested cursor is a RecursionError, a 500")
 async def test_a_cursor_nested_past_the_parsers_stack_is_a_400_and_the_consoles_newest_page(admin_settings):
     nested = base64.urlsafe_b64encode(b"[" * 1200).decode().rstrip("=")
     async with running_ingress(admin_settings, load_sources(None)) as client:
