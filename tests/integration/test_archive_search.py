@@ -201,3 +201,17 @@ async def test_a_cursor_nested_past_the_parsers_stack_is_a_400_and_the_consoles_
 async def test_a_filter_postgres_would_refuse_is_a_400_not_a_database_failure(admin_settings, query, code):
     async with running_ingress(admin_settings, load_sources(None)) as client:
         assert await get(client, f"/admin/events?{query}") == (400, {"error": code})
+
+
+@pytest.mark.xfail(strict=True, reason="issue 36, finding 11: bad search input answered 503 database_unavailable")
+@pytest.mark.parametrize("path, code", [
+    ('/admin/events?payload={"a": 1e999999}', "invalid_payload"), ('/admin/events?payload={"a": 1e-999999}',
+                                                                   "invalid_payload"),
+    ("/admin/events/h:%00", "invalid_key"),
+])
+async def test_search_input_postgres_cannot_take_is_a_400_not_an_outage(admin_settings, path, code):
+    """Issue 36, finding 11: a number past numeric's range or a NUL in an
+    event's key read as a database outage (503 and a warning line)."""
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        assert await get(client, path) == (400, {"error": code})
+        assert (await client.get("/readyz")).status == 200  # and nothing counts it as an outage
