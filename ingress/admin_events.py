@@ -21,6 +21,7 @@ from webhook_ingest.shared.archived_events import (
     page,
     parse_filter,
     parse_limit,
+    parse_text,
     route_names,
 )
 
@@ -46,6 +47,10 @@ async def list_route(request: web.Request) -> web.Response:
 
 async def show_route(request: web.Request) -> web.Response:
     key, sources = request.match_info["key"], request.config_dict[sources_key]
+    try:
+        parse_text("key", key)  # a NUL: no key holds one, and Postgres would refuse the query (not an outage)
+    except InvalidFilter:
+        return error(400, "invalid_key")
     document = await _store(request).event(key, route_names(sources, key))
     return error(404, "not_found") if document is None else json_document(200, document)
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 import orjson
 
-from webhook_ingest.shared import archive
+from webhook_ingest.shared import archive, storable_json
 from webhook_ingest.shared.dead_letters import iso_utc
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.sources import Source
@@ -178,10 +178,11 @@ def parse_time(field: str, text: str | None) -> datetime | None:
 def parse_payload(text: str | None) -> str | None:
     if not text:
         return None
-    try:
-        value = json.loads(text, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}") from exc
+    try:  # as the ingress parses a body: what jsonb cannot hold (1e999999, NaN, \u0000) is no search either
+        value = storable_json.parse(text.encode())
+    except ValueError as exc:  # UnicodeEncodeError (a lone surrogate) and NotStorable included
+        raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}, whose numbers and text"
+                                       " Postgres can hold") from exc
     if not isinstance(value, dict):
         raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}")
     if not all(_storable(string) for string in _strings(value)) or not _storable(text):
