@@ -214,3 +214,21 @@ async def test_search_input_postgres_cannot_take_is_a_400_not_an_outage(admin_se
     async with running_ingress(admin_settings, load_sources(None)) as client:
         assert await get(client, path) == (400, {"error": code})
         assert (await client.get("/readyz")).status == 200  # and nothing counts it as an outage
+
+
+@pytest.mark.xfail(strict=True, reason="issue 36, finding 12: a filter with no value scans every body")
+async def test_a_payload_filter_the_index_cannot_serve_is_refused(admin_settings, archived):
+    """Issue 36, finding 12: the payload index (jsonb_path_ops) keeps the
+    paths to values; a filter naming no value ({"nokey": {}}) gives it
+    nothing to look up, and Postgres read every body (0.74 s at 60,000
+    rows, growing with the archive). Refused with words saying why; a
+    filter with a value beside an empty object is served."""
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        for unservable in ('{"nokey": {}}', "{}", '{"a": []}', '{"a": [{}], "b": {"c": {}}}'):
+            assert await get(client, f"/admin/events?payload={unservable}") == (400, {"error": "invalid_payload"})
+        status, page = await get(client, '/admin/events?payload={"customer": "cus_123", "nokey": {}}')
+        assert (status, page["events"]) == (200, [])
+        status, page = await get(client, '/admin/events?payload={"customer": "cus_123"}')
+        assert status == 200 and len(page["events"]) == 3
+    result = await asyncio.to_thread(events, "list", "--payload", '{"nokey": {}}')
+    assert result.exit_code == 2 and "at least one value" in result.output
