@@ -187,7 +187,28 @@ def parse_payload(text: str | None) -> str | None:
         raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}")
     if not all(_storable(string) for string in _strings(value)) or not _storable(text):
         raise InvalidFilter("payload", "a NUL or an unpaired surrogate cannot be searched for")
+    if not _names_a_value(value):
+        raise InvalidFilter("payload", "at least one value to look for (a string, number, true, false or null), such"
+                                       " as {\"customer\": \"cus_123\"}: empty objects and lists alone would read"
+                                       " every archived body")
     return text
+
+
+def _names_a_value(value: dict) -> bool:
+    """Whether the filter holds a scalar anywhere. The payload index
+    (jsonb_path_ops, migration 0016) keeps a hash of each path to a value;
+    a filter with none gives it nothing to look up, and Postgres then
+    checks every archived body (0.74 s at 60,000 rows, against 11 ms)."""
+    pending: list = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        else:
+            return True
+    return False
 
 
 def _refuse_constant(name: str):
