@@ -69,13 +69,20 @@ def signed_webhook(url: str, secret: str) -> Send:
 
 def slack_text(change: Change) -> str:
     incident = change.incident
-    what = f"{incident['source']} / {incident['handler'] or 'no handler'}: {incident['error_type']}: " \
-           f"{incident['error_pattern'][:300]}"
+    what = _slack_escaped(f"{incident['source']} / {incident['handler'] or 'no handler'}: {incident['error_type']}: "
+                          f"{incident['error_pattern'][:300]}")
     if change.kind == "incident.resolved":
         return f":white_check_mark: Incident {incident['id']} resolved by {change.actor} — {what}"
     verb = "reopened" if change.kind == "incident.reopened" else "opened"
     return (f":rotating_light: Incident {incident['id']} {verb} — {what} "
             f"({incident['failures']} failures, {incident['dead_letters']} dead letters)")
+
+
+def _slack_escaped(text: str) -> str:
+    """Text Slack shows as typed: an error holds what a sender or a receiver
+    chose, and Slack reads `<!channel>` as a mention of everyone and
+    `<url|words>` as a link; `&`, `<` and `>` are the three it asks escaped."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> None:
