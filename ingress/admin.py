@@ -32,6 +32,7 @@ from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, set
 from webhook_ingest.ingress.failure_budget import failure_budget_key
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.ingress.tokens import may_change, role_of
+from webhook_ingest.shared.archived_events import InvalidFilter, parse_text
 from webhook_ingest.shared.dead_letters import (
     STATUSES,
     Actor,
@@ -108,6 +109,10 @@ async def list_route(request: web.Request) -> web.Response:
     if limit is not None and not parse_id(limit):
         return error(400, "invalid_limit")
     source = request.query.get("source") or None
+    try:
+        parse_text("source", source)  # a NUL: Postgres would refuse the query, which is no outage
+    except InvalidFilter:
+        return error(400, "invalid_source")
     rows = await _store(request).newest_first(source, status, int(limit) if limit else None)
     return json_document(200, [summary(row) for row in rows])
 

@@ -24,6 +24,7 @@ from webhook_ingest.shared.archived_events import (
     page,
     parse_filter,
     parse_limit,
+    parse_text,
     route_names,
 )
 
@@ -51,6 +52,10 @@ async def show_route(request: web.Request) -> web.Response:
     if signature_headers.asked(request) and not may_change(request[role_key]):
         return error(403, "forbidden")
     key, sources = request.match_info["key"], request.config_dict[sources_key]
+    try:
+        parse_text("key", key)  # a NUL: no key holds one, and Postgres would refuse the query (not an outage)
+    except InvalidFilter:
+        return error(400, "invalid_key")
     document = await _store(request).event(key, route_names(sources, key))
     if document is None:
         return error(404, "not_found")

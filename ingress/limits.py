@@ -24,7 +24,7 @@ from webhook_ingest.ingress.client_address import is_within, parse_address, setu
 from webhook_ingest.ingress.content_encoding import UndecodableBody, decoder_for
 from webhook_ingest.ingress.ratelimit import SignInThrottle
 from webhook_ingest.ingress.refusals import RefusalLog, refusal_log_key
-from webhook_ingest.ingress.slots import Slots, slots_key
+from webhook_ingest.ingress.slots import PROMPT_BODY_SECONDS, Slot, Slots, slots_key
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.shared import metrics, ratelimit
 from webhook_ingest.shared.logging import get_logger
@@ -74,15 +74,15 @@ async def check_rate_limit(request: web.Request, source: Source) -> None:
         raise Rejected(error(429, "rate_limited", {"Retry-After": str(max(1, math.ceil(wait)))}))
 
 
-async def read_body_within(request: web.Request, limit: int) -> bytes:
+async def read_body_within(request: web.Request, slot: Slot, limit: int) -> bytes:
     """The body, decoded from its Content-Encoding, never past `limit`
     bytes as sent nor as decoded (413), within `body_timeout` (else 408 and
     the connection closed: a client dribbling its body holds a connection
-    and a slot for nothing)."""
-    return await _within_body_timeout(request, _read_body(request, limit))
+    and a slot for nothing); a slow one counted against its client (`slot`)."""
+    return await _within_body_timeout(request, slot, _read_body(request, limit))
 
 
-async def read_form_within(request: web.Request, limit: int) -> None:
+async def read_form_within(request: web.Request, slot: Slot, limit: int) -> None:
     """A console form's body, its length stated (411) and within `limit`
     (413), not encoded (415: no browser compresses a form, and the limit is
     on what is read), read within `body_timeout` as a webhook's; read
@@ -93,20 +93,41 @@ async def read_form_within(request: web.Request, limit: int) -> None:
         raise Rejected(error(411, "length_required"))
     if request.content_length > limit:
         raise Rejected(error(413, "body_too_large"))
-    await _within_body_timeout(request, request.read())
+    await _within_body_timeout(request, slot, request.read())
 
 
-async def _within_body_timeout(request: web.Request, reading: Awaitable[T]) -> T:
+async def _within_body_timeout(request: web.Request, slot: Slot, reading: Awaitable[T]) -> T:
     try:
         if request.content.is_eof():  # the body already whole (most: it came with the headers) cannot dribble
             return await reading
         async with asyncio.timeout(request.config_dict[settings_key].body_timeout):
-            return await reading
+            return await _counted_if_slow(request, slot, reading)
     except TimeoutError:
         log.info("body_timeout", client=request.remote, path=request.path)
         raise Rejected(await _answered_and_closed(request, error(408, "request_timeout"))) from None
     except (UndecodableBody, web.RequestPayloadError) as exc:  # a broken gzip stream, a broken chunk: bad input
         raise Rejected(error(400, "invalid_json")) from exc
+
+
+async def _counted_if_slow(request: web.Request, slot: Slot, reading: Awaitable[T]) -> T:
+    """`reading`'s result; counted against the client once it has taken
+    `PROMPT_BODY_SECONDS` (a burst's bodies a segment behind their headers
+    are not slow), answered 429 and closed when the client has too many
+    slow ones already."""
+    read = asyncio.ensure_future(reading)
+    try:
+        if not (await asyncio.wait({read}, timeout=PROMPT_BODY_SECONDS))[0]:
+            await _counted_as_slow(request, slot)
+        return await read
+    finally:
+        read.cancel()  # nothing when it is done; else it must not read on after a 429 or a timeout
+
+
+async def _counted_as_slow(request: web.Request, slot: Slot) -> None:
+    try:
+        slot.body_slow()
+    except Rejected as crowded:
+        raise Rejected(await _answered_and_closed(request, crowded.response)) from None
 
 
 async def _answered_and_closed(request: web.Request, response: web.Response) -> web.Response:

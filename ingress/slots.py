@@ -2,14 +2,20 @@
 them one client may hold while their bodies are still arriving.
 
 A slot is taken only once the headers are vetted (a known source, a client
-inside its allowlist, a client with failures left), so a request refused
-for those holds nothing. Beyond `WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS`
-slots the answer is 503 at once: queueing without end only turns overload
-into timeouts. And one client address may have at most
-`WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT` requests whose body has not all
-arrived: beyond, that client alone gets 429. A body trickling in holds its
-slot up to `WEBHOOK_INGEST_BODY_TIMEOUT`; without the per-client bound, one
-client with a few hundred slow connections answered every source 503.
+inside its allowlist), so a request refused for those holds nothing.
+Beyond `WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS` slots the answer is 503 at
+once: queueing without end only turns overload into timeouts. And one
+client address may have at most `WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT`
+requests whose body is still arriving `PROMPT_BODY_SECONDS` after the
+handler began to read it: beyond, that request is answered 429 and its
+connection closed. A body trickling in holds its slot up to
+`WEBHOOK_INGEST_BODY_TIMEOUT`; without the per-client bound, one client
+with a few hundred slow connections answered every source 503.
+
+A body that came with its headers, or just behind them, is not arriving:
+counted from the slot on, a provider's burst from one address (64
+deliveries, their bodies a segment behind their headers) had every
+delivery past the 32nd refused, and GitHub does not redeliver.
 """
 
 import contextlib
@@ -20,6 +26,10 @@ from aiohttp import web
 from webhook_ingest.ingress.client_address import client_key
 from webhook_ingest.ingress.refusals import RefusalLog
 from webhook_ingest.ingress.responses import Rejected, error
+
+# Over the internet a body sent with its headers is all there within a round
+# trip or two; one still arriving after this is slow, and counts.
+PROMPT_BODY_SECONDS = 1.0
 
 
 class Slots:
@@ -32,24 +42,16 @@ class Slots:
 
     @contextlib.contextmanager
     def taken(self, client: str | None) -> Iterator["Slot"]:
-        """A slot for one request of `client`'s, its body counted as arriving
-        until `Slot.body_arrived()`; 429 or 503 (Rejected) when there is none."""
-        key = client_key(client)  # an IPv6 client is its /64
-        self._refuse_if_full(key)
-        slot = Slot(self, key)
+        """A slot for one request of `client`'s; 503 (Rejected) when there is none."""
+        if self._in_flight >= self._limit:
+            raise Rejected(error(503, "unavailable", {"Retry-After": "1"}))
+        slot = Slot(self, client_key(client))  # an IPv6 client is its /64
         self._in_flight += 1
         try:
             yield slot
         finally:
             self._in_flight -= 1
             slot.body_arrived()
-
-    def _refuse_if_full(self, client: str) -> None:
-        if self._bodies_arriving.get(client, 0) >= self._bodies_per_client:
-            self._refusals.info("too_many_bodies_arriving", client)
-            raise Rejected(error(429, "too_many_open_requests", {"Retry-After": "1"}))
-        if self._in_flight >= self._limit:
-            raise Rejected(error(503, "unavailable", {"Retry-After": "1"}))
 
     def _count_body(self, client: str, change: int) -> None:
         count = self._bodies_arriving.get(client, 0) + change
@@ -58,15 +60,27 @@ class Slots:
         else:
             del self._bodies_arriving[client]  # a key per client seen would only grow
 
+    def _refuse_if_crowded(self, client: str) -> None:
+        if self._bodies_arriving.get(client, 0) >= self._bodies_per_client:
+            self._refusals.info("too_many_bodies_arriving", client)
+            raise Rejected(error(429, "too_many_open_requests", {"Retry-After": "1"}))
+
 
 class Slot:
-    """One request's slot; its body counts against its client until it has arrived."""
+    """One request's slot; a slow body counts against its client until it has arrived."""
 
     def __init__(self, slots: Slots, client: str):
         self._slots = slots
         self._client = client
+        self._arriving = False
+
+    def body_slow(self) -> None:
+        """The body is still arriving after `PROMPT_BODY_SECONDS`: counted
+        against its client from now on, or 429 (Rejected) when the client
+        already has `bodies_per_client` such bodies."""
+        self._slots._refuse_if_crowded(self._client)
         self._arriving = True
-        slots._count_body(client, +1)
+        self._slots._count_body(self._client, +1)
 
     def body_arrived(self) -> None:
         if self._arriving:

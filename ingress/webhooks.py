@@ -1,16 +1,17 @@
 """`POST /webhooks/{source}`: verify, identify, publish, then answer.
 
 The checks run in the order docs/reference.md §6 fixes, the first failure answering:
-source (404), client address (403), the client's failure budget (429), a
-slot (429 for a client with too many bodies arriving, else 503), size
-(413, the body read within a time limit), signature (401), the source's rate
-limit (429: only verified requests spend it), JSON or form (400; a body that starts
-as JSON is read as JSON whatever the unsigned Content-Type says), event
-id (400), for an id or type read from a header the signature does not cover its
-signed content's binding (200 `duplicate` of the first key when it came with
-another: ingress/content_bindings.py), then the source's `ignore` rules (200
-`ignored`, nothing queued), and for a source with routes whether any takes it
-(else 200 `ignored`, rule `no route`).
+source (404), client address (403), a slot (503), size (413, the body read
+within a time limit; 429 for a slow body of a client with too many slow
+ones), signature (401; 429 once the client's failure budget is spent, a
+valid signature never refused for it), the source's rate limit (429: only
+verified requests spend it), JSON or form (400; a body that starts as JSON
+is read as JSON whatever the unsigned Content-Type says), event id (400),
+for an id or type read from a header the signature does not cover its
+signed content's binding (200 `duplicate` of the first key when it came
+with another: ingress/content_bindings.py), then the source's `ignore`
+rules (200 `ignored`, nothing queued), and for a source with routes whether
+any takes it (else 200 `ignored`, rule `no route`).
 A 200 `accepted` is only sent once the event is durably stored: the broker
 confirmed the message, or (RabbitMQ away) the Postgres outbox committed it.
 """
@@ -66,7 +67,6 @@ async def _accept(request: web.Request, source: Source | None) -> web.Response:
     if source is None:
         raise Rejected(error(404, "unknown_source"))
     check_client_address(request, source)
-    request.app[failure_budget_key].refuse_if_spent(request.remote)
     with request.app[slots_key].taken(request.remote) as slot:  # the headers vetted: now it may hold one
         body, verified = await _verified_body(request, source, slot)
         await check_rate_limit(request, source)  # the provider's budget: spent by verified requests only
@@ -159,15 +159,14 @@ async def _publish_anyway(publisher: Publisher, event: EventMessage, given_up: G
 
 
 async def _verified_body(request: web.Request, source: Source, slot: Slot) -> tuple[bytes, Verified]:
-    """The body, read and its signature verified (and what the signature covers besides);
-    a failure spends its client's failure budget."""
+    """The body, read and its signature verified (and what the signature covers besides),
+    whatever its client's failure budget: a failure spends it, and past it is answered 429."""
     try:
-        body = await read_body_within(request, source.max_body_bytes)
+        body = await read_body_within(request, slot, source.max_body_bytes)
         slot.body_arrived()
         verified = _verify(source, request, body)
-    except Rejected:
-        request.app[failure_budget_key].charge(request.remote)
-        raise
+    except Rejected as failure:
+        raise request.app[failure_budget_key].charged(request.remote, failure) from None
     return body, verified
 
 
@@ -175,7 +174,8 @@ def _verify(source: Source, request: web.Request, body: bytes) -> Verified:
     try:
         return source.verifier.verify(request.headers, body, query_string=request.rel_url.raw_query_string)
     except SignatureError as exc:
-        log.info("signature_rejected", source=source.name, reason=exc.code)
+        if request.app[failure_budget_key].has_failures_left(request.remote):  # else one too_many_failures a minute
+            log.info("signature_rejected", source=source.name, reason=exc.code)
         challenge = getattr(source.verifier, "challenge", None)  # basic-auth's WWW-Authenticate
         raise Rejected(error(401, exc.code, {"WWW-Authenticate": challenge} if challenge else None)) from exc
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 import orjson
 
-from webhook_ingest.shared import archive
+from webhook_ingest.shared import archive, storable_json
 from webhook_ingest.shared.dead_letters import iso_utc
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.sources import Source
@@ -103,7 +103,7 @@ class Cursor:
             if len(arrival) > 1 or not all(type(value) is int and 0 <= value < 2**63 for value in arrival):
                 raise ValueError("not a cursor")  # a bigint, or none: a cursor from before arrivals had ids
             return cls(datetime.fromisoformat(received_at), str(source), str(key), *arrival)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: '[' nested past the stack
             raise InvalidFilter("cursor", "not a cursor this API gave") from exc
 
 
@@ -178,15 +178,37 @@ def parse_time(field: str, text: str | None) -> datetime | None:
 def parse_payload(text: str | None) -> str | None:
     if not text:
         return None
-    try:
-        value = json.loads(text, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}") from exc
+    try:  # as the ingress parses a body: what jsonb cannot hold (1e999999, NaN, \u0000) is no search either
+        value = storable_json.parse(text.encode())
+    except ValueError as exc:  # UnicodeEncodeError (a lone surrogate) and NotStorable included
+        raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}, whose numbers and text"
+                                       " Postgres can hold") from exc
     if not isinstance(value, dict):
         raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}")
     if not all(_storable(string) for string in _strings(value)) or not _storable(text):
         raise InvalidFilter("payload", "a NUL or an unpaired surrogate cannot be searched for")
+    if not _names_a_value(value):
+        raise InvalidFilter("payload", "at least one value to look for (a string, number, true, false or null), such"
+                                       " as {\"customer\": \"cus_123\"}: empty objects and lists alone would read"
+                                       " every archived body")
     return text
+
+
+def _names_a_value(value: dict) -> bool:
+    """Whether the filter holds a scalar anywhere. The payload index
+    (jsonb_path_ops, migration 0016) keeps a hash of each path to a value;
+    a filter with none gives it nothing to look up, and Postgres then
+    checks every archived body (0.74 s at 60,000 rows, against 11 ms)."""
+    pending: list = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        else:
+            return True
+    return False
 
 
 def _refuse_constant(name: str):

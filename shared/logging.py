@@ -8,15 +8,20 @@ tracing on, a line made inside a trace carries its `trace_id` and `span_id`
 Libraries' own warnings (stdlib `logging`: asyncpg, aio-pika, aiohttp) are
 rendered the same way, so a JSON log stays one object per line — a
 traceback goes into its `exception` field instead of across forty lines.
+No line carries a URL's user, password or query (`_redact_urls`,
+shared/errors.py): an error or a traceback repeats the URL it was given.
 """
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import orjson
 import structlog
 
 from webhook_ingest.shared import tracing
+from webhook_ingest.shared.errors import redacted
 
 from webhook_ingest.shared.storable_text import cleaned, storable
 
@@ -31,11 +36,11 @@ def configure_logging(log_format: str | None = None, level: int = logging.INFO) 
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     if log_format == "json":
-        processors = [*shared_processors, structlog.processors.format_exc_info, _json_renderer(bytes)]
+        processors = [*shared_processors, structlog.processors.format_exc_info, _redact_urls, _json_renderer(bytes)]
         factory: structlog.BytesLoggerFactory | structlog.PrintLoggerFactory
         factory = structlog.BytesLoggerFactory(sys.stderr.buffer)
     else:
-        processors = [*shared_processors, structlog.dev.ConsoleRenderer()]
+        processors = [*shared_processors, _redact_urls, structlog.dev.ConsoleRenderer()]
         factory = structlog.PrintLoggerFactory(sys.stderr)
     _route_library_logging(shared_processors, processors[-1], level)
     structlog.configure(
@@ -53,11 +58,18 @@ def _route_library_logging(shared_processors: list, renderer, level: int) -> Non
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*shared_processors, structlog.stdlib.add_logger_name],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.processors.format_exc_info, renderer],
+                    structlog.processors.format_exc_info, _redact_urls, renderer],
     ))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(level, logging.WARNING))  # libraries' info lines are noise here
+
+
+def _redact_urls(logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for name, value in event_dict.items():
+        if isinstance(value, str) and "://" in value:
+            event_dict[name] = redacted(value)
+    return event_dict
 
 
 def _json_renderer(kind: type):

@@ -47,8 +47,9 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_BODY_TIMEOUT", "seconds a request has to send its whole body"),
     ("WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", "webhook requests one ingress process works on at once, counted once"
                                                " their headers are vetted; beyond, 503 at once"),
-    ("WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT", "webhook requests of one client address whose body is still arriving, per"
-                                             " ingress process; beyond, 429 to that client"),
+    ("WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT", "webhook requests of one client address whose body is still arriving"
+                                             " a second after it began to be read, per ingress process; beyond, 429"
+                                             " to that client"),
     ("LOG_FORMAT", "json or console (default: console on a TTY, else json)"),
 )
 

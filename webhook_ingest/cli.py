@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from webhook_ingest.terminal import echo
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.logging import configure_logging, get_logger
 from webhook_ingest.shared.settings import Settings, load_settings
@@ -107,7 +108,7 @@ def _migrate_or_fail(settings: Settings) -> None:
         fail(f"cannot reach PostgreSQL at {where}: {one_line(exc)}")
     except asyncpg.PostgresError as exc:
         fail(f"PostgreSQL at {where}: {describe(exc)}")
-    click.echo(f"migrations applied: {', '.join(applied)}" if applied else "database is up to date")
+    echo(f"migrations applied: {', '.join(applied)}" if applied else "database is up to date")
 
 
 @main.command(epilog=ENV_HELP)
@@ -167,7 +168,7 @@ def send_test_command(source_name: str, url: str, duplicates: int) -> None:
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
         fail(f"cannot reach the ingress at {url}: {exc}")
     for status, body in results:
-        click.echo(f"{status} {body}")
+        echo(f"{status} {body}")
     refused = [status for status, _ in results if not 200 <= status < 300]
     if refused:
         hint = f" (no source {source_name!r} there: is it this deployment's ingress?)" if 404 in refused else ""
@@ -247,14 +248,14 @@ def run(host: str, port: int, ingress_processes: str, worker_count: int, concurr
     problems = asyncio.run(service_problems(settings))
     if problems:
         for problem in problems:
-            click.echo(f"error: {problem}", err=True)
+            echo(f"error: {problem}", err=True)
         sys.exit(1)
     _migrate_or_fail(settings)
     ingress_count = layout.ingress_processes(ingress_processes)
-    click.echo(f"ingress on http://{host}:{port}  ({ingress_count} ingress processes, {worker_count} workers × "
+    echo(f"ingress on http://{host}:{port}  ({ingress_count} ingress processes, {worker_count} workers × "
                f"{concurrency} in flight; Ctrl-C stops all)")
-    click.echo(f"try it:  {send_test_line(next(iter(sources)), host, port)}")
-    click.echo(console_line(settings, host, port))
+    echo(f"try it:  {send_test_line(next(iter(sources)), host, port)}")
+    echo(console_line(settings, host, port))
     _supervise({**layout.ingress_commands(host, port, ingress_count),
                 **layout.worker_commands(worker_count, concurrency, worker_metrics_port)})
 

@@ -5,8 +5,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn
 
-import click
-
+from webhook_ingest.terminal import echo
 from webhook_ingest.shared import tracing
 from webhook_ingest.shared.errors import ConfigError, WebhookIngestError
 from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES
@@ -20,7 +19,7 @@ ENV_HELP = "\b\nEnvironment:\n" + "\n".join(f"  {name:<30} {meaning}" for name, 
 
 def fail(message: str) -> NoReturn:
     """One line on stderr, exit 2."""
-    click.echo(f"error: {message}", err=True)
+    echo(f"error: {message}", err=True)
     sys.exit(2)
 
 

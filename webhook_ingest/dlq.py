@@ -16,6 +16,7 @@ import asyncpg
 import click
 import orjson
 
+from webhook_ingest.terminal import echo
 from webhook_ingest.shared import amqp, topology
 from webhook_ingest.shared.dead_letters import (
     STATUSES,
@@ -66,9 +67,9 @@ def list_command(source: str | None, status: str, limit: int | None, as_json: bo
     if as_json:
         _echo_json([summary(row) for row in rows])
     elif rows:
-        click.echo(render_table(rows, datetime.now(UTC)))
+        echo(render_table(rows, datetime.now(UTC)))
     else:
-        click.echo(f"no dead letters with status {status}" + (f" from source {source}" if source else ""))
+        echo(f"no dead letters with status {status}" + (f" from source {source}" if source else ""))
 
 
 @dlq.command("show", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
@@ -81,7 +82,7 @@ def show_command(dead_letter_id: str, as_json: bool) -> None:
     if as_json:
         _echo_json(detail(row))
     else:
-        click.echo(render_detail(detail(row)))
+        echo(render_detail(detail(row)))
 
 
 @dlq.command("replay", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
@@ -98,10 +99,10 @@ def replay_command(dead_letter_ids: tuple[str, ...], all_: bool, source: str | N
     settings = _settings()
     traced("cli")  # each replay a trace of its own
     done = run_or_fail(_replay(settings, ids, all_, source))
-    click.echo(f"replayed {len(done.replayed)}: {', '.join(map(str, done.replayed))}" if done.replayed
+    echo(f"replayed {len(done.replayed)}: {', '.join(map(str, done.replayed))}" if done.replayed
                else "replayed 0")
     if done.skipped:
-        click.echo(f"skipped {len(done.skipped)}, changed meanwhile (replayed or discarded by someone else): "
+        echo(f"skipped {len(done.skipped)}, changed meanwhile (replayed or discarded by someone else): "
                    f"{', '.join(map(str, done.skipped))}")
 
 
@@ -111,7 +112,7 @@ def discard_command(dead_letter_ids: tuple[str, ...]) -> None:
     """Mark dead letters discarded (kept for audit); all or nothing."""
     ids = parse_ids(dead_letter_ids)
     discarded = run_or_fail(_with_store(_settings(), lambda store: store.discard(ids, Actor.cli())))
-    click.echo(f"discarded {len(discarded)}: {', '.join(map(str, discarded))}")
+    echo(f"discarded {len(discarded)}: {', '.join(map(str, discarded))}")
 
 
 @click.command(epilog=ENV_HELP)
@@ -125,7 +126,7 @@ def prune(older_than: str) -> None:
     """
     window = parse_duration(older_than)
     pruned = run_or_fail(_prune(_settings(), window))
-    click.echo(f"pruned {pruned} completion records older than {older_than}")
+    echo(f"pruned {pruned} completion records older than {older_than}")
 
 
 # -- arguments -------------------------------------------------------------------
@@ -224,7 +225,7 @@ async def _replay(settings: Settings, ids: list[int], all_: bool, source: str | 
 
 
 def _echo_json(document) -> None:
-    click.echo(to_json(document).decode())
+    echo(to_json(document).decode())
 
 
 def render_table(rows: list[dict], now: datetime) -> str:

@@ -15,6 +15,7 @@ from typing import BinaryIO
 
 import click
 
+from webhook_ingest.terminal import echo, one_line
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 from webhook_ingest.dlq import _echo_json, _indented_json, _settings, age, database, trimmed
 from webhook_ingest.shared.archive_store import ArchiveStore
@@ -84,11 +85,11 @@ def list_command(source, status, event_type, since, until, key, event_id, payloa
     if as_json:
         _echo_json(document)
         return
-    click.echo(_table(document["events"], datetime.now(UTC)) if document["events"] else "no archived events")
+    echo(_table(document["events"], datetime.now(UTC)) if document["events"] else "no archived events")
     if document["count"] is not None:
-        click.echo(f"{document['count']}{'+' if document['count_capped'] else ''} matching")
+        echo(f"{document['count']}{'+' if document['count_capped'] else ''} matching")
     if document["next"]:
-        click.echo(f"more: --cursor {document['next']}")
+        echo(f"more: --cursor {document['next']}")
 
 
 @events.command("show", epilog=ENV_HELP)
@@ -101,24 +102,24 @@ def show_command(key: str, as_json: bool) -> None:
     if as_json:
         _echo_json(document)
         return
-    click.echo(f"key: {document['key']}")
+    echo(f"key: {document['key']}")
     completion = document["completion"]
     for route, done in document["completions"].items():
-        click.echo(f"completed, route {route}: {done['completed_at']} (attempt {done['attempts']})" if done
+        echo(f"completed, route {route}: {done['completed_at']} (attempt {done['attempts']})" if done
                    else f"completed, route {route}: no (or pruned)")
     if completion or not document["completions"]:
-        click.echo(f"completed: {completion['completed_at']} (attempt {completion['attempts']})" if completion
+        echo(f"completed: {completion['completed_at']} (attempt {completion['attempts']})" if completion
                    else "completed: no (or pruned)")
     for dead_letter in document["dead_letters"]:
         route = f" (route {dead_letter['route']})" if dead_letter.get("route") else ""
-        click.echo(f"dead letter {dead_letter['id']}: {dead_letter['status']}{route}")
+        echo(f"dead letter {dead_letter['id']}: {dead_letter['status']}{route}")
     for arrival in document["arrivals"]:
-        click.echo(f"\narrival {arrival['received_at']}  {arrival['status']}  type {arrival['event_type'] or '-'}"
+        echo(f"\narrival {arrival['received_at']}  {arrival['status']}  type {arrival['event_type'] or '-'}"
                    f"  attempts {arrival['attempts']}" + (f"  last error: {arrival['last_error']}"
                                                           if arrival["last_error"] else ""))
-        click.echo(f"headers:\n{_indented_json(arrival['headers'])}")
+        echo(f"headers:\n{_indented_json(arrival['headers'])}")
         payload = arrival["payload"]
-        click.echo(f"payload:\n{_indented_json(payload)}" if payload is not None
+        echo(f"payload:\n{_indented_json(payload)}" if payload is not None
                    else f"body:\n  {arrival.get('body') or '(not yet archived)'}")
 
 
@@ -190,7 +191,7 @@ def _sources(settings: Settings, without_them: str) -> dict[str, Source]:
     try:
         return load_sources(settings.sources_path)
     except ConfigError as exc:
-        click.echo(f"warning: {exc}; {without_them}", err=True)
+        echo(f"warning: {exc}; {without_them}", err=True)
         return {}
 
 
@@ -206,7 +207,7 @@ def _table(rows: list[dict], now: datetime) -> str:
     lines = [f"{'RECEIVED':<10} {'SOURCE':<12} {'STATUS':<10} {'TYPE':<20} {'ATTEMPTS':>8}  EVENT ID / LAST ERROR"]
     for row in rows:
         received = age(now - datetime.fromisoformat(row["received_at"]))
-        detail = row["event_id"] + (f"  {trimmed(row['last_error'], 60)}" if row["last_error"] else "")
+        detail = one_line(row["event_id"]) + (f"  {trimmed(row['last_error'], 60)}" if row["last_error"] else "")
         lines.append(f"{received:<10} {trimmed(row['source'], 12):<12} {row['status']:<10} "
                      f"{trimmed(row['event_type'] or '-', 20):<20} {row['attempts']:>8}  {detail}")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ import sys
 
 import click
 
+from webhook_ingest.terminal import echo
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 from webhook_ingest.dlq import _echo_json, _settings, confirm_channel, database
 from webhook_ingest.events import cli_filter, events, filter_options, source_routes
@@ -50,7 +51,7 @@ def replay(source, status, event_type, since, until, key, event_id, payload, dry
     if show_id is not None or cancel_id is not None:
         replay_id = show_id if show_id is not None else cancel_id
         document = run_or_fail(_show_or_cancel(settings, replay_id, cancel=cancel_id is not None)).document()
-        _echo_json(document) if as_json else click.echo(_describe(document))
+        _echo_json(document) if as_json else echo(_describe(document))
         return
     if resume_id is not None:
         _run(settings, resume_id, rate, as_json)
@@ -61,13 +62,13 @@ def replay(source, status, event_type, since, until, key, event_id, payload, dry
         fail(f"invalid --{exc.field.replace('_', '-')}: {exc}")
     if dry_run:
         count = run_or_fail(_count(settings, where))
-        _echo_json({"dry_run": True, "count": count}) if as_json else click.echo(f"{count} events would be replayed")
+        _echo_json({"dry_run": True, "count": count}) if as_json else echo(f"{count} events would be replayed")
         return
     prepared = run_or_fail(_prepare(settings, where))
     if prepared.total == 0:
         run_or_fail(_show_or_cancel(settings, prepared.id, cancel=True))
         fail("no archived event matches: nothing to replay")
-    click.echo(f"replay {prepared.id}: {prepared.total} events frozen", err=as_json)
+    echo(f"replay {prepared.id}: {prepared.total} events frozen", err=as_json)
     if not yes and not click.confirm(f"Replay these {prepared.total} events at {rate:g} per second?", err=as_json):
         run_or_fail(_show_or_cancel(settings, prepared.id, cancel=True))
         fail(f"replay {prepared.id} cancelled: nothing was published")
@@ -82,7 +83,7 @@ def _run(settings: Settings, replay_id: int, rate: float, as_json: bool) -> None
     if as_json:
         _echo_json(finished.document())
     else:
-        click.echo(_describe(finished.document()))
+        echo(_describe(finished.document()))
     if finished.state != "done":
         sys.exit(1)
 
@@ -134,7 +135,7 @@ class _Progress:
         now = asyncio.get_running_loop().time()
         if now - self._shown_at >= 1.0 or item == total:
             self._shown_at = now
-            click.echo(f"replay {self._replay_id}: {item} of {total} ({published} published, {skipped} skipped)",
+            echo(f"replay {self._replay_id}: {item} of {total} ({published} published, {skipped} skipped)",
                        err=True)
 
 

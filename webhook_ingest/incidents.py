@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from webhook_ingest.terminal import echo
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail, traced
 from webhook_ingest.dlq import _echo_json, _settings, age, confirm_channel, database, trimmed
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
@@ -38,9 +39,9 @@ def list_command(state: str | None, limit: int, as_json: bool) -> None:
     if as_json:
         _echo_json(documents)
     elif documents:
-        click.echo(_table(documents, datetime.now(UTC)))
+        echo(_table(documents, datetime.now(UTC)))
     else:
-        click.echo("no incidents" + (f" in state {state}" if wanted else ""))
+        echo("no incidents" + (f" in state {state}" if wanted else ""))
 
 
 @incidents.command("show", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
@@ -58,13 +59,13 @@ def show_command(incident_id: str, as_json: bool) -> None:
     if as_json:
         _echo_json(document)
         return
-    click.echo("\n".join(f"{name}: {document[name]}" for name in (
+    echo("\n".join(f"{name}: {document[name]}" for name in (
         "id", "state", "source", "handler", "error_type", "error_pattern", "last_error", "failures",
         "dead_letters", "first_seen", "last_seen", "acknowledged_by", "resolved_by")))
     for change in document["history"]:
-        click.echo(f"  {change['at'].astimezone(UTC).isoformat()}  {change['state']:<13} by {change['actor']}")
+        echo(f"  {change['at'].astimezone(UTC).isoformat()}  {change['state']:<13} by {change['actor']}")
     for event in document["events"]:
-        click.echo(f"  event {event['event_id']}  failures {event['failures']}  dead letter "
+        echo(f"  event {event['event_id']}  failures {event['failures']}  dead letter "
                    f"{event['dead_letter_id'] or '-'} ({event['dead_letter_status'] or 'retrying'})")
 
 
@@ -89,7 +90,7 @@ def replay_command(incident_id: str) -> None:
     settings = _settings()
     traced("cli")  # each replay a trace of its own
     done: Replayed = run_or_fail(_replay(settings, _parse(incident_id)))
-    click.echo(f"replayed {len(done.replayed)}" + (f", skipped {len(done.skipped)} changed meanwhile"
+    echo(f"replayed {len(done.replayed)}" + (f", skipped {len(done.skipped)} changed meanwhile"
                                                     if done.skipped else ""))
 
 
@@ -100,13 +101,13 @@ def discard_command(incident_id: str) -> None:
     async def discard(connection, ids: list[int]) -> list[int]:
         return await DeadLetterStore(connection).discard(ids, Actor.cli()) if ids else []
 
-    click.echo(f"discarded {len(run_or_fail(_open_dead_letters(_settings(), _parse(incident_id), discard)))}")
+    echo(f"discarded {len(run_or_fail(_open_dead_letters(_settings(), _parse(incident_id), discard)))}")
 
 
 def _change(incident_id: str, state: str, unchanged: str) -> None:
     parsed = _parse(incident_id)
     changed = run_or_fail(_with_store(_settings(), lambda store: store.change(parsed, state, str(Actor.cli()))))
-    click.echo(f"incident {parsed} {state}" if changed else f"incident {parsed} {unchanged}")
+    echo(f"incident {parsed} {state}" if changed else f"incident {parsed} {unchanged}")
 
 
 def _parse(text: str) -> int:

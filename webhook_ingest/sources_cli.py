@@ -10,6 +10,7 @@ import asyncio
 
 import click
 
+from webhook_ingest.terminal import echo
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 from webhook_ingest.dlq import _settings, database
 from webhook_ingest.shared import topology
@@ -36,7 +37,7 @@ def list_command() -> None:
         state = f"paused by {paused[name]['paused_by']} at {paused[name]['paused_at'].isoformat()}" \
             if name in paused else "running"
         count = waiting.get(name)
-        click.echo(f"{name}  {state}  waiting: {'n/a' if count is None else count}")
+        echo(f"{name}  {state}  waiting: {'n/a' if count is None else count}")
 
 
 @sources.command("pause", epilog=ENV_HELP)
@@ -60,7 +61,7 @@ def _change(name: str, pause: bool) -> None:
     changed = run_or_fail(_pause_or_resume(settings, name, pause))
     verb = "paused" if pause else "resumed"
     unchanged = "already paused" if pause else "not paused"
-    click.echo(f"source {name} {verb}" if changed else f"source {name} was {unchanged}")
+    echo(f"source {name} {verb}" if changed else f"source {name} was {unchanged}")
 
 
 def _source_names(settings: Settings) -> set[str]:

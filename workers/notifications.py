@@ -69,8 +69,8 @@ def signed_webhook(url: str, secret: str) -> Send:
 
 def slack_text(change: Change) -> str:
     incident = change.incident
-    what = f"{incident['source']} / {incident['handler'] or 'no handler'}: {incident['error_type']}: " \
-           f"{incident['error_pattern'][:300]}"
+    what = _slack_escaped(f"{incident['source']} / {incident['handler'] or 'no handler'}: {incident['error_type']}: "
+                          f"{incident['error_pattern'][:300]}")
     if change.kind == "incident.resolved":
         return f":white_check_mark: Incident {incident['id']} resolved by {change.actor} — {what}"
     verb = "reopened" if change.kind == "incident.reopened" else "opened"
@@ -78,11 +78,19 @@ def slack_text(change: Change) -> str:
             f"({incident['failures']} failures, {incident['dead_letters']} dead letters)")
 
 
+def _slack_escaped(text: str) -> str:
+    """Text Slack shows as typed: an error holds what a sender or a receiver
+    chose, and Slack reads `<!channel>` as a mention of everyone and
+    `<url|words>` as a link; `&`, `<` and `>` are the three it asks escaped."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 async def _post(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> None:
     async with session.post(url, data=body, headers={**headers, "Content-Type": "application/json"},
                             timeout=aiohttp.ClientTimeout(total=SEND_SECONDS)) as answer:
         if answer.status >= 300:
-            raise RuntimeError(f"{url.split('?')[0]} answered {answer.status}")
+            # the target's name says which; its URL may be the secret itself (Slack's path)
+            raise RuntimeError(f"answered {answer.status}")
 
 
 def targets_from(settings: Settings) -> dict[str, Send]:

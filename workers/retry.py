@@ -16,7 +16,7 @@ import asyncpg
 from webhook_ingest.shared import topology, tracing
 from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.errors import describe, redacted
 from webhook_ingest.shared.incident_store import Failure, record_failure
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, to_amqp
@@ -34,13 +34,15 @@ MESSAGE_CHARS = 2000
 
 
 def describe_failure(exc: BaseException, attempt: int) -> dict:
+    """A failed attempt as stored (dead letters, incidents, the archive) and
+    logged: its message and traceback redacted (shared/errors.py)."""
     lines = traceback.format_exception(exc)
     return {
         "attempt": attempt,
         "at": datetime.now(UTC).isoformat(),
         "type": type(exc).__name__,
-        "message": str(exc)[:MESSAGE_CHARS],
-        "traceback": "".join(lines[-TRACEBACK_LINES:]),
+        "message": redacted(str(exc))[:MESSAGE_CHARS],
+        "traceback": redacted("".join(lines[-TRACEBACK_LINES:])),
     }
 
 

@@ -45,7 +45,7 @@ async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         with request.config_dict[slots_key].taken(request.remote) as slot:
             if request.method == "POST":
-                await read_form_within(request, MAX_FORM_BYTES)
+                await read_form_within(request, slot, MAX_FORM_BYTES)
             slot.body_arrived()
             return await handler(request)
     except Rejected as rejection:

@@ -4,6 +4,7 @@ list|show`, which answer the same documents. Real Postgres; the archive is
 written as the ingress and the workers write it (ArchiveStore)."""
 
 import asyncio
+import base64
 import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
@@ -20,7 +21,7 @@ from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
 from tests.support.dead_letters import failure
 from tests.support.events import make_event
-from tests.support.ingress import running_ingress
+from tests.support.ingress import console_login, running_ingress
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import new_arrival
 
@@ -184,6 +185,15 @@ def test_the_cli_says_in_one_line_what_is_wrong(admin_settings):
     assert result.exit_code == 2 and "no archived event with key 'stripe:nope'" in result.output
 
 
+async def test_a_cursor_nested_past_the_parsers_stack_is_a_400_and_the_consoles_newest_page(admin_settings):
+    nested = base64.urlsafe_b64encode(b"[" * 1200).decode().rstrip("=")
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        assert await get(client, f"/admin/events?cursor={nested}") == (400, {"error": "invalid_cursor"})
+        await console_login(client, TOKEN)
+        page = await client.get(f"/console/events?cursor={nested}")
+        assert page.status == 200 and "The page link is not valid" in await page.text()
+
+
 @pytest.mark.parametrize("query, code", [
     ("source=a%00b", "invalid_source"), ("key=%00", "invalid_key"), ('payload={"n": NaN}', "invalid_payload"),
     ('payload={"a": "\\u0000"}', "invalid_payload"),
@@ -191,3 +201,33 @@ def test_the_cli_says_in_one_line_what_is_wrong(admin_settings):
 async def test_a_filter_postgres_would_refuse_is_a_400_not_a_database_failure(admin_settings, query, code):
     async with running_ingress(admin_settings, load_sources(None)) as client:
         assert await get(client, f"/admin/events?{query}") == (400, {"error": code})
+
+
+@pytest.mark.parametrize("path, code", [
+    ('/admin/events?payload={"a": 1e999999}', "invalid_payload"), ('/admin/events?payload={"a": 1e-999999}',
+                                                                   "invalid_payload"),
+    ("/admin/events/h:%00", "invalid_key"), ("/admin/dead-letters?source=%00", "invalid_source"),
+])
+async def test_search_input_postgres_cannot_take_is_a_400_not_an_outage(admin_settings, path, code):
+    """Issue 36, finding 11: a number past numeric's range or a NUL in an
+    event's key read as a database outage (503 and a warning line)."""
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        assert await get(client, path) == (400, {"error": code})
+        assert (await client.get("/readyz")).status == 200  # and nothing counts it as an outage
+
+
+async def test_a_payload_filter_the_index_cannot_serve_is_refused(admin_settings, archived):
+    """Issue 36, finding 12: the payload index (jsonb_path_ops) keeps the
+    paths to values; a filter naming no value ({"nokey": {}}) gives it
+    nothing to look up, and Postgres read every body (0.74 s at 60,000
+    rows, growing with the archive). Refused with words saying why; a
+    filter with a value beside an empty object is served."""
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+        for unservable in ('{"nokey": {}}', "{}", '{"a": []}', '{"a": [{}], "b": {"c": {}}}'):
+            assert await get(client, f"/admin/events?payload={unservable}") == (400, {"error": "invalid_payload"})
+        status, page = await get(client, '/admin/events?payload={"customer": "cus_123", "nokey": {}}')
+        assert (status, page["events"]) == (200, [])
+        status, page = await get(client, '/admin/events?payload={"customer": "cus_123"}')
+        assert status == 200 and len(page["events"]) == 3
+    result = await asyncio.to_thread(events, "list", "--payload", '{"nokey": {}}')
+    assert result.exit_code == 2 and "at least one value" in result.output

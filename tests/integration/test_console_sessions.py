@@ -18,7 +18,7 @@ from webhook_ingest.ingress.console.security import COOKIE_NAME
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
 from tests.support.dead_letters import seed_dead_letters
-from tests.support.ingress import running_ingress
+from tests.support.ingress import running_ingress, status_lines_once_answered
 
 OPERATOR = "operator-token-for-the-session-tests-0123456789"
 ROTATED = "a-rotated-operator-token-for-the-session-tests"
@@ -149,12 +149,7 @@ async def test_console_requests_count_against_the_clients_bodies_and_the_bound(s
     async with running_ingress(bounded, load_sources(None)) as client:
         slow = [await raw_post(client.port, "/console/login", 100, b"t", "127.0.0.3") for _ in range(5)]
         try:
-            heads = []
-            for reader, _ in slow:
-                try:
-                    heads.append(await status_line(reader, within=0.5))
-                except TimeoutError:
-                    heads.append(None)
+            heads = await status_lines_once_answered([reader for reader, _ in slow], answered=2)
             assert (await client.get("/console/login")).status == 200  # another client is served
         finally:
             for _, writer in slow:

@@ -94,7 +94,7 @@ async def test_each_change_but_acknowledgement_is_sent_once_to_each_target(setti
         f":rotating_light: Incident {incident['id']} opened",
         f":white_check_mark: Incident {incident['id']} resolved by operator:alice",
         f":rotating_light: Incident {incident['id']} reopened"]
-    assert "acme / inbox: RuntimeError: downstream answered <n>" in texts[0]
+    assert "acme / inbox: RuntimeError: downstream answered &lt;n&gt;" in texts[0]  # Slack shows <n>
 
     verifier = standardwebhooks.Webhook(SECRET)
     documents = [verifier.verify(body, headers) for headers, body in webhook_receiver.received]
@@ -103,6 +103,22 @@ async def test_each_change_but_acknowledgement_is_sent_once_to_each_target(setti
     assert documents[0]["data"]["id"] == incident["id"] and documents[0]["data"]["error_type"] == "RuntimeError"
     ids = [headers["webhook-id"] for headers, _ in webhook_receiver.received]
     assert ids[0] == ids[1] and len(set(ids)) == 3  # the retried one keeps its id: a receiver can tell
+
+
+async def test_an_error_text_reaches_slack_as_text_not_markup(settings, pool, receivers):
+    """An error message holds text a sender or a downstream chose (a
+    payload's value, a receiver's answer). Slack reads `<!channel>` as a
+    mention of everyone and `<https://…|text>` as a link under any words:
+    the message must show them as typed (`&`, `<`, `>` escaped, as Slack
+    asks), never ping anyone nor hide a link."""
+    slack_receiver, slack_url = await receivers()
+    notifier = Notifier(pool, {"slack": slack(slack_url)})
+    await fail_once(settings, pool, "evt_1", "downstream said <!channel> run <https://evil.example|the fix> & wait")
+    async with aiohttp.ClientSession() as session:
+        assert await notifier.send_due(session) == 1
+    [text] = [orjson.loads(body)["text"] for _, body in slack_receiver.received]
+    assert "<!channel>" not in text and "<https://" not in text
+    assert "said &lt;!channel&gt; run &lt;&lt;url&gt; fix&gt; &amp; wait" in text  # the URL masked in the pattern
 
 
 async def test_with_no_target_due_changes_are_dropped_not_kept_for_later(settings, pool, receivers):

@@ -18,7 +18,7 @@ from webhook_ingest.shared.metrics import ingress_rate_limit_local
 from webhook_ingest.shared.ratelimit import RateLimiter
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
-from tests.support.ingress import queued_events, running_ingress
+from tests.support.ingress import queued_events, running_ingress, status_lines_once_answered
 from tests.support.tcpproxy import free_port
 
 SECRET = "public-endpoint-secret"
@@ -161,21 +161,41 @@ async def test_unverified_requests_do_not_spend_the_sources_rate_limit(settings,
         assert (await client.post("/webhooks/limited", data=body, headers=headers)).status == 200
 
 
-async def test_a_client_failing_verification_is_refused_alone(settings, sources):
-    """Failures spend a budget of their client's: beyond it 429 before the
-    body is read, for that client only."""
+async def test_a_client_failing_verification_is_answered_429_past_its_budget(settings, sources):
+    """Failures spend a budget of their client's: beyond it 429 with
+    `Retry-After`, for that client only (its signed deliveries are still
+    served: test_failures_from_a_shared_address_never_refuse_its_valid_deliveries)."""
     async with running_ingress(settings, sources) as client:
         statuses = [(await client.post("/webhooks/inside", data=b"{}")).status for _ in range(FAILURES_BURST + 3)]
         assert statuses == [401] * FAILURES_BURST + [429] * 3
-        body, headers = signed(1)
-        same_client = await client.post("/webhooks/inside", data=body, headers=headers)
-        assert (same_client.status, await same_client.json()) == (429, {"error": "too_many_failures"})
-        assert int(same_client.headers["Retry-After"]) >= 1
+        past = await client.post("/webhooks/inside", data=b"{}")
+        assert (past.status, await past.json()) == (429, {"error": "too_many_failures"})
+        assert int(past.headers["Retry-After"]) >= 1
         other = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
         async with aiohttp.ClientSession(connector=other) as session:
             url = f"http://127.0.0.1:{client.port}/webhooks/inside"
-            async with session.post(url, data=body, headers=headers) as answer:
-                assert answer.status == 200, await answer.text()
+            async with session.post(url, data=b"{}") as answer:
+                assert answer.status == 401, await answer.text()
+
+
+async def test_failures_from_a_shared_address_never_refuse_its_valid_deliveries(settings, sources):
+    """Issue 36, finding 7: providers deliver every customer's webhooks from a
+    few addresses, and anyone may point their own account at our URL with a
+    wrong secret. Their failures still get 401, then 429 once over the
+    budget; the provider's signed deliveries from that address are accepted."""
+    wrong_body = orjson.dumps({"id": "someone_elses"})
+    wrong = signatures.sign("hmac-sha256", wrong_body, "someone-elses-secret")
+    async with running_ingress(settings, sources) as client:
+        failed, delivered = [], []
+        for n in range(4):
+            for _ in range(10):
+                failed.append((await client.post("/webhooks/inside", data=wrong_body, headers=wrong)).status)
+            body, headers = signed(n)
+            delivered.append((await client.post("/webhooks/inside", data=body, headers=headers)).status)
+    assert failed == [401] * FAILURES_BURST + [429] * (40 - FAILURES_BURST)
+    assert delivered == [200] * 4
+    assert sorted(event.key for event in await queued_events(settings.amqp_url, settings.namespace)) == [
+        f"inside:evt_{n}" for n in range(4)]
 
 
 async def test_beyond_the_concurrency_bound_the_ingress_answers_503_at_once(settings, sources, monkeypatch):
@@ -216,15 +236,16 @@ async def trickling(port: int, client_address: str, body: bytes, headers: dict[s
 
 async def test_one_client_trickling_many_bodies_does_not_starve_another(settings, sources, monkeypatch):
     """Issue 21, item 3: real connections from 127.0.0.3 holding slow bodies,
-    a signed delivery from 127.0.0.1 meanwhile."""
-    bounded = settings_with(monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="10",
+    a signed delivery from 127.0.0.1 meanwhile. Once slow (PROMPT_BODY_SECONDS),
+    all but 3 are answered 429 and closed."""
+    bounded = settings_with(monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="12",
                             WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT="3")
-    body, headers = signed(1)
+    slow_body = orjson.dumps({"id": "evt_1", "padding": "x" * 200})  # 40 s at a byte every 0.2 s
+    body, headers = slow_body, signatures.sign("hmac-sha256", slow_body, SECRET)
     async with running_ingress(bounded, sources) as client:
         slow = [await trickling(client.port, "127.0.0.3", body, headers) for _ in range(12)]
         try:
-            await asyncio.sleep(0.3)
-            heads = [await answer_head(reader) for reader, _, _ in slow]
+            heads = await status_lines_once_answered([reader for reader, _, _ in slow], answered=9)
             delivery, delivery_headers = signed(2)
             other = await client.post("/webhooks/inside", data=delivery, headers=delivery_headers)
             assert other.status == 200, await other.text()
@@ -233,6 +254,29 @@ async def test_one_client_trickling_many_bodies_does_not_starve_another(settings
                 task.cancel()
                 writer.close()
     assert Counter(heads) == {b"HTTP/1.1 429 Too Many Requests": 9, None: 3}  # 3 still trickling
+
+
+async def test_a_burst_from_one_address_whose_bodies_follow_their_headers_is_all_accepted(settings, sources):
+    """Issue 36, finding 6: a provider sends many deliveries at once from one
+    address, each body in the segment after its headers. Those bodies are not
+    trickling: every one is accepted (GitHub would not redeliver a 429)."""
+    burst = 64  # twice the default WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT
+    async with running_ingress(settings, sources) as client:
+        connections = [await asyncio.open_connection("127.0.0.1", client.port, local_addr=("127.0.0.4", 0))
+                       for _ in range(burst)]
+        bodies = [signed(n) for n in range(burst)]
+        for (_, writer), (body, headers) in zip(connections, bodies):
+            head = f"POST /webhooks/inside HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            writer.write((head + "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n").encode())
+            await writer.drain()
+        await asyncio.sleep(0.1)  # every request's headers read, its body not yet sent
+        for (_, writer), (body, _) in zip(connections, bodies):
+            writer.write(body)
+        heads = [(await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")[0] for reader, _ in connections]
+        for _, writer in connections:
+            writer.close()
+    assert Counter(heads) == {b"HTTP/1.1 200 OK": burst}
+    assert len(await queued_events(settings.amqp_url, settings.namespace)) == burst
 
 
 async def answer_head(reader: asyncio.StreamReader) -> bytes | None:

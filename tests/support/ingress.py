@@ -42,6 +42,20 @@ async def console_login(client: TestClient, token: str) -> None:
     await client.post("/console/login", data={"csrf_token": csrf, "token": token})
 
 
+async def status_lines_once_answered(readers: list[asyncio.StreamReader], answered: int) -> list[bytes | None]:
+    """Each connection's status line, once `answered` of them have one (None:
+    still waiting then). Slow bodies are answered PROMPT_BODY_SECONDS after
+    they began, so a test waits for the answers instead of guessing a time."""
+    lines = [asyncio.ensure_future(reader.readuntil(b"\r\n")) for reader in readers]
+    try:
+        while sum(line.done() for line in lines) < answered:
+            await asyncio.wait([line for line in lines if not line.done()], return_when=asyncio.FIRST_COMPLETED)
+        return [line.result().strip() if line.done() else None for line in lines]
+    finally:
+        for line in lines:
+            line.cancel()
+
+
 async def queued_events(amqp_url: str, namespace: str) -> list[EventMessage]:
     """Everything on the events queue, taken off it."""
     connection = await aio_pika.connect(amqp_url)

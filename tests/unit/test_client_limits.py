@@ -180,25 +180,33 @@ def test_waiting_time_is_what_the_next_request_would_get_and_spends_nothing(per_
 
 
 @given(limit=st.integers(1, 6), per_client=st.integers(1, 4),
-       steps=st.lists(st.tuples(st.sampled_from(["enter", "arrive", "leave"]), st.sampled_from("abc")), max_size=40))
-def test_slots_bound_the_process_and_each_clients_arriving_bodies(limit, per_client, steps):
-    slots, held = Slots(limit, per_client), []  # held: (client, slot, its context, body arrived)
+       steps=st.lists(st.tuples(st.sampled_from(["enter", "slow", "arrive", "leave"]), st.sampled_from("abc")),
+                      max_size=40))
+def test_slots_bound_the_process_and_each_clients_slow_bodies(limit, per_client, steps):
+    slots, held = Slots(limit, per_client), []  # held: (client, slot, its context, its body slow)
     for action, client in steps:
         mine = [entry for entry in held if entry[0] == client]
-        arriving = sum(1 for entry in mine if not entry[3])
+        slow = sum(1 for entry in mine if entry[3])
         if action == "enter":
             context = slots.taken(client)
             try:
                 held.append([client, context.__enter__(), context, False])
             except Rejected as refused:
-                expected = 429 if arriving >= per_client else 503
-                assert refused.response.status == expected and (expected == 429 or len(held) >= limit)
+                assert refused.response.status == 503 and len(held) >= limit
             else:
-                assert arriving < per_client and len(held) <= limit
+                assert len(held) <= limit
+        elif mine and action == "slow" and not mine[0][3]:
+            try:
+                mine[0][1].body_slow()
+            except Rejected as refused:
+                assert refused.response.status == 429 and slow >= per_client
+            else:
+                assert slow < per_client
+                mine[0][3] = True
         elif mine and action == "arrive":
             mine[0][1].body_arrived()
-            mine[0][3] = True
-        elif mine:
+            mine[0][3] = False
+        elif mine and action == "leave":
             held.remove(mine[0])
             mine[0][2].__exit__(None, None, None)
     for _, _, context, _ in held:

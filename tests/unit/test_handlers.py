@@ -38,6 +38,12 @@ def test_built_ins_and_module_functions_load():
      "handler_options.rate_limit.burst", "must be a positive integer"),
     ("forward", {"url": "http://x", "rate_limit": {"per_second": 5, "per_minute": 9}},
      "handler_options.rate_limit.per_minute", "unknown field (known: burst, per_second)"),
+    ("forward", {"url": "http://x", "headers": {"Authorization": "env:NO_SUCH_VARIABLE_XYZ"}},
+     "handler_options.headers.Authorization", "environment variable NO_SUCH_VARIABLE_XYZ is not set"),
+    ("forward", {"url": "http://x", "headers": {"Idempotency-Key": "k"}}, "handler_options.headers.Idempotency-Key",
+     "forward sets this header itself"),
+    ("forward", {"url": "http://x", "headers": {"X-Count": 3}}, "handler_options.headers",
+     "a table of header names and string values"),
 ])
 def test_each_mistake_is_one_line_naming_the_source_and_the_field(handler, options, field, problem):
     with pytest.raises(ConfigError) as raised:

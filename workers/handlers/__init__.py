@@ -120,8 +120,20 @@ def _check_forward_options(source: str, where: str, options: Mapping[str, Any]) 
         raise ConfigError(f"source {source!r}: {where}handler_options.url: the forward handler needs a url")
     try:
         delivery_rate(options)
+        _check_forward_headers(options.get("headers", {}))
     except ValueError as exc:
         raise ConfigError(f"source {source!r}: {where}handler_options.{exc}") from None
+
+
+def _check_forward_headers(headers: Any) -> None:
+    from webhook_ingest.workers.handlers.forward import OWN_HEADERS, sent_headers
+
+    if not isinstance(headers, dict) or not all(isinstance(value, str) for value in headers.values()):
+        raise ValueError("headers: a table of header names and string values (a value may be env:NAME or file:/path)")
+    for name in headers:
+        if name.lower() in OWN_HEADERS:
+            raise ValueError(f"headers.{name}: forward sets this header itself")
+    sent_headers({"headers": headers})  # every secret there, or the worker does not start
 
 
 def load_handler(reference: str) -> Handler:

@@ -12,16 +12,27 @@ With `rate_limit` in its options, each run first waits for its turn
 The idempotency key travels as `Idempotency-Key`, so the receiver can
 deduplicate too. 2xx is success; a 4xx other than 408/429 can
 never succeed (PermanentError); anything else is retried.
+
+`headers` in its options are sent with every POST, a value `env:NAME` or
+`file:/path` read as a source's secrets are (shared/sources.py), once per
+process: the way to send a credential. A URL's own credentials still work,
+and every error text says the URL redacted (shared/errors.py).
 """
+
+import functools
 
 import aiohttp
 
 from webhook_ingest.shared import payloads
+from webhook_ingest.shared.errors import redacted
 from webhook_ingest.workers.delivery_rate import wait_for_turn
 from webhook_ingest.workers.handlers import Event, HandlerContext, PermanentError
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 _RETRYABLE_CLIENT_ERRORS = frozenset({408, 429})
+# What forward sets itself, or aiohttp from the body: never from `headers`.
+OWN_HEADERS = frozenset({"idempotency-key", "x-webhook-source", "x-webhook-route", "content-type", "content-length",
+                         "transfer-encoding", "host"})
 _session: aiohttp.ClientSession | None = None
 
 
@@ -45,6 +56,7 @@ async def handle(event: Event, ctx: HandlerContext) -> dict:
     await wait_for_turn(event.source, ctx.options, event.route)
     timeout = aiohttp.ClientTimeout(total=float(ctx.options.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)))
     headers = {
+        **sent_headers(ctx.options),
         "Idempotency-Key": event.key,
         "X-Webhook-Source": event.source,
         **({"X-Webhook-Route": event.route} if event.route else {}),
@@ -55,5 +67,25 @@ async def handle(event: Event, ctx: HandlerContext) -> dict:
     if 200 <= status < 300:
         return {"status": status}
     if 400 <= status < 500 and status not in _RETRYABLE_CLIENT_ERRORS:
-        raise PermanentError(f"{ctx.options['url']} answered {status}")
-    raise ForwardFailed(f"{ctx.options['url']} answered {status}")
+        raise PermanentError(f"{redacted(ctx.options['url'])} answered {status}")
+    raise ForwardFailed(f"{redacted(ctx.options['url'])} answered {status}")
+
+
+def sent_headers(options: dict) -> dict[str, str]:
+    """`options["headers"]`, their secrets resolved (ValueError saying which
+    one cannot be); the worker checks them at start (`_check_forward_options`)."""
+    headers = options.get("headers") or {}
+    return _resolved(tuple(headers.items())) if headers else {}
+
+
+@functools.cache  # a file: secret is read once per process, as a source's are
+def _resolved(headers: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    from webhook_ingest.shared.sources import resolve_secret
+
+    resolved = {}
+    for name, value in headers:
+        try:
+            resolved[name] = resolve_secret(value)
+        except ValueError as exc:
+            raise ValueError(f"headers.{name}: {exc}") from None
+    return resolved
