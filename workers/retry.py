@@ -20,9 +20,9 @@ from webhook_ingest.shared.errors import describe, redacted
 from webhook_ingest.shared.incident_store import Failure, record_failure
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, to_amqp
-from webhook_ingest.shared.sessions import pooled
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.handlers import PermanentError
+from webhook_ingest.workers.incident_counts import IncidentCounts
 from webhook_ingest.workers.outage import BROKER_LOST, POSTGRES_LOST
 from webhook_ingest.workers.states import Outcome
 
@@ -59,10 +59,11 @@ def retry_decision(event: EventMessage, source: Source, exc: BaseException) -> f
 
 
 class FailurePolicy:
-    def __init__(self, channel, pool, namespace: str):
+    def __init__(self, channel, pool, namespace: str, counts: IncidentCounts | None = None):
         self._channel = channel  # confirm-mode
         self._pool = pool
         self._namespace = namespace
+        self._counts = counts  # where retries are counted in their incidents; None: not counted
 
     async def fail(self, event: EventMessage, source: Source, exc: BaseException) -> Outcome:
         error = describe_failure(exc, event.attempt) | tracing.trace_ids(event)  # on-call's way to its trace
@@ -73,7 +74,8 @@ class FailurePolicy:
             return Outcome.DEAD if dead_letter_id is not None else Outcome.DUPLICATE  # None: completed meanwhile
         await self.delay(event.next_attempt(error), retry_in)
         log.warning("event_retry_scheduled", retry_in=retry_in, error_type=error["type"], error=error["message"][:200])
-        await self._count_in_incident(failure_of(event, source.handler_for(event.route)[0], error))
+        if self._counts is not None:
+            self._counts.note(failure_of(event, source.handler_for(event.route)[0], error))
         return Outcome.RETRIED
 
     async def dead_letter(self, event: EventMessage, error: dict, permanent: bool = False,
@@ -96,16 +98,6 @@ class FailurePolicy:
         log.error("event_dead_lettered", dead_letter_id=dead_letter_id, error_type=error["type"],
                   error=error["message"][:200], permanent=permanent)
         return dead_letter_id
-
-    async def _count_in_incident(self, failure: Failure) -> None:
-        """A retry counted in its incident, best effort: the retry is already
-        durable, and an incident a count short is better than a worker
-        waiting on Postgres for it (dead letters are counted with their commit)."""
-        try:
-            async with pooled(self._pool, 2) as connection, connection.transaction():  # closed if unanswered
-                await record_failure(connection, failure, timeout=2)
-        except Exception as exc:  # noqa: BLE001 - Postgres away or slow: the count is skipped, never the retry
-            log.warning("incident_count_skipped", error=describe(exc))
 
     async def delay(self, event: EventMessage, delay_seconds: float) -> None:
         """Publish `event` to come back to the main queue after `delay_seconds`.

@@ -43,6 +43,7 @@ from webhook_ingest.workers.heartbeat import Heartbeat
 from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.outage import OutageGate, outage_kind
 from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
+from webhook_ingest.workers.incident_counts import IncidentCounts
 from webhook_ingest.workers.retry import FailurePolicy
 from webhook_ingest.workers.states import Outcome
 
@@ -52,8 +53,9 @@ MAX_TRANSACTIONS = 20  # handlers that use ctx.db at once (each holds a connecti
 STATEMENT_CONNECTIONS = 4  # leases, completion checks and rows, dead letters: one short statement each
 SERVER_KEEPALIVES = "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
 RENEWAL_CONNECTIONS = 2  # lease renewals, many runs' in one statement (workers/renewals.py)
-ARCHIVE_CONNECTIONS = 1  # the archive's batches and upkeep, never in a run's way (workers/archive_notes.py)
+BOOKKEEPING_CONNECTIONS = 2  # the archive, heartbeats, incident counts, gauges: never in a run's way
 PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
+COUNTS_FLUSH_SECONDS = 2.0  # a stopping worker's last incident counts
 UNKNOWN_SOURCE_RETRY = 5.0  # seconds between looks for a worker that knows the source
 UNKNOWN_SOURCE_PATIENCE = 600.0  # seconds since a worker first did not know it, then a dead letter
 
@@ -80,7 +82,8 @@ class Worker:
 
     async def run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
-            # three pools, so that nothing short waits behind something long (workers.completions)
+            # four pools, so that nothing short waits behind something long (workers.completions),
+            # and no bookkeeping in the claim path's way
             self.pool = await _wait_for("postgres", lambda: self._open_pool(STATEMENT_CONNECTIONS))
             stack.push_async_callback(close_pool, self.pool)  # within 2 s, whatever the server does
             await _wait_for("postgres", lambda: schema.require_migrations(self.pool))  # SchemaBehind: not retried
@@ -89,8 +92,8 @@ class Worker:
             stack.push_async_callback(close_pool, self.transactions)
             self.renewals = await _wait_for("postgres", lambda: self._open_pool(RENEWAL_CONNECTIONS))
             stack.push_async_callback(close_pool, self.renewals)
-            self.archive_pool = await _wait_for("postgres", lambda: self._open_pool(ARCHIVE_CONNECTIONS))
-            stack.push_async_callback(close_pool, self.archive_pool)
+            self.bookkeeping = await _wait_for("postgres", lambda: self._open_pool(BOOKKEEPING_CONNECTIONS))
+            stack.push_async_callback(close_pool, self.bookkeeping)
             self.store = IdempotencyStore(
                 self.settings.redis_urls, self.settings.namespace, self.settings.lock_ttl, self.settings.done_ttl
             )
@@ -116,11 +119,12 @@ class Worker:
         consume_channel = await self.connection.channel()
         await consume_channel.set_qos(prefetch_count=self.concurrency)
         queue = await self._declare_queues(consume_channel)
-        self.failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace)
+        self.incident_counts = IncidentCounts(self.bookkeeping)
+        self.failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace, self.incident_counts)
         self.paused = PausedSources(self.pool)
         await _wait_for("postgres", self.paused.refresh)  # a paused source is never run, from the first message
         self.completions = CompletionStore(self.pool, self.renewals, self.transactions)
-        self.archive = ArchiveNotes(ArchiveStore(self.archive_pool), self.sources)
+        self.archive = ArchiveNotes(ArchiveStore(self.bookkeeping), self.sources)
         self.processor = Processor(self.sources, self.store, self.completions, self.failures, self.archive)
         self.batch_processor = BatchProcessor(self.processor, self.store, self.completions)
         self._gates = {
@@ -137,6 +141,7 @@ class Worker:
         self._copies.abandon([event for _, event in self._pending])  # never started: redelivered
         await self._drain_in_flight()
         await self.archive.close()  # what the runs settled, written first
+        await self.incident_counts.flush(COUNTS_FLUSH_SECONDS)
         for task in side_tasks:
             task.cancel()
         await asyncio.gather(*side_tasks, return_exceptions=True)
@@ -168,12 +173,14 @@ class Worker:
         await self.parking.declare()
         quiet_seconds = self.settings.incident_quiet_minutes * 60
         # On the bookkeeping pool: never a connection of the claim path's.
-        self.heartbeat = Heartbeat(HeartbeatStore(self.archive_pool), self.name, self.settings.heartbeat_seconds,
+        self.heartbeat = Heartbeat(HeartbeatStore(self.bookkeeping), self.name, self.settings.heartbeat_seconds,
                                    self._heartbeat_figures)
         return [asyncio.create_task(self.heartbeat.run(), name="heartbeat"),
-                asyncio.create_task(DeadLetterStore(self.pool).keep_open_gauge(), name="dead-letters-gauge"),
-                asyncio.create_task(IncidentStore(self.pool).keep_resolving(quiet_seconds), name="incident-resolver"),
-                asyncio.create_task(Notifier(self.pool, targets_from(self.settings)).run_forever(),
+                asyncio.create_task(self.incident_counts.run(), name="incident-counts"),
+                asyncio.create_task(DeadLetterStore(self.bookkeeping).keep_open_gauge(), name="dead-letters-gauge"),
+                asyncio.create_task(IncidentStore(self.bookkeeping).keep_resolving(quiet_seconds),
+                                    name="incident-resolver"),
+                asyncio.create_task(Notifier(self.bookkeeping, targets_from(self.settings)).run_forever(),
                                     name="incident-notifier"),
                 asyncio.create_task(keep_pauses(self.paused, self.parking), name="pauses")]
 

@@ -15,10 +15,12 @@ from webhook_ingest.shared import topology
 from webhook_ingest.shared.incident_store import IncidentNotFound, IncidentStore
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources, parse_source
+from webhook_ingest.workers.incident_counts import IncidentCounts
 from webhook_ingest.workers.retry import FailurePolicy
 from webhook_ingest.workers.states import Outcome
 from tests.support.events import make_event
 from tests.support.ingress import running_ingress
+from tests.support.processes import wait_until
 
 OPERATOR = "operator-token-for-the-incident-tests-0123"
 VIEWER = "viewer-token-for-the-incident-tests-012345"
@@ -37,6 +39,16 @@ async def pool(settings):
 
 
 @pytest.fixture
+async def counts(pool):
+    """A worker's incident counts, written by their task as in a worker."""
+    counts = IncidentCounts(pool)
+    task = asyncio.create_task(counts.run())
+    yield counts
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.fixture
 async def channel(settings):
     connection = await aio_pika.connect(settings.amqp_url)
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -46,8 +58,8 @@ async def channel(settings):
     await connection.close()
 
 
-async def test_an_outage_is_one_incident_holding_its_events_and_their_dead_letters(settings, pool, channel):
-    failures = FailurePolicy(channel, pool, settings.namespace)
+async def test_an_outage_is_one_incident_holding_its_events_and_their_dead_letters(settings, pool, channel, counts):
+    failures = FailurePolicy(channel, pool, settings.namespace, counts)
     for n in range(5):  # one downstream timing out, each event naming its own order and URL
         timeout = TimeoutError(f"POST https://crm.example/orders/{9000 + n} timed out after {30 + n} s")
         outcome = await failures.fail(make_event("acme", f"evt_{n}"), source(max_attempts=1 + n % 2), timeout)
@@ -55,6 +67,7 @@ async def test_an_outage_is_one_incident_holding_its_events_and_their_dead_lette
     await failures.fail(make_event("acme", "evt_other"), source(1), KeyError("customer"))  # another cause
     await failures.fail(make_event("acme", "evt_0"), source(1, handler="billing:on_event"),
                         TimeoutError("POST https://crm.example/orders/1 timed out after 3 s"))  # another handler
+    await counts.flush(10)
 
     store = IncidentStore(pool)
     incidents = await store.newest_first()
@@ -69,6 +82,32 @@ async def test_an_outage_is_one_incident_holding_its_events_and_their_dead_lette
     assert sorted(e["event_id"] for e in events) == [f"evt_{n}" for n in range(5)]
     assert len(await store.open_dead_letter_ids(outage["id"])) == 3
     assert [h["state"] for h in await store.history(outage["id"])] == ["open"]
+
+
+async def test_a_retry_is_counted_after_its_run_even_while_its_incident_row_is_busy(settings, pool, channel,
+                                                                                    counts):
+    """Counting a retry into its incident is bookkeeping, off the run: the
+    run settles while the incident's row is held elsewhere (another worker's
+    count, a partitioned worker's transaction), and the count is written
+    once the row is free, not skipped."""
+    failures = FailurePolicy(channel, pool, settings.namespace, counts)
+    boom = RuntimeError("downstream answered 503")
+    assert await failures.fail(make_event("acme", "evt_1"), source(3), boom) is Outcome.RETRIED
+    await counts.flush(10)
+    store = IncidentStore(pool)
+    [incident] = await store.newest_first()
+    holder = await asyncpg.connect(settings.database_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT FROM incidents WHERE id = $1 FOR UPDATE", incident["id"])
+            assert await failures.fail(make_event("acme", "evt_2"), source(3), boom) is Outcome.RETRIED
+    finally:
+        await holder.close()
+
+    async def counted() -> bool:
+        return (await store.get(incident["id"]))["failures"] == 2
+
+    await wait_until(counted, 10, message="the second retry counted in its incident")
 
 
 async def test_an_incident_is_acknowledged_resolved_and_reopened_by_a_new_failure(settings, pool):
