@@ -101,9 +101,6 @@ async def test_a_shared_statement_chosen_as_a_deadlock_victim_is_sent_again(conn
     assert set(taken) == {"acme:a", "acme:b"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "forget_handed_on (a discard of dead letters) updates the fence rows in the plan's order: the "
-    "operator's discard deadlocks with a worker's key-ordered statement and, the victim, fails"))
 async def test_a_discard_of_dead_letters_and_a_renewal_do_not_deadlock(connections):
     """On-call discards the dead letters of two keys (`dead-letters
     discard`, one transaction: forget_handed_on updates their fence rows)
