@@ -128,11 +128,16 @@ RETURNING id
 -- name: forget_handed_on
 -- A discarded dead letter's event starts afresh if the provider sends it
 -- again: its key forgets the attempt handed on (workers/attempts.py), when
--- that record is of the discarded payload.
+-- that record is of the discarded payload. Fence rows locked in key order,
+-- as the workers' statements lock them (workers/queries.sql, extend_leases).
+WITH doomed AS (
+    SELECT key_fences.key FROM key_fences JOIN dead_letters
+        ON key_fences.key = dead_letters.key AND key_fences.payload_sha256 = dead_letters.payload_sha256
+    WHERE dead_letters.id = ANY($1::bigint[])
+    ORDER BY key_fences.key FOR UPDATE OF key_fences
+)
 UPDATE key_fences SET replay_of = 0, attempt = 0, payload_sha256 = NULL, arrival = NULL
-FROM dead_letters
-WHERE dead_letters.id = ANY($1::bigint[]) AND key_fences.key = dead_letters.key
-  AND key_fences.payload_sha256 = dead_letters.payload_sha256
+FROM doomed WHERE key_fences.key = doomed.key
 
 -- name: replays_of
 SELECT replayed_at, actor, bulk_action_id

@@ -15,9 +15,11 @@ import asyncpg
 import pytest
 
 from tests.support.processes import wait_until
+from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.lease import Lease
 
+SQL = load_queries("webhook_ingest.shared")
 TTL_MS = 60_000  # a renewal's own limit is a third of it: longer than the deadlock check (1 s)
 GATE = 4242
 GATE_TRIGGER = f"""
@@ -97,3 +99,32 @@ async def test_a_shared_statement_chosen_as_a_deadlock_victim_is_sent_again(conn
     taken = await taking
 
     assert set(taken) == {"acme:a", "acme:b"}
+
+
+async def test_a_discard_of_dead_letters_and_a_renewal_do_not_deadlock(connections):
+    """On-call discards the dead letters of two keys (`dead-letters
+    discard`, one transaction: forget_handed_on updates their fence rows)
+    while a worker renews its leases of them (copies of the events still
+    running). The discard is the statement Postgres ends when both wait
+    (its deadlock check comes first here): nothing of a discard may fail
+    for a lock order, since the worker's side locks in key order."""
+    discarder, holder, test = connections
+    await test.execute("UPDATE key_fences SET payload_sha256 = 'h', lease_until = now() + interval '1 min'")
+    ids = [await test.fetchval(
+        "INSERT INTO dead_letters (key, source, event_id, payload_sha256, body, received_at, attempts) "
+        "VALUES ($1, 'acme', $1, 'h', '', now(), 3) RETURNING id", key) for key in ("acme:b", "acme:a")]
+    await holder.execute("SET deadlock_timeout = '10s'")  # the discard's check (1 s) finds the cycle first
+    await discarder.execute("SET test.gate = 'acme:b'")  # holds the discard at its first row, acme:b, locked
+    async with discarder.transaction():
+        async with gated(test):
+            forgetting = asyncio.create_task(discarder.execute(SQL["forget_handed_on"], ids))
+            await wait_until(lambda: _waiting(test, discarder), 10, message="the discard at its gate")
+            with pytest.raises(asyncpg.LockNotAvailableError):  # acme:b locked first (the plan's order), not acme:a
+                await test.execute("SELECT FROM key_fences WHERE key = 'acme:b' FOR UPDATE NOWAIT")
+            renewing = asyncio.create_task(CompletionStore(holder).extend_leases(
+                [Lease("acme:a", 2, 0.0), Lease("acme:b", 1, 0.0)], TTL_MS))
+            await wait_until(lambda: _waiting(test, discarder, holder), 10, message="both statements waiting")
+        forgotten = await asyncio.gather(forgetting, return_exceptions=True)
+        assert not isinstance(forgotten[0], BaseException), forgotten  # the discard went through
+
+    assert await renewing == {("acme:a", 2), ("acme:b", 1)}
