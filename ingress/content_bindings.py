@@ -1,4 +1,4 @@
-"""Signed content bound to the first identity it came with (docs/reference.md §5,
+"""Signed content bound to the ids it came with, one per type (docs/reference.md §5,
 "An identity the signature does not cover"; why: docs/design.md "Identity from
 what is signed"; its limits: docs/security.md "The event archive").
 
@@ -6,17 +6,22 @@ GitHub, Shopify, Twilio and GitLab sign no id and no time: their id (and
 GitHub's and Shopify's type) is a header anyone may change. So when an
 event's id or type was read from such a header, its signed content (the
 body; Twilio's signed query and fields) is bound, per source, to the first
-(key, type) it came with: `SET NS:content:SOURCE:SHA256 [key, type] NX GET
-EX window`, one round trip to the first Redis master. The provider's own
-redelivery (same id, same body) finds its own identity and takes the normal
-path; the same content under another id or type is answered `duplicate` of
-the first key and never queued.
+key it came with under each type: a hash `NS:content-ids:SOURCE:SHA256` of
+type -> key, one script on the first Redis master. The provider's own
+redelivery (same id, same type) finds its own key and takes the normal
+path; the same content under another id with a type it already came with,
+or the same id with another type, is answered `duplicate` of the first key
+and never queued. Another id with another type is a new event: Shopify
+sends one body under several topics (products/create and products/update
+for one call), and that cannot be told from a forged topic, so a replay
+may run the content once per type, at most `MAX_TYPES` of them.
 
 The binding lives `WEBHOOK_INGEST_REPLAY_WINDOW` seconds (7 days, the
-archive's retention). With Redis away the request takes the normal path
-(the event is not lost) and the lookup is skipped for `RETRY_AFTER`
-seconds, as the duplicate fast path does: a replay with a new id header
-sent during an outage runs. Both are said in docs/security.md.
+archive's retention) from the content's first arrival. With Redis away the
+request takes the normal path (the event is not lost) and the lookup is
+skipped for `RETRY_AFTER` seconds, as the duplicate fast path does: a
+replay with a new id header sent during an outage runs. Both are said in
+docs/security.md.
 """
 
 import hashlib
@@ -32,29 +37,46 @@ from webhook_ingest.shared.service_errors import REDIS_ERRORS
 log = get_logger(__name__)
 
 RETRY_AFTER = 1.0
+MAX_TYPES = 8  # the topics one body may come under: Shopify's few for one resource, a forger's few more
+
+# KEYS[1] the content's binding; ARGV: the type (JSON), the key, the window, MAX_TYPES.
+# Nothing when the key is new under a new type (bound now) or the one bound under this type; else the
+# key the content was first accepted under: this type's, or this key's under another type, or any.
+_BIND_LUA = """
+local bound = redis.call('HGET', KEYS[1], ARGV[1])
+if bound then
+  if bound == ARGV[2] then return false end
+  return bound
+end
+local keys = redis.call('HVALS', KEYS[1])
+for _, key in ipairs(keys) do
+  if key == ARGV[2] then return key end
+end
+if #keys >= tonumber(ARGV[4]) then return keys[1] end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if #keys == 0 then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
+return false
+"""
 
 
 class ContentBindings:
     def __init__(self, client: redis.Redis, namespace: str, window_seconds: int):
-        self._client = client
-        self._prefix = f"{namespace}:content:"
+        self._prefix = f"{namespace}:content-ids:"  # a hash; `content:` held a string before
         self._window = window_seconds
         self._skip_until = 0.0
+        self._bind = client.register_script(_BIND_LUA)
 
     async def first_key(self, source: str, signed_content: bytes, key: str, event_type: str | None) -> str | None:
-        """The key `signed_content` was first accepted under, when it came with another (key, type) than
-        these; None when it is these (bound now, or before), or when Redis cannot say."""
+        """The key `signed_content` was first accepted under, when this (key, type) is not one it was
+        bound to (see the module's docstring); None when it is (bound now, or before), or Redis cannot say."""
         if self._skip_until and time.monotonic() < self._skip_until:
             return None
         name = f"{self._prefix}{source}:{hashlib.sha256(signed_content).hexdigest()}"
-        identity = orjson.dumps([key, event_type])
         try:
-            bound = await self._client.set(name, identity, nx=True, get=True, ex=self._window)
+            bound = await self._bind(keys=[name], args=[orjson.dumps(event_type), key, self._window, MAX_TYPES])
         except REDIS_ERRORS as exc:
             self._skip_until = time.monotonic() + RETRY_AFTER
             log.warning("content_binding_failed", error=describe(exc), retry_in=RETRY_AFTER)
             return None
         self._skip_until = 0.0
-        if bound is None or bound == identity:
-            return None
-        return orjson.loads(bound)[0] if isinstance(bound, bytes) else None
+        return bound.decode() if isinstance(bound, bytes) else None
