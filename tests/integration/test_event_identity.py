@@ -223,3 +223,30 @@ async def test_shopify_sending_one_body_under_two_topics_is_two_events(settings,
                        (200, {"status": "accepted", "key": "shopify:w-update"}),
                        (200, {"status": "duplicate", "key": "shopify:w-update"})]  # a topic it came with: no rerun
     assert await queued_keys(settings) == ["shopify:w-create", "shopify:w-update"]
+
+
+# -- an ignore rule that reads an unsigned header ------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="only the id's and the type's headers bind the content: another unsigned "
+                                       "header an ignore rule reads flips its decision under the same key")
+async def test_an_unsigned_header_an_ignore_rule_reads_does_not_make_an_ignored_event_run(settings, tmp_path):
+    """GitHub names the hook's owner in X-GitHub-Hook-Installation-Target-Type, signed by nothing. An
+    event a rule on it ignored, sent again under its own delivery id and type with that header changed,
+    must not run: the operator said it should not, and its signed content was answered once."""
+    path = tmp_path / "sources.toml"
+    path.write_text(
+        f'[sources.github]\nscheme = "github"\nsecrets = ["{GITHUB_SECRET}"]\nhandler = "inbox"\n'
+        '[sources.github.ignore]\n"header:X-GitHub-Hook-Installation-Target-Type" = ["organization"]\n')
+    sources = load_sources(str(path))
+    body = json.dumps({"action": "member_added", "membership": {"role": "admin"}}).encode()
+
+    def sent(target: str) -> dict[str, str]:
+        return {**github_signed(body, "d-7", "organization"), "X-GitHub-Hook-Installation-Target-Type": target}
+
+    async with running_ingress(settings, sources) as client:
+        replies = await answers(client, "/webhooks/github", [(body, sent("organization")), (body, sent("repository"))])
+    assert replies[0] == (200, {"status": "ignored", "key": "github:d-7",
+                                "rule": "header:X-GitHub-Hook-Installation-Target-Type=organization"})
+    assert replies[1][1]["status"] != "accepted"
+    assert await queued_keys(settings) == []
