@@ -7,11 +7,13 @@ GitHub's and Shopify's type) is a header anyone may change. So when an
 event's id or type was read from such a header, its signed content (the
 body; Twilio's signed query and fields) is bound, per source, to the first
 key it came with under each type: a hash `NS:content-ids:SOURCE:SHA256` of
-type -> key, one script on the first Redis master. The provider's own
+type -> [key, ignore decision], one script on the first Redis master. The provider's own
 redelivery (same id, same type) finds its own key and takes the normal
 path; the same content under another id with a type it already came with,
 or the same id with another type, is answered `duplicate` of the first key
-and never queued. Another id with another type is a new event: Shopify
+and never queued. A source whose `ignore` rules read an unsigned header
+binds their decision too: the same id with the rule's header changed is a
+`duplicate`, not an ignored event that now runs. Another id with another type is a new event: Shopify
 sends one body under several topics (products/create and products/update
 for one call), and that cannot be told from a forged topic, so a replay
 may run the content once per type, at most `MAX_TYPES` of them.
@@ -39,22 +41,24 @@ log = get_logger(__name__)
 RETRY_AFTER = 1.0
 MAX_TYPES = 8  # the topics one body may come under: Shopify's few for one resource, a forger's few more
 
-# KEYS[1] the content's binding; ARGV: the type (JSON), the key, the window, MAX_TYPES.
-# Nothing when the key is new under a new type (bound now) or the one bound under this type; else the
-# key the content was first accepted under: this type's, or this key's under another type, or any.
+# KEYS[1] the content's binding; ARGV: the type (JSON), the identity (JSON [key, ignore decision]), the
+# window, MAX_TYPES. Nothing when the key is new under a new type (bound now) or the identity is the one
+# bound under this type; else the identity the content was first accepted with: this type's, or this
+# key's under another type, or any.
 _BIND_LUA = """
 local bound = redis.call('HGET', KEYS[1], ARGV[1])
 if bound then
   if bound == ARGV[2] then return false end
   return bound
 end
-local keys = redis.call('HVALS', KEYS[1])
-for _, key in ipairs(keys) do
-  if key == ARGV[2] then return key end
+local identities = redis.call('HVALS', KEYS[1])
+local key = cjson.decode(ARGV[2])[1]
+for _, identity in ipairs(identities) do
+  if cjson.decode(identity)[1] == key then return identity end
 end
-if #keys >= tonumber(ARGV[4]) then return keys[1] end
+if #identities >= tonumber(ARGV[4]) then return identities[1] end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-if #keys == 0 then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
+if #identities == 0 then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
 return false
 """
 
@@ -66,17 +70,21 @@ class ContentBindings:
         self._skip_until = 0.0
         self._bind = client.register_script(_BIND_LUA)
 
-    async def first_key(self, source: str, signed_content: bytes, key: str, event_type: str | None) -> str | None:
+    async def first_key(self, source: str, signed_content: bytes, key: str, event_type: str | None,
+                        ignored_by: str | None = None) -> str | None:
         """The key `signed_content` was first accepted under, when this (key, type) is not one it was
-        bound to (see the module's docstring); None when it is (bound now, or before), or Redis cannot say."""
+        bound to, or came with another ignore decision (`ignored_by`: the rule, for a source whose rules
+        read an unsigned header; see the module's docstring); None when it is (bound now, or before), or
+        Redis cannot say."""
         if self._skip_until and time.monotonic() < self._skip_until:
             return None
         name = f"{self._prefix}{source}:{hashlib.sha256(signed_content).hexdigest()}"
         try:
-            bound = await self._bind(keys=[name], args=[orjson.dumps(event_type), key, self._window, MAX_TYPES])
+            bound = await self._bind(keys=[name], args=[orjson.dumps(event_type), orjson.dumps([key, ignored_by]),
+                                                        self._window, MAX_TYPES])
         except REDIS_ERRORS as exc:
             self._skip_until = time.monotonic() + RETRY_AFTER
             log.warning("content_binding_failed", error=describe(exc), retry_in=RETRY_AFTER)
             return None
         self._skip_until = 0.0
-        return bound.decode() if isinstance(bound, bytes) else None
+        return orjson.loads(bound)[0] if isinstance(bound, bytes) else None
