@@ -13,7 +13,10 @@ path; the same content under another id with a type it already came with,
 or the same id with another type, is answered `duplicate` of the first key
 and never queued. A source whose `ignore` rules read an unsigned header
 binds their decision too: the same id with the rule's header changed is a
-`duplicate`, not an ignored event that now runs. Another id with another type is a new event: Shopify
+`duplicate`, not an ignored event that now runs. A Twilio form is bound
+whatever its id: its signature joins names and values without a
+separator, so forms with a boundary moved sign alike and, keyed by their
+content hash, would be two keys. Another id with another type is a new event: Shopify
 sends one body under several topics (products/create and products/update
 for one call), and that cannot be told from a forged topic, so a replay
 may run the content once per type, at most `MAX_TYPES` of them.

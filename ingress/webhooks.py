@@ -106,12 +106,13 @@ NO_ROUTE = "no route"  # the `rule` of an event no route of its source takes
 
 async def _bound_elsewhere(request: web.Request, source: Source, event: EventMessage, payload: dict,
                            verified: Verified, unsigned_id: bool, rule: str | None) -> str | None:
-    """When the id, the type or an ignore rule read a header the signature does not cover: the key this
+    """When the id, the type or an ignore rule read a header the signature does not cover, or the signature
+    covers less than the body as sent (a Twilio form: several forms sign alike): the key this
     signed content was first accepted under, if that is another key under its type, or this key under
     another type or another ignore decision (ingress/content_bindings.py)."""
     kind = event_id.resolve_with(source.event_type_selectors, event.headers, payload)
     unsigned_rules = source.ignore.read_unsigned_headers(verified.signed_headers)
-    if not unsigned_id and not unsigned_rules and (
+    if not unsigned_id and not unsigned_rules and verified.signed_content is None and (
             kind is None or not event_id.reads_unsigned_header(kind[1], verified.signed_headers)):
         return None  # id, type and rules signed (or none): a replay is the same key, a duplicate as any copy
     signed_content = event.body if verified.signed_content is None else verified.signed_content
