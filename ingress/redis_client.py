@@ -15,7 +15,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from webhook_ingest.ingress.appkeys import content_bindings_key, done_markers_key, redis_key, settings_key
-from webhook_ingest.ingress.content_bindings import ContentBindings, client_set_nx_get
+from webhook_ingest.ingress.content_bindings import ContentBindings
 from webhook_ingest.ingress.done_markers import DoneMarkers
 from webhook_ingest.ingress.redis_get import connect_get
 
@@ -39,13 +39,13 @@ async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def done_markers_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The duplicate lookup and the content bindings: pipelined on a connection
-    of their own when the URL allows (`ingress.redis_get`), else through the shared client."""
+    """The duplicate lookup: GETs pipelined on a connection of its own when
+    the URL allows (`ingress.redis_get`), else through the shared client; the
+    content bindings' script through the shared client."""
     settings = app[settings_key]
     pipeline = connect_get(settings.redis_urls[0], TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS)
     app[done_markers_key] = DoneMarkers(pipeline.get if pipeline else app[redis_key].get, settings.namespace)
-    set_nx_get = pipeline.set_nx_get if pipeline else client_set_nx_get(app[redis_key])
-    app[content_bindings_key] = ContentBindings(set_nx_get, settings.namespace, settings.replay_window)
+    app[content_bindings_key] = ContentBindings(app[redis_key], settings.namespace, settings.replay_window)
     yield
     if pipeline is not None:
         await pipeline.close()

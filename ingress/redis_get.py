@@ -1,6 +1,5 @@
 """GETs pipelined on one connection to one Redis, for the duplicate lookup
-that every webhook request makes (and the `SET … NX GET` of the content
-bindings, ingress/content_bindings.py, on the same connection).
+that every webhook request makes.
 
 Through redis-py's pool a GET costs ~80 µs of CPU (pool lock, retry and
 timeout wrappers, a drain per command); here it is a share of one `write`
@@ -143,10 +142,6 @@ class GetPipeline:
     async def get(self, key: str) -> bytes | None:
         """The value, or None; raises ConnectionError, RedisReplyError or TimeoutError."""
         return await self._call(b"GET", key.encode())
-
-    async def set_nx_get(self, key: str, value: bytes, seconds: int) -> bytes | None:
-        """`SET key value NX GET EX seconds`: the value already there (then unchanged), or None (set now)."""
-        return await self._call(b"SET", key.encode(), value, b"NX", b"GET", b"EX", str(seconds).encode())
 
     async def _call(self, *args: bytes) -> bytes | None:
         connection = self._connection

@@ -79,11 +79,12 @@ async def _queued(request: web.Request, source: Source, body: bytes, verified: V
         return json_response(200, {"challenge": challenge})
     event, unsigned_id = _build_event(source, request, body, payload, verified, as_form)
     tracing.describe(event)  # the request's span, found by the event's key
-    if first_key := await _bound_elsewhere(request, source, event, payload, verified, unsigned_id):
+    rule = source.ignore.matching(event.headers, payload)
+    if first_key := await _bound_elsewhere(request, source, event, payload, verified, unsigned_id, rule):
         log.warning("replayed_content", source=source.name, key=event.key, first_key=first_key)
         metrics.ingress_replays.labels(source.name).inc()
         return json_response(200, {"status": "duplicate", "key": first_key})
-    if rule := source.ignore.matching(event.headers, payload):
+    if rule:
         return _ignored(request, source, event, payload, rule)
     if source.routes and not source.routes_taking(event.headers, payload):
         return _ignored(request, source, event, payload, NO_ROUTE)
@@ -104,15 +105,20 @@ NO_ROUTE = "no route"  # the `rule` of an event no route of its source takes
 
 
 async def _bound_elsewhere(request: web.Request, source: Source, event: EventMessage, payload: dict,
-                           verified: Verified, unsigned_id: bool) -> str | None:
-    """When the id or the type was read from a header the signature does not cover: the key this
-    signed content was first accepted under, if that is another key or came with another type."""
+                           verified: Verified, unsigned_id: bool, rule: str | None) -> str | None:
+    """When the id, the type or an ignore rule read a header the signature does not cover, or the signature
+    covers less than the body as sent (a Twilio form: several forms sign alike): the key this
+    signed content was first accepted under, if that is another key under its type, or this key under
+    another type or another ignore decision (ingress/content_bindings.py)."""
     kind = event_id.resolve_with(source.event_type_selectors, event.headers, payload)
-    if not unsigned_id and (kind is None or not event_id.reads_unsigned_header(kind[1], verified.signed_headers)):
-        return None  # id and type signed (or no type): a replay is the same key, a duplicate as any copy
+    unsigned_rules = source.ignore.read_unsigned_headers(verified.signed_headers)
+    if not unsigned_id and not unsigned_rules and verified.signed_content is None and (
+            kind is None or not event_id.reads_unsigned_header(kind[1], verified.signed_headers)):
+        return None  # id, type and rules signed (or none): a replay is the same key, a duplicate as any copy
     signed_content = event.body if verified.signed_content is None else verified.signed_content
     type_name = None if kind is None else event_type.resolve(source.event_type_selectors, event.headers, payload)
-    return await request.app[content_bindings_key].first_key(source.name, signed_content, event.key, type_name)
+    return await request.app[content_bindings_key].first_key(source.name, signed_content, event.key, type_name,
+                                                             rule if unsigned_rules else None)
 
 
 def _slack_challenge(source: Source, payload: object) -> str | None:

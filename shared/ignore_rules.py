@@ -76,6 +76,12 @@ class IgnoreRules:
                     return pattern.name
         return None
 
+    def read_unsigned_headers(self, signed_headers: Mapping[str, str | None]) -> bool:
+        """Whether a rule reads a header the signature does not cover (beside the type, bound as such):
+        its decision then binds the signed content (ingress/content_bindings.py)."""
+        return any(rule.selector is not None and event_id.reads_unsigned_header(rule.selector, signed_headers)
+                   for rule in self.rules)
+
     def _value(self, rule: IgnoreRule, headers: Mapping[str, str], payload: object) -> object:
         if rule.selector is None:
             return event_type.resolve(self.event_type, headers, payload)

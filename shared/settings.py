@@ -33,9 +33,10 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_HEARTBEAT_SECONDS", "seconds between a worker's heartbeats (its row on the console's overview);"
                                          " silent after three missed"),
     ("WEBHOOK_INGEST_DONE_TTL", "seconds Redis remembers a completed key (Postgres remembers until pruned)"),
-    ("WEBHOOK_INGEST_REPLAY_WINDOW", "seconds Redis binds signed content to the id and type it first came with, for"
-                                     " the schemes that sign neither (reference §5): the same content with another"
-                                     " id or type is a duplicate"),
+    ("WEBHOOK_INGEST_REPLAY_WINDOW", "seconds Redis binds signed content to the first id it came with under each type,"
+                                     " for the schemes that sign neither (reference §5): the same content under"
+                                     " another id with a type it came with, or the same id with another type, is a"
+                                     " duplicate"),
     ("WEBHOOK_INGEST_TRUSTED_PROXIES", "comma-separated CIDRs of the proxies whose forwarding header sets the client"
                                        " address (unset: none)"),
     ("WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER", "the one forwarding header those proxies manage: `X-Forwarded-For` or"

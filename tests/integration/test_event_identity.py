@@ -216,3 +216,66 @@ async def test_with_redis_away_a_delivery_whose_id_is_unsigned_is_still_accepted
         replies = await answers(client, "/webhooks/github", [(push, github_signed(push, "d-1", "push"))])
     assert replies == [(200, {"status": "accepted", "key": "github:d-1"})]
     assert await queued_keys(settings) == ["github:d-1"]
+
+
+# -- a provider's own traffic: one signed body under two topics ---------------------------------------
+
+
+async def test_shopify_sending_one_body_under_two_topics_is_two_events(settings, sources):
+    """Shopify fires products/create and products/update for one API call that creates and publishes a
+    product, "even when processed through a single payload" (Shopify API support): the same signed body,
+    two webhook ids, two topics. Answered 200 `duplicate`, the second would never be sent again."""
+    product = json.dumps({"id": 788032119674292922, "title": "Example T-Shirt", "status": "active"}).encode()
+    created = {**shopify_signed(product, "w-create"), "X-Shopify-Topic": "products/create"}
+    updated = {**shopify_signed(product, "w-update"), "X-Shopify-Topic": "products/update"}
+    async with running_ingress(settings, sources) as client:
+        replies = await answers(client, "/webhooks/shopify", [
+            (product, created), (product, updated), (product, {**updated, "X-Shopify-Webhook-Id": "forged"})])
+    assert replies == [(200, {"status": "accepted", "key": "shopify:w-create"}),
+                       (200, {"status": "accepted", "key": "shopify:w-update"}),
+                       (200, {"status": "duplicate", "key": "shopify:w-update"})]  # a topic it came with: no rerun
+    assert await queued_keys(settings) == ["shopify:w-create", "shopify:w-update"]
+
+
+# -- an ignore rule that reads an unsigned header ------------------------------------------------------
+
+
+async def test_an_unsigned_header_an_ignore_rule_reads_does_not_make_an_ignored_event_run(settings, tmp_path):
+    """GitHub names the hook's owner in X-GitHub-Hook-Installation-Target-Type, signed by nothing. An
+    event a rule on it ignored, sent again under its own delivery id and type with that header changed,
+    must not run: the operator said it should not, and its signed content was answered once."""
+    path = tmp_path / "sources.toml"
+    path.write_text(
+        f'[sources.github]\nscheme = "github"\nsecrets = ["{GITHUB_SECRET}"]\nhandler = "inbox"\n'
+        '[sources.github.ignore]\n"header:X-GitHub-Hook-Installation-Target-Type" = ["organization"]\n')
+    sources = load_sources(str(path))
+    body = json.dumps({"action": "member_added", "membership": {"role": "admin"}}).encode()
+
+    def sent(target: str) -> dict[str, str]:
+        return {**github_signed(body, "d-7", "organization"), "X-GitHub-Hook-Installation-Target-Type": target}
+
+    async with running_ingress(settings, sources) as client:
+        replies = await answers(client, "/webhooks/github", [(body, sent("organization")), (body, sent("repository"))])
+    assert replies[0] == (200, {"status": "ignored", "key": "github:d-7",
+                                "rule": "header:X-GitHub-Hook-Installation-Target-Type=organization"})
+    assert replies[1] == (200, {"status": "duplicate", "key": "github:d-7"})
+    assert await queued_keys(settings) == []
+
+
+# -- twilio without an idempotency token: the content hash of one of several forms ---------------------
+
+
+async def test_a_twilio_form_with_a_name_value_boundary_moved_is_no_new_event(settings, sources):
+    """Twilio signs URL + name + value + name + value…: `Body=pay 100` and `Bodyp=ay 100` sign the same. A
+    request without I-Twilio-Idempotency-Token is keyed by its content hash (reference §5), so the form with
+    the boundary moved would be a new key, its handler given a field that was never sent."""
+    fields = [("MessageSid", "SM3"), ("Body", "pay 100"), ("From", "+15005550006")]
+    body, headers = twilio_signed(fields, "unused")
+    del headers["I-Twilio-Idempotency-Token"]
+    shifted = urlencode([("MessageSid", "SM3"), ("Bodyp", "ay 100"), ("From", "+15005550006")]).encode()
+    async with running_ingress(settings, sources) as client:
+        replies = await answers(client, "/webhooks/twilio", [(body, headers), (shifted, headers)])
+    assert replies[0][1]["status"] == "accepted"
+    assert replies[1] == (200, {"status": "duplicate", "key": replies[0][1]["key"]})
+    assert len(await queued_keys(settings)) == 1
+

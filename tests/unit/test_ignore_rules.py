@@ -76,6 +76,13 @@ def test_headers_match_by_name_whatever_its_case_and_templates_join_their_parts(
     assert matcher.matching({"x-topic": "products/create"}, {"kind": "ping", "env": "live"}) is None
 
 
+def test_rules_read_an_unsigned_header_unless_the_scheme_signs_it():
+    assert rules({"header:X-Topic": ["orders/*"]}).read_unsigned_headers({})
+    assert rules({"{body.kind}:{header.X-Env}": ["ping:*"]}).read_unsigned_headers({})
+    assert not rules({"header:webhook-id": ["msg_*"]}).read_unsigned_headers({"webhook-id": "msg_1"})
+    assert not rules({"body:livemode": [False], "type": ["ping"]}).read_unsigned_headers({})  # a type is bound as such
+
+
 def test_the_first_rule_and_value_in_the_files_order_names_the_match():
     matcher = rules({"body:livemode": [False], "type": ["ping", "p*"]})
     assert matcher.matching({}, {"type": "ping", "livemode": False}) == "body:livemode=false"
