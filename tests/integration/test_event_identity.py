@@ -150,7 +150,6 @@ async def test_a_github_delivery_sent_again_with_another_event_header_runs_no_ot
     assert [message.route for message in route_messages(sources["github"], queued)] == ["ci"]
 
 
-@pytest.mark.xfail(strict=True, reason="every scheme lets one body run once per new type (issue 36, adversary)")
 async def test_a_github_body_resent_with_a_fresh_delivery_and_another_event_is_a_duplicate(settings, sources):
     """GitHub sends one body as one event type: only Shopify documents one
     body under several topics, so only its bindings hold more than one."""
