@@ -16,10 +16,12 @@ binds their decision too: the same id with the rule's header changed is a
 `duplicate`, not an ignored event that now runs. A Twilio form is bound
 whatever its id: its signature joins names and values without a
 separator, so forms with a boundary moved sign alike and, keyed by their
-content hash, would be two keys. Another id with another type is a new event: Shopify
-sends one body under several topics (products/create and products/update
-for one call), and that cannot be told from a forged topic, so a replay
-may run the content once per type, at most `MAX_TYPES` of them.
+content hash, would be two keys. For Shopify alone, another id with
+another type is a new event: Shopify sends one body under several topics
+(products/create and products/update for one call), and that cannot be
+told from a forged topic, so a replay may run its content once per topic,
+at most `MAX_TYPES` of them. Every other scheme's content holds one type:
+GitHub and GitLab send one body as one event type.
 
 The binding lives `WEBHOOK_INGEST_REPLAY_WINDOW` seconds (7 days, the
 archive's retention) from the content's first arrival. With Redis away the
@@ -42,7 +44,8 @@ from webhook_ingest.shared.service_errors import REDIS_ERRORS
 log = get_logger(__name__)
 
 RETRY_AFTER = 1.0
-MAX_TYPES = 8  # the topics one body may come under: Shopify's few for one resource, a forger's few more
+MAX_TYPES = 8  # the topics one Shopify body may come under: its few for one resource, a forger's few more
+SEVERAL_TYPES = frozenset({"shopify"})  # the schemes whose provider sends one body under several types
 
 # KEYS[1] the content's binding; ARGV: the type (JSON), the identity (JSON [key, ignore decision]), the
 # window, MAX_TYPES. Nothing when the key is new under a new type (bound now) or the identity is the one
@@ -73,7 +76,7 @@ class ContentBindings:
         self._skip_until = 0.0
         self._bind = client.register_script(_BIND_LUA)
 
-    async def first_key(self, source: str, signed_content: bytes, key: str, event_type: str | None,
+    async def first_key(self, source: str, scheme: str, signed_content: bytes, key: str, event_type: str | None,
                         ignored_by: str | None = None) -> str | None:
         """The key `signed_content` was first accepted under, when this (key, type) is not one it was
         bound to, or came with another ignore decision (`ignored_by`: the rule, for a source whose rules
@@ -84,7 +87,8 @@ class ContentBindings:
         name = f"{self._prefix}{source}:{hashlib.sha256(signed_content).hexdigest()}"
         try:
             bound = await self._bind(keys=[name], args=[orjson.dumps(event_type), orjson.dumps([key, ignored_by]),
-                                                        self._window, MAX_TYPES])
+                                                        self._window,
+                                                        MAX_TYPES if scheme in SEVERAL_TYPES else 1])
         except REDIS_ERRORS as exc:
             self._skip_until = time.monotonic() + RETRY_AFTER
             log.warning("content_binding_failed", error=describe(exc), retry_in=RETRY_AFTER)

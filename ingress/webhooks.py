@@ -117,7 +117,8 @@ async def _bound_elsewhere(request: web.Request, source: Source, event: EventMes
         return None  # id, type and rules signed (or none): a replay is the same key, a duplicate as any copy
     signed_content = event.body if verified.signed_content is None else verified.signed_content
     type_name = None if kind is None else event_type.resolve(source.event_type_selectors, event.headers, payload)
-    return await request.app[content_bindings_key].first_key(source.name, signed_content, event.key, type_name,
+    return await request.app[content_bindings_key].first_key(source.name, source.scheme, signed_content, event.key,
+                                                             type_name,
                                                              rule if unsigned_rules else None)
 
 

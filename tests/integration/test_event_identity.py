@@ -150,6 +150,18 @@ async def test_a_github_delivery_sent_again_with_another_event_header_runs_no_ot
     assert [message.route for message in route_messages(sources["github"], queued)] == ["ci"]
 
 
+async def test_a_github_body_resent_with_a_fresh_delivery_and_another_event_is_a_duplicate(settings, sources):
+    """GitHub sends one body as one event type: only Shopify documents one
+    body under several topics, so only its bindings hold more than one."""
+    body = json.dumps({"action": "opened", "issue": {"number": 1347}}).encode()
+    async with running_ingress(settings, sources) as client:
+        replies = await answers(client, "/webhooks/github", [
+            (body, github_signed(body, "d-1", "issues")), (body, github_signed(body, "d-2", "push"))])
+    assert replies == [(200, {"status": "accepted", "key": "github:d-1"}),
+                       (200, {"status": "duplicate", "key": "github:d-1"})]
+    assert await queued_keys(settings) == ["github:d-1"]
+
+
 # -- 3. the parser -----------------------------------------------------------------------------------
 
 
