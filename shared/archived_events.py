@@ -181,6 +181,8 @@ def parse_payload(text: str | None) -> str | None:
     try:  # as the ingress parses a body: what jsonb cannot hold (1e999999, NaN, \u0000) is no search either
         value = storable_json.parse(text.encode())
     except ValueError as exc:  # UnicodeEncodeError (a lone surrogate) and NotStorable included
+        if _holds_unstorable_text(text):
+            raise InvalidFilter("payload", "a NUL or an unpaired surrogate cannot be searched for") from exc
         raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}, whose numbers and text"
                                        " Postgres can hold") from exc
     if not isinstance(value, dict):
@@ -192,6 +194,18 @@ def parse_payload(text: str | None) -> str | None:
                                        " as {\"customer\": \"cus_123\"}: empty objects and lists alone would read"
                                        " every archived body")
     return text
+
+
+def _holds_unstorable_text(text: str) -> bool:
+    """Whether the refused filter is JSON whose text holds a NUL or an
+    unpaired surrogate (said as such), rather than JSON no store can hold."""
+    if not _storable(text):
+        return True
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict) and not all(_storable(string) for string in _strings(value))
 
 
 def _names_a_value(value: dict) -> bool:
