@@ -23,13 +23,15 @@ from dataclasses import dataclass
 
 from webhook_ingest.shared import metrics
 from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.workers import loop_lag
 from webhook_ingest.workers.attempts import HandedOn
 
 log = get_logger(__name__)
 RENEW_RETRY_SECONDS = 0.2
 SAFETY_MARGIN = 1 / 3  # of the TTL: what is left of a validity when it must be confirmed
 CONFIRM_MARGIN = 1 / 6  # of the TTL: what is left of a validity when an unanswered confirmation loses it
-LATE_CONFIRM_SHARE = 1.0  # of the TTL: how long a confirmation asked for past that may take
+LATE_CONFIRM_SHARE = 1.0  # of the TTL: how long a confirmation asked for past that, or on a lagging loop, may take
+LAGGING_SHARE = 1 / 12  # of the TTL: the loop behind this long in all while a confirmation waited: not a black hole
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,9 @@ class Keeper:
     is still the key's was taken by no one meanwhile, so it is extended and
     the run goes on, even past the TTL. It is lost when the answer is "not
     ours", or when none comes within a sixth of the TTL: a timer decides,
-    not the answer, which a black-holed server may never give. Then the
+    not the answer, which a black-holed server may never give — unless the
+    loop stood still meanwhile (`loop_lag`), too busy to hear an answer
+    that came: then a TTL from when it was asked. Then the
     handler's work must not complete under it (`check`,
     `cancelled_when_lost`), and the event runs again later. Why asking is
     safe: docs/design.md, "Exclusion".
@@ -75,6 +79,8 @@ class Keeper:
         self._on_lost: list[Callable[[], None]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._confirming: asyncio.Task | None = None
+        self._confirm_asked = 0.0
+        self._lag: loop_lag.LoopLag | None = None
 
     @property
     def deadline(self) -> float:
@@ -99,6 +105,7 @@ class Keeper:
         self._disarm()
 
     async def keep(self) -> None:
+        self._lag = loop_lag.of_running_loop()  # watching before any pause its confirmation must tell from a black hole
         self._arm()
         try:
             while not (self.lost or self.retired):
@@ -142,13 +149,29 @@ class Keeper:
     def _confirm(self) -> None:
         """Our clock says it may run out: ask, and lose it unless the answer
         is "still ours" by the time a sixth of the TTL is left of it, or,
-        when the process stood still past that, within a TTL."""
+        when the process stood still past that or meanwhile (`_unanswered`),
+        within a TTL."""
         loop = asyncio.get_running_loop()
+        self._confirm_asked = loop.time()
         lose_at = self.valid_until - self._ttl * CONFIRM_MARGIN
         if loop.time() > lose_at:  # the key may be another's already: only the answer tells
             lose_at = loop.time() + self._ttl * LATE_CONFIRM_SHARE
-        self._timer = loop.call_at(lose_at, self._lose)
+        self._timer = loop.call_at(lose_at, self._unanswered)
         self._confirming = asyncio.create_task(self._confirmed(), name=f"confirm-{self.name}")
+
+    def _unanswered(self) -> None:
+        """No answer by the limit: a black hole, unless the loop stood still
+        since the confirmation was due, in all for half the time the answer
+        had (issue 35): then it may have come and wait to be heard, and
+        gets until a TTL after it was asked."""
+        loop = asyncio.get_running_loop()
+        late_limit = self._confirm_asked + self._ttl * LATE_CONFIRM_SHARE
+        due = self.deadline  # not renewed since `_confirm`, or this timer was cancelled
+        if (loop.time() < late_limit and self._lag is not None
+                and self._lag.stood_still_since(due) >= self._ttl * LAGGING_SHARE):
+            self._timer = loop.call_at(late_limit, self._lose)
+            return
+        self._lose()
 
     async def _confirmed(self) -> None:
         """Asks until answered; the timer set by `_confirm` ends it."""
