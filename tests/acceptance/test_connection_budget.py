@@ -13,35 +13,16 @@ import functools
 
 import aiohttp
 import asyncpg
-import pytest
-
 from tests.support import private_postgres
 from tests.support.events import make_event, publish_events
 from tests.support.exactly_once import write_sources
-from tests.support.handlers import EFFECTS_TABLES
 from tests.support.processes import wait_until
-from webhook_ingest.migrate import migrate
 
 WORKERS = 10
 INGRESS_PROCESSES = 2
 EVENTS = 1000
 SETTLED = "SELECT (SELECT count(*) FROM processed_events) + (SELECT count(*) FROM dead_letters)"
 REFUSED = ("too many clients", "TooManyConnections", "postgres_session_refused", "remaining connection slots")
-
-
-@pytest.fixture
-def stock_postgres():
-    with private_postgres.running() as server:
-        yield server
-
-
-async def _prepared(server: private_postgres.PrivatePostgres) -> None:
-    await migrate(server.app_url)
-    connection = await asyncpg.connect(server.app_url)
-    try:
-        await connection.execute(EFFECTS_TABLES)
-    finally:
-        await connection.close()
 
 
 async def _answering(url: str) -> bool:
@@ -52,9 +33,7 @@ async def _answering(url: str) -> bool:
         return False
 
 
-@pytest.mark.xfail(strict=True, reason="a worker opens up to 28 connections: 10 of them overrun a stock Postgres")
 async def test_ten_workers_and_two_ingress_fit_a_stock_postgres(settings, fleet, tmp_path, stock_postgres):
-    await _prepared(stock_postgres)
     sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:writes_then_waits")
     env = {"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": stock_postgres.app_url}
     events = [make_event("acme", f"evt_{n}") for n in range(EVENTS)]

@@ -46,12 +46,12 @@ def _bin(name: str) -> str:
     return found[-1] if found else shutil.which(name) or name
 
 
-def _as_server_user(args: list[str]) -> list[str]:
+def as_server_user(args: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
 
 
 def _run(args: list[str]) -> None:
-    subprocess.run(_as_server_user(args), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    subprocess.run(as_server_user(args), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 @contextlib.contextmanager
