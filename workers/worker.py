@@ -19,7 +19,7 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from webhook_ingest.shared import amqp, backoff, metrics, schema, topology, tracing
+from webhook_ingest.shared import amqp, backoff, metrics, pooler, schema, topology, tracing
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.incident_store import IncidentStore
@@ -83,6 +83,8 @@ class Worker:
             # four pools, so that nothing short waits behind something long (workers.completions),
             # and no bookkeeping in the claim path's way; together within the budget (workers.connection_budget)
             sizes = self.pool_sizes
+            # TransactionPooler (a ConfigError): not retried
+            await _wait_for("postgres", lambda: pooler.refuse_transaction_pooling(self.settings.database_url))
             self.pool = await _wait_for("postgres", lambda: self._open_pool(sizes.statements))
             stack.push_async_callback(close_pool, self.pool)  # within 2 s, whatever the server does
             await _wait_for("postgres", lambda: schema.require_migrations(self.pool))  # SchemaBehind: not retried
