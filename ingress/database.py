@@ -4,7 +4,8 @@ outbox and its relay, the admin API, the dead-letters gauge.
 
 It starts empty (`min_size=0`), so an ingress whose Postgres is away at
 start still starts and serves through the broker; connections are opened
-when first needed.
+when first needed, at most `WEBHOOK_INGEST_INGRESS_CONNECTIONS` (docs/operations.md,
+"Postgres connections").
 """
 
 from collections.abc import AsyncIterator
@@ -15,13 +16,13 @@ from aiohttp import web
 from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
 from webhook_ingest.shared.sessions import close_pool
 
-MAX_CONNECTIONS = 10
 IDLE_SECONDS = 30.0  # the connections an outage's outbox inserts opened are closed soon after
 
 
 async def database_ctx(app: web.Application) -> AsyncIterator[None]:
     """aiohttp cleanup_ctx: the pool exists for the application's lifetime."""
-    pool = await asyncpg.create_pool(app[settings_key].database_url, min_size=0, max_size=MAX_CONNECTIONS,
+    settings = app[settings_key]
+    pool = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=settings.ingress_connections,
                                      max_inactive_connection_lifetime=IDLE_SECONDS)
     app[database_pool_key] = pool
     yield

@@ -28,7 +28,7 @@ from webhook_ingest.shared.sessions import pooled
 QUERIES = load_queries("webhook_ingest.ingress")
 TIMEOUT_SECONDS = 5.0
 READY_TIMEOUT_SECONDS = 1.0  # a readiness probe's own default timeout is 1 s
-WRITERS, MAX_BATCH = 3, 100  # inserts at once (of the pool's 10 connections), and events in one
+WRITERS, MAX_BATCH = 3, 100  # inserts at once, and events in one; the pool keeps others for the relay and the API
 Row = tuple[str, str, str, str, bytes, bytes]
 
 
@@ -40,7 +40,8 @@ class Outbox:
     def __init__(self, pool: asyncpg.Pool):
         self.pool = pool
         self.stored = asyncio.Event()  # set on every insert here: wakes this process's relay
-        self._inserts: GroupCommit[Row, None] = GroupCommit(self._insert, WRITERS, MAX_BATCH)
+        writers = min(WRITERS, pool.get_max_size() - 2)  # at least 1 (WEBHOOK_INGEST_INGRESS_CONNECTIONS >= 3)
+        self._inserts: GroupCommit[Row, None] = GroupCommit(self._insert, writers, MAX_BATCH)
 
     async def store(self, event: EventMessage) -> None:
         """Returns once a committed insert holds the event; raises

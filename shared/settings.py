@@ -51,6 +51,10 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT", "webhook requests of one client address whose body is still arriving"
                                              " a second after it began to be read, per ingress process; beyond, 429"
                                              " to that client"),
+    ("WEBHOOK_INGEST_WORKER_CONNECTIONS", "Postgres connections one worker process opens at most, its four pools"
+                                          " together (docs/operations.md, \"Postgres connections\"); at least 5"),
+    ("WEBHOOK_INGEST_INGRESS_CONNECTIONS", "Postgres connections one ingress process opens at most (the outbox,"
+                                           " its relay, the admin API and the console); at least 3"),
     ("LOG_FORMAT", "json or console (default: console on a TTY, else json)"),
 )
 
@@ -59,6 +63,12 @@ MIN_TOKEN_CHARACTERS = 32
 
 # Where Prometheus scrapes from in compose and Kubernetes; never the internet.
 PRIVATE_NETWORKS = "127.0.0.0/8, ::1/128, 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, fc00::/7"
+
+# A stock Postgres (max_connections 100, 3 for superusers) serves 10 workers
+# and 2 ingress processes at these, with 7 sessions left for one-off
+# commands (docs/operations.md, "Postgres connections").
+WORKER_CONNECTIONS, MIN_WORKER_CONNECTIONS = 8, 5
+INGRESS_CONNECTIONS, MIN_INGRESS_CONNECTIONS = 5, 3
 
 # The headers a proxy can manage (ingress/client_address.py reads exactly one).
 CLIENT_ADDRESS_HEADERS = ("X-Forwarded-For", "Forwarded")
@@ -84,6 +94,8 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(5.0, alias="WEBHOOK_INGEST_HEARTBEAT_SECONDS", gt=0)
     done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)
     replay_window: int = Field(604800, alias="WEBHOOK_INGEST_REPLAY_WINDOW", ge=1)
+    worker_connections: int = Field(WORKER_CONNECTIONS, alias="WEBHOOK_INGEST_WORKER_CONNECTIONS")
+    ingress_connections: int = Field(INGRESS_CONNECTIONS, alias="WEBHOOK_INGEST_INGRESS_CONNECTIONS")
     log_format: str | None = Field(None, alias="LOG_FORMAT", pattern=r"^(json|console)$")
     trusted_proxies_csv: str = Field("", alias="WEBHOOK_INGEST_TRUSTED_PROXIES")
     client_address_header: str = Field("X-Forwarded-For", alias="WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER")
@@ -116,6 +128,22 @@ class Settings(BaseSettings):
             raise ValueError("WEBHOOK_INGEST_NOTIFY_WEBHOOK_URL and WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET go together:"
                              " the receiver verifies each message with the secret")
         return self
+
+    @field_validator("worker_connections")
+    @classmethod
+    def _worker_pools_fit(cls, value: int) -> int:
+        if value < MIN_WORKER_CONNECTIONS:
+            raise ValueError(f"is {value}; a worker needs at least {MIN_WORKER_CONNECTIONS}: 2 for short statements"
+                             " and 1 each for handler transactions, lease renewals and bookkeeping")
+        return value
+
+    @field_validator("ingress_connections")
+    @classmethod
+    def _ingress_pool_fits(cls, value: int) -> int:
+        if value < MIN_INGRESS_CONNECTIONS:
+            raise ValueError(f"is {value}; an ingress process needs at least {MIN_INGRESS_CONNECTIONS}: the outbox's"
+                             " inserts, its relay and the admin API each need one")
+        return value
 
     @field_validator("trusted_proxies_csv", "metrics_allowed_ips_csv")
     @classmethod
@@ -167,6 +195,8 @@ class Settings(BaseSettings):
             "body_timeout": self.body_timeout,
             "max_concurrent_requests": self.max_concurrent_requests,
             "max_bodies_per_client": self.max_bodies_per_client,
+            "worker_connections": self.worker_connections,
+            "ingress_connections": self.ingress_connections,
         }
 
 

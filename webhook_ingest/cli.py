@@ -16,6 +16,7 @@ from webhook_ingest import layout, ports
 from webhook_ingest.console import ENV_HELP, fail, traced
 
 log = get_logger("webhook_ingest")
+POOLER_CHECK_SECONDS = 5.0  # the ingress's look for a transaction pooler, at start
 SEND_TEST_URL = "http://127.0.0.1:8080"  # send-test's default: `run`'s defaults
 
 
@@ -132,11 +133,29 @@ def ingress(host: str, port: int, reuse_port: bool, processes: str) -> None:
         listening = ports.listening_sockets(host, port, reuse_port)
     except ports.PortUnavailable as exc:
         fail(str(exc))
+    _no_transaction_pooler_or_fail(settings)
     traced("ingress")  # before the app: its request middleware
     install_uvloop()
     log.info("ingress_starting", host=host, port=port, sources=sorted(sources), **settings.masked())
     web.run_app(stopping_once(create_app(settings, sources)), sock=listening, handle_signals=False,
                 shutdown_timeout=layout.INGRESS_GRACE, print=None, access_log=None)
+
+
+def _no_transaction_pooler_or_fail(settings: Settings) -> None:
+    """Refused at start behind transaction pooling (shared/pooler.py); an
+    ingress whose Postgres is away starts all the same (it serves through
+    the broker) and cannot tell."""
+    import asyncpg
+
+    from webhook_ingest.shared.errors import describe
+    from webhook_ingest.shared.pooler import refuse_transaction_pooling
+
+    try:
+        asyncio.run(asyncio.wait_for(refuse_transaction_pooling(settings.database_url), POOLER_CHECK_SECONDS))
+    except ConfigError as exc:
+        fail(str(exc))
+    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        log.warning("pooler_not_checked", error=describe(exc))
 
 
 def _port_free_or_fail(host: str, port: int) -> None:
@@ -189,11 +208,12 @@ def worker(concurrency: int, metrics_port: int | None, grace_seconds: float) -> 
     traced("worker")
     install_uvloop()
     log.info("worker_starting", concurrency=concurrency, sources=sorted(sources), **settings.masked())
+    from webhook_ingest.shared.pooler import TransactionPooler
     from webhook_ingest.shared.schema import SchemaBehind
 
     try:
         asyncio.run(_run_worker(settings, sources, concurrency, metrics_port, grace_seconds))
-    except SchemaBehind as exc:  # before any message was taken
+    except (SchemaBehind, TransactionPooler) as exc:  # before any message was taken
         fail(str(exc))
     log.info("worker_stopped")
 

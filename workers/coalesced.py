@@ -27,7 +27,7 @@ from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.lease import Lease
 
-WRITERS = 2  # per kind of statement; the short-statement pool has 4 connections (workers/worker.py)
+WRITERS = 2  # per kind of statement; they share the short-statement pool (2 to 4 connections, workers/connection_budget.py)
 MAX_BATCH = 256
 
 Completion = tuple[EventMessage, int]  # a message, and the fencing token it completes under

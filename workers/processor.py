@@ -88,7 +88,7 @@ class AttemptHandedOn(Exception):
 
 class Processor:
     def __init__(self, sources: dict[str, Source], store: IdempotencyStore, completions: CompletionStore,
-                 failures: FailurePolicy, archive: ArchiveNotes = NO_NOTES):
+                 failures: FailurePolicy, archive: ArchiveNotes = NO_NOTES, renewal_writers: int = 2):
         self._sources = sources
         self._handlers = load_handlers(sources)
         self._store = store
@@ -96,7 +96,7 @@ class Processor:
         self._failures = failures
         self._archive = archive
         self._lock_renewals = LockRenewals(store)
-        self._lease_renewals = LeaseRenewals(completions, store.redlock.ttl_ms)
+        self._lease_renewals = LeaseRenewals(completions, store.redlock.ttl_ms, renewal_writers)
         self._statements = CoalescedStatements(completions, store.redlock.ttl_ms)
 
     def runs(self, message: EventMessage) -> bool:

@@ -23,15 +23,17 @@ from webhook_ingest.workers.idempotency import IdempotencyStore
 from webhook_ingest.workers.lease import Lease
 from webhook_ingest.workers.redlock import Lock
 
-WRITERS = 2  # as many as the renewal pool's connections (RENEWAL_CONNECTIONS)
+WRITERS = 2  # Redis script calls at once; the lease renewals' follow the renewal pool's connections
 MAX_BATCH = 1000
 
 
 class LeaseRenewals:
-    def __init__(self, completions: CompletionStore, ttl_ms: int):
+    def __init__(self, completions: CompletionStore, ttl_ms: int, writers: int = WRITERS):
+        """`writers`: the renewal pool's connections, so that no renewal waits
+        for a connection (its wait counts against its deadline)."""
         self._completions = completions
         self._ttl_ms = ttl_ms
-        self._batches: GroupCommit[tuple[Lease, ...], bool] = GroupCommit(self._extend, WRITERS, MAX_BATCH)
+        self._batches: GroupCommit[tuple[Lease, ...], bool] = GroupCommit(self._extend, writers, MAX_BATCH)
 
     async def extend(self, leases: Sequence[Lease]) -> bool:
         """True when every one of a run's leases was still ours and now runs a TTL longer."""

@@ -19,7 +19,7 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from webhook_ingest.shared import amqp, backoff, metrics, schema, topology, tracing
+from webhook_ingest.shared import amqp, backoff, metrics, pooler, schema, topology, tracing
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.incident_store import IncidentStore
@@ -32,6 +32,7 @@ from webhook_ingest.shared.sessions import close_pool
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.shared.worker_heartbeats import Figures, HeartbeatStore
+from webhook_ingest.workers import connection_budget
 from webhook_ingest.workers.acks import OpenDeliveries
 from webhook_ingest.workers.archive_notes import ArchiveNotes
 from webhook_ingest.workers.batch import BatchProcessor
@@ -49,11 +50,7 @@ from webhook_ingest.workers.states import Outcome
 
 log = get_logger(__name__)
 
-MAX_TRANSACTIONS = 20  # handlers that use ctx.db at once (each holds a connection until its commit)
-STATEMENT_CONNECTIONS = 4  # leases, completion checks and rows, dead letters: one short statement each
 SERVER_KEEPALIVES = "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
-RENEWAL_CONNECTIONS = 2  # lease renewals, many runs' in one statement (workers/renewals.py)
-BOOKKEEPING_CONNECTIONS = 2  # the archive, heartbeats, incident counts, gauges: never in a run's way
 PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on the wire
 COUNTS_FLUSH_SECONDS = 2.0  # a stopping worker's last incident counts
 UNKNOWN_SOURCE_RETRY = 5.0  # seconds between looks for a worker that knows the source
@@ -76,6 +73,7 @@ class Worker:
         self._copies = CopiesInFlight()
         self._deliveries = OpenDeliveries()  # what a batch's one `multiple` ack may cover
         self.heartbeat: Heartbeat | None = None  # started with the side tasks
+        self.pool_sizes = connection_budget.split(settings.worker_connections, concurrency)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -83,16 +81,18 @@ class Worker:
     async def run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
             # four pools, so that nothing short waits behind something long (workers.completions),
-            # and no bookkeeping in the claim path's way
-            self.pool = await _wait_for("postgres", lambda: self._open_pool(STATEMENT_CONNECTIONS))
+            # and no bookkeeping in the claim path's way; together within the budget (workers.connection_budget)
+            sizes = self.pool_sizes
+            # TransactionPooler (a ConfigError): not retried
+            await _wait_for("postgres", lambda: pooler.refuse_transaction_pooling(self.settings.database_url))
+            self.pool = await _wait_for("postgres", lambda: self._open_pool(sizes.statements))
             stack.push_async_callback(close_pool, self.pool)  # within 2 s, whatever the server does
             await _wait_for("postgres", lambda: schema.require_migrations(self.pool))  # SchemaBehind: not retried
-            self.transactions = await _wait_for(
-                "postgres", lambda: self._open_pool(min(self.concurrency, MAX_TRANSACTIONS)))
+            self.transactions = await _wait_for("postgres", lambda: self._open_pool(sizes.transactions))
             stack.push_async_callback(close_pool, self.transactions)
-            self.renewals = await _wait_for("postgres", lambda: self._open_pool(RENEWAL_CONNECTIONS))
+            self.renewals = await _wait_for("postgres", lambda: self._open_pool(sizes.renewals))
             stack.push_async_callback(close_pool, self.renewals)
-            self.bookkeeping = await _wait_for("postgres", lambda: self._open_pool(BOOKKEEPING_CONNECTIONS))
+            self.bookkeeping = await _wait_for("postgres", lambda: self._open_pool(sizes.bookkeeping))
             stack.push_async_callback(close_pool, self.bookkeeping)
             self.store = IdempotencyStore(
                 self.settings.redis_urls, self.settings.namespace, self.settings.lock_ttl, self.settings.done_ttl
@@ -125,7 +125,8 @@ class Worker:
         await _wait_for("postgres", self.paused.refresh)  # a paused source is never run, from the first message
         self.completions = CompletionStore(self.pool, self.renewals, self.transactions)
         self.archive = ArchiveNotes(ArchiveStore(self.bookkeeping), self.sources)
-        self.processor = Processor(self.sources, self.store, self.completions, self.failures, self.archive)
+        self.processor = Processor(self.sources, self.store, self.completions, self.failures, self.archive,
+                                   renewal_writers=self.pool_sizes.renewals)
         self.batch_processor = BatchProcessor(self.processor, self.store, self.completions)
         self._gates = {
             "postgres": OutageGate(self._probe_postgres, "postgres"),
@@ -134,7 +135,8 @@ class Worker:
         side_tasks = await self._start_side_tasks()
         consumer_tag = await queue.consume(self._on_message)
         self.ready = True
-        log.info("worker_consuming", queue=queue.name, concurrency=self.concurrency)
+        log.info("worker_consuming", queue=queue.name, concurrency=self.concurrency,
+                 postgres_connections=self.pool_sizes._asdict())
         await self._wait_for_stop(side_tasks)
         self.ready = False
         await queue.cancel(consumer_tag)

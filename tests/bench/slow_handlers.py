@@ -32,9 +32,11 @@ from tests.bench.cpu import CpuMeter
 from tests.bench.deployment import CONCURRENCY, SECRET, WORKERS, Deployment, source_entry
 from tests.support.processes import wait_until
 from tests.support.tcpproxy import free_port
+from webhook_ingest.shared.settings import WORKER_CONNECTIONS
+from webhook_ingest.workers.connection_budget import split
 
 SLOW_SHARE, SLOW_SECONDS, FAST_SECONDS, CALL_SECONDS = 0.1, 2.0, 0.005, 0.3
-TRANSACTION_CONNECTIONS = min(CONCURRENCY, 20)  # workers/worker.py's handler-transaction pool
+TRANSACTION_CONNECTIONS = split(WORKER_CONNECTIONS, CONCURRENCY).transactions  # the handler-transaction pool
 SETTLE_SECONDS = 1.5  # a deferral would be back from the 1 s queue by then
 
 

@@ -61,6 +61,10 @@ async def _no_incidents(*_, **__) -> int:
     return 0
 
 
+async def _no_pooler(database_url) -> None:
+    """The simulated server is reached directly."""
+
+
 async def _schema_current(pool) -> None:
     """The simulated Postgres is always of this release's schema."""
 
@@ -114,6 +118,7 @@ def patched(sim):
         stack.enter_context(mock.patch("webhook_ingest.workers.retry.record_failure", _no_incidents))
         stack.enter_context(mock.patch.object(worker, "PausedSources", _NothingPaused))
         stack.enter_context(mock.patch.object(worker.schema, "require_migrations", _schema_current))
+        stack.enter_context(mock.patch.object(worker.pooler, "refuse_transaction_pooling", _no_pooler))
         stack.enter_context(mock.patch.object(processor.Processor, "call_handler", call_handler))
         stack.enter_context(mock.patch("tests.support.in_memory.Session", SimSession))
         stack.enter_context(mock.patch.object(SimSession, "server", sim.server))

@@ -39,6 +39,7 @@ from tests.sim.plan import ACTION_KINDS, Plan, behaviour
 from tests.sim.postgres import Server
 from webhook_ingest.shared import event_id, topology
 from webhook_ingest.shared.message import EventMessage, to_amqp
+from webhook_ingest.shared.settings import WORKER_CONNECTIONS
 from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.workers.handlers import PermanentError
 from webhook_ingest.workers.worker import Worker
@@ -183,7 +184,8 @@ class Simulation:
         settings = SimpleNamespace(namespace=NAMESPACE, delivery_limit=self.plan.config.delivery_limit,
                                    lock_ttl=self.plan.config.lock_ttl, done_ttl=self.plan.config.done_ttl,
                                    redis_urls=tuple(f"redis://sim-{i}" for i in range(len(self.masters))),
-                                   amqp_url="amqp://sim/", database_url="postgresql://sim/")
+                                   amqp_url="amqp://sim/", database_url="postgresql://sim/",
+                                   worker_connections=WORKER_CONNECTIONS)  # the pools a default worker has
         worker = Worker(settings, self.sources, concurrency=self.plan.config.concurrency,  # type: ignore[arg-type]
                         grace_seconds=self.plan.config.grace_seconds, name=name)
 
