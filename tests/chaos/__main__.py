@@ -19,7 +19,8 @@ DEFAULT_ROUTES = ("ledger", "mailer")
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=None, help="reproduce a run (default: a new random seed)")
-    parser.add_argument("--events", type=int, default=2000, help="distinct events (each sent 1-4 times)")
+    parser.add_argument("--events", type=int, default=1000,
+                        help="distinct events (each sent 1-4 times, and run once per route)")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic and faults")
     parser.add_argument("--drain-timeout", type=float, default=180.0, help="most seconds to wait for the queues")
     parser.add_argument("--stall-seconds", type=float, default=30.0,

@@ -37,15 +37,22 @@ class FullDeployment(LocalDeployment):
         super().__init__(*args, **kwargs)
         self.applied: list[Applied] = []
         self.issued: list[replays.IssuedReplay] = []
+        self.stopped: set[int] = set()  # pids under a pause now
 
     async def _apply(self, fault: Fault) -> None:
         started = time.time()
         slot = self.slots[fault.worker] if fault.worker >= 0 else None
         pid = slot.process.pid if slot is not None and slot.process is not None else 0
+        if fault.action == "pause" and pid in self.stopped:
+            return  # stopped already: the pause under way decides when it is continued
         try:
             match fault.action:
                 case "pause":
-                    await pauses.paused(pid, fault.seconds)
+                    self.stopped.add(pid)
+                    try:
+                        await pauses.paused(pid, fault.seconds)
+                    finally:
+                        self.stopped.discard(pid)
                 case "hog":
                     await pauses.cpu_hog(fault.seconds)
                 case "replay":

@@ -13,8 +13,8 @@ are a violation unless the record (tests/chaos/applied.py) shows one of
 these between them; each explained one is counted under its cause. A
 pause explains a repeat only when the later call's run started while the
 earlier caller was stopped, by another process, and the earlier call was
-made before the stop: a stopped process that woke and called again while
-another ran the key would be two runs at once.
+made before the caller woke: a stopped process that woke and called again
+while another ran the key would be two runs at once.
 
 **Handler re-runs (counted).** A run of an attempt that already ran (the
 `chaos_runs` intervals: same key, same attempt number) is a re-run; each
@@ -24,8 +24,12 @@ dead-letter replay starts a key's attempts again at 1: such runs are counted
 under it. Event replays run under keys of their own (tests/chaos/replays.py).
 """
 
+import contextlib
+import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 
 import asyncpg
 
@@ -70,15 +74,22 @@ async def observe_runs(database_url: str) -> dict[str, list[Run]]:
 
 
 def judge_calls(successes: dict[str, list[Call]], runs: dict[str, list[Run]], applied: list[Applied],
-                prunes: list[tuple[float, float]], workers: dict[int, str], verdict, reruns: Reruns) -> None:
+                prunes: list[tuple[float, float]], workers: dict[int, str], verdict, reruns: Reruns,
+                gave_up: dict[tuple[int, str], list[float]] | None = None) -> None:
+    """`gave_up`: (pid, key) -> when that worker logged giving the key's lease up, to name an unexplained repeat."""
+    gave_up = gave_up or {}
     for key, calls in successes.items():
         causes: set[str] = set()
         for earlier, later in zip(calls, calls[1:]):
             cause = _call_repeated_by(earlier, later, runs.get(key, []), applied, prunes)
             if cause is None:
+                given_up = [at for at in gave_up.get((earlier.pid, key), []) if earlier.started <= at <= later.started]
+                why = (f"; {_who(earlier, workers)} gave its lease up at {_clock(given_up[0])} "
+                       "(lease_lost_handler_cancelled) with no fault on it") if given_up else ""
                 verdict.violate("call repeated", f"{key}: called successfully by {_who(earlier, workers)} at "
-                                f"{earlier.started:.3f} and again by {_who(later, workers)} at {later.started:.3f}, "
-                                "no kill, Postgres cut, pause past the lease or prune between")
+                                f"{_clock(earlier.started)} and again by {_who(later, workers)} at "
+                                f"{_clock(later.started)}, no kill, Postgres cut, pause past the lease or prune "
+                                f"between{why}")
                 continue
             causes.add(cause)
             reruns.extra_calls[cause] += 1
@@ -88,16 +99,21 @@ def judge_calls(successes: dict[str, list[Call]], runs: dict[str, list[Run]], ap
 
 def _call_repeated_by(earlier: Call, later: Call, runs: list[Run], applied: list[Applied],
                       prunes: list[tuple[float, float]]) -> str | None:
+    """The downstream shares the run's loop with the traffic and the faults, so
+    a call may be stamped a little after a fault that came after it was made:
+    a process is killed once, so any kill of the earlier caller before the
+    later call explains it; a cut from the earlier call's run on."""
+    begun = _run_start(earlier, runs)
     for fault in applied:
-        if fault.action == "kill" and fault.touches(earlier.pid, earlier.started, later.started):
+        if fault.action == "kill" and fault.pid == earlier.pid and fault.started <= later.started:
             return "kill"
         if fault.action == "cut" and fault.service == "postgres" \
-                and fault.touches(earlier.pid, earlier.started, later.started):
+                and fault.touches(earlier.pid, begun, later.started):
             return "cut postgres"
     started = _run_start(later, runs)
     for fault in applied:
         if fault.action == "pause" and fault.pid == earlier.pid != later.pid \
-                and earlier.started < fault.started <= started <= fault.ended + PAUSE_SLACK_SECONDS:
+                and earlier.started < fault.ended and fault.started <= started <= fault.ended + PAUSE_SLACK_SECONDS:
             return "pause"
     if any(earlier.ended + PRUNE_WINDOW_SECONDS < ended and begun < later.started for begun, ended in prunes):
         return "prune"
@@ -142,6 +158,24 @@ def _run_repeated_by(before: Run, run: Run, applied: list[Applied], prunes: list
     if any(begun < run.started and ended > before.started for begun, ended in prunes):
         return "prune"
     return None
+
+
+def leases_given_up(logs: dict[int, Path]) -> dict[tuple[int, str], list[float]]:
+    """(pid, key) -> when the worker's log says it cancelled a run for a lost lease (`lease_lost_handler_cancelled`)."""
+    found: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for pid, path in logs.items():
+        with contextlib.suppress(OSError):
+            for line in path.read_text(errors="replace").splitlines():
+                if '"lease_lost_handler_cancelled"' not in line:
+                    continue
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    entry = json.loads(line)
+                    found[(pid, entry["key"])].append(datetime.fromisoformat(entry["timestamp"]).timestamp())
+    return found
+
+
+def _clock(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).strftime("%H:%M:%S.%f")[:-3] + "Z"
 
 
 def _who(call: Call, workers: dict[int, str]) -> str:

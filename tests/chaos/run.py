@@ -109,7 +109,9 @@ async def judge_calls_and_replays(plan: Plan, sent: Sent, seen: Observed, deploy
     runs = await reruns.observe_runs(deployment.database_url)
     replays_seen = await replays.observe(deployment.database_url, deployment.issued, SOURCE)
     successes, tally = downstream.successes(), reruns.Reruns()
-    reruns.judge_calls(successes, runs, deployment.applied, deployment.prunes, seen.workers, verdict, tally)
+    logs = {process.pid: process.log_path for process in deployment.fleet.processes if process.pid in seen.workers}
+    reruns.judge_calls(successes, runs, deployment.applied, deployment.prunes, seen.workers, verdict, tally,
+                       reruns.leases_given_up(logs))
     reruns.count_reruns(runs, deployment.applied, deployment.prunes, seen.replayed, tally)
     for key in seen.effects:
         if not successes.get(key):
