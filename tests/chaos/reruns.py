@@ -86,7 +86,8 @@ def judge_calls(successes: dict[str, list[Call]], runs: dict[str, list[Run]], ap
                 given_up = [at for at in gave_up.get((earlier.pid, key), []) if earlier.started <= at <= later.started]
                 why = (f"; {_who(earlier, workers)} gave its lease up at {_clock(given_up[0])} "
                        "(lease_lost_handler_cancelled) with no fault on it") if given_up else ""
-                verdict.violate("call repeated", f"{key}: called successfully by {_who(earlier, workers)} at "
+                kind = "call repeated after a lease given up" if given_up else "call repeated"
+                verdict.violate(kind, f"{key}: called successfully by {_who(earlier, workers)} at "
                                 f"{_clock(earlier.started)} and again by {_who(later, workers)} at "
                                 f"{_clock(later.started)}, no kill, Postgres cut, pause past the lease or prune "
                                 f"between{why}")
