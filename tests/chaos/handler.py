@@ -22,6 +22,7 @@ run a dead-letter replay started), each before the external call.
 
 import asyncio
 import os
+import time
 
 import asyncpg
 from webhook_ingest.workers.handlers.inbox import handle as inbox
@@ -48,15 +49,16 @@ _pools: dict[str, asyncio.Task] = {}
 async def record(event, ctx):
     directive = event.payload.get("chaos") or {}
     intervals = await _pool(ctx.options.get("runs_database_url") or os.environ["DATABASE_URL"])
-    run_id = await intervals.fetchval(
-        "INSERT INTO chaos_runs (key, pid, attempt) VALUES ($1, $2, $3) RETURNING id",
-        event.key, os.getpid(), event.attempt)
+    run_id = await intervals.fetchval(  # stamped by the run's own clock: the statement may wait for a session
+        "INSERT INTO chaos_runs (key, pid, attempt, started) VALUES ($1, $2, $3, to_timestamp($4)) RETURNING id",
+        event.key, os.getpid(), event.attempt, time.time())
     try:
         await asyncio.sleep(directive.get("work_ms", int(ctx.options.get("work_ms", 100))) / 1000)
         _fail_if_told(directive, event)
         await downstream.call(event, ctx)  # the external call, once the run is going to complete
     finally:
-        await intervals.execute("UPDATE chaos_runs SET ended = clock_timestamp() WHERE id = $1", run_id)
+        ended = time.time()
+        await intervals.execute("UPDATE chaos_runs SET ended = to_timestamp($2) WHERE id = $1", run_id, ended)
     await ctx.db.execute("INSERT INTO chaos_effects (key, pid, received_ms) VALUES ($1, $2, $3)", event.key,
                          os.getpid(), round(event.received_at.timestamp() * 1000))
     await inbox(event, ctx)
