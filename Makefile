@@ -59,7 +59,7 @@ bench: install  ## throughput/latency figures and ratios against the raw broker 
 	$(BIN)/python -m tests.bench $(BENCH_ARGS)
 
 # SEED=N reproduces a run; CHAOS_ARGS passes more options (python -m tests.chaos --help).
-chaos: install  ## a seeded fault run: kills, cuts, flushes, prunes; checks every accepted event (a few minutes)
+chaos: install  ## a seeded fault run: kills, cuts, pauses, a CPU hog, flushes, prunes, replays; checks every event and call (a few minutes)
 	$(BIN)/python -m tests.chaos $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
 
 chaos-cluster: install  ## three private RabbitMQ nodes: one SIGKILLed, another restarted under traffic (about 2 minutes)

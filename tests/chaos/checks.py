@@ -33,6 +33,7 @@ from tests.chaos.plan import PlannedEvent
 from tests.chaos.traffic import Sent
 
 PRUNE_WINDOW_SECONDS = 1.0
+STOPPED_SLACK_SECONDS = 1.0  # as tests/chaos/reruns.py's PAUSE_SLACK_SECONDS
 
 
 @dataclass
@@ -48,6 +49,13 @@ class Observed:
     archive: dict[str, Counter] | None = None  # key -> its archived rows by status; None: no archive table
     recorder: bool = True   # the chaos handler's tables exist (always in a local run)
     workers: dict[int, str] = field(default_factory=dict)  # pid -> which worker (a local run knows)
+    replayed: set[str] = field(default_factory=set)  # keys with a dead letter a replay put back (status replayed)
+    stopped: dict[int, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))  # pid -> pauses
+
+    def stopped_at(self, pid: int, moment: float) -> bool:
+        """Process `pid` stopped (SIGSTOP) at `moment`, or continued too
+        shortly before to have heard that its lease lapsed meanwhile."""
+        return any(begun <= moment <= ended + STOPPED_SLACK_SECONDS for begun, ended in self.stopped.get(pid, ()))
 
     def who(self, pid: int) -> str:
         return f"pid {pid} ({self.workers[pid]})" if pid in self.workers else f"pid {pid}"
@@ -106,6 +114,8 @@ async def _observe(connection, pattern: str) -> Observed:
             " WHERE status = 'dead' AND key LIKE $1 ORDER BY id", pattern):
         seen.open_dead_letters[row["key"]].append(row["last"] or "?")
     seen.conflicts = await _keys(connection, "SELECT DISTINCT key FROM event_conflicts WHERE key LIKE $1", pattern)
+    seen.replayed = await _keys(connection, "SELECT DISTINCT key FROM dead_letters WHERE status = 'replayed'"
+                                " AND key LIKE $1", pattern)
     if await connection.fetchval("SELECT to_regclass('event_archive') IS NOT NULL"):
         seen.archive = defaultdict(Counter)
         for row in await connection.fetch(
@@ -174,6 +184,8 @@ def _judge_key(event, key: str, sent: Sent, seen: Observed, prunes, verdict: Ver
     if not seen.recorder:
         return _judge_contract_tables(event, key, seen, verdict)
     effects, dead = sorted(seen.effects.get(key, [])), seen.open_dead_letters.get(key, [])
+    # told to fail until a dead-letter replay runs it (tests/chaos/replays.py): once one did, it completes
+    expect_dead = event.expect_dead_letter and not (event.fail == "until_replayed" and key in seen.replayed)
     repeats = sum(1 for before, after in pairwise(effects) if not _pruned_between(before[1], after[0], prunes))
     verdict.outcomes["repeated after prune (allowed)"] += len(effects) - 1 - repeats if effects else 0
     if not effects and not dead:
@@ -182,17 +194,19 @@ def _judge_key(event, key: str, sent: Sent, seen: Observed, prunes, verdict: Ver
         verdict.violate("completed and dead-lettered", f"{key}: effect and open dead letter ({dead[-1]})")
     elif len(dead) > 1:
         verdict.violate("several open dead letters", f"{key}: {len(dead)} open dead letters")
-    elif dead and not event.expect_dead_letter:
+    elif dead and not expect_dead:
         verdict.violate("false dead letter", f"{key}: dead-lettered ({dead[-1]}), fail={event.fail or 'none'}")
-    elif effects and event.expect_dead_letter:
+    elif effects and expect_dead:
         verdict.violate("missing dead letter", f"{key}: completed although told to fail ({event.fail})")
+    elif effects and event.fail == "until_replayed":
+        verdict.outcomes["completed once, after its dead letter's replay"] += 1
     else:
         verdict.outcomes["dead letter, as told" if dead else "completed once"] += 1
     if repeats:
         verdict.violate("effect repeated", f"{key}: {len(effects)} effects in the completion transaction")
     if effects and key not in seen.inbox:
         verdict.violate("effect without inbox row", f"{key}: the inbox insert did not commit with the effect")
-    _judge_runs(key, seen, effects[:1], prunes, verdict)
+    judge_runs(key, seen, effects[:1], prunes, verdict)
     _judge_conflict(event, key, sent, seen, len(effects) == 1, verdict)
 
 
@@ -244,11 +258,13 @@ def _judge_contract_tables(event, key: str, seen: Observed, verdict: Verdict) ->
         verdict.outcomes["dead letter" if dead else "completed"] += 1
 
 
-def _judge_runs(key: str, seen: Observed, first_effect: list[tuple[float, float]], prunes, verdict: Verdict) -> None:
+def judge_runs(key: str, seen: Observed, first_effect: list[tuple[float, float]], prunes, verdict: Verdict) -> None:
     """Intervals sorted by start: one starting before an earlier one ended ran at the same time."""
     latest_end, latest_pid = None, None
     for started, ended, pid in sorted(seen.runs.get(key, []), key=lambda run: run[0]):
-        if latest_end is not None and started < latest_end:
+        if latest_end is not None and started < latest_end and seen.stopped_at(latest_pid, started):
+            verdict.outcomes["took over from a stopped holder"] += 1  # its lease lapsed; a call would show
+        elif latest_end is not None and started < latest_end:
             verdict.violate("two runs at once", f"{key}: {seen.who(pid)} started {latest_end - started:.3f}s "
                             f"before {seen.who(latest_pid)}'s run ended")
         if first_effect and started > first_effect[0][0] and not _pruned_between(first_effect[0][1], started, prunes):

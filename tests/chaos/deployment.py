@@ -62,7 +62,7 @@ class LocalDeployment:
     def __init__(self, namespace: str | None = None, database_url: str | None = None, workers: int = 3,
                  concurrency: int = layout.CONCURRENCY, lock_ttl: float = 3.0, work_ms: int = 100,
                  log_dir: Path | None = None,
-                 keep_database: bool = False, routes: tuple[str, ...] = ()):
+                 keep_database: bool = False, routes: tuple[str, ...] = (), downstream_url: str = ""):
         run_id = uuid.uuid4().hex[:8]
         self.namespace = namespace or f"chaos_{run_id}"
         self.owns_database = database_url is None
@@ -74,6 +74,7 @@ class LocalDeployment:
         self.worker_count, self.concurrency, self.lock_ttl, self.work_ms = workers, concurrency, lock_ttl, work_ms
         self.degraded_worker = workers - 1
         self.routes = routes  # the source's routes, each running the recorder (docs/reference.md §3); none: one handler
+        self.downstream_url = downstream_url  # where the recorder makes its external call (none: no call)
         self.fleet: Fleet | None = None
         self.slots: list[WorkerSlot] = []
         self.base_url = ""
@@ -120,7 +121,9 @@ class LocalDeployment:
 
     def _base_env(self) -> dict[str, str]:
         sources = self.log_dir / "sources.toml"
-        options = f'handler_options = {{ runs_database_url = "{self.database_url}", work_ms = "{self.work_ms}" }}\n'
+        called = f', downstream_url = "{self.downstream_url}"' if self.downstream_url else ""
+        options = (f'handler_options = {{ runs_database_url = "{self.database_url}", work_ms = "{self.work_ms}"'
+                   f"{called} }}\n")
         handling = ''.join(f'[[sources.{SOURCE}.routes]]\nname = "{route}"\nhandler = "tests.chaos.handler:record"\n'
                            f"{options}" for route in self.routes)
         sources.write_text(

@@ -1,7 +1,9 @@
 """The fault run's handler, `tests.chaos.handler:record`.
 
 Options: `runs_database_url` (default: the worker's DATABASE_URL), where
-the intervals go; `work_ms`, the work of an event that does not say.
+the intervals go; `work_ms`, the work of an event that does not say;
+`downstream_url`, where each run that is going to complete first makes its
+external call (tests/chaos/downstream.py; none without it).
 
 Each run of the handler is an *interval* in `chaos_runs` (start, end, key,
 pid), written through its own connection outside the completion
@@ -13,17 +15,21 @@ row) plus the built-in `inbox` insert, both in the completion transaction
 
 The payload says what to do: `chaos.work_ms` of "work", and
 `chaos.fail` = "permanent" (PermanentError), "always" (a retryable error on
-every attempt) or "first" (a retryable error on attempts up to
-`chaos.fail_attempts`).
+every attempt), "first" (a retryable error on attempts up to
+`chaos.fail_attempts`) or "until_replayed" (PermanentError, except in a
+run a dead-letter replay started), each before the external call.
 """
 
 import asyncio
 import os
+import time
 
 import asyncpg
 from webhook_ingest.workers.handlers.inbox import handle as inbox
 
 from webhook_ingest import PermanentError
+
+from tests.chaos import downstream
 
 CHAOS_TABLES = """
 CREATE TABLE IF NOT EXISTS chaos_runs (
@@ -43,23 +49,28 @@ _pools: dict[str, asyncio.Task] = {}
 async def record(event, ctx):
     directive = event.payload.get("chaos") or {}
     intervals = await _pool(ctx.options.get("runs_database_url") or os.environ["DATABASE_URL"])
-    run_id = await intervals.fetchval(
-        "INSERT INTO chaos_runs (key, pid, attempt) VALUES ($1, $2, $3) RETURNING id",
-        event.key, os.getpid(), event.attempt)
+    run_id = await intervals.fetchval(  # stamped by the run's own clock: the statement may wait for a session
+        "INSERT INTO chaos_runs (key, pid, attempt, started) VALUES ($1, $2, $3, to_timestamp($4)) RETURNING id",
+        event.key, os.getpid(), event.attempt, time.time())
     try:
         await asyncio.sleep(directive.get("work_ms", int(ctx.options.get("work_ms", 100))) / 1000)
+        _fail_if_told(directive, event)
+        await downstream.call(event, ctx)  # the external call, once the run is going to complete
     finally:
-        await intervals.execute("UPDATE chaos_runs SET ended = clock_timestamp() WHERE id = $1", run_id)
-    _fail_if_told(directive, event.attempt)
+        ended = time.time()
+        await intervals.execute("UPDATE chaos_runs SET ended = to_timestamp($2) WHERE id = $1", run_id, ended)
     await ctx.db.execute("INSERT INTO chaos_effects (key, pid, received_ms) VALUES ($1, $2, $3)", event.key,
                          os.getpid(), round(event.received_at.timestamp() * 1000))
     await inbox(event, ctx)
 
 
-def _fail_if_told(directive: dict, attempt: int) -> None:
+def _fail_if_told(directive: dict, event) -> None:
+    attempt = event.attempt
     match directive.get("fail"):
         case "permanent":
             raise PermanentError("chaos: permanent failure injected")
+        case "until_replayed" if event.replay is None or event.replay.dead_letter_replay is None:
+            raise PermanentError("chaos: permanent failure injected until a dead-letter replay")
         case "always":
             raise RuntimeError(f"chaos: retryable failure injected (attempt {attempt})")
         case "first" if attempt <= directive.get("fail_attempts", 1):

@@ -7,7 +7,10 @@ import json
 import random
 from dataclasses import dataclass, field
 
+from tests.chaos import downstream
+
 MAX_ATTEMPTS = 3
+UNTIL_REPLAYED_SHARE = 0.5  # of the events told to fail for good: until a dead-letter replay runs them instead
 RETRY_DELAYS = (0.2, 0.5)
 
 
@@ -22,13 +25,14 @@ class Request:
 @dataclass
 class PlannedEvent:
     event_id: str
-    fail: str                 # "", "permanent", "always" or "first"
+    fail: str                 # "", "permanent", "always", "first" or "until_replayed"
     kind: str                 # "plain", "unicode", "bigint", "deep", "conflict" or "unstorable"
     bodies: list[bytes] = field(default_factory=list)
 
     @property
     def expect_dead_letter(self) -> bool:
-        return self.fail in ("permanent", "always")
+        """`until_replayed` too, unless a dead-letter replay ran it (tests/chaos/replays.py)."""
+        return self.fail in ("permanent", "always", "until_replayed")
 
     @property
     def must_be_refused(self) -> bool:
@@ -39,10 +43,10 @@ class PlannedEvent:
 @dataclass(frozen=True)
 class Fault:
     at: float
-    action: str          # "kill", "cut", "flush" or "prune"
+    action: str          # "kill", "cut", "flush", "prune", "pause", "hog", "replay" or "dlq-replay"
     worker: int = -1
     service: str = ""    # for "cut": "redis", "postgres" or "rabbitmq"
-    seconds: float = 0.0  # how long a cut lasts, or a killed worker stays down
+    seconds: float = 0.0  # how long a cut, pause or hog lasts, a killed worker stays down, a replay's window
 
     def describe(self) -> str:
         match self.action:
@@ -52,6 +56,14 @@ class Fault:
                 return f"cut worker {self.worker}'s {self.service} for {self.seconds:.1f}s"
             case "flush":
                 return "FLUSHALL the Redis"
+            case "pause":
+                return f"SIGSTOP worker {self.worker}, SIGCONT after {self.seconds:.1f}s"
+            case "hog":
+                return f"a CPU hog for {self.seconds:.1f}s"
+            case "replay":
+                return f"webhook-ingest events replay of a {self.seconds:.1f}s window"
+            case "dlq-replay":
+                return "webhook-ingest dlq replay --all"
             case _:
                 return "webhook-ingest prune --older-than 1s"
 
@@ -66,23 +78,35 @@ class Plan:
 
 
 def make_plan(seed: int, events: int, duration: float, workers: int = 3, degraded_worker: int | None = 2,
-              faults: bool = True, id_prefix: str = "") -> Plan:
-    """`id_prefix` keeps one run's event ids apart from every other's (a staging database is not fresh)."""
-    rng = random.Random(seed)
-    planned = [_event(rng, n, id_prefix) for n in range(events)]
+              faults: bool = True, id_prefix: str = "", lock_ttl: float = 3.0) -> Plan:
+    """`id_prefix` keeps one run's event ids apart from every other's (a staging database is not fresh).
+
+    What issue 35 added (each event's downstream call, failures until a
+    dead-letter replay, pauses, CPU hogs, replays) is drawn from a second
+    generator of the same seed: the events, copies and faults drawn before
+    stay what they were for every seed."""
+    from tests.chaos import pauses, replays  # they build on this module's Fault
+
+    rng, more = random.Random(seed), random.Random(f"{seed}/issue-35")
+    planned = [_event(rng, n, id_prefix, more) for n in range(events)]
     requests = sorted((r for event in planned for r in _requests(rng, event, duration)), key=lambda r: r.at)
     schedule = _faults(rng, duration, workers, degraded_worker) if faults else []
+    if faults:
+        schedule = sorted(schedule + pauses.draw(more, duration, workers, lock_ttl) + replays.draw(more, duration),
+                          key=lambda fault: fault.at)
     return Plan(seed, planned, requests, schedule, duration)
 
 
-def _event(rng: random.Random, n: int, id_prefix: str) -> PlannedEvent:
+def _event(rng: random.Random, n: int, id_prefix: str, more: random.Random) -> PlannedEvent:
     event_id = f"{id_prefix}evt_{n:05d}"
     kind = rng.choices(["plain", "unicode", "bigint", "deep", "conflict", "unstorable"],
                        weights=[60, 8, 6, 4, 8, 3])[0]
     fail = "" if kind in ("conflict", "unstorable") else rng.choices(
         ["", "permanent", "always", "first"], weights=[80, 4, 4, 12])[0]
+    if fail == "permanent" and more.random() < UNTIL_REPLAYED_SHARE:
+        fail = "until_replayed"
     event = PlannedEvent(event_id, fail, kind)
-    directive = {"work_ms": _work_ms(rng)}
+    directive = {"work_ms": _work_ms(rng)} | downstream.call_directive(more, may_fail=not fail)
     if fail:
         directive |= {"fail": fail, "fail_attempts": rng.randint(1, MAX_ATTEMPTS - 1)}
     event.bodies.append(_body(rng, event, directive, variant=0))

@@ -9,7 +9,9 @@ from tests.chaos.traffic import Sent
 SHOWN_PER_KIND = 5
 
 
-def render(plan: Plan, sent: Sent, verdict: Verdict, target: str, drained: str, log_dir: str) -> str:
+def render(plan: Plan, sent: Sent, verdict: Verdict, target: str, drained: str, log_dir: str,
+           more: list[str] | None = None) -> str:
+    """`more`: lines on re-runs and replays (tests/chaos/reruns.py, replays.py), after the outcomes."""
     kinds = Counter(event.kind for event in plan.events)
     fails = Counter(event.fail for event in plan.events if event.fail)
     faults = Counter(fault.action if fault.action != "cut" else f"cut {fault.service}" for fault in plan.faults)
@@ -21,6 +23,7 @@ def render(plan: Plan, sent: Sent, verdict: Verdict, target: str, drained: str, 
         f"faults     {len(plan.faults)}: {_counts(faults) or 'none'}",
         f"drain      {drained}",
         f"outcomes   {_counts(verdict.outcomes)}",
+        *(more or []),
     ]
     lines += _violations(verdict)
     lines.append(f"logs       {log_dir} (each process's log, faults.txt: when each fault was applied)"

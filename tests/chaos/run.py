@@ -15,17 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-from tests.chaos.checks import Verdict, connect, judge, observe, resolved
+from tests.chaos import replays, reruns
+from tests.chaos.applied import FullDeployment
+from tests.chaos.checks import Observed, Verdict, connect, judge, judge_runs, observe, resolved, run_keys
+from tests.chaos.downstream import Downstream, serving
 from webhook_ingest import layout
 from tests.chaos.deployment import (
     SECRET,
     SETTLE_SECONDS,
     SOURCE,
-    LocalDeployment,
     known_queues,
     namespace_queues,
 )
-from tests.chaos.plan import make_plan
+from tests.chaos.plan import Plan, make_plan
 from tests.chaos.queues import held_by_rabbitmqctl, peek, ready_by_passive_declare
 from tests.chaos.report import render
 from tests.chaos.traffic import Sent, send_all
@@ -56,10 +58,17 @@ class Result:
 
 async def run_local(options: Options, namespace: str | None = None, database_url: str | None = None,
                     log_dir: Path | None = None) -> Result:
-    plan = make_plan(options.seed, options.events, options.duration, faults=options.faults)
-    deployment = LocalDeployment(namespace, database_url, concurrency=options.concurrency,
-                                 lock_ttl=options.lock_ttl, work_ms=options.work_ms, log_dir=log_dir,
-                                 keep_database=options.keep_database, routes=options.routes)
+    plan = make_plan(options.seed, options.events, options.duration, faults=options.faults, lock_ttl=options.lock_ttl)
+    async with serving() as downstream:
+        return await _run_local(options, plan, downstream, namespace, database_url, log_dir)
+
+
+async def _run_local(options: Options, plan: Plan, downstream: Downstream, namespace: str | None,
+                     database_url: str | None, log_dir: Path | None) -> Result:
+    deployment = FullDeployment(namespace, database_url, concurrency=options.concurrency,
+                                lock_ttl=options.lock_ttl, work_ms=options.work_ms, log_dir=log_dir,
+                                keep_database=options.keep_database, routes=options.routes,
+                                downstream_url=downstream.url)
     async with deployment:
         faults = asyncio.create_task(deployment.run_faults(plan.faults))
         sent = await send_all(deployment.base_url, SOURCE, SECRET, plan.requests)
@@ -78,12 +87,47 @@ async def run_local(options: Options, namespace: str | None = None, database_url
         left = {queue: await peek(deployment.amqp_url, queue) for queue, count in leftover.items() if count}
         seen = await observe(deployment.database_url)
         seen.workers = deployment.pids
+        for fault in deployment.applied:
+            if fault.action == "pause":
+                seen.stopped[fault.pid].append((fault.started, fault.ended))
         verdict = judge(plan.events, sent, seen, deployment.prunes, leftover, options.routes, left)
+        more = await judge_calls_and_replays(plan, sent, seen, deployment, downstream, options.routes, verdict)
     (deployment.log_dir / "faults.txt").write_text("".join(f"{line}\n" for line in applied))
     kept = f"; database kept: {deployment.database_url}" if deployment.keep_database else ""
-    report = render(plan, sent, verdict, "a local deployment (3 workers, 1 degraded)", drained,
-                    f"{deployment.log_dir}{kept}")
+    routed = f", {len(options.routes)} routes" if options.routes else ""
+    report = render(plan, sent, verdict, f"a local deployment (3 workers, 1 degraded{routed})", drained,
+                    f"{deployment.log_dir}{kept}", more)
     return Result(report, verdict)
+
+
+async def judge_calls_and_replays(plan: Plan, sent: Sent, seen: Observed, deployment: FullDeployment,
+                                  downstream: Downstream, routes: tuple[str, ...], verdict: Verdict) -> list[str]:
+    """Issue 35's checks beside `judge`'s: one successful external call per
+    key unless a fault explains another (tests/chaos/reruns.py), the
+    replays' promises (tests/chaos/replays.py); returns the report's lines
+    on re-runs and replays."""
+    runs = await reruns.observe_runs(deployment.database_url)
+    replays_seen = await replays.observe(deployment.database_url, deployment.issued, SOURCE)
+    successes, tally = downstream.successes(), reruns.Reruns()
+    logs = {process.pid: process.log_path for process in deployment.fleet.processes if process.pid in seen.workers}
+    reruns.judge_calls(successes, runs, deployment.applied, deployment.prunes, seen.workers, verdict, tally,
+                       reruns.leases_given_up(logs))
+    reruns.count_reruns(runs, deployment.applied, deployment.prunes, seen.replayed, tally)
+    for key in seen.effects:
+        if not successes.get(key):
+            verdict.violate("effect without its call", f"{key}: an effect, and no successful call downstream")
+    for event in plan.events:
+        key = sent.accepted.get(event.event_id)
+        if key is not None and event.fail == "until_replayed":
+            for each in run_keys(key, routes):
+                replays.judge_until_replayed(each, replays_seen, deployment.issued, verdict)
+
+    def intervals(key: str) -> None:
+        judge_runs(key, seen, sorted(seen.effects.get(key, []))[:1], deployment.prunes, verdict)
+
+    replayed = replays.judge_event_replays(plan.events, sent, seen, replays_seen, deployment.issued,
+                                           routes, verdict, intervals)
+    return reruns.report_lines(tally, replayed) + replays.report_lines(deployment.issued, replays_seen)
 
 
 async def run_staging(options: Options, url: str, source: str, secret: str, database_url: str,

@@ -1,0 +1,97 @@
+"""The fault run's re-run checks (tests/chaos/reruns.py, issue 35): a key
+the downstream answered twice is a violation unless the record shows a
+fault that took the key from its first caller; pauses and replays are
+drawn from the seed without changing what it drew before."""
+
+from collections import Counter
+
+from tests.chaos.applied import Applied
+from tests.chaos.checks import Verdict
+from tests.chaos.downstream import Call
+from tests.chaos.plan import make_plan
+from tests.chaos.reruns import Reruns, Run, count_reruns, judge_calls
+
+KEY = "chaos:evt_1#ledger"
+FIRST, SECOND = 101, 202  # two worker processes
+WORKERS = {FIRST: "worker 0", SECOND: "worker 1"}
+
+
+def _called(*calls: tuple[int, float]) -> dict[str, list[Call]]:
+    return {KEY: [Call(KEY, pid, 1, at, at + 0.3, 200) for pid, at in calls]}
+
+
+def _runs(*runs: tuple[int, float]) -> dict[str, list[Run]]:
+    return {KEY: [Run(pid, 1, at, at + 0.5) for pid, at in runs]}
+
+
+def _judged(calls, runs, applied, prunes=()) -> tuple[list[str], Reruns]:
+    verdict, tally = Verdict(), Reruns()
+    judge_calls(calls, runs, applied, list(prunes), WORKERS, verdict, tally)
+    return [kind for kind, _ in verdict.violations], tally
+
+
+def test_one_successful_call_is_no_violation():
+    assert _judged(_called((FIRST, 10.2)), _runs((FIRST, 10.0)), []) == ([], Reruns())
+
+
+def test_a_second_successful_call_with_no_fault_between_is_a_violation():
+    kinds, _ = _judged(_called((FIRST, 10.2), (SECOND, 14.2)), _runs((FIRST, 10.0), (SECOND, 14.0)), [])
+    assert kinds == ["call repeated"]
+
+
+def test_a_kill_of_the_first_caller_explains_the_second_call_even_stamped_after_it():
+    killed = Applied("kill", 10.1, 10.1, worker=0, pid=FIRST)  # the call reached the downstream's loop after
+    kinds, tally = _judged(_called((FIRST, 10.2), (SECOND, 14.2)), _runs((FIRST, 10.0), (SECOND, 14.0)), [killed])
+    assert kinds == [] and tally.calls_repeated == Counter({"kill": 1})
+
+
+def test_a_kill_of_another_worker_explains_nothing():
+    killed = Applied("kill", 12.0, 12.0, worker=1, pid=SECOND)
+    kinds, _ = _judged(_called((FIRST, 10.2), (SECOND, 14.2)), _runs((FIRST, 10.0), (SECOND, 11.0)), [killed])
+    assert kinds == ["call repeated"]
+
+
+def test_a_pause_explains_a_call_by_another_worker_that_started_the_key_meanwhile():
+    paused = Applied("pause", 10.5, 14.0, worker=0, pid=FIRST)
+    kinds, tally = _judged(_called((FIRST, 10.2), (SECOND, 13.6)), _runs((FIRST, 10.0), (SECOND, 13.4)), [paused])
+    assert kinds == [] and tally.calls_repeated == Counter({"pause": 1})
+
+
+def test_a_paused_worker_calling_again_after_it_woke_is_a_violation():
+    """Woken, it called while the other's run was going: two runs at once."""
+    paused = Applied("pause", 10.5, 14.0, worker=0, pid=FIRST)
+    kinds, _ = _judged(_called((SECOND, 13.6), (FIRST, 14.5)), _runs((FIRST, 10.0), (SECOND, 13.4)), [paused])
+    assert kinds == ["call repeated"]
+
+
+def test_a_pause_the_other_run_did_not_start_in_explains_nothing():
+    paused = Applied("pause", 10.5, 11.0, worker=0, pid=FIRST)  # under the TTL: nobody could take the key
+    kinds, _ = _judged(_called((FIRST, 10.2), (SECOND, 14.2)), _runs((FIRST, 10.0), (SECOND, 14.0)), [paused])
+    assert kinds == ["call repeated"]
+
+
+def test_a_postgres_cut_explains_a_second_call_but_a_redis_cut_does_not():
+    cut = Applied("cut", 10.3, 13.0, worker=0, pid=FIRST, service="postgres")
+    calls, runs = _called((FIRST, 10.2), (SECOND, 14.2)), _runs((FIRST, 10.0), (SECOND, 14.0))
+    assert _judged(calls, runs, [cut])[0] == []
+    assert _judged(calls, runs, [Applied("cut", 10.3, 13.0, 0, FIRST, "redis")])[0] == ["call repeated"]
+
+
+def test_an_attempt_run_again_is_counted_under_the_fault_on_the_earlier_run():
+    tally = Reruns()
+    count_reruns(_runs((FIRST, 10.0), (SECOND, 14.0)), [Applied("kill", 10.2, 10.2, 0, FIRST)], [], set(), tally)
+    assert tally.runs_repeated == Counter({"kill": 1}) and tally.extra_runs == Counter({"kill": 1})
+
+
+def test_what_issue_35_draws_leaves_the_seeds_earlier_plan_as_it_was():
+    """Seed 7's first faults and its traffic, as make_plan drew them before
+    pauses, hogs, replays and the downstream's directives were added."""
+    plan = make_plan(7, events=100, duration=30)
+    earlier = [(round(f.at, 3), f.action, f.worker, f.service, round(f.seconds, 3))
+               for f in plan.faults if f.action in ("kill", "cut", "flush", "prune")]
+    assert earlier[:4] == [(1.844, "cut", 2, "postgres", 1.887), (2.359, "cut", 1, "redis", 2.456),
+                           (2.433, "cut", 2, "postgres", 1.089), (2.437, "cut", 0, "redis", 2.429)]
+    assert (len(plan.requests), round(plan.requests[0].at, 4)) == (255, 0.1319)
+    kinds = Counter(fault.action for fault in plan.faults)
+    assert kinds["replay"] == 1 and kinds["dlq-replay"] == 1 and kinds["hog"] >= 1
+    assert all(0.5 <= fault.seconds <= 3.6 for fault in plan.faults if fault.action == "pause")
