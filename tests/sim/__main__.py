@@ -23,7 +23,7 @@ from tests.sim.shrink import shrink
 from tests.sim.simulation import Result, Simulation
 
 OUT = pathlib.Path("build/sim")
-SEVERITY = ("lost", "effect-twice", "overlap", "ack-unknown-tag", "crash", "stuck", "livelock", "rerun")
+SEVERITY = ("lost", "effect-twice", "overlap", "repeat", "deadlock", "ack-unknown-tag", "crash", "stuck", "livelock", "rerun")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,9 +9,11 @@ for the length of one run, and nothing else.
   simulated pools, sized by the worker's own code), `CompletionStore` (the
   simulated server's client on those pools), `idempotency._client` (the
   simulated Redis masters), `amqp.connect_robust` (the simulated broker);
-  `record_dead_letter` in `workers.retry` (the dead-letter insert) and
-  `record_failure` beside it (incidents are not simulated), and
-  `PausedSources` (no source is paused in a simulation);
+  `record_dead_letter` in `workers.retry` (the dead-letter insert),
+  `record_failure` wherever the worker counts a failure in its incident
+  (the simulated server's: an incident row locked until its transaction
+  ends, with the real lock timeout), and `PausedSources` (no source is
+  paused in a simulation);
 - `Processor.call_handler` is wrapped to tell the handler which message
   it runs (the handler's `Event` has no chain id), without changing what
   it does;
@@ -21,6 +23,7 @@ for the length of one run, and nothing else.
 
 import contextlib
 import importlib
+import importlib.util
 import itertools
 import logging
 import uuid
@@ -51,14 +54,10 @@ class _Asyncpg:
         self._sim = sim
 
     async def create_pool(self, dsn=None, *, max_size: int = 10, **_):
-        return Pool(self._sim.loop, max_size)
+        return Pool(self._sim.loop, max_size, self._sim.server)
 
     def __getattr__(self, name: str):
         return getattr(asyncpg, name)
-
-
-async def _no_incidents(*_, **__) -> int:
-    return 0
 
 
 async def _schema_current(pool) -> None:
@@ -111,7 +110,10 @@ def patched(sim):
         stack.enter_context(mock.patch("webhook_ingest.shared.amqp.connect_robust", connect_robust))
         stack.enter_context(mock.patch("webhook_ingest.workers.retry.record_dead_letter",
                                        sim.server.record_dead_letter))
-        stack.enter_context(mock.patch("webhook_ingest.workers.retry.record_failure", _no_incidents))
+        for module in ("webhook_ingest.workers.retry", "webhook_ingest.workers.incident_counts"):
+            if importlib.util.find_spec(module) is not None and hasattr(importlib.import_module(module),
+                                                                        "record_failure"):
+                stack.enter_context(mock.patch(f"{module}.record_failure", sim.server.record_failure))
         stack.enter_context(mock.patch.object(worker, "PausedSources", _NothingPaused))
         stack.enter_context(mock.patch.object(worker.schema, "require_migrations", _schema_current))
         stack.enter_context(mock.patch.object(processor.Processor, "call_handler", call_handler))

@@ -18,7 +18,7 @@ from typing import Any
 SOURCES = ("ext", "db", "inbox")  # a handler that calls the outside world, one that writes through ctx.db, a batchable one
 CONCURRENCIES = (1, 4, 16, 64, 256, 256, 256)  # per worker; 256 is `run`'s default
 FAULT_KINDS = ("kill", "crash", "stop", "pause", "pg_stall", "pg_down", "pg_flaky", "redis_down", "redis_lost", "redis_flush",
-               "redis_expire", "amqp_drop", "amqp_alarm")
+               "redis_expire", "amqp_drop", "amqp_alarm", "lag")
 ACTION_KINDS = ("replay", "discard", "prune")
 
 
@@ -182,7 +182,8 @@ def _fault(rng: random.Random, config: Config, span: float) -> Step:
     if kind == "pause":  # mostly within the lease's margin (a third of it), sometimes past it
         duration = round(config.lock_ttl * (rng.uniform(0.02, 0.3) if rng.random() < 0.8 else rng.uniform(0.4, 1.5)), 4)
     detail = {"kill": rng.choice((0.5, 5.0)), "crash": rng.choice((0.5, 5.0)), "stop": rng.choice((0.5, 5.0)),
-              "pg_flaky": rng.choice((0.05, 0.3)), "pg_stall": rng.choice((-1, target))}.get(kind, 0.0)  # -1: every worker
+              "pg_flaky": rng.choice((0.05, 0.3)), "pg_stall": rng.choice((-1, target)),
+              "lag": rng.choice((0.002, 0.01, 0.03))}.get(kind, 0.0)  # -1: every worker
     return Step(kind, at, duration, target, detail)
 
 

@@ -82,4 +82,33 @@ def pause_within_margin(seed: int = 33, pause_at: float = 3.15) -> Plan:
                        Step("pause", pause_at, 0.65, 0)])
 
 
-SCENARIOS = {"pause_within_margin": pause_within_margin, "issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads, "redis_forgets": redis_forgets}
+
+
+def paused_holder(seed: int = 35, pause: float = 2.5) -> Plan:
+    """Issue 35, finding 1: one worker at its defaults (lock TTL 3 s), 40
+    events whose handler calls the outside world for ~300 ms, the worker
+    stopped (SIGSTOP) for 2.5 s, within its lease, once the first have
+    run. No copy arrives and no other worker runs: every run it repeats
+    after the pause is one it gave up on its own timer (before e0c9f92's
+    merge, 4fbfded: 36 repeated here)."""
+    sends = [Send(0.0, event, "ext") for event in range(40)]
+    return Plan(seed=seed, config=Config(workers=1, concurrency=256), sends=sends, mix="slow",
+                steps=[Step("pause", 0.2, pause, 0)])
+
+
+def crossed_locks(seed: int = 3, events: int = 60) -> Plan:
+    """Issue 35, finding 3: two workers hold many leases at once under
+    handlers of 2 s, so each renews them in one statement every second;
+    a copy of every event reaches the other worker meanwhile, whose one
+    statement tries to take all their leases. take_leases locks the fence
+    rows in key order, a renewal (before a160847) in the plan's: Postgres
+    finds the cycle and ends one of them with DeadlockDetectedError."""
+    sends = [Send(0.0, event, "ext") for event in range(events)]
+    sends += [Send(round(0.6 + 0.01 * event, 4), event, "ext") for event in range(events)]
+    return Plan(seed=seed, config=Config(workers=2, concurrency=64), sends=sends,
+                scripted={str(event): [2.0, None] for event in range(events)}, steps=[Step("redis_flush", 0.5, 0.0)])
+
+
+SCENARIOS = {"pause_within_margin": pause_within_margin, "paused_holder": paused_holder,
+             "crossed_locks": crossed_locks, "issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads,
+             "redis_forgets": redis_forgets}

@@ -87,6 +87,7 @@ class Simulation:
         self.loop = SimLoop(self.rng, max_steps=STEP_LIMIT)
         self.net = Network(self.rng)
         self.ledger = Ledger(strict_attempts, faulty=bool(plan.faults))
+        self.ledger.excuse = self._repeat_excused
         self.namespace = NAMESPACE
         self.broker = Broker(self)
         self.server = Server(self)
@@ -187,10 +188,13 @@ class Simulation:
         worker = Worker(settings, self.sources, concurrency=self.plan.config.concurrency,  # type: ignore[arg-type]
                         grace_seconds=self.plan.config.grace_seconds, name=name)
 
-        async def no_side_tasks() -> list:
-            return []
+        async def side_tasks() -> list:
+            """Of the worker's own, the incident counts' writer (where the
+            worker has one); the poison drainer is the simulation's."""
+            counts = getattr(worker, "incident_counts", None)
+            return [] if counts is None else [asyncio.create_task(counts.run(), name="incident-counts")]
 
-        worker._start_side_tasks = no_side_tasks  # type: ignore[method-assign] # the poison drainer is ours
+        worker._start_side_tasks = side_tasks  # type: ignore[method-assign]
         process = Process(name, slot, worker)
         self.processes[name] = process
         self.slots[slot] = process
@@ -267,6 +271,23 @@ class Simulation:
             return "pause past the margin"
         return ""
 
+    def _repeat_excused(self, key: str, earlier, at: float) -> str:
+        """Why a run of `key` may repeat `earlier` (a run that did not fail
+        on its own) at `at`, or "" (`Ledger`, "A run repeated only for a reason")."""
+        process = self.processes.get(earlier.process)
+        if process is None or process.dead:
+            return "its process exited"
+        until = earlier.ended if earlier.ended is not None else at
+        if any(taker != earlier.process and earlier.started < taken <= until
+               for taken, taker in self.server.takes.get(key, [])):
+            return "another worker took the key's lease during the run"
+        if self.faults.pg_away(process.slot, earlier.started, at):
+            return "Postgres was away from its process"
+        batchable = key.split(":", 1)[0] == "inbox"
+        if batchable and earlier.rolled_back:
+            return "its batch rolled back"
+        return ""
+
     def connect(self) -> Connection:
         process = self.processes[PROCESS.get() or ""]
         process.connection = Connection(self.broker, process.name)
@@ -335,6 +356,7 @@ class Simulation:
                                       known=known.rerun(self.server.store, event.key, sha, replay_of, event.attempt),
                                       known_overlap=self._known_overlap)
         self.note("handler", "start", event.key, f"attempt {event.attempt} chain {replay_of} for {does.seconds:.3f}s")
+        self.server.run_in(getattr(ctx, "db", None), run)
         try:
             if writes and does.writes_first:
                 await ctx.db.execute("INSERT INTO sim_effects (key) VALUES ($1)", event.key)
@@ -344,11 +366,13 @@ class Simulation:
             if writes and not does.writes_first:
                 await ctx.db.execute("INSERT INTO sim_effects (key) VALUES ($1)", event.key)
             if does.fails == "permanent":
+                run.failed = True
                 raise PermanentError("sim: refused for good")
             if does.fails == "retry":
+                run.failed = True
                 raise RuntimeError("sim: the downstream answered 500")
         finally:
-            self.ledger.run_ended(event.key, run)
+            self.ledger.run_ended(event.key, run, self.loop.time())
             self.note("handler", "end", event.key, f"attempt {event.attempt}")
 
     # -- the ledger's view ---------------------------------------------------------
@@ -406,7 +430,7 @@ class Simulation:
         store = self.server.store
         return {"events": len(self.ledger.accepted), "runs": sum(self.ledger.runs.values()),
                 "completed": len(store.completions), "dead_letters": len(self.server.dead_letters),
-                "processes": len(self.processes), "faults": len(self.plan.faults)}
+                "processes": len(self.processes), "faults": len(self.plan.faults), "deadlocks": self.server.deadlocks}
 
 
 def _key(source: str, event: int) -> str:
