@@ -81,6 +81,7 @@ def apply(sim, step: Step) -> None:
             if process is not None:
                 sim.note("sim", "lagging", None, f"{process.name} for {step.duration}s, {step.detail}s a step")
                 sim.loop.lag(process.name, now + step.duration, step.detail)
+                sim.lags.append((process.name, now + step.duration))
         case "redis_down":
             master = sim.masters[step.target]
             master.down_until, master.refuses = now + step.duration, sim.rng.random() < 0.5

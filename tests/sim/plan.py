@@ -66,6 +66,7 @@ class Plan:
     failing: float = 0.0  # share of events whose handler fails some attempts
     # a scenario's own: event -> [seconds, fails] of its first attempt (later ones succeed at once)
     scripted: dict[str, list] = field(default_factory=dict)
+    routed: float = 0.0  # share of events of the routed source (`fan`), drawn only on request (`draw`)
 
     @property
     def scheduler_seed(self) -> int:
@@ -90,7 +91,7 @@ class Plan:
         config = Config(**{**data["config"], "retry_delays": tuple(data["config"]["retry_delays"])})
         return cls(seed=data["seed"], config=config, sends=[Send(**s) for s in data["sends"]],
                    steps=[Step(**s) for s in data["steps"]], mix=data["mix"], failing=data["failing"],
-                   scripted=data.get("scripted", {}))
+                   scripted=data.get("scripted", {}), routed=data.get("routed", 0.0))
 
 
 @dataclass(frozen=True)
@@ -127,14 +128,22 @@ def _duration(mix: str, rng: random.Random) -> float:
             return rng.uniform(5, 25) if roll < 0.03 else rng.uniform(0.3, 3) if roll < 0.2 else rng.uniform(0.001, 0.05)
 
 
-def draw(seed: int, faults: bool | None = None) -> Plan:
+def draw(seed: int, faults: bool | None = None, routed: float = 0.0) -> Plan:
     """A plan from `seed`; `faults` forces a run with or without faults
-    (None: drawn, about a third of the runs have none)."""
+    (None: drawn, about a third of the runs have none); `routed`, the share
+    of events sent to the routed source instead (from a stream of its own,
+    so a seed draws the same plan otherwise)."""
     rng = random.Random(seed)
     config = _config(rng)
     plan = Plan(seed=seed, config=config, mix=rng.choice(("fast", "slow", "slow", "mixed", "tail")),
                 failing=rng.choice((0.0, 0.0, 0.05, 0.2)))
     plan.sends = _traffic(rng)
+    if routed:
+        plan.routed = routed
+        fans = random.Random(f"{seed}/routed")
+        chosen = {send.event for send in plan.sends if fans.random() < routed}
+        plan.sends = [Send(send.at, send.event, "fan", send.variant) if send.event in chosen else send
+                      for send in plan.sends]
     with_faults = rng.random() > 0.35 if faults is None else faults
     if with_faults:
         span = max(plan.horizon, 5.0)

@@ -254,6 +254,7 @@ class Server:
         self.deadlocks = 0
         self.incidents: Counter = Counter()  # an incident's row -> failures counted in it
         self.takes: dict[str, list[tuple[float, str]]] = defaultdict(list)  # key -> (when, process) its lease was taken
+        self.releases: dict[str, list[tuple[float, str]]] = defaultdict(list)  # key -> (when, process) it let it go
         self._runs_in: dict[in_memory.Session, list] = {}  # a transaction -> the handler runs in it
         self._pending: dict[in_memory.Session, list[Effect]] = defaultdict(list)
 
@@ -460,6 +461,11 @@ class Server:
         if isinstance(session, in_memory.Session) and session.undo is not None:
             self._runs_in.setdefault(session, []).append(run)
 
+    def leases_released(self, leases) -> None:
+        process = PROCESS.get() or "?"
+        for lease in leases:
+            self.releases[lease.key].append((self.sim.loop.time(), process))
+
     def leases_taken(self, granted) -> None:
         process = PROCESS.get() or "?"
         for key in granted or ():
@@ -589,6 +595,8 @@ class Client:
                 result = await send()
             if name == "take_leases":
                 self._server.leases_taken(result)
+            elif name == "release_leases":
+                self._server.leases_released(next((a for a in args if isinstance(a, list)), []))
             return result
 
         return call

@@ -109,6 +109,17 @@ def crossed_locks(seed: int = 3, events: int = 60) -> Plan:
                 scripted={str(event): [2.0, None] for event in range(events)}, steps=[Step("redis_flush", 0.5, 0.0)])
 
 
+def routed(seed: int = 5, events: int = 40) -> Plan:
+    """Route fan-out beside issue 35's faults: 40 events of a source with
+    two routes (one calls the outside world, one writes through ctx.db),
+    a copy of each, two workers, one paused 2.5 s and the other's loop
+    lagging: each route's run settles once, none repeated."""
+    sends = [Send(round(0.01 * event, 4), event, "fan") for event in range(events)]
+    sends += [Send(round(1.0 + 0.02 * event, 4), event, "fan") for event in range(events)]
+    return Plan(seed=seed, config=Config(workers=2, concurrency=64), sends=sends, mix="slow", routed=1.0,
+                steps=[Step("pause", 0.5, 2.5, 0), Step("lag", 0.3, 3.0, 1, 0.01)])
+
+
 SCENARIOS = {"pause_within_margin": pause_within_margin, "paused_holder": paused_holder,
              "crossed_locks": crossed_locks, "issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads,
-             "redis_forgets": redis_forgets}
+             "redis_forgets": redis_forgets, "routed": routed}

@@ -38,11 +38,14 @@ from tests.sim.patches import MESSAGE, patched
 from tests.sim.plan import ACTION_KINDS, Plan, behaviour
 from tests.sim.postgres import Server
 from webhook_ingest.shared import event_id, topology
+from webhook_ingest.shared import routes as route_rules
 from webhook_ingest.shared.message import EventMessage, to_amqp
 from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.workers.handlers import PermanentError
 from webhook_ingest.workers.worker import Worker
 
+ROUTED = "fan"  # a source with routes: each event fans out to one run per route (workers/fan_out.py)
+ROUTES = {"call": "ext", "write": "db"}  # route -> the source whose handler it runs
 SETTLE_LIMIT = 900.0  # virtual seconds after the plan's end for everything to settle
 NAMESPACE = "sim"
 STEP_LIMIT = 5_000_000  # steps in one run: past it, a livelock
@@ -95,16 +98,21 @@ class Simulation:
         self.faults = Faults(self)
         self.processes: dict[str, Process] = {}
         self.slots: list[Process | None] = [None] * plan.config.workers
-        self.keys = {_key(send.source, send.event) for send in plan.sends}
+        self.keys = {key for send in plan.sends for key in _keys_of(send.source, send.event)}
         self.variants: dict[tuple[str, str], tuple[int, int]] = {}  # (key, payload hash) -> (event, variant)
         self.trace: list[tuple] = []
         self.sources = {name: parse_source(name, {
             "scheme": "hmac-sha256", "secrets": ["s"], "handler": handler, "max_attempts": plan.config.max_attempts,
             "retry_delays": list(plan.config.retry_delays)}) for name, handler in HANDLERS.items()}
+        self.sources[ROUTED] = parse_source(ROUTED, {
+            "scheme": "hmac-sha256", "secrets": ["s"], "max_attempts": plan.config.max_attempts,
+            "retry_delays": list(plan.config.retry_delays),
+            "routes": [{"name": route, "handler": HANDLERS[source]} for route, source in ROUTES.items()]})
         self._restarts = 0
         self._starts = 0
         self._planned = len(plan.sends) + len(plan.steps)  # not happened yet
         self.pauses: list[tuple[str, float, float]] = []  # process, from, seconds
+        self.lags: list[tuple[str, float]] = []  # process, until
 
     # -- running ----------------------------------------------------------------
 
@@ -269,6 +277,8 @@ class Simulation:
         if any(name == other.process and at + seconds > other.started and seconds >= margin
                for name, at, seconds in self.pauses):
             return "pause past the margin"
+        if any(name == other.process and until > other.started for name, until in self.lags):
+            return "a lagging loop (a pause in slow motion)"
         return ""
 
     def _repeat_excused(self, key: str, earlier, at: float) -> str:
@@ -277,10 +287,11 @@ class Simulation:
         process = self.processes.get(earlier.process)
         if process is None or process.dead:
             return "its process exited"
-        until = earlier.ended if earlier.ended is not None else at
-        if any(taker != earlier.process and earlier.started < taken <= until
+        let_go = [when for when, by in self.server.releases.get(key, []) if by == earlier.process
+                  and when > earlier.started]
+        if any(taker != earlier.process and earlier.started < taken <= at and not any(when < taken for when in let_go)
                for taken, taker in self.server.takes.get(key, [])):
-            return "another worker took the key's lease during the run"
+            return "another worker took the key's lease before its holder let it go"
         if self.faults.pg_away(process.slot, earlier.started, at):
             return "Postgres was away from its process"
         batchable = key.split(":", 1)[0] == "inbox"
@@ -316,8 +327,9 @@ class Simulation:
         sha = event_id.payload_sha256(payload)
         event = EventMessage(key=key, source=send.source, event_id=f"e{send.event}", payload_sha256=sha,
                              received_at=EPOCH + self.loop.time(), body=orjson.dumps(payload))
-        self.variants[(key, sha)] = (send.event, send.variant)
-        self.ledger.accepted.add((key, sha))
+        for one in _keys_of(send.source, send.event):  # a routed event: each route's run is an event to settle
+            self.variants[(one, sha)] = (send.event, send.variant)
+            self.ledger.accepted.add((one, sha))
         self.note("ingress", "accepted", key, f"payload {sha[:8]}")
         self.publish(to_amqp(event))
 
@@ -382,6 +394,9 @@ class Simulation:
                                   self.loop.time(), why)
 
     def settled(self, key: str, sha: str) -> bool:
+        if key.startswith(f"{ROUTED}:") and route_rules.SEPARATOR not in key:  # settled once fanned out
+            return all(self.broker.carriers[(one, sha)] > 0 or self.settled(one, sha)
+                       for one in _keys_of(ROUTED, int(key.split(":e", 1)[1]))[1:])
         store = self.server.store
         completion = store.completions.get(key)
         if completion is not None and completion.payload_sha256 == sha:
@@ -435,3 +450,9 @@ class Simulation:
 
 def _key(source: str, event: int) -> str:
     return f"{source}:e{event}"
+
+
+def _keys_of(source: str, event: int) -> list[str]:
+    """The event's key, then its routes' (a routed source's: `ROUTES`)."""
+    key = _key(source, event)
+    return [key] + ([route_rules.route_key(key, route) for route in ROUTES] if source == ROUTED else [])
