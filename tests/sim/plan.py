@@ -19,7 +19,8 @@ SOURCES = ("ext", "db", "inbox")  # a handler that calls the outside world, one 
 CONCURRENCIES = (1, 4, 16, 64, 256, 256, 256)  # per worker; 256 is `run`'s default
 FAULT_KINDS = ("kill", "crash", "stop", "pause", "pg_stall", "pg_down", "pg_flaky", "redis_down", "redis_lost", "redis_flush",
                "redis_expire", "amqp_drop", "amqp_alarm", "lag")
-ACTION_KINDS = ("replay", "discard", "prune")
+ACTION_KINDS = ("replay", "discard", "prune", "bulk_replay", "event_replay")
+REPLAY_KINDS = ("replay", "bulk_replay", "event_replay")  # a drawn replay is one of these (a stream of its own)
 
 
 @dataclass
@@ -150,6 +151,10 @@ def draw(seed: int, faults: bool | None = None, routed: float = 0.0) -> Plan:
         plan.steps = [_fault(rng, config, span) for _ in range(rng.randint(1, 6))]
         plan.steps += [_action(rng, span) for _ in range(rng.choice((0, 0, 1, 3)))]
         plan.steps.sort(key=lambda step: step.at)
+        replays = random.Random(f"{seed}/replays")
+        for step in plan.steps:
+            if step.kind == "replay":
+                step.kind = replays.choice(REPLAY_KINDS)
     return plan
 
 
@@ -197,5 +202,5 @@ def _fault(rng: random.Random, config: Config, span: float) -> Step:
 
 
 def _action(rng: random.Random, span: float) -> Step:
-    kind = rng.choice(ACTION_KINDS)
+    kind = rng.choice(ACTION_KINDS[:3])
     return Step(kind, round(rng.uniform(0, span * 2), 4), 0.0, 0, rng.choice((0.0, 5.0)))

@@ -120,6 +120,20 @@ def routed(seed: int = 5, events: int = 40) -> Plan:
                 steps=[Step("pause", 0.5, 2.5, 0), Step("lag", 0.3, 3.0, 1, 0.01)])
 
 
+def replays(seed: int = 8, events: int = 30) -> Plan:
+    """Replays arriving beside the traffic: 30 events (a third of them
+    routed), every fifth refused for good (a dead letter), copies of every
+    event from 2 s on; at 2 s a bulk replay of every open dead letter and a
+    replay by selection of every event at once, two workers, one paused
+    2.5 s meanwhile."""
+    sources = ("ext", "db", "fan")
+    sends = [Send(round(0.01 * event, 4), event, sources[event % 3]) for event in range(events)]
+    sends += [Send(round(2.0 + 0.01 * event, 4), event, sources[event % 3]) for event in range(events)]
+    return Plan(seed=seed, config=Config(workers=2, concurrency=64, max_attempts=1), sends=sends, mix="slow",
+                routed=1 / 3, scripted={str(event): [0.3, "permanent"] for event in range(0, events, 5)},
+                steps=[Step("bulk_replay", 2.0), Step("event_replay", 2.0), Step("pause", 1.9, 2.5, 1)])
+
+
 SCENARIOS = {"pause_within_margin": pause_within_margin, "paused_holder": paused_holder,
              "crossed_locks": crossed_locks, "issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads,
-             "redis_forgets": redis_forgets, "routed": routed}
+             "redis_forgets": redis_forgets, "routed": routed, "replays": replays}

@@ -16,6 +16,7 @@ that every accepted event is settled. A run that does not go quiet within
 
 import asyncio
 import contextvars
+import itertools
 import random
 import sys
 import time
@@ -38,6 +39,7 @@ from tests.sim.patches import MESSAGE, patched
 from tests.sim.plan import ACTION_KINDS, Plan, behaviour
 from tests.sim.postgres import Server
 from webhook_ingest.shared import event_id, topology
+from webhook_ingest.shared import replay_keys
 from webhook_ingest.shared import routes as route_rules
 from webhook_ingest.shared.message import EventMessage, to_amqp
 from webhook_ingest.shared.sources import parse_source
@@ -109,6 +111,7 @@ class Simulation:
             "retry_delays": list(plan.config.retry_delays),
             "routes": [{"name": route, "handler": HANDLERS[source]} for route, source in ROUTES.items()]})
         self._restarts = 0
+        self.event_replay_ids = itertools.count(1)
         self._starts = 0
         self._planned = len(plan.sends) + len(plan.steps)  # not happened yet
         self.pauses: list[tuple[str, float, float]] = []  # process, from, seconds
@@ -333,6 +336,19 @@ class Simulation:
         self.note("ingress", "accepted", key, f"payload {sha[:8]}")
         self.publish(to_amqp(event))
 
+    def publish_replay(self, key: str, sha: str, replay_id: int) -> None:
+        """Replay `replay_id` of the event keyed `key` (payload `sha`), under its own key."""
+        number, variant = self.variants[(key, sha)]
+        source = key.split(":", 1)[0]
+        replayed = replay_keys.replay_key(key, replay_id)
+        payload = {"id": f"e{number}", "type": "sim", "variant": variant}
+        for one in [replayed] + ([route_rules.route_key(replayed, route) for route in ROUTES] if source == ROUTED else []):
+            self.keys.add(one)
+            self.variants[(one, sha)] = (number, variant)
+            self.ledger.accepted.add((one, sha))
+        self.publish(to_amqp(EventMessage(key=replayed, source=source, event_id=f"e{number}", payload_sha256=sha,
+                                          received_at=EPOCH + self.loop.time(), body=orjson.dumps(payload))))
+
     def publish(self, message) -> None:
         self.broker.route(Envelope(message.body, dict(message.headers), message.message_id),
                           topology.events_queue(NAMESPACE))
@@ -343,6 +359,10 @@ class Simulation:
         match step.kind:
             case "replay":
                 operators.replay(self)
+            case "bulk_replay":
+                operators.bulk_replay(self)
+            case "event_replay":
+                operators.event_replay(self)
             case "discard":
                 operators.discard(self)
             case "prune":
@@ -394,9 +414,10 @@ class Simulation:
                                   self.loop.time(), why)
 
     def settled(self, key: str, sha: str) -> bool:
-        if key.startswith(f"{ROUTED}:") and route_rules.SEPARATOR not in key:  # settled once fanned out
-            return all(self.broker.carriers[(one, sha)] > 0 or self.settled(one, sha)
-                       for one in _keys_of(ROUTED, int(key.split(":e", 1)[1]))[1:])
+        base = replay_keys.parse(key)
+        if (base[1] if base else key).startswith(f"{ROUTED}:") and route_rules.SEPARATOR not in key:
+            return all(self.broker.carriers[(one, sha)] > 0 or self.settled(one, sha)  # settled once fanned out
+                       for one in (route_rules.route_key(key, route) for route in ROUTES))
         store = self.server.store
         completion = store.completions.get(key)
         if completion is not None and completion.payload_sha256 == sha:

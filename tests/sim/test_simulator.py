@@ -11,7 +11,7 @@ import pytest
 from tests.sim.plan import Plan, draw
 from tests.sim.report import describe, trace_digest
 from tests.sim.scenarios import (b4, b6, crossed_locks, issue20, pause_within_margin, paused_holder, redis_forgets,
-                                 routed, two_payloads)
+                                 replays, routed, two_payloads)
 from tests.sim.simulation import Simulation
 
 SHORT_RUN_STEPS = 250_000  # about 5 s here; `make simulate` runs millions
@@ -86,6 +86,15 @@ def test_routed_events_under_a_pause_and_a_lagging_loop_settle_each_route_once()
     result = Simulation(routed()).run()
     assert not result.failed, describe(result)
     assert result.stats["completed"] == 80
+
+
+def test_replays_arriving_beside_the_traffic_run_each_replayed_event_once():
+    """A bulk replay of the open dead letters and a replay by selection of
+    every event, at once, beside copies, routes and a pause."""
+    result = Simulation(replays()).run()
+    assert not result.failed, describe(result)
+    replayed = [entry for entry in result.trace if entry[3] == "start" and entry[4].startswith("replay-")]
+    assert len(replayed) == 40  # 30 events, 10 of them routed (two runs each)
 
 
 @pytest.mark.parametrize("seed", [19, 49, 95, 100])
