@@ -55,7 +55,8 @@ _LOGGED = {"event_deferred": ("reason",), "event_processed": ("outcome",), "proc
            "attempt_already_handed_on": (), "completion_refused_stale_token": (), "processing_crashed": ("exc_info",),
            "batch_crashed": ("exc_info",), "event_retry_scheduled": ("retry_in",), "event_dead_lettered": (),
            "service_outage": ("service",), "service_recovered": ("service",), "handlers_cancelled_at_grace_end": ("count",),
-           "lease_lost_handler_cancelled": ("holder",), "ack_failed": ("frame",)}
+           "lease_lost_handler_cancelled": ("holder",), "ack_failed": ("frame",),
+           "statement_sent_again": ("error",), "incident_count_skipped": ("error",)}
 
 
 @dataclass
