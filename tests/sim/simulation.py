@@ -298,7 +298,8 @@ class Simulation:
             return "another worker took the key's lease before its holder let it go"
         if self.faults.pg_away(process.slot, earlier.started, at):
             return "Postgres was away from its process"
-        batchable = key.split(":", 1)[0] == "inbox"
+        replayed = replay_keys.parse(key)
+        batchable = (replayed[1] if replayed else key).split(":", 1)[0] == "inbox"  # a replay's run too
         if batchable and earlier.rolled_back:
             return "its batch rolled back"
         return ""
