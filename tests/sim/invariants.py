@@ -22,7 +22,8 @@
 - **A run repeated only for a reason** (issue 35, item 5): once a
   handler ran for a key without failing on its own (it returned, or was
   cancelled or rolled back by the worker: its call to the outside world
-  went out all the same), another run of that key in the same epoch is a
+  went out all the same; not one refused its transaction before that
+  call), another run of that key in the same epoch is a
   violation ("repeat") unless another worker took the key's lease in
   Postgres meanwhile, the first run's process exited (a kill, a crash, a
   stop's grace that ended), Postgres was away from it meanwhile (a stall,
@@ -57,6 +58,7 @@ class Run:
     started: float
     failed: bool = False  # the handler failed on its own (it raised): a next attempt is by design
     rolled_back: bool = False  # its transaction rolled back (set by the simulated server)
+    did_nothing: bool = False  # ended before its call to the outside world, its write not committed
     ended: float | None = None
 
 
@@ -99,7 +101,7 @@ class Ledger:
         return run
 
     def _check_repeat(self, process: str, key: str, attempt: tuple, at: float, known: str) -> None:
-        earlier = next((run for run in reversed(self.ran[key]) if not run.failed), None)
+        earlier = next((run for run in reversed(self.ran[key]) if not (run.failed or run.did_nothing)), None)
         if earlier is None or self.excuse is None:
             return
         why = self.excuse(key, earlier, at)  # type: ignore[operator]

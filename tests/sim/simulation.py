@@ -393,7 +393,11 @@ class Simulation:
         self.server.run_in(getattr(ctx, "db", None), run)
         try:
             if writes and does.writes_first:
-                await ctx.db.execute("INSERT INTO sim_effects (key) VALUES ($1)", event.key)
+                try:
+                    await ctx.db.execute("INSERT INTO sim_effects (key) VALUES ($1)", event.key)
+                except Exception:  # its transaction refused (TurnTaken: another run holds the turn), before
+                    run.did_nothing = True  # any call went out; a cancellation by its own worker is no refusal
+                    raise
             self.net.check_alive()
             await asyncio.sleep(does.seconds)  # the outside world
             self.net.check_alive()
