@@ -23,7 +23,7 @@ from tests.sim.shrink import shrink
 from tests.sim.simulation import Result, Simulation
 
 OUT = pathlib.Path("build/sim")
-SEVERITY = ("lost", "effect-twice", "overlap", "ack-unknown-tag", "crash", "stuck", "livelock", "rerun")
+SEVERITY = ("lost", "effect-twice", "overlap", "repeat", "deadlock", "ack-unknown-tag", "crash", "stuck", "livelock", "rerun")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     seed = options.seed
     while steps < options.steps and (options.seeds is None or seeds < options.seeds):
-        result = Simulation(draw(seed, faults), options.strict_attempts).run()
+        result = Simulation(draw(seed, faults, options.routes), options.strict_attempts).run()
         seeds, steps = seeds + 1, steps + result.steps
         if result.failed:
             return _failed(result, options)
@@ -81,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--strict-attempts", action="store_true",
                         help="also with faults, each attempt runs at most once (attempts are at least once by "
                              "design: findings B4 and B6)")
+    parser.add_argument("--routes", type=float, default=0.0, metavar="SHARE",
+                        help="this share of events goes to a source with two routes (default 0)")
     parser.add_argument("--replay", help="run the plan in this JSON file (a shrunk failure)")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), help="run a hand-written plan")
     parser.add_argument("--no-shrink", action="store_true", help="print the failure as it is")

@@ -11,7 +11,9 @@ after a while) or a memory alarm blocking every publish; a process killed
 restarted after a while; a `crash` is a kill at the process's Nth await
 point after the step's time (`tests.sim.network`), any point as likely as
 another; a process paused (a GC pause, a stopped VM) for a while, its
-callbacks frozen while the world goes on.
+callbacks frozen while the world goes on; a process's loop lagging (a
+loaded host, a CPU-throttled container): each of its steps costs it some
+virtual time, so its timers fire late.
 """
 
 from dataclasses import dataclass, field
@@ -26,6 +28,11 @@ class Faults:
     pg_down_until: float = 0.0
     pg_flaky_until: float = 0.0
     pg_flaky_share: float = 0.0
+    pg_windows: list[tuple[int, float, float]] = field(default_factory=list)  # slot (-1: every one), from, until
+
+    def pg_away(self, slot: int, start: float, end: float) -> bool:
+        """Whether Postgres was stalled, down or failing for `slot` at some time in [start, end]."""
+        return any(target in (-1, slot) and since <= end and until >= start for target, since, until in self.pg_windows)
 
     def _now(self) -> float:
         return self.sim.loop.time()  # type: ignore[attr-defined]
@@ -62,10 +69,19 @@ def apply(sim, step: Step) -> None:
         case "pg_stall":
             target = int(step.detail)
             faults.pg_stalls[target] = max(faults.pg_stalls.get(target, 0.0), now + step.duration)
+            faults.pg_windows.append((target, now, now + step.duration))
         case "pg_down":
             faults.pg_down_until = max(faults.pg_down_until, now + step.duration)
+            faults.pg_windows.append((-1, now, now + step.duration))
         case "pg_flaky":
             faults.pg_flaky_until, faults.pg_flaky_share = now + step.duration, step.detail
+            faults.pg_windows.append((-1, now, now + step.duration))
+        case "lag":  # a loaded host: each step of the process costs it `detail` seconds
+            process = sim.in_slot(step.target)
+            if process is not None:
+                sim.note("sim", "lagging", None, f"{process.name} for {step.duration}s, {step.detail}s a step")
+                sim.loop.lag(process.name, now + step.duration, step.detail)
+                sim.lags.append((process.name, now + step.duration))
         case "redis_down":
             master = sim.masters[step.target]
             master.down_until, master.refuses = now + step.duration, sim.rng.random() < 0.5

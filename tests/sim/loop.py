@@ -18,7 +18,8 @@ that killing a process can cancel exactly its tasks.
 
 A process can be paused (a GC pause, a stopped VM): the callbacks that
 belong to it (by the `PROCESS` of their context) wait, frozen, until the
-pause ends, while the rest of the world and the clock go on.
+pause ends, while the rest of the world and the clock go on. A process's
+loop can lag (a loaded host): each step it runs pauses it a little.
 
 The order drawn must not depend on anything but the seed. Code under test
 iterates sets of tasks (`asyncio.wait`'s, a TaskGroup's), whose order is
@@ -58,6 +59,7 @@ class SimLoop(asyncio.BaseEventLoop):
         self._numbers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # task or handle -> creation number
         self._created = 0
         self.paused: dict[str, float] = {}  # process -> until
+        self.lagging: dict[str, tuple[float, float]] = {}  # process -> (until, seconds each step costs it)
         self._frozen: dict[str, list] = {}
         self.errors: list[dict] = []  # what reached the loop's exception handler
         self.set_exception_handler(lambda loop, context: self.errors.append(context))
@@ -97,6 +99,22 @@ class SimLoop(asyncio.BaseEventLoop):
         until = max(self.paused.get(process, 0.0), self._now + seconds)
         self.paused[process] = until
         self.call_at(until, self._thaw, process, context=contextvars.Context())
+
+    def lag(self, process: str, until: float, per_step: float) -> None:
+        """Until `until`, each step of `process` costs it `per_step`: its
+        next callbacks wait that long (a loaded loop), its timers fire late."""
+        self.lagging[process] = (until, per_step)
+
+    def _lagged(self, handle) -> None:
+        context = handle._context
+        process = context.get(PROCESS) if context is not None else None
+        if process is None or process not in self.lagging:
+            return
+        until, per_step = self.lagging[process]
+        if self._now >= until:
+            del self.lagging[process]
+        elif process not in self.paused:
+            self.pause(process, per_step)
 
     def unpause(self, process: str) -> None:
         self.paused.pop(process, None)
@@ -145,6 +163,8 @@ class SimLoop(asyncio.BaseEventLoop):
                 continue
             self.steps += 1
             handle._run()
+            if self.lagging:
+                self._lagged(handle)
         if self.max_steps is not None and self.steps > self.max_steps:
             raise OutOfSteps()
 

@@ -4,7 +4,9 @@ and the poison drainer that records what the broker dead-lettered.
 Each is one atomic step on the simulated server at its time, as its SQL
 is one transaction: a replay marks an open dead letter replayed and
 publishes the event afresh under a new replay id (`claim_for_replay`, then
-the publish); a discard marks it discarded and forgets the key's attempt
+the publish); a bulk replay does so for every open dead letter at once;
+an event replay (a replay by selection) publishes every event accepted so
+far under a new key of its own, `replay-R/KEY`, all at once; a discard marks it discarded and forgets the key's attempt
 record of that payload (`forget_handed_on`); prune forgets completions,
 with their attempt records, and fence rows older than its window. A key
 forgotten so starts a new epoch in the ledger: a copy may run it again,
@@ -16,16 +18,37 @@ the message's attempt handed on.
 from datetime import timedelta
 
 from tests.sim.broker import Envelope
-from webhook_ingest.shared import topology
+from webhook_ingest.shared import replay_keys, topology
+from webhook_ingest.shared import routes as route_rules
 from webhook_ingest.shared.message import from_amqp, to_amqp
 from webhook_ingest.workers.attempts import HandedOn
 
 
 def replay(sim) -> None:
     rows = sim.server.open_dead_letters()
-    if not rows:
-        return
-    row = sim.rng.choice(rows)
+    if rows:
+        _replay(sim, sim.rng.choice(rows))
+
+
+def bulk_replay(sim) -> None:
+    """A bulk replay of every open dead letter: their events all published at once."""
+    for row in sim.server.open_dead_letters():
+        _replay(sim, row)
+
+
+def event_replay(sim) -> None:
+    """A replay by selection (shared/replay_keys.py): every event accepted so
+    far, each under its own new key `replay-R/KEY`, published at once beside
+    the traffic, its copies and retries."""
+    replay_id = next(sim.event_replay_ids)
+    events = sorted({(key, sha) for key, sha in sim.ledger.accepted
+                     if replay_keys.parse(key) is None and route_rules.SEPARATOR not in key})
+    sim.note("operator", "event replay", None, f"replay {replay_id} of {len(events)} events")
+    for key, sha in events:
+        sim.publish_replay(key, sha, replay_id)
+
+
+def _replay(sim, row) -> None:
     row.status = "replayed"
     sim.server.store.open_dead_letters.discard((row.event.key, row.event.payload_sha256))
     replay_of = next(sim.server.replay_ids)

@@ -9,9 +9,13 @@ for the length of one run, and nothing else.
   simulated pools, sized by the worker's own code), `CompletionStore` (the
   simulated server's client on those pools), `idempotency._client` (the
   simulated Redis masters), `amqp.connect_robust` (the simulated broker);
-  `record_dead_letter` in `workers.retry` (the dead-letter insert) and
-  `record_failure` beside it (incidents are not simulated), and
-  `PausedSources` (no source is paused in a simulation);
+  `record_dead_letter` in `workers.retry` (the dead-letter insert),
+  `record_failure` wherever the worker counts a failure in its incident
+  (the simulated server's: an incident row locked until its transaction
+  ends, with the real lock timeout), and `PausedSources` (no source is
+  paused in a simulation);
+- `loop_lag.of_running_loop` gives each process its own monitor (they
+  share one simulated loop; a real process has its own);
 - `Processor.call_handler` is wrapped to tell the handler which message
   it runs (the handler's `Event` has no chain id), without changing what
   it does;
@@ -21,6 +25,7 @@ for the length of one run, and nothing else.
 
 import contextlib
 import importlib
+import importlib.util
 import itertools
 import logging
 import uuid
@@ -32,7 +37,7 @@ import asyncpg
 import structlog
 
 from tests.sim import handlers
-from tests.sim.loop import VirtualTime
+from tests.sim.loop import PROCESS, VirtualTime
 from tests.sim.postgres import Client, Pool, SimSession
 from webhook_ingest.shared.message import EventMessage
 
@@ -51,14 +56,10 @@ class _Asyncpg:
         self._sim = sim
 
     async def create_pool(self, dsn=None, *, max_size: int = 10, **_):
-        return Pool(self._sim.loop, max_size)
+        return Pool(self._sim.loop, max_size, self._sim.server)
 
     def __getattr__(self, name: str):
         return getattr(asyncpg, name)
-
-
-async def _no_incidents(*_, **__) -> int:
-    return 0
 
 
 async def _no_pooler(database_url) -> None:
@@ -115,7 +116,12 @@ def patched(sim):
         stack.enter_context(mock.patch("webhook_ingest.shared.amqp.connect_robust", connect_robust))
         stack.enter_context(mock.patch("webhook_ingest.workers.retry.record_dead_letter",
                                        sim.server.record_dead_letter))
-        stack.enter_context(mock.patch("webhook_ingest.workers.retry.record_failure", _no_incidents))
+        for module in ("webhook_ingest.workers.retry", "webhook_ingest.workers.incident_counts"):
+            if importlib.util.find_spec(module) is not None and hasattr(importlib.import_module(module),
+                                                                        "record_failure"):
+                stack.enter_context(mock.patch(f"{module}.record_failure", sim.server.record_failure))
+        if importlib.util.find_spec("webhook_ingest.workers.loop_lag") is not None:
+            stack.enter_context(mock.patch("webhook_ingest.workers.loop_lag.of_running_loop", _lag_per_process(sim)))
         stack.enter_context(mock.patch.object(worker, "PausedSources", _NothingPaused))
         stack.enter_context(mock.patch.object(worker.schema, "require_migrations", _schema_current))
         stack.enter_context(mock.patch.object(worker.pooler, "refuse_transaction_pooling", _no_pooler))
@@ -125,6 +131,28 @@ def patched(sim):
         stack.enter_context(mock.patch.object(handlers, "SIMULATION", sim))
         stack.enter_context(_logs_into(sim))
         yield
+
+
+def _lag_per_process(sim):
+    """`loop_lag.of_running_loop` for processes that share one simulated
+    loop: each process its own monitor, ticking in its own context (so its
+    pauses and lag are its own), and silent once the process is dead."""
+    from webhook_ingest.workers import loop_lag
+
+    class ProcessLag(loop_lag.LoopLag):
+        def _tick(self) -> None:
+            if PROCESS.get() not in sim.net.dead:
+                super()._tick()
+
+    monitors: dict[str | None, loop_lag.LoopLag] = {}
+
+    def of_running_loop() -> loop_lag.LoopLag:
+        process = PROCESS.get()
+        if process not in monitors:
+            monitors[process] = ProcessLag()
+        return monitors[process]
+
+    return of_running_loop
 
 
 @contextlib.contextmanager

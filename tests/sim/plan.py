@@ -18,8 +18,9 @@ from typing import Any
 SOURCES = ("ext", "db", "inbox")  # a handler that calls the outside world, one that writes through ctx.db, a batchable one
 CONCURRENCIES = (1, 4, 16, 64, 256, 256, 256)  # per worker; 256 is `run`'s default
 FAULT_KINDS = ("kill", "crash", "stop", "pause", "pg_stall", "pg_down", "pg_flaky", "redis_down", "redis_lost", "redis_flush",
-               "redis_expire", "amqp_drop", "amqp_alarm")
-ACTION_KINDS = ("replay", "discard", "prune")
+               "redis_expire", "amqp_drop", "amqp_alarm", "lag")
+ACTION_KINDS = ("replay", "discard", "prune", "bulk_replay", "event_replay")
+REPLAY_KINDS = ("replay", "bulk_replay", "event_replay")  # a drawn replay is one of these (a stream of its own)
 
 
 @dataclass
@@ -66,6 +67,7 @@ class Plan:
     failing: float = 0.0  # share of events whose handler fails some attempts
     # a scenario's own: event -> [seconds, fails] of its first attempt (later ones succeed at once)
     scripted: dict[str, list] = field(default_factory=dict)
+    routed: float = 0.0  # share of events of the routed source (`fan`), drawn only on request (`draw`)
 
     @property
     def scheduler_seed(self) -> int:
@@ -90,7 +92,7 @@ class Plan:
         config = Config(**{**data["config"], "retry_delays": tuple(data["config"]["retry_delays"])})
         return cls(seed=data["seed"], config=config, sends=[Send(**s) for s in data["sends"]],
                    steps=[Step(**s) for s in data["steps"]], mix=data["mix"], failing=data["failing"],
-                   scripted=data.get("scripted", {}))
+                   scripted=data.get("scripted", {}), routed=data.get("routed", 0.0))
 
 
 @dataclass(frozen=True)
@@ -127,20 +129,32 @@ def _duration(mix: str, rng: random.Random) -> float:
             return rng.uniform(5, 25) if roll < 0.03 else rng.uniform(0.3, 3) if roll < 0.2 else rng.uniform(0.001, 0.05)
 
 
-def draw(seed: int, faults: bool | None = None) -> Plan:
+def draw(seed: int, faults: bool | None = None, routed: float = 0.0) -> Plan:
     """A plan from `seed`; `faults` forces a run with or without faults
-    (None: drawn, about a third of the runs have none)."""
+    (None: drawn, about a third of the runs have none); `routed`, the share
+    of events sent to the routed source instead (from a stream of its own,
+    so a seed draws the same plan otherwise)."""
     rng = random.Random(seed)
     config = _config(rng)
     plan = Plan(seed=seed, config=config, mix=rng.choice(("fast", "slow", "slow", "mixed", "tail")),
                 failing=rng.choice((0.0, 0.0, 0.05, 0.2)))
     plan.sends = _traffic(rng)
+    if routed:
+        plan.routed = routed
+        fans = random.Random(f"{seed}/routed")
+        chosen = {send.event for send in plan.sends if fans.random() < routed}
+        plan.sends = [Send(send.at, send.event, "fan", send.variant) if send.event in chosen else send
+                      for send in plan.sends]
     with_faults = rng.random() > 0.35 if faults is None else faults
     if with_faults:
         span = max(plan.horizon, 5.0)
         plan.steps = [_fault(rng, config, span) for _ in range(rng.randint(1, 6))]
         plan.steps += [_action(rng, span) for _ in range(rng.choice((0, 0, 1, 3)))]
         plan.steps.sort(key=lambda step: step.at)
+        replays = random.Random(f"{seed}/replays")
+        for step in plan.steps:
+            if step.kind == "replay":
+                step.kind = replays.choice(REPLAY_KINDS)
     return plan
 
 
@@ -182,10 +196,11 @@ def _fault(rng: random.Random, config: Config, span: float) -> Step:
     if kind == "pause":  # mostly within the lease's margin (a third of it), sometimes past it
         duration = round(config.lock_ttl * (rng.uniform(0.02, 0.3) if rng.random() < 0.8 else rng.uniform(0.4, 1.5)), 4)
     detail = {"kill": rng.choice((0.5, 5.0)), "crash": rng.choice((0.5, 5.0)), "stop": rng.choice((0.5, 5.0)),
-              "pg_flaky": rng.choice((0.05, 0.3)), "pg_stall": rng.choice((-1, target))}.get(kind, 0.0)  # -1: every worker
+              "pg_flaky": rng.choice((0.05, 0.3)), "pg_stall": rng.choice((-1, target)),
+              "lag": rng.choice((0.002, 0.01, 0.03))}.get(kind, 0.0)  # -1: every worker
     return Step(kind, at, duration, target, detail)
 
 
 def _action(rng: random.Random, span: float) -> Step:
-    kind = rng.choice(ACTION_KINDS)
+    kind = rng.choice(ACTION_KINDS[:3])
     return Step(kind, round(rng.uniform(0, span * 2), 4), 0.0, 0, rng.choice((0.0, 5.0)))

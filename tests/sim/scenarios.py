@@ -82,4 +82,58 @@ def pause_within_margin(seed: int = 33, pause_at: float = 3.15) -> Plan:
                        Step("pause", pause_at, 0.65, 0)])
 
 
-SCENARIOS = {"pause_within_margin": pause_within_margin, "issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads, "redis_forgets": redis_forgets}
+
+
+def paused_holder(seed: int = 35, pause: float = 2.5) -> Plan:
+    """Issue 35, finding 1: one worker at its defaults (lock TTL 3 s), 40
+    events whose handler calls the outside world for ~300 ms, the worker
+    stopped (SIGSTOP) for 2.5 s, within its lease, once the first have
+    run. No copy arrives and no other worker runs: every run it repeats
+    after the pause is one it gave up on its own timer (before e0c9f92's
+    merge, 4fbfded: 36 repeated here)."""
+    sends = [Send(0.0, event, "ext") for event in range(40)]
+    return Plan(seed=seed, config=Config(workers=1, concurrency=256), sends=sends, mix="slow",
+                steps=[Step("pause", 0.2, pause, 0)])
+
+
+def crossed_locks(seed: int = 3, events: int = 60) -> Plan:
+    """Issue 35, finding 3: two workers hold many leases at once under
+    handlers of 2 s, so each renews them in one statement every second;
+    a copy of every event reaches the other worker meanwhile, whose one
+    statement tries to take all their leases. take_leases locks the fence
+    rows in key order, a renewal (before a160847) in the plan's: Postgres
+    finds the cycle and ends one of them with DeadlockDetectedError."""
+    sends = [Send(0.0, event, "ext") for event in range(events)]
+    sends += [Send(round(0.6 + 0.01 * event, 4), event, "ext") for event in range(events)]
+    return Plan(seed=seed, config=Config(workers=2, concurrency=64), sends=sends,
+                scripted={str(event): [2.0, None] for event in range(events)}, steps=[Step("redis_flush", 0.5, 0.0)])
+
+
+def routed(seed: int = 5, events: int = 40) -> Plan:
+    """Route fan-out beside issue 35's faults: 40 events of a source with
+    two routes (one calls the outside world, one writes through ctx.db),
+    a copy of each, two workers, one paused 2.5 s and the other's loop
+    lagging: each route's run settles once, none repeated."""
+    sends = [Send(round(0.01 * event, 4), event, "fan") for event in range(events)]
+    sends += [Send(round(1.0 + 0.02 * event, 4), event, "fan") for event in range(events)]
+    return Plan(seed=seed, config=Config(workers=2, concurrency=64), sends=sends, mix="slow", routed=1.0,
+                steps=[Step("pause", 0.5, 2.5, 0), Step("lag", 0.3, 3.0, 1, 0.01)])
+
+
+def replays(seed: int = 8, events: int = 30) -> Plan:
+    """Replays arriving beside the traffic: 30 events (a third of them
+    routed), every fifth refused for good (a dead letter), copies of every
+    event from 2 s on; at 2 s a bulk replay of every open dead letter and a
+    replay by selection of every event at once, two workers, one paused
+    2.5 s meanwhile."""
+    sources = ("ext", "db", "fan")
+    sends = [Send(round(0.01 * event, 4), event, sources[event % 3]) for event in range(events)]
+    sends += [Send(round(2.0 + 0.01 * event, 4), event, sources[event % 3]) for event in range(events)]
+    return Plan(seed=seed, config=Config(workers=2, concurrency=64, max_attempts=1), sends=sends, mix="slow",
+                routed=1 / 3, scripted={str(event): [0.3, "permanent"] for event in range(0, events, 5)},
+                steps=[Step("bulk_replay", 2.0), Step("event_replay", 2.0), Step("pause", 1.9, 2.5, 1)])
+
+
+SCENARIOS = {"pause_within_margin": pause_within_margin, "paused_holder": paused_holder,
+             "crossed_locks": crossed_locks, "issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads,
+             "redis_forgets": redis_forgets, "routed": routed, "replays": replays}

@@ -16,6 +16,7 @@ that every accepted event is settled. A run that does not go quiet within
 
 import asyncio
 import contextvars
+import itertools
 import random
 import sys
 import time
@@ -38,12 +39,16 @@ from tests.sim.patches import MESSAGE, patched
 from tests.sim.plan import ACTION_KINDS, Plan, behaviour
 from tests.sim.postgres import Server
 from webhook_ingest.shared import event_id, topology
+from webhook_ingest.shared import replay_keys
+from webhook_ingest.shared import routes as route_rules
 from webhook_ingest.shared.message import EventMessage, to_amqp
 from webhook_ingest.shared.settings import WORKER_CONNECTIONS
 from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.workers.handlers import PermanentError
 from webhook_ingest.workers.worker import Worker
 
+ROUTED = "fan"  # a source with routes: each event fans out to one run per route (workers/fan_out.py)
+ROUTES = {"call": "ext", "write": "db"}  # route -> the source whose handler it runs
 SETTLE_LIMIT = 900.0  # virtual seconds after the plan's end for everything to settle
 NAMESPACE = "sim"
 STEP_LIMIT = 5_000_000  # steps in one run: past it, a livelock
@@ -51,7 +56,8 @@ _LOGGED = {"event_deferred": ("reason",), "event_processed": ("outcome",), "proc
            "attempt_already_handed_on": (), "completion_refused_stale_token": (), "processing_crashed": ("exc_info",),
            "batch_crashed": ("exc_info",), "event_retry_scheduled": ("retry_in",), "event_dead_lettered": (),
            "service_outage": ("service",), "service_recovered": ("service",), "handlers_cancelled_at_grace_end": ("count",),
-           "lease_lost_handler_cancelled": ("holder",), "ack_failed": ("frame",)}
+           "lease_lost_handler_cancelled": ("holder",), "ack_failed": ("frame",),
+           "statement_sent_again": ("error",), "incident_count_skipped": ("error",)}
 
 
 @dataclass
@@ -88,6 +94,7 @@ class Simulation:
         self.loop = SimLoop(self.rng, max_steps=STEP_LIMIT)
         self.net = Network(self.rng)
         self.ledger = Ledger(strict_attempts, faulty=bool(plan.faults))
+        self.ledger.excuse = self._repeat_excused
         self.namespace = NAMESPACE
         self.broker = Broker(self)
         self.server = Server(self)
@@ -95,16 +102,22 @@ class Simulation:
         self.faults = Faults(self)
         self.processes: dict[str, Process] = {}
         self.slots: list[Process | None] = [None] * plan.config.workers
-        self.keys = {_key(send.source, send.event) for send in plan.sends}
+        self.keys = {key for send in plan.sends for key in _keys_of(send.source, send.event)}
         self.variants: dict[tuple[str, str], tuple[int, int]] = {}  # (key, payload hash) -> (event, variant)
         self.trace: list[tuple] = []
         self.sources = {name: parse_source(name, {
             "scheme": "hmac-sha256", "secrets": ["s"], "handler": handler, "max_attempts": plan.config.max_attempts,
             "retry_delays": list(plan.config.retry_delays)}) for name, handler in HANDLERS.items()}
+        self.sources[ROUTED] = parse_source(ROUTED, {
+            "scheme": "hmac-sha256", "secrets": ["s"], "max_attempts": plan.config.max_attempts,
+            "retry_delays": list(plan.config.retry_delays),
+            "routes": [{"name": route, "handler": HANDLERS[source]} for route, source in ROUTES.items()]})
         self._restarts = 0
+        self.event_replay_ids = itertools.count(1)
         self._starts = 0
         self._planned = len(plan.sends) + len(plan.steps)  # not happened yet
         self.pauses: list[tuple[str, float, float]] = []  # process, from, seconds
+        self.lags: list[tuple[str, float]] = []  # process, until
 
     # -- running ----------------------------------------------------------------
 
@@ -189,10 +202,13 @@ class Simulation:
         worker = Worker(settings, self.sources, concurrency=self.plan.config.concurrency,  # type: ignore[arg-type]
                         grace_seconds=self.plan.config.grace_seconds, name=name)
 
-        async def no_side_tasks() -> list:
-            return []
+        async def side_tasks() -> list:
+            """Of the worker's own, the incident counts' writer (where the
+            worker has one); the poison drainer is the simulation's."""
+            counts = getattr(worker, "incident_counts", None)
+            return [] if counts is None else [asyncio.create_task(counts.run(), name="incident-counts")]
 
-        worker._start_side_tasks = no_side_tasks  # type: ignore[method-assign] # the poison drainer is ours
+        worker._start_side_tasks = side_tasks  # type: ignore[method-assign]
         process = Process(name, slot, worker)
         self.processes[name] = process
         self.slots[slot] = process
@@ -267,6 +283,27 @@ class Simulation:
         if any(name == other.process and at + seconds > other.started and seconds >= margin
                for name, at, seconds in self.pauses):
             return "pause past the margin"
+        if any(name == other.process and until > other.started for name, until in self.lags):
+            return "a lagging loop (a pause in slow motion)"
+        return ""
+
+    def _repeat_excused(self, key: str, earlier, at: float) -> str:
+        """Why a run of `key` may repeat `earlier` (a run that did not fail
+        on its own) at `at`, or "" (`Ledger`, "A run repeated only for a reason")."""
+        process = self.processes.get(earlier.process)
+        if process is None or process.dead:
+            return "its process exited"
+        let_go = [when for when, by in self.server.releases.get(key, []) if by == earlier.process
+                  and when > earlier.started]
+        if any(taker != earlier.process and earlier.started < taken <= at and not any(when < taken for when in let_go)
+               for taken, taker in self.server.takes.get(key, [])):
+            return "another worker took the key's lease before its holder let it go"
+        if self.faults.pg_away(process.slot, earlier.started, at):
+            return "Postgres was away from its process"
+        replayed = replay_keys.parse(key)
+        batchable = (replayed[1] if replayed else key).split(":", 1)[0] == "inbox"  # a replay's run too
+        if batchable and earlier.rolled_back:
+            return "its batch rolled back"
         return ""
 
     def connect(self) -> Connection:
@@ -297,10 +334,24 @@ class Simulation:
         sha = event_id.payload_sha256(payload)
         event = EventMessage(key=key, source=send.source, event_id=f"e{send.event}", payload_sha256=sha,
                              received_at=EPOCH + self.loop.time(), body=orjson.dumps(payload))
-        self.variants[(key, sha)] = (send.event, send.variant)
-        self.ledger.accepted.add((key, sha))
+        for one in _keys_of(send.source, send.event):  # a routed event: each route's run is an event to settle
+            self.variants[(one, sha)] = (send.event, send.variant)
+            self.ledger.accepted.add((one, sha))
         self.note("ingress", "accepted", key, f"payload {sha[:8]}")
         self.publish(to_amqp(event))
+
+    def publish_replay(self, key: str, sha: str, replay_id: int) -> None:
+        """Replay `replay_id` of the event keyed `key` (payload `sha`), under its own key."""
+        number, variant = self.variants[(key, sha)]
+        source = key.split(":", 1)[0]
+        replayed = replay_keys.replay_key(key, replay_id)
+        payload = {"id": f"e{number}", "type": "sim", "variant": variant}
+        for one in [replayed] + ([route_rules.route_key(replayed, route) for route in ROUTES] if source == ROUTED else []):
+            self.keys.add(one)
+            self.variants[(one, sha)] = (number, variant)
+            self.ledger.accepted.add((one, sha))
+        self.publish(to_amqp(EventMessage(key=replayed, source=source, event_id=f"e{number}", payload_sha256=sha,
+                                          received_at=EPOCH + self.loop.time(), body=orjson.dumps(payload))))
 
     def publish(self, message) -> None:
         self.broker.route(Envelope(message.body, dict(message.headers), message.message_id),
@@ -312,6 +363,10 @@ class Simulation:
         match step.kind:
             case "replay":
                 operators.replay(self)
+            case "bulk_replay":
+                operators.bulk_replay(self)
+            case "event_replay":
+                operators.event_replay(self)
             case "discard":
                 operators.discard(self)
             case "prune":
@@ -337,20 +392,27 @@ class Simulation:
                                       known=known.rerun(self.server.store, event.key, sha, replay_of, event.attempt),
                                       known_overlap=self._known_overlap)
         self.note("handler", "start", event.key, f"attempt {event.attempt} chain {replay_of} for {does.seconds:.3f}s")
+        self.server.run_in(getattr(ctx, "db", None), run)
         try:
             if writes and does.writes_first:
-                await ctx.db.execute("INSERT INTO sim_effects (key) VALUES ($1)", event.key)
+                try:
+                    await ctx.db.execute("INSERT INTO sim_effects (key) VALUES ($1)", event.key)
+                except Exception:  # its transaction refused (TurnTaken: another run holds the turn), before
+                    run.did_nothing = True  # any call went out; a cancellation by its own worker is no refusal
+                    raise
             self.net.check_alive()
             await asyncio.sleep(does.seconds)  # the outside world
             self.net.check_alive()
             if writes and not does.writes_first:
                 await ctx.db.execute("INSERT INTO sim_effects (key) VALUES ($1)", event.key)
             if does.fails == "permanent":
+                run.failed = True
                 raise PermanentError("sim: refused for good")
             if does.fails == "retry":
+                run.failed = True
                 raise RuntimeError("sim: the downstream answered 500")
         finally:
-            self.ledger.run_ended(event.key, run)
+            self.ledger.run_ended(event.key, run, self.loop.time())
             self.note("handler", "end", event.key, f"attempt {event.attempt}")
 
     # -- the ledger's view ---------------------------------------------------------
@@ -360,6 +422,10 @@ class Simulation:
                                   self.loop.time(), why)
 
     def settled(self, key: str, sha: str) -> bool:
+        base = replay_keys.parse(key)
+        if (base[1] if base else key).startswith(f"{ROUTED}:") and route_rules.SEPARATOR not in key:
+            return all(self.broker.carriers[(one, sha)] > 0 or self.settled(one, sha)  # settled once fanned out
+                       for one in (route_rules.route_key(key, route) for route in ROUTES))
         store = self.server.store
         completion = store.completions.get(key)
         if completion is not None and completion.payload_sha256 == sha:
@@ -408,8 +474,14 @@ class Simulation:
         store = self.server.store
         return {"events": len(self.ledger.accepted), "runs": sum(self.ledger.runs.values()),
                 "completed": len(store.completions), "dead_letters": len(self.server.dead_letters),
-                "processes": len(self.processes), "faults": len(self.plan.faults)}
+                "processes": len(self.processes), "faults": len(self.plan.faults), "deadlocks": self.server.deadlocks}
 
 
 def _key(source: str, event: int) -> str:
     return f"{source}:e{event}"
+
+
+def _keys_of(source: str, event: int) -> list[str]:
+    """The event's key, then its routes' (a routed source's: `ROUTES`)."""
+    key = _key(source, event)
+    return [key] + ([route_rules.route_key(key, route) for route in ROUTES] if source == ROUTED else [])
