@@ -21,8 +21,6 @@ async def _warm(url: str, servers: int) -> None:
             await client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="adv35 F2: PgBouncer in transaction mode with server_round_robin = 1 hands"
-                                       " the check's two sessions different idle servers each time: not refused")
 async def test_transaction_pooling_with_round_robin_servers_is_refused(stock_postgres):
     with pgbouncer.running(stock_postgres, "transaction", more="server_round_robin = 1\n") as url:
         await _warm(url, WARM_SERVERS)
