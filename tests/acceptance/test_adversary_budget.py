@@ -5,12 +5,14 @@ import asyncio
 import asyncpg
 import pytest
 
+from tests.acceptance import test_connection_refusals
 from tests.support import pgbouncer
 from tests.support.events import make_event, publish_events
 from tests.support.exactly_once import write_sources
-from tests.support.processes import count_rows, wait_until
+from tests.support.processes import count_rows, wait_for_output, wait_until
 from webhook_ingest.shared.pooler import TransactionPooler, refuse_transaction_pooling
 
+limited_role = test_connection_refusals.limited_role  # a login role whose connection limit the test sets
 WARM_SERVERS = 3  # server sessions idle in the pooler, as in front of any deployment under traffic
 
 
@@ -66,3 +68,47 @@ async def test_a_burst_of_slow_transactions_and_dead_letters_runs_each_call_once
     assert await count_rows(settings.database_url, "dead_letters") == len(dead)
     assert [word for word in ("processing_lock_lost", "lease_lost_handler_cancelled", "event_deferred",
                               "event_retry_scheduled") if word in logs] == []
+
+
+IN_FLIGHT = 10
+RENEWAL_SESSION = "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND query LIKE '%lease_until = clock_timestamp()%'"
+
+
+@pytest.mark.xfail(strict=True, reason="adv35 F3: the renewal pool's one session, once dropped, is reopened only"
+                                       " through a new session, which a full server refuses: every run of the"
+                                       " worker loses its lease and its call is made again")
+async def test_a_dropped_renewal_session_on_a_full_server_repeats_no_call(
+        settings, fleet, tmp_path, database, limited_role, downstream):
+    """Ten calls in flight (8 s each) under valid leases; the server is full
+    for the worker's role (as at its max_connections: the shipped manifests
+    at 10 worker pods, a rollout's surge) and the worker's one renewal
+    session ends (a TCP reset, a renewal that timed out and was closed, an
+    operator's pg_terminate_backend). Postgres answers throughout and no one
+    else takes a key: a refused session is an outage, not a lost lease."""
+    role, role_url = limited_role
+    sources = write_sources(tmp_path / "s.toml", "forward", url=downstream.url + "?latency=8")
+    worker = fleet.worker(env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": role_url})
+    await wait_for_output(worker, "worker_consuming")
+    events = [make_event("acme", f"evt_{n}") for n in range(IN_FLIGHT)]
+    await publish_events(settings.amqp_url, settings.namespace, events)
+    admin = await asyncpg.connect(database)
+    try:
+        async def all_calling() -> bool:
+            return len(downstream.posts) == IN_FLIGHT and await admin.fetchval(RENEWAL_SESSION, role) is not None
+
+        await wait_until(all_calling, 60, message="every call in flight, leases renewed")
+        held = await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE usename = $1", role)
+        await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT {held - 1}')  # full once the session ends
+        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY($1::int[])",
+                            [row["pid"] for row in await admin.fetch(RENEWAL_SESSION, role)])
+        await asyncio.sleep(4)  # the server stays full a few seconds, more than a lease's TTL
+        await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT -1')
+
+        async def settled() -> bool:
+            return await count_rows(database, "processed_events") >= IN_FLIGHT
+
+        await wait_until(settled, 120, message=f"{IN_FLIGHT} completions")
+    finally:
+        await admin.close()
+    assert downstream.posts == {event.key: 1 for event in events}
+    assert "lease_lost_handler_cancelled" not in worker.output()
