@@ -112,3 +112,42 @@ async def test_a_dropped_renewal_session_on_a_full_server_repeats_no_call(
         await admin.close()
     assert downstream.posts == {event.key: 1 for event in events}
     assert "lease_lost_handler_cancelled" not in worker.output()
+
+
+@pytest.mark.xfail(strict=True, reason="adv35 F4: a completion whose session a full server refuses is an outage"
+                                       " that runs the whole message again: its handler's call is made twice")
+async def test_a_refused_completion_session_repeats_no_call(
+        settings, fleet, tmp_path, database, limited_role, downstream):
+    """Ten calls in flight (3 s each) under valid leases; the server is full
+    for the worker's role and every session but the renewal one ends (as a
+    pool's session idle past asyncpg's 300 s is closed and reopened on the
+    next burst, or a TCP reset): the leases stay renewed, but each
+    completion needs a new statement session, refused until the server has
+    room again 3 s after the calls ended. No one else took a key."""
+    role, role_url = limited_role
+    sources = write_sources(tmp_path / "s.toml", "forward", url=downstream.url + "?latency=3")
+    worker = fleet.worker(env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": role_url})
+    await wait_for_output(worker, "worker_consuming")
+    events = [make_event("acme", f"evt_{n}") for n in range(IN_FLIGHT)]
+    await publish_events(settings.amqp_url, settings.namespace, events)
+    admin = await asyncpg.connect(database)
+    try:
+        async def all_calling() -> bool:
+            return len(downstream.posts) == IN_FLIGHT and await admin.fetchval(RENEWAL_SESSION, role) is not None
+
+        await wait_until(all_calling, 60, message="every call in flight, leases renewed")
+        renewal = await admin.fetchval(RENEWAL_SESSION, role)
+        others = [row["pid"] for row in await admin.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND pid <> $2", role, renewal)]
+        await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT 1')  # the renewal session alone
+        await admin.execute("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", others)
+        await asyncio.sleep(6)  # the calls end meanwhile; the server stays full 3 s longer
+        await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT -1')
+
+        async def settled() -> bool:
+            return await count_rows(database, "processed_events") >= IN_FLIGHT
+
+        await wait_until(settled, 120, message=f"{IN_FLIGHT} completions")
+    finally:
+        await admin.close()
+    assert downstream.posts == {event.key: 1 for event in events}
