@@ -13,12 +13,16 @@ import dataclasses
 import time
 from datetime import timedelta
 
+import pytest
+
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.replay_keys import replay_key
 from webhook_ingest.workers.completions import CompletionStore
 from tests.support.archive import arrival_of, arrived, ran, statuses
 from tests.support.dead_letters import failure
+
+ROUTES = {"routed": ["billing", "audit"]}
 
 
 async def pruned(archive_store) -> None:
@@ -77,3 +81,42 @@ async def test_prune_leaves_rows_its_completions_are_not_the_end_of(archive_stor
     await pruned(archive_store)
     assert await statuses(archive_store, event.key) == [("queued", 0)]
     assert await statuses(archive_store, lookalike.key) == [("queued", 0)]
+
+
+@pytest.mark.xfail(strict=True, reason="a retry's `duplicate` is written only over a `queued` row: the arrival "
+                   "stays `retrying` with no completion left for the sweep")
+async def test_a_retry_that_finds_the_event_done_ends_its_arrival_s_chain(archive_store):
+    """`make chaos SEED=7`'s `chaos:evt_00198: 1 retrying left among 2
+    duplicate, 1 processed`: arrival A ran; `prune` forgot its completion
+    and settled the copy B `duplicate`; B's message then ran again (on a
+    worker without Redis: the completion forgotten, docs/reference.md §2)
+    and failed twice, and its attempt 3 found the event done (Redis still
+    remembers a completion a prune forgot) and was acked as a copy. B's
+    chain is over, and no completion is left for the sweep: the archive
+    must not say B is still on its way."""
+    first = arrival_of("acme", "evt_r1", 10)
+    copy = arrival_of("acme", "evt_r1", 9)
+    await arrived(archive_store, first, copy)
+    await ran(archive_store, first)
+    await archive_store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, time.time())])
+    await pruned(archive_store)
+    for attempt in (1, 2):
+        await archive_store.write_outcomes([archive.outcome_row(
+            dataclasses.replace(copy, attempt=attempt), archive.RETRYING, time.time(), "RuntimeError: boom")])
+    await archive_store.write_outcomes([archive.outcome_row(
+        dataclasses.replace(copy, attempt=3), archive.DUPLICATE, time.time())])
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, first.key) == [("processed", 1), ("duplicate", 3)]
+
+
+async def test_a_twin_of_a_retry_still_leaves_its_attempt_s_own_end(archive_store):
+    """What the rule above must keep: a twin of the attempt that failed
+    (the outbox's row beside a publish confirmed late), acked as a copy of
+    the attempt handed on, is not the arrival's end, even with the key's
+    fence naming no arrival (the previous release's, during an upgrade)."""
+    event = arrival_of("acme", "evt_r2", 5)
+    await arrived(archive_store, event)
+    retried = dataclasses.replace(event, attempt=2)
+    await archive_store.write_outcomes([archive.outcome_row(retried, archive.RETRYING, time.time(), "boom")])
+    await archive_store.write_outcomes([archive.outcome_row(retried, archive.DUPLICATE, time.time())])
+    assert await statuses(archive_store, event.key) == [("retrying", 2)]
