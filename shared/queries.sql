@@ -299,7 +299,10 @@ WHERE archived.body IS NULL
 -- What became of arrivals, from the workers: written over the row's status
 -- only when it is a step on (event_archive_step: a later chain, a later
 -- attempt, or a further step of the same one), and `duplicate` only over a
--- row still queued (a copy of a retry message is not its event's end).
+-- row still queued (a copy of a retry message is not its event's end), or
+-- over a `retrying` row of an earlier attempt: the retry message itself found
+-- the event completed (after a prune, maybe only Redis still knew), which
+-- ends the chain, and no completion may be left for the sweep.
 -- At one chain and attempt the arrival's own end steps over a `duplicate`
 -- or a `conflict` written first by a twin message of the arrival (an
 -- outbox row beside a publish confirmed late, a second fan-out; a
@@ -338,7 +341,9 @@ WHERE NOT (status = 'duplicate' AND (EXISTS (  -- a twin's, of the arrival that 
 ON CONFLICT (source, key, received_at, arrival) DO UPDATE
 SET status = EXCLUDED.status, replay_of = EXCLUDED.replay_of, attempts = EXCLUDED.attempts,
     last_error = coalesce(EXCLUDED.last_error, archived.last_error), completed_at = EXCLUDED.completed_at
-WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued')
+WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued'
+       OR (archived.status = 'retrying'
+           AND (EXCLUDED.replay_of, EXCLUDED.attempts) > (archived.replay_of, archived.attempts)))
   AND ((EXCLUDED.replay_of, EXCLUDED.attempts, event_archive_step(EXCLUDED.status))
        > (archived.replay_of, archived.attempts, event_archive_step(archived.status))
        OR (archived.status IN ('duplicate', 'conflict')

@@ -13,7 +13,6 @@ import dataclasses
 import time
 from datetime import timedelta
 
-import pytest
 
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.dead_letters import record_dead_letter
@@ -83,8 +82,6 @@ async def test_prune_leaves_rows_its_completions_are_not_the_end_of(archive_stor
     assert await statuses(archive_store, lookalike.key) == [("queued", 0)]
 
 
-@pytest.mark.xfail(strict=True, reason="a retry's `duplicate` is written only over a `queued` row: the arrival "
-                   "stays `retrying` with no completion left for the sweep")
 async def test_a_retry_that_finds_the_event_done_ends_its_arrival_s_chain(archive_store):
     """`make chaos SEED=7`'s `chaos:evt_00198: 1 retrying left among 2
     duplicate, 1 processed`: arrival A ran; `prune` forgot its completion
