@@ -13,6 +13,8 @@ import dataclasses
 import time
 from datetime import timedelta
 
+import pytest
+
 
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.dead_letters import record_dead_letter
@@ -117,3 +119,25 @@ async def test_a_twin_of_a_retry_still_leaves_its_attempt_s_own_end(archive_stor
     await archive_store.write_outcomes([archive.outcome_row(retried, archive.RETRYING, time.time(), "boom")])
     await archive_store.write_outcomes([archive.outcome_row(retried, archive.DUPLICATE, time.time())])
     assert await statuses(archive_store, event.key) == [("retrying", 2)]
+
+
+@pytest.mark.xfail(strict=True, reason="prune settles a copy still on its way `duplicate`, which the sweep never "
+                   "reads again: its own run's completion is seen only through its worker's lost note")
+async def test_a_copy_prune_settled_that_then_runs_is_processed_though_its_batch_died(archive_store):
+    """`make chaos SEED=7`'s `2 effects, archived 2 duplicate, 1 processed`
+    as the faults allow it: arrival A ran; B's message was still on its way
+    (deferred: the key's turn taken) when `prune` deleted A's completion
+    and settled B, still queued, `duplicate` of A. B's message then ran,
+    which the prune allows (docs/reference.md §2), and completed naming B;
+    its worker was SIGKILLed before its outcome batch. B ran: the archive
+    must say so (reference §2, events show: "a duplicate ... noted of it
+    first ... becomes processed once the run completes")."""
+    first = arrival_of("acme", "evt_r3", 10)
+    copy = arrival_of("acme", "evt_r3", 9)
+    await arrived(archive_store, first, copy)
+    await ran(archive_store, first)
+    await archive_store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, time.time())])
+    await pruned(archive_store)
+    await ran(archive_store, copy)  # its `processed` died with its worker
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, first.key) == [("processed", 1), ("processed", 1)]
