@@ -124,8 +124,8 @@ async def test_a_twin_of_a_retry_still_leaves_its_attempt_s_own_end(archive_stor
 @pytest.mark.xfail(strict=True, reason="prune settles a copy still on its way `duplicate`, which the sweep never "
                    "reads again: its own run's completion is seen only through its worker's lost note")
 async def test_a_copy_prune_settled_that_then_runs_is_processed_though_its_batch_died(archive_store):
-    """`make chaos SEED=7`'s `2 effects, archived 2 duplicate, 1 processed`
-    as the faults allow it: arrival A ran; B's message was still on its way
+    """`make chaos SEED=7`'s `chaos:evt_00309: 2 effects, archived 3
+    duplicate, 1 processed` (read from a kept run): arrival A ran; B's message was still on its way
     (deferred: the key's turn taken) when `prune` deleted A's completion
     and settled B, still queued, `duplicate` of A. B's message then ran,
     which the prune allows (docs/reference.md §2), and completed naming B;
