@@ -117,8 +117,6 @@ async def test_a_run_repeated_after_a_prune_is_archived_as_a_second_run(settings
         await connection.close()
 
 
-@pytest.mark.xfail(strict=True, reason="prune settles a copy still on its way `duplicate`, which the sweep never "
-                   "reads again: its own run's completion is seen only through its worker's lost note")
 async def test_a_copy_prune_settled_that_then_runs_is_archived_as_its_run(settings, fleet, sources_path,  # noqa: F811
                                                                           monkeypatch):
     """`make chaos SEED=7`'s `2 effects, archived 2 duplicate, 1 processed`:

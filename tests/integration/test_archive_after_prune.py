@@ -13,10 +13,9 @@ import dataclasses
 import time
 from datetime import timedelta
 
-import pytest
-
-
-from webhook_ingest.shared import archive
+from webhook_ingest.shared import archive, archive_upkeep
+from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
+from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.replay_keys import replay_key
 from webhook_ingest.workers.completions import CompletionStore
@@ -24,12 +23,21 @@ from tests.support.archive import arrival_of, arrived, ran, statuses
 from tests.support.dead_letters import failure
 
 ROUTES = {"routed": ["billing", "audit"]}
+ROUTED_SOURCE = {"scheme": "github", "secrets": ["s"], "retention": "7d",
+                 "routes": [{"name": name, "handler": "inbox"} for name in ROUTES["routed"]]}
 
 
 async def pruned(archive_store) -> None:
     """`webhook-ingest prune` of every completion so far."""
     await archive_store._database.execute("UPDATE processed_events SET completed_at = now() - interval '1 hour'")
     await CompletionStore(archive_store._database).prune(timedelta(minutes=1))
+
+
+async def upkeep_round(archive_store, monkeypatch) -> None:
+    """One round of the archive's upkeep settling (the sweep, then the
+    arrivals completions name), with no grace."""
+    monkeypatch.setattr(archive_upkeep, "SETTLE_GRACE_SECONDS", 0.0)
+    await ArchiveUpkeep(archive_store, {"routed": parse_source("routed", ROUTED_SOURCE)}).settle()
 
 
 async def test_a_run_after_a_prune_steps_over_the_conflict_a_twin_noted(archive_store):
@@ -121,9 +129,7 @@ async def test_a_twin_of_a_retry_still_leaves_its_attempt_s_own_end(archive_stor
     assert await statuses(archive_store, event.key) == [("retrying", 2)]
 
 
-@pytest.mark.xfail(strict=True, reason="prune settles a copy still on its way `duplicate`, which the sweep never "
-                   "reads again: its own run's completion is seen only through its worker's lost note")
-async def test_a_copy_prune_settled_that_then_runs_is_processed_though_its_batch_died(archive_store):
+async def test_a_copy_prune_settled_that_then_runs_is_processed_though_its_batch_died(archive_store, monkeypatch):
     """`make chaos SEED=7`'s `chaos:evt_00309: 2 effects, archived 3
     duplicate, 1 processed` (read from a kept run): arrival A ran; B's message was still on its way
     (deferred: the key's turn taken) when `prune` deleted A's completion
@@ -139,5 +145,40 @@ async def test_a_copy_prune_settled_that_then_runs_is_processed_though_its_batch
     await archive_store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, time.time())])
     await pruned(archive_store)
     await ran(archive_store, copy)  # its `processed` died with its worker
-    await archive_store.settle(0, ROUTES)
+    await upkeep_round(archive_store, monkeypatch)
     assert await statuses(archive_store, first.key) == [("processed", 1), ("processed", 1)]
+
+
+async def test_the_upkeep_leaves_the_copies_and_conflicts_no_completion_names(archive_store, monkeypatch):
+    """What the rule above must keep: a real copy (`duplicate`, the ingress's
+    or the prune's) and another payload (`conflict`) of an event whose
+    completion names another arrival stay as they are, routed or not; and
+    a copy settled `duplicate` by a sweep guessing which arrival ran (a
+    completion naming none) is not made a second `processed`."""
+    ran_first = arrival_of("acme", "evt_k1", 10)
+    copy = arrival_of("acme", "evt_k1", 9)
+    other_payload = arrival_of("acme", "evt_k1", 8, amount=2)
+    answered_copy = arrival_of("acme", "evt_k1", 7)
+    await arrived(archive_store, ran_first, copy, other_payload)
+    await arrived(archive_store, answered_copy, status=archive.DUPLICATE)
+    await ran(archive_store, ran_first)
+    await archive_store.write_outcomes([archive.outcome_row(run, status, time.time()) for run, status in (
+        (ran_first, archive.PROCESSED), (copy, archive.DUPLICATE), (other_payload, archive.CONFLICT))])
+    routed = arrival_of("routed", "evt_k2", 10)
+    routed_copy = arrival_of("routed", "evt_k2", 9)
+    await arrived(archive_store, routed, routed_copy)
+    await ran(archive_store, dataclasses.replace(routed, key=f"{routed.key}#billing", route="billing"))
+    await archive_store.write_outcomes([archive.outcome_row(routed_copy, archive.DUPLICATE, time.time())])
+    guessed = arrival_of("acme", "evt_k3", 10)
+    guessed_copy = arrival_of("acme", "evt_k3", 9)
+    await arrived(archive_store, guessed, guessed_copy)
+    await ran(archive_store, dataclasses.replace(guessed_copy))
+    await archive_store._database.execute("UPDATE processed_events SET arrival = NULL WHERE key = $1", guessed.key)
+    await upkeep_round(archive_store, monkeypatch)  # the sweep guesses: the oldest ran
+    await archive_store._database.execute("UPDATE processed_events SET arrival = $2 WHERE key = $1",
+                                          guessed.key, guessed_copy.arrival)  # a previous release's guess, seen so
+    await upkeep_round(archive_store, monkeypatch)
+    assert await statuses(archive_store, ran_first.key) == [("processed", 1), ("duplicate", 1), ("conflict", 1),
+                                                             ("duplicate", 0)]
+    assert await statuses(archive_store, routed.key) == [("processed", 1), ("duplicate", 1)]
+    assert await statuses(archive_store, guessed.key) == [("processed", 1), ("duplicate", 1)]
