@@ -23,6 +23,8 @@ SQL = load_queries("webhook_ingest.shared")
 STATEMENT_SECONDS = 10.0  # a batch's statement, or one source's tables
 EXPORT_PAGE = 500  # rows a statement of `export`: its memory, and few round trips
 SETTLE_PAGE = 500  # rows the settling sweep reads a statement
+SETTLE_NAMED_PAGE = 2000  # completions `settle_named` reads a statement
+NamedCursor = tuple[datetime, str]  # (completed_at, key) of the last completion `settle_named` read
 # processed_events' columns archive_unsettled_of_pruned reads of each completion prune deletes
 PRUNED_COLUMNS = ("key", "source", "event_id", "payload_sha256", "attempts", "completed_at", "arrival")
 LOCK_TIMEOUT = "2s"  # making or dropping a day waits this long for the source's table, then tries later
@@ -99,6 +101,21 @@ class ArchiveStore:
                 done = await connection.execute(SQL["archive_settle"], *archive.columns(writes), min(received),
                                                 max(received), timeout=STATEMENT_SECONDS)
         return int(done.split()[-1]), Cursor.below(rows[-1]) if len(rows) == limit else None
+
+    async def settle_named(self, grace_seconds: float, lookback_seconds: float, after: NamedCursor | None = None,
+                           limit: int = SETTLE_NAMED_PAGE) -> tuple[int, NamedCursor | None, bool]:
+        """One page of completions, after `after` (None: from `lookback_seconds`
+        before the grace), whose named arrivals still archived `duplicate` or
+        `conflict` are made `processed` (`archive_settle_named`): a note
+        written of an arrival before its own run, whose run's note was lost.
+        (rows settled, the last completion read: where the next page starts,
+        `after` when none was read; whether the page was full)."""
+        start = after or (None, None)
+        async with self._connection() as connection:
+            row = await connection.fetchrow(SQL["archive_settle_named"], *start, grace_seconds, limit,
+                                            lookback_seconds, timeout=STATEMENT_SECONDS)
+        last = (row["completed_at"], row["key"]) if row["key"] is not None else after
+        return row["settled"], last, row["read"] == limit
 
     async def settle_pruned(self, completions: Sequence[Mapping]) -> int:
         """The rows still `queued` or `retrying` of the events whose

@@ -299,7 +299,10 @@ WHERE archived.body IS NULL
 -- What became of arrivals, from the workers: written over the row's status
 -- only when it is a step on (event_archive_step: a later chain, a later
 -- attempt, or a further step of the same one), and `duplicate` only over a
--- row still queued (a copy of a retry message is not its event's end).
+-- row still queued (a copy of a retry message is not its event's end), or
+-- over a `retrying` row of an earlier attempt: the retry message itself found
+-- the event completed (after a prune, maybe only Redis still knew), which
+-- ends the chain, and no completion may be left for the sweep.
 -- At one chain and attempt the arrival's own end steps over a `duplicate`
 -- or a `conflict` written first by a twin message of the arrival (an
 -- outbox row beside a publish confirmed late, a second fan-out; a
@@ -338,7 +341,9 @@ WHERE NOT (status = 'duplicate' AND (EXISTS (  -- a twin's, of the arrival that 
 ON CONFLICT (source, key, received_at, arrival) DO UPDATE
 SET status = EXCLUDED.status, replay_of = EXCLUDED.replay_of, attempts = EXCLUDED.attempts,
     last_error = coalesce(EXCLUDED.last_error, archived.last_error), completed_at = EXCLUDED.completed_at
-WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued')
+WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued'
+       OR (archived.status = 'retrying'
+           AND (EXCLUDED.replay_of, EXCLUDED.attempts) > (archived.replay_of, archived.attempts)))
   AND ((EXCLUDED.replay_of, EXCLUDED.attempts, event_archive_step(EXCLUDED.status))
        > (archived.replay_of, archived.attempts, event_archive_step(archived.status))
        OR (archived.status IN ('duplicate', 'conflict')
@@ -462,6 +467,65 @@ LEFT JOIN LATERAL (
 -- completion that names its arrival first, else one naming none, else another's
 ORDER BY a.source, a.key, a.received_at, a.arrival, done.arrival IS NOT DISTINCT FROM a.arrival DESC,
          done.arrival IS NULL DESC
+
+-- name: archive_settle_named
+-- The arrivals the completions of a window name (processed_events.arrival)
+-- still archived `duplicate` or `conflict`, made `processed`: the arrival's
+-- own run is its end (docs/design.md, "The archive"). Such a row is a note
+-- written of it before its run — by `prune`, settling it a copy of the
+-- completion it deleted while its message was still on its way, or a twin
+-- that still found another payload's completion — whose run's own note
+-- was then lost with its worker; the sweep reads only queued and retrying
+-- rows. The window: completions after ($1 completed_at, $2 key: the last
+-- read; NULL: none yet), none older than $5 seconds before the grace,
+-- completed more than $3 seconds ago (the grace: the run's own note may be
+-- on its way), in that order, at most $4, read from
+-- processed_events_completed_at; each arrival they name is a primary-key
+-- probe of its source's days. Not a completion naming none (the sweep's
+-- guess), nor a replay's run (replay-R/KEY is not its arrival's end); a
+-- route's (KEY#ROUTE) names the arrival kept under KEY. Not over a row
+-- whose payload has an open dead letter (the sweep's `dead` comes first),
+-- nor when another arrival of the key is archived `processed` at this very
+-- completion's time: a sweep's guess of which copy ran (the previous
+-- release's, during an upgrade) — one run, one `processed`. Returns the
+-- rows settled, the completions read and the last one read (where the next
+-- page starts).
+WITH page AS (
+    SELECT p.key, p.source, p.event_id, p.payload_sha256, p.attempts, p.completed_at, p.arrival
+    FROM processed_events p
+    WHERE p.completed_at >= greatest(coalesce($1::timestamptz, '-infinity'),
+                                     now() - make_interval(secs => $3::float8 + $5::float8))
+      AND (p.completed_at, p.key) > (coalesce($1::timestamptz, '-infinity'), coalesce($2::text, ''))
+      AND p.completed_at < now() - make_interval(secs => $3)
+    ORDER BY p.completed_at, p.key
+    LIMIT $4
+), named AS (
+    SELECT * FROM page
+    WHERE page.arrival IS NOT NULL AND page.arrival <> 0
+      AND (page.key = page.source || ':' || page.event_id
+           OR starts_with(page.key, page.source || ':' || page.event_id || '#'))
+), settled AS (
+    UPDATE event_archive AS a
+    SET status = 'processed', attempts = greatest(a.attempts, n.attempts), completed_at = n.completed_at
+    FROM named n
+    WHERE a.source = n.source AND a.key = n.source || ':' || n.event_id AND a.arrival = n.arrival
+      AND a.event_id = n.event_id AND a.payload_sha256 = n.payload_sha256
+      AND a.status IN ('duplicate', 'conflict')
+      AND NOT EXISTS (
+          SELECT FROM event_archive o
+          WHERE o.source = a.source AND o.key = a.key AND o.status = 'processed'
+            AND o.completed_at = n.completed_at AND o.arrival <> a.arrival)
+      AND NOT EXISTS (
+          SELECT FROM (SELECT * FROM dead_letters WHERE key = a.key
+                       UNION ALL
+                       SELECT * FROM dead_letters WHERE route IS NOT NULL AND left(key, -(length(route) + 1)) = a.key) d
+          WHERE d.event_id = a.event_id AND d.payload_sha256 = a.payload_sha256 AND d.status = 'dead')
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM settled) AS settled, (SELECT count(*) FROM page) AS read,
+       last.completed_at, last.key
+FROM (SELECT 1) one
+LEFT JOIN (SELECT completed_at, key FROM page ORDER BY completed_at DESC, key DESC LIMIT 1) last ON true
 
 -- name: archive_settle
 -- The sweep's decisions: each row brought to its event's end, only while

@@ -115,3 +115,35 @@ async def test_a_run_repeated_after_a_prune_is_archived_as_a_second_run(settings
     finally:
         await blocker.close()
         await connection.close()
+
+
+async def test_a_copy_prune_settled_that_then_runs_is_archived_as_its_run(settings, fleet, sources_path,  # noqa: F811
+                                                                          monkeypatch):
+    """`make chaos SEED=7`'s `2 effects, archived 2 duplicate, 1 processed`:
+    the first arrival ran; a copy was still queued (the ingress no longer
+    knew the event completed) when `prune` deleted the completion and
+    settled the copy a `duplicate` of it. The copy then ran, which the
+    prune allows (docs/reference.md §2), and its worker was SIGKILLed
+    before its outcome batch. Its own run is its end: `processed`."""
+    connection = await asyncpg.connect(settings.database_url)
+    blocker = await asyncpg.connect(settings.database_url)
+    try:
+        async with running_ingress(settings, load_sources(sources_path)) as client:
+            assert await post(client, "acme", "evt_3") == "accepted"
+            worker = fleet.worker("--concurrency", "8", env={"WEBHOOK_INGEST_SOURCES": sources_path})
+            await wait_until(lambda: connection.fetchval(
+                "SELECT count(*) FROM event_archive WHERE key = 'acme:evt_3' AND status = 'processed'"),
+                60, message="the first run archived")
+            worker.kill()
+            await _redis_forgets(settings, "acme:evt_3")
+            assert await post(client, "acme", "evt_3") == "accepted"
+            await arrivals_written(settings.database_url)
+        await _prune(connection, "acme:evt_3")
+        assert await _statuses(connection, "acme:evt_3") == ["processed", "duplicate"]  # the prune's note
+        await _run_then_lose_its_outcome(fleet, connection, blocker, sources_path, "acme:evt_3")
+        await _sweep(connection, sources_path, monkeypatch)
+        assert await connection.fetchval("SELECT count(*) FROM effects WHERE key = 'acme:evt_3'") == 2
+        assert await _statuses(connection, "acme:evt_3") == ["processed", "processed"]  # two runs, each archived
+    finally:
+        await blocker.close()
+        await connection.close()

@@ -8,7 +8,10 @@ external call (tests/chaos/downstream.py; none without it).
 Each run of the handler is an *interval* in `chaos_runs` (start, end, key,
 pid), written through its own connection outside the completion
 transaction, as an HTTP call would be: two intervals of one key that
-overlap are two external effects at once (docs/reference.md §7.2). Its Postgres effect
+overlap are two external effects at once (docs/reference.md §7.2). That
+connection is the harness's, not the product's: a pool of two per process
+(the workers' own budget is what is under test), and a Postgres with no
+slot left for it is waited for, never a failure of the run. Its Postgres effect
 is a row in `chaos_effects` (no unique key, so a second effect is a second
 row) plus the built-in `inbox` insert, both in the completion transaction
 (docs/reference.md §7.1).
@@ -43,13 +46,17 @@ CREATE TABLE IF NOT EXISTS chaos_effects (
 ALTER TABLE chaos_effects ADD COLUMN IF NOT EXISTS received_ms bigint;
 """
 
+INTERVAL_CONNECTIONS = 2  # a statement each at a run's start and end: 256 runs at once share them
+REFUSED_WAIT_SECONDS = 0.5
+
 _pools: dict[str, asyncio.Task] = {}
 
 
 async def record(event, ctx):
     directive = event.payload.get("chaos") or {}
-    intervals = await _pool(ctx.options.get("runs_database_url") or os.environ["DATABASE_URL"])
-    run_id = await intervals.fetchval(  # stamped by the run's own clock: the statement may wait for a session
+    runs_database_url = ctx.options.get("runs_database_url") or os.environ["DATABASE_URL"]
+    run_id = await _interval(  # stamped by the run's own clock: the statement may wait for a session
+        runs_database_url,
         "INSERT INTO chaos_runs (key, pid, attempt, started) VALUES ($1, $2, $3, to_timestamp($4)) RETURNING id",
         event.key, os.getpid(), event.attempt, time.time())
     try:
@@ -58,7 +65,8 @@ async def record(event, ctx):
         await downstream.call(event, ctx)  # the external call, once the run is going to complete
     finally:
         ended = time.time()
-        await intervals.execute("UPDATE chaos_runs SET ended = to_timestamp($2) WHERE id = $1", run_id, ended)
+        await _interval(runs_database_url, "UPDATE chaos_runs SET ended = to_timestamp($2) WHERE id = $1",
+                        run_id, ended)
     await ctx.db.execute("INSERT INTO chaos_effects (key, pid, received_ms) VALUES ($1, $2, $3)", event.key,
                          os.getpid(), round(event.received_at.timestamp() * 1000))
     await inbox(event, ctx)
@@ -77,16 +85,32 @@ def _fail_if_told(directive: dict, event) -> None:
             raise RuntimeError(f"chaos: retryable failure injected on attempt {attempt}")
 
 
+async def _interval(database_url: str, statement: str, *args):
+    """One interval statement, waiting while Postgres refuses the harness a
+    session (`too many clients already`: a Postgres shared with other work)."""
+    while True:
+        try:
+            return await (await _pool(database_url)).fetchval(statement, *args)
+        except asyncpg.TooManyConnectionsError:
+            await asyncio.sleep(REFUSED_WAIT_SECONDS)
+
+
 async def _pool(database_url: str) -> asyncpg.Pool:
     """One small pool per process for the interval records: the external
     system is not the completion's database connection."""
     if database_url not in _pools:  # a task, so concurrent first calls share one pool
         _pools[database_url] = asyncio.ensure_future(_create_pool(database_url))
-    return await asyncio.shield(_pools[database_url])
+    creating = _pools[database_url]
+    try:
+        return await asyncio.shield(creating)
+    except asyncpg.TooManyConnectionsError:
+        if _pools.get(database_url) is creating:  # refused: the next call tries again
+            del _pools[database_url]
+        raise
 
 
 async def _create_pool(database_url: str) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=16)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=INTERVAL_CONNECTIONS)
     try:
         await pool.execute(CHAOS_TABLES)  # a staging deployment gets its tables from its first run
     except (asyncpg.UniqueViolationError, asyncpg.DuplicateObjectError, asyncpg.DuplicateTableError):

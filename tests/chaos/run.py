@@ -172,18 +172,28 @@ async def drain(database_url: str, sent: Sent, held: Callable[[], Awaitable[dict
         await asyncio.sleep(POLL_SECONDS)
 
 
+# what the upkeep has yet to settle: a lost outcome's row, or a note written of an arrival before its run
+UNSETTLED = """
+SELECT count(*) FROM event_archive a
+WHERE a.status IN ('queued', 'retrying')
+   OR (a.status IN ('duplicate', 'conflict') AND EXISTS (
+       SELECT FROM processed_events p WHERE p.source = a.source AND p.event_id = a.event_id
+                                        AND p.arrival = a.arrival AND p.payload_sha256 = a.payload_sha256
+                                        AND (p.key = a.key OR starts_with(p.key, a.key || '#'))))"""
+
+
 async def archive_settled(database_url: str) -> None:
-    """Until no archived arrival is left `queued` or `retrying`, for the
-    sweep's grace and a few of its rounds at most: with the workers
-    stopped, such a row is a killed worker's lost outcome, which the
-    ingress's sweep settles (docs/design.md, "The archive"); one still
-    unsettled then is judged as it is."""
+    """Until no archived arrival is left `queued` or `retrying`, nor
+    `duplicate` or `conflict` while a completion names it, for the sweep's
+    grace and a few of its rounds at most: with the workers stopped, such
+    a row is a killed worker's lost outcome, which the ingress's upkeep
+    settles (docs/design.md, "The archive"); one still unsettled then is
+    judged as it is."""
     deadline = time.monotonic() + SETTLE_SECONDS + 5 * POLL_SECONDS
     while time.monotonic() < deadline:
         connection = await connect(database_url)
         try:
-            left = await connection.fetchval(
-                "SELECT count(*) FROM event_archive WHERE status IN ('queued', 'retrying')")
+            left = await connection.fetchval(UNSETTLED)
         finally:
             await connection.close()
         if not left:
