@@ -114,8 +114,6 @@ async def test_a_dropped_renewal_session_on_a_full_server_repeats_no_call(
     assert "lease_lost_handler_cancelled" not in worker.output()
 
 
-@pytest.mark.xfail(strict=True, reason="adv35 F4: a completion whose session a full server refuses is an outage"
-                                       " that runs the whole message again: its handler's call is made twice")
 async def test_a_refused_completion_session_repeats_no_call(
         settings, fleet, tmp_path, database, limited_role, downstream):
     """Ten calls in flight (3 s each) under valid leases; the server is full
