@@ -74,9 +74,6 @@ IN_FLIGHT = 10
 RENEWAL_SESSION = "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND query LIKE '%lease_until = clock_timestamp()%'"
 
 
-@pytest.mark.xfail(strict=True, reason="adv35 F3: the renewal pool's one session, once dropped, is reopened only"
-                                       " through a new session, which a full server refuses: every run of the"
-                                       " worker loses its lease and its call is made again")
 async def test_a_dropped_renewal_session_on_a_full_server_repeats_no_call(
         settings, fleet, tmp_path, database, limited_role, downstream):
     """Ten calls in flight (8 s each) under valid leases; the server is full
