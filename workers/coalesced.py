@@ -66,10 +66,12 @@ class CoalescedStatements:
 
     async def _complete_alone(self, batch: list[Completion]) -> list[bool]:
         answers: dict[int, bool] = {}
-        for indexes in _distinct_keys(batch):
-            async with self._completions.statement() as connection:
+        # one session for every round: a refused connect then comes before any round committed,
+        # so the runs that wait it out (workers/outage.py, when_let_in) ask for nothing done already
+        async with self._completions.statement() as connection:
+            for indexes in _distinct_keys(batch):
                 completed = await self._completions.complete_alone(connection, [batch[i] for i in indexes])
-            answers |= {i: batch[i][0].key in completed for i in indexes}
+                answers |= {i: batch[i][0].key in completed for i in indexes}
         return [answers[i] for i in range(len(batch))]
 
 

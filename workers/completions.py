@@ -106,8 +106,24 @@ class CompletionStore:
 
     async def extend_leases(self, leases: list[Lease], ttl_ms: int) -> set[tuple[str, int]]:
         """The (key, token) of `leases` still ours, now running `ttl_ms` longer
-        (one statement for a whole worker's renewals: workers/renewals.py)."""
-        pool = self._renewals
+        (one statement for a whole worker's renewals: workers/renewals.py).
+
+        When the renewal pool needs a new session and a full server refuses
+        it (its session was dropped: a TCP reset, a timed-out renewal, an
+        operator's pg_terminate_backend), the statement goes on a
+        short-statement session, kept open for the claim path (never a
+        handler's or the bookkeeping's): a refusal is an answer, Postgres is
+        up, and a lease left to run out meanwhile would cost every run's call."""
+        try:
+            return await self._extend_leases_on(self._renewals, leases, ttl_ms)
+        except asyncpg.TooManyConnectionsError:
+            if self._renewals is self._database:
+                raise
+            log.info("lease_renewal_on_statement_session")
+            return await self._extend_leases_on(self._database, leases, ttl_ms)
+
+    async def _extend_leases_on(self, pool: asyncpg.Pool | asyncpg.Connection, leases: list[Lease],
+                                ttl_ms: int) -> set[tuple[str, int]]:
         try:
             async with self._connection(pool, timeout=ttl_ms / 3000) as connection, \
                     closed_if_left_by(connection, TIMED_OUT):

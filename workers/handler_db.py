@@ -28,8 +28,8 @@ from typing import Any
 
 import asyncpg
 
-from webhook_ingest.shared import backoff, metrics
 from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.workers.outage import when_let_in
 
 log = get_logger(__name__)
 _QUERIES = frozenset({
@@ -84,17 +84,14 @@ class HandlerTransaction:
         handler's failure — and waiting here, under the lease, does not run
         what the handler did before its first query once more
         (docs/design.md, "Outages are not failures")."""
-        refusals = 0
-        for pause in backoff.pauses(first=0.05, most=1.0):
+        async def open_once() -> None:
             try:
-                return await self._open()
-            except asyncpg.TooManyConnectionsError as exc:
-                self.open_error = None
-                metrics.postgres_sessions_refused.inc()
-                if not refusals:  # one line a run, however long it waits
-                    log.warning("postgres_session_refused", key=self._key, error=str(exc))
-                refusals += 1
-                await asyncio.sleep(pause)
+                await self._open()
+            except asyncpg.TooManyConnectionsError:
+                self.open_error = None  # waited out, not the handler's
+                raise
+
+        await when_let_in(open_once, self._key)
 
     async def _open(self) -> None:
         """The session, its transaction and the key's turn. A failed attempt
@@ -139,7 +136,8 @@ class HandlerTransaction:
         if self.open_error is not None:  # the handler went on without the writes it tried
             raise self.open_error
         if self._connection is None:
-            return await self._complete_alone(message, token)
+            # a new statement session a full server refuses: waited out here, the handler's calls made
+            return await when_let_in(lambda: self._complete_alone(message, token), self._key)
         return await self._completions.complete_event(self._connection, message, token)
 
     async def __aenter__(self) -> "HandlerTransaction":

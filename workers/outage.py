@@ -8,12 +8,14 @@ would burn the quorum queue's delivery limit.
 """
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import aio_pika
 import aiormq
 import asyncpg
 
-from webhook_ingest.shared import backoff
+from webhook_ingest.shared import backoff, metrics
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 
@@ -33,6 +35,29 @@ BROKER_LOST = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError)
 # OSError/TimeoutError count only outside handlers: a handler's own network
 # error (say, forward's receiver is down) is a failure to retry, not ours.
 _CONNECTION_LOST = (OSError, asyncio.TimeoutError)
+
+
+T = TypeVar("T")
+
+
+async def when_let_in(call: Callable[[], Awaitable[T]], key: str) -> T:
+    """`call()`, again and again while the server refuses it a session for
+    want of room (SQLSTATE 53300: max_connections, a role's limit). A full
+    server answers: it is an outage to wait out where it is met — under the
+    run's lease, kept alive meanwhile — never a reason to run the message
+    again (docs/design.md, "Outages are not failures"). Only a refused
+    connect is waited out here: it sent nothing, so asking again is safe."""
+    refusals = 0
+    for pause in backoff.pauses(first=0.05, most=1.0):
+        try:
+            return await call()
+        except asyncpg.TooManyConnectionsError as exc:
+            metrics.postgres_sessions_refused.inc()
+            if not refusals:  # one line a run, however long it waits
+                log.warning("postgres_session_refused", key=key, error=str(exc))
+            refusals += 1
+            await asyncio.sleep(pause)
+    raise AssertionError("unreachable: backoff.pauses never ends")
 
 
 def outage_kind(exc: BaseException, in_handler: bool = False) -> str | None:

@@ -85,12 +85,12 @@ class Worker:
             sizes = self.pool_sizes
             # TransactionPooler (a ConfigError): not retried
             await _wait_for("postgres", lambda: pooler.refuse_transaction_pooling(self.settings.database_url))
-            self.pool = await _wait_for("postgres", lambda: self._open_pool(sizes.statements))
+            self.pool = await _wait_for("postgres", lambda: self._open_pool(sizes.statements, kept_open=True))
             stack.push_async_callback(close_pool, self.pool)  # within 2 s, whatever the server does
             await _wait_for("postgres", lambda: schema.require_migrations(self.pool))  # SchemaBehind: not retried
             self.transactions = await _wait_for("postgres", lambda: self._open_pool(sizes.transactions))
             stack.push_async_callback(close_pool, self.transactions)
-            self.renewals = await _wait_for("postgres", lambda: self._open_pool(sizes.renewals))
+            self.renewals = await _wait_for("postgres", lambda: self._open_pool(sizes.renewals, kept_open=True))
             stack.push_async_callback(close_pool, self.renewals)
             self.bookkeeping = await _wait_for("postgres", lambda: self._open_pool(sizes.bookkeeping))
             stack.push_async_callback(close_pool, self.bookkeeping)
@@ -105,7 +105,15 @@ class Worker:
             stack.push_async_callback(shared_buckets.close)
             await self._consume_until_stopped()
 
-    async def _open_pool(self, size: int) -> asyncpg.Pool:
+    async def _open_pool(self, size: int, kept_open: bool = False) -> asyncpg.Pool:
+        """`kept_open`: the claim path's pools hold their budgeted sessions
+        from the start and never close one for idling (asyncpg's 300 s), so
+        a burst after a quiet spell needs no new session from a server that
+        may be full by then (docs/design.md, "The claim path owns its resources")."""
+        if kept_open:
+            return await asyncpg.create_pool(self.settings.database_url, min_size=size, max_size=size,
+                                             max_inactive_connection_lifetime=0,
+                                             reset=_keep_session, init=_server_keepalives)
         return await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=size,
                                          reset=_keep_session, init=_server_keepalives)
 

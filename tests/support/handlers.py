@@ -128,3 +128,13 @@ async def writes_then_waits(event, ctx):
     that writes first, then calls the network."""
     await counted_inbox(event, ctx)
     await asyncio.sleep(0.3)
+
+
+async def writes_calls_then_fails_some(event, ctx):
+    """counted_inbox, then a downstream call (`forward` to handler_options.url)
+    with its transaction still open; every fourth event (by its id's number)
+    is then refused for good: a dead letter."""
+    await counted_inbox(event, ctx)
+    await forward(event, ctx)
+    if int(event.event_id.rsplit("_", 1)[1]) % 4 == 0:
+        raise PermanentError("the downstream's answer says never")

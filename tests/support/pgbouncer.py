@@ -17,8 +17,9 @@ from tests.support.tcpproxy import free_port
 
 
 @contextlib.contextmanager
-def running(server: PrivatePostgres, pool_mode: str, pool_size: int = 20) -> Iterator[str]:
-    """Yields the URL that reaches the server's app database through the pooler."""
+def running(server: PrivatePostgres, pool_mode: str, pool_size: int = 20, more: str = "") -> Iterator[str]:
+    """Yields the URL that reaches the server's app database through the pooler;
+    `more`: further `[pgbouncer]` lines."""
     root = Path(tempfile.mkdtemp(prefix="wi-pgbouncer-"))
     port = free_port()
     (root / "users.txt").write_text(f'"{APP_ROLE}" ""\n')
@@ -26,7 +27,7 @@ def running(server: PrivatePostgres, pool_mode: str, pool_size: int = 20) -> Ite
         f"[databases]\n* = host=127.0.0.1 port={server.port}\n"
         f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {root}/users.txt\npool_mode = {pool_mode}\n"
-        f"default_pool_size = {pool_size}\nmax_client_conn = 500\nlogfile = {root}/pgbouncer.log\n")
+        f"default_pool_size = {pool_size}\nmax_client_conn = 500\nlogfile = {root}/pgbouncer.log\n{more}")
     if os.geteuid() == 0:
         for path in (root, *root.iterdir()):
             shutil.chown(path, "postgres")
