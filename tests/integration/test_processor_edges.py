@@ -306,8 +306,6 @@ class AnsweredAtTheLimit(Answers):
         return await answer
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 35 (seed 361): the limit's timer decides in the iteration the answer came in, before it is run"))
 async def test_an_answer_come_in_when_the_confirmation_is_due_to_be_lost_keeps_the_lease():
     """The limit's timer and the answer run in one loop iteration; the
     answer reaches the keeper one later. Come in, it is no black hole."""
