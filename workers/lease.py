@@ -84,6 +84,7 @@ class Keeper:
         self._confirming: asyncio.Task | None = None
         self._hearing: asyncio.Task | None = None
         self._confirm_asked = 0.0
+        self._slow_since = 0.0  # how slow the loop was is reckoned from here at an unanswered confirmation's limit
         self._lag: loop_lag.LoopLag | None = None
 
     @property
@@ -158,6 +159,7 @@ class Keeper:
         within a TTL."""
         loop = asyncio.get_running_loop()
         self._confirm_asked = loop.time()
+        self._slow_since = self.deadline
         lose_at = self.valid_until - self._ttl * CONFIRM_MARGIN
         if loop.time() > lose_at:  # the key may be another's already: only the answer tells
             lose_at = loop.time() + self._ttl * LATE_CONFIRM_SHARE
@@ -167,9 +169,10 @@ class Keeper:
     def _unanswered(self) -> None:
         """No answer by the limit: first let the loop run what has come in
         meanwhile (`_heard_before_lost`); then a black hole, unless the loop
-        was slow since the confirmation was due (`_loop_was_slow`): then the
-        answer may have come and wait to be heard, and gets until a TTL
-        after it was asked (issue 35)."""
+        was slow since the confirmation was due, or since the last limit
+        (`_loop_was_slow`): then the answer may have come and wait to be
+        heard, and gets until a TTL after it was asked, or, past that,
+        another sixth of the TTL (issue 35)."""
         self._timer = None
         self._hearing = asyncio.create_task(self._heard_before_lost(), name=f"hear-{self.name}")
 
@@ -182,22 +185,23 @@ class Keeper:
         for _ in range(HEARING_ITERATIONS):
             await asyncio.sleep(0)
         loop = asyncio.get_running_loop()
-        late_limit = self._confirm_asked + self._ttl * LATE_CONFIRM_SHARE
-        if loop.time() < late_limit and self._loop_was_slow(loop.time()):
+        now = loop.time()
+        if self._loop_was_slow(self._slow_since, now):
             self._hearing = None
-            self._timer = loop.call_at(late_limit, self._lose)
+            self._slow_since = now
+            next_limit = max(self._confirm_asked + self._ttl * LATE_CONFIRM_SHARE, now + self._ttl * CONFIRM_MARGIN)
+            self._timer = loop.call_at(next_limit, self._unanswered)
             return
         self._lose()
 
-    def _loop_was_slow(self, now: float) -> bool:
-        """Whether the loop, since the confirmation was due, stood still a
-        twelfth of the TTL in all (a pause) or was behind a tenth of that
-        time (a loop slow at every step: a loaded host, seed 361)."""
+    def _loop_was_slow(self, since: float, now: float) -> bool:
+        """Whether the loop, since `since`, stood still a twelfth of the TTL
+        in all (a pause) or was behind a tenth of that time (a loop slow at
+        every step: a loaded host, seed 361)."""
         if self._lag is None:
             return False
-        due = self.deadline  # not renewed since `_confirm`, or this task was cancelled
-        behind = self._lag.stood_still_since(due)
-        return behind >= self._ttl * LAGGING_SHARE or behind >= (now - due) * SLOW_SHARE
+        behind = self._lag.stood_still_since(since)
+        return behind >= self._ttl * LAGGING_SHARE or behind >= (now - since) * SLOW_SHARE
 
     async def _confirmed(self) -> None:
         """Asks until answered; the timer set by `_confirm` ends it."""
