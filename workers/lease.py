@@ -63,7 +63,8 @@ class Keeper:
     not the answer, which a black-holed server may never give — after a
     few loop iterations that run an answer already come in, and unless the
     loop stood still or was slow meanwhile (`loop_lag`), too busy to hear
-    an answer that came: then a TTL from when it was asked. Then the
+    an answer that came: then a TTL from when it was asked, and longer
+    while it stays slow. Then the
     handler's work must not complete under it (`check`,
     `cancelled_when_lost`), and the event runs again later. Why asking is
     safe: docs/design.md, "Exclusion".
