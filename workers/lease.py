@@ -32,6 +32,8 @@ SAFETY_MARGIN = 1 / 3  # of the TTL: what is left of a validity when it must be 
 CONFIRM_MARGIN = 1 / 6  # of the TTL: what is left of a validity when an unanswered confirmation loses it
 LATE_CONFIRM_SHARE = 1.0  # of the TTL: how long a confirmation asked for past that, or on a lagging loop, may take
 LAGGING_SHARE = 1 / 12  # of the TTL: the loop behind this long in all while a confirmation waited: not a black hole
+SLOW_SHARE = 1 / 10  # of the time since it was due: the loop behind this much of it (a slow loop): not a black hole
+HEARING_ITERATIONS = 3  # of the loop, at the limit: an answer already come in is run by then (`_unanswered`)
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,11 @@ class Keeper:
     is still the key's was taken by no one meanwhile, so it is extended and
     the run goes on, even past the TTL. It is lost when the answer is "not
     ours", or when none comes within a sixth of the TTL: a timer decides,
-    not the answer, which a black-holed server may never give — unless the
-    loop stood still meanwhile (`loop_lag`), too busy to hear an answer
-    that came: then a TTL from when it was asked. Then the
+    not the answer, which a black-holed server may never give — after a
+    few loop iterations that run an answer already come in, and unless the
+    loop stood still or was slow meanwhile (`loop_lag`), too busy to hear
+    an answer that came: then a TTL from when it was asked, and longer
+    while it stays slow. Then the
     handler's work must not complete under it (`check`,
     `cancelled_when_lost`), and the event runs again later. Why asking is
     safe: docs/design.md, "Exclusion".
@@ -79,7 +83,9 @@ class Keeper:
         self._on_lost: list[Callable[[], None]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._confirming: asyncio.Task | None = None
+        self._hearing: asyncio.Task | None = None
         self._confirm_asked = 0.0
+        self._slow_since = 0.0  # how slow the loop was is reckoned from here at an unanswered confirmation's limit
         self._lag: loop_lag.LoopLag | None = None
 
     @property
@@ -142,9 +148,10 @@ class Keeper:
     def _disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        if self._confirming is not None and self._confirming is not asyncio.current_task():
-            self._confirming.cancel()
-        self._confirming = None
+        for task in (self._confirming, self._hearing):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        self._confirming = self._hearing = None
 
     def _confirm(self) -> None:
         """Our clock says it may run out: ask, and lose it unless the answer
@@ -153,6 +160,7 @@ class Keeper:
         within a TTL."""
         loop = asyncio.get_running_loop()
         self._confirm_asked = loop.time()
+        self._slow_since = self.deadline
         lose_at = self.valid_until - self._ttl * CONFIRM_MARGIN
         if loop.time() > lose_at:  # the key may be another's already: only the answer tells
             lose_at = loop.time() + self._ttl * LATE_CONFIRM_SHARE
@@ -160,18 +168,41 @@ class Keeper:
         self._confirming = asyncio.create_task(self._confirmed(), name=f"confirm-{self.name}")
 
     def _unanswered(self) -> None:
-        """No answer by the limit: a black hole, unless the loop stood still
-        since the confirmation was due, in all for half the time the answer
-        had (issue 35): then it may have come and wait to be heard, and
-        gets until a TTL after it was asked."""
+        """No answer by the limit: first let the loop run what has come in
+        meanwhile (`_heard_before_lost`); then a black hole, unless the loop
+        was slow since the confirmation was due, or since the last limit
+        (`_loop_was_slow`): then the answer may have come and wait to be
+        heard, and gets until a TTL after it was asked, or, past that,
+        another sixth of the TTL (issue 35)."""
+        self._timer = None
+        self._hearing = asyncio.create_task(self._heard_before_lost(), name=f"hear-{self.name}")
+
+    async def _heard_before_lost(self) -> None:
+        """An answer already read from the socket, or waiting there, reaches
+        `_confirmed` within a few of the loop's iterations (the protocol's
+        callback, the statement's future, the batch's, our task): a timer
+        that fired in the same iteration must not beat it. A renewal meanwhile
+        cancels this task (`_arm`)."""
+        for _ in range(HEARING_ITERATIONS):
+            await asyncio.sleep(0)
         loop = asyncio.get_running_loop()
-        late_limit = self._confirm_asked + self._ttl * LATE_CONFIRM_SHARE
-        due = self.deadline  # not renewed since `_confirm`, or this timer was cancelled
-        if (loop.time() < late_limit and self._lag is not None
-                and self._lag.stood_still_since(due) >= self._ttl * LAGGING_SHARE):
-            self._timer = loop.call_at(late_limit, self._lose)
+        now = loop.time()
+        if self._loop_was_slow(self._slow_since, now):
+            self._hearing = None
+            self._slow_since = now
+            next_limit = max(self._confirm_asked + self._ttl * LATE_CONFIRM_SHARE, now + self._ttl * CONFIRM_MARGIN)
+            self._timer = loop.call_at(next_limit, self._unanswered)
             return
         self._lose()
+
+    def _loop_was_slow(self, since: float, now: float) -> bool:
+        """Whether the loop, since `since`, stood still a twelfth of the TTL
+        in all (a pause) or was behind a tenth of that time (a loop slow at
+        every step: a loaded host, seed 361)."""
+        if self._lag is None:
+            return False
+        behind = self._lag.stood_still_since(since)
+        return behind >= self._ttl * LAGGING_SHARE or behind >= (now - since) * SLOW_SHARE
 
     async def _confirmed(self) -> None:
         """Asks until answered; the timer set by `_confirm` ends it."""

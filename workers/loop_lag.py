@@ -3,8 +3,9 @@
 A timer every 50 ms notes how late it ran. A lease keeper whose
 confirmation got no answer in time asks how long the loop stood still
 since that confirmation was due: an answer that came back while the loop
-was busy with every run that woke with it (a pause, SIGSTOP) is not a
-black-holed server's silence (`workers.lease`, docs/design.md,
+was busy with every run that woke with it (a pause, SIGSTOP), or while
+every step ran slow (a loaded host: late on every tick, a little each
+time), is not a black-holed server's silence (`workers.lease`, docs/design.md,
 "Exclusion"). One monitor per event loop, started by the first keeper.
 """
 

@@ -24,7 +24,7 @@ from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers import processor as processor_module
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.idempotency import IdempotencyStore
-from webhook_ingest.workers.lease import Keeper, LockLost, cancelled_when_lost
+from webhook_ingest.workers.lease import CONFIRM_MARGIN, Keeper, LockLost, cancelled_when_lost
 from webhook_ingest.workers.processor import Processor
 from webhook_ingest.workers.states import Outcome
 from webhook_ingest.workers.worker import Worker
@@ -286,6 +286,41 @@ async def test_a_lease_still_ours_is_kept_whatever_the_stall_when_the_answer_is_
     same answer, 0.15 s late, must keep both."""
     keeper = Keeper("postgres", SlowAnswers(delay=0.15), ttl_seconds=0.6)
     await _kept_through_a_stall(keeper, stall=stall)
+    assert not keeper.lost
+
+
+class AnsweredAtTheLimit(Answers):
+    """"Still ours", come in at the very moment the confirmation's limit
+    falls due: the answer is there, only not run yet (issue 35, seed 361)."""
+
+    def __init__(self, keeper_of):
+        super().__init__(renewed=True)
+        self.keeper_of = keeper_of
+
+    async def __call__(self) -> bool:
+        self.asked += 1
+        keeper = self.keeper_of()
+        answer = asyncio.get_running_loop().create_future()
+        limit = keeper.valid_until - keeper._ttl * CONFIRM_MARGIN
+        asyncio.get_running_loop().call_at(limit, answer.set_result, True)
+        return await answer
+
+
+async def test_an_answer_come_in_when_the_confirmation_is_due_to_be_lost_keeps_the_lease():
+    """The limit's timer and the answer run in one loop iteration; the
+    answer reaches the keeper one later. Come in, it is no black hole."""
+    keeper: Keeper | None = None
+    keeper = Keeper("postgres", AnsweredAtTheLimit(lambda: keeper), ttl_seconds=0.6)
+    task = asyncio.create_task(keeper.keep())
+
+    async def settled() -> bool:  # its first validity over, so past its first confirmation
+        return keeper.lost or keeper.valid_until > first_valid_until
+
+    first_valid_until = keeper.valid_until
+    try:
+        await wait_until(settled, 5, interval=0.01, message="confirmed or lost")
+    finally:
+        task.cancel()
     assert not keeper.lost
 
 
