@@ -91,3 +91,24 @@ async def kills_its_worker_recorded(event, ctx):
     finally:
         await connection.close()
     os._exit(137)
+
+
+async def busy_external(event, ctx):
+    """A `seconds`-long (default 12) external call whose answer streams in
+    and is worked on as it comes: `busy_ms` (default 3) of the loop's time
+    every 20 ms, without Postgres; then a write through `ctx.db`. A few of
+    them in flight keep the worker's loop late at every step (a loaded
+    loop). Its start is a line `start key pid` in the file `intervals`, its
+    call a line `key pid started ended` — also when it is cancelled."""
+    path = ctx.options["intervals"]
+    with open(path, "a") as intervals:
+        intervals.write(f"start {event.key} {os.getpid()}\n")
+    started = time.time()
+    try:
+        while time.time() < started + float(ctx.options.get("seconds", 12)):
+            await asyncio.sleep(0.02)
+            time.sleep(float(ctx.options.get("busy_ms", 3)) / 1000)  # parsing what came in
+    finally:
+        with open(path, "a") as intervals:
+            intervals.write(f"{event.key} {os.getpid()} {started} {time.time()}\n")
+    await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
