@@ -16,10 +16,12 @@ from tests.support import broker
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import recorded_runs, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
+from webhook_ingest import layout
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.message import to_amqp
 from webhook_ingest.shared.pauses import PauseStore
+from webhook_ingest.workers import connection_budget
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("effects_tables")]
 ROUND6 = "tests.support.adversary_round6_handlers"
@@ -221,8 +223,8 @@ async def test_another_sources_event_is_not_held_up_while_an_incidents_row_is_lo
     test's own transaction holds it. Before fee867c a dead letter's
     transaction wrote only its own new row, and nothing of one source's
     failures stood in another source's way. Now each dead letter of that
-    incident waits on the row with a statement-pool connection (4 per
-    worker), and an event of a healthy source — its lease, its completion
+    incident waits on the row with a statement-pool connection (2 per
+    worker at the default budget), and an event of a healthy source — its lease, its completion
     check — waits for one of them (9.97 s here, until the dead letters'
     10 s limit ran out; then they take the connections again). Its handler
     runs alone, as `forward` does: a batch takes its leases on a
@@ -244,9 +246,11 @@ async def test_another_sources_event_is_not_held_up_while_an_incidents_row_is_lo
                              [make_event("acme", f"evt_failing_{n}") for n in range(6)])
         watcher = await asyncpg.connect(settings.database_url)
         try:
+            statements = connection_budget.split(settings.worker_connections, layout.CONCURRENCY).statements
+
             async def pool_held() -> bool:
-                return await _sessions_waiting_on_a_lock(watcher) >= 4
-            await wait_until(pool_held, 30, message="the worker's 4 statement connections waiting on the row")
+                return await _sessions_waiting_on_a_lock(watcher) >= statements
+            await wait_until(pool_held, 30, message="every statement connection of the worker waiting on the row")
         finally:
             await watcher.close()
         await publish_events(settings.amqp_url, settings.namespace, [make_event("other", "evt_healthy")])
