@@ -78,32 +78,35 @@ class Plan:
 
 
 def make_plan(seed: int, events: int, duration: float, workers: int = 3, degraded_worker: int | None = 2,
-              faults: bool = True, id_prefix: str = "", lock_ttl: float = 3.0) -> Plan:
+              faults: bool = True, id_prefix: str = "", lock_ttl: float = 3.0, replays: bool = True) -> Plan:
     """`id_prefix` keeps one run's event ids apart from every other's (a staging database is not fresh).
 
     What issue 35 added (each event's downstream call, failures until a
     dead-letter replay, pauses, CPU hogs, replays) is drawn from a second
     generator of the same seed: the events, copies and faults drawn before
-    stay what they were for every seed."""
-    from tests.chaos import pauses, replays  # they build on this module's Fault
+    stay what they were for every seed. `replays=False` draws neither the
+    replays nor the events that fail until a dead-letter replay."""
+    from tests.chaos import pauses  # they build on this module's Fault
+    from tests.chaos import replays as replays_module
 
     rng, more = random.Random(seed), random.Random(f"{seed}/issue-35")
-    planned = [_event(rng, n, id_prefix, more) for n in range(events)]
+    planned = [_event(rng, n, id_prefix, more, replays) for n in range(events)]
     requests = sorted((r for event in planned for r in _requests(rng, event, duration)), key=lambda r: r.at)
     schedule = _faults(rng, duration, workers, degraded_worker) if faults else []
     if faults:
-        schedule = sorted(schedule + pauses.draw(more, duration, workers, lock_ttl) + replays.draw(more, duration),
-                          key=lambda fault: fault.at)
+        drawn = pauses.draw(more, duration, workers, lock_ttl)
+        replay_faults = replays_module.draw(more, duration)  # drawn either way: the same seed, the same pauses
+        schedule = sorted(schedule + drawn + (replay_faults if replays else []), key=lambda fault: fault.at)
     return Plan(seed, planned, requests, schedule, duration)
 
 
-def _event(rng: random.Random, n: int, id_prefix: str, more: random.Random) -> PlannedEvent:
+def _event(rng: random.Random, n: int, id_prefix: str, more: random.Random, replays: bool = True) -> PlannedEvent:
     event_id = f"{id_prefix}evt_{n:05d}"
     kind = rng.choices(["plain", "unicode", "bigint", "deep", "conflict", "unstorable"],
                        weights=[60, 8, 6, 4, 8, 3])[0]
     fail = "" if kind in ("conflict", "unstorable") else rng.choices(
         ["", "permanent", "always", "first"], weights=[80, 4, 4, 12])[0]
-    if fail == "permanent" and more.random() < UNTIL_REPLAYED_SHARE:
+    if fail == "permanent" and more.random() < UNTIL_REPLAYED_SHARE and replays:
         fail = "until_replayed"
     event = PlannedEvent(event_id, fail, kind)
     directive = {"work_ms": _work_ms(rng)} | downstream.call_directive(more, may_fail=not fail)

@@ -48,6 +48,7 @@ class Options:
     faults: bool = True
     keep_database: bool = False  # a local run's database stays, to be read after a failure
     routes: tuple[str, ...] = ()  # a local run's source has these routes (each event runs once per route)
+    replays: bool = True  # an event replay, a dead-letter bulk replay and events failing until one
 
 
 @dataclass
@@ -58,7 +59,8 @@ class Result:
 
 async def run_local(options: Options, namespace: str | None = None, database_url: str | None = None,
                     log_dir: Path | None = None) -> Result:
-    plan = make_plan(options.seed, options.events, options.duration, faults=options.faults, lock_ttl=options.lock_ttl)
+    plan = make_plan(options.seed, options.events, options.duration, faults=options.faults, lock_ttl=options.lock_ttl,
+                     replays=options.replays)
     async with serving() as downstream:
         return await _run_local(options, plan, downstream, namespace, database_url, log_dir)
 
