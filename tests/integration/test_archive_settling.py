@@ -8,6 +8,7 @@ import dataclasses
 import time
 
 import asyncpg
+import pytest
 from click.testing import CliRunner
 
 from webhook_ingest.cli import main
@@ -182,6 +183,33 @@ async def test_a_replayed_event_whose_outcome_was_lost_is_settled_by_the_sweep(a
     await completed(archive_store, event.key, event)  # the replay's run; its outcome batch died with its worker
     await archive_store.settle(0, ROUTES)
     assert await statuses(archive_store, event.key) == [("processed", 1)]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35: a dead letter's replay requeues only the arrival it names")
+async def test_copies_that_died_into_one_dead_letter_follow_its_replay(archive_store, settings):
+    """CI's chaos run of seed 7 (evt_00117): two copies of an event told to
+    fail both ran and died; the second found the first's dead letter open
+    (one per event) and was noted `dead` under it. On-call replayed that dead
+    letter and the event completed, yet the second copy's row said `dead`
+    with no dead letter open. The replay stands for every arrival its dead
+    letter does: each ends as a copy of the replay's run."""
+    first = arrival_of("acme", "evt_14", 5)
+    second = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
+    await arrived(archive_store, first, second)
+    for copy in (first, second):
+        died = dataclasses.replace(copy, attempt=1)
+        await archive_store.write_outcomes([archive.outcome_row(died, archive.DEAD, time.time(), "PermanentError")])
+        dead_letter = await record_dead_letter(archive_store._database, died, [failure(1)])
+    assert await statuses(archive_store, first.key) == [("dead", 1), ("dead", 1)]
+    replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead_letter)])
+    assert replayed.exit_code == 0, replayed.output
+    replay_of = await archive_store._database.fetchval(
+        "SELECT replay_of FROM event_archive WHERE arrival = $1", first.arrival)
+    run = dataclasses.replace(first, replay_of=replay_of, attempt=1)
+    await ran(archive_store, run)
+    await archive_store.write_outcomes([archive.outcome_row(run, archive.PROCESSED, time.time())])
+    await archive_store.settle(0, ROUTES)
+    assert [status for status, _ in await statuses(archive_store, first.key)] == ["processed", "duplicate"]
 
 
 async def test_a_replayed_dead_letter_carries_its_arrival(archive_store, settings):
