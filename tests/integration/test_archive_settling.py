@@ -212,6 +212,22 @@ async def test_copies_that_died_into_one_dead_letter_follow_its_replay(archive_s
     assert [status for status, _ in await statuses(archive_store, first.key)] == ["processed", "duplicate"]
 
 
+@pytest.mark.xfail(strict=True, reason="issue 35: a discard marks only the arrival its dead letter names")
+async def test_copies_that_died_into_one_dead_letter_follow_its_discard(archive_store, settings):
+    """The same two copies, their dead letter discarded: both arrivals are
+    `discarded`, none left `dead` with no dead letter open."""
+    first = arrival_of("acme", "evt_15", 5)
+    second = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
+    await arrived(archive_store, first, second)
+    for copy in (first, second):
+        died = dataclasses.replace(copy, attempt=1)
+        await archive_store.write_outcomes([archive.outcome_row(died, archive.DEAD, time.time(), "PermanentError")])
+        dead_letter = await record_dead_letter(archive_store._database, died, [failure(1)])
+    discarded = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "discard", str(dead_letter)])
+    assert discarded.exit_code == 0, discarded.output
+    assert [status for status, _ in await statuses(archive_store, first.key)] == ["discarded", "discarded"]
+
+
 async def test_a_replayed_dead_letter_carries_its_arrival(archive_store, settings):
     """The replay publishes the event as it arrived, its arrival's id too:
     its outcomes are written over the arrival's own row."""
