@@ -357,27 +357,39 @@ WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued'
 
 -- name: archive_discarded
 -- The arrivals whose dead letters ($1) on-call discarded, in the discard's
--- transaction. A route's dead letter (key KEY#ROUTE) is of the arrival kept
--- under the event's own key KEY (docs/design.md, "Routes").
+-- transaction: the one each names, and every other arrival of its event and
+-- payload archived `dead` — a copy that ran and died while the dead letter
+-- was open, which stands for it too (one open dead letter per event). A
+-- route's dead letter (key KEY#ROUTE) is of the arrival kept under the
+-- event's own key KEY (docs/design.md, "Routes").
 UPDATE event_archive SET status = 'discarded'
 FROM dead_letters
 WHERE dead_letters.id = ANY($1::bigint[]) AND event_archive.source = dead_letters.source
   AND event_archive.key = CASE WHEN dead_letters.route IS NULL THEN dead_letters.key
                                ELSE left(dead_letters.key, -(length(dead_letters.route) + 1)) END
-  AND event_archive.received_at = dead_letters.received_at AND event_archive.arrival = dead_letters.arrival
+  AND ((event_archive.received_at = dead_letters.received_at AND event_archive.arrival = dead_letters.arrival)
+       OR (event_archive.status = 'dead' AND event_archive.event_id = dead_letters.event_id
+           AND event_archive.payload_sha256 = dead_letters.payload_sha256))
 
 -- name: archive_replayed
 -- The arrival of dead letter $1, replayed as chain $2 (dead_letter_replays.id)
 -- in the replay's transaction: `queued` again in that chain, which its
 -- outcomes step on from (and the sweep, reading only queued and retrying
--- rows, settles it should they be lost). A route's dead letter is of the
--- arrival kept under the event's own key, as for a discard.
+-- rows, settles it should they be lost). So is every other arrival of its
+-- event and payload archived `dead`: a copy that ran and died while the
+-- dead letter was open, which stands for it too (one open dead letter per
+-- event); the replay runs the arrival named, and the sweep settles the
+-- others from its end, copies of its run (`duplicate`) or `dead` again. A
+-- route's dead letter is of the arrival kept under the event's own key, as
+-- for a discard.
 UPDATE event_archive SET status = 'queued', replay_of = $2, attempts = 0
 FROM dead_letters
 WHERE dead_letters.id = $1 AND event_archive.source = dead_letters.source
   AND event_archive.key = CASE WHEN dead_letters.route IS NULL THEN dead_letters.key
                                ELSE left(dead_letters.key, -(length(dead_letters.route) + 1)) END
-  AND event_archive.received_at = dead_letters.received_at AND event_archive.arrival = dead_letters.arrival
+  AND ((event_archive.received_at = dead_letters.received_at AND event_archive.arrival = dead_letters.arrival)
+       OR (event_archive.status = 'dead' AND event_archive.event_id = dead_letters.event_id
+           AND event_archive.payload_sha256 = dead_letters.payload_sha256))
   AND event_archive.replay_of < $2
 
 -- name: archive_unsettled

@@ -8,7 +8,6 @@ import dataclasses
 import time
 
 import asyncpg
-import pytest
 from click.testing import CliRunner
 
 from webhook_ingest.cli import main
@@ -185,7 +184,6 @@ async def test_a_replayed_event_whose_outcome_was_lost_is_settled_by_the_sweep(a
     assert await statuses(archive_store, event.key) == [("processed", 1)]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: a dead letter's replay requeues only the arrival it names")
 async def test_copies_that_died_into_one_dead_letter_follow_its_replay(archive_store, settings):
     """CI's chaos run of seed 7 (evt_00117): two copies of an event told to
     fail both ran and died; the second found the first's dead letter open
@@ -212,7 +210,6 @@ async def test_copies_that_died_into_one_dead_letter_follow_its_replay(archive_s
     assert [status for status, _ in await statuses(archive_store, first.key)] == ["processed", "duplicate"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: a discard marks only the arrival its dead letter names")
 async def test_copies_that_died_into_one_dead_letter_follow_its_discard(archive_store, settings):
     """The same two copies, their dead letter discarded: both arrivals are
     `discarded`, none left `dead` with no dead letter open."""
