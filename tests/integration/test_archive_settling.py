@@ -210,6 +210,32 @@ async def test_copies_that_died_into_one_dead_letter_follow_its_replay(archive_s
     assert [status for status, _ in await statuses(archive_store, first.key)] == ["processed", "duplicate"]
 
 
+async def test_a_copy_settled_dead_while_queued_follows_the_replay(archive_store, settings):
+    """evt_00117 as CI's chaos run had it (reproduced with its database
+    kept): the third copy, still in the queue when its event went dead, was
+    settled `dead` by the sweep from the first copy's open dead letter. The
+    bulk replay ran the event to completion, the copy's message then found
+    it completed, and its `duplicate` could not step over `dead`."""
+    first = arrival_of("acme", "evt_16", 5)
+    copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
+    await arrived(archive_store, first, copy)
+    died = dataclasses.replace(first, attempt=1)
+    await archive_store.write_outcomes([archive.outcome_row(died, archive.DEAD, time.time(), "PermanentError")])
+    dead_letter = await record_dead_letter(archive_store._database, died, [failure(1)])
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, first.key) == [("dead", 1), ("dead", 0)]
+    replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead_letter)])
+    assert replayed.exit_code == 0, replayed.output
+    replay_of = await archive_store._database.fetchval(
+        "SELECT replay_of FROM event_archive WHERE arrival = $1", first.arrival)
+    run = dataclasses.replace(first, replay_of=replay_of, attempt=1)
+    await ran(archive_store, run)
+    await archive_store.write_outcomes([archive.outcome_row(run, archive.PROCESSED, time.time()),
+                                        archive.outcome_row(copy, archive.DUPLICATE, time.time())])
+    await archive_store.settle(0, ROUTES)
+    assert [status for status, _ in await statuses(archive_store, first.key)] == ["processed", "duplicate"]
+
+
 async def test_copies_that_died_into_one_dead_letter_follow_its_discard(archive_store, settings):
     """The same two copies, their dead letter discarded: both arrivals are
     `discarded`, none left `dead` with no dead letter open."""
