@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run migrate test test-fast lint docs bench chaos chaos-cluster simulate clean
+.PHONY: install run migrate test test-fast lint format docs bench chaos chaos-cluster simulate clean
 
 install: $(STAMP)
 
@@ -42,8 +42,9 @@ test-fast: install  ## pure-logic tests only, no services
 
 # mypy checks the package as it is installed: a throw-away tree where
 # webhook_ingest/ingress is ingress/ and so on (the package-dir mapping).
-lint: install  ## ruff and mypy (a few seconds)
+lint: install  ## ruff (rules and format) and mypy (a few seconds)
 	$(BIN)/ruff check --quiet .
+	$(BIN)/ruff format --check --quiet .
 	@tree=$$(mktemp -d) && mkdir $$tree/webhook_ingest \
 	  && ln -s $(CURDIR)/webhook_ingest/* $$tree/webhook_ingest/ \
 	  && for folder in ingress workers shared; do ln -s $(CURDIR)/$$folder $$tree/webhook_ingest/$$folder; done \
@@ -53,6 +54,10 @@ lint: install  ## ruff and mypy (a few seconds)
 
 docs: install  ## rewrite the generated tables of docs/reference.md from the code
 	$(BIN)/python -m tests.support.reference_docs
+
+format: install  ## sort imports and format the code as `make lint` checks it
+	$(BIN)/ruff check --select I --fix --quiet .
+	$(BIN)/ruff format --quiet .
 
 # BENCH_ARGS passes options (python -m tests.bench --help): --phase slow, --peers (the Celery stack beside ours).
 bench: install  ## throughput/latency figures and ratios against the raw broker and the durable floor

@@ -33,6 +33,7 @@ from webhook_ingest.ingress.failure_budget import failure_budget_key
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.ingress.tokens import may_change, role_of
 from webhook_ingest.shared.archived_events import InvalidFilter, parse_text
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import (
     STATUSES,
     Actor,
@@ -44,7 +45,6 @@ from webhook_ingest.shared.dead_letters import (
     summary,
     to_json,
 )
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
@@ -135,8 +135,9 @@ async def replay_route(request: web.Request) -> web.Response:
     if not publisher.ready or channel is None:
         return error(503, "broker_unavailable", {"Retry-After": "5"})
     try:
-        done = await _store(request).replay(channel, request.config_dict[settings_key].namespace,
-                                            ids=[dead_letter_id], actor=_actor(request))
+        done = await _store(request).replay(
+            channel, request.config_dict[settings_key].namespace, ids=[dead_letter_id], actor=_actor(request)
+        )
     except ReplayInterrupted as exc:
         log.warning("dead_letter_replay_failed", dead_letter_id=dead_letter_id, error=str(exc))
         return error(503, "broker_unavailable", {"Retry-After": "5"})
@@ -208,7 +209,6 @@ def parse_path_id(request: web.Request) -> int:
     return parsed
 
 
-
 def _store(request: web.Request) -> DeadLetterStore:
     return request.config_dict[dead_letters_key]
 
@@ -219,4 +219,3 @@ async def _summary_of(request: web.Request, dead_letter_id: int) -> web.Response
 
 def json_document(status: int, document: object) -> web.Response:
     return web.Response(status=status, body=to_json(document), content_type="application/json")
-

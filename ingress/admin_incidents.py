@@ -52,8 +52,9 @@ async def show_route(request: web.Request) -> web.Response:
         document = incident_document(await store.get(incident_id))
     except IncidentNotFound:
         return error(404, "not_found")
-    history = [{"state": h["state"], "actor": h["actor"], "at": h["at"].isoformat()}
-               for h in await store.history(incident_id)]
+    history = [
+        {"state": h["state"], "actor": h["actor"], "at": h["at"].isoformat()} for h in await store.history(incident_id)
+    ]
     events = [event_document(row) for row in await store.events(incident_id)]
     return json_document(200, {**document, "history": history, "events": events})
 
@@ -82,7 +83,8 @@ async def replay_route(request: web.Request) -> web.Response:
         return error(503, "broker_unavailable", {"Retry-After": "5"})
     try:
         done = await request.config_dict[dead_letters_key].replay(
-            publisher.channel, request.config_dict[settings_key].namespace, ids=ids, actor=_actor(request))
+            publisher.channel, request.config_dict[settings_key].namespace, ids=ids, actor=_actor(request)
+        )
     except ReplayInterrupted as exc:
         log.warning("incident_replay_failed", error=str(exc))
         return error(503, "broker_unavailable", {"Retry-After": "5"})

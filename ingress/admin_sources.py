@@ -1,8 +1,8 @@
 """The admin API's paused sources (docs/reference.md §8.3).
 
-    GET  /admin/sources                 each source: paused (by whom, since), events waiting parked
-    POST /admin/sources/{name}/pause
-    POST /admin/sources/{name}/resume
+GET  /admin/sources                 each source: paused (by whom, since), events waiting parked
+POST /admin/sources/{name}/pause
+POST /admin/sources/{name}/resume
 """
 
 from aiohttp import web
@@ -29,10 +29,16 @@ async def source_states(request: web.Request) -> list[dict]:
     namespace = request.config_dict[settings_key].namespace
     queues = [topology.paused_queue(namespace, name) for name in names]
     depths = dict(await topology.queue_depths(request.config_dict[settings_key].amqp_url, queues, "admin-sources"))
-    return [{"name": name, "paused": name in paused,
-             "paused_by": paused[name]["paused_by"] if name in paused else None,
-             "paused_at": paused[name]["paused_at"].isoformat() if name in paused else None,
-             "waiting": depths[queue]} for name, queue in zip(names, queues)]
+    return [
+        {
+            "name": name,
+            "paused": name in paused,
+            "paused_by": paused[name]["paused_by"] if name in paused else None,
+            "paused_at": paused[name]["paused_at"].isoformat() if name in paused else None,
+            "waiting": depths[queue],
+        }
+        for name, queue in zip(names, queues)
+    ]
 
 
 async def list_route(request: web.Request) -> web.Response:

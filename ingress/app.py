@@ -9,10 +9,10 @@ from aiohttp import web
 
 from webhook_ingest.ingress import health, webhooks
 from webhook_ingest.ingress.admin import setup_admin
-from webhook_ingest.ingress.archive import archive_ctx
 from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
-from webhook_ingest.ingress.limits import handler_args, setup_limits
+from webhook_ingest.ingress.archive import archive_ctx
 from webhook_ingest.ingress.database import database_ctx
+from webhook_ingest.ingress.limits import handler_args, setup_limits
 from webhook_ingest.ingress.publisher import Publisher
 from webhook_ingest.ingress.redis_client import done_markers_ctx, redis_ctx
 from webhook_ingest.ingress.relay import relay_ctx
@@ -28,7 +28,8 @@ log = get_logger(__name__)
 
 def create_app(settings: Settings, sources: dict[str, Source], connection_name: str = "ingress") -> web.Application:
     app = web.Application(
-        client_max_size=max(s.max_body_bytes for s in sources.values()) + 1, handler_args=handler_args(settings),
+        client_max_size=max(s.max_body_bytes for s in sources.values()) + 1,
+        handler_args=handler_args(settings),
         middlewares=tracing.server_middlewares(),  # a request's span, when tracing is on
     )
     drop_client_protocol_errors()
@@ -57,8 +58,13 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
 def _publisher_ctx(connection_name: str):
     async def publisher_ctx(app: web.Application) -> AsyncIterator[None]:
         settings = app[settings_key]
-        publisher = Publisher(settings.amqp_url, settings.namespace, settings.delivery_limit, connection_name,
-                              max_waiting=max(1, settings.max_concurrent_requests // 2))
+        publisher = Publisher(
+            settings.amqp_url,
+            settings.namespace,
+            settings.delivery_limit,
+            connection_name,
+            max_waiting=max(1, settings.max_concurrent_requests // 2),
+        )
         publisher.start()
         app[publisher_key] = publisher
         yield

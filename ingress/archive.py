@@ -56,8 +56,10 @@ class Arrivals:
         return self._upkeep.sizes
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._upkeep.run(), name="archive-upkeep"),
-                       asyncio.create_task(self._writer.run(), name="archive-arrivals")]
+        self._tasks = [
+            asyncio.create_task(self._upkeep.run(), name="archive-upkeep"),
+            asyncio.create_task(self._writer.run(), name="archive-arrivals"),
+        ]
 
     async def close(self) -> None:
         await self._writer.flush(FLUSH_SECONDS)

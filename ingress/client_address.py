@@ -127,8 +127,9 @@ def forwarded_proto(peer: Address | None, headers: CIMultiDictProxy[str], truste
     return proto
 
 
-def client_of(peer: Address | None, headers: CIMultiDictProxy[str], header: str,
-              trusted: Sequence[Network]) -> Address | None:
+def client_of(
+    peer: Address | None, headers: CIMultiDictProxy[str], header: str, trusted: Sequence[Network]
+) -> Address | None:
     """The client of a request from `peer` carrying `headers`."""
     if not is_within(peer, trusted):
         return peer

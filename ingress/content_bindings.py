@@ -76,8 +76,15 @@ class ContentBindings:
         self._skip_until = 0.0
         self._bind = client.register_script(_BIND_LUA)
 
-    async def first_key(self, source: str, scheme: str, signed_content: bytes, key: str, event_type: str | None,
-                        ignored_by: str | None = None) -> str | None:
+    async def first_key(
+        self,
+        source: str,
+        scheme: str,
+        signed_content: bytes,
+        key: str,
+        event_type: str | None,
+        ignored_by: str | None = None,
+    ) -> str | None:
         """The key `signed_content` was first accepted under, when this (key, type) is not one it was
         bound to, or came with another ignore decision (`ignored_by`: the rule, for a source whose rules
         read an unsigned header; see the module's docstring); None when it is (bound now, or before), or
@@ -86,9 +93,15 @@ class ContentBindings:
             return None
         name = f"{self._prefix}{source}:{hashlib.sha256(signed_content).hexdigest()}"
         try:
-            bound = await self._bind(keys=[name], args=[orjson.dumps(event_type), orjson.dumps([key, ignored_by]),
-                                                        self._window,
-                                                        MAX_TYPES if scheme in SEVERAL_TYPES else 1])
+            bound = await self._bind(
+                keys=[name],
+                args=[
+                    orjson.dumps(event_type),
+                    orjson.dumps([key, ignored_by]),
+                    self._window,
+                    MAX_TYPES if scheme in SEVERAL_TYPES else 1,
+                ],
+            )
         except REDIS_ERRORS as exc:
             self._skip_until = time.monotonic() + RETRY_AFTER
             log.warning("content_binding_failed", error=describe(exc), retry_in=RETRY_AFTER)

@@ -22,8 +22,12 @@ IDLE_SECONDS = 30.0  # the connections an outage's outbox inserts opened are clo
 async def database_ctx(app: web.Application) -> AsyncIterator[None]:
     """aiohttp cleanup_ctx: the pool exists for the application's lifetime."""
     settings = app[settings_key]
-    pool = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=settings.ingress_connections,
-                                     max_inactive_connection_lifetime=IDLE_SECONDS)
+    pool = await asyncpg.create_pool(
+        settings.database_url,
+        min_size=0,
+        max_size=settings.ingress_connections,
+        max_inactive_connection_lifetime=IDLE_SECONDS,
+    )
     app[database_pool_key] = pool
     yield
     await close_pool(pool)  # within 2 s, whatever the server does

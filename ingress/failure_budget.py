@@ -29,18 +29,19 @@ import math
 
 from aiohttp import web
 
-from webhook_ingest.shared.ratelimit import LocalBuckets
 from webhook_ingest.ingress.client_address import client_key
 from webhook_ingest.ingress.refusals import RefusalLog
 from webhook_ingest.ingress.responses import Rejected, error
+from webhook_ingest.shared.ratelimit import LocalBuckets
 
 FAILURES_BURST = 20
 FAILURES_PER_SECOND = 1.0
 
 
 class FailureBudget:
-    def __init__(self, burst: int = FAILURES_BURST, per_second: float = FAILURES_PER_SECOND,
-                 refusals: RefusalLog | None = None):
+    def __init__(
+        self, burst: int = FAILURES_BURST, per_second: float = FAILURES_PER_SECOND, refusals: RefusalLog | None = None
+    ):
         self._buckets = LocalBuckets()
         self._refusals = refusals or RefusalLog()
         self._burst = burst

@@ -35,6 +35,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 def metrics_for(allowed: Sequence[Network]) -> Callable[[web.Request], Awaitable[web.Response]]:
     """`GET /metrics` for clients within `allowed`; 403 `forbidden_client_ip` to any other."""
+
     async def metrics_endpoint(request: web.Request) -> web.Response:
         if not is_within(parse_address(request.remote), allowed):
             return error(403, "forbidden_client_ip")

@@ -19,13 +19,13 @@ from typing import TypeVar
 from aiohttp import hdrs, web
 
 from webhook_ingest.ingress.appkeys import settings_key
-from webhook_ingest.ingress.failure_budget import FailureBudget, failure_budget_key
 from webhook_ingest.ingress.client_address import is_within, parse_address, setup_client_address
 from webhook_ingest.ingress.content_encoding import UndecodableBody, decoder_for
+from webhook_ingest.ingress.failure_budget import FailureBudget, failure_budget_key
 from webhook_ingest.ingress.ratelimit import SignInThrottle
 from webhook_ingest.ingress.refusals import RefusalLog, refusal_log_key
-from webhook_ingest.ingress.slots import PROMPT_BODY_SECONDS, Slot, Slots, slots_key
 from webhook_ingest.ingress.responses import Rejected, error
+from webhook_ingest.ingress.slots import PROMPT_BODY_SECONDS, Slot, Slots, slots_key
 from webhook_ingest.shared import metrics, ratelimit
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.ratelimit import RateLimiter

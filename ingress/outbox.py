@@ -18,8 +18,8 @@ import asyncpg
 from pamqp import decode, encode
 
 from webhook_ingest.shared import tracing
-from webhook_ingest.shared.group_commit import GroupCommit
 from webhook_ingest.shared.errors import ServiceUnavailable, describe
+from webhook_ingest.shared.group_commit import GroupCommit
 from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp
 from webhook_ingest.shared.queries import load_queries
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS

@@ -52,8 +52,9 @@ class Patience:
         return min(LONGEST, max(SHORTEST, FACTOR * slowest))
 
 
-async def until_done_or_silent(publishing: asyncio.Future, suspicion: asyncio.Future, patience: float,
-                               last_confirm: Callable[[], float]) -> None:
+async def until_done_or_silent(
+    publishing: asyncio.Future, suspicion: asyncio.Future, patience: float, last_confirm: Callable[[], float]
+) -> None:
     """Waits until `publishing` or `suspicion` is done, or until the broker
     has been silent for `patience`: no confirm of any publish (`last_confirm`,
     a time.monotonic()) since this wait began or since the latest one. A

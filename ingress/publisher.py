@@ -51,8 +51,14 @@ class GivenUp(BrokerUnavailable):
 
 
 class Publisher:
-    def __init__(self, amqp_url: str, namespace: str, delivery_limit: int, connection_name: str = "ingress",
-                 max_waiting: int | None = None):
+    def __init__(
+        self,
+        amqp_url: str,
+        namespace: str,
+        delivery_limit: int,
+        connection_name: str = "ingress",
+        max_waiting: int | None = None,
+    ):
         self._amqp_url = amqp_url
         self._namespace = namespace
         self._delivery_limit = delivery_limit
@@ -153,8 +159,9 @@ class Publisher:
         instrumentation of the exchange traces it."""
         if tracing.is_on():
             return topology.publish(self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT)
-        return topology.publish_properties(self._open_channel, event.body, amqp_properties(event), self.queue_name,
-                                           timeout=PUBLISH_TIMEOUT)
+        return topology.publish_properties(
+            self._open_channel, event.body, amqp_properties(event), self.queue_name, timeout=PUBLISH_TIMEOUT
+        )
 
     async def _confirmed(self, publishing: Awaitable[None]) -> None:
         try:
@@ -175,8 +182,11 @@ class Publisher:
         if publishing.done():
             return publishing.result()
         publishing.add_done_callback(_ignore_outcome)
-        raise asyncio.TimeoutError(f"no confirm for {patience * 1000:.0f} ms" if not self._suspicion.done()
-                                   else "another publish went unconfirmed")
+        raise asyncio.TimeoutError(
+            f"no confirm for {patience * 1000:.0f} ms"
+            if not self._suspicion.done()
+            else "another publish went unconfirmed"
+        )
 
     def _learn(self, started: float, publishing: asyncio.Future) -> None:
         """Every confirm of a live publish teaches the patience, also one
@@ -216,12 +226,18 @@ class Publisher:
         try:
             await asyncio.wait_for(
                 topology.ensure_events_queue(self._open_connection, self._namespace, self._delivery_limit),
-                PUBLISH_TIMEOUT)
-            await asyncio.wait_for(self._open_channel.declare_queue(
-                self._probe_queue, durable=True, arguments=PROBE_QUEUE_ARGUMENTS), PUBLISH_TIMEOUT)
-            await asyncio.wait_for(self._open_channel.default_exchange.publish(  # bounded also while reconnecting
-                aio_pika.Message(b""), routing_key=self._probe_queue, timeout=PUBLISH_TIMEOUT
-            ), PUBLISH_TIMEOUT)
+                PUBLISH_TIMEOUT,
+            )
+            await asyncio.wait_for(
+                self._open_channel.declare_queue(self._probe_queue, durable=True, arguments=PROBE_QUEUE_ARGUMENTS),
+                PUBLISH_TIMEOUT,
+            )
+            await asyncio.wait_for(
+                self._open_channel.default_exchange.publish(  # bounded also while reconnecting
+                    aio_pika.Message(b""), routing_key=self._probe_queue, timeout=PUBLISH_TIMEOUT
+                ),
+                PUBLISH_TIMEOUT,
+            )
         except BROKER_ERRORS as exc:
             log.info("broker_probe_failed", error=describe(exc))
             return False

@@ -25,7 +25,9 @@ CONNECT_TIMEOUT_SECONDS = 0.5  # a new pooled connection: rare, and slower on a 
 
 def connect(url: str) -> redis.Redis:
     return redis.from_url(
-        url, socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        url,
+        socket_timeout=TIMEOUT_SECONDS,
+        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
         retry=Retry(NoBackoff(), 0),
     )
 

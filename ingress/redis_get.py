@@ -47,14 +47,14 @@ class ReplyParser:
         if kind == b"$":
             length = int(line)
             if length < 0:
-                del self._buffer[:end + 2]
+                del self._buffer[: end + 2]
                 return None
             if len(self._buffer) < end + 2 + length + 2:
                 return _INCOMPLETE
-            value = bytes(self._buffer[end + 2:end + 2 + length])
-            del self._buffer[:end + 2 + length + 2]
+            value = bytes(self._buffer[end + 2 : end + 2 + length])
+            del self._buffer[: end + 2 + length + 2]
             return value
-        del self._buffer[:end + 2]
+        del self._buffer[: end + 2]
         if kind == b"+":
             return line
         if kind == b"-":
@@ -129,8 +129,16 @@ def _command(args: tuple[bytes, ...]) -> bytes:
 class GetPipeline:
     MAX_WAITING = 10_000  # more unanswered GETs than this: the connection is stuck; start again
 
-    def __init__(self, host: str, port: int, db: int, username: str | None, password: str | None,
-                 timeout: float, connect_timeout: float):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        db: int,
+        username: str | None,
+        password: str | None,
+        timeout: float,
+        connect_timeout: float,
+    ):
         self._address = (host, port)
         self._login = [*([username.encode()] if username else []), password.encode()] if password else None
         self._db = db
@@ -186,5 +194,12 @@ def connect_get(url: str, timeout: float, connect_timeout: float) -> GetPipeline
     options = parse_url(url)
     if not url.startswith("redis://") or "connection_class" in options or "path" in options:
         return None
-    return GetPipeline(options.get("host", "localhost"), options.get("port", 6379), options.get("db", 0),
-                       options.get("username"), options.get("password"), timeout, connect_timeout)
+    return GetPipeline(
+        options.get("host", "localhost"),
+        options.get("port", 6379),
+        options.get("db", 0),
+        options.get("username"),
+        options.get("password"),
+        timeout,
+        connect_timeout,
+    )

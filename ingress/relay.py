@@ -112,10 +112,14 @@ class Relay:
         that were confirmed before the broker failed."""
         async with pooled(self._outbox.pool, TIMEOUT_SECONDS) as connection, connection.transaction():
             if self._unreadable:
-                self._unreadable = set(await connection.fetchval(QUERIES["outbox_rows_left"], list(self._unreadable),
-                                                                 timeout=TIMEOUT_SECONDS))
-            rows = await connection.fetch(QUERIES["claim_outbox_batch"], self._batch_size, list(self._unreadable),
-                                          timeout=TIMEOUT_SECONDS)
+                self._unreadable = set(
+                    await connection.fetchval(
+                        QUERIES["outbox_rows_left"], list(self._unreadable), timeout=TIMEOUT_SECONDS
+                    )
+                )
+            rows = await connection.fetch(
+                QUERIES["claim_outbox_batch"], self._batch_size, list(self._unreadable), timeout=TIMEOUT_SECONDS
+            )
             confirmed, failure = await self._publish(rows)
             metrics.outbox_unreadable.set(len(self._unreadable))
             if confirmed:

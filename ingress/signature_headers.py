@@ -39,5 +39,6 @@ def hide(headers: Any, names: frozenset[str]) -> Any:
     """`headers` (a name -> value object, as stored) with the values of `names` hidden; anything else as it is."""
     if not names or not isinstance(headers, dict):
         return headers
-    return {name: HIDDEN if isinstance(name, str) and name.lower() in names else value
-            for name, value in headers.items()}
+    return {
+        name: HIDDEN if isinstance(name, str) and name.lower() in names else value for name, value in headers.items()
+    }

@@ -21,20 +21,31 @@ import time
 
 from aiohttp import web
 
+from webhook_ingest.ingress.appkeys import (
+    content_bindings_key,
+    done_markers_key,
+    outbox_key,
+    publisher_key,
+    sources_key,
+)
 from webhook_ingest.ingress.archive import arrivals_key
-from webhook_ingest.ingress.appkeys import (content_bindings_key, done_markers_key, outbox_key, publisher_key,
-                                           sources_key)
 from webhook_ingest.ingress.failure_budget import failure_budget_key
 from webhook_ingest.ingress.limits import check_client_address, check_rate_limit, read_body_within
 from webhook_ingest.ingress.outbox import OutboxUnavailable
 from webhook_ingest.ingress.publisher import GivenUp, Publisher
-from webhook_ingest.ingress.slots import Slot, slots_key
-from webhook_ingest.shared.errors import BrokerUnavailable
 from webhook_ingest.ingress.responses import Rejected, error, json_response
+from webhook_ingest.ingress.slots import Slot, slots_key
 from webhook_ingest.shared import event_id, event_type, metrics, payloads, storable_json, tracing
+from webhook_ingest.shared.errors import BrokerUnavailable
 from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.message import (MAX_EVENT_ID_BYTES, EventMessage, headers_fit, new_arrival, provider_headers,
-                                           utf8_text)
+from webhook_ingest.shared.message import (
+    MAX_EVENT_ID_BYTES,
+    EventMessage,
+    headers_fit,
+    new_arrival,
+    provider_headers,
+    utf8_text,
+)
 from webhook_ingest.shared.signatures import SignatureError, Verified
 from webhook_ingest.shared.sources import Source
 
@@ -104,22 +115,33 @@ async def _queued(request: web.Request, source: Source, body: bytes, verified: V
 NO_ROUTE = "no route"  # the `rule` of an event no route of its source takes
 
 
-async def _bound_elsewhere(request: web.Request, source: Source, event: EventMessage, payload: dict,
-                           verified: Verified, unsigned_id: bool, rule: str | None) -> str | None:
+async def _bound_elsewhere(
+    request: web.Request,
+    source: Source,
+    event: EventMessage,
+    payload: dict,
+    verified: Verified,
+    unsigned_id: bool,
+    rule: str | None,
+) -> str | None:
     """When the id, the type or an ignore rule read a header the signature does not cover, or the signature
     covers less than the body as sent (a Twilio form: several forms sign alike): the key this
     signed content was first accepted under, if that is another key under its type, or this key under
     another type or another ignore decision (ingress/content_bindings.py)."""
     kind = event_id.resolve_with(source.event_type_selectors, event.headers, payload)
     unsigned_rules = source.ignore.read_unsigned_headers(verified.signed_headers)
-    if not unsigned_id and not unsigned_rules and verified.signed_content is None and (
-            kind is None or not event_id.reads_unsigned_header(kind[1], verified.signed_headers)):
+    if (
+        not unsigned_id
+        and not unsigned_rules
+        and verified.signed_content is None
+        and (kind is None or not event_id.reads_unsigned_header(kind[1], verified.signed_headers))
+    ):
         return None  # id, type and rules signed (or none): a replay is the same key, a duplicate as any copy
     signed_content = event.body if verified.signed_content is None else verified.signed_content
     type_name = None if kind is None else event_type.resolve(source.event_type_selectors, event.headers, payload)
-    return await request.app[content_bindings_key].first_key(source.name, source.scheme, signed_content, event.key,
-                                                             type_name,
-                                                             rule if unsigned_rules else None)
+    return await request.app[content_bindings_key].first_key(
+        source.name, source.scheme, signed_content, event.key, type_name, rule if unsigned_rules else None
+    )
 
 
 def _slack_challenge(source: Source, payload: object) -> str | None:
@@ -215,8 +237,9 @@ def _parse_json(body: bytes) -> dict:
     return payload
 
 
-def _build_event(source: Source, request: web.Request, body: bytes, payload: dict, verified: Verified,
-                 as_form: bool) -> tuple[EventMessage, bool]:
+def _build_event(
+    source: Source, request: web.Request, body: bytes, payload: dict, verified: Verified, as_form: bool
+) -> tuple[EventMessage, bool]:
     """The event, and whether its id was read from a header the signature does not cover."""
     payload_hash = event_id.payload_sha256(payload, source.hash_fields)
     resolved_id, unsigned_id = _event_id(source, request, payload, payload_hash, verified)
@@ -243,11 +266,13 @@ def _credential_headers(source: Source) -> frozenset[str]:
     return frozenset({header.lower()}) if header else frozenset()
 
 
-def _event_id(source: Source, request: web.Request, payload: dict, payload_hash: str,
-              verified: Verified) -> tuple[str, bool]:
+def _event_id(
+    source: Source, request: web.Request, payload: dict, payload_hash: str, verified: Verified
+) -> tuple[str, bool]:
     """The event id, and whether it was read from a header the signature does not cover."""
-    headers = event_id.SignedHeaders(request.headers, verified.signed_headers) if verified.signed_headers \
-        else request.headers
+    headers = (
+        event_id.SignedHeaders(request.headers, verified.signed_headers) if verified.signed_headers else request.headers
+    )
     resolved = event_id.resolve_with(source.event_id_selectors, headers, payload)
     if resolved is None:
         if not source.fallback_hash:

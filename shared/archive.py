@@ -30,7 +30,15 @@ _NAME_CHARS = re.compile(r"[^a-z0-9]+")
 
 # Statuses a row stores (`processing` is not stored: a queued row whose key's lease is held).
 QUEUED, RETRYING, PROCESSED, DEAD, DISCARDED, CONFLICT, DUPLICATE, IGNORED = (
-    "queued", "retrying", "processed", "dead", "discarded", "conflict", "duplicate", "ignored")
+    "queued",
+    "retrying",
+    "processed",
+    "dead",
+    "discarded",
+    "conflict",
+    "duplicate",
+    "ignored",
+)
 
 
 def parse_retention(text: str) -> timedelta:
@@ -79,18 +87,42 @@ def row_key(row: tuple) -> tuple:
     return row[:4]
 
 
-def arrival_row(event: EventMessage, event_type: str | None, headers_json: str, status: str,
-                ignore_rule: str | None = None) -> tuple:
+def arrival_row(
+    event: EventMessage, event_type: str | None, headers_json: str, status: str, ignore_rule: str | None = None
+) -> tuple:
     """The ingress's row, in the columns of `archive_arrivals`; `ignore_rule` only with IGNORED."""
-    return (event.source, event.key, received_ms(event), event.arrival, event.event_id, event_type,
-            event.payload_sha256, event.body, headers_json, status, ignore_rule)
+    return (
+        event.source,
+        event.key,
+        received_ms(event),
+        event.arrival,
+        event.event_id,
+        event_type,
+        event.payload_sha256,
+        event.body,
+        headers_json,
+        status,
+        ignore_rule,
+    )
 
 
 def outcome_row(event: EventMessage, status: str, at: float, error: str | None = None) -> tuple:
     """A worker's row, in the columns of `archive_outcomes`; `at` in unix seconds. A route's
     run is noted under its event's key, with its route: its completion's key is KEY#ROUTE."""
-    return (event.source, event.key, received_ms(event), event.arrival, event.event_id, event.payload_sha256, status,
-            event.replay_of, event.attempt, error, round(at * 1000), event.route or None)
+    return (
+        event.source,
+        event.key,
+        received_ms(event),
+        event.arrival,
+        event.event_id,
+        event.payload_sha256,
+        status,
+        event.replay_of,
+        event.attempt,
+        error,
+        round(at * 1000),
+        event.route or None,
+    )
 
 
 def rounds(rows: list[tuple]) -> list[list[tuple]]:

@@ -64,8 +64,20 @@ def settled(rows: Iterable[Mapping]) -> list[tuple]:
         status, attempts, completed_at = end
         if status == PROCESSED:
             processed.add(named)
-        writes.append((row["source"], row["key"], row["received_at"], row["arrival"], row["status"], row["attempts"],
-                       status, attempts, completed_at, row["replay_of"]))
+        writes.append(
+            (
+                row["source"],
+                row["key"],
+                row["received_at"],
+                row["arrival"],
+                row["status"],
+                row["attempts"],
+                status,
+                attempts,
+                completed_at,
+                row["replay_of"],
+            )
+        )
     return writes
 
 

@@ -58,8 +58,9 @@ class ArchiveStore:
         routes' keys) puts a count's estimate past jit_above_cost, where
         compiling it cost 100-400 ms. SET LOCAL: gone with the transaction."""
         async with self._connection() as connection, connection.transaction(readonly=True):
-            await connection.execute("SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL jit = off",
-                                     timeout=STATEMENT_SECONDS)
+            await connection.execute(
+                "SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL jit = off", timeout=STATEMENT_SECONDS
+            )
             yield connection
 
     async def write_arrivals(self, rows: list[tuple]) -> None:
@@ -75,8 +76,13 @@ class ArchiveStore:
             for batch in archive.rounds(rows):
                 await connection.execute(statement, *archive.columns(batch), *more, timeout=STATEMENT_SECONDS)
 
-    async def settle(self, grace_seconds: float, routes: Mapping[str, list[str]], after: Cursor | None = None,
-                     limit: int = SETTLE_PAGE) -> tuple[int, Cursor | None]:
+    async def settle(
+        self,
+        grace_seconds: float,
+        routes: Mapping[str, list[str]],
+        after: Cursor | None = None,
+        limit: int = SETTLE_PAGE,
+    ) -> tuple[int, Cursor | None]:
         """One page of the settling sweep (shared/archive_settling.py): the
         unsettled rows older than the grace after the row `after` (in the
         order of their whole name, the receive time first), each brought to
@@ -92,18 +98,36 @@ class ArchiveStore:
                 # alone and sort each time's rows: a burst stamped with one millisecond read whole
                 # (200,000 rows: 150 ms against 2, docs/performance.md). SET LOCAL: gone with the transaction.
                 await connection.execute("SET LOCAL enable_incremental_sort = off", timeout=STATEMENT_SECONDS)
-                rows = await connection.fetch(SQL["archive_unsettled"], grace_seconds, start[0], limit, sources,
-                                              route_names, *start[1:], timeout=STATEMENT_SECONDS)
+                rows = await connection.fetch(
+                    SQL["archive_unsettled"],
+                    grace_seconds,
+                    start[0],
+                    limit,
+                    sources,
+                    route_names,
+                    *start[1:],
+                    timeout=STATEMENT_SECONDS,
+                )
             writes = archive_settling.settled(rows)
             done = "UPDATE 0"
             if writes:
                 received = [write[2] for write in writes]
-                done = await connection.execute(SQL["archive_settle"], *archive.columns(writes), min(received),
-                                                max(received), timeout=STATEMENT_SECONDS)
+                done = await connection.execute(
+                    SQL["archive_settle"],
+                    *archive.columns(writes),
+                    min(received),
+                    max(received),
+                    timeout=STATEMENT_SECONDS,
+                )
         return int(done.split()[-1]), Cursor.below(rows[-1]) if len(rows) == limit else None
 
-    async def settle_named(self, grace_seconds: float, lookback_seconds: float, after: NamedCursor | None = None,
-                           limit: int = SETTLE_NAMED_PAGE) -> tuple[int, NamedCursor | None, bool]:
+    async def settle_named(
+        self,
+        grace_seconds: float,
+        lookback_seconds: float,
+        after: NamedCursor | None = None,
+        limit: int = SETTLE_NAMED_PAGE,
+    ) -> tuple[int, NamedCursor | None, bool]:
         """One page of completions, after `after` (None: from `lookback_seconds`
         before the grace), whose named arrivals still archived `duplicate` or
         `conflict` are made `processed` (`archive_settle_named`): a note
@@ -112,8 +136,9 @@ class ArchiveStore:
         `after` when none was read; whether the page was full)."""
         start = after or (None, None)
         async with self._connection() as connection:
-            row = await connection.fetchrow(SQL["archive_settle_named"], *start, grace_seconds, limit,
-                                            lookback_seconds, timeout=STATEMENT_SECONDS)
+            row = await connection.fetchrow(
+                SQL["archive_settle_named"], *start, grace_seconds, limit, lookback_seconds, timeout=STATEMENT_SECONDS
+            )
         last = (row["completed_at"], row["key"]) if row["key"] is not None else after
         return row["settled"], last, row["read"] == limit
 
@@ -127,15 +152,18 @@ class ArchiveStore:
         if not completions:
             return 0
         async with self._connection() as connection:
-            rows = await connection.fetch(SQL["archive_unsettled_of_pruned"],
-                                          *([row[name] for row in completions] for name in PRUNED_COLUMNS),
-                                          timeout=STATEMENT_SECONDS)
+            rows = await connection.fetch(
+                SQL["archive_unsettled_of_pruned"],
+                *([row[name] for row in completions] for name in PRUNED_COLUMNS),
+                timeout=STATEMENT_SECONDS,
+            )
             writes = archive_settling.settled(rows)
             if not writes:
                 return 0
             received = [write[2] for write in writes]
-            done = await connection.execute(SQL["archive_settle"], *archive.columns(writes), min(received),
-                                            max(received), timeout=STATEMENT_SECONDS)
+            done = await connection.execute(
+                SQL["archive_settle"], *archive.columns(writes), min(received), max(received), timeout=STATEMENT_SECONDS
+            )
         return int(done.split()[-1])
 
     async def keep(self, retentions: Mapping[str, timedelta], now: datetime | None = None) -> tuple[int, int]:
@@ -151,35 +179,50 @@ class ArchiveStore:
             async with self._connection() as connection:
                 # the session's: a pooled session's reset forgets it, the workers' archive pool is the archive's own
                 await connection.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'", timeout=STATEMENT_SECONDS)
-                row = await connection.fetchrow(SQL["archive_keep"], source, archive.source_table(source), keep_from,
-                                                make_from, make_until, timeout=STATEMENT_SECONDS)
+                row = await connection.fetchrow(
+                    SQL["archive_keep"],
+                    source,
+                    archive.source_table(source),
+                    keep_from,
+                    make_from,
+                    make_until,
+                    timeout=STATEMENT_SECONDS,
+                )
             made, dropped = made + row["made"], dropped + row["dropped"]
         return made, dropped
 
     async def sizes(self, sources: list[str]) -> dict[str, int]:
         """Bytes on disk of each source's archive."""
         async with self._connection() as connection:
-            rows = await connection.fetch(SQL["archive_sizes"], sources,
-                                          [archive.source_table(source) for source in sources],
-                                          timeout=STATEMENT_SECONDS)
+            rows = await connection.fetch(
+                SQL["archive_sizes"],
+                sources,
+                [archive.source_table(source) for source in sources],
+                timeout=STATEMENT_SECONDS,
+            )
         return {row["source"]: row["bytes"] for row in rows}
-
 
     # -- reading (shared/archived_events.py: the filter and the documents) ----------
 
-    async def search(self, where: EventFilter, after: Cursor | None = None,
-                     limit: int = archived_events.DEFAULT_LIMIT,
-                     routes: SourceRoutes = NO_ROUTES) -> list[asyncpg.Record]:
+    async def search(
+        self,
+        where: EventFilter,
+        after: Cursor | None = None,
+        limit: int = archived_events.DEFAULT_LIMIT,
+        routes: SourceRoutes = NO_ROUTES,
+    ) -> list[asyncpg.Record]:
         """One page, newest first, below `after` (None: the newest); a
         routed event `processing` while one of `routes` (the sources file's)
         holds its lease."""
         below = (after.received_at, after.source, after.key, after.arrival) if after else (None,) * 4
         async with self._searching() as connection:
-            return await connection.fetch(SQL["search_archive"], *where.arguments(), *below, limit,
-                                          *routes.arguments(), timeout=STATEMENT_SECONDS)
+            return await connection.fetch(
+                SQL["search_archive"], *where.arguments(), *below, limit, *routes.arguments(), timeout=STATEMENT_SECONDS
+            )
 
-    async def export(self, where: EventFilter, page_size: int = EXPORT_PAGE,
-                     routes: SourceRoutes = NO_ROUTES) -> AsyncIterator[list[asyncpg.Record]]:
+    async def export(
+        self, where: EventFilter, page_size: int = EXPORT_PAGE, routes: SourceRoutes = NO_ROUTES
+    ) -> AsyncIterator[list[asyncpg.Record]]:
         """Every row the filter matches, newest first, in pages of
         `page_size` with their bodies and headers: one short statement a page
         (keyset, like `search`), so a selection of any size costs one page of
@@ -188,20 +231,28 @@ class ArchiveStore:
         while True:
             below = (after.received_at, after.source, after.key, after.arrival) if after else (None,) * 4
             async with self._searching() as connection:
-                rows = await connection.fetch(SQL["export_archive"], *where.arguments(), *below, page_size,
-                                              *routes.arguments(), timeout=STATEMENT_SECONDS)
+                rows = await connection.fetch(
+                    SQL["export_archive"],
+                    *where.arguments(),
+                    *below,
+                    page_size,
+                    *routes.arguments(),
+                    timeout=STATEMENT_SECONDS,
+                )
             if rows:
                 yield rows
             if len(rows) < page_size:
                 return
             after = Cursor.below(rows[-1])
 
-    async def count(self, where: EventFilter, cap: int = archived_events.COUNT_CAP,
-                    routes: SourceRoutes = NO_ROUTES) -> int:
+    async def count(
+        self, where: EventFilter, cap: int = archived_events.COUNT_CAP, routes: SourceRoutes = NO_ROUTES
+    ) -> int:
         """How many rows match, up to `cap`; `routes` as `search`'s."""
         async with self._searching() as connection:
-            return await connection.fetchval(SQL["count_archive"], *where.arguments(), cap, *routes.arguments(),
-                                             timeout=STATEMENT_SECONDS)
+            return await connection.fetchval(
+                SQL["count_archive"], *where.arguments(), cap, *routes.arguments(), timeout=STATEMENT_SECONDS
+            )
 
     async def event(self, key: str, routes: Sequence[str] = ()) -> dict | None:
         """Every arrival of `key` and what the pipeline recorded of it, each
@@ -220,8 +271,9 @@ class ArchiveStore:
             # the arrivals' event id (SOURCE:EVENT_ID's); it tells a route's completion from a plain
             # event's under the same key (docs/design.md, "Routes")
             event_id = arrivals[0]["event_id"] if arrivals else key.split(":", 1)[-1]
-            records = await connection.fetchrow(SQL["archived_event_records"], key, event_id, list(routes),
-                                                timeout=STATEMENT_SECONDS)
+            records = await connection.fetchrow(
+                SQL["archived_event_records"], key, event_id, list(routes), timeout=STATEMENT_SECONDS
+            )
         return arrivals, records
 
     async def copies(self, keys: list[str]) -> dict[str, tuple[int, int]]:
@@ -242,4 +294,3 @@ async def replayed(connection: asyncpg.Connection, dead_letter_id: int, replay_i
     in the replay's own transaction, so the replay's outcome — or, were it
     lost with its worker, the settling sweep — writes over it."""
     await connection.execute(SQL["archive_replayed"], dead_letter_id, replay_id)
-

@@ -79,8 +79,9 @@ class ArchiveUpkeep:
         self._replays = EventReplayStore(store.database)
         self._retentions = {name: source.retention for name, source in sources.items()}  # 0 too: its days go
         self._archived = [name for name, source in sources.items() if source.retention]
-        self._routes = {name: [route.name for route in source.routes] for name, source in sources.items()
-                        if source.routes}
+        self._routes = {
+            name: [route.name for route in source.routes] for name, source in sources.items() if source.routes
+        }
         self._settled_to: Cursor | None = None  # the row after which the next page of the sweep starts
         self._named_to: NamedCursor | None = None  # the completion after which settle_named reads on
         self.ready = asyncio.Event()
@@ -125,8 +126,7 @@ class ArchiveUpkeep:
         settled = 0
         try:
             for _ in range(SETTLE_PAGES):
-                page, self._settled_to = await self._store.settle(SETTLE_GRACE_SECONDS, self._routes,
-                                                                  self._settled_to)
+                page, self._settled_to = await self._store.settle(SETTLE_GRACE_SECONDS, self._routes, self._settled_to)
                 settled += page
                 if self._settled_to is None:
                     break
@@ -146,7 +146,8 @@ class ArchiveUpkeep:
         try:
             for _ in range(SETTLE_NAMED_PAGES):
                 page, self._named_to, full = await self._store.settle_named(
-                    SETTLE_GRACE_SECONDS, SETTLE_NAMED_LOOKBACK_SECONDS, self._named_to)
+                    SETTLE_GRACE_SECONDS, SETTLE_NAMED_LOOKBACK_SECONDS, self._named_to
+                )
                 settled += page
                 if not full:
                     break
@@ -164,8 +165,9 @@ class ArchiveUpkeep:
             for replay_id in await self._replays.to_prune(PRUNE_AFTER_SECONDS, PRUNE_STATEMENTS, PRUNE_AGAIN_SECONDS):
                 more = True
                 while more and statements < PRUNE_STATEMENTS:
-                    deleted, more = await self._replays.prune(replay_id, PRUNE_AFTER_SECONDS, PRUNE_PAGE,
-                                                              PRUNE_AGAIN_SECONDS)
+                    deleted, more = await self._replays.prune(
+                        replay_id, PRUNE_AFTER_SECONDS, PRUNE_PAGE, PRUNE_AGAIN_SECONDS
+                    )
                     pruned, statements = pruned + deleted, statements + 1
                 if statements >= PRUNE_STATEMENTS:
                     break

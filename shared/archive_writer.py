@@ -38,9 +38,14 @@ LINGER_SECONDS = 0.25  # well within the 2 s an arrival may take to be in the ar
 LOG_EVERY_SECONDS = 10.0
 # Postgres away or busy, not refusing the rows: they wait and are tried again.
 OUTAGES = (
-    OSError, asyncio.TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError, asyncpg.exceptions.InsufficientResourcesError,
-    asyncpg.ReadOnlySQLTransactionError, asyncpg.exceptions.TransactionRollbackError,
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.ReadOnlySQLTransactionError,
+    asyncpg.exceptions.TransactionRollbackError,
     asyncpg.exceptions.LockNotAvailableError,
 )
 
@@ -54,9 +59,16 @@ def is_outage(exc: BaseException) -> bool:
 
 
 class BatchedWriter:
-    def __init__(self, write: Write, name: str, max_rows: int, max_bytes: int | None = None,
-                 size: Callable[[tuple], int] = lambda row: 0, max_batch: int = MAX_BATCH,
-                 linger: float = LINGER_SECONDS):
+    def __init__(
+        self,
+        write: Write,
+        name: str,
+        max_rows: int,
+        max_bytes: int | None = None,
+        size: Callable[[tuple], int] = lambda row: 0,
+        max_batch: int = MAX_BATCH,
+        linger: float = LINGER_SECONDS,
+    ):
         self._write = write
         self._name = name  # what the rows are, in log lines: "arrivals", "outcomes"
         self._max_rows, self._max_bytes, self._size, self._max_batch = max_rows, max_bytes, size, max_batch
@@ -103,8 +115,13 @@ class BatchedWriter:
             except Exception as exc:  # noqa: BLE001 - only outages leave _write_refusing
                 self._give_back(batch)
                 pause = next(backoff)
-                log.warning("archive_write_waiting", rows=self._name, waiting=len(self._rows), error=describe(exc),
-                            retry_in=pause)
+                log.warning(
+                    "archive_write_waiting",
+                    rows=self._name,
+                    waiting=len(self._rows),
+                    error=describe(exc),
+                    retry_in=pause,
+                )
                 await asyncio.sleep(pause)
                 continue
             self._writing = 0
@@ -151,8 +168,9 @@ class BatchedWriter:
             if is_outage(exc):
                 raise
             if len(batch) == 1:
-                log.warning("archive_row_refused", rows=self._name, source=batch[0][0], key=batch[0][1],
-                            error=describe(exc))
+                log.warning(
+                    "archive_row_refused", rows=self._name, source=batch[0][0], key=batch[0][1], error=describe(exc)
+                )
                 self._drop("refused", 1)
                 return
             half = len(batch) // 2

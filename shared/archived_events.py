@@ -21,8 +21,17 @@ from webhook_ingest.shared.dead_letters import iso_utc
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.sources import Source
 
-STATUSES = (archive.QUEUED, "processing", archive.RETRYING, archive.PROCESSED, archive.DEAD, archive.DISCARDED,
-            archive.CONFLICT, archive.DUPLICATE, archive.IGNORED)
+STATUSES = (
+    archive.QUEUED,
+    "processing",
+    archive.RETRYING,
+    archive.PROCESSED,
+    archive.DEAD,
+    archive.DISCARDED,
+    archive.CONFLICT,
+    archive.DUPLICATE,
+    archive.IGNORED,
+)
 DEFAULT_LIMIT, MAX_LIMIT = 50, 1000
 COUNT_CAP = 10_000
 
@@ -183,16 +192,20 @@ def parse_payload(text: str | None) -> str | None:
     except ValueError as exc:  # UnicodeEncodeError (a lone surrogate) and NotStorable included
         if _holds_unstorable_text(text):
             raise InvalidFilter("payload", "a NUL or an unpaired surrogate cannot be searched for") from exc
-        raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}, whose numbers and text"
-                                       " Postgres can hold") from exc
+        raise InvalidFilter(
+            "payload", 'a JSON object such as {"customer": "cus_123"}, whose numbers and text Postgres can hold'
+        ) from exc
     if not isinstance(value, dict):
-        raise InvalidFilter("payload", "a JSON object such as {\"customer\": \"cus_123\"}")
+        raise InvalidFilter("payload", 'a JSON object such as {"customer": "cus_123"}')
     if not all(_storable(string) for string in _strings(value)) or not _storable(text):
         raise InvalidFilter("payload", "a NUL or an unpaired surrogate cannot be searched for")
     if not _names_a_value(value):
-        raise InvalidFilter("payload", "at least one value to look for (a string, number, true, false or null), such"
-                                       " as {\"customer\": \"cus_123\"}: empty objects and lists alone would read"
-                                       " every archived body")
+        raise InvalidFilter(
+            "payload",
+            "at least one value to look for (a string, number, true, false or null), such"
+            ' as {"customer": "cus_123"}: empty objects and lists alone would read'
+            " every archived body",
+        )
     return text
 
 
@@ -292,8 +305,10 @@ def page(rows: list, count: int | None, limit: int) -> dict:
 
 def arrival(row) -> dict:
     """One arrival on an event's page: its summary, what it carried."""
-    document = summary(row) | {"payload_sha256": row["payload_sha256"],
-                               "headers": json.loads(row["headers"]) if row["headers"] else None}
+    document = summary(row) | {
+        "payload_sha256": row["payload_sha256"],
+        "headers": json.loads(row["headers"]) if row["headers"] else None,
+    }
     body = bytes(row["body"]) if row["body"] is not None else None
     try:  # json, not orjson: integers wider than 64 bits stay exact
         document["payload"] = json.loads(body) if body is not None else None
@@ -308,9 +323,12 @@ def exported(row) -> dict:
     `payload` is the body parsed when it is JSON; otherwise (a form, bytes
     that are not UTF-8) `body_base64` holds the raw bytes, exactly. Both are
     null while the body is not archived yet."""
-    document = summary(row) | {"payload_sha256": row["payload_sha256"],
-                               "headers": json.loads(row["headers"]) if row["headers"] else None,
-                               "payload": None, "body_base64": None}
+    document = summary(row) | {
+        "payload_sha256": row["payload_sha256"],
+        "headers": json.loads(row["headers"]) if row["headers"] else None,
+        "payload": None,
+        "body_base64": None,
+    }
     body = bytes(row["body"]) if row["body"] is not None else None
     if body is not None:
         try:  # json, not orjson: integers wider than 64 bits stay exact

@@ -31,16 +31,22 @@ from yarl import URL
 
 # aio-pika hands unknown connection arguments to aiormq only through
 # `Connection.kwargs`: fail at import if an upgrade drops the parameter.
-assert "transport_factory" in inspect.signature(aiormq.Connection.__init__).parameters, \
+assert "transport_factory" in inspect.signature(aiormq.Connection.__init__).parameters, (
     "aiormq no longer takes a transport_factory"
+)
 
-STREAM_LIMIT = 2 ** 16  # asyncio.open_connection's default
+STREAM_LIMIT = 2**16  # asyncio.open_connection's default
 DEFAULT_PORTS = {"amqp": 5672, "amqps": 5671}  # aiormq sets the URL's port already; for the type checker
 
 
 class CoalescingWriter(asyncio.StreamWriter):
-    def __init__(self, transport: asyncio.Transport, protocol: asyncio.StreamReaderProtocol,
-                 reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        protocol: asyncio.StreamReaderProtocol,
+        reader: asyncio.StreamReader,
+        loop: asyncio.AbstractEventLoop,
+    ):
         super().__init__(transport, protocol, reader, loop)
         self._event_loop = loop
         self._unsent: list[bytes] = []
@@ -100,8 +106,12 @@ class CoalescingTransports(TransportFactory):
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
         try:
             transport, _ = await loop.create_connection(
-                lambda: protocol, host=url.host or "localhost", port=url.port or DEFAULT_PORTS[url.scheme],
-                ssl=ssl, **kwargs)
+                lambda: protocol,
+                host=url.host or "localhost",
+                port=url.port or DEFAULT_PORTS[url.scheme],
+                ssl=ssl,
+                **kwargs,
+            )
         except OSError as exc:
             raise aiormq.exceptions.AMQPConnectionError(*exc.args) from exc
         self.writer = CoalescingWriter(transport, protocol, reader, loop)  # type: ignore[arg-type]

@@ -59,8 +59,9 @@ class DeadLetterStore:
 
     # -- reading ---------------------------------------------------------------
 
-    async def newest_first(self, source: str | None = None, status: str = "dead",
-                           limit: int | None = None) -> list[dict]:
+    async def newest_first(
+        self, source: str | None = None, status: str = "dead", limit: int | None = None
+    ) -> list[dict]:
         """`status` one of STATUSES or "all"; `source` None: every source."""
         async with self._connection() as connection:
             rows = await connection.fetch(SQL["list_dead_letters"], source, _status_filter(status), limit)
@@ -78,8 +79,17 @@ class DeadLetterStore:
     async def search(self, where: DeadLetterFilter, before: int | None = None, limit: int | None = 50) -> list[dict]:
         """One page, newest first: rows with ids below `before` (None: the newest)."""
         async with self._connection() as connection:
-            rows = await connection.fetch(SQL["search_dead_letters"], where.source, where.status, where.error_type,
-                                          where.since, where.until, where.text, before, limit)
+            rows = await connection.fetch(
+                SQL["search_dead_letters"],
+                where.source,
+                where.status,
+                where.error_type,
+                where.since,
+                where.until,
+                where.text,
+                before,
+                limit,
+            )
         return [decoded(row) for row in rows]
 
     async def matching_open_ids(self, where: DeadLetterFilter) -> list[int]:
@@ -99,8 +109,7 @@ class DeadLetterStore:
         async with self._connection() as connection:
             return [dict(row) for row in await connection.fetch(SQL["replays_of"], dead_letter_id)]
 
-    async def audit(self, dead_letter_id: int | None = None, before: int | None = None,
-                    limit: int = 100) -> list[dict]:
+    async def audit(self, dead_letter_id: int | None = None, before: int | None = None, limit: int = 100) -> list[dict]:
         """The audit log, newest first; only entries naming `dead_letter_id` when given."""
         async with self._connection() as connection:
             rows = await connection.fetch(SQL["list_audit"], dead_letter_id, before, limit)
@@ -144,8 +153,15 @@ class DeadLetterStore:
             await _record_audit(connection, actor, "discard", [row["id"] for row in discarded])
         return [row["id"] for row in discarded]
 
-    async def replay_if_open(self, channel: AbstractChannel, namespace: str, dead_letter_id: int, actor: Actor,
-                             bulk_action_id: int | None = None, held: asyncpg.Connection | None = None) -> None:
+    async def replay_if_open(
+        self,
+        channel: AbstractChannel,
+        namespace: str,
+        dead_letter_id: int,
+        actor: Actor,
+        bulk_action_id: int | None = None,
+        held: asyncpg.Connection | None = None,
+    ) -> None:
         """Replay one dead letter only while it is still open: the console's
         button, and each step of a bulk replay. Its row stays locked from the
         check to the commit, so two people clicking at once replay it once; the
@@ -168,8 +184,13 @@ class DeadLetterStore:
             if bulk_action_id is None:
                 await _record_audit(connection, actor, "replay", [dead_letter_id])
 
-    async def discard_if_open(self, dead_letter_id: int, actor: Actor, bulk_action_id: int | None = None,
-                              held: asyncpg.Connection | None = None) -> None:
+    async def discard_if_open(
+        self,
+        dead_letter_id: int,
+        actor: Actor,
+        bulk_action_id: int | None = None,
+        held: asyncpg.Connection | None = None,
+    ) -> None:
         """Discard one dead letter only while it is still open (see replay_if_open)."""
         async with self._acting(held) as connection:
             await _lock_open(connection, dead_letter_id)
@@ -196,8 +217,15 @@ class DeadLetterStore:
         async with self._connection() as connection, connection.transaction():
             yield connection
 
-    async def replay(self, channel: AbstractChannel, namespace: str, ids: Sequence[int] | None = None,
-                     all_: bool = False, source: str | None = None, actor: Actor = UNKNOWN_ACTOR) -> Replayed:
+    async def replay(
+        self,
+        channel: AbstractChannel,
+        namespace: str,
+        ids: Sequence[int] | None = None,
+        all_: bool = False,
+        source: str | None = None,
+        actor: Actor = UNKNOWN_ACTOR,
+    ) -> Replayed:
         """Publish dead letters back to the events queue with a fresh attempt
         budget: the given `ids`, or with `all_` every open one (of `source`).
         Unknown ids raise DeadLetterNotFound before anything is published.
@@ -222,8 +250,9 @@ class DeadLetterStore:
                     (done.replayed if replayed else done.skipped).append(row["id"])
             finally:
                 if done.replayed:  # also what a replay that stopped half way did
-                    await _record_audit(connection, actor, "replay", done.replayed,
-                                        {"skipped": done.skipped} if done.skipped else None)
+                    await _record_audit(
+                        connection, actor, "replay", done.replayed, {"skipped": done.skipped} if done.skipped else None
+                    )
         return done
 
     # -- bulk actions (shared/bulk_actions.py) ---------------------------------
@@ -232,8 +261,9 @@ class DeadLetterStore:
         """A new bulk action over exactly `ids`, waiting for its confirmation;
         `described`: what chose them (a filter's `as_json()`, an incident)."""
         async with self._connection() as connection:
-            return await connection.fetchval(SQL["insert_bulk_action"], action, list(ids),
-                                             orjson.dumps(described).decode(), str(actor))
+            return await connection.fetchval(
+                SQL["insert_bulk_action"], action, list(ids), orjson.dumps(described).decode(), str(actor)
+            )
 
     async def bulk_action(self, bulk_action_id: int) -> BulkAction | None:
         async with self._connection() as connection:
@@ -245,8 +275,9 @@ class DeadLetterStore:
         half way); None when it runs already, finished or was cancelled."""
         async with self._connection() as connection:
             try:
-                row = await waiting_for_run(connection, run_lock(BULK_ACTIONS, bulk_action_id),
-                                            SQL["claim_bulk_action"], bulk_action_id, rate)
+                row = await waiting_for_run(
+                    connection, run_lock(BULK_ACTIONS, bulk_action_id), SQL["claim_bulk_action"], bulk_action_id, rate
+                )
             except RunBusy:
                 return None  # a runner is in the middle of a dead letter: it runs
         return None if row is None else BulkAction.from_row(row)
@@ -265,14 +296,25 @@ class DeadLetterStore:
         under `actor`, with the ids counted done: a runner that died wrote no
         end entry, and this one is then the log's only word of what it did."""
         async with self._connection() as connection:
-            cancelled = await waiting_for_run(connection, run_lock(BULK_ACTIONS, bulk_action_id),
-                                              SQL["cancel_bulk_action"], bulk_action_id,
-                                              settled=SQL["bulk_action_act_settled"]) is not None
+            cancelled = (
+                await waiting_for_run(
+                    connection,
+                    run_lock(BULK_ACTIONS, bulk_action_id),
+                    SQL["cancel_bulk_action"],
+                    bulk_action_id,
+                    settled=SQL["bulk_action_act_settled"],
+                )
+                is not None
+            )
         if cancelled and actor is not None:
             action = await self.bulk_action(bulk_action_id)
             assert action is not None
-            await self.record_audit(actor, f"bulk_{action.action}_cancelled", action.done, {
-                "bulk_action_id": bulk_action_id, "skipped": len(action.skipped), "in_doubt": action.in_doubt})
+            await self.record_audit(
+                actor,
+                f"bulk_{action.action}_cancelled",
+                action.done,
+                {"bulk_action_id": bulk_action_id, "skipped": len(action.skipped), "in_doubt": action.in_doubt},
+            )
         return cancelled
 
     @contextlib.asynccontextmanager
@@ -281,8 +323,9 @@ class DeadLetterStore:
         lock = run_lock(BULK_ACTIONS, bulk_action_id)
         async with self._connection() as connection, holding(connection, lock) as hold:
             row = await connection.fetchrow(SQL["lock_bulk_action"], bulk_action_id)
-            yield HeldBulk(hold, bulk_action_id, None if row is None else row["state"],
-                           None if row is None else row["orphaned"])
+            yield HeldBulk(
+                hold, bulk_action_id, None if row is None else row["state"], None if row is None else row["orphaned"]
+            )
 
 
 @dataclass(frozen=True)
@@ -295,7 +338,7 @@ class HeldBulk:
     orphaned: int | None  # the dead letter in flight when a runner before this one died (or its act failed)
 
     async def in_flight(self, dead_letter_id: int) -> str | None:
-        """"`dead_letter_id` in flight" committed, the action still held: before
+        """ "`dead_letter_id` in flight" committed, the action still held: before
         acting on it. Its state as read again (`HeldReplay.in_flight`'s why)."""
         await self.hold.in_flight(SQL["bulk_action_in_flight"], self.bulk_action_id, dead_letter_id)
         return await self.hold.connection.fetchval(SQL["lock_bulk_action"], self.bulk_action_id)
@@ -307,17 +350,20 @@ class HeldBulk:
         """Whether the dead letter in flight when a runner before died, no
         longer open now, was acted on by that runner (the previous release's,
         which committed its act apart from its step), not by someone else."""
-        return await self.hold.connection.fetchval(SQL["bulk_action_acted_apart"], self.bulk_action_id,
-                                                   dead_letter_id, action)
+        return await self.hold.connection.fetchval(
+            SQL["bulk_action_acted_apart"], self.bulk_action_id, dead_letter_id, action
+        )
 
 
 async def _record_audit(connection, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None) -> int:
-    return await connection.fetchval(SQL["insert_audit"], actor.role, actor.name, actor.via, action, list(ids),
-                                     jsonb(detail or {}))
+    return await connection.fetchval(
+        SQL["insert_audit"], actor.role, actor.name, actor.via, action, list(ids), jsonb(detail or {})
+    )
 
 
-async def _replay_as_read(connection, channel: AbstractChannel, namespace: str, row, actor: Actor,
-                          done: Replayed) -> bool:
+async def _replay_as_read(
+    connection, channel: AbstractChannel, namespace: str, row, actor: Actor, done: Replayed
+) -> bool:
     """Publishes `row` in the transaction that marks it replayed; False,
     nothing published, when the row changed since it was read."""
     async with connection.transaction():
@@ -364,8 +410,12 @@ async def _publish(channel: AbstractChannel, namespace: str, row, replay_id: int
     """The replayed event, in a trace of its own linked to its last attempt's
     (docs/design.md, "Traces"): its publish's span is that trace's first child."""
     with tracing.replaying(row, replay_id):
-        await topology.publish(channel, to_amqp(rebuilt_event(row, replay_id)), topology.events_queue(namespace),
-                               timeout=REPLAY_PUBLISH_TIMEOUT)
+        await topology.publish(
+            channel,
+            to_amqp(rebuilt_event(row, replay_id)),
+            topology.events_queue(namespace),
+            timeout=REPLAY_PUBLISH_TIMEOUT,
+        )
 
 
 async def _lock_open(connection, dead_letter_id: int):

@@ -56,8 +56,9 @@ class NotReplayable(DeadLetterError):
 
     def __init__(self, ids: Iterable[int]):
         self.ids = sorted(ids)
-        super().__init__(f"dead letter {', '.join(map(str, self.ids))} is not an event message and cannot be"
-                         " replayed (discard it)")
+        super().__init__(
+            f"dead letter {', '.join(map(str, self.ids))} is not an event message and cannot be replayed (discard it)"
+        )
 
 
 class ChangedMeanwhile(DeadLetterError):
@@ -122,8 +123,9 @@ def os_user() -> str:
 # -- recording -----------------------------------------------------------------
 
 
-async def record_dead_letter(conn, event: EventMessage, errors: Sequence[dict],
-                             timeout: float | None = None) -> int | None:
+async def record_dead_letter(
+    conn, event: EventMessage, errors: Sequence[dict], timeout: float | None = None
+) -> int | None:
     """One dead letter for `event`, whose failed attempts are `errors`; its
     id. An event that already has an open one keeps it (a redelivery after a
     crash between this commit and the ack): no second row. None, recording
@@ -183,8 +185,11 @@ class DeadLetterFilter:
     text: str | None = None
 
     def as_json(self) -> dict:
-        return {name: iso_utc(value) if isinstance(value, datetime) else value
-                for name, value in asdict(self).items() if value is not None}
+        return {
+            name: iso_utc(value) if isinstance(value, datetime) else value
+            for name, value in asdict(self).items()
+            if value is not None
+        }
 
 
 def parse_id(text: str) -> int | None:
@@ -265,7 +270,7 @@ def detail(row) -> dict:
 
 
 def describe_error(error: dict | None) -> str | None:
-    """"Type: message" (just "Type" when the message is empty)."""
+    """ "Type: message" (just "Type" when the message is empty)."""
     if not error:
         return None
     kind, message = error.get("type") or "Error", error.get("message") or ""

@@ -44,8 +44,10 @@ def one_line(exc: BaseException) -> str:
 
 # scheme://, then an optional user[:password]@ (no / ? # @ or space in it),
 # the host and path, then an optional ?query (to a space, a quote, a bracket or #)
-_URL = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#@]*@)?(?P<rest>[^\s?#'\"<>()\[\]]*)"
-                  r"(?P<query>\?[^\s#'\"<>()\[\]]*)?")
+_URL = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/?#@]*@)?(?P<rest>[^\s?#'\"<>()\[\]]*)"
+    r"(?P<query>\?[^\s#'\"<>()\[\]]*)?"
+)
 
 
 def redacted(text: str) -> str:

@@ -131,8 +131,9 @@ def resolve_event_id(selectors: Sequence[Selector], headers: Mapping[str, str], 
     return None if resolved is None else resolved[0]
 
 
-def resolve_with(selectors: Sequence[Selector], headers: Mapping[str, str],
-                 payload: object) -> tuple[str, Selector] | None:
+def resolve_with(
+    selectors: Sequence[Selector], headers: Mapping[str, str], payload: object
+) -> tuple[str, Selector] | None:
     """The first non-empty value and the selector it came from, else None."""
     for selector in selectors:
         value = selector.resolve(headers, payload)
@@ -147,8 +148,9 @@ def reads_unsigned_header(selector: Selector, signed_headers: Mapping[str, str |
     if isinstance(selector, HeaderSelector):
         return signed_headers.get(selector.name.lower()) is None
     if isinstance(selector, TemplateSelector):
-        return any(reads_unsigned_header(part, signed_headers) for part in selector.parts
-                   if isinstance(part, HeaderSelector))
+        return any(
+            reads_unsigned_header(part, signed_headers) for part in selector.parts if isinstance(part, HeaderSelector)
+        )
     return False
 
 

@@ -43,16 +43,22 @@ class EventReplayStore:
         `routes`, the sources file's, tell a routed event `processing`
         (`ArchiveStore.search`)."""
         async with self._connection() as connection:
-            return await connection.fetchval(SQL["count_event_replay"], *where.arguments(), *routes.arguments(),
-                                             timeout=STATEMENT_SECONDS)
+            return await connection.fetchval(
+                SQL["count_event_replay"], *where.arguments(), *routes.arguments(), timeout=STATEMENT_SECONDS
+            )
 
     async def prepare(self, where: EventFilter, actor: Actor, routes: SourceRoutes = NO_ROUTES) -> EventReplay:
         """A replay of what `where` matches now, frozen, waiting to be started
         (`routes` as `count`'s)."""
         async with self._connection() as connection:
-            replay_id = await connection.fetchval(SQL["insert_event_replay"], *where.arguments(), str(actor),
-                                                  jsonb(filter_json(where)), *routes.arguments(),
-                                                  timeout=STATEMENT_SECONDS)
+            replay_id = await connection.fetchval(
+                SQL["insert_event_replay"],
+                *where.arguments(),
+                str(actor),
+                jsonb(filter_json(where)),
+                *routes.arguments(),
+                timeout=STATEMENT_SECONDS,
+            )
             return EventReplay.from_row(await connection.fetchrow(SQL["get_event_replay"], replay_id))
 
     async def get(self, replay_id: int) -> EventReplay | None:
@@ -86,8 +92,9 @@ class EventReplayStore:
         for an item in flight (`shared/run_locks.py`)."""
         async with self._connection() as connection:
             try:
-                row = await waiting_for_run(connection, run_lock(EVENT_REPLAYS, replay_id), SQL["claim_event_replay"],
-                                            replay_id, rate)
+                row = await waiting_for_run(
+                    connection, run_lock(EVENT_REPLAYS, replay_id), SQL["claim_event_replay"], replay_id, rate
+                )
             except RunBusy:
                 return None  # a runner is in the middle of an item: it runs
         return None if row is None else EventReplay.from_row(row)
@@ -100,16 +107,25 @@ class EventReplayStore:
         mid-publish) is counted published and `in_doubt`. Audited
         `events_replay_cancelled` under `actor`, with what it reports."""
         async with self._connection() as connection:
-            row = await waiting_for_run(connection, run_lock(EVENT_REPLAYS, replay_id), SQL["cancel_event_replay"],
-                                        replay_id)
+            row = await waiting_for_run(
+                connection, run_lock(EVENT_REPLAYS, replay_id), SQL["cancel_event_replay"], replay_id
+            )
         if row is None:
             return False
         if actor is not None:
             cancelled = await self.get(replay_id)
             assert cancelled is not None
-            await self.record_audit(actor, "events_replay_cancelled", {
-                "event_replay_id": replay_id, "handled": cancelled.handled, "published": cancelled.published,
-                "skipped": cancelled.skipped, "in_doubt": int(cancelled.in_doubt)})
+            await self.record_audit(
+                actor,
+                "events_replay_cancelled",
+                {
+                    "event_replay_id": replay_id,
+                    "handled": cancelled.handled,
+                    "published": cancelled.published,
+                    "skipped": cancelled.skipped,
+                    "in_doubt": int(cancelled.in_doubt),
+                },
+            )
         return True
 
     @contextlib.asynccontextmanager
@@ -139,8 +155,9 @@ class EventReplayStore:
         pass of `prune` has still to read: none begun, one under way, or one
         over that began more than `again_seconds` ago (`shared/archive_upkeep.py`)."""
         async with self._connection() as connection:
-            rows = await connection.fetch(SQL["event_replays_to_prune"], ended_seconds, limit, again_seconds,
-                                          timeout=PRUNE_SECONDS)
+            rows = await connection.fetch(
+                SQL["event_replays_to_prune"], ended_seconds, limit, again_seconds, timeout=PRUNE_SECONDS
+            )
         return [row["id"] for row in rows]
 
     async def prune(self, replay_id: int, ended_seconds: float, limit: int, again_seconds: float) -> tuple[int, bool]:
@@ -154,12 +171,19 @@ class EventReplayStore:
         may have more: as many were read as asked.) The replay's row, its
         progress, stays."""
         async with self._connection() as connection:
-            row = await connection.fetchrow(SQL["prune_event_replay_items"], replay_id, ended_seconds, limit,
-                                            again_seconds, timeout=PRUNE_SECONDS)
+            row = await connection.fetchrow(
+                SQL["prune_event_replay_items"], replay_id, ended_seconds, limit, again_seconds, timeout=PRUNE_SECONDS
+            )
         return row["deleted"], row["read"] == limit
 
-    async def publish(self, channel: AbstractChannel, namespace: str, replay_id: int, item: ReplayItem,
-                      held: asyncpg.Connection | None = None) -> bool:
+    async def publish(
+        self,
+        channel: AbstractChannel,
+        namespace: str,
+        replay_id: int,
+        item: ReplayItem,
+        held: asyncpg.Connection | None = None,
+    ) -> bool:
         """Item's event published under the replay's key, confirmed by the
         broker; False, nothing published, when its arrival is no longer
         archived (its day dropped by the retention meanwhile). `held`: the
@@ -182,8 +206,7 @@ class EventReplayStore:
 
     async def record_audit(self, actor: Actor, action: str, detail: dict) -> None:
         async with self._connection() as connection:
-            await connection.execute(SQL["insert_audit"], actor.role, actor.name, actor.via, action, [],
-                                     jsonb(detail))
+            await connection.execute(SQL["insert_audit"], actor.role, actor.name, actor.via, action, [], jsonb(detail))
 
 
 @dataclass(frozen=True)
@@ -198,7 +221,7 @@ class HeldReplay:
     stepped_at: datetime | None  # the runner's last step (or claim): whose run it is
 
     async def in_flight(self, item: int) -> str | None:
-        """"Item `item` in flight" committed, the replay still held: before its
+        """ "Item `item` in flight" committed, the replay still held: before its
         publish. The state as read again once the row is taken again: a writer
         of the row that does not take the run's lock (the previous release's
         Cancel, during an upgrade) may have written it at the mark's commit."""
@@ -207,8 +230,9 @@ class HeldReplay:
 
     async def step(self, item: int, published: bool, stepped_at: datetime | None) -> datetime | None:
         """The step's time, the runner's next `stepped_at`; None when the run is not this runner's."""
-        return await self.hold.connection.fetchval(SQL["event_replay_step"], self.replay_id, item, published,
-                                                   stepped_at)
+        return await self.hold.connection.fetchval(
+            SQL["event_replay_step"], self.replay_id, item, published, stepped_at
+        )
 
     async def doubted(self) -> None:
         """The replay counts an item published that may not have gone out (in the step's transaction)."""
@@ -223,8 +247,9 @@ class EventReplayJob:
     name = "events_replay"
     undone_without_its_step = False  # a publish goes out whether or not its step commits
 
-    def __init__(self, replay: EventReplay, actor: Actor, store: EventReplayStore, channel, namespace: str,
-                 progress=None):
+    def __init__(
+        self, replay: EventReplay, actor: Actor, store: EventReplayStore, channel, namespace: str, progress=None
+    ):
         self.replay, self.actor = replay, actor
         self.id, self.rate = replay.id, replay.rate or DEFAULT_RATE
         self._store, self._channel, self._namespace, self._progress = store, channel, namespace, progress
@@ -272,11 +297,21 @@ class EventReplayJob:
         await self._store.finish(self.id, state, error, self._stepped_at)
 
     async def audit(self, what: str, acted: list[ReplayItem] | None, **detail) -> None:
-        counts = ({"total": self.replay.total, "from_item": self.replay.next_item} if acted is None
-                  else {"published": len(acted), "published_in_all": self._published, "skipped": self._skipped,
-                        "in_doubt": self._doubted})
-        await self._store.record_audit(self.actor, what, {"event_replay_id": self.id, "rate": self.rate,
-                                                          "filter": self.replay.filter} | counts | detail)
+        counts = (
+            {"total": self.replay.total, "from_item": self.replay.next_item}
+            if acted is None
+            else {
+                "published": len(acted),
+                "published_in_all": self._published,
+                "skipped": self._skipped,
+                "in_doubt": self._doubted,
+            }
+        )
+        await self._store.record_audit(
+            self.actor,
+            what,
+            {"event_replay_id": self.id, "rate": self.rate, "filter": self.replay.filter} | counts | detail,
+        )
 
 
 def _seen(row, stepped_at: datetime | None) -> str | None:

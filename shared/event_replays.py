@@ -67,11 +67,20 @@ class EventReplay:
     def document(self) -> dict:
         """`events replay --show --json` / `GET /admin/events/replay/{id}`."""
         return {
-            "id": self.id, "state": self.state, "filter": self.filter, "total": self.total,
-            "handled": self.handled, "published": self.published, "in_doubt": int(self.in_doubt),
-            "skipped": self.skipped, "rate": self.rate,
-            "error": self.error, "created_by": self.created_by, "created_at": iso_utc(self.created_at),
-            "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+            "id": self.id,
+            "state": self.state,
+            "filter": self.filter,
+            "total": self.total,
+            "handled": self.handled,
+            "published": self.published,
+            "in_doubt": int(self.in_doubt),
+            "skipped": self.skipped,
+            "rate": self.rate,
+            "error": self.error,
+            "created_by": self.created_by,
+            "created_at": iso_utc(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
         }
 
 
@@ -87,10 +96,21 @@ class ReplayItem:
 
 def filter_json(where: EventFilter) -> dict:
     """The filter as asked, for the replay's row and the audit log."""
-    names = {"source": "source", "status": "status", "event_type": "type", "since": "since", "until": "until",
-             "key": "key", "event_id": "event_id", "payload": "payload"}
-    return {label: iso_utc(value) if isinstance(value, datetime) else value
-            for name, label in names.items() if (value := getattr(where, name)) is not None}
+    names = {
+        "source": "source",
+        "status": "status",
+        "event_type": "type",
+        "since": "since",
+        "until": "until",
+        "key": "key",
+        "event_id": "event_id",
+        "payload": "payload",
+    }
+    return {
+        label: iso_utc(value) if isinstance(value, datetime) else value
+        for name, label in names.items()
+        if (value := getattr(where, name)) is not None
+    }
 
 
 def replayed_message(arrival, replay_id: int) -> EventMessage:

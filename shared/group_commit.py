@@ -21,8 +21,7 @@ Answer = TypeVar("Answer")
 
 
 class GroupCommit(Generic[Item, Answer]):
-    def __init__(self, write: Callable[[list[Item]], Awaitable[Sequence[Answer] | None]],
-                 writers: int, max_batch: int):
+    def __init__(self, write: Callable[[list[Item]], Awaitable[Sequence[Answer] | None]], writers: int, max_batch: int):
         self._write = write
         self._writers = writers
         self._max_batch = max_batch
@@ -46,7 +45,7 @@ class GroupCommit(Generic[Item, Answer]):
 
     async def _write_batches(self) -> None:
         while self._pending:
-            batch, self._pending = self._pending[:self._max_batch], self._pending[self._max_batch:]
+            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
             try:
                 answers = await self._write([item for item, _ in batch])
             except asyncio.CancelledError:  # shutting down: nobody is told it was written

@@ -79,8 +79,10 @@ class IgnoreRules:
     def read_unsigned_headers(self, signed_headers: Mapping[str, str | None]) -> bool:
         """Whether a rule reads a header the signature does not cover (beside the type, bound as such):
         its decision then binds the signed content (ingress/content_bindings.py)."""
-        return any(rule.selector is not None and event_id.reads_unsigned_header(rule.selector, signed_headers)
-                   for rule in self.rules)
+        return any(
+            rule.selector is not None and event_id.reads_unsigned_header(rule.selector, signed_headers)
+            for rule in self.rules
+        )
 
     def _value(self, rule: IgnoreRule, headers: Mapping[str, str], payload: object) -> object:
         if rule.selector is None:
@@ -102,8 +104,11 @@ def field_name(field: str) -> str:
 def _rule(field: str, values: object, has_event_type: bool) -> IgnoreRule:
     if field == TYPE_FIELD:
         if not has_event_type:
-            raise IgnoreRuleError(field, "the source has no event type (event_type is [], or unset and its scheme"
-                                         " names none): set event_type, or ignore on a selector such as body:type")
+            raise IgnoreRuleError(
+                field,
+                "the source has no event type (event_type is [], or unset and its scheme"
+                " names none): set event_type, or ignore on a selector such as body:type",
+            )
         selector = None
     else:
         try:

@@ -60,18 +60,45 @@ async def record_failure(connection: asyncpg.Connection, failure: Failure, timeo
     async with connection.transaction():  # a savepoint inside the caller's
         await connection.execute(SQL["incident_lock_timeout"], INCIDENT_LOCK_TIMEOUT, timeout=timeout)
         new_dead_letter = failure.dead_letter_id is not None and not await connection.fetchval(
-            SQL["dead_letter_counted"], failure.dead_letter_id, failure.source, failure.handler, fingerprint.digest,
-            timeout=timeout)
+            SQL["dead_letter_counted"],
+            failure.dead_letter_id,
+            failure.source,
+            failure.handler,
+            fingerprint.digest,
+            timeout=timeout,
+        )
         row = await connection.fetchrow(
-            SQL["count_failure_in_incident"], failure.source, failure.handler, fingerprint.digest,
-            error_type, fingerprint.pattern, message[:LAST_ERROR_CHARS], int(new_dead_letter), timeout=timeout)
-        await connection.execute(SQL["count_incident_event"], row["id"], failure.key, failure.event_id,
-                                 failure.attempt, failure.dead_letter_id, timeout=timeout)
+            SQL["count_failure_in_incident"],
+            failure.source,
+            failure.handler,
+            fingerprint.digest,
+            error_type,
+            fingerprint.pattern,
+            message[:LAST_ERROR_CHARS],
+            int(new_dead_letter),
+            timeout=timeout,
+        )
+        await connection.execute(
+            SQL["count_incident_event"],
+            row["id"],
+            failure.key,
+            failure.event_id,
+            failure.attempt,
+            failure.dead_letter_id,
+            timeout=timeout,
+        )
         if row["change"] is not None:
-            await connection.execute(SQL["record_incident_change"], row["id"], row["change"], "failure",
-                                     timeout=timeout)
-            log.warning("incident_opened", incident_id=row["id"], source=failure.source, handler=failure.handler,
-                        error_type=error_type, pattern=fingerprint.pattern[:200])
+            await connection.execute(
+                SQL["record_incident_change"], row["id"], row["change"], "failure", timeout=timeout
+            )
+            log.warning(
+                "incident_opened",
+                incident_id=row["id"],
+                source=failure.source,
+                handler=failure.handler,
+                error_type=error_type,
+                pattern=fingerprint.pattern[:200],
+            )
     return row["id"]
 
 

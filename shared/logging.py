@@ -22,7 +22,6 @@ import structlog
 
 from webhook_ingest.shared import tracing
 from webhook_ingest.shared.errors import redacted
-
 from webhook_ingest.shared.storable_text import cleaned, storable
 
 
@@ -55,11 +54,17 @@ def _route_library_logging(shared_processors: list, renderer, level: int) -> Non
     if isinstance(renderer, structlog.processors.JSONRenderer):
         renderer = _json_renderer(str)  # a logging.Handler writes text
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*shared_processors, structlog.stdlib.add_logger_name],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.processors.format_exc_info, _redact_urls, renderer],
-    ))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*shared_processors, structlog.stdlib.add_logger_name],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                _redact_urls,
+                renderer,
+            ],
+        )
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(level, logging.WARNING))  # libraries' info lines are noise here

@@ -54,10 +54,21 @@ CONTENT_TYPE = "application/json"
 PERSISTENT = 2  # AMQP delivery mode: written to disk (aio_pika.DeliveryMode.PERSISTENT)
 
 # Request headers that are transport details or credentials, never handed on.
-_DROPPED_HEADERS = frozenset({
-    "authorization", "proxy-authorization", "cookie", "host", "content-length",
-    "connection", "keep-alive", "transfer-encoding", "accept-encoding", "te", "upgrade",
-})
+_DROPPED_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "accept-encoding",
+        "te",
+        "upgrade",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -102,8 +113,9 @@ class EventMessage:
     def fresh(self, replay_of: int = 0) -> "EventMessage":
         """The same event with a new attempt budget (replay `replay_of` of its
         dead letter), and no trace yet: a replay starts its own (shared/tracing.py)."""
-        return replace(self, attempt=1, errors=(), deliveries=0, unknown_source_since_ms=0, replay_of=replay_of,
-                       trace_context={})
+        return replace(
+            self, attempt=1, errors=(), deliveries=0, unknown_source_since_ms=0, replay_of=replay_of, trace_context={}
+        )
 
 
 def provider_headers(request_headers, also_dropped: frozenset[str] = frozenset()) -> dict[str, str]:
@@ -121,8 +133,9 @@ def provider_headers(request_headers, also_dropped: frozenset[str] = frozenset()
 def headers_fit(headers: dict[str, str]) -> bool:
     """Whether the provider's headers travel as they are: within their share
     of the frame, and every name whole in the header table."""
-    return (headers_size(headers) <= MAX_PROVIDER_HEADERS_BYTES
-            and all(len(name.encode()) <= MAX_HEADER_NAME_BYTES for name in headers))
+    return headers_size(headers) <= MAX_PROVIDER_HEADERS_BYTES and all(
+        len(name.encode()) <= MAX_HEADER_NAME_BYTES for name in headers
+    )
 
 
 def headers_size(headers: dict[str, str]) -> int:
@@ -175,8 +188,9 @@ def amqp_properties(event: EventMessage) -> Basic.Properties:
     publishes: the ingress's publish skips aio-pika's `Message` (about
     twenty checked attribute writes, then these properties built from them),
     and they marshal in shared/amqp_table.py (the same bytes as pamqp's)."""
-    return amqp_table.Properties(content_type=CONTENT_TYPE, delivery_mode=PERSISTENT, message_id=new_message_id(),
-                                 headers=amqp_headers(event))
+    return amqp_table.Properties(
+        content_type=CONTENT_TYPE, delivery_mode=PERSISTENT, message_id=new_message_id(), headers=amqp_headers(event)
+    )
 
 
 def amqp_headers(event: EventMessage) -> FieldTable:

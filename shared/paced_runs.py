@@ -54,7 +54,7 @@ class PacedJob(Protocol):
         read under the lock: `act` and `step` run inside, and a cancel waits."""
 
     async def in_flight(self, item: Any) -> str | None:
-        """"`item` in flight" committed (`run_locks.Hold.in_flight`), the run still
+        """ "`item` in flight" committed (`run_locks.Hold.in_flight`), the run still
         held; its state read again, as `holding()`'s, after the commit."""
 
     async def act(self, item: Any) -> bool:

@@ -61,8 +61,9 @@ def repeats_a_field(form: Form) -> bool:
 
 def parse_form(body: bytes) -> Form:
     """The decoded form; ValueError when it is not UTF-8, holds a NUL or more than MAX_FORM_FIELDS fields."""
-    pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, encoding="utf-8", errors="strict",
-                      max_num_fields=MAX_FORM_FIELDS)
+    pairs = parse_qsl(
+        body.decode("utf-8"), keep_blank_values=True, encoding="utf-8", errors="strict", max_num_fields=MAX_FORM_FIELDS
+    )
     form: Form = {}
     for name, value in pairs:
         if "\x00" in name or "\x00" in value:

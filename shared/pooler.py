@@ -42,7 +42,8 @@ async def refuse_transaction_pooling(database_url: str) -> None:
                     raise TransactionPooler(
                         "DATABASE_URL reaches Postgres through a pooler in transaction mode (its server processes"
                         " are handed between sessions): use session pooling (PgBouncer pool_mode = session) or connect"
-                        " directly; docs/operations.md, \"Postgres connections\"")
+                        ' directly; docs/operations.md, "Postgres connections"'
+                    )
         finally:
             await second.close()
     finally:

@@ -120,8 +120,9 @@ class LocalBuckets:
 
 def connect(url: str) -> redis.Redis:
     """The limiter's client: no client-side retries (a failure is an answer: fall back)."""
-    return redis.from_url(url, socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                          retry=Retry(NoBackoff(), 0))
+    return redis.from_url(
+        url, socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS, retry=Retry(NoBackoff(), 0)
+    )
 
 
 class RateLimiter:

@@ -35,4 +35,4 @@ def parse(key: str) -> tuple[int, str] | None:
     match = _REPLAY.match(key)
     if match is None or "/" not in key.partition(":")[0]:
         return None
-    return int(match.group(1)), key[match.end():]
+    return int(match.group(1)), key[match.end() :]

@@ -73,18 +73,21 @@ def _route(index: int, entry: Mapping[str, Any], event_type: Sequence[event_id.S
     where = f"routes[{index}]"
     name = entry.get("name", derived_name(entry["handler"]))
     if not NAME.fullmatch(name):
-        raise RouteError(f"{where}.name", f"{name!r}: 1 to 64 of A-Z a-z 0-9 _ . - (it ends the route's"
-                                          " idempotency keys, KEY#NAME)")
+        raise RouteError(
+            f"{where}.name", f"{name!r}: 1 to 64 of A-Z a-z 0-9 _ . - (it ends the route's idempotency keys, KEY#NAME)"
+        )
     types = entry.get("types")
     if types == []:
-        raise RouteError(f"{where}.types", "an empty list takes no event: list the types, or leave types out"
-                                           " (every event)")
+        raise RouteError(
+            f"{where}.types", "an empty list takes no event: list the types, or leave types out (every event)"
+        )
     if types is None:
         return Route(name, entry["handler"], dict(entry.get("handler_options", {})))
     try:
         rules = ignore_rules.parse({ignore_rules.TYPE_FIELD: types}, event_type)
     except ignore_rules.IgnoreRuleError as exc:
         at = exc.where.removeprefix(ignore_rules.TYPE_FIELD)
-        raise RouteError(f"{where}.types{at}", str(exc).replace("ignore on a selector such as body:type",
-                                                                 "drop types (every event)")) from None
+        raise RouteError(
+            f"{where}.types{at}", str(exc).replace("ignore on a selector such as body:type", "drop types (every event)")
+        ) from None
     return Route(name, entry["handler"], dict(entry.get("handler_options", {})), rules)

@@ -102,8 +102,10 @@ class SessionLost(WebhookIngestError):
     (HOLD_SECONDS), Postgres restarted, or the connection was cut. Resume it."""
 
     def __init__(self):
-        super().__init__(f"the run's Postgres session ended mid-item (idle or in one statement past "
-                         f"{HOLD_SECONDS:g} s, a restart, a cut connection): resume it")
+        super().__init__(
+            f"the run's Postgres session ended mid-item (idle or in one statement past "
+            f"{HOLD_SECONDS:g} s, a restart, a cut connection): resume it"
+        )
 
 
 # What a call on a session that is gone raises: a pooled one's proxy detached (InterfaceError), the CLI's
@@ -116,8 +118,9 @@ def _limits() -> str:
     return f"SET LOCAL idle_in_transaction_session_timeout = {limit_ms}; SET LOCAL statement_timeout = {limit_ms}"
 
 
-async def waiting_for_run(connection: asyncpg.Connection, lock: int, sql: str, *args,
-                          settled: str | None = None) -> asyncpg.Record | None:
+async def waiting_for_run(
+    connection: asyncpg.Connection, lock: int, sql: str, *args, settled: str | None = None
+) -> asyncpg.Record | None:
     """`sql`'s row (a statement that writes the run's row: a cancel, a claim),
     once no runner holds the run (its item stepped, or its session ended),
     waiting at most WAIT_SECONDS; RunBusy past that. `sql` reads what the

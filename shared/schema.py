@@ -31,8 +31,10 @@ async def require_migrations(database: asyncpg.Pool | asyncpg.Connection) -> Non
     """SchemaBehind unless every migration of this release is applied."""
     missing = await missing_migrations(database)
     if missing:
-        raise SchemaBehind(f"the database lacks {len(missing)} migration(s) this release needs ({', '.join(missing)}):"
-                           " run `webhook-ingest migrate` first (docs/operations.md, Upgrading)")
+        raise SchemaBehind(
+            f"the database lacks {len(missing)} migration(s) this release needs ({', '.join(missing)}):"
+            " run `webhook-ingest migrate` first (docs/operations.md, Upgrading)"
+        )
 
 
 async def missing_migrations(database: asyncpg.Pool | asyncpg.Connection) -> list[str]:

@@ -26,8 +26,9 @@ UNANSWERED = (asyncio.TimeoutError, asyncio.CancelledError, asyncpg.InterfaceErr
 
 
 @contextlib.asynccontextmanager
-async def closed_if_left_by(connection: asyncpg.Connection,
-                            errors: tuple[type[BaseException], ...] = UNANSWERED) -> AsyncIterator[None]:
+async def closed_if_left_by(
+    connection: asyncpg.Connection, errors: tuple[type[BaseException], ...] = UNANSWERED
+) -> AsyncIterator[None]:
     """Closes `connection`'s session when one of `errors` leaves the block,
     rather than cancelling its statement and waiting for an answer that may
     never come; a pool's release of it is then immediate."""

@@ -18,8 +18,10 @@ ENVIRONMENT_VARIABLES = (
     ("DATABASE_URL", "Postgres URL; `migrate` creates the database if missing"),
     ("WEBHOOK_INGEST_NAMESPACE", "prefix of every queue and Redis key"),
     ("WEBHOOK_INGEST_SOURCES", "path of the sources TOML file (unset: built-in demo source)"),
-    ("WEBHOOK_INGEST_ADMIN_TOKEN",
-     "operator token of the admin HTTP API and the console, 32 characters or more (unset: both disabled)"),
+    (
+        "WEBHOOK_INGEST_ADMIN_TOKEN",
+        "operator token of the admin HTTP API and the console, 32 characters or more (unset: both disabled)",
+    ),
     ("WEBHOOK_INGEST_VIEWER_TOKEN", "read-only token of the admin HTTP API and the console, 32 or more (unset: none)"),
     ("WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS", "how long a console sign-in lasts"),
     ("WEBHOOK_INGEST_INCIDENT_QUIET_MINUTES", "minutes without a new failure after which an incident resolves itself"),
@@ -27,34 +29,62 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_NOTIFY_WEBHOOK_URL", "URL sent a JSON message, signed as Standard Webhooks, on the same changes"),
     ("WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET", "its Standard Webhooks secret (`whsec_…`); required with the URL"),
     ("WEBHOOK_INGEST_DELIVERY_LIMIT", "deliveries before a message that kills its worker is dead-lettered"),
-    ("WEBHOOK_INGEST_LOCK_TTL", "TTL in seconds of the Redis processing lock and the Postgres lease of a key"
-                                " (renewed every third of it while a handler runs; a killed worker's keys are free"
-                                " after it)"),
-    ("WEBHOOK_INGEST_HEARTBEAT_SECONDS", "seconds between a worker's heartbeats (its row on the console's overview);"
-                                         " silent after three missed"),
+    (
+        "WEBHOOK_INGEST_LOCK_TTL",
+        "TTL in seconds of the Redis processing lock and the Postgres lease of a key"
+        " (renewed every third of it while a handler runs; a killed worker's keys are free"
+        " after it)",
+    ),
+    (
+        "WEBHOOK_INGEST_HEARTBEAT_SECONDS",
+        "seconds between a worker's heartbeats (its row on the console's overview); silent after three missed",
+    ),
     ("WEBHOOK_INGEST_DONE_TTL", "seconds Redis remembers a completed key (Postgres remembers until pruned)"),
-    ("WEBHOOK_INGEST_REPLAY_WINDOW", "seconds Redis binds signed content to the first id it came with under each type,"
-                                     " for the schemes that sign neither (reference §5): the same content under"
-                                     " another id with a type it came with, or the same id with another type, is a"
-                                     " duplicate"),
-    ("WEBHOOK_INGEST_TRUSTED_PROXIES", "comma-separated CIDRs of the proxies whose forwarding header sets the client"
-                                       " address (unset: none)"),
-    ("WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER", "the one forwarding header those proxies manage: `X-Forwarded-For` or"
-                                             " `Forwarded`; the other is never read"),
-    ("WEBHOOK_INGEST_METRICS_ALLOWED_IPS", "comma-separated CIDRs of the clients `/metrics` answers; others get 403"
-                                           " (loopback and the private networks)"),
-    ("WEBHOOK_INGEST_HEADER_TIMEOUT", "seconds a connection has to send a request's headers"
-                                      " (also the keep-alive idle limit)"),
+    (
+        "WEBHOOK_INGEST_REPLAY_WINDOW",
+        "seconds Redis binds signed content to the first id it came with under each type,"
+        " for the schemes that sign neither (reference §5): the same content under"
+        " another id with a type it came with, or the same id with another type, is a"
+        " duplicate",
+    ),
+    (
+        "WEBHOOK_INGEST_TRUSTED_PROXIES",
+        "comma-separated CIDRs of the proxies whose forwarding header sets the client address (unset: none)",
+    ),
+    (
+        "WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER",
+        "the one forwarding header those proxies manage: `X-Forwarded-For` or `Forwarded`; the other is never read",
+    ),
+    (
+        "WEBHOOK_INGEST_METRICS_ALLOWED_IPS",
+        "comma-separated CIDRs of the clients `/metrics` answers; others get 403 (loopback and the private networks)",
+    ),
+    (
+        "WEBHOOK_INGEST_HEADER_TIMEOUT",
+        "seconds a connection has to send a request's headers (also the keep-alive idle limit)",
+    ),
     ("WEBHOOK_INGEST_BODY_TIMEOUT", "seconds a request has to send its whole body"),
-    ("WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", "webhook requests one ingress process works on at once, counted once"
-                                               " their headers are vetted; beyond, 503 at once"),
-    ("WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT", "webhook requests of one client address whose body is still arriving"
-                                             " a second after it began to be read, per ingress process; beyond, 429"
-                                             " to that client"),
-    ("WEBHOOK_INGEST_WORKER_CONNECTIONS", "Postgres connections one worker process opens at most, its four pools"
-                                          " together (docs/operations.md, \"Postgres connections\"); at least 5"),
-    ("WEBHOOK_INGEST_INGRESS_CONNECTIONS", "Postgres connections one ingress process opens at most (the outbox,"
-                                           " its relay, the admin API and the console); at least 3"),
+    (
+        "WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS",
+        "webhook requests one ingress process works on at once, counted once"
+        " their headers are vetted; beyond, 503 at once",
+    ),
+    (
+        "WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT",
+        "webhook requests of one client address whose body is still arriving"
+        " a second after it began to be read, per ingress process; beyond, 429"
+        " to that client",
+    ),
+    (
+        "WEBHOOK_INGEST_WORKER_CONNECTIONS",
+        "Postgres connections one worker process opens at most, its four pools"
+        ' together (docs/operations.md, "Postgres connections"); at least 5',
+    ),
+    (
+        "WEBHOOK_INGEST_INGRESS_CONNECTIONS",
+        "Postgres connections one ingress process opens at most (the outbox,"
+        " its relay, the admin API and the console); at least 3",
+    ),
     ("LOG_FORMAT", "json or console (default: console on a TTY, else json)"),
 )
 
@@ -105,8 +135,16 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(256, alias="WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS", ge=1)
     max_bodies_per_client: int = Field(32, alias="WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT", ge=1)
 
-    @field_validator("sources_path", "admin_token", "viewer_token", "log_format", "notify_slack_url",
-                     "notify_webhook_url", "notify_webhook_secret", mode="before")
+    @field_validator(
+        "sources_path",
+        "admin_token",
+        "viewer_token",
+        "log_format",
+        "notify_slack_url",
+        "notify_webhook_url",
+        "notify_webhook_secret",
+        mode="before",
+    )
     @classmethod
     def _empty_is_unset(cls, value):
         # Compose and Kubernetes often set a variable to "" to mean "not set".
@@ -118,31 +156,39 @@ class Settings(BaseSettings):
         # The token is the console's and the admin API's only credential, and
         # a short one falls to guessing (docs/security.md, "Tokens").
         if value is not None and len(value) < MIN_TOKEN_CHARACTERS:
-            raise ValueError(f"is {len(value)} characters; it must be at least {MIN_TOKEN_CHARACTERS} characters"
-                             " of a random value, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
+            raise ValueError(
+                f"is {len(value)} characters; it must be at least {MIN_TOKEN_CHARACTERS} characters"
+                " of a random value, e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
         return value
 
     @model_validator(mode="after")
     def _webhook_needs_its_secret(self) -> "Settings":
         if bool(self.notify_webhook_url) != bool(self.notify_webhook_secret):
-            raise ValueError("WEBHOOK_INGEST_NOTIFY_WEBHOOK_URL and WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET go together:"
-                             " the receiver verifies each message with the secret")
+            raise ValueError(
+                "WEBHOOK_INGEST_NOTIFY_WEBHOOK_URL and WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET go together:"
+                " the receiver verifies each message with the secret"
+            )
         return self
 
     @field_validator("worker_connections")
     @classmethod
     def _worker_pools_fit(cls, value: int) -> int:
         if value < MIN_WORKER_CONNECTIONS:
-            raise ValueError(f"is {value}; a worker needs at least {MIN_WORKER_CONNECTIONS}: 2 for short statements"
-                             " and 1 each for handler transactions, lease renewals and bookkeeping")
+            raise ValueError(
+                f"is {value}; a worker needs at least {MIN_WORKER_CONNECTIONS}: 2 for short statements"
+                " and 1 each for handler transactions, lease renewals and bookkeeping"
+            )
         return value
 
     @field_validator("ingress_connections")
     @classmethod
     def _ingress_pool_fits(cls, value: int) -> int:
         if value < MIN_INGRESS_CONNECTIONS:
-            raise ValueError(f"is {value}; an ingress process needs at least {MIN_INGRESS_CONNECTIONS}: the outbox's"
-                             " inserts, its relay and the admin API each need one")
+            raise ValueError(
+                f"is {value}; an ingress process needs at least {MIN_INGRESS_CONNECTIONS}: the outbox's"
+                " inserts, its relay and the admin API each need one"
+            )
         return value
 
     @field_validator("trusted_proxies_csv", "metrics_allowed_ips_csv")
@@ -183,8 +229,9 @@ class Settings(BaseSettings):
             "admin_api": "enabled" if self.admin_token else "disabled",
             "console": "enabled" if self.admin_token else "disabled",
             "viewer_token": "set" if self.viewer_token else "unset",
-            "incident_notifications": [name for name, url in (("slack", self.notify_slack_url),
-                                                              ("webhook", self.notify_webhook_url)) if url],
+            "incident_notifications": [
+                name for name, url in (("slack", self.notify_slack_url), ("webhook", self.notify_webhook_url)) if url
+            ],
             "delivery_limit": self.delivery_limit,
             "lock_ttl": self.lock_ttl,
             "heartbeat_seconds": self.heartbeat_seconds,

@@ -32,11 +32,11 @@ from pydantic_core import PydanticCustomError
 
 from webhook_ingest.shared import event_id, ignore_rules, signatures
 from webhook_ingest.shared import routes as route_rules
-from webhook_ingest.shared.routes import Route
 from webhook_ingest.shared.archive import DEFAULT_RETENTION, parse_retention
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.event_type import default_selectors as default_event_type
 from webhook_ingest.shared.message import MAX_BODY_BYTES
+from webhook_ingest.shared.routes import Route
 
 Network = IPv4Network | IPv6Network
 
@@ -145,8 +145,7 @@ class SourceSection(BaseModel):
         if self.routes is None and self.handler is None:
             raise _problem("handler: is required (or [[sources.NAME.routes]], each naming its handler)")
         if self.routes is not None and self.handler is not None:
-            raise _problem("routes: a source has one handler or routes, not both (each route names its own"
-                           " handler)")
+            raise _problem("routes: a source has one handler or routes, not both (each route names its own handler)")
         if self.routes is not None and "handler_options" in self.model_fields_set:
             raise _problem("handler_options: put them in each route (a source with routes has none of its own)")
         return self
@@ -178,8 +177,10 @@ class SourceSection(BaseModel):
     @classmethod
     def _one_broker_message(cls, limit: int) -> int:
         if limit > MAX_BODY_BYTES:
-            raise _problem(f"at most {MAX_BODY_BYTES} (128 MiB, RabbitMQ's default max_message_size, less room for"
-                           f" the headers): a larger event would be accepted and never published, got {limit}")
+            raise _problem(
+                f"at most {MAX_BODY_BYTES} (128 MiB, RabbitMQ's default max_message_size, less room for"
+                f" the headers): a larger event would be accepted and never published, got {limit}"
+            )
         return limit
 
     @field_validator("hash_fields")
@@ -268,9 +269,11 @@ def parse_source(name: str, section: Any) -> Source:
         # `1` would share one key. And a route's handler and delivery rate
         # are filed under SOURCE#ROUTE: `acme#billing` would be `acme`'s
         # route `billing` (shared/routes.py)
-        raise ConfigError(f"source {name!r}: name: must be non-empty, without ':', '/' or '#' (it starts the"
-                          " source's idempotency keys, SOURCE:EVENT_ID, ends its URL, and SOURCE#ROUTE names a"
-                          " route)")
+        raise ConfigError(
+            f"source {name!r}: name: must be non-empty, without ':', '/' or '#' (it starts the"
+            " source's idempotency keys, SOURCE:EVENT_ID, ends its URL, and SOURCE#ROUTE names a"
+            " route)"
+        )
     if not isinstance(section, dict):
         raise ConfigError(f"source {name!r}: section: must be a table")
     try:
@@ -280,7 +283,8 @@ def parse_source(name: str, section: Any) -> Source:
     verifier = _verifier(name, config)
     selectors = config.event_id if config.event_id is not None else event_id.DEFAULT_EVENT_ID[config.scheme]
     event_type = event_id.parse_selectors(
-        config.event_type if config.event_type is not None else default_event_type(config.scheme))
+        config.event_type if config.event_type is not None else default_event_type(config.scheme)
+    )
     return Source(
         name=name,
         scheme=config.scheme,
@@ -310,8 +314,13 @@ def _verifier(name: str, config: SourceSection) -> signatures.Verifier:
     # api-key has no default header: only one the file names
     header = config.signature_header if "signature_header" in config.model_fields_set else None
     try:
-        return signatures.build_verifier(config.scheme, config.secrets, tolerance_seconds=config.tolerance_seconds,
-                                         signature_header=header, public_url=config.public_url)
+        return signatures.build_verifier(
+            config.scheme,
+            config.secrets,
+            tolerance_seconds=config.tolerance_seconds,
+            signature_header=header,
+            public_url=config.public_url,
+        )
     except signatures.SchemeConfigError as exc:
         raise ConfigError(f"source {name!r}: {exc.field}: {exc}") from None
     except ValueError as exc:
@@ -341,7 +350,7 @@ _EXPECTED = {
     "secrets[]": "must be a non-empty string",
     "handler": "must be a non-empty string",
     "routes": "must be a non-empty list of [[sources.NAME.routes]] tables",
-    "routes[]": "must be a table { handler = \"module:function\", types = [\"invoice.*\"] }",
+    "routes[]": 'must be a table { handler = "module:function", types = ["invoice.*"] }',
     "routes[].name": "must be a string",
     "routes[].handler": "must be a non-empty string",
     "routes[].types": "must be a list of event type globs",
@@ -368,7 +377,7 @@ _EXPECTED = {
     "retention": "must be a duration string such as 30d, 12h or 0d (not archived)",
     "event_type": "must be a list of selector strings",
     "event_type[]": "must be a selector string",
-    "ignore": "must be a table of rules, e.g. { type = [\"ping\", \"charge.*\"] }",
+    "ignore": 'must be a table of rules, e.g. { type = ["ping", "charge.*"] }',
 }
 
 

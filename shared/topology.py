@@ -91,8 +91,9 @@ async def ensure_events_queue(connection: AbstractConnection, namespace: str, de
         await probe.close()
 
 
-async def declare_events_queue_to_consume(connection: AbstractConnection, channel: AbstractChannel, namespace: str,
-                                          delivery_limit: int) -> tuple[AbstractQueue, bool]:
+async def declare_events_queue_to_consume(
+    connection: AbstractConnection, channel: AbstractChannel, namespace: str, delivery_limit: int
+) -> tuple[AbstractQueue, bool]:
     """The events queue on `channel`, to consume from, and whether it has our
     arguments. Declared with them, as every worker does — unless it exists
     with others (a WEBHOOK_INGEST_DELIVERY_LIMIT changed since it was
@@ -146,8 +147,13 @@ async def publish(
         await channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True)
 
 
-async def publish_properties(channel: AbstractChannel, body: bytes, properties: Basic.Properties, queue_name: str,
-                             timeout: float = PUBLISH_TIMEOUT) -> None:
+async def publish_properties(
+    channel: AbstractChannel,
+    body: bytes,
+    properties: Basic.Properties,
+    queue_name: str,
+    timeout: float = PUBLISH_TIMEOUT,
+) -> None:
     """`publish` without aio-pika's message and exchange: the same frames
     through the channel's aiormq channel, with the same guarantees — once
     the broker confirmed; a return (unroutable, mandatory) or a nack raises;
@@ -166,8 +172,9 @@ async def queue_depths(amqp_url: str, names: list[str], connection_name: str) ->
     missing queue closes its channel, which must never be the ingress's."""
     depths: dict[str, int | None] = dict.fromkeys(names)
     with contextlib.suppress(Exception):  # noqa: BLE001 - the broker away: every depth n/a
-        connection = await amqp.connect(amqp_url, timeout=DEPTH_TIMEOUT,
-                                        client_properties={"connection_name": connection_name})
+        connection = await amqp.connect(
+            amqp_url, timeout=DEPTH_TIMEOUT, client_properties={"connection_name": connection_name}
+        )
         async with connection:
             for name in names:
                 depths[name] = await _depth(connection, name)

@@ -53,8 +53,10 @@ def start(role: str, exporter: Any = None) -> bool:
         except ImportError as exc:  # installed without the `otel` extra
             from webhook_ingest.shared.errors import ConfigError
 
-            raise ConfigError(f"tracing is asked for (OTEL_*) but OpenTelemetry is not installed ({exc.name}):"
-                              " pip install 'webhook-ingest[otel]'") from exc
+            raise ConfigError(
+                f"tracing is asked for (OTEL_*) but OpenTelemetry is not installed ({exc.name}):"
+                " pip install 'webhook-ingest[otel]'"
+            ) from exc
     return _on is not None
 
 
@@ -79,8 +81,9 @@ def server_middlewares() -> list:
     return [] if _on is None else [_on.server_middleware]
 
 
-def span(name: str, event: "EventMessage | None" = None,
-         failed_by_errors: bool = False) -> contextlib.AbstractContextManager:
+def span(
+    name: str, event: "EventMessage | None" = None, failed_by_errors: bool = False
+) -> contextlib.AbstractContextManager:
     """A span, current while the block runs: the child of `event`'s
     message, and described by it (the current span's child when no event
     is given). An exception leaving the block is recorded on it, and marks

@@ -71,9 +71,13 @@ class Tracing:
         propagate.set_global_textmap(NoExtract(self._propagator))
         _instrument(self.provider)
         self.server_middleware = _server_middleware(self.provider) if role == "ingress" else None
-        log.info("tracing_on", role=role, service=self.provider.resource.attributes.get("service.name"),
-                 sampler=self.provider.sampler.get_description(),
-                 exporters=os.environ.get("OTEL_TRACES_EXPORTER", "otlp") if exporter is None else "in-process")
+        log.info(
+            "tracing_on",
+            role=role,
+            service=self.provider.resource.attributes.get("service.name"),
+            sampler=self.provider.sampler.get_description(),
+            exporters=os.environ.get("OTEL_TRACES_EXPORTER", "otlp") if exporter is None else "in-process",
+        )
 
     def stop(self) -> None:
         for instrumentor in _INSTRUMENTORS:
@@ -82,14 +86,16 @@ class Tracing:
         self.provider.shutdown()
 
     def span(self, name: str, event: EventMessage | None, failed_by_errors: bool) -> contextlib.AbstractContextManager:
-        return self._tracer.start_as_current_span(name, context=_parent(event), attributes=_about(event),
-                                                  set_status_on_exception=failed_by_errors)
+        return self._tracer.start_as_current_span(
+            name, context=_parent(event), attributes=_about(event), set_status_on_exception=failed_by_errors
+        )
 
     def describe(self, event: EventMessage) -> None:
         span = trace.get_current_span()
         if span.is_recording():
-            span.set_attributes({"webhook.source": event.source, "webhook.key": event.key,
-                                 "webhook.event_id": event.event_id})
+            span.set_attributes(
+                {"webhook.source": event.source, "webhook.key": event.key, "webhook.event_id": event.event_id}
+            )
 
     @contextlib.contextmanager
     def spans(self, name: str, events: list[EventMessage]) -> Iterator[None]:
@@ -122,14 +128,22 @@ class Tracing:
         return replace(event, trace_context=carrier) if carrier else event
 
     def replaying(self, dead_letter: Any, replay_id: int) -> contextlib.AbstractContextManager:
-        attributes = {"webhook.dead_letter_id": int(dead_letter["id"]), "webhook.replay_id": replay_id,
-                      "webhook.source": dead_letter["source"], "webhook.key": dead_letter["key"]}
-        return self._tracer.start_as_current_span(REPLAY_SPAN, context=Context(), attributes=attributes,
-                                                  links=_link_to(dead_letter))
+        attributes = {
+            "webhook.dead_letter_id": int(dead_letter["id"]),
+            "webhook.replay_id": replay_id,
+            "webhook.source": dead_letter["source"],
+            "webhook.key": dead_letter["key"],
+        }
+        return self._tracer.start_as_current_span(
+            REPLAY_SPAN, context=Context(), attributes=attributes, links=_link_to(dead_letter)
+        )
 
     def replaying_selection(self, source: str, key: str, replay_id: int) -> contextlib.AbstractContextManager:
-        attributes: dict[str, str | int] = {"webhook.events_replay_id": replay_id, "webhook.source": source,
-                                            "webhook.key": key}
+        attributes: dict[str, str | int] = {
+            "webhook.events_replay_id": replay_id,
+            "webhook.source": source,
+            "webhook.key": key,
+        }
         return self._tracer.start_as_current_span(REPLAY_SPAN, context=Context(), attributes=attributes)
 
     def add_trace_ids(self, event_dict: dict) -> dict:
@@ -150,8 +164,9 @@ class EventRoots(Sampler):
     def __init__(self, delegate: Sampler):
         self._delegate = delegate
 
-    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None,
-                      trace_state=None) -> SamplingResult:
+    def should_sample(
+        self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None
+    ) -> SamplingResult:
         has_parent = trace.get_current_span(parent_context).get_span_context().is_valid
         if not has_parent and not _starts_a_trace(name, kind, attributes or {}):
             return SamplingResult(Decision.DROP)
@@ -170,8 +185,9 @@ class NoExtract(TextMapPropagator):
     def __init__(self, inner: TextMapPropagator):
         self._inner = inner
 
-    def extract(self, carrier: CarrierT, context: Context | None = None,
-                getter: Getter[CarrierT] = default_getter) -> Context:
+    def extract(
+        self, carrier: CarrierT, context: Context | None = None, getter: Getter[CarrierT] = default_getter
+    ) -> Context:
         return context if context is not None else Context()
 
     def inject(self, carrier, context=None, setter=None) -> None:
@@ -207,8 +223,9 @@ def _link_to(dead_letter: Any) -> list[Link]:
     """A link to the trace of the dead letter's last attempt, when it ran in one."""
     trace_id, span_id = dead_letter.get("last_trace_id"), dead_letter.get("last_span_id")
     try:
-        linked = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
-                             trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        linked = SpanContext(
+            int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)
+        )
     except (TypeError, ValueError):  # none recorded (an attempt not traced), or not hex
         return []
     return [Link(linked)] if linked.is_valid else []
@@ -237,15 +254,21 @@ def _exporter(name: str) -> SpanExporter:
         raise ConfigError(f"OTEL_TRACES_EXPORTER: {name!r} is not an exporter we have (otlp, console or none)")
     protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     if (protocol or "http/protobuf") != "http/protobuf":
-        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not served; only http/protobuf"
-                          " (a collector's port 4318)")
+        raise ConfigError(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not served; only http/protobuf (a collector's port 4318)"
+        )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()  # endpoint, headers, timeout, compression, certificate: its own OTEL_EXPORTER_OTLP_*
 
 
-_INSTRUMENTORS = (aiohttp_server.AioHttpServerInstrumentor, AioHttpClientInstrumentor, AioPikaInstrumentor,
-                  AsyncPGInstrumentor, RedisInstrumentor)
+_INSTRUMENTORS = (
+    aiohttp_server.AioHttpServerInstrumentor,
+    AioHttpClientInstrumentor,
+    AioPikaInstrumentor,
+    AsyncPGInstrumentor,
+    RedisInstrumentor,
+)
 
 
 def _instrument(provider: TracerProvider) -> None:

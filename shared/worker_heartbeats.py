@@ -44,6 +44,7 @@ class Identity:
 @dataclass(frozen=True)
 class Figures:
     """What a worker holds at one beat."""
+
     in_flight: int  # messages delivered, not yet settled
     keys_held: int  # keys it is running: each under its lease, or taking it
     pool_in_use: int  # the claim path's Postgres connections in use
@@ -54,6 +55,7 @@ class Figures:
 @dataclass(frozen=True)
 class Counts:
     """Outcomes since the last beat that was written."""
+
     processed: int = 0
     retried: int = 0
     dead: int = 0
@@ -61,8 +63,13 @@ class Counts:
     lease_losses: int = 0
 
     def __sub__(self, other: "Counts") -> "Counts":
-        return Counts(self.processed - other.processed, self.retried - other.retried, self.dead - other.dead,
-                      self.duplicate - other.duplicate, self.lease_losses - other.lease_losses)
+        return Counts(
+            self.processed - other.processed,
+            self.retried - other.retried,
+            self.dead - other.dead,
+            self.duplicate - other.duplicate,
+            self.lease_losses - other.lease_losses,
+        )
 
 
 @dataclass(frozen=True)
@@ -78,20 +85,40 @@ class HeartbeatStore:
     def _connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
         return one_of(self._database, ACQUIRE_TIMEOUT)
 
-    async def beat(self, who: Identity, beat_seconds: float, figures: Figures, counts: Counts,
-                   stopped: bool = False) -> None:
+    async def beat(
+        self, who: Identity, beat_seconds: float, figures: Figures, counts: Counts, stopped: bool = False
+    ) -> None:
         async with self._connection() as connection:
             await connection.execute(
-                SQL["worker_beat"], who.worker_id, who.name, who.host, who.pid, who.started_at, beat_seconds,
-                stopped, figures.in_flight, figures.keys_held, figures.pool_in_use, figures.pool_size,
-                figures.degraded, counts.processed, counts.retried, counts.dead, counts.duplicate,
-                counts.lease_losses, FORGET_SECONDS, MINUTES_KEPT_SECONDS, timeout=STATEMENT_TIMEOUT)
+                SQL["worker_beat"],
+                who.worker_id,
+                who.name,
+                who.host,
+                who.pid,
+                who.started_at,
+                beat_seconds,
+                stopped,
+                figures.in_flight,
+                figures.keys_held,
+                figures.pool_in_use,
+                figures.pool_size,
+                figures.degraded,
+                counts.processed,
+                counts.retried,
+                counts.dead,
+                counts.duplicate,
+                counts.lease_losses,
+                FORGET_SECONDS,
+                MINUTES_KEPT_SECONDS,
+                timeout=STATEMENT_TIMEOUT,
+            )
 
     async def workers(self) -> list[dict]:
         """Each worker seen in the last FORGET_SECONDS, live ones first (`workers_seen`)."""
         async with self._connection() as connection:
-            rows = await connection.fetch(SQL["workers_seen"], SILENT_AFTER_BEATS, RECENT_MINUTES - 1,
-                                          timeout=STATEMENT_TIMEOUT)
+            rows = await connection.fetch(
+                SQL["workers_seen"], SILENT_AFTER_BEATS, RECENT_MINUTES - 1, timeout=STATEMENT_TIMEOUT
+            )
         return [dict(row) for row in rows]
 
     async def glance(self) -> Glance:

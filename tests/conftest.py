@@ -19,10 +19,10 @@ import redis.asyncio as redis
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
-from webhook_ingest.migrate import migrate
-from webhook_ingest.shared.settings import Settings
 from tests.support import broker, polling_connections
 from tests.support.processes import Fleet
+from webhook_ingest.migrate import migrate
+from webhook_ingest.shared.settings import Settings
 
 SERVER_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

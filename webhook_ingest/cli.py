@@ -7,13 +7,13 @@ import sys
 
 import click
 
-from webhook_ingest.terminal import echo
+from webhook_ingest import layout, ports
+from webhook_ingest.console import ENV_HELP, fail, traced
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.logging import configure_logging, get_logger
 from webhook_ingest.shared.settings import Settings, load_settings
 from webhook_ingest.shared.sources import Source, load_sources
-from webhook_ingest import layout, ports
-from webhook_ingest.console import ENV_HELP, fail, traced
+from webhook_ingest.terminal import echo
 
 log = get_logger("webhook_ingest")
 POOLER_CHECK_SECONDS = 5.0  # the ingress's look for a transaction pooler, at start
@@ -63,8 +63,13 @@ class _Commands(click.Group):
     for: the others start without importing it (aio-pika, asyncpg and the
     dead-letter store for `migrate` and `--help`, ~0.15 s a start)."""
 
-    ON_CALL = {"dlq": "dlq", "prune": "dlq", "incidents": "incidents",  # command: module of webhook_ingest
-               "sources": "sources_cli", "events": "events"}
+    ON_CALL = {
+        "dlq": "dlq",
+        "prune": "dlq",
+        "incidents": "incidents",  # command: module of webhook_ingest
+        "sources": "sources_cli",
+        "events": "events",
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.ON_CALL})
@@ -97,8 +102,8 @@ def _migrate_or_fail(settings: Settings) -> None:
     """Migrate and say what was applied, or one line on stderr and exit 2."""
     import asyncpg
 
-    from webhook_ingest.shared.errors import WebhookIngestError, describe, one_line
     from webhook_ingest.migrate import migrate as run_migrations
+    from webhook_ingest.shared.errors import WebhookIngestError, describe, one_line
 
     where = settings.masked()["database_url"]
     try:
@@ -116,8 +121,13 @@ def _migrate_or_fail(settings: Settings) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=8080, show_default=True, type=int, help="port to listen on")
 @click.option("--reuse-port", is_flag=True, help="let several ingress processes share the port (SO_REUSEPORT)")
-@click.option("--processes", default="1", show_default=True, type=PROCESSES,
-              help="ingress processes sharing the port; auto: one per core (at most 4)")
+@click.option(
+    "--processes",
+    default="1",
+    show_default=True,
+    type=PROCESSES,
+    help="ingress processes sharing the port; auto: one per core (at most 4)",
+)
 def ingress(host: str, port: int, reuse_port: bool, processes: str) -> None:
     """Serve the webhook ingress."""
     from aiohttp import web
@@ -137,8 +147,14 @@ def ingress(host: str, port: int, reuse_port: bool, processes: str) -> None:
     traced("ingress")  # before the app: its request middleware
     install_uvloop()
     log.info("ingress_starting", host=host, port=port, sources=sorted(sources), **settings.masked())
-    web.run_app(stopping_once(create_app(settings, sources)), sock=listening, handle_signals=False,
-                shutdown_timeout=layout.INGRESS_GRACE, print=None, access_log=None)
+    web.run_app(
+        stopping_once(create_app(settings, sources)),
+        sock=listening,
+        handle_signals=False,
+        shutdown_timeout=layout.INGRESS_GRACE,
+        print=None,
+        access_log=None,
+    )
 
 
 def _no_transaction_pooler_or_fail(settings: Settings) -> None:
@@ -169,8 +185,9 @@ def _port_free_or_fail(host: str, port: int) -> None:
 @main.command(name="send-test", epilog=ENV_HELP)
 @click.argument("source_name", metavar="SOURCE")
 @click.option("--url", default=SEND_TEST_URL, show_default=True, help="ingress base URL")
-@click.option("--duplicates", default=0, show_default=True, type=click.IntRange(min=0),
-              help="identical copies sent alongside")
+@click.option(
+    "--duplicates", default=0, show_default=True, type=click.IntRange(min=0), help="identical copies sent alongside"
+)
 def send_test_command(source_name: str, url: str, duplicates: int) -> None:
     """Sign a sample event with SOURCE's secret and send it; one line per request."""
     import aiohttp
@@ -191,16 +208,28 @@ def send_test_command(source_name: str, url: str, duplicates: int) -> None:
     refused = [status for status, _ in results if not 200 <= status < 300]
     if refused:
         hint = f" (no source {source_name!r} there: is it this deployment's ingress?)" if 404 in refused else ""
-        fail(f"{len(refused)} of {len(results)} requests not accepted by {url}:"
-             f" HTTP {', '.join(map(str, sorted(set(refused))))}{hint}")
+        fail(
+            f"{len(refused)} of {len(results)} requests not accepted by {url}:"
+            f" HTTP {', '.join(map(str, sorted(set(refused))))}{hint}"
+        )
 
 
 @main.command(epilog=ENV_HELP)
-@click.option("--concurrency", default=layout.CONCURRENCY, show_default=True, type=click.IntRange(min=1),
-              help="messages in flight")
+@click.option(
+    "--concurrency",
+    default=layout.CONCURRENCY,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="messages in flight",
+)
 @click.option("--metrics-port", type=int, default=None, help="serve /metrics, /healthz, /readyz on this port")
-@click.option("--grace-seconds", default=layout.WORKER_GRACE, show_default=True, type=float,
-              help="SIGTERM: time for running handlers")
+@click.option(
+    "--grace-seconds",
+    default=layout.WORKER_GRACE,
+    show_default=True,
+    type=float,
+    help="SIGTERM: time for running handlers",
+)
 def worker(concurrency: int, metrics_port: int | None, grace_seconds: float) -> None:
     """Run one worker process (start as many as you like, anywhere)."""
     settings, sources = configured()
@@ -246,16 +275,37 @@ def _validate_handlers(sources: dict[str, Source]) -> None:
 @main.command(epilog=ENV_HELP)
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", default=8080, show_default=True, type=int, help="port to listen on")
-@click.option("--ingress-processes", default="auto", show_default=True, type=PROCESSES,
-              help="ingress processes sharing the port; auto: one per core (at most 4)")
-@click.option("--workers", "worker_count", default=layout.WORKERS, show_default=True, type=click.IntRange(min=1),
-              help="worker processes")
-@click.option("--concurrency", default=layout.CONCURRENCY, show_default=True, type=click.IntRange(min=1),
-              help="messages in flight per worker")
-@click.option("--worker-metrics-port", type=int, default=None,
-              help="worker n serves /metrics, /healthz, /readyz on this port + n - 1")
-def run(host: str, port: int, ingress_processes: str, worker_count: int, concurrency: int,
-        worker_metrics_port: int | None) -> None:
+@click.option(
+    "--ingress-processes",
+    default="auto",
+    show_default=True,
+    type=PROCESSES,
+    help="ingress processes sharing the port; auto: one per core (at most 4)",
+)
+@click.option(
+    "--workers",
+    "worker_count",
+    default=layout.WORKERS,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="worker processes",
+)
+@click.option(
+    "--concurrency",
+    default=layout.CONCURRENCY,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="messages in flight per worker",
+)
+@click.option(
+    "--worker-metrics-port",
+    type=int,
+    default=None,
+    help="worker n serves /metrics, /healthz, /readyz on this port + n - 1",
+)
+def run(
+    host: str, port: int, ingress_processes: str, worker_count: int, concurrency: int, worker_metrics_port: int | None
+) -> None:
     """Migrate, then run the ingress and N workers under one supervisor.
 
     The defaults are the configuration `make bench` measured fastest
@@ -272,12 +322,18 @@ def run(host: str, port: int, ingress_processes: str, worker_count: int, concurr
         sys.exit(1)
     _migrate_or_fail(settings)
     ingress_count = layout.ingress_processes(ingress_processes)
-    echo(f"ingress on http://{host}:{port}  ({ingress_count} ingress processes, {worker_count} workers × "
-               f"{concurrency} in flight; Ctrl-C stops all)")
+    echo(
+        f"ingress on http://{host}:{port}  ({ingress_count} ingress processes, {worker_count} workers × "
+        f"{concurrency} in flight; Ctrl-C stops all)"
+    )
     echo(f"try it:  {send_test_line(next(iter(sources)), host, port)}")
     echo(console_line(settings, host, port))
-    _supervise({**layout.ingress_commands(host, port, ingress_count),
-                **layout.worker_commands(worker_count, concurrency, worker_metrics_port)})
+    _supervise(
+        {
+            **layout.ingress_commands(host, port, ingress_count),
+            **layout.worker_commands(worker_count, concurrency, worker_metrics_port),
+        }
+    )
 
 
 def _supervise(commands: dict[str, list[str]]) -> None:
@@ -307,4 +363,3 @@ def console_line(settings: Settings, host: str, port: int) -> str:
     if settings.admin_token:
         return f"console: http://{host}:{port}/console/  (sign in with WEBHOOK_INGEST_ADMIN_TOKEN)"
     return "console: off (set WEBHOOK_INGEST_ADMIN_TOKEN to a long random token to turn it on)"
-

@@ -5,16 +5,22 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn
 
-from webhook_ingest.terminal import echo
 from webhook_ingest.shared import tracing
 from webhook_ingest.shared.errors import ConfigError, WebhookIngestError
 from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES
+from webhook_ingest.terminal import echo
 
-ENV_HELP = "\b\nEnvironment:\n" + "\n".join(f"  {name:<30} {meaning}" for name, meaning in (
-    *ENVIRONMENT_VARIABLES,
-    ("OTEL_EXPORTER_OTLP_ENDPOINT", "OpenTelemetry traces on, sent there (OTLP/HTTP); also the other OTEL_*"
-                                    " variables (docs/operations.md, Tracing)"),
-))
+ENV_HELP = "\b\nEnvironment:\n" + "\n".join(
+    f"  {name:<30} {meaning}"
+    for name, meaning in (
+        *ENVIRONMENT_VARIABLES,
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OpenTelemetry traces on, sent there (OTLP/HTTP); also the other OTEL_*"
+            " variables (docs/operations.md, Tracing)",
+        ),
+    )
+)
 
 
 def fail(message: str) -> NoReturn:

@@ -16,8 +16,9 @@ import asyncpg
 import click
 import orjson
 
-from webhook_ingest.terminal import echo
+from webhook_ingest.console import ENV_HELP, fail, run_or_fail, traced
 from webhook_ingest.shared import amqp, topology
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import (
     STATUSES,
     Actor,
@@ -29,13 +30,12 @@ from webhook_ingest.shared.dead_letters import (
     summary,
     to_json,
 )
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.errors import BrokerUnavailable, ConfigError, ServiceUnavailable, one_line
 from webhook_ingest.shared.logging import configure_logging
 from webhook_ingest.shared.service_errors import BROKER_ERRORS, POSTGRES_ERRORS
 from webhook_ingest.shared.settings import Settings, load_settings
+from webhook_ingest.terminal import echo
 from webhook_ingest.workers.completions import CompletionStore
-from webhook_ingest.console import ENV_HELP, fail, run_or_fail, traced
 
 CONNECT_TIMEOUT = 10.0
 _DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -57,8 +57,9 @@ def dlq() -> None:
 
 @dlq.command("list", epilog=ENV_HELP)
 @click.option("--source", default=None, help="only this source")
-@click.option("--status", default="dead", show_default=True, type=click.Choice([*STATUSES, "all"]),
-              help="which dead letters")
+@click.option(
+    "--status", default="dead", show_default=True, type=click.Choice([*STATUSES, "all"]), help="which dead letters"
+)
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="at most this many (newest first)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON array on stdout")
 def list_command(source: str | None, status: str, limit: int | None, as_json: bool) -> None:
@@ -99,11 +100,12 @@ def replay_command(dead_letter_ids: tuple[str, ...], all_: bool, source: str | N
     settings = _settings()
     traced("cli")  # each replay a trace of its own
     done = run_or_fail(_replay(settings, ids, all_, source))
-    echo(f"replayed {len(done.replayed)}: {', '.join(map(str, done.replayed))}" if done.replayed
-               else "replayed 0")
+    echo(f"replayed {len(done.replayed)}: {', '.join(map(str, done.replayed))}" if done.replayed else "replayed 0")
     if done.skipped:
-        echo(f"skipped {len(done.skipped)}, changed meanwhile (replayed or discarded by someone else): "
-                   f"{', '.join(map(str, done.skipped))}")
+        echo(
+            f"skipped {len(done.skipped)}, changed meanwhile (replayed or discarded by someone else): "
+            f"{', '.join(map(str, done.skipped))}"
+        )
 
 
 @dlq.command("discard", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
@@ -116,8 +118,9 @@ def discard_command(dead_letter_ids: tuple[str, ...]) -> None:
 
 
 @click.command(epilog=ENV_HELP)
-@click.option("--older-than", "older_than", default="30d", show_default=True,
-              help="retention window: 30d, 12h, 90m, 3600s")
+@click.option(
+    "--older-than", "older_than", default="30d", show_default=True, help="retention window: 30d, 12h, 90m, 3600s"
+)
 def prune(older_than: str) -> None:
     """Delete completion records past the retention window.
 
@@ -217,8 +220,9 @@ async def confirm_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.Abst
 
 async def _replay(settings: Settings, ids: list[int], all_: bool, source: str | None) -> Replayed:
     async with database(settings) as connection, confirm_channel(settings) as channel:
-        return await DeadLetterStore(connection).replay(channel, settings.namespace, ids=ids, all_=all_,
-                                                        source=source, actor=Actor.cli())
+        return await DeadLetterStore(connection).replay(
+            channel, settings.namespace, ids=ids, all_=all_, source=source, actor=Actor.cli()
+        )
 
 
 # -- output ----------------------------------------------------------------------
@@ -231,20 +235,36 @@ def _echo_json(document) -> None:
 def render_table(rows: list[dict], now: datetime) -> str:
     header = ("ID", "STATUS", "SOURCE", "KEY", "ATTEMPTS", "AGE", "LAST ERROR")
     lines = [
-        (str(row["id"]), row["status"], row["source"], trimmed(row["key"], 48), str(row["attempts"]),
-         age(now - row["created_at"]), trimmed(describe_error(row["last_error"]) or "-", 60))
+        (
+            str(row["id"]),
+            row["status"],
+            row["source"],
+            trimmed(row["key"], 48),
+            str(row["attempts"]),
+            age(now - row["created_at"]),
+            trimmed(describe_error(row["last_error"]) or "-", 60),
+        )
         for row in rows
     ]
     widths = [max(len(line[column]) for line in [header, *lines]) for column in range(len(header) - 1)]
     return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1]
-        for line in [header, *lines]
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1] for line in [header, *lines]
     )
 
 
 def render_detail(document: dict) -> str:
-    fields = ("id", "status", "source", "route", "key", "event_id", "attempts", "received_at", "created_at",
-              "updated_at")
+    fields = (
+        "id",
+        "status",
+        "source",
+        "route",
+        "key",
+        "event_id",
+        "attempts",
+        "received_at",
+        "created_at",
+        "updated_at",
+    )
     lines = [f"{name + ':':<13} {document[name]}" for name in fields if name in document]  # route: a route's run
     lines += ["", "headers:", _indented_json(document["headers"]), "", "payload:"]
     payload = document["payload"]

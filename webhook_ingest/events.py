@@ -15,7 +15,6 @@ from typing import BinaryIO
 
 import click
 
-from webhook_ingest.terminal import echo, one_line
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 from webhook_ingest.dlq import _echo_json, _indented_json, _settings, age, database, trimmed
 from webhook_ingest.shared.archive_store import ArchiveStore
@@ -35,7 +34,7 @@ from webhook_ingest.shared.archived_events import (
 from webhook_ingest.shared.errors import ConfigError, WebhookIngestError
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source, load_sources
-
+from webhook_ingest.terminal import echo, one_line
 
 FILTER_OPTIONS = [
     click.option("--source", default=None, help="only this source"),
@@ -45,8 +44,9 @@ FILTER_OPTIONS = [
     click.option("--until", default=None, help="received before this ISO 8601 time"),
     click.option("--key", default=None, help="keys starting with this (SOURCE:EVENT_ID)"),
     click.option("--event-id", default=None, help="event ids starting with this"),
-    click.option("--payload", default=None,
-                 help='bodies containing this JSON object, e.g. \'{"customer": "cus_123"}\''),
+    click.option(
+        "--payload", default=None, help='bodies containing this JSON object, e.g. \'{"customer": "cus_123"}\''
+    ),
 ]
 
 
@@ -59,8 +59,18 @@ def filter_options(command):
 
 def cli_filter(source, status, event_type, since, until, key, event_id, payload) -> EventFilter:
     """The options' filter; raises InvalidFilter naming the field."""
-    return parse_filter({"source": source, "status": status, "type": event_type, "since": since,
-                         "until": until, "key": key, "event_id": event_id, "payload": payload})
+    return parse_filter(
+        {
+            "source": source,
+            "status": status,
+            "type": event_type,
+            "since": since,
+            "until": until,
+            "key": key,
+            "event_id": event_id,
+            "payload": payload,
+        }
+    )
 
 
 @click.group(epilog=ENV_HELP)
@@ -70,8 +80,13 @@ def events() -> None:
 
 @events.command("list", epilog=ENV_HELP)
 @filter_options
-@click.option("--limit", default=DEFAULT_LIMIT, show_default=True, type=click.IntRange(1, MAX_LIMIT),
-              help="at most this many (newest first)")
+@click.option(
+    "--limit",
+    default=DEFAULT_LIMIT,
+    show_default=True,
+    type=click.IntRange(1, MAX_LIMIT),
+    help="at most this many (newest first)",
+)
 @click.option("--cursor", default=None, help="the page after the one whose `next` this is")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object on stdout")
 def list_command(source, status, event_type, since, until, key, event_id, payload, limit, cursor, as_json) -> None:
@@ -105,28 +120,44 @@ def show_command(key: str, as_json: bool) -> None:
     echo(f"key: {document['key']}")
     completion = document["completion"]
     for route, done in document["completions"].items():
-        echo(f"completed, route {route}: {done['completed_at']} (attempt {done['attempts']})" if done
-                   else f"completed, route {route}: no (or pruned)")
+        echo(
+            f"completed, route {route}: {done['completed_at']} (attempt {done['attempts']})"
+            if done
+            else f"completed, route {route}: no (or pruned)"
+        )
     if completion or not document["completions"]:
-        echo(f"completed: {completion['completed_at']} (attempt {completion['attempts']})" if completion
-                   else "completed: no (or pruned)")
+        echo(
+            f"completed: {completion['completed_at']} (attempt {completion['attempts']})"
+            if completion
+            else "completed: no (or pruned)"
+        )
     for dead_letter in document["dead_letters"]:
         route = f" (route {dead_letter['route']})" if dead_letter.get("route") else ""
         echo(f"dead letter {dead_letter['id']}: {dead_letter['status']}{route}")
     for arrival in document["arrivals"]:
-        echo(f"\narrival {arrival['received_at']}  {arrival['status']}  type {arrival['event_type'] or '-'}"
-                   f"  attempts {arrival['attempts']}" + (f"  last error: {arrival['last_error']}"
-                                                          if arrival["last_error"] else ""))
+        echo(
+            f"\narrival {arrival['received_at']}  {arrival['status']}  type {arrival['event_type'] or '-'}"
+            f"  attempts {arrival['attempts']}"
+            + (f"  last error: {arrival['last_error']}" if arrival["last_error"] else "")
+        )
         echo(f"headers:\n{_indented_json(arrival['headers'])}")
         payload = arrival["payload"]
-        echo(f"payload:\n{_indented_json(payload)}" if payload is not None
-                   else f"body:\n  {arrival.get('body') or '(not yet archived)'}")
+        echo(
+            f"payload:\n{_indented_json(payload)}"
+            if payload is not None
+            else f"body:\n  {arrival.get('body') or '(not yet archived)'}"
+        )
 
 
 @events.command("export", epilog=ENV_HELP)
 @filter_options
-@click.option("--output", "-o", default=None, type=click.Path(dir_okay=False, writable=True),
-              help="write to this file instead of stdout")
+@click.option(
+    "--output",
+    "-o",
+    default=None,
+    type=click.Path(dir_okay=False, writable=True),
+    help="write to this file instead of stdout",
+)
 def export_command(source, status, event_type, since, until, key, event_id, payload, output) -> None:
     """Every archived event the filter matches as JSON lines, newest first: headers and body included."""
     try:
@@ -173,15 +204,17 @@ async def _page(settings: Settings, where: EventFilter, after: Cursor | None, li
 
 def _route_names(settings: Settings, key: str) -> list[str]:
     """The routes of the key's source, from the sources file."""
-    return route_names(_sources(settings, "each route's completion is not shown (nor `processing` while a route"
-                                          " runs the event)"), key)
+    return route_names(
+        _sources(settings, "each route's completion is not shown (nor `processing` while a route runs the event)"), key
+    )
 
 
 def source_routes(settings: Settings) -> SourceRoutes:
     """Every route of the sources file: a routed event is `processing` while
     one of its routes holds its lease (KEY#ROUTE)."""
-    return SourceRoutes.of(_sources(settings, "an event of a source with routes shows `queued`, not `processing`,"
-                                              " while its routes run it"))
+    return SourceRoutes.of(
+        _sources(settings, "an event of a source with routes shows `queued`, not `processing`, while its routes run it")
+    )
 
 
 def _sources(settings: Settings, without_them: str) -> dict[str, Source]:
@@ -208,8 +241,10 @@ def _table(rows: list[dict], now: datetime) -> str:
     for row in rows:
         received = age(now - datetime.fromisoformat(row["received_at"]))
         detail = one_line(row["event_id"]) + (f"  {trimmed(row['last_error'], 60)}" if row["last_error"] else "")
-        lines.append(f"{received:<10} {trimmed(row['source'], 12):<12} {row['status']:<10} "
-                     f"{trimmed(row['event_type'] or '-', 20):<20} {row['attempts']:>8}  {detail}")
+        lines.append(
+            f"{received:<10} {trimmed(row['source'], 12):<12} {row['status']:<10} "
+            f"{trimmed(row['event_type'] or '-', 20):<20} {row['attempts']:>8}  {detail}"
+        )
     return "\n".join(lines)
 
 

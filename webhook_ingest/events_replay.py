@@ -17,7 +17,6 @@ import sys
 
 import click
 
-from webhook_ingest.terminal import echo
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 from webhook_ingest.dlq import _echo_json, _settings, confirm_channel, database
 from webhook_ingest.events import cli_filter, events, filter_options, source_routes
@@ -28,6 +27,7 @@ from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplay
 from webhook_ingest.shared.event_replays import EventReplay
 from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, MIN_RATE, run
 from webhook_ingest.shared.settings import Settings
+from webhook_ingest.terminal import echo
 
 
 class NoSuchReplay(WebhookIngestError):
@@ -37,15 +37,35 @@ class NoSuchReplay(WebhookIngestError):
 @events.command("replay", epilog=ENV_HELP)
 @filter_options
 @click.option("--dry-run", is_flag=True, help="only count the events a replay would take")
-@click.option("--rate", default=DEFAULT_RATE, show_default=True, type=click.FloatRange(MIN_RATE, MAX_RATE),
-              help="events published per second")
+@click.option(
+    "--rate",
+    default=DEFAULT_RATE,
+    show_default=True,
+    type=click.FloatRange(MIN_RATE, MAX_RATE),
+    help="events published per second",
+)
 @click.option("--yes", is_flag=True, help="do not ask to confirm")
 @click.option("--show", "show_id", type=int, default=None, help="show replay ID's progress")
 @click.option("--cancel", "cancel_id", type=int, default=None, help="cancel replay ID (what was published stays)")
 @click.option("--resume", "resume_id", type=int, default=None, help="run replay ID's remaining events here")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object on stdout")
-def replay(source, status, event_type, since, until, key, event_id, payload, dry_run, rate, yes, show_id,
-           cancel_id, resume_id, as_json) -> None:
+def replay(
+    source,
+    status,
+    event_type,
+    since,
+    until,
+    key,
+    event_id,
+    payload,
+    dry_run,
+    rate,
+    yes,
+    show_id,
+    cancel_id,
+    resume_id,
+    as_json,
+) -> None:
     """Replay every archived event a filter matches, each exactly once per replay."""
     settings = _settings()
     if show_id is not None or cancel_id is not None:
@@ -115,10 +135,14 @@ async def _claim_and_run(settings: Settings, replay_id: int, rate: float, as_jso
         claimed = await store.claim(replay_id, rate)
         if claimed is None:
             found = await store.get(replay_id)
-            raise NoSuchReplay(f"no replay {replay_id}" if found is None
-                               else f"replay {replay_id} is {found.state}: not waiting to run")
-        job = EventReplayJob(claimed, Actor.cli(), store, lambda: channel, settings.namespace,
-                             progress=_Progress(replay_id))
+            raise NoSuchReplay(
+                f"no replay {replay_id}"
+                if found is None
+                else f"replay {replay_id} is {found.state}: not waiting to run"
+            )
+        job = EventReplayJob(
+            claimed, Actor.cli(), store, lambda: channel, settings.namespace, progress=_Progress(replay_id)
+        )
         await run(job)
         finished = await store.get(replay_id)
     assert finished is not None
@@ -135,21 +159,23 @@ class _Progress:
         now = asyncio.get_running_loop().time()
         if now - self._shown_at >= 1.0 or item == total:
             self._shown_at = now
-            echo(f"replay {self._replay_id}: {item} of {total} ({published} published, {skipped} skipped)",
-                       err=True)
+            echo(f"replay {self._replay_id}: {item} of {total} ({published} published, {skipped} skipped)", err=True)
 
 
 def _describe(document: dict) -> str:
-    lines = [f"replay {document['id']}: {document['state']}, {document['handled']} of {document['total']} handled"
-             f" ({document['published']} published"
-             + (f", {document['in_doubt']} of them in doubt" if document["in_doubt"] else "")
-             + f", {document['skipped']} skipped)"
-             + (f" at {document['rate']:g} per second" if document["rate"] else ""),
-             f"filter: {document['filter'] or 'none: every archived event'}",
-             f"asked by {document['created_by']} at {document['created_at']}"]
+    lines = [
+        f"replay {document['id']}: {document['state']}, {document['handled']} of {document['total']} handled"
+        f" ({document['published']} published"
+        + (f", {document['in_doubt']} of them in doubt" if document["in_doubt"] else "")
+        + f", {document['skipped']} skipped)"
+        + (f" at {document['rate']:g} per second" if document["rate"] else ""),
+        f"filter: {document['filter'] or 'none: every archived event'}",
+        f"asked by {document['created_by']} at {document['created_at']}",
+    ]
     if document["error"]:
         lines.append(f"stopped: {document['error']}")
     if document["in_doubt"]:
-        lines.append("in doubt: its runner died while publishing the last event counted published;"
-                     " it may not have gone out")
+        lines.append(
+            "in doubt: its runner died while publishing the last event counted published; it may not have gone out"
+        )
     return "\n".join(lines)

@@ -9,7 +9,6 @@ from typing import Any
 
 import click
 
-from webhook_ingest.terminal import echo
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail, traced
 from webhook_ingest.dlq import _echo_json, _settings, age, confirm_channel, database, trimmed
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
@@ -18,6 +17,7 @@ from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.incident_store import STATES, IncidentNotFound, IncidentStore
 from webhook_ingest.shared.incidents import event_document, incident_document
 from webhook_ingest.shared.settings import Settings
+from webhook_ingest.terminal import echo
 
 _IDS_MAY_LOOK_LIKE_OPTIONS = {"ignore_unknown_options": True}
 
@@ -52,21 +52,43 @@ def show_command(incident_id: str, as_json: bool) -> None:
     parsed = _parse(incident_id)
 
     async def read(store: IncidentStore) -> dict:
-        return {**incident_document(await store.get(parsed)), "history": await store.history(parsed),
-                "events": [event_document(row) for row in await store.events(parsed)]}
+        return {
+            **incident_document(await store.get(parsed)),
+            "history": await store.history(parsed),
+            "events": [event_document(row) for row in await store.events(parsed)],
+        }
 
     document = run_or_fail(_with_store(_settings(), read))
     if as_json:
         _echo_json(document)
         return
-    echo("\n".join(f"{name}: {document[name]}" for name in (
-        "id", "state", "source", "handler", "error_type", "error_pattern", "last_error", "failures",
-        "dead_letters", "first_seen", "last_seen", "acknowledged_by", "resolved_by")))
+    echo(
+        "\n".join(
+            f"{name}: {document[name]}"
+            for name in (
+                "id",
+                "state",
+                "source",
+                "handler",
+                "error_type",
+                "error_pattern",
+                "last_error",
+                "failures",
+                "dead_letters",
+                "first_seen",
+                "last_seen",
+                "acknowledged_by",
+                "resolved_by",
+            )
+        )
+    )
     for change in document["history"]:
         echo(f"  {change['at'].astimezone(UTC).isoformat()}  {change['state']:<13} by {change['actor']}")
     for event in document["events"]:
-        echo(f"  event {event['event_id']}  failures {event['failures']}  dead letter "
-                   f"{event['dead_letter_id'] or '-'} ({event['dead_letter_status'] or 'retrying'})")
+        echo(
+            f"  event {event['event_id']}  failures {event['failures']}  dead letter "
+            f"{event['dead_letter_id'] or '-'} ({event['dead_letter_status'] or 'retrying'})"
+        )
 
 
 @incidents.command("ack", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
@@ -90,14 +112,16 @@ def replay_command(incident_id: str) -> None:
     settings = _settings()
     traced("cli")  # each replay a trace of its own
     done: Replayed = run_or_fail(_replay(settings, _parse(incident_id)))
-    echo(f"replayed {len(done.replayed)}" + (f", skipped {len(done.skipped)} changed meanwhile"
-                                                    if done.skipped else ""))
+    echo(
+        f"replayed {len(done.replayed)}" + (f", skipped {len(done.skipped)} changed meanwhile" if done.skipped else "")
+    )
 
 
 @incidents.command("discard", epilog=ENV_HELP, context_settings=_IDS_MAY_LOOK_LIKE_OPTIONS)
 @click.argument("incident_id", metavar="ID")
 def discard_command(incident_id: str) -> None:
     """Discard the incident's open dead letters (kept for audit)."""
+
     async def discard(connection, ids: list[int]) -> list[int]:
         return await DeadLetterStore(connection).discard(ids, Actor.cli()) if ids else []
 
@@ -152,9 +176,20 @@ async def _replay(settings: Settings, incident_id: int) -> Replayed:
 
 def _table(documents: list[dict], now: datetime) -> str:
     header = ("ID", "STATE", "SOURCE", "HANDLER", "FAILURES", "DEAD", "LAST SEEN", "ERROR")
-    lines = [(str(d["id"]), d["state"], d["source"], trimmed(d["handler"], 30), str(d["failures"]),
-              str(d["dead_letters"]), age(now - datetime.fromisoformat(d["last_seen"])) + " ago",
-              trimmed(f"{d['error_type']}: {d['error_pattern']}", 70)) for d in documents]
+    lines = [
+        (
+            str(d["id"]),
+            d["state"],
+            d["source"],
+            trimmed(d["handler"], 30),
+            str(d["failures"]),
+            str(d["dead_letters"]),
+            age(now - datetime.fromisoformat(d["last_seen"])) + " ago",
+            trimmed(f"{d['error_type']}: {d['error_pattern']}", 70),
+        )
+        for d in documents
+    ]
     widths = [max(len(line[column]) for line in [header, *lines]) for column in range(len(header) - 1)]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1]
-                     for line in [header, *lines])
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1] for line in [header, *lines]
+    )

@@ -19,7 +19,7 @@ import asyncpg
 from webhook_ingest.shared import schema
 from webhook_ingest.shared.errors import WebhookIngestError
 
-_MIGRATION_LOCK = 0x77686b6d  # any constant shared by every migrating process
+_MIGRATION_LOCK = 0x77686B6D  # any constant shared by every migrating process
 MAINTENANCE_DATABASE = "postgres"
 CONNECT_TIMEOUT = 10.0
 
@@ -68,8 +68,9 @@ async def create_database(database_url: str) -> None:
     cannot = f"database {name!r} does not exist and cannot be created here"
     advice = f'create it yourself (CREATE DATABASE "{_identifier(name)}"), then run migrate again'
     try:
-        connection = await asyncpg.connect(urlunsplit(parts._replace(path=f"/{MAINTENANCE_DATABASE}")),
-                                           timeout=CONNECT_TIMEOUT)
+        connection = await asyncpg.connect(
+            urlunsplit(parts._replace(path=f"/{MAINTENANCE_DATABASE}")), timeout=CONNECT_TIMEOUT
+        )
     except asyncpg.PostgresError as exc:
         raise DatabaseMissing(f"{cannot}: the {MAINTENANCE_DATABASE!r} database refused us ({exc}); {advice}") from exc
     try:

@@ -50,6 +50,8 @@ def _addresses(host: str, port: int) -> list[tuple]:
 
 def _why(host: str, port: int, exc: OSError) -> str:
     if exc.errno == errno.EADDRINUSE:
-        return (f"port {port} is in use: something already listens on {host}:{port} (another webhook-ingest?);"
-                " stop it or choose another --port")
+        return (
+            f"port {port} is in use: something already listens on {host}:{port} (another webhook-ingest?);"
+            " stop it or choose another --port"
+        )
     return f"cannot listen on {host}:{port}: {exc.strerror or exc}"

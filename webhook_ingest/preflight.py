@@ -29,9 +29,15 @@ HOW_TO_START = {
 URL_VARIABLE = {"PostgreSQL": "DATABASE_URL", "Redis": "REDIS_URLS", "RabbitMQ": "AMQP_URL"}
 TIMEOUT = 3.0
 # Errors that can only come from a server that answered (refused, not down).
-ANSWERED = (asyncpg.PostgresError, redis_errors.ResponseError, redis_errors.AuthenticationError,
-            aiormq.exceptions.ConnectionClosed, aiormq.exceptions.AuthenticationError,
-            aiormq.exceptions.ProbableAuthenticationError, aiormq.exceptions.ProtocolSyntaxError)
+ANSWERED = (
+    asyncpg.PostgresError,
+    redis_errors.ResponseError,
+    redis_errors.AuthenticationError,
+    aiormq.exceptions.ConnectionClosed,
+    aiormq.exceptions.AuthenticationError,
+    aiormq.exceptions.ProbableAuthenticationError,
+    aiormq.exceptions.ProtocolSyntaxError,
+)
 
 
 async def service_problems(settings: Settings) -> list[str]:
@@ -51,28 +57,41 @@ async def service_problems(settings: Settings) -> list[str]:
 def _problem(service: str, url: str, exc: BaseException) -> str:
     if isinstance(exc, ANSWERED):
         return f"{service} at {mask_url(url)} {_refused(service, url, exc)}"
-    return (f"{service} is not reachable at {mask_url(url)} ({_reason(exc)}); start it with:"
-            f" {HOW_TO_START[service]}   (or: docker compose up -d)")
+    return (
+        f"{service} is not reachable at {mask_url(url)} ({_reason(exc)}); start it with:"
+        f" {HOW_TO_START[service]}   (or: docker compose up -d)"
+    )
 
 
 def _refused(service: str, url: str, exc: BaseException) -> str:
     """What a service that answered refused, and what to fix: it is running."""
     reason, variable = describe(exc), URL_VARIABLE[service]
-    if isinstance(exc, (asyncpg.InvalidAuthorizationSpecificationError, redis_errors.AuthenticationError,
-                        redis_errors.AuthenticationWrongNumberOfArgsError, aiormq.exceptions.AuthenticationError,
-                        aiormq.exceptions.ProbableAuthenticationError)):
+    if isinstance(
+        exc,
+        (
+            asyncpg.InvalidAuthorizationSpecificationError,
+            redis_errors.AuthenticationError,
+            redis_errors.AuthenticationWrongNumberOfArgsError,
+            aiormq.exceptions.AuthenticationError,
+            aiormq.exceptions.ProbableAuthenticationError,
+        ),
+    ):
         return f"refused the credentials ({reason}); it is running: check the user and password in {variable}"
     parsed = URL(url)
     if service == "RabbitMQ" and _vhost_refused(exc):
         vhost, user = unquote(parsed.raw_path[1:]) or "/", parsed.user or "guest"
         if not isinstance(exc, aiormq.exceptions.ConnectionNotAllowed):
             reason = "the connection closed at Connection.Open"
-        return (f"refused the virtual host {vhost!r} ({reason}); it is running, and the virtual host does not exist"
-                f" or {user!r} may not use it: rabbitmqctl add_vhost {vhost} && rabbitmqctl set_permissions"
-                f" -p {vhost} {user} '.*' '.*' '.*'   (or fix {variable})")
+        return (
+            f"refused the virtual host {vhost!r} ({reason}); it is running, and the virtual host does not exist"
+            f" or {user!r} may not use it: rabbitmqctl add_vhost {vhost} && rabbitmqctl set_permissions"
+            f" -p {vhost} {user} '.*' '.*' '.*'   (or fix {variable})"
+        )
     if service == "Redis" and "DB index is out of range" in str(exc):
-        return (f"has no database {parsed.path.strip('/')} ({reason}); it is running: choose one below its"
-                f" `databases` setting in {variable}")
+        return (
+            f"has no database {parsed.path.strip('/')} ({reason}); it is running: choose one below its"
+            f" `databases` setting in {variable}"
+        )
     return f"refused the connection ({reason}); it is running: check {variable}"
 
 
@@ -80,7 +99,8 @@ def _vhost_refused(exc: BaseException) -> bool:
     """RabbitMQ closes the connection at Connection.Open (530, NOT_ALLOWED);
     aiormq reports it as the unexpected Connection.Close, without its text."""
     return isinstance(exc, aiormq.exceptions.ConnectionNotAllowed) or (
-        isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc))
+        isinstance(exc, aiormq.exceptions.InvalidFrameError) and "Connection.Close" in str(exc)
+    )
 
 
 async def _check_postgres(database_url: str) -> None:

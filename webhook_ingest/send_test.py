@@ -3,7 +3,6 @@
 import asyncio
 import time
 import uuid
-
 from urllib.parse import urlencode
 
 import aiohttp
@@ -32,18 +31,31 @@ def sample_body(source: Source) -> bytes:
     elif source.scheme == "twilio":  # an incoming SMS, as Twilio posts it
         return urlencode({"MessageSid": f"SM{unique}", "From": "+15005550006", "Body": "hello from send-test"}).encode()
     else:
-        document = {"id": f"evt_{unique}", "event_id": f"evt_{unique}", "type": "test.event",
-                    "created": int(time.time()), "data": {"message": "hello from send-test"}}
+        document = {
+            "id": f"evt_{unique}",
+            "event_id": f"evt_{unique}",
+            "type": "test.event",
+            "created": int(time.time()),
+            "data": {"message": "hello from send-test"},
+        }
     return orjson.dumps(document)
 
 
 def signed_request(source: Source, body: bytes) -> dict[str, str]:
     if source.scheme == "standard-webhooks-v1a":
-        raise ConfigError(f"send-test cannot sign for source {source.name!r}: a standard-webhooks-v1a source lists"
-                          " public keys only, the private key stays with the sender")
+        raise ConfigError(
+            f"send-test cannot sign for source {source.name!r}: a standard-webhooks-v1a source lists"
+            " public keys only, the private key stays with the sender"
+        )
     content_type = payloads.FORM if source.scheme == "twilio" else "application/json"  # twilio: as sample_body
-    headers = signatures.sign(source.scheme, body, source.secrets[0], signature_header=source.signature_header,
-                              public_url=source.public_url, content_type=content_type)
+    headers = signatures.sign(
+        source.scheme,
+        body,
+        source.secrets[0],
+        signature_header=source.signature_header,
+        public_url=source.public_url,
+        content_type=content_type,
+    )
     if source.scheme in _ID_HEADERS:
         headers[_ID_HEADERS[source.scheme]] = str(uuid.uuid4())
     headers["Content-Type"] = content_type

@@ -10,7 +10,6 @@ import asyncio
 
 import click
 
-from webhook_ingest.terminal import echo
 from webhook_ingest.console import ENV_HELP, fail, run_or_fail
 from webhook_ingest.dlq import _settings, database
 from webhook_ingest.shared import topology
@@ -19,6 +18,7 @@ from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.pauses import PauseStore
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.terminal import echo
 
 
 @click.group(epilog=ENV_HELP)
@@ -34,8 +34,11 @@ def list_command() -> None:
     paused = run_or_fail(_paused(settings))
     waiting = asyncio.run(parked_counts(settings, sorted({*names, *paused})))
     for name in sorted({*names, *paused}):
-        state = f"paused by {paused[name]['paused_by']} at {paused[name]['paused_at'].isoformat()}" \
-            if name in paused else "running"
+        state = (
+            f"paused by {paused[name]['paused_by']} at {paused[name]['paused_at'].isoformat()}"
+            if name in paused
+            else "running"
+        )
         count = waiting.get(name)
         echo(f"{name}  {state}  waiting: {'n/a' if count is None else count}")
 

@@ -44,9 +44,7 @@ class Supervisor:
 
     async def _keep_running(self, name: str) -> None:
         while not self._stopping.is_set():
-            child = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "webhook_ingest", *self._commands[name]
-            )
+            child = await asyncio.create_subprocess_exec(sys.executable, "-m", "webhook_ingest", *self._commands[name])
             self._children[name] = child
             log.info("child_started", child=name, pid=child.pid)
             if self._stopping.is_set():  # started while the others were told to stop

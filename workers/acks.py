@@ -102,8 +102,9 @@ class OpenDeliveries:
             return
         await self._send(partial(last.ack, multiple=True), messages, "ack_multiple")
 
-    async def _send(self, frame: Callable[[], Awaitable[None]], messages: list[AbstractIncomingMessage],
-                    kind: str) -> None:
+    async def _send(
+        self, frame: Callable[[], Awaitable[None]], messages: list[AbstractIncomingMessage], kind: str
+    ) -> None:
         try:
             await frame()
         except Exception as exc:  # noqa: BLE001 - the broker redelivers; the copy is a duplicate

@@ -32,8 +32,11 @@ MAX_ROWS = 50_000  # small rows (no body): minutes of a busy worker while Postgr
 FLUSH_SECONDS = 2.0
 ERROR_CHARS = 2000
 
-SETTLED = {Outcome.PROCESSED: archive.PROCESSED, Outcome.DUPLICATE: archive.DUPLICATE,
-           Outcome.CONFLICT: archive.CONFLICT}
+SETTLED = {
+    Outcome.PROCESSED: archive.PROCESSED,
+    Outcome.DUPLICATE: archive.DUPLICATE,
+    Outcome.CONFLICT: archive.CONFLICT,
+}
 FAILED = {Outcome.RETRIED: archive.RETRYING, Outcome.DEAD: archive.DEAD}
 # An event the ingress accepted for a route the worker's sources file no
 # longer has (docs/design.md, "Routes": the worker's file decides)
@@ -52,8 +55,10 @@ class ArchiveNotes:
         writer = BatchedWriter(self._store.write_outcomes, "outcomes", MAX_ROWS)
         upkeep = ArchiveUpkeep(self._store, self._sources)
         writer.ready = upkeep.ready
-        self._tasks = [asyncio.create_task(upkeep.run(), name="archive-upkeep"),
-                       asyncio.create_task(writer.run(), name="archive-outcomes")]
+        self._tasks = [
+            asyncio.create_task(upkeep.run(), name="archive-upkeep"),
+            asyncio.create_task(writer.run(), name="archive-outcomes"),
+        ]
         self._writer = writer
 
     async def close(self) -> None:

@@ -54,19 +54,25 @@ class BatchProcessor:
         leaders, copies = _split_copies(messages)
         outcomes = dict(zip(leaders, await self._process_distinct([messages[i] for i in leaders])))
         for i, leader in copies.items():
-            if outcomes[leader] in (Outcome.PROCESSED, Outcome.DUPLICATE) \
-                    and messages[i].payload_sha256 == messages[leader].payload_sha256:
+            if (
+                outcomes[leader] in (Outcome.PROCESSED, Outcome.DUPLICATE)
+                and messages[i].payload_sha256 == messages[leader].payload_sha256
+            ):
                 outcomes[i] = Outcome.DUPLICATE  # the same event, completed a moment ago
         rest = [i for i in copies if i not in outcomes]  # conflicts, or a leader that failed
-        outcomes.update(zip(rest, await _all(*(tracing.within(messages[i], self._processor.process(messages[i]))
-                                               for i in rest))))
+        outcomes.update(
+            zip(rest, await _all(*(tracing.within(messages[i], self._processor.process(messages[i])) for i in rest)))
+        )
         return [outcomes[i] for i in range(len(messages))]
 
     async def _process_distinct(self, messages: list[EventMessage]) -> list[Outcome]:
         with tracing.spans("claim", messages):
             claims = await self._store.claim_many([message.key for message in messages])
-        acquired = {i: claim.lock for i, claim in enumerate(claims)
-                    if claim.state is ClaimState.ACQUIRED and claim.lock is not None}  # an acquired claim holds its lock
+        acquired = {
+            i: claim.lock
+            for i, claim in enumerate(claims)
+            if claim.state is ClaimState.ACQUIRED and claim.lock is not None
+        }  # an acquired claim holds its lock
         # kept alive from the claim on: a wait for a pooled connection must not eat them
         keepers = {i: self._processor.redis_keeper(lock) for i, lock in acquired.items()}
         outcomes: dict[int, Outcome] = {}
@@ -75,7 +81,10 @@ class BatchProcessor:
             async with kept_alive(list(keepers.values())):
                 batched, *one_by_one = await _all(
                     self._run_acquired(messages, acquired, keepers),
-                    *(tracing.within(messages[i], self._processor.process_claimed(messages[i], claims[i])) for i in alone),
+                    *(
+                        tracing.within(messages[i], self._processor.process_claimed(messages[i], claims[i]))
+                        for i in alone
+                    ),
                 )
         except BaseException:
             await quietly(asyncio.gather(*(self._store.release(lock) for lock in acquired.values())))
@@ -84,8 +93,9 @@ class BatchProcessor:
         outcomes.update(zip(alone, one_by_one))
         return [outcomes[i] for i in range(len(messages))]
 
-    async def _run_acquired(self, messages: list[EventMessage], locks: dict[int, Lock],
-                            lock_keepers: dict[int, Keeper]) -> dict[int, Outcome]:
+    async def _run_acquired(
+        self, messages: list[EventMessage], locks: dict[int, Lock], lock_keepers: dict[int, Keeper]
+    ) -> dict[int, Outcome]:
         if not locks:
             return {}
         order = sorted(locks, key=lambda i: messages[i].key)
@@ -94,21 +104,30 @@ class BatchProcessor:
         try:
             async with self._completions.session() as connection:
                 with tracing.spans("lease", [messages[i] for i in order]):
-                    leases = await self._completions.take_leases(connection, _keys(messages, order),
-                                                                 self._store.redlock.ttl_ms)
-                handed_on = [i for i in order if messages[i].key in leases
-                             and already_handed_on(messages[i], leases[messages[i].key].handed_on)]
+                    leases = await self._completions.take_leases(
+                        connection, _keys(messages, order), self._store.redlock.ttl_ms
+                    )
+                handed_on = [
+                    i
+                    for i in order
+                    if messages[i].key in leases and already_handed_on(messages[i], leases[messages[i].key].handed_on)
+                ]
                 leased = [i for i in order if messages[i].key in leases and i not in handed_on]
                 lease_keepers = [self._processor.lease_keeper(list(leases.values()))] if leases else []
                 async with kept_alive(lease_keepers):  # none when every key is leased elsewhere
-                    passed = await self._commit(connection, messages, leased, leases, lease_keepers[0]) \
-                        if leased else None
+                    passed = (
+                        await self._commit(connection, messages, leased, leases, lease_keepers[0]) if leased else None
+                    )
         finally:
             completed_now = set() if passed is None else {messages[i].key for i in passed[0]}
             await self._completions.release_leases([lease for key, lease in leases.items() if key not in completed_now])
         if passed is None:  # rolled back, or nothing leased: each on its own, still under its lock
-            settled = await _all(*(tracing.within(messages[i], self._processor.run_locked(messages[i], locks[i], lock_keepers[i]))
-                                   for i in order))
+            settled = await _all(
+                *(
+                    tracing.within(messages[i], self._processor.run_locked(messages[i], locks[i], lock_keepers[i]))
+                    for i in order
+                )
+            )
             return dict(zip(order, settled))
         fresh, completed, busy = passed
         busy += [i for i in order if messages[i].key not in leases]
@@ -120,13 +139,23 @@ class BatchProcessor:
         await quietly(self._store.complete_many([(messages[i].key, messages[i].payload_sha256) for i in fresh]))
         for i, completed_sha256 in completed.items():  # Postgres knew, Redis forgot
             outcomes[i] = await tracing.within(messages[i], self._processor.completed(messages[i], completed_sha256))
-        settled = await _all(*(tracing.within(messages[i], self._processor.run_locked(messages[i], locks[i], lock_keepers[i]))
-                               for i in busy))
+        settled = await _all(
+            *(
+                tracing.within(messages[i], self._processor.run_locked(messages[i], locks[i], lock_keepers[i]))
+                for i in busy
+            )
+        )
         outcomes.update(zip(busy, settled))
         return outcomes
 
-    async def _commit(self, connection: asyncpg.Connection, messages: list[EventMessage], leased: list[int],
-                      leases: dict[str, Lease], lease_keeper: Keeper) -> tuple | None:
+    async def _commit(
+        self,
+        connection: asyncpg.Connection,
+        messages: list[EventMessage],
+        leased: list[int],
+        leases: dict[str, Lease],
+        lease_keeper: Keeper,
+    ) -> tuple | None:
         """Turns, handlers and completions of the leased keys in one
         transaction, cancelled if the leases are lost meanwhile. Returns the
         indexes completed now, those found completed (with their hash) and
@@ -135,15 +164,23 @@ class BatchProcessor:
             with contextlib.ExitStack() as committing:  # the commit's spans end after the COMMIT
                 async with self._completions.transaction(connection):
                     with cancelled_when_lost(lease_keeper, connection):
-                        return await self._in_transaction(connection, messages, leased, leases, lease_keeper,
-                                                          committing)
+                        return await self._in_transaction(
+                            connection, messages, leased, leases, lease_keeper, committing
+                        )
         except Exception as exc:
             if found_in_chain(exc, (HandlerFailed, LockLost, _RollBack, *LOCK_CONFLICTS)) is None:
                 raise  # a lock conflict of ours rolled the batch back: each event goes alone, as for a failure
             return None
 
-    async def _in_transaction(self, connection: asyncpg.Connection, messages: list[EventMessage], leased: list[int],
-                              leases: dict[str, Lease], lease_keeper: Keeper, committing: contextlib.ExitStack) -> tuple:
+    async def _in_transaction(
+        self,
+        connection: asyncpg.Connection,
+        messages: list[EventMessage],
+        leased: list[int],
+        leases: dict[str, Lease],
+        lease_keeper: Keeper,
+        committing: contextlib.ExitStack,
+    ) -> tuple:
         turned = await self._completions.take_turns(connection, _keys(messages, leased))
         mine = [i for i in leased if messages[i].key in turned]
         done = await self._completions.completed_keys(connection, _keys(messages, mine))

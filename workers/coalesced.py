@@ -27,7 +27,9 @@ from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.lease import Lease
 
-WRITERS = 2  # per kind of statement; they share the short-statement pool (2 to 4 connections, workers/connection_budget.py)
+WRITERS = (
+    2  # per kind of statement; they share the short-statement pool (2 to 4 connections, workers/connection_budget.py)
+)
 MAX_BATCH = 256
 
 Completion = tuple[EventMessage, int]  # a message, and the fencing token it completes under
@@ -39,8 +41,7 @@ class CoalescedStatements:
         self._ttl_ms = ttl_ms
         self._leases: GroupCommit[str, Lease | None] = GroupCommit(self._take_leases, WRITERS, MAX_BATCH)
         self._checks: GroupCommit[str, str | None] = GroupCommit(self._check_completed, WRITERS, MAX_BATCH)
-        self._completions_alone: GroupCommit[Completion, bool] = GroupCommit(
-            self._complete_alone, WRITERS, MAX_BATCH)
+        self._completions_alone: GroupCommit[Completion, bool] = GroupCommit(self._complete_alone, WRITERS, MAX_BATCH)
 
     async def take_lease(self, key: str) -> Lease | None:
         """The key's lease, or None while another run holds it."""

@@ -65,15 +65,20 @@ class Settled(NamedTuple):
 
 
 class CompletionStore:
-    def __init__(self, database: asyncpg.Pool | asyncpg.Connection, renewals: asyncpg.Pool | None = None,
-                 transactions: asyncpg.Pool | None = None):
+    def __init__(
+        self,
+        database: asyncpg.Pool | asyncpg.Connection,
+        renewals: asyncpg.Pool | None = None,
+        transactions: asyncpg.Pool | None = None,
+    ):
         self._database = database  # short statements: the workers' pool, or the CLI's one connection
         self._renewals = renewals or database
         self._transactions = transactions or database
 
     @contextlib.asynccontextmanager
-    async def _connection(self, database: asyncpg.Pool | asyncpg.Connection | None = None,
-                          timeout: float | None = None) -> AsyncIterator[asyncpg.Connection]:
+    async def _connection(
+        self, database: asyncpg.Pool | asyncpg.Connection | None = None, timeout: float | None = None
+    ) -> AsyncIterator[asyncpg.Connection]:
         database = self._database if database is None else database
         if isinstance(database, asyncpg.Pool):
             async with database.acquire(timeout=timeout) as connection:
@@ -99,10 +104,15 @@ class CompletionStore:
         """The leases granted among `keys` (distinct), in one statement outside any transaction."""
         sent_at = time.monotonic()
         async with closed_if_left_by(connection, TIMED_OUT):
-            rows = await _fetch_again_on_conflict(connection, SQL["take_leases"], keys, ttl_ms,
-                                                  timeout=STATEMENT_SECONDS)
-        return {row["key"]: Lease(row["key"], row["token"], sent_at, HandedOn(row["replay_of"], row["attempt"], row["payload_sha256"]))
-                for row in rows}
+            rows = await _fetch_again_on_conflict(
+                connection, SQL["take_leases"], keys, ttl_ms, timeout=STATEMENT_SECONDS
+            )
+        return {
+            row["key"]: Lease(
+                row["key"], row["token"], sent_at, HandedOn(row["replay_of"], row["attempt"], row["payload_sha256"])
+            )
+            for row in rows
+        }
 
     async def extend_leases(self, leases: list[Lease], ttl_ms: int) -> set[tuple[str, int]]:
         """The (key, token) of `leases` still ours, now running `ttl_ms` longer
@@ -122,13 +132,17 @@ class CompletionStore:
             log.info("lease_renewal_on_statement_session")
             return await self._extend_leases_on(self._database, leases, ttl_ms)
 
-    async def _extend_leases_on(self, pool: asyncpg.Pool | asyncpg.Connection, leases: list[Lease],
-                                ttl_ms: int) -> set[tuple[str, int]]:
+    async def _extend_leases_on(
+        self, pool: asyncpg.Pool | asyncpg.Connection, leases: list[Lease], ttl_ms: int
+    ) -> set[tuple[str, int]]:
         try:
-            async with self._connection(pool, timeout=ttl_ms / 3000) as connection, \
-                    closed_if_left_by(connection, TIMED_OUT):
-                rows = await _fetch_again_on_conflict(connection, SQL["extend_leases"], *_columns(leases), ttl_ms,
-                                                      timeout=ttl_ms / 3000)
+            async with (
+                self._connection(pool, timeout=ttl_ms / 3000) as connection,
+                closed_if_left_by(connection, TIMED_OUT),
+            ):
+                rows = await _fetch_again_on_conflict(
+                    connection, SQL["extend_leases"], *_columns(leases), ttl_ms, timeout=ttl_ms / 3000
+                )
         except asyncpg.ReadOnlySQLTransactionError:  # a session opened before a failover: open new ones
             if isinstance(pool, asyncpg.Pool):
                 await pool.expire_connections()
@@ -153,8 +167,15 @@ class CompletionStore:
             try:
                 async with self._connection(timeout=10) as connection, closed_if_left_by(connection, TIMED_OUT):
                     # idempotent: a statement lost in a black hole is made again
-                    await connection.execute(SQL["record_handed_on"], message.key, message.replay_of,
-                                             message.attempt, message.payload_sha256, message.arrival, timeout=10)
+                    await connection.execute(
+                        SQL["record_handed_on"],
+                        message.key,
+                        message.replay_of,
+                        message.attempt,
+                        message.payload_sha256,
+                        message.arrival,
+                        timeout=10,
+                    )
                 return
             except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
                 log.warning("attempt_record_waiting_for_postgres", error=describe(exc), retry_in=pause)
@@ -188,24 +209,28 @@ class CompletionStore:
         current one and the key is not completed yet; ends the lease."""
         return await connection.fetchval(SQL["complete_event"], *completion_row(message, token)) is not None
 
-    async def complete_events(self, connection: asyncpg.Connection,
-                              completions: Sequence[tuple[EventMessage, int]]) -> int:
+    async def complete_events(
+        self, connection: asyncpg.Connection, completions: Sequence[tuple[EventMessage, int]]
+    ) -> int:
         """complete_event for a batch of (message, token); how many were inserted."""
         return len(await self._complete_events(connection, completions))
 
-    async def complete_alone(self, connection: asyncpg.Connection,
-                             completions: Sequence[tuple[EventMessage, int]]) -> set[str]:
+    async def complete_alone(
+        self, connection: asyncpg.Connection, completions: Sequence[tuple[EventMessage, int]]
+    ) -> set[str]:
         """complete_events for handlers that never used `ctx.db`, as an
         autocommit statement of its own (workers/coalesced.py; distinct
         keys); the keys it completed."""
         rows = [completion_row(message, token) for message, token in completions]
         async with closed_if_left_by(connection, TIMED_OUT):
-            inserted = await _fetch_again_on_conflict(connection, SQL["complete_events"], *map(list, zip(*rows)),
-                                                      timeout=STATEMENT_SECONDS)
+            inserted = await _fetch_again_on_conflict(
+                connection, SQL["complete_events"], *map(list, zip(*rows)), timeout=STATEMENT_SECONDS
+            )
         return {row["key"] for row in inserted}
 
-    async def _complete_events(self, connection: asyncpg.Connection,
-                               completions: Sequence[tuple[EventMessage, int]]) -> set[str]:
+    async def _complete_events(
+        self, connection: asyncpg.Connection, completions: Sequence[tuple[EventMessage, int]]
+    ) -> set[str]:
         rows = [completion_row(message, token) for message, token in completions]
         inserted = await connection.fetch(SQL["complete_events"], *map(list, zip(*rows)))
         return {row["key"] for row in inserted}
@@ -222,16 +247,26 @@ class CompletionStore:
     async def record_conflict(self, message: EventMessage, completed_sha256: str) -> None:
         async with self._connection() as connection, closed_if_left_by(connection, TIMED_OUT):
             await connection.execute(
-                SQL["record_conflict"], message.key, message.source, message.event_id,
-                completed_sha256, message.payload_sha256, timeout=STATEMENT_SECONDS,
+                SQL["record_conflict"],
+                message.key,
+                message.source,
+                message.event_id,
+                completed_sha256,
+                message.payload_sha256,
+                timeout=STATEMENT_SECONDS,
             )
 
     async def settled_before(self, message: EventMessage) -> Settled:
         """A redelivered message: did its own earlier delivery complete the
         event, or is the event an open dead letter already?"""
         async with self._connection() as connection, closed_if_left_by(connection, TIMED_OUT):
-            settled = await connection.fetchrow(SQL["settled_before"], message.key, message.payload_sha256,
-                                                message.message_id, timeout=STATEMENT_SECONDS)
+            settled = await connection.fetchrow(
+                SQL["settled_before"],
+                message.key,
+                message.payload_sha256,
+                message.message_id,
+                timeout=STATEMENT_SECONDS,
+            )
         return Settled(settled["completed"], settled["dead"])
 
     async def probe_writable(self) -> None:
@@ -273,8 +308,9 @@ class CompletionStore:
         return pruned
 
 
-async def _fetch_again_on_conflict(connection: asyncpg.Connection, query: str, *args,
-                                   timeout: float) -> list[asyncpg.Record]:
+async def _fetch_again_on_conflict(
+    connection: asyncpg.Connection, query: str, *args, timeout: float
+) -> list[asyncpg.Record]:
     """`query`, an autocommit statement, sent again when Postgres ended it
     for a lock conflict (LOCK_CONFLICTS), up to STATEMENT_TRIES times."""
     for tries_left in reversed(range(STATEMENT_TRIES)):
@@ -287,7 +323,9 @@ async def _fetch_again_on_conflict(connection: asyncpg.Connection, query: str, *
     raise AssertionError("unreachable")
 
 
-def _acquired(database: asyncpg.Pool | asyncpg.Connection) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
+def _acquired(
+    database: asyncpg.Pool | asyncpg.Connection,
+) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
     if isinstance(database, asyncpg.Pool):
         return database.acquire()
     return contextlib.nullcontext(database)
@@ -295,8 +333,16 @@ def _acquired(database: asyncpg.Pool | asyncpg.Connection) -> contextlib.Abstrac
 
 def completion_row(message: EventMessage, token: int) -> tuple:
     """complete_event's arguments; the arrival names the archived arrival that ran (shared/archive_settling.py)."""
-    return (message.key, message.source, message.event_id, message.payload_sha256, token, message.attempt,
-            message.message_id or None, message.arrival or None)
+    return (
+        message.key,
+        message.source,
+        message.event_id,
+        message.payload_sha256,
+        token,
+        message.attempt,
+        message.message_id or None,
+        message.arrival or None,
+    )
 
 
 def _columns(leases: list[Lease]) -> tuple[list[str], list[int]]:

@@ -32,10 +32,20 @@ from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.workers.outage import when_let_in
 
 log = get_logger(__name__)
-_QUERIES = frozenset({
-    "execute", "executemany", "fetch", "fetchrow", "fetchval", "fetchmany",
-    "copy_from_query", "copy_from_table", "copy_to_table", "copy_records_to_table",
-})
+_QUERIES = frozenset(
+    {
+        "execute",
+        "executemany",
+        "fetch",
+        "fetchrow",
+        "fetchval",
+        "fetchmany",
+        "copy_from_query",
+        "copy_from_table",
+        "copy_to_table",
+        "copy_records_to_table",
+    }
+)
 
 
 class TurnRefused(Exception):
@@ -49,8 +59,7 @@ class HandlerReturned(RuntimeError):
 
 
 class HandlerTransaction:
-    def __init__(self, completions: Any, key: str,
-                 complete_alone: Callable[[Any, int], Awaitable[bool]]):
+    def __init__(self, completions: Any, key: str, complete_alone: Callable[[Any, int], Awaitable[bool]]):
         self._completions = completions  # CompletionStore, or the in-memory one in tests
         self._complete_alone = complete_alone  # the completion without ctx.db (workers/coalesced.py)
         self._key = key
@@ -84,6 +93,7 @@ class HandlerTransaction:
         handler's failure — and waiting here, under the lease, does not run
         what the handler did before its first query once more
         (docs/design.md, "Outages are not failures")."""
+
         async def open_once() -> None:
             try:
                 await self._open()

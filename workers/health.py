@@ -14,7 +14,9 @@ async def serve_health(worker, port: int, host: str = "0.0.0.0") -> AsyncIterato
         return web.json_response({"status": "ok"})
 
     async def readyz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ready" if worker.ready else "starting"}, status=200 if worker.ready else 503)
+        return web.json_response(
+            {"status": "ready" if worker.ready else "starting"}, status=200 if worker.ready else 503
+        )
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)

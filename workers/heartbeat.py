@@ -75,6 +75,10 @@ def counted_so_far() -> Counts:
         for sample in metric.samples:
             if sample.name.endswith("_total"):
                 outcomes[sample.labels["outcome"]] += int(sample.value)
-    lease_losses = sum(int(sample.value) for metric in metrics.handlers_cancelled.collect()
-                       for sample in metric.samples if sample.name.endswith("_total"))
+    lease_losses = sum(
+        int(sample.value)
+        for metric in metrics.handlers_cancelled.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
     return Counts(outcomes["processed"], outcomes["retried"], outcomes["dead"], outcomes["duplicate"], lease_losses)

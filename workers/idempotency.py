@@ -68,7 +68,7 @@ class IdempotencyStore:
             return Claim(ClaimState.ACQUIRED, lock=result.lock)
         if result.holder_value and result.holder_value.startswith(DONE_PREFIX):
             self._recovered()
-            return Claim(ClaimState.COMPLETED, completed_sha256=result.holder_value[len(DONE_PREFIX):])
+            return Claim(ClaimState.COMPLETED, completed_sha256=result.holder_value[len(DONE_PREFIX) :])
         if result.reachable < self.redlock.quorum:
             self._unavailable()
             return Claim(ClaimState.UNAVAILABLE)

@@ -70,8 +70,14 @@ class Keeper:
     safe: docs/design.md, "Exclusion".
     """
 
-    def __init__(self, name: str, renew: Callable[[], Awaitable[bool]], ttl_seconds: float,
-                 valid_until: float | None = None, refusal_is_final: bool = True):
+    def __init__(
+        self,
+        name: str,
+        renew: Callable[[], Awaitable[bool]],
+        ttl_seconds: float,
+        valid_until: float | None = None,
+        refusal_is_final: bool = True,
+    ):
         self.name = name
         self._renew = renew
         # False from Postgres means "not ours"; from Redis, also "no quorum answered"

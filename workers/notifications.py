@@ -54,28 +54,40 @@ Send = Callable[[aiohttp.ClientSession, Change], Awaitable[None]]
 def slack(url: str) -> Send:
     async def send(session: aiohttp.ClientSession, change: Change) -> None:
         await _post(session, url, orjson.dumps({"text": slack_text(change)}), {})
+
     return send
 
 
 def signed_webhook(url: str, secret: str) -> Send:
     async def send(session: aiohttp.ClientSession, change: Change) -> None:
-        body = orjson.dumps({"type": change.kind, "timestamp": change.at,
-                             "data": {**change.incident, "change_id": change.id, "actor": change.actor}})
-        headers = sign("standard-webhooks", body, secret, timestamp=int(time.time()),
-                       msg_id=f"incident_change_{change.id}")
+        body = orjson.dumps(
+            {
+                "type": change.kind,
+                "timestamp": change.at,
+                "data": {**change.incident, "change_id": change.id, "actor": change.actor},
+            }
+        )
+        headers = sign(
+            "standard-webhooks", body, secret, timestamp=int(time.time()), msg_id=f"incident_change_{change.id}"
+        )
         await _post(session, url, body, headers)
+
     return send
 
 
 def slack_text(change: Change) -> str:
     incident = change.incident
-    what = _slack_escaped(f"{incident['source']} / {incident['handler'] or 'no handler'}: {incident['error_type']}: "
-                          f"{incident['error_pattern'][:300]}")
+    what = _slack_escaped(
+        f"{incident['source']} / {incident['handler'] or 'no handler'}: {incident['error_type']}: "
+        f"{incident['error_pattern'][:300]}"
+    )
     if change.kind == "incident.resolved":
         return f":white_check_mark: Incident {incident['id']} resolved by {change.actor} — {what}"
     verb = "reopened" if change.kind == "incident.reopened" else "opened"
-    return (f":rotating_light: Incident {incident['id']} {verb} — {what} "
-            f"({incident['failures']} failures, {incident['dead_letters']} dead letters)")
+    return (
+        f":rotating_light: Incident {incident['id']} {verb} — {what} "
+        f"({incident['failures']} failures, {incident['dead_letters']} dead letters)"
+    )
 
 
 def _slack_escaped(text: str) -> str:
@@ -86,8 +98,12 @@ def _slack_escaped(text: str) -> str:
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> None:
-    async with session.post(url, data=body, headers={**headers, "Content-Type": "application/json"},
-                            timeout=aiohttp.ClientTimeout(total=SEND_SECONDS)) as answer:
+    async with session.post(
+        url,
+        data=body,
+        headers={**headers, "Content-Type": "application/json"},
+        timeout=aiohttp.ClientTimeout(total=SEND_SECONDS),
+    ) as answer:
         if answer.status >= 300:
             # the target's name says which; its URL may be the secret itself (Slack's path)
             raise RuntimeError(f"answered {answer.status}")
@@ -130,11 +146,26 @@ class Notifier:
     async def _claim(self) -> list[tuple[Change, list[str], int]]:
         async with pooled(self._pool, 5) as connection:
             rows = await connection.fetch(SQL["claim_incident_changes"], BATCH, CLAIM_SECONDS, timeout=5)
-            incidents = {row["id"]: row for row in await connection.fetch(
-                SQL["incidents_by_id"], list({row["incident_id"] for row in rows}), timeout=5)}
-        return [(Change(row["id"], _kind(row), row["actor"], row["at"].isoformat(),
-                        incident_document(incidents[row["incident_id"]])), list(row["notified_targets"]),
-                 row["attempts"]) for row in rows]
+            incidents = {
+                row["id"]: row
+                for row in await connection.fetch(
+                    SQL["incidents_by_id"], list({row["incident_id"] for row in rows}), timeout=5
+                )
+            }
+        return [
+            (
+                Change(
+                    row["id"],
+                    _kind(row),
+                    row["actor"],
+                    row["at"].isoformat(),
+                    incident_document(incidents[row["incident_id"]]),
+                ),
+                list(row["notified_targets"]),
+                row["attempts"],
+            )
+            for row in rows
+        ]
 
     async def _send(self, session: aiohttp.ClientSession, change: Change, done: list[str], attempts: int) -> None:
         for name, send in self._targets.items():
@@ -144,8 +175,13 @@ class Notifier:
                 await send(session, change)
             except Exception as exc:  # noqa: BLE001 - the receiver's failure: try again later
                 backoff = min(5.0 * 2 ** (attempts - 1), MAX_BACKOFF_SECONDS)
-                log.warning("incident_notification_failed", change_id=change.id, target=name, error=describe(exc),
-                            retry_in=backoff)
+                log.warning(
+                    "incident_notification_failed",
+                    change_id=change.id,
+                    target=name,
+                    error=describe(exc),
+                    retry_in=backoff,
+                )
                 await self._execute(SQL["notification_failed"], change.id, backoff, f"{name}: {describe(exc)}")
                 return
             await self._execute(SQL["notified_target"], change.id, name, len(self._targets))

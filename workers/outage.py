@@ -73,8 +73,9 @@ def outage_kind(exc: BaseException, in_handler: bool = False) -> str | None:
     return None
 
 
-def found_in_chain(exc: BaseException | None,
-                   kinds: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
+def found_in_chain(
+    exc: BaseException | None, kinds: type[BaseException] | tuple[type[BaseException], ...]
+) -> BaseException | None:
     """The first exception of `kinds` in `exc`'s context chain. A handler that
     left a query running on `ctx.db` (say, `asyncio.gather` on it) makes the
     rollback fail too; that is still the handler's failure, not a Postgres

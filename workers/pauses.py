@@ -72,8 +72,9 @@ class Parking:
                 if source in paused:  # paused again meanwhile: it stays parked
                     await message.nack(requeue=True)
                     break
-                await self._failures.publish_to(from_amqp(message.body, message.headers),
-                                                topology.events_queue(self._namespace))
+                await self._failures.publish_to(
+                    from_amqp(message.body, message.headers), topology.events_queue(self._namespace)
+                )
                 await message.ack()
                 moved += 1
         if moved:
@@ -87,8 +88,10 @@ async def keep_pauses(paused: PausedSources, parking: Parking, every: float = EV
     (an alarm blocks its publish for as long as it lasts) never holds a
     pause back, and a move sees a pause that lands midway. Postgres away:
     the last known set holds."""
-    await asyncio.gather(_every(every, paused.refresh, "pause_refresh_failed"),
-                         _every(every, lambda: parking.move_back(paused), "parked_events_move_failed"))
+    await asyncio.gather(
+        _every(every, paused.refresh, "pause_refresh_failed"),
+        _every(every, lambda: parking.move_back(paused), "parked_events_move_failed"),
+    )
 
 
 async def _every(seconds: float, step, failure: str) -> None:

@@ -53,8 +53,13 @@ class PoisonConsumer:
     consumer_tag: str
 
 
-async def drain_poison_queue(channel: AbstractChannel, pool, namespace: str, delivery_limit: int | None = None,
-                             routed_sources: frozenset[str] = frozenset()) -> PoisonConsumer:
+async def drain_poison_queue(
+    channel: AbstractChannel,
+    pool,
+    namespace: str,
+    delivery_limit: int | None = None,
+    routed_sources: frozenset[str] = frozenset(),
+) -> PoisonConsumer:
     """Start consuming `NS.dead` on `channel`, for as long as the channel lives.
     The channel is the drainer's own: a worker's batches settle the consume
     channel's deliveries with one `multiple` ack (`workers.acks`), which
@@ -74,8 +79,9 @@ async def stop_draining(consumer: PoisonConsumer) -> None:
     await consumer.queue.cancel(consumer.consumer_tag)
 
 
-async def _on_poison_message(pool, delivery_limit: int | None, routed_sources: frozenset[str],
-                             message: AbstractIncomingMessage) -> None:
+async def _on_poison_message(
+    pool, delivery_limit: int | None, routed_sources: frozenset[str], message: AbstractIncomingMessage
+) -> None:
     event, errors = poison_record(message, delivery_limit)
     dead_letter_id = await _record_until_stored(pool, event, errors, _hands_on(event, errors, routed_sources))
     await message.ack()
@@ -83,8 +89,14 @@ async def _on_poison_message(pool, delivery_limit: int | None, routed_sources: f
         log.info("poison_message_already_completed", source=event.source, key=event.key)
         return
     metrics.events.labels(event.source, "dead").inc()
-    log.error("poison_message_recorded", source=event.source, key=event.key, attempt=event.attempt,
-              dead_letter_id=dead_letter_id, error_type=errors[-1]["type"])
+    log.error(
+        "poison_message_recorded",
+        source=event.source,
+        key=event.key,
+        attempt=event.attempt,
+        dead_letter_id=dead_letter_id,
+        error_type=errors[-1]["type"],
+    )
 
 
 def poison_record(message: AbstractIncomingMessage, delivery_limit: int | None) -> tuple[EventMessage, list[dict]]:
@@ -95,7 +107,10 @@ def poison_record(message: AbstractIncomingMessage, delivery_limit: int | None) 
     except (KeyError, ValueError, TypeError) as exc:
         event = unreadable_event(message)
         return event, [_error(event.attempt, UNREADABLE, f"not an event message of webhook-ingest ({describe(exc)})")]
-    return event, [*event.errors, _error(event.attempt, "DeliveryLimitExceeded", delivery_limit_message(delivery_limit))]
+    return event, [
+        *event.errors,
+        _error(event.attempt, "DeliveryLimitExceeded", delivery_limit_message(delivery_limit)),
+    ]
 
 
 def delivery_limit_message(delivery_limit: int | None) -> str:

@@ -47,9 +47,9 @@ from webhook_ingest.workers.handler_db import HandlerTransaction
 from webhook_ingest.workers.handlers import Event, HandlerContext, handler_key, load_handlers, replay_of
 from webhook_ingest.workers.idempotency import Claim, IdempotencyStore, quietly
 from webhook_ingest.workers.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
-from webhook_ingest.workers.renewals import LeaseRenewals, LockRenewals
 from webhook_ingest.workers.outage import found_in_chain, outage_kind
 from webhook_ingest.workers.redlock import Lock
+from webhook_ingest.workers.renewals import LeaseRenewals, LockRenewals
 from webhook_ingest.workers.retry import FailurePolicy
 from webhook_ingest.workers.states import ClaimState, Outcome, classify_completed
 
@@ -87,8 +87,15 @@ class AttemptHandedOn(Exception):
 
 
 class Processor:
-    def __init__(self, sources: dict[str, Source], store: IdempotencyStore, completions: CompletionStore,
-                 failures: FailurePolicy, archive: ArchiveNotes = NO_NOTES, renewal_writers: int = 2):
+    def __init__(
+        self,
+        sources: dict[str, Source],
+        store: IdempotencyStore,
+        completions: CompletionStore,
+        failures: FailurePolicy,
+        archive: ArchiveNotes = NO_NOTES,
+        renewal_writers: int = 2,
+    ):
         self._sources = sources
         self._handlers = load_handlers(sources)
         self._store = store
@@ -103,7 +110,8 @@ class Processor:
         """Whether a handler here runs `message`: its source's, or its route's
         (a route message for a route this worker's sources file lacks does not)."""
         return handler_key(message.source, message.route) in self._handlers or (
-            not message.route and bool(self._sources[message.source].routes))  # an event to fan out
+            not message.route and bool(self._sources[message.source].routes)
+        )  # an event to fan out
 
     def batchable(self, message: EventMessage) -> bool:
         """Whether the source's handler may share a transaction (`workers.batch`)."""
@@ -211,8 +219,9 @@ class Processor:
 
     async def _settle_unfinished(self, message: EventMessage, exc: Exception) -> Outcome | None:
         """What a pass that did not complete becomes; None for an outage or a bug."""
-        match found_in_chain(exc, (AttemptHandedOn, AlreadyCompleted, CompletionRefused, TurnTaken, LockLost,
-                                   HandlerFailed)):
+        match found_in_chain(
+            exc, (AttemptHandedOn, AlreadyCompleted, CompletionRefused, TurnTaken, LockLost, HandlerFailed)
+        ):
             case AttemptHandedOn():
                 log.info("attempt_already_handed_on", replay_of=message.replay_of)
                 return Outcome.DUPLICATE
@@ -309,7 +318,9 @@ class Processor:
         """A key found completed: a duplicate, or a conflict (the first payload stays)."""
         outcome = classify_completed(completed_sha256, message.payload_sha256)
         if outcome is Outcome.CONFLICT:
-            log.warning("payload_conflict", completed_sha256=completed_sha256, conflicting_sha256=message.payload_sha256)
+            log.warning(
+                "payload_conflict", completed_sha256=completed_sha256, conflicting_sha256=message.payload_sha256
+            )
             await self._completions.record_conflict(message, completed_sha256)
         if not redis_knows:  # Redis forgot (flushed, expired), or holds our lock: the marker replaces it
             await quietly(self._store.complete(message.key, completed_sha256))

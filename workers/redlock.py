@@ -114,8 +114,9 @@ class Redlock:
     async def extend_many(self, locks: list[Lock]) -> list[Lock | None]:
         """`extend` for many locks, in one pipelined round trip per master."""
         started = time.monotonic()
-        per_master = await asyncio.gather(*(self._extend_pipeline(client, script, locks)
-                                            for client, script in zip(self.clients, self._extend)))
+        per_master = await asyncio.gather(
+            *(self._extend_pipeline(client, script, locks) for client, script in zip(self.clients, self._extend))
+        )
         valid_until = started + self.ttl_ms / 1000 - self._drift()
         extended: list[Lock | None] = []
         for index, lock in enumerate(locks):
@@ -145,6 +146,7 @@ class Redlock:
 
     async def set_many_everywhere(self, items: list[tuple[str, str]], ttl_seconds: int) -> int:
         """`set_everywhere` for many keys, pipelined; returns the writes that failed."""
+
         async def write(client: redis.Redis) -> int:
             try:
                 async with client.pipeline(transaction=False) as pipe:

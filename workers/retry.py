@@ -47,8 +47,9 @@ def describe_failure(exc: BaseException, attempt: int) -> dict:
 
 
 def failure_of(event: EventMessage, handler: str, error: dict, dead_letter_id: int | None = None) -> Failure:
-    return Failure(event.source, handler, event.key, event.event_id, event.attempt, error["type"], error["message"],
-                   dead_letter_id)
+    return Failure(
+        event.source, handler, event.key, event.event_id, event.attempt, error["type"], error["message"], dead_letter_id
+    )
 
 
 def retry_decision(event: EventMessage, source: Source, exc: BaseException) -> float | None:
@@ -69,8 +70,9 @@ class FailurePolicy:
         error = describe_failure(exc, event.attempt) | tracing.trace_ids(event)  # on-call's way to its trace
         retry_in = retry_decision(event, source, exc)
         if retry_in is None:
-            dead_letter_id = await self.dead_letter(event, error, permanent=isinstance(exc, PermanentError),
-                                                    handler=source.handler_for(event.route)[0])
+            dead_letter_id = await self.dead_letter(
+                event, error, permanent=isinstance(exc, PermanentError), handler=source.handler_for(event.route)[0]
+            )
             return Outcome.DEAD if dead_letter_id is not None else Outcome.DUPLICATE  # None: completed meanwhile
         await self.delay(event.next_attempt(error), retry_in)
         log.warning("event_retry_scheduled", retry_in=retry_in, error_type=error["type"], error=error["message"][:200])
@@ -78,8 +80,9 @@ class FailurePolicy:
             self._counts.note(failure_of(event, source.handler_for(event.route)[0], error))
         return Outcome.RETRIED
 
-    async def dead_letter(self, event: EventMessage, error: dict, permanent: bool = False,
-                          handler: str = "") -> int | None:
+    async def dead_letter(
+        self, event: EventMessage, error: dict, permanent: bool = False, handler: str = ""
+    ) -> int | None:
         """Records the event with its whole error history, counted in its
         incident; returns only once committed, waiting while Postgres is
         away (not running the handler again). A count Postgres refuses
@@ -95,8 +98,13 @@ class FailurePolicy:
             except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
                 log.warning("dead_letter_waiting_for_postgres", error=describe(exc), retry_in=pause)
                 await asyncio.sleep(pause)
-        log.error("event_dead_lettered", dead_letter_id=dead_letter_id, error_type=error["type"],
-                  error=error["message"][:200], permanent=permanent)
+        log.error(
+            "event_dead_lettered",
+            dead_letter_id=dead_letter_id,
+            error_type=error["type"],
+            error=error["message"][:200],
+            permanent=permanent,
+        )
         return dead_letter_id
 
     async def delay(self, event: EventMessage, delay_seconds: float) -> None:
@@ -128,7 +136,8 @@ class FailurePolicy:
     async def _confirmed(self, message, queue_name: str) -> None:
         """One publish, waited for until the broker confirms it or its channel dies."""
         publishing = asyncio.ensure_future(
-            self._channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True))
+            self._channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True)
+        )
         try:
             while True:
                 done, _ = await asyncio.wait([publishing], timeout=topology.PUBLISH_TIMEOUT)

@@ -12,9 +12,9 @@ import enum
 
 
 class ClaimState(enum.Enum):
-    ACQUIRED = "acquired"      # we hold the processing lock
-    COMPLETED = "completed"    # a completion is known: duplicate (or conflict)
-    BUSY = "busy"              # another worker holds the key in flight
+    ACQUIRED = "acquired"  # we hold the processing lock
+    COMPLETED = "completed"  # a completion is known: duplicate (or conflict)
+    BUSY = "busy"  # another worker holds the key in flight
     UNAVAILABLE = "unavailable"  # Redis has no quorum: degraded mode, Postgres alone
 
 
@@ -26,10 +26,10 @@ class Outcome(enum.Enum):
     CONFLICT = "conflict"
     RETRIED = "retried"
     DEAD = "dead"
-    DEFERRED = "deferred"      # in flight elsewhere: comes back after a short delay
-    PARKED = "parked"          # its source is paused: kept in NS.paused.<source> until resumed
-    ROUTED = "routed"          # its source has routes: one message per route taking it was queued
-    UNROUTED = "unrouted"      # its source has routes and none takes it: nothing to run
+    DEFERRED = "deferred"  # in flight elsewhere: comes back after a short delay
+    PARKED = "parked"  # its source is paused: kept in NS.paused.<source> until resumed
+    ROUTED = "routed"  # its source has routes: one message per route taking it was queued
+    UNROUTED = "unrouted"  # its source has routes and none takes it: nothing to run
 
 
 def classify_completed(completed_sha256: str, payload_sha256: str) -> Outcome:

@@ -22,10 +22,8 @@ from aio_pika.abc import AbstractIncomingMessage
 from webhook_ingest.shared import amqp, backoff, metrics, pooler, schema, topology, tracing
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.incident_store import IncidentStore
-from webhook_ingest.workers.notifications import Notifier, targets_from
-from webhook_ingest.workers.pauses import Parking, PausedSources, keep_pauses
 from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.incident_store import IncidentStore
 from webhook_ingest.shared.logging import get_logger
 from webhook_ingest.shared.message import EventMessage, from_amqp
 from webhook_ingest.shared.sessions import close_pool
@@ -42,9 +40,11 @@ from webhook_ingest.workers.delivery_rate import shared_buckets
 from webhook_ingest.workers.fan_out import route_messages
 from webhook_ingest.workers.heartbeat import Heartbeat
 from webhook_ingest.workers.idempotency import IdempotencyStore
-from webhook_ingest.workers.outage import OutageGate, outage_kind
-from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
 from webhook_ingest.workers.incident_counts import IncidentCounts
+from webhook_ingest.workers.notifications import Notifier, targets_from
+from webhook_ingest.workers.outage import OutageGate, outage_kind
+from webhook_ingest.workers.pauses import Parking, PausedSources, keep_pauses
+from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
 from webhook_ingest.workers.retry import FailurePolicy
 from webhook_ingest.workers.states import Outcome
 
@@ -58,8 +58,14 @@ UNKNOWN_SOURCE_PATIENCE = 600.0  # seconds since a worker first did not know it,
 
 
 class Worker:
-    def __init__(self, settings: Settings, sources: dict[str, Source], concurrency: int = 16,
-                 grace_seconds: float = 30.0, name: str = "worker"):
+    def __init__(
+        self,
+        settings: Settings,
+        sources: dict[str, Source],
+        concurrency: int = 16,
+        grace_seconds: float = 30.0,
+        name: str = "worker",
+    ):
         self.settings = settings
         self.sources = sources
         self.concurrency = concurrency
@@ -111,16 +117,20 @@ class Worker:
         a burst after a quiet spell needs no new session from a server that
         may be full by then (docs/design.md, "The claim path owns its resources")."""
         if kept_open:
-            return await asyncpg.create_pool(self.settings.database_url, min_size=size, max_size=size,
-                                             max_inactive_connection_lifetime=0,
-                                             reset=_keep_session, init=_server_keepalives)
-        return await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=size,
-                                         reset=_keep_session, init=_server_keepalives)
+            return await asyncpg.create_pool(
+                self.settings.database_url,
+                min_size=size,
+                max_size=size,
+                max_inactive_connection_lifetime=0,
+                reset=_keep_session,
+                init=_server_keepalives,
+            )
+        return await asyncpg.create_pool(
+            self.settings.database_url, min_size=1, max_size=size, reset=_keep_session, init=_server_keepalives
+        )
 
     async def _connect_broker(self):
-        return await amqp.connect_robust(
-            self.settings.amqp_url, client_properties={"connection_name": self.name}
-        )
+        return await amqp.connect_robust(self.settings.amqp_url, client_properties={"connection_name": self.name})
 
     async def _consume_until_stopped(self) -> None:
         publish_channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -133,8 +143,14 @@ class Worker:
         await _wait_for("postgres", self.paused.refresh)  # a paused source is never run, from the first message
         self.completions = CompletionStore(self.pool, self.renewals, self.transactions)
         self.archive = ArchiveNotes(ArchiveStore(self.bookkeeping), self.sources)
-        self.processor = Processor(self.sources, self.store, self.completions, self.failures, self.archive,
-                                   renewal_writers=self.pool_sizes.renewals)
+        self.processor = Processor(
+            self.sources,
+            self.store,
+            self.completions,
+            self.failures,
+            self.archive,
+            renewal_writers=self.pool_sizes.renewals,
+        )
         self.batch_processor = BatchProcessor(self.processor, self.store, self.completions)
         self._gates = {
             "postgres": OutageGate(self._probe_postgres, "postgres"),
@@ -143,8 +159,12 @@ class Worker:
         side_tasks = await self._start_side_tasks()
         consumer_tag = await queue.consume(self._on_message)
         self.ready = True
-        log.info("worker_consuming", queue=queue.name, concurrency=self.concurrency,
-                 postgres_connections=self.pool_sizes._asdict())
+        log.info(
+            "worker_consuming",
+            queue=queue.name,
+            concurrency=self.concurrency,
+            postgres_connections=self.pool_sizes._asdict(),
+        )
         await self._wait_for_stop(side_tasks)
         self.ready = False
         await queue.cancel(consumer_tag)
@@ -161,9 +181,12 @@ class Worker:
     async def _declare_queues(self, channel):
         namespace = self.settings.namespace
         queue, as_configured = await topology.declare_events_queue_to_consume(
-            self.connection, channel, namespace, self.settings.delivery_limit)
+            self.connection, channel, namespace, self.settings.delivery_limit
+        )
         if not as_configured:  # our own count still stops a message at our limit (`_decode`)
-            log.warning("events_queue_kept_its_arguments", queue=queue.name, delivery_limit=self.settings.delivery_limit)
+            log.warning(
+                "events_queue_kept_its_arguments", queue=queue.name, delivery_limit=self.settings.delivery_limit
+            )
         delays = {DEFER_SECONDS, UNKNOWN_SOURCE_RETRY, *(d for s in self.sources.values() for d in s.retry_delays)}
         for delay in sorted(delays):
             await topology.declare_retry_queue(channel, namespace, delay)
@@ -176,29 +199,43 @@ class Worker:
         # A channel of its own: its deliveries must never sit below a batch's
         # `multiple` ack on the consume channel (workers.acks).
         poison_channel = await self.connection.channel()
-        await drain_poison_queue(poison_channel, self.pool, self.settings.namespace, self.settings.delivery_limit,
-                                 frozenset(name for name, source in self.sources.items() if source.routes))
+        await drain_poison_queue(
+            poison_channel,
+            self.pool,
+            self.settings.namespace,
+            self.settings.delivery_limit,
+            frozenset(name for name, source in self.sources.items() if source.routes),
+        )
         # Its basic.gets too: a channel of its own.
         self.parking = Parking(await self.connection.channel(), self.failures, self.settings.namespace, self.sources)
         await self.parking.declare()
         quiet_seconds = self.settings.incident_quiet_minutes * 60
         # On the bookkeeping pool: never a connection of the claim path's.
-        self.heartbeat = Heartbeat(HeartbeatStore(self.bookkeeping), self.name, self.settings.heartbeat_seconds,
-                                   self._heartbeat_figures)
-        return [asyncio.create_task(self.heartbeat.run(), name="heartbeat"),
-                asyncio.create_task(self.incident_counts.run(), name="incident-counts"),
-                asyncio.create_task(DeadLetterStore(self.bookkeeping).keep_open_gauge(), name="dead-letters-gauge"),
-                asyncio.create_task(IncidentStore(self.bookkeeping).keep_resolving(quiet_seconds),
-                                    name="incident-resolver"),
-                asyncio.create_task(Notifier(self.bookkeeping, targets_from(self.settings)).run_forever(),
-                                    name="incident-notifier"),
-                asyncio.create_task(keep_pauses(self.paused, self.parking), name="pauses")]
+        self.heartbeat = Heartbeat(
+            HeartbeatStore(self.bookkeeping), self.name, self.settings.heartbeat_seconds, self._heartbeat_figures
+        )
+        return [
+            asyncio.create_task(self.heartbeat.run(), name="heartbeat"),
+            asyncio.create_task(self.incident_counts.run(), name="incident-counts"),
+            asyncio.create_task(DeadLetterStore(self.bookkeeping).keep_open_gauge(), name="dead-letters-gauge"),
+            asyncio.create_task(
+                IncidentStore(self.bookkeeping).keep_resolving(quiet_seconds), name="incident-resolver"
+            ),
+            asyncio.create_task(
+                Notifier(self.bookkeeping, targets_from(self.settings)).run_forever(), name="incident-notifier"
+            ),
+            asyncio.create_task(keep_pauses(self.paused, self.parking), name="pauses"),
+        ]
 
     def _heartbeat_figures(self) -> Figures:
         claim_pools = (self.pool, self.transactions, self.renewals)
-        return Figures(self._deliveries.open_count(), self._copies.keys_led(),
-                       sum(pool.get_size() - pool.get_idle_size() for pool in claim_pools),
-                       sum(pool.get_max_size() for pool in claim_pools), self.store.degraded)
+        return Figures(
+            self._deliveries.open_count(),
+            self._copies.keys_led(),
+            sum(pool.get_size() - pool.get_idle_size() for pool in claim_pools),
+            sum(pool.get_max_size() for pool in claim_pools),
+            self.store.degraded,
+        )
 
     async def _wait_for_stop(self, side_tasks: list[asyncio.Task]) -> None:
         """Until stop(); a side task that dies stops the worker too."""
@@ -276,8 +313,9 @@ class Worker:
         try:
             routed = route_messages(self.sources[event.source], event)
             queue = topology.events_queue(self.settings.namespace)
-            await asyncio.gather(*(self._until_done(lambda e: self.failures.publish_to(e, queue), one)
-                                   for one in routed))
+            await asyncio.gather(
+                *(self._until_done(lambda e: self.failures.publish_to(e, queue), one) for one in routed)
+            )
         except Exception:  # a bug: never pin the message (a second fan-out only makes copies)
             log.exception("fan_out_crashed")
             await self._send_back_counted(message, event)
@@ -307,8 +345,13 @@ class Worker:
         since_ms = event.unknown_source_since_ms or now_ms
         waited = (now_ms - since_ms) / 1000
         if waited < UNKNOWN_SOURCE_PATIENCE:
-            log.warning("unknown_source_waiting", source=event.source, key=event.key, retry_in=UNKNOWN_SOURCE_RETRY,
-                        **({"route": event.route} if event.route else {}))
+            log.warning(
+                "unknown_source_waiting",
+                source=event.source,
+                key=event.key,
+                retry_in=UNKNOWN_SOURCE_RETRY,
+                **({"route": event.route} if event.route else {}),
+            )
             waiting = replace(event, unknown_source_since_ms=since_ms)
             await self._until_done(lambda e: self.failures.delay(e, UNKNOWN_SOURCE_RETRY), waiting)
             outcome = Outcome.DEFERRED
@@ -438,17 +481,29 @@ def _observe(event: EventMessage, outcome: Outcome, started: float) -> None:
     if outcome.value in _COUNTED_OUTCOMES:
         metrics.events.labels(event.source, outcome.value).inc()
     metrics.processing_duration.labels(event.source).observe(elapsed)
-    log.info("event_processed", source=event.source, key=event.key, attempt=event.attempt,
-             outcome=outcome.value, duration_ms=round(elapsed * 1000, 1))
+    log.info(
+        "event_processed",
+        source=event.source,
+        key=event.key,
+        attempt=event.attempt,
+        outcome=outcome.value,
+        duration_ms=round(elapsed * 1000, 1),
+    )
 
 
 def unknown_source_error(event: EventMessage, waited: float) -> dict:
     what = f"route {event.route!r} of source {event.source!r}" if event.route else f"source {event.source!r}"
-    return {"attempt": event.attempt, "at": datetime.now(UTC).isoformat(), "type": "UnknownSource",
-            "message": f"no worker knew {what} for {waited:.0f} s (add it to the workers' sources file, then replay)"}
+    return {
+        "attempt": event.attempt,
+        "at": datetime.now(UTC).isoformat(),
+        "type": "UnknownSource",
+        "message": f"no worker knew {what} for {waited:.0f} s (add it to the workers' sources file, then replay)",
+    }
 
 
-_COUNTED_OUTCOMES = {o.value for o in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)}
+_COUNTED_OUTCOMES = {
+    o.value for o in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)
+}
 
 
 async def _server_keepalives(connection: asyncpg.Connection) -> None:

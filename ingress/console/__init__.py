@@ -27,10 +27,10 @@ from webhook_ingest.ingress.console.bulk import BulkRunner
 from webhook_ingest.ingress.console.event_replays import add_event_replay_routes
 from webhook_ingest.ingress.console.events import add_event_routes, event_path
 from webhook_ingest.ingress.console.incidents import add_incident_routes
-from webhook_ingest.ingress.console.sources import add_source_routes
+from webhook_ingest.ingress.console.rendering import human_bytes
 from webhook_ingest.ingress.console.security import cookie_storage
 from webhook_ingest.ingress.console.sessions import ConsoleSessions, console_sessions_key
-from webhook_ingest.ingress.console.rendering import human_bytes
+from webhook_ingest.ingress.console.sources import add_source_routes
 from webhook_ingest.ingress.console.vendor import HTMX_FILE
 from webhook_ingest.ingress.console.views import add_routes, bulk_runner_key
 from webhook_ingest.shared import replay_keys
@@ -53,14 +53,16 @@ def setup_console(app: web.Application, settings: Settings) -> None:
 
 
 def console_app(settings: Settings) -> web.Application:
-    console = web.Application(middlewares=[
-        middlewares.bounded,
-        session_middleware(cookie_storage(settings)),
-        middlewares.security_headers,
-        middlewares.expected_failures,
-        middlewares.signed_in,
-        middlewares.csrf_protected,
-    ])
+    console = web.Application(
+        middlewares=[
+            middlewares.bounded,
+            session_middleware(cookie_storage(settings)),
+            middlewares.security_headers,
+            middlewares.expected_failures,
+            middlewares.signed_in,
+            middlewares.csrf_protected,
+        ]
+    )
     environment = aiohttp_jinja2.setup(console, loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
     environment.globals["htmx_file"] = HTMX_FILE
     environment.filters["when"] = lambda moment: iso_utc(moment).replace("+00:00", "Z") if moment else "—"

@@ -65,8 +65,14 @@ class _DeadLetterJob:
             if self.action.action == "replay":
                 if not self._publisher.ready:
                     raise ConnectionError("RabbitMQ is unreachable")
-                await self._store.replay_if_open(self._publisher.channel, self._namespace, dead_letter_id,
-                                                 self.actor, bulk_action_id=self.id, held=held)
+                await self._store.replay_if_open(
+                    self._publisher.channel,
+                    self._namespace,
+                    dead_letter_id,
+                    self.actor,
+                    bulk_action_id=self.id,
+                    held=held,
+                )
             else:
                 await self._store.discard_if_open(dead_letter_id, self.actor, bulk_action_id=self.id, held=held)
         except _SKIPPED as skipped:
@@ -79,8 +85,11 @@ class _DeadLetterJob:
         # No longer open though in flight before this runner: acted on by a runner that committed its act apart
         # from its step (the previous release's, during an upgrade) and died between them: done, not skipped;
         # unless someone else's act says it was theirs (another operator's replay or discard meanwhile).
-        done = acted or (dead_letter_id == self._held.orphaned and self._no_longer_open
-                         and await self._held.acted_apart(dead_letter_id, self.action.action))
+        done = acted or (
+            dead_letter_id == self._held.orphaned
+            and self._no_longer_open
+            and await self._held.acted_apart(dead_letter_id, self.action.action)
+        )
         self._no_longer_open = False
         await self._held.step(dead_letter_id, done)
 
@@ -89,5 +98,9 @@ class _DeadLetterJob:
 
     async def audit(self, what: str, acted: list[int] | None, **detail) -> None:
         ids = self.action.remaining if acted is None else acted
-        await self._store.record_audit(self.actor, what, ids, {"bulk_action_id": self.id, "rate": self.action.rate,
-                                                               "filter": self.action.filter} | detail)
+        await self._store.record_audit(
+            self.actor,
+            what,
+            ids,
+            {"bulk_action_id": self.id, "rate": self.action.rate, "filter": self.action.filter} | detail,
+        )

@@ -25,8 +25,16 @@ from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, MIN_RATE
 from webhook_ingest.shared.run_locks import RunBusy
 
 routes = web.RouteTableDef()
-LABELS = {"source": "source", "status": "status", "type": "type", "since": "from", "until": "until",
-          "key": "key prefix", "event_id": "event id prefix", "payload": "payload contains"}
+LABELS = {
+    "source": "source",
+    "status": "status",
+    "type": "type",
+    "since": "from",
+    "until": "until",
+    "key": "key prefix",
+    "event_id": "event id prefix",
+    "payload": "payload contains",
+}
 
 
 def add_event_replay_routes(console: web.Application) -> None:
@@ -44,8 +52,9 @@ async def prepare(request: web.Request) -> web.Response:
     search = event_search(form)
     if search.problems:
         return await message_page(request, 400, "Nothing was replayed", " ".join(search.problems))
-    replay = await _store(request).prepare(search.where, actor(request),
-                                           SourceRoutes.of(request.config_dict[sources_key]))
+    replay = await _store(request).prepare(
+        search.where, actor(request), SourceRoutes.of(request.config_dict[sources_key])
+    )
     if replay.total == 0:
         await _store(request).cancel(replay.id)
         await leave_message(request, "error", "No archived event this search matches can be replayed: nothing to do.")
@@ -60,8 +69,16 @@ async def replay_page(request: web.Request) -> web.Response:
     if replay is None:
         return await message_page(request, 404, "No such replay", f"There is no replay {replay_id}.")
     template = "event_replay_progress.html" if request.headers.get("HX-Request") else "event_replay.html"
-    return await render(request, template, {"replay": replay, "default_rate": DEFAULT_RATE, "max_rate": MAX_RATE,
-                                            "filter_text": describe_filter(replay.filter)})
+    return await render(
+        request,
+        template,
+        {
+            "replay": replay,
+            "default_rate": DEFAULT_RATE,
+            "max_rate": MAX_RATE,
+            "filter_text": describe_filter(replay.filter),
+        },
+    )
 
 
 def describe_filter(saved: dict) -> str:
@@ -74,8 +91,9 @@ async def start_replay(request: web.Request) -> web.Response:
     replay_id = _id(request)
     rate = parse_rate((await request.post()).get("rate"))
     if rate is None:
-        await leave_message(request, "error",
-                            f"The rate must be a number from {MIN_RATE:g} to {MAX_RATE:g} per second.")
+        await leave_message(
+            request, "error", f"The rate must be a number from {MIN_RATE:g} to {MAX_RATE:g} per second."
+        )
         raise web.HTTPSeeOther(f"/console/event-replays/{replay_id}")
     replay = await _store(request).claim(replay_id, rate)
     if replay is None:
@@ -93,9 +111,11 @@ async def cancel_replay(request: web.Request) -> web.Response:
     except RunBusy as busy:
         await leave_message(request, "error", str(busy))
         raise web.HTTPSeeOther(f"/console/event-replays/{replay_id}") from None
-    await leave_message(request, "ok" if cancelled else "error",
-                        "Cancelled: what was published stays published." if cancelled
-                        else "This replay had already ended.")
+    await leave_message(
+        request,
+        "ok" if cancelled else "error",
+        "Cancelled: what was published stays published." if cancelled else "This replay had already ended.",
+    )
     raise web.HTTPSeeOther(f"/console/event-replays/{replay_id}")
 
 

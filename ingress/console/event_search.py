@@ -14,8 +14,16 @@ from webhook_ingest.shared.archived_events import Cursor, EventFilter, InvalidFi
 
 # the admin API's query parameters, in the form's order
 FIELDS = ("source", "status", "type", "since", "until", "key", "event_id", "payload")
-LABELS = {"source": "Source", "status": "Status", "type": "Event type", "since": "From", "until": "Until",
-          "key": "Key prefix", "event_id": "Event id prefix", "payload": "Payload contains"}
+LABELS = {
+    "source": "Source",
+    "status": "Status",
+    "type": "Event type",
+    "since": "From",
+    "until": "Until",
+    "key": "Key prefix",
+    "event_id": "Event id prefix",
+    "payload": "Payload contains",
+}
 MAX_VALUE = 4000  # a URL's line is at most 8 KiB anyway
 SHOWN_INPUT = 60  # of a bad value, quoted back in its message
 

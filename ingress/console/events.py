@@ -65,22 +65,32 @@ def event_path(key: str) -> str:
 @routes.get("/events")
 async def events_page(request: web.Request) -> web.Response:
     search = event_search(request.query)
-    rows, count, copies = (await _results(archive_store(request), search,
-                                          SourceRoutes.of(request.config_dict[sources_key]))
-                           if not search.problems else ([], None, {}))
-    context = {"search": search, "values": search.values, "labels": LABELS, "statuses": STATUSES,
-               "problems": search.problems + ([search.cursor_problem] if search.cursor_problem else []),
-               "rows": [_row_view(row, copies) for row in rows[:PAGE_SIZE]],
-               "count_text": _count_text(count), "next": _next_query(search, rows),
-               "newest": search.query() if search.after else None}
+    rows, count, copies = (
+        await _results(archive_store(request), search, SourceRoutes.of(request.config_dict[sources_key]))
+        if not search.problems
+        else ([], None, {})
+    )
+    context = {
+        "search": search,
+        "values": search.values,
+        "labels": LABELS,
+        "statuses": STATUSES,
+        "problems": search.problems + ([search.cursor_problem] if search.cursor_problem else []),
+        "rows": [_row_view(row, copies) for row in rows[:PAGE_SIZE]],
+        "count_text": _count_text(count),
+        "next": _next_query(search, rows),
+        "newest": search.query() if search.after else None,
+    }
     return await render(request, "events.html", context, status=400 if search.problems else 200)
 
 
-async def _results(store: ArchiveStore, search: EventSearch,
-                   routes: SourceRoutes) -> tuple[list[asyncpg.Record], int, dict]:
+async def _results(
+    store: ArchiveStore, search: EventSearch, routes: SourceRoutes
+) -> tuple[list[asyncpg.Record], int, dict]:
     """One row more than a page (is there a next one?), the capped count, the page's copies."""
-    rows, count = await asyncio.gather(store.search(search.where, search.after, PAGE_SIZE + 1, routes),
-                                       store.count(search.where, COUNT_CAP, routes))
+    rows, count = await asyncio.gather(
+        store.search(search.where, search.after, PAGE_SIZE + 1, routes), store.count(search.where, COUNT_CAP, routes)
+    )
     copies = await store.copies(sorted({row["key"] for row in rows[:PAGE_SIZE]})) if rows else {}
     return rows, count, copies
 
@@ -151,39 +161,54 @@ def headers_view(headers_json: str | None, hidden: frozenset[str] = frozenset())
 
 
 def arrival_view(row: asyncpg.Record, hidden: frozenset[str] = frozenset()) -> dict:
-    return dict(row) | {"body_view": body_view(bytes(row["body"]) if row["body"] is not None else None),
-                        "header_list": headers_view(row["headers"], hidden)}
+    return dict(row) | {
+        "body_view": body_view(bytes(row["body"]) if row["body"] is not None else None),
+        "header_list": headers_view(row["headers"], hidden),
+    }
 
 
 @routes.get("/events/{key:.+}")
 async def event_page(request: web.Request) -> web.Response:
     if signature_headers.asked(request) and not may_change(request.get(role_key)):
-        return await message_page(request, 403, "Signature headers are the operator's",
-                                  "With its body, a signature header is the request itself: the viewer token "
-                                  "sees every other header.")
+        return await message_page(
+            request,
+            403,
+            "Signature headers are the operator's",
+            "With its body, a signature header is the request itself: the viewer token sees every other header.",
+        )
     key = request.match_info["key"]
     sources = request.config_dict[sources_key]
     hidden = signature_headers.hidden_names(request)
     routes = route_names(sources, key)
     arrivals, records = await archive_store(request).event_rows(key, routes) if _searchable(key) else ([], None)
     if not arrivals or records is None:
-        return await message_page(request, 404, "No such archived event",
-                                  f"No arrival of the key “{_shown(key)}” is in the archive: it was never "
-                                  "accepted, its source is not archived (retention 0d), or its days are past "
-                                  "the source's retention.")
+        return await message_page(
+            request,
+            404,
+            "No such archived event",
+            f"No arrival of the key “{_shown(key)}” is in the archive: it was never "
+            "accepted, its source is not archived (retention 0d), or its days are past "
+            "the source's retention.",
+        )
     runs = [row for row in arrivals if row["status"] not in (archive.DUPLICATE, archive.CONFLICT)] or arrivals[:1]
     dead_letters = json.loads(records["dead_letters"])
     selection_replays = EventReplayStore(request.config_dict[database_pool_key])
-    context = {"key": key, "event": arrival_view(runs[0], hidden), "runs": runs,
-               "arrivals": [arrival_view(row, hidden) for row in arrivals[:SHOWN_ARRIVALS]],
-               "arrivals_total": len(arrivals),
-               "copies": [row["received_at"] for row in arrivals if row["status"] == archive.DUPLICATE],
-               "conflicts": sum(row["status"] == archive.CONFLICT for row in arrivals),
-               "completion": completion(records), "completions": route_completions(records),
-               "dead_letters": await _dead_letters(request.config_dict[dead_letters_key], dead_letters),
-               "selection_replays": await selection_replays.replays_of(key, routes)}
-    return await render(request, "event.html", context | {"shown_copy_times": SHOWN_COPY_TIMES,
-                                                          "signatures_shown": not hidden})
+    context = {
+        "key": key,
+        "event": arrival_view(runs[0], hidden),
+        "runs": runs,
+        "arrivals": [arrival_view(row, hidden) for row in arrivals[:SHOWN_ARRIVALS]],
+        "arrivals_total": len(arrivals),
+        "copies": [row["received_at"] for row in arrivals if row["status"] == archive.DUPLICATE],
+        "conflicts": sum(row["status"] == archive.CONFLICT for row in arrivals),
+        "completion": completion(records),
+        "completions": route_completions(records),
+        "dead_letters": await _dead_letters(request.config_dict[dead_letters_key], dead_letters),
+        "selection_replays": await selection_replays.replays_of(key, routes),
+    }
+    return await render(
+        request, "event.html", context | {"shown_copy_times": SHOWN_COPY_TIMES, "signatures_shown": not hidden}
+    )
 
 
 async def _dead_letters(store: DeadLetterStore, listed: list[dict]) -> list[dict]:

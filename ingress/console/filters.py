@@ -33,8 +33,14 @@ def parse_filter(query: Mapping[str, str]) -> tuple[DeadLetterFilter, list[str]]
     for label, value in (("Source", source), ("Error type", error_type)):
         if value and len(value) > MAX_NAME:
             problems.append(f"{label} is too long (at most {MAX_NAME} characters).")
-    where = DeadLetterFilter(source=source, status=None if status == "all" else status, error_type=error_type,
-                             since=since, until=until, text=text)
+    where = DeadLetterFilter(
+        source=source,
+        status=None if status == "all" else status,
+        error_type=error_type,
+        since=since,
+        until=until,
+        text=text,
+    )
     return where, problems
 
 

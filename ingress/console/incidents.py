@@ -7,10 +7,10 @@ like "all matching" on the dead-letters page."""
 
 from aiohttp import web
 
+from webhook_ingest.ingress.admin import dead_letters_key
 from webhook_ingest.ingress.appkeys import database_pool_key
 from webhook_ingest.ingress.console.rendering import leave_message, message_page, render
 from webhook_ingest.ingress.console.security import role_key
-from webhook_ingest.ingress.admin import dead_letters_key
 from webhook_ingest.shared import bulk_actions
 from webhook_ingest.shared.dead_letters import Actor, parse_id
 from webhook_ingest.shared.incident_store import IncidentNotFound, IncidentStore
@@ -41,9 +41,12 @@ async def incident_page(request: web.Request) -> web.Response:
         incident = await store.get(incident_id)
     except IncidentNotFound:
         return await message_page(request, 404, "No such incident", f"There is no incident {incident_id}.")
-    context = {"incident": incident, "history": await store.history(incident_id),
-               "events": await store.events(incident_id),
-               "open_dead_letters": await store.open_dead_letter_ids(incident_id)}
+    context = {
+        "incident": incident,
+        "history": await store.history(incident_id),
+        "events": await store.events(incident_id),
+        "open_dead_letters": await store.open_dead_letter_ids(incident_id),
+    }
     return await render(request, "incident.html", context)
 
 
@@ -69,7 +72,8 @@ async def prepare_bulk(request: web.Request) -> web.Response:
         await leave_message(request, "error", "This incident has no open dead letters: nothing to do.")
         raise web.HTTPSeeOther(f"/console/incidents/{incident_id}")
     bulk_action_id = await request.config_dict[dead_letters_key].prepare_bulk(
-        str(action), ids, {"incident": incident_id}, _actor(request))
+        str(action), ids, {"incident": incident_id}, _actor(request)
+    )
     raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")
 
 

@@ -8,9 +8,6 @@ clear message, never a 500.
 from aiohttp import web
 from aiohttp_session import get_session
 
-from webhook_ingest.ingress.limits import read_form_within
-from webhook_ingest.ingress.responses import Rejected
-from webhook_ingest.ingress.slots import slots_key
 from webhook_ingest.ingress.console.rendering import message_page
 from webhook_ingest.ingress.console.security import (
     Handler,
@@ -21,6 +18,9 @@ from webhook_ingest.ingress.console.security import (
     same_origin,
     session_role,
 )
+from webhook_ingest.ingress.limits import read_form_within
+from webhook_ingest.ingress.responses import Rejected
+from webhook_ingest.ingress.slots import slots_key
 from webhook_ingest.ingress.tokens import may_change
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
@@ -32,8 +32,10 @@ PUBLIC_PREFIXES = ("/console/login", "/console/static/")
 MAX_FORM_BYTES = 64 * 1024  # the largest console form (a bulk action's filter) is a few hundred bytes
 ANYONE_MAY_POST = ("/console/login", "/console/logout")
 # Nothing from another host, no inline script; the page works without script at all.
-CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-                           "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
 
 
 @web.middleware
@@ -101,11 +103,16 @@ async def csrf_protected(request: web.Request, handler: Handler) -> web.StreamRe
         return await message_page(request, 403, "Refused", "This request came from another site.")
     session = await get_session(request)
     if not csrf_matches(await presented_csrf(request), session.get("csrf")):
-        return await message_page(request, 403, "Refused", "The form was missing its security token or it was"
-                                  " out of date. Reload the page and try again.")
+        return await message_page(
+            request,
+            403,
+            "Refused",
+            "The form was missing its security token or it was out of date. Reload the page and try again.",
+        )
     if not request.path.startswith(ANYONE_MAY_POST) and not may_change(request.get(role_key)):
-        return await message_page(request, 403, "Read only",
-                                  "The viewer token may look at everything but change nothing.")
+        return await message_page(
+            request, 403, "Read only", "The viewer token may look at everything but change nothing."
+        )
     return await handler(request)
 
 
@@ -117,7 +124,11 @@ async def expected_failures(request: web.Request, handler: Handler) -> web.Strea
         return await message_page(request, 404, "Not found", "There is no such page.")
     except POSTGRES_ERRORS as exc:
         log.warning("console_database_unavailable", error=describe(exc))
-        return await message_page(request, 503, "PostgreSQL is unreachable",
-                                  "The console reads everything from PostgreSQL. Try again in a moment.",
-                                  headers={"Retry-After": "5"}, without_session=True)
-
+        return await message_page(
+            request,
+            503,
+            "PostgreSQL is unreachable",
+            "The console reads everything from PostgreSQL. Try again in a moment.",
+            headers={"Retry-After": "5"},
+            without_session=True,
+        )

@@ -63,8 +63,11 @@ def chart(minutes: list[dict]) -> Chart:
     scale_max = nice_ceiling(max((_total(row) for row in minutes), default=0))
     step = WIDTH / max(len(minutes), 1)
     bars = [_bar(row, index * step, step, scale_max) for index, row in enumerate(minutes)]
-    times = [(index * step, _time(row["minute"])) for index, row in enumerate(minutes)
-             if row["minute"].minute % TIME_LABEL_EVERY == 0]
+    times = [
+        (index * step, _time(row["minute"]))
+        for index, row in enumerate(minutes)
+        if row["minute"].minute % TIME_LABEL_EVERY == 0
+    ]
     totals = {outcome: sum(row[outcome] for row in minutes) for outcome in OUTCOMES}
     return Chart(LEFT + WIDTH, HEIGHT + BOTTOM, LEFT, HEIGHT, scale_max, bars, times, totals, minutes)
 

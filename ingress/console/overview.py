@@ -13,12 +13,13 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from webhook_ingest.ingress.console.outcome_chart import Chart, chart
 from webhook_ingest.shared import topology
-from webhook_ingest.shared.topology import queue_depths
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.sources import Source
+from webhook_ingest.shared.topology import queue_depths
 from webhook_ingest.shared.worker_heartbeats import SILENT_AFTER_BEATS, HeartbeatStore
-from webhook_ingest.ingress.console.outcome_chart import Chart, chart
+
 
 @dataclass(frozen=True)
 class Overview:
@@ -32,22 +33,40 @@ class Overview:
     silent_after_beats: int = SILENT_AFTER_BEATS
 
 
-async def overview(store: DeadLetterStore, heartbeats: HeartbeatStore, amqp_url: str, namespace: str,
-                   sources: dict[str, Source], archive_sizes: Mapping[str, int]) -> Overview:
+async def overview(
+    store: DeadLetterStore,
+    heartbeats: HeartbeatStore,
+    amqp_url: str,
+    namespace: str,
+    sources: dict[str, Source],
+    archive_sizes: Mapping[str, int],
+) -> Overview:
     queues, database, workers = await asyncio.gather(
-        queue_depths(amqp_url, queue_names(namespace, sources), "console-overview"), database_figures(store),
-        worker_figures(heartbeats))
+        queue_depths(amqp_url, queue_names(namespace, sources), "console-overview"),
+        database_figures(store),
+        worker_figures(heartbeats),
+    )
     archived = sorted(name for name, source in sources.items() if source.retention)
     outcomes, open_dead_letters, outbox_pending = database
     workers_seen, by_minute = workers
-    return Overview(queues, outcomes, open_dead_letters, outbox_pending,
-                    [(name, archive_sizes.get(name)) for name in archived], workers_seen, by_minute)
+    return Overview(
+        queues,
+        outcomes,
+        open_dead_letters,
+        outbox_pending,
+        [(name, archive_sizes.get(name)) for name in archived],
+        workers_seen,
+        by_minute,
+    )
 
 
 def queue_names(namespace: str, sources: dict[str, Source]) -> list[str]:
     delays = sorted({delay for source in sources.values() for delay in source.retry_delays})
-    return [topology.events_queue(namespace), *(topology.retry_queue(namespace, d) for d in delays),
-            topology.dead_queue(namespace)]
+    return [
+        topology.events_queue(namespace),
+        *(topology.retry_queue(namespace, d) for d in delays),
+        topology.dead_queue(namespace),
+    ]
 
 
 async def database_figures(store: DeadLetterStore) -> tuple[dict[str, int] | None, int | None, int | None]:

@@ -10,21 +10,37 @@ from webhook_ingest.ingress.console.security import csrf_token, role_key
 from webhook_ingest.ingress.tokens import may_change
 
 
-async def render(request: web.Request, template: str, context: dict, status: int = 200,
-                 headers: dict[str, str] | None = None, without_session: bool = False) -> web.Response:
+async def render(
+    request: web.Request,
+    template: str,
+    context: dict,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+    without_session: bool = False,
+) -> web.Response:
     """`without_session`: for a page saying Postgres is away, where the
     session (its key, its row) may be what could not be read."""
     role = request.get(role_key)
-    base = {"role": role, "may_change": may_change(role), "path": request.path,
-            "csrf_token": "" if without_session else await csrf_token(request),
-            "messages": [] if without_session else await take_messages(request)}
+    base = {
+        "role": role,
+        "may_change": may_change(role),
+        "path": request.path,
+        "csrf_token": "" if without_session else await csrf_token(request),
+        "messages": [] if without_session else await take_messages(request),
+    }
     response = aiohttp_jinja2.render_template(template, request, base | context, status=status)
     response.headers.update(headers or {})
     return response
 
 
-async def message_page(request: web.Request, status: int, title: str, text: str,
-                       headers: dict[str, str] | None = None, without_session: bool = False) -> web.Response:
+async def message_page(
+    request: web.Request,
+    status: int,
+    title: str,
+    text: str,
+    headers: dict[str, str] | None = None,
+    without_session: bool = False,
+) -> web.Response:
     return await render(request, "message.html", {"title": title, "text": text}, status, headers, without_session)
 
 

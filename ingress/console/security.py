@@ -59,15 +59,22 @@ def came_over_https(request: web.Request) -> bool:
 def cookie_storage(settings: Settings) -> SessionCookies:
     """The cookie outlives the session by an hour, so a person coming back
     is told their session expired; the server's row is what ends it."""
-    return SessionCookies(came_over_https, cookie_name=COOKIE_NAME, path="/console/", httponly=True,
-                          samesite="Strict", max_age=settings.console_session_seconds + EXPIRED_NOTICE_SECONDS)
+    return SessionCookies(
+        came_over_https,
+        cookie_name=COOKIE_NAME,
+        path="/console/",
+        httponly=True,
+        samesite="Strict",
+        max_age=settings.console_session_seconds + EXPIRED_NOTICE_SECONDS,
+    )
 
 
 async def sign_in(request: web.Request, role: str, token: str) -> None:
     """A fresh session (a new CSRF token: nothing from before sign-in survives)."""
     settings = request.config_dict[settings_key]
     session_id = await request.config_dict[console_sessions_key].begin(
-        role, token, request.remote, settings.console_session_seconds)
+        role, token, request.remote, settings.console_session_seconds
+    )
     session = await new_session(request)
     session.update({"sid": session_id, "csrf": secrets.token_urlsafe(32)})
 

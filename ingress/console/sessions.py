@@ -53,10 +53,10 @@ class ConsoleSessions:
         """The cookies' key, read once per process (made by the first process)."""
         if self._key is None:
             async with self._connection() as connection:
-                await connection.execute(QUERIES["create_console_session_key"], secrets.token_bytes(32),
-                                         timeout=STATEMENT_SECONDS)
-                self._key = bytes(await connection.fetchval(QUERIES["console_session_key"],
-                                                            timeout=STATEMENT_SECONDS))
+                await connection.execute(
+                    QUERIES["create_console_session_key"], secrets.token_bytes(32), timeout=STATEMENT_SECONDS
+                )
+                self._key = bytes(await connection.fetchval(QUERIES["console_session_key"], timeout=STATEMENT_SECONDS))
         return self._key
 
     async def fernet(self) -> Fernet:
@@ -74,14 +74,22 @@ class ConsoleSessions:
         fingerprint = await self.fingerprint(token)
         async with self._connection() as connection:
             await connection.execute(QUERIES["forget_old_console_sessions"], timeout=STATEMENT_SECONDS)
-            await connection.execute(QUERIES["begin_console_session"], _digest(session_id), role, fingerprint,
-                                     client, float(seconds), timeout=STATEMENT_SECONDS)
+            await connection.execute(
+                QUERIES["begin_console_session"],
+                _digest(session_id),
+                role,
+                fingerprint,
+                client,
+                float(seconds),
+                timeout=STATEMENT_SECONDS,
+            )
         return session_id
 
     async def live(self, session_id: str) -> LiveSession | None:
         async with self._connection() as connection:
-            row = await connection.fetchrow(QUERIES["live_console_session"], _digest(session_id),
-                                            timeout=STATEMENT_SECONDS)
+            row = await connection.fetchrow(
+                QUERIES["live_console_session"], _digest(session_id), timeout=STATEMENT_SECONDS
+            )
         return LiveSession(row["role"], bytes(row["token_fingerprint"])) if row else None
 
     def _connection(self) -> AsyncContextManager[asyncpg.Connection]:

@@ -41,8 +41,11 @@ async def _change(request: web.Request, pause: bool) -> web.Response:
     actor = Actor(request[role_key], "console")
     changed = await (store.pause(name, actor) if pause else store.resume(name, actor))
     if changed:
-        text = (f"Source {name} paused: its events are accepted and kept until you resume it." if pause
-                else f"Source {name} resumed: the events kept meanwhile are processed, oldest first.")
+        text = (
+            f"Source {name} paused: its events are accepted and kept until you resume it."
+            if pause
+            else f"Source {name} resumed: the events kept meanwhile are processed, oldest first."
+        )
     else:
         text = f"Source {name} was {'already paused' if pause else 'not paused'}: nothing done."
     await leave_message(request, "ok" if changed else "error", text)

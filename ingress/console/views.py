@@ -9,18 +9,19 @@ from aiohttp import web
 
 from webhook_ingest.ingress import signature_headers
 from webhook_ingest.ingress.admin import dead_letters_key
-from webhook_ingest.ingress.archive import arrivals_key
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
-from webhook_ingest.ingress.console.events import json_text
-from webhook_ingest.ingress.console.incidents import LISTED
+from webhook_ingest.ingress.archive import arrivals_key
 from webhook_ingest.ingress.console.bulk import DEFAULT_RATE, MAX_RATE, BulkRunner
+from webhook_ingest.ingress.console.events import json_text
 from webhook_ingest.ingress.console.filters import form_values, parse_before, parse_filter, query_string
+from webhook_ingest.ingress.console.incidents import LISTED
 from webhook_ingest.ingress.console.overview import overview
 from webhook_ingest.ingress.console.rendering import leave_message, message_page, render
 from webhook_ingest.ingress.console.security import form_field, role_key, session_role, sign_in, sign_out
 from webhook_ingest.ingress.limits import sign_in_throttle_key
 from webhook_ingest.ingress.tokens import may_change, role_of
 from webhook_ingest.shared import bulk_actions
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import (
     STATUSES,
     Actor,
@@ -32,10 +33,9 @@ from webhook_ingest.shared.dead_letters import (
     detail,
     parse_id,
 )
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.run_locks import RunBusy
 from webhook_ingest.shared.incident_store import IncidentStore
 from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.run_locks import RunBusy
 from webhook_ingest.shared.worker_heartbeats import HeartbeatStore
 
 log = get_logger(__name__)
@@ -74,9 +74,13 @@ async def login(request: web.Request) -> web.Response:
     wait = await request.config_dict[sign_in_throttle_key].retry_after(request.remote)
     if wait > 0:
         seconds = math.ceil(wait)
-        return await render(request, "login.html", {"notice": None, "error": "Too many sign-in attempts from your "
-                                                    f"address. Try again in {seconds} seconds."},
-                            status=429, headers={"Retry-After": str(seconds)})
+        return await render(
+            request,
+            "login.html",
+            {"notice": None, "error": f"Too many sign-in attempts from your address. Try again in {seconds} seconds."},
+            status=429,
+            headers={"Retry-After": str(seconds)},
+        )
     token = await form_field(request, "token") or ""
     role = role_of(token, request.config_dict[settings_key]) if token else None
     if role is None:
@@ -100,9 +104,14 @@ async def logout(request: web.Request) -> web.Response:
 async def overview_page(request: web.Request) -> web.Response:
     settings = request.config_dict[settings_key]
     arrivals = request.config_dict.get(arrivals_key)
-    figures = await overview(store(request), HeartbeatStore(request.config_dict[database_pool_key]),
-                             settings.amqp_url, settings.namespace,
-                             request.config_dict[sources_key], arrivals.archive_sizes() if arrivals else {})
+    figures = await overview(
+        store(request),
+        HeartbeatStore(request.config_dict[database_pool_key]),
+        settings.amqp_url,
+        settings.namespace,
+        request.config_dict[sources_key],
+        arrivals.archive_sizes() if arrivals else {},
+    )
     if request.headers.get("HX-Request"):
         return await render(request, "overview_figures.html", {"overview": figures})
     incidents = IncidentStore(request.config_dict[database_pool_key])
@@ -118,9 +127,17 @@ async def dead_letters_page(request: web.Request) -> web.Response:
     rows = [] if problems else await store(request).search(where, before, PAGE_SIZE + 1)
     values = form_values(request.query)
     older = query_string(values, before=str(rows[PAGE_SIZE - 1]["id"])) if len(rows) > PAGE_SIZE else None
-    context = {"rows": [_row_view(row) for row in rows[:PAGE_SIZE]], "problems": problems + cursor_problems,
-               "values": values, "sources": sources, "error_types": error_types, "statuses": [*STATUSES, "all"],
-               "older": older, "newest": query_string(values) if before else None, "bulk_allowed": not problems}
+    context = {
+        "rows": [_row_view(row) for row in rows[:PAGE_SIZE]],
+        "problems": problems + cursor_problems,
+        "values": values,
+        "sources": sources,
+        "error_types": error_types,
+        "statuses": [*STATUSES, "all"],
+        "older": older,
+        "newest": query_string(values) if before else None,
+        "bulk_allowed": not problems,
+    }
     return await render(request, "dead_letters.html", context, status=400 if problems else 200)
 
 
@@ -131,25 +148,39 @@ def _row_view(row: dict) -> dict:
 @routes.get("/dead-letters/{id}")
 async def dead_letter_page(request: web.Request) -> web.Response:
     if signature_headers.asked(request) and not may_change(request.get(role_key)):
-        return await message_page(request, 403, "Signature headers are the operator's",
-                                  "With its body, a signature header is the request itself: the viewer token "
-                                  "sees every other header.")
+        return await message_page(
+            request,
+            403,
+            "Signature headers are the operator's",
+            "With its body, a signature header is the request itself: the viewer token sees every other header.",
+        )
     dead_letter_id = parse_id(request.match_info["id"])
     if dead_letter_id is None:
-        return await message_page(request, 400, "Not a dead-letter id",
-                                  "Dead-letter ids are positive whole numbers, as in the list.")
+        return await message_page(
+            request, 400, "Not a dead-letter id", "Dead-letter ids are positive whole numbers, as in the list."
+        )
     row = await store(request).get(dead_letter_id)
     if row is None:
-        return await message_page(request, 404, "No such dead letter",
-                                  f"There is no dead letter with id {dead_letter_id}.")
+        return await message_page(
+            request, 404, "No such dead letter", f"There is no dead letter with id {dead_letter_id}."
+        )
     history = await store(request).replays_of(dead_letter_id)
     audit = await store(request).audit(dead_letter_id=dead_letter_id, limit=50)
     document = detail(row)
     headers = signature_headers.hide(document["headers"], signature_headers.hidden_names(request))
-    return await render(request, "dead_letter.html", {
-        "letter": document, "payload_text": _pretty(document), "headers": sorted(headers.items()),
-        "signatures_shown": signature_headers.asked(request),
-        "errors": row["errors"], "replays": history, "audit": audit})
+    return await render(
+        request,
+        "dead_letter.html",
+        {
+            "letter": document,
+            "payload_text": _pretty(document),
+            "headers": sorted(headers.items()),
+            "signatures_shown": signature_headers.asked(request),
+            "errors": row["errors"],
+            "replays": history,
+            "audit": audit,
+        },
+    )
 
 
 def _pretty(document: dict) -> str:
@@ -163,8 +194,7 @@ async def audit_page(request: web.Request) -> web.Response:
     before, problems = parse_before(request.query)
     entries = await store(request).audit(before=before, limit=PAGE_SIZE + 1)
     older = str(entries[PAGE_SIZE - 1]["id"]) if len(entries) > PAGE_SIZE else None
-    return await render(request, "audit.html", {"entries": entries[:PAGE_SIZE], "older": older,
-                                                "problems": problems})
+    return await render(request, "audit.html", {"entries": entries[:PAGE_SIZE], "older": older, "problems": problems})
 
 
 # -- acting on one ---------------------------------------------------------------
@@ -176,8 +206,12 @@ async def replay_one(request: web.Request) -> web.Response:
     publisher = request.config_dict[publisher_key]
     channel = publisher.channel
     if not publisher.ready or channel is None:
-        return await _back_to(request, dead_letter_id, "error", "RabbitMQ is unreachable: nothing was replayed. "
-                              "Try again once it is back.")
+        return await _back_to(
+            request,
+            dead_letter_id,
+            "error",
+            "RabbitMQ is unreachable: nothing was replayed. Try again once it is back.",
+        )
     namespace = request.config_dict[settings_key].namespace
     try:
         await store(request).replay_if_open(channel, namespace, dead_letter_id, actor(request))
@@ -241,8 +275,16 @@ async def bulk_page(request: web.Request) -> web.Response:
     if action is None:
         return await message_page(request, 404, "No such bulk action", f"There is no bulk action {bulk_action_id}.")
     template = "bulk_progress.html" if request.headers.get("HX-Request") else "bulk.html"
-    return await render(request, template, {"action": action, "default_rate": DEFAULT_RATE, "max_rate": MAX_RATE,
-                                            "filter_text": _describe_filter(action.filter)})
+    return await render(
+        request,
+        template,
+        {
+            "action": action,
+            "default_rate": DEFAULT_RATE,
+            "max_rate": MAX_RATE,
+            "filter_text": _describe_filter(action.filter),
+        },
+    )
 
 
 def _describe_filter(saved: dict) -> str:
@@ -264,9 +306,13 @@ async def start_bulk(request: web.Request) -> web.Response:
     if action is None:
         await leave_message(request, "error", "This bulk action is not waiting to start: nothing was changed.")
     else:
-        request.config_dict[bulk_runner_key].start_bulk(action, actor(request), store(request),
-                                                        request.config_dict[publisher_key],
-                                                        request.config_dict[settings_key].namespace)
+        request.config_dict[bulk_runner_key].start_bulk(
+            action,
+            actor(request),
+            store(request),
+            request.config_dict[publisher_key],
+            request.config_dict[settings_key].namespace,
+        )
     raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")
 
 
@@ -286,6 +332,9 @@ async def cancel_bulk(request: web.Request) -> web.Response:
     except RunBusy as busy:
         await leave_message(request, "error", str(busy))
         raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}") from None
-    await leave_message(request, "ok" if cancelled else "error",
-                        "Cancelled: what was done stays done." if cancelled else "This bulk action had already ended.")
+    await leave_message(
+        request,
+        "ok" if cancelled else "error",
+        "Cancelled: what was done stays done." if cancelled else "This bulk action had already ended.",
+    )
     raise web.HTTPSeeOther(f"/console/bulk/{bulk_action_id}")

@@ -35,6 +35,17 @@ from webhook_ingest.shared.signatures.schemes import (
 )
 
 __all__ = [
-    "BODY_ONLY", "SCHEMES", "SIGNATURE_HEADERS", "URL_SIGNING_SCHEMES", "InvalidSignature", "MissingSignature",
-    "SchemeConfigError", "SignatureError", "StaleTimestamp", "Verified", "Verifier", "build_verifier", "sign",
+    "BODY_ONLY",
+    "SCHEMES",
+    "SIGNATURE_HEADERS",
+    "URL_SIGNING_SCHEMES",
+    "InvalidSignature",
+    "MissingSignature",
+    "SchemeConfigError",
+    "SignatureError",
+    "StaleTimestamp",
+    "Verified",
+    "Verifier",
+    "build_verifier",
+    "sign",
 ]

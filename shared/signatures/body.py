@@ -34,12 +34,13 @@ class BodyVerifier:
         self._format = body_format
         self._macs = parts.KeyedMacs(keys, body_format.digestmod)
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float | None = None, *, query_string: str = ""
+    ) -> Verified:
         value = parts.header(headers, self._format.header)
         if not value.startswith(self._format.prefix):
             raise InvalidSignature(f"{self._format.header} does not start with {self._format.prefix!r}")
-        signature = parts.decode(self._format.encoding, value[len(self._format.prefix):])
+        signature = parts.decode(self._format.encoding, value[len(self._format.prefix) :])
         parts.require_match(self._macs.digests(body), [signature])
         return BODY_ONLY
 

@@ -38,8 +38,9 @@ BODY_ONLY = Verified()  # what most schemes return: the signature covers the bod
 
 
 class Verifier(Protocol):
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float | None = None, *, query_string: str = ""
+    ) -> Verified:
         """What the signature covers, when `body` is authentic; raises a `SignatureError` otherwise.
 
         `query_string` is the request's raw query (schemes that sign the URL).

@@ -25,8 +25,9 @@ class HeaderCredentialVerifier:
         self.credential_header = header
         self._credentials = parts.Credentials(secrets)
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float | None = None, *, query_string: str = ""
+    ) -> Verified:
         self._credentials.require(parts.utf8(parts.header(headers, self.credential_header)))
         return BODY_ONLY  # nothing is signed: whoever holds the credential may send any body
 
@@ -40,8 +41,9 @@ class BasicAuthVerifier:
     def __init__(self, secrets: Sequence[bytes]):
         self._credentials = parts.Credentials(secrets)
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float | None = None, *, query_string: str = ""
+    ) -> Verified:
         self._credentials.require(parse_basic(parts.header(headers, AUTHORIZATION)))
         return BODY_ONLY
 
@@ -69,11 +71,14 @@ def gitlab_verifier(secrets: Sequence[str], options: SourceOptions) -> HeaderCre
 
 def api_key_verifier(secrets: Sequence[str], options: SourceOptions) -> HeaderCredentialVerifier:
     if not options.signature_header:
-        raise SchemeConfigError("the api-key scheme needs the header that carries the key, such as"
-                                ' signature_header = "X-API-Key"', field="signature_header")
+        raise SchemeConfigError(
+            'the api-key scheme needs the header that carries the key, such as signature_header = "X-API-Key"',
+            field="signature_header",
+        )
     if options.signature_header.lower() == AUTHORIZATION.lower():
-        raise SchemeConfigError("for a key in Authorization use scheme basic-auth, or a header of its own",
-                                field="signature_header")
+        raise SchemeConfigError(
+            "for a key in Authorization use scheme basic-auth, or a header of its own", field="signature_header"
+        )
     return HeaderCredentialVerifier(options.signature_header, _keys(secrets))
 
 

@@ -32,8 +32,7 @@ class Encoding:
 
 
 HEX = Encoding(bytes.hex, binascii.a2b_hex)
-BASE64 = Encoding(lambda raw: base64.b64encode(raw).decode("ascii"),
-                  lambda text: base64.b64decode(text, validate=True))
+BASE64 = Encoding(lambda raw: base64.b64encode(raw).decode("ascii"), lambda text: base64.b64decode(text, validate=True))
 
 
 class KeyedMacs:
@@ -92,8 +91,9 @@ def prefixed_base64(secret: str, prefix: str, label: str, what: str) -> bytes:
     try:
         return base64.b64decode(secret.removeprefix(prefix) + "==")
     except ValueError:
-        raise SchemeConfigError(f"{label}: {what} is {prefix!r} followed by base64, and the part after"
-                                f" {prefix!r} is not valid base64") from None
+        raise SchemeConfigError(
+            f"{label}: {what} is {prefix!r} followed by base64, and the part after {prefix!r} is not valid base64"
+        ) from None
 
 
 def header(headers: Mapping[str, str], name: str) -> str:

@@ -13,9 +13,11 @@ from webhook_ingest.shared.signatures.errors import SchemeConfigError
 
 def checked(public_url: str | None, scheme: str, *, query_allowed: bool) -> str:
     if not public_url:
-        raise SchemeConfigError(f"the {scheme} scheme signs the URL it calls, which the ingress cannot know behind a"
-                                f' proxy: set public_url = "https://…/webhooks/NAME" as configured at {scheme}',
-                                field="public_url")
+        raise SchemeConfigError(
+            f"the {scheme} scheme signs the URL it calls, which the ingress cannot know behind a"
+            f' proxy: set public_url = "https://…/webhooks/NAME" as configured at {scheme}',
+            field="public_url",
+        )
     try:
         parts = urlsplit(public_url)
         parts.port  # noqa: B018  # raises ValueError for a port that is not a number
@@ -26,8 +28,10 @@ def checked(public_url: str | None, scheme: str, *, query_allowed: bool) -> str:
     if parts.fragment or public_url.endswith("#"):
         raise SchemeConfigError("must not have a #fragment: it is never sent, so never signed", field="public_url")
     if not query_allowed and (parts.query or "?" in public_url):
-        raise SchemeConfigError(f"must not have a ?query: {scheme} signs the query of each request, which the"
-                                " ingress appends as received", field="public_url")
+        raise SchemeConfigError(
+            f"must not have a ?query: {scheme} signs the query of each request, which the ingress appends as received",
+            field="public_url",
+        )
     return public_url
 
 

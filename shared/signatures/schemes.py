@@ -28,8 +28,9 @@ SCHEME_TABLE: Mapping[str, Scheme] = {
     "paystack": _body("paystack"),
     "standard-webhooks": Scheme(standard.verifier, standard.sign, ("webhook-signature", "svix-signature")),
     "hmac-sha256": _body("hmac-sha256"),
-    "standard-webhooks-v1a": Scheme(standard.asymmetric_verifier, standard.asymmetric_sign,
-                                    ("webhook-signature", "svix-signature")),
+    "standard-webhooks-v1a": Scheme(
+        standard.asymmetric_verifier, standard.asymmetric_sign, ("webhook-signature", "svix-signature")
+    ),
     "slack": Scheme(slack.verifier, slack.sign, ("x-slack-signature",)),
     "gitlab": Scheme(credentials.gitlab_verifier, credentials.gitlab_sign, ()),
     "twilio": Scheme(twilio.verifier, twilio.sign, ("x-twilio-signature",)),
@@ -45,19 +46,36 @@ SIGNATURE_HEADERS = frozenset(name for scheme in SCHEME_TABLE.values() for name 
 URL_SIGNING_SCHEMES = frozenset({"twilio", "square"})
 
 
-def build_verifier(scheme: str, secrets: Sequence[str], *, tolerance_seconds: float = 300,
-                   signature_header: str | None = None, public_url: str | None = None) -> Verifier:
+def build_verifier(
+    scheme: str,
+    secrets: Sequence[str],
+    *,
+    tolerance_seconds: float = 300,
+    signature_header: str | None = None,
+    public_url: str | None = None,
+) -> Verifier:
     """The verifier for one source; ValueError (a `SchemeConfigError` naming the field) when unusable."""
     options = SourceOptions(tolerance_seconds, signature_header, public_url)
     if public_url is not None and scheme not in URL_SIGNING_SCHEMES:
-        raise SchemeConfigError(f"only {' and '.join(sorted(URL_SIGNING_SCHEMES))} sign the URL; the {scheme}"
-                                " scheme does not read it", field="public_url")
+        raise SchemeConfigError(
+            f"only {' and '.join(sorted(URL_SIGNING_SCHEMES))} sign the URL; the {scheme} scheme does not read it",
+            field="public_url",
+        )
     return _scheme(scheme).verifier(secrets, options)
 
 
-def sign(scheme: str, body: bytes, secret: str, *, timestamp: int | None = None, msg_id: str | None = None,
-         signature_header: str | None = None, public_url: str | None = None, query_string: str = "",
-         content_type: str | None = None) -> dict[str, str]:
+def sign(
+    scheme: str,
+    body: bytes,
+    secret: str,
+    *,
+    timestamp: int | None = None,
+    msg_id: str | None = None,
+    signature_header: str | None = None,
+    public_url: str | None = None,
+    query_string: str = "",
+    content_type: str | None = None,
+) -> dict[str, str]:
     """The headers the provider would send with `body` (for a scheme that signs the URL, to `public_url`
     with `query_string`; for standard-webhooks-v1a, `secret` is the private key)."""
     options = SignOptions(timestamp, msg_id, signature_header, public_url, query_string, content_type)

@@ -18,8 +18,9 @@ class SlackVerifier:
         self._macs = parts.KeyedMacs(keys, prefix=f"{VERSION}:".encode())
         self._tolerance = tolerance_seconds
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float | None = None, *, query_string: str = ""
+    ) -> Verified:
         signature = parse_signature(parts.header(headers, SIGNATURE_HEADER))
         timestamp = parts.timestamp_text(headers.get(TIMESTAMP_HEADER))
         parts.require_match(self._macs.digests(timestamp.encode("ascii"), b":", body), [signature])

@@ -18,8 +18,9 @@ class SquareVerifier:
     def __init__(self, keys: Sequence[bytes], url: str):
         self._macs = parts.KeyedMacs(keys, prefix=url.encode())
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float | None = None, *, query_string: str = ""
+    ) -> Verified:
         signature = parts.decode(BASE64, parts.header(headers, HEADER))
         parts.require_match(self._macs.digests(body), [signature])
         return BODY_ONLY

@@ -38,12 +38,14 @@ class StandardWebhooksVerifier:
         self._macs = parts.KeyedMacs(keys)
         self._tolerance = tolerance_seconds
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float | None = None, *, query_string: str = ""
+    ) -> Verified:
         prefix, msg_id, timestamp, signature_header = message_headers(headers)
         signatures = signatures_of("v1", signature_header)
-        parts.require_match(self._macs.digests(parts.utf8(msg_id), b".", timestamp.encode("ascii"), b".", body),
-                            signatures)
+        parts.require_match(
+            self._macs.digests(parts.utf8(msg_id), b".", timestamp.encode("ascii"), b".", body), signatures
+        )
         parts.require_fresh(timestamp, self._tolerance, now)
         return signed(prefix, msg_id, timestamp)
 
@@ -55,8 +57,9 @@ class AsymmetricVerifier:
         self._public_keys = tuple(public_keys)
         self._tolerance = tolerance_seconds
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float | None = None, *, query_string: str = ""
+    ) -> Verified:
         prefix, msg_id, timestamp, signature_header = message_headers(headers)
         signatures = signatures_of("v1a", signature_header)
         if len(signatures) > MAX_ASYMMETRIC_SIGNATURES:
@@ -69,13 +72,15 @@ class AsymmetricVerifier:
 
 
 def verifier(secrets: Sequence[str], options: SourceOptions) -> StandardWebhooksVerifier:
-    return StandardWebhooksVerifier([_hmac_key(secret, label) for label, secret in parts.labelled(secrets)],
-                                    options.tolerance_seconds)
+    return StandardWebhooksVerifier(
+        [_hmac_key(secret, label) for label, secret in parts.labelled(secrets)], options.tolerance_seconds
+    )
 
 
 def asymmetric_verifier(secrets: Sequence[str], options: SourceOptions) -> AsymmetricVerifier:
-    return AsymmetricVerifier([_public_key(secret, label) for label, secret in parts.labelled(secrets)],
-                              options.tolerance_seconds)
+    return AsymmetricVerifier(
+        [_public_key(secret, label) for label, secret in parts.labelled(secrets)], options.tolerance_seconds
+    )
 
 
 def sign(body: bytes, secret: str, options: SignOptions) -> dict[str, str]:
@@ -122,8 +127,11 @@ def signed(prefix: str, msg_id: str, timestamp: str) -> Verified:
 
 def signatures_of(version: str, signature_header: str) -> list[bytes]:
     """The decoded signatures of one version; entries of other versions are skipped unread."""
-    signatures = [parts.decode(BASE64, text) for name, _, text in
-                  (entry.partition(",") for entry in signature_header.split(" ")) if name == version]
+    signatures = [
+        parts.decode(BASE64, text)
+        for name, _, text in (entry.partition(",") for entry in signature_header.split(" "))
+        if name == version
+    ]
     if not signatures:
         raise InvalidSignature(f"no {version} signature in the signature header")
     return signatures
@@ -147,8 +155,10 @@ def _hmac_key(secret: str, label: str) -> bytes:
 
 
 def _public_key(secret: str, label: str) -> Ed25519PublicKey:
-    for prefix, what in ((SECRET_PREFIX, "a v1 (HMAC) secret: use scheme standard-webhooks"),
-                         (PRIVATE_KEY_PREFIX, "the private key: list the public key, whpk_…, instead")):
+    for prefix, what in (
+        (SECRET_PREFIX, "a v1 (HMAC) secret: use scheme standard-webhooks"),
+        (PRIVATE_KEY_PREFIX, "the private key: list the public key, whpk_…, instead"),
+    ):
         if secret.startswith(prefix):
             raise SchemeConfigError(f"{label} is {what}")
     raw = parts.prefixed_base64(secret, PUBLIC_KEY_PREFIX, label, "a standard-webhooks-v1a public key")

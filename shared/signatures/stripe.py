@@ -16,8 +16,9 @@ class StripeVerifier:
         self._macs = parts.KeyedMacs(keys)
         self._tolerance = tolerance_seconds
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float | None = None, *, query_string: str = ""
+    ) -> Verified:
         timestamp, signatures = parse_header(parts.header(headers, HEADER))
         parts.require_match(self._macs.digests(timestamp.encode("ascii"), b".", body), signatures)
         parts.require_fresh(timestamp, self._tolerance, now)

@@ -42,8 +42,9 @@ class TwilioVerifier:
         self._macs = {name: parts.KeyedMacs(keys, digestmod) for name, digestmod in ALGORITHMS.items()}
         self._urls = tuple(variant.encode() for variant in public_url.with_and_without_port(url))
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None, *,
-               query_string: str = "") -> Verified:
+    def verify(
+        self, headers: Mapping[str, str], body: bytes, now: float | None = None, *, query_string: str = ""
+    ) -> Verified:
         signature = parts.decode(BASE64, parts.header(headers, SIGNATURE_HEADER))
         macs = self._macs[algorithm(headers.get(SETTINGS_HEADER))]
         query = parts.utf8(f"?{query_string}" if query_string else "")
@@ -52,8 +53,7 @@ class TwilioVerifier:
         if body_hash:
             _require_body_hash(body, body_hash[0])
         fields = b"" if form is None else signed_fields(form)
-        parts.require_match((digest for url in self._urls for digest in macs.digests(url, query, fields)),
-                            [signature])
+        parts.require_match((digest for url in self._urls for digest in macs.digests(url, query, fields)), [signature])
         return JSON_BODY if form is None else Verified(signed_content=query + fields, form=form)
 
 

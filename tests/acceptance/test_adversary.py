@@ -19,6 +19,7 @@ import asyncpg
 import pytest
 
 from tests.conftest import _admin
+from tests.support.broker import amqp_port
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import recorded_runs, until_completed, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
@@ -26,17 +27,19 @@ from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import Actor, record_dead_letter
-from tests.support.broker import amqp_port
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.adversary_handlers"
 
 
-
 def _overlapping(runs) -> list[tuple]:
     """Pairs of runs of one key whose intervals intersect."""
-    return [(a["pid"], b["pid"]) for i, a in enumerate(runs) for b in runs[i + 1:]
-            if a["key"] == b["key"] and a["started"] < b["ended"] and b["started"] < a["ended"]]
+    return [
+        (a["pid"], b["pid"])
+        for i, a in enumerate(runs)
+        for b in runs[i + 1 :]
+        if a["key"] == b["key"] and a["started"] < b["ended"] and b["started"] < a["ended"]
+    ]
 
 
 async def _first_run_pid(database_url: str) -> int:
@@ -63,7 +66,8 @@ async def test_a_holder_that_loses_its_postgres_session_mid_handler_has_no_run_b
 
 
 async def test_a_holder_cut_from_postgres_during_a_handler_longer_than_its_lease_has_no_run_beside_it(
-        settings, fleet, tmp_path):
+    settings, fleet, tmp_path
+):
     """Finding 1 again with a 9 s external effect (a slow receiver; forward
     waits up to 10 s): the holder's lease runs out while its handler still
     calls the outside world. No two runs of the key may overlap (§7.2): the
@@ -72,26 +76,32 @@ async def test_a_holder_cut_from_postgres_during_a_handler_longer_than_its_lease
     assert _overlapping(runs) == [], runs
 
 
-async def _runs_with_the_holders_session_cut(settings, fleet, tmp_path, handler_seconds: float,
-                                            black_hole: bool = False) -> list:
+async def _runs_with_the_holders_session_cut(
+    settings, fleet, tmp_path, handler_seconds: float, black_hole: bool = False
+) -> list:
     """Two workers, each with its own Postgres proxy; the one that takes the
     event first is cut from Postgres as its handler starts (`black_hole`:
     its proxy stalls instead, closing nothing, until the holder settled its
     message); a copy follows."""
-    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:long_external",
-                            database_url=settings.database_url, seconds=handler_seconds)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{HANDLERS}:long_external", database_url=settings.database_url, seconds=handler_seconds
+    )
     event = make_event("acme", "evt_session_lost")
     with TcpProxy("127.0.0.1", 5432) as first, TcpProxy("127.0.0.1", 5432) as second:
         proxies = {}
         for proxy in (first, second):  # each worker reaches Postgres through its own proxy
-            worker = fleet.worker("--concurrency", "1", env={
-                "WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": proxy.url_for(settings.database_url)})
+            worker = fleet.worker(
+                "--concurrency",
+                "1",
+                env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": proxy.url_for(settings.database_url)},
+            )
             proxies[worker.pid] = (worker, proxy)
         for worker in fleet.processes:
             await wait_for_output(worker, "worker_consuming")
         await publish_events(settings.amqp_url, settings.namespace, [event])
-        await wait_until(lambda: count_rows(settings.database_url, "runs_started"), 30, interval=0.05,
-                         message="the holder's run")
+        await wait_until(
+            lambda: count_rows(settings.database_url, "runs_started"), 30, interval=0.05, message="the holder's run"
+        )
         holder, holder_proxy = proxies[await _first_run_pid(settings.database_url)]
         if black_hole:
             holder_proxy.stall()  # its handler runs on
@@ -130,8 +140,9 @@ async def test_a_postgres_that_refuses_writes_for_a_while_dead_letters_nothing(s
     database = settings.database_url.rsplit("/", 1)[1]
     sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:slow_inbox")
     await _admin(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
-    worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources,
-                                                     "WEBHOOK_INGEST_DELIVERY_LIMIT": "2"})
+    worker = fleet.worker(
+        "--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources, "WEBHOOK_INGEST_DELIVERY_LIMIT": "2"}
+    )
     await wait_for_output(worker, "worker_consuming")
     event = make_event("acme", "evt_read_only")
     await publish_events(settings.amqp_url, settings.namespace, [event], delivery_limit=2)
@@ -140,13 +151,15 @@ async def test_a_postgres_that_refuses_writes_for_a_while_dead_letters_nothing(s
     await _admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{database}'")
 
     async def settled() -> bool:
-        return await count_rows(settings.database_url, "processed_events") + \
-            await count_rows(settings.database_url, "dead_letters") > 0
+        return (
+            await count_rows(settings.database_url, "processed_events")
+            + await count_rows(settings.database_url, "dead_letters")
+            > 0
+        )
 
     await wait_until(settled, 60, message="the event processed or dead-lettered")
     assert await count_rows(settings.database_url, "dead_letters") == 0
     assert await count_rows(settings.database_url, "inbox") == 1
-
 
 
 async def test_sessions_opened_while_postgres_was_read_only_do_not_stay_read_only(settings, fleet, tmp_path):
@@ -186,8 +199,11 @@ async def test_an_old_event_of_a_source_no_worker_knows_yet_still_waits_for_one(
     fleet.worker("--concurrency", "4", env={"WEBHOOK_INGEST_SOURCES": str(new)})
 
     async def settled() -> bool:
-        return await count_rows(settings.database_url, "processed_events") + \
-            await count_rows(settings.database_url, "dead_letters") > 0
+        return (
+            await count_rows(settings.database_url, "processed_events")
+            + await count_rows(settings.database_url, "dead_letters")
+            > 0
+        )
 
     await wait_until(settled, 60, message="the event processed or dead-lettered")
     assert await count_rows(settings.database_url, "dead_letters") == 0
@@ -199,8 +215,9 @@ async def test_copies_of_a_failing_event_do_not_multiply_its_attempts(settings, 
     for our 200); the receiver behind the handler is down. The event is
     attempted max_attempts (3) times, each after its retry delay (§8) —
     not three times as often, copies hammering the receiver back to back."""
-    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:failing_external",
-                            database_url=settings.database_url, seconds=0.3)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{HANDLERS}:failing_external", database_url=settings.database_url, seconds=0.3
+    )
     worker = fleet.worker("--concurrency", "4", env={"WEBHOOK_INGEST_SOURCES": sources})
     await wait_for_output(worker, "worker_consuming")
     event = make_event("acme", "evt_failing_copies")
@@ -235,10 +252,15 @@ async def test_a_replayed_event_that_fails_again_at_once_is_an_open_dead_letter(
         transaction = blocker.transaction()
         await transaction.start()
         await blocker.execute("LOCK TABLE audit_log IN SHARE MODE")  # the replay's commit waits
-        replaying = asyncio.create_task(DeadLetterStore(replayer).replay_if_open(channel, settings.namespace, 1,
-                                                                                 Actor("operator", "test")))
-        await wait_until(lambda: _waiting_insert(replayer_watch), 30, interval=0.05,
-                         message="the worker's dead-letter insert waiting for the replay")
+        replaying = asyncio.create_task(
+            DeadLetterStore(replayer).replay_if_open(channel, settings.namespace, 1, Actor("operator", "test"))
+        )
+        await wait_until(
+            lambda: _waiting_insert(replayer_watch),
+            30,
+            interval=0.05,
+            message="the worker's dead-letter insert waiting for the replay",
+        )
         await transaction.commit()
         await asyncio.wait_for(replaying, 10)
         await wait_until(lambda: _logged_twice(worker, "event_dead_lettered"), 30, message="the second dead letter")
@@ -254,7 +276,8 @@ async def test_a_replayed_event_that_fails_again_at_once_is_an_open_dead_letter(
 async def _waiting_insert(connection) -> bool:
     return await connection.fetchval(
         "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-        " AND query LIKE '%INSERT INTO dead_letters%' AND pid <> pg_backend_pid()")
+        " AND query LIKE '%INSERT INTO dead_letters%' AND pid <> pg_backend_pid()"
+    )
 
 
 async def _logged_twice(worker, text: str) -> bool:
@@ -272,12 +295,14 @@ async def test_an_event_that_completes_is_not_also_an_open_dead_letter(settings,
     event = make_event("acme", "evt_two_chains")
     database = await asyncpg.connect(settings.database_url)
     try:
-        await record_dead_letter(database, event, [{"attempt": 1, "type": "DeliveryLimitExceeded",
-                                                    "message": "redelivered 20 times"}])
+        await record_dead_letter(
+            database, event, [{"attempt": 1, "type": "DeliveryLimitExceeded", "message": "redelivered 20 times"}]
+        )
     finally:
         await database.close()
-    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:fails_until_dead_lettered",
-                            database_url=settings.database_url)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{HANDLERS}:fails_until_dead_lettered", database_url=settings.database_url
+    )
     worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
     await wait_for_output(worker, "worker_consuming")
     await publish_events(settings.amqp_url, settings.namespace, [event])
@@ -296,16 +321,17 @@ async def test_a_blocked_broker_does_not_multiply_an_events_attempts(settings, f
     effect again and again (finding 2); afterwards the event is attempted
     max_attempts (3) times in all — one retry message per failed attempt,
     however long the broker was blocked (finding 8)."""
-    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:failing_external",
-                            database_url=settings.database_url, seconds=1)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{HANDLERS}:failing_external", database_url=settings.database_url, seconds=1
+    )
     event = make_event("acme", "evt_blocked_broker")
     with TcpProxy("127.0.0.1", amqp_port()) as broker:
-        worker = fleet.worker("--concurrency", "1", env={
-            "WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)})
+        worker = fleet.worker(
+            "--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)}
+        )
         await wait_for_output(worker, "worker_consuming")
         await publish_events(settings.amqp_url, settings.namespace, [event])
-        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05,
-                         message="the first run")
+        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05, message="the first run")
         broker.stall()  # before the failed run's retry is published
         await asyncio.sleep(12)  # two publish timeouts and more
         runs_while_away = await count_rows(settings.database_url, "runs")
@@ -323,8 +349,9 @@ async def test_two_messages_of_one_retry_attempt_on_two_workers_run_it_once(sett
     whose confirm was lost, a lost ack), each copy on another worker. The
     attempt runs once, and so does the next: attempts 2 and 3, then the
     dead letter — not a second chain beside the first."""
-    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:failing_external",
-                            database_url=settings.database_url, seconds=1)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{HANDLERS}:failing_external", database_url=settings.database_url, seconds=1
+    )
     workers = [fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources}) for _ in range(2)]
     for worker in workers:
         await wait_for_output(worker, "worker_consuming")
@@ -341,15 +368,17 @@ async def test_two_messages_of_one_retry_attempt_on_two_workers_run_it_once(sett
 async def test_a_replayed_dead_letter_runs_again_from_its_first_attempt(settings, service_env, fleet, tmp_path):
     """Attempts already run are not run again — but a replay is a new chain:
     its attempt 1 runs though the event's attempts 1 to 3 ran before (§8)."""
-    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:fails_until_dead_lettered",
-                            database_url=settings.database_url)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{HANDLERS}:fails_until_dead_lettered", database_url=settings.database_url
+    )
     worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
     await wait_for_output(worker, "worker_consuming")
     await publish_events(settings.amqp_url, settings.namespace, [make_event("acme", "evt_replay_runs")])
     await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
 
     replay = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "webhook_ingest", "dlq", "replay", "1", env={**os.environ, **service_env})
+        sys.executable, "-m", "webhook_ingest", "dlq", "replay", "1", env={**os.environ, **service_env}
+    )
     assert await asyncio.wait_for(replay.wait(), 60) == 0
     await until_completed(settings.database_url, 1, timeout=30)
     attempts = [run["started"] for run in await recorded_runs(settings.database_url)]
@@ -361,14 +390,16 @@ async def test_a_retry_attempt_whose_worker_was_killed_runs_again(settings, flee
     """A worker is SIGKILLed while attempt 2 runs: its message comes back
     and attempt 2 runs again (it was never handed on), then attempt 3 and
     the dead letter — not acked as a copy of an attempt already run."""
-    sources = write_sources(tmp_path / "s.toml", f"{HANDLERS}:failing_external",
-                            database_url=settings.database_url, seconds=2)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{HANDLERS}:failing_external", database_url=settings.database_url, seconds=2
+    )
     env = {"WEBHOOK_INGEST_SOURCES": sources}
     first = fleet.worker("--concurrency", "1", env=env)
     await wait_for_output(first, "worker_consuming")
     await publish_events(settings.amqp_url, settings.namespace, [make_event("acme", "evt_killed_retry")])
-    await wait_until(lambda: count_rows(settings.database_url, "runs", "started = 2"), 30, interval=0.05,
-                     message="attempt 2 running")
+    await wait_until(
+        lambda: count_rows(settings.database_url, "runs", "started = 2"), 30, interval=0.05, message="attempt 2 running"
+    )
     first.kill()
     fleet.worker("--concurrency", "1", env=env)
 

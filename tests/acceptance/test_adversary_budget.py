@@ -45,37 +45,46 @@ BURST = 800
 
 
 async def test_a_burst_of_slow_transactions_and_dead_letters_runs_each_call_once(
-        settings, fleet, tmp_path, effects_tables,
-        downstream):
+    settings, fleet, tmp_path, effects_tables, downstream
+):
     """Two default workers (8 connections: 4 transactions, 2 statements, 1
     renewal), 256 in flight each, a backlog of handlers that hold their
     transaction across a 300 ms call, a quarter of them dead letters on the
     statement pool: each key is POSTed once, no lease is lost."""
-    sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:writes_calls_then_fails_some",
-                            url=downstream.url)
+    sources = write_sources(
+        tmp_path / "s.toml", "tests.support.handlers:writes_calls_then_fails_some", url=downstream.url
+    )
     events = [make_event("acme", f"evt_{n}") for n in range(BURST)]
     await publish_events(settings.amqp_url, settings.namespace, events)
     workers = [fleet.worker(env={"WEBHOOK_INGEST_SOURCES": sources}) for _ in range(2)]
     dead = [event for event in events if int(event.event_id.rsplit("_", 1)[1]) % 4 == 0]
 
     async def settled() -> bool:
-        return (await count_rows(settings.database_url, "processed_events")
-                + await count_rows(settings.database_url, "dead_letters")) >= BURST
+        return (
+            await count_rows(settings.database_url, "processed_events")
+            + await count_rows(settings.database_url, "dead_letters")
+        ) >= BURST
 
     await wait_until(settled, 600, interval=1, message=f"{BURST} events settled")
     logs = "".join(worker.output() for worker in workers)
     assert downstream.posts == {event.key: 1 for event in events}
     assert await count_rows(settings.database_url, "dead_letters") == len(dead)
-    assert [word for word in ("processing_lock_lost", "lease_lost_handler_cancelled", "event_deferred",
-                              "event_retry_scheduled") if word in logs] == []
+    assert [
+        word
+        for word in ("processing_lock_lost", "lease_lost_handler_cancelled", "event_deferred", "event_retry_scheduled")
+        if word in logs
+    ] == []
 
 
 IN_FLIGHT = 10
-RENEWAL_SESSION = "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND query LIKE '%lease_until = clock_timestamp()%'"
+RENEWAL_SESSION = (
+    "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND query LIKE '%lease_until = clock_timestamp()%'"
+)
 
 
 async def test_a_dropped_renewal_session_on_a_full_server_repeats_no_call(
-        settings, fleet, tmp_path, database, limited_role, downstream):
+    settings, fleet, tmp_path, database, limited_role, downstream
+):
     """Ten calls in flight (8 s each) under valid leases; the server is full
     for the worker's role (as at its max_connections: the shipped manifests
     at 10 worker pods, a rollout's surge) and the worker's one renewal
@@ -90,14 +99,17 @@ async def test_a_dropped_renewal_session_on_a_full_server_repeats_no_call(
     await publish_events(settings.amqp_url, settings.namespace, events)
     admin = await asyncpg.connect(database)
     try:
+
         async def all_calling() -> bool:
             return len(downstream.posts) == IN_FLIGHT and await admin.fetchval(RENEWAL_SESSION, role) is not None
 
         await wait_until(all_calling, 60, message="every call in flight, leases renewed")
         held = await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE usename = $1", role)
         await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT {held - 1}')  # full once the session ends
-        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY($1::int[])",
-                            [row["pid"] for row in await admin.fetch(RENEWAL_SESSION, role)])
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY($1::int[])",
+            [row["pid"] for row in await admin.fetch(RENEWAL_SESSION, role)],
+        )
         await asyncio.sleep(4)  # the server stays full a few seconds, more than a lease's TTL
         await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT -1')
 
@@ -112,7 +124,8 @@ async def test_a_dropped_renewal_session_on_a_full_server_repeats_no_call(
 
 
 async def test_a_refused_completion_session_repeats_no_call(
-        settings, fleet, tmp_path, database, limited_role, downstream):
+    settings, fleet, tmp_path, database, limited_role, downstream
+):
     """Ten calls in flight (3 s each) under valid leases; the server is full
     for the worker's role and every session but the renewal one ends (as a
     pool's session idle past asyncpg's 300 s is closed and reopened on the
@@ -127,13 +140,18 @@ async def test_a_refused_completion_session_repeats_no_call(
     await publish_events(settings.amqp_url, settings.namespace, events)
     admin = await asyncpg.connect(database)
     try:
+
         async def all_calling() -> bool:
             return len(downstream.posts) == IN_FLIGHT and await admin.fetchval(RENEWAL_SESSION, role) is not None
 
         await wait_until(all_calling, 60, message="every call in flight, leases renewed")
         renewal = await admin.fetchval(RENEWAL_SESSION, role)
-        others = [row["pid"] for row in await admin.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND pid <> $2", role, renewal)]
+        others = [
+            row["pid"]
+            for row in await admin.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND pid <> $2", role, renewal
+            )
+        ]
         await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT 1')  # the renewal session alone
         await admin.execute("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", others)
         await asyncio.sleep(6)  # the calls end meanwhile; the server stays full 3 s longer

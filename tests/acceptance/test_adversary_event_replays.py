@@ -35,8 +35,13 @@ def admin_settings(settings, monkeypatch) -> Settings:
 
 async def _seed_invoices(database_url: str, count: int) -> None:
     """stripe's evt_1 to evt_`count`, invoice.paid, a second apart, an hour ago."""
-    await seed_archive(database_url, [archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(seconds=n),
-                                                     "invoice.paid") for n in range(1, count + 1)])
+    await seed_archive(
+        database_url,
+        [
+            archived_event("stripe", f"evt_{n}", AN_HOUR_AGO + timedelta(seconds=n), "invoice.paid")
+            for n in range(1, count + 1)
+        ],
+    )
 
 
 async def _replays(database_url: str) -> list:
@@ -47,21 +52,30 @@ async def _replays(database_url: str) -> list:
         await connection.close()
 
 
-@pytest.mark.parametrize("asked", [
-    {"event_type": "invoice.paid"},  # the filter's name in the CLI (--type) and the Python API; the API says "type"
-    {"sorce": "stripe"},  # a typo
-    {"source": ""},  # a script's unset variable
-    {"filter": {"source": "stripe"}},  # the filter nested, as the replay's own document shows it
-])
+@pytest.mark.parametrize(
+    "asked",
+    [
+        {"event_type": "invoice.paid"},  # the filter's name in the CLI (--type) and the Python API; the API says "type"
+        {"sorce": "stripe"},  # a typo
+        {"source": ""},  # a script's unset variable
+        {"filter": {"source": "stripe"}},  # the filter nested, as the replay's own document shows it
+    ],
+)
 async def test_a_replay_asked_with_a_filter_name_it_does_not_know_is_refused_not_run_over_everything(
-        admin_settings, asked):
+    admin_settings, asked
+):
     """R1: a name POST /admin/events/replay does not know was dropped (an
     empty value too), so the filter meant to narrow the replay narrowed
     nothing: {'event_type': 'invoice.paid', 'dry_run': true} counted 2
     (stripe's and github's), and without dry_run every archived event of
     every source was frozen and started. Now a 400, nothing frozen."""
-    await seed_archive(admin_settings.database_url, [archived_event("stripe", "evt_1", AN_HOUR_AGO, "invoice.paid"),
-                                                     archived_event("github", "d-1", AN_HOUR_AGO, "push")])
+    await seed_archive(
+        admin_settings.database_url,
+        [
+            archived_event("stripe", "evt_1", AN_HOUR_AGO, "invoice.paid"),
+            archived_event("github", "d-1", AN_HOUR_AGO, "push"),
+        ],
+    )
     auth = {"Authorization": f"Bearer {TOKEN}"}
     async with running_ingress(admin_settings, load_sources(None)) as client:
         dry = await client.post("/admin/events/replay", json=asked | {"dry_run": True}, headers=auth)
@@ -77,8 +91,14 @@ async def _waits_for_a_lock(database_url: str, query: str) -> bool:
     """Whether a session of this database runs `query` and waits for a lock."""
     other = await asyncpg.connect(database_url)
     try:
-        return await other.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                    "AND datname = current_database() AND query = $1", query) > 0
+        return (
+            await other.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() AND query = $1",
+                query,
+            )
+            > 0
+        )
     finally:
         await other.close()
 
@@ -173,8 +193,9 @@ async def test_the_console_offers_to_resume_a_replay_whose_process_died(admin_se
     try:  # an ingress claimed it, then was SIGKILLed before its first step
         store = EventReplayStore(connection)
         replay = await claimed_replay(store, "stripe")
-        await connection.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
-                                 replay.id)
+        await connection.execute(
+            "UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1", replay.id
+        )
     finally:
         await connection.close()
     async with running_ingress(admin_settings, load_sources(None)) as client:
@@ -247,8 +268,9 @@ async def _taken_over_while_stalled(settings, in_publish: bool) -> tuple[list, l
             job = replay_job(replay, stalling, channel, settings.namespace)
             stalled_run = asyncio.create_task(run(job))
             await asyncio.wait_for(stalling.stalled.wait(), 10)
-            await second.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
-                                 replay.id)  # as 30 s + 2/rate without a step would
+            await second.execute(
+                "UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1", replay.id
+            )  # as 30 s + 2/rate without a step would
             taker = EventReplayStore(second)
             taken = await taker.claim(replay.id, 1000)  # the console's Resume
             assert taken is not None
@@ -279,7 +301,8 @@ async def test_a_runner_whose_claim_was_taken_over_stops_and_says_so(settings):
 
 
 async def test_a_runner_stalled_holding_its_run_is_let_go_by_the_server_and_publishes_nothing_after(
-        settings, monkeypatch):
+    settings, monkeypatch
+):
     """R2's row lock held by a runner that stalls mid-item (in its publish)
     would keep a Cancel or a Resume waiting for as long as it stalls: the
     server ends its session after HOLD_SECONDS idle in its transaction,
@@ -295,8 +318,10 @@ async def test_a_runner_stalled_holding_its_run_is_let_go_by_the_server_and_publ
     assert (finished.state, finished.published, finished.handled) == ("done", 3, 3)
 
 
-PREVIOUS_RELEASE_CANCEL = ("UPDATE event_replays SET state = 'cancelled', finished_at = now() "
-                           "WHERE id = $1 AND state IN ('prepared', 'running', 'failed') RETURNING id")
+PREVIOUS_RELEASE_CANCEL = (
+    "UPDATE event_replays SET state = 'cancelled', finished_at = now() "
+    "WHERE id = $1 AND state IN ('prepared', 'running', 'failed') RETURNING id"
+)
 
 
 class _CancelledByThePreviousRelease(EventReplayJob):
@@ -334,8 +359,9 @@ async def test_a_cancel_from_the_previous_release_reports_what_is_published(sett
         store = EventReplayStore(connection)
         replay = await claimed_replay(store, "stripe")
         async with confirm_channel(settings) as channel:
-            job = _CancelledByThePreviousRelease(replay, Actor.cli(), store, lambda: channel, settings.namespace,
-                                                 database_url=settings.database_url)
+            job = _CancelledByThePreviousRelease(
+                replay, Actor.cli(), store, lambda: channel, settings.namespace, database_url=settings.database_url
+            )
             await run(job)
         assert job.cancelling is not None
         await asyncio.wait_for(job.cancelling, 10)

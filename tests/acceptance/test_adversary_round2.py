@@ -12,9 +12,9 @@ import dataclasses
 import asyncpg
 import pytest
 
+from tests.acceptance.test_outbox import event_bodies, merge, post_all, until_ready
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import write_sources
-from tests.acceptance.test_outbox import event_bodies, merge, post_all, until_ready
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import topology
@@ -43,7 +43,8 @@ async def _settled_somehow(database_url: str, key: str) -> dict:
         return {
             "completed": await connection.fetchval("SELECT count(*) FROM processed_events WHERE key = $1", key),
             "open_dead_letters": await connection.fetchval(
-                "SELECT count(*) FROM dead_letters WHERE key = $1 AND status = 'dead'", key),
+                "SELECT count(*) FROM dead_letters WHERE key = $1 AND status = 'dead'", key
+            ),
         }
     finally:
         await connection.close()
@@ -66,11 +67,16 @@ async def test_a_retry_waiting_behind_a_stale_copy_of_its_earlier_attempt_is_not
     completed (attempt 2 runs) or as an open dead letter."""
     env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:counted_inbox")}
     first = make_event("acme", "evt_stale_leader")
-    retry = first.next_attempt({"attempt": 1, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError",
-                                "message": "the receiver was down"})
-    await _execute(settings.database_url,
-                   "INSERT INTO key_fences (key, token, replay_of, attempt, payload_sha256) "
-                   "VALUES ($1, nextval('fencing_tokens'), 0, 1, $2)", first.key, first.payload_sha256)
+    retry = first.next_attempt(
+        {"attempt": 1, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError", "message": "the receiver was down"}
+    )
+    await _execute(
+        settings.database_url,
+        "INSERT INTO key_fences (key, token, replay_of, attempt, payload_sha256) "
+        "VALUES ($1, nextval('fencing_tokens'), 0, 1, $2)",
+        first.key,
+        first.payload_sha256,
+    )
     await publish_events(settings.amqp_url, settings.namespace, [first])  # the stale copy, first in the queue
     await publish_events(settings.amqp_url, settings.namespace, [retry])  # the retry, right behind it
     worker = fleet.worker("--concurrency", "8", env=env)
@@ -95,12 +101,20 @@ async def test_a_replay_waiting_behind_a_stale_copy_of_the_dead_chain_is_not_dro
     event = make_event("acme", "evt_replay_behind_stale")
     connection = await asyncpg.connect(settings.database_url)
     try:
-        dead_letter_id = await record_dead_letter(connection, dataclasses.replace(event, attempt=3), [
-            {"attempt": n, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError", "message": "down"}
-            for n in (1, 2, 3)])
+        dead_letter_id = await record_dead_letter(
+            connection,
+            dataclasses.replace(event, attempt=3),
+            [
+                {"attempt": n, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError", "message": "down"}
+                for n in (1, 2, 3)
+            ],
+        )
         await connection.execute(
             "INSERT INTO key_fences (key, token, replay_of, attempt, payload_sha256) "
-            "VALUES ($1, nextval('fencing_tokens'), 0, 3, $2)", event.key, event.payload_sha256)
+            "VALUES ($1, nextval('fencing_tokens'), 0, 3, $2)",
+            event.key,
+            event.payload_sha256,
+        )
         await connection.execute("UPDATE dead_letters SET status = 'replayed' WHERE id = $1", dead_letter_id)
     finally:
         await connection.close()
@@ -115,7 +129,6 @@ async def test_a_replay_waiting_behind_a_stale_copy_of_the_dead_chain_is_not_dro
     assert await _settled_somehow(settings.database_url, event.key) != {"completed": 0, "open_dead_letters": 0}
 
 
-
 async def test_a_retry_waiting_behind_a_deferred_stale_copy_is_not_dropped(settings, fleet, tmp_path):
     """A1 through DEFERRED rather than DUPLICATE: as in the first test,
     attempt 1 was handed on and its retry (attempt 2) arrives right behind
@@ -126,20 +139,25 @@ async def test_a_retry_waiting_behind_a_deferred_stale_copy_is_not_dropped(setti
     is acked; the deferral, back later, is stale (`attempt_already_handed_on`)."""
     env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:counted_inbox")}
     first = make_event("acme", "evt_deferred_stale_leader")
-    retry = first.next_attempt({"attempt": 1, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError",
-                                "message": "the receiver was down"})
-    await _execute(settings.database_url,
-                   "INSERT INTO key_fences (key, token, lease_until, replay_of, attempt, payload_sha256) "
-                   "VALUES ($1, nextval('fencing_tokens'), clock_timestamp() + interval '4 seconds', 0, 1, $2)",
-                   first.key, first.payload_sha256)
+    retry = first.next_attempt(
+        {"attempt": 1, "at": "2026-11-23T00:00:00+00:00", "type": "RuntimeError", "message": "the receiver was down"}
+    )
+    await _execute(
+        settings.database_url,
+        "INSERT INTO key_fences (key, token, lease_until, replay_of, attempt, payload_sha256) "
+        "VALUES ($1, nextval('fencing_tokens'), clock_timestamp() + interval '4 seconds', 0, 1, $2)",
+        first.key,
+        first.payload_sha256,
+    )
     await publish_events(settings.amqp_url, settings.namespace, [first])
     await publish_events(settings.amqp_url, settings.namespace, [retry])
     worker = fleet.worker("--concurrency", "8", env=env)
     await wait_for_output(worker, "worker_consuming")
     # Either the stale deferral comes back first (attempt_already_handed_on) and
     # the retry then runs, or the retry runs first and the deferral finds it done.
-    await wait_until(lambda: _anywhere(settings.database_url, first.key), 30,
-                     message="the event completed or dead-lettered")
+    await wait_until(
+        lambda: _anywhere(settings.database_url, first.key), 30, message="the event completed or dead-lettered"
+    )
     await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
     await asyncio.sleep(2)
 
@@ -158,8 +176,10 @@ async def test_with_postgres_away_a_burst_on_a_healthy_broker_is_answered_200(se
     makes the broker suspect, wakes the 32 waiting requests and sends them
     and every next request to the outbox — which is away: 503, though the
     broker confirms their publishes a moment later."""
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:counted_inbox"),
-           "WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS": "64"}
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:counted_inbox"),
+        "WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS": "64",
+    }
     with TcpProxy("127.0.0.1", 5432) as postgres:
         postgres.cut()
         ingress, base_url = fleet.ingress(env={**env, "DATABASE_URL": postgres.url_for(settings.database_url)})
@@ -169,12 +189,16 @@ async def test_with_postgres_away_a_burst_on_a_healthy_broker_is_answered_200(se
             answered = await post_all(base_url, event_bodies(range(burst * 64, (burst + 1) * 64)), connections=64)
             statuses = merge(statuses, answered)
     queued = await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace))
-    assert statuses == {200: 640}, (statuses, f"{queued} messages on the events queue (no worker runs)",
-                                    [line for line in ingress.output().splitlines() if '"unavailable"' in line][:3])
+    assert statuses == {200: 640}, (
+        statuses,
+        f"{queued} messages on the events queue (no worker runs)",
+        [line for line in ingress.output().splitlines() if '"unavailable"' in line][:3],
+    )
 
 
 async def test_a_holder_whose_postgres_path_stalls_cancels_its_handler_and_has_no_run_beside_it(
-        settings, fleet, tmp_path):
+    settings, fleet, tmp_path
+):
     """716d86b against a black hole rather than a cut: the holder's Postgres
     path stalls (connections open, nothing answered), so its renewals get no
     answer at all — neither success nor failure. The timer alone must
@@ -182,25 +206,34 @@ async def test_a_holder_whose_postgres_path_stalls_cancels_its_handler_and_has_n
     the copy on the other worker must not run beside it, neither while the
     path stalls nor once it flows again (whether the copy runs during the
     stall — the holder's session gone — or after it is not asserted)."""
-    sources = write_sources(tmp_path / "s.toml", "tests.support.adversary_handlers:long_external",
-                            database_url=settings.database_url, seconds=5)
+    sources = write_sources(
+        tmp_path / "s.toml",
+        "tests.support.adversary_handlers:long_external",
+        database_url=settings.database_url,
+        seconds=5,
+    )
     event = make_event("acme", "evt_black_hole")
     with TcpProxy("127.0.0.1", 5432) as first, TcpProxy("127.0.0.1", 5432) as second:
         proxies = {}
         for proxy in (first, second):
-            worker = fleet.worker("--concurrency", "1", env={
-                "WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": proxy.url_for(settings.database_url)})
+            worker = fleet.worker(
+                "--concurrency",
+                "1",
+                env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": proxy.url_for(settings.database_url)},
+            )
             proxies[worker.pid] = proxy
         for worker in fleet.processes:
             await wait_for_output(worker, "worker_consuming")
         await publish_events(settings.amqp_url, settings.namespace, [event])
-        await wait_until(lambda: count_rows(settings.database_url, "runs_started"), 30, interval=0.05,
-                         message="the holder's run")
+        await wait_until(
+            lambda: count_rows(settings.database_url, "runs_started"), 30, interval=0.05, message="the holder's run"
+        )
         holder_pid = await _fetchval(settings.database_url, "SELECT pid FROM runs_started LIMIT 1")
         proxies[holder_pid].stall()
         await publish_events(settings.amqp_url, settings.namespace, [event])  # the provider's retry
-        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05,
-                         message="the holder's run ends")
+        await wait_until(
+            lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05, message="the holder's run ends"
+        )
         holder_run = await _fetchval(settings.database_url, "SELECT ended - started FROM runs LIMIT 1")
         await asyncio.sleep(4)  # the lease ran out long ago; the copy keeps trying
         proxies[holder_pid].flow()

@@ -15,12 +15,12 @@ import asyncpg
 import pytest
 import redis.asyncio as redis
 
+from tests.support.broker import amqp_port
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import recorded_runs, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.redis_keys import DONE_PREFIX, key_prefix
-from tests.support.broker import amqp_port
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 ADVERSARY = "tests.support.adversary_handlers"
@@ -60,8 +60,14 @@ async def _until_redis_forgot(settings, key: str) -> None:
 async def _dlq(service_env: dict, *args: str) -> None:
     """`webhook-ingest dlq ARGS`, as on-call runs it."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "webhook_ingest", "dlq", *args, env={**os.environ, **service_env},
-        stdout=asyncio.subprocess.DEVNULL)
+        sys.executable,
+        "-m",
+        "webhook_ingest",
+        "dlq",
+        *args,
+        env={**os.environ, **service_env},
+        stdout=asyncio.subprocess.DEVNULL,
+    )
     assert await asyncio.wait_for(process.wait(), 60) == 0
 
 
@@ -76,10 +82,14 @@ async def _fetchrow(database_url: str, sql: str, *args):
 async def _where_is(database_url: str, key: str) -> dict:
     """Everything the event could have become: completed, a dead letter on-call
     can see, or a conflict recorded for operators."""
-    row = await _fetchrow(database_url, """
+    row = await _fetchrow(
+        database_url,
+        """
         SELECT (SELECT count(*) FROM processed_events WHERE key = $1) AS completed,
                (SELECT count(*) FROM dead_letters WHERE key = $1 AND status = 'dead') AS open_dead_letters,
-               (SELECT count(*) FROM event_conflicts WHERE key = $1) AS conflicts""", key)
+               (SELECT count(*) FROM event_conflicts WHERE key = $1) AS conflicts""",
+        key,
+    )
     return dict(row)
 
 
@@ -102,8 +112,11 @@ async def test_replaying_an_earlier_dead_letter_again_runs_the_event_again(setti
     await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="dead letter 1")
 
     await _dlq(service_env, "replay", "1")
-    await wait_until(lambda: count_rows(settings.database_url, "dead_letters", "status = 'dead'"), 30,
-                     message="dead letter 2, the first replay's")
+    await wait_until(
+        lambda: count_rows(settings.database_url, "dead_letters", "status = 'dead'"),
+        30,
+        message="dead letter 2, the first replay's",
+    )
     await _settled_quietly(settings, 1)
     assert len(await recorded_runs(settings.database_url)) == 6  # two chains of three
 
@@ -112,7 +125,9 @@ async def test_replaying_an_earlier_dead_letter_again_runs_the_event_again(setti
 
     attempts = sorted(run["started"] for run in await recorded_runs(settings.database_url))
     assert attempts == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0], (
-        attempts, "attempt_already_handed_on" in worker.output())
+        attempts,
+        "attempt_already_handed_on" in worker.output(),
+    )
 
 
 async def test_after_its_dead_letter_is_discarded_an_event_sent_again_runs(settings, service_env, fleet, tmp_path):
@@ -124,8 +139,9 @@ async def test_after_its_dead_letter_is_discarded_an_event_sent_again_runs(setti
     this one is not open any more, so the copy is an event answered 200
     that must run (§7.3). It is acked as a duplicate of chain 0's attempt 3
     instead, and the event is nowhere: not completed, no open dead letter."""
-    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:fails_until_dead_lettered",
-                            database_url=settings.database_url)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{ADVERSARY}:fails_until_dead_lettered", database_url=settings.database_url
+    )
     worker = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
     await wait_for_output(worker, "worker_consuming")
     event = make_event("acme", "evt_discarded_then_sent_again")
@@ -138,7 +154,10 @@ async def test_after_its_dead_letter_is_discarded_an_event_sent_again_runs(setti
     await _settled_quietly(settings)
 
     assert await _where_is(settings.database_url, event.key) == {
-        "completed": 1, "open_dead_letters": 0, "conflicts": 0}, "attempt_already_handed_on" in worker.output()
+        "completed": 1,
+        "open_dead_letters": 0,
+        "conflicts": 0,
+    }, "attempt_already_handed_on" in worker.output()
 
 
 async def test_a_conflicting_payload_after_a_retried_completion_is_recorded_as_a_conflict(settings, fleet, tmp_path):
@@ -151,8 +170,10 @@ async def test_a_conflicting_payload_after_a_retried_completion_is_recorded_as_a
     failed attempt before the completion it is (test_exactly_once); with
     one, the attempt check runs before the completion check, and the
     conflicting payload is acked as a copy of attempt 1, unrecorded."""
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:inbox_failing_odd_ids_once"),
-           "WEBHOOK_INGEST_DONE_TTL": "1"}
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:inbox_failing_odd_ids_once"),
+        "WEBHOOK_INGEST_DONE_TTL": "1",
+    }
     worker = fleet.worker("--concurrency", "4", env=env)
     await wait_for_output(worker, "worker_consuming")
     first = make_event("acme", "evt_1", {"amount": 100})  # odd: its first attempt fails
@@ -166,7 +187,10 @@ async def test_a_conflicting_payload_after_a_retried_completion_is_recorded_as_a
     await _settled_quietly(settings, 1)
 
     assert await _where_is(settings.database_url, first.key) == {
-        "completed": 1, "open_dead_letters": 0, "conflicts": 1}, "attempt_already_handed_on" in worker.output()
+        "completed": 1,
+        "open_dead_letters": 0,
+        "conflicts": 1,
+    }, "attempt_already_handed_on" in worker.output()
     assert "payload_conflict" in worker.output()
 
 
@@ -190,21 +214,27 @@ async def test_another_payload_under_a_dead_lettered_key_is_recorded_somewhere(s
     await publish_events(settings.amqp_url, settings.namespace, [corrected])
     await _settled_quietly(settings)
 
-    traces = await _fetchrow(settings.database_url, """
+    traces = await _fetchrow(
+        settings.database_url,
+        """
         SELECT (SELECT count(*) FROM runs WHERE started = 1) - 1 AS runs,
                (SELECT count(*) FROM dead_letters WHERE payload_sha256 = $1) AS dead_letters,
                (SELECT count(*) FROM event_conflicts WHERE conflicting_sha256 = $1) AS conflicts,
                (SELECT count(*) FROM processed_events WHERE payload_sha256 = $1) AS completed""",
-                                corrected.payload_sha256)
+        corrected.payload_sha256,
+    )
     assert any(dict(traces).values()), (dict(traces), "attempt_already_handed_on" in worker.output())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding B4: a worker shut down (SIGTERM) while its failed attempt's retry publish waits for a blocked "
-    "broker's confirm is cancelled at the grace's end: the attempt was never recorded as handed on, its "
-    "message comes back and the attempt runs again (4 attempts for max_attempts 3)"))
-async def test_a_shutdown_while_a_retry_waits_for_its_confirm_does_not_run_the_attempt_again(
-        settings, fleet, tmp_path):
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding B4: a worker shut down (SIGTERM) while its failed attempt's retry publish waits for a blocked "
+        "broker's confirm is cancelled at the grace's end: the attempt was never recorded as handed on, its "
+        "message comes back and the attempt runs again (4 attempts for max_attempts 3)"
+    ),
+)
+async def test_a_shutdown_while_a_retry_waits_for_its_confirm_does_not_run_the_attempt_again(settings, fleet, tmp_path):
     """A rolling deploy during a broker alarm: the handler's attempt 1 fails,
     its retry publish is not confirmed (the broker blocks publishers: here
     the worker's AMQP path stalls), and 915225d waits for the confirm rather
@@ -219,16 +249,23 @@ async def test_a_shutdown_while_a_retry_waits_for_its_confirm_does_not_run_the_a
     a shutdown."""
     from tests.support.tcpproxy import TcpProxy
 
-    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:failing_external",
-                            database_url=settings.database_url, seconds=1)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{ADVERSARY}:failing_external", database_url=settings.database_url, seconds=1
+    )
     event = make_event("acme", "evt_shutdown_while_blocked")
     with TcpProxy("127.0.0.1", amqp_port()) as broker:
-        leaving = fleet.worker("--concurrency", "1", "--grace-seconds", "7", env={
-            "WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)})
+        leaving = fleet.worker(
+            "--concurrency",
+            "1",
+            "--grace-seconds",
+            "7",
+            env={"WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)},
+        )
         await wait_for_output(leaving, "worker_consuming")
         await publish_events(settings.amqp_url, settings.namespace, [event])
-        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05,
-                         message="attempt 1 running")
+        await wait_until(
+            lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05, message="attempt 1 running"
+        )
         leaving.popen.send_signal(15)  # SIGTERM: the deploy
         await asyncio.sleep(0.5)  # it stops consuming (its basic.cancel answered)
         broker.stall()  # the alarm: the retry publish of the failing attempt waits for its confirm
@@ -262,8 +299,11 @@ async def test_a_replay_published_twice_runs_each_attempt_of_its_chain_once(sett
     replay = event.fresh(replay_of=1)
     await publish_events(settings.amqp_url, settings.namespace, [replay, replay])
     await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, message="the replay's runs")
-    await wait_until(lambda: count_rows(settings.database_url, "dead_letters", "status = 'dead'"), 30,
-                     message="the replay's dead letter")
+    await wait_until(
+        lambda: count_rows(settings.database_url, "dead_letters", "status = 'dead'"),
+        30,
+        message="the replay's dead letter",
+    )
     await _settled_quietly(settings)
 
     attempts = sorted(run["started"] for run in await recorded_runs(settings.database_url))
@@ -272,7 +312,8 @@ async def test_a_replay_published_twice_runs_each_attempt_of_its_chain_once(sett
 
 
 async def test_a_copy_of_an_attempt_whose_retry_waits_for_a_blocked_broker_does_not_run_it_again(
-        settings, fleet, tmp_path):
+    settings, fleet, tmp_path
+):
     """Safe (regression for 915225d with f1164af): attempt 1 failed on the
     worker whose broker path then stalls (an alarm), so its retry publish
     waits for its confirm — longer than the key's lease (3 s). Meanwhile the
@@ -282,16 +323,19 @@ async def test_a_copy_of_an_attempt_whose_retry_waits_for_a_blocked_broker_does_
     the copy is a duplicate. Attempts 1, 2, 3 once each."""
     from tests.support.tcpproxy import TcpProxy
 
-    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:failing_external",
-                            database_url=settings.database_url, seconds=0.5)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{ADVERSARY}:failing_external", database_url=settings.database_url, seconds=0.5
+    )
     event = make_event("acme", "evt_copy_while_blocked")
     with TcpProxy("127.0.0.1", amqp_port()) as broker:
-        blocked = fleet.worker("--concurrency", "1", env={
-            "WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)})
+        blocked = fleet.worker(
+            "--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)}
+        )
         await wait_for_output(blocked, "worker_consuming")
         await publish_events(settings.amqp_url, settings.namespace, [event])
-        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05,
-                         message="attempt 1 running")
+        await wait_until(
+            lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05, message="attempt 1 running"
+        )
         broker.stall()  # before its retry is published
         other = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
         await wait_for_output(other, "worker_consuming")
@@ -307,13 +351,19 @@ async def test_a_copy_of_an_attempt_whose_retry_waits_for_a_blocked_broker_does_
 
 async def _cli(service_env: dict, *args: str) -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "webhook_ingest", *args, env={**os.environ, **service_env},
-        stdout=asyncio.subprocess.DEVNULL)
+        sys.executable,
+        "-m",
+        "webhook_ingest",
+        *args,
+        env={**os.environ, **service_env},
+        stdout=asyncio.subprocess.DEVNULL,
+    )
     assert await asyncio.wait_for(process.wait(), 60) == 0
 
 
 async def test_after_prune_forgot_a_retried_completion_a_resend_is_processed_again(
-        settings, service_env, fleet, tmp_path):
+    settings, service_env, fleet, tmp_path
+):
     """operations.md, Retention and pruning: "a manual resend from a
     provider's dashboard of an event whose record was pruned is processed
     again". The event completed on its second attempt 31 days ago (attempt 1
@@ -322,8 +372,10 @@ async def test_after_prune_forgot_a_retried_completion_a_resend_is_processed_aga
     its fence row). `prune --older-than 30d` deletes the completion but not
     the fence row, which keeps the attempt record. The provider's manual
     resend today is acked as a copy of attempt 1 and never processed."""
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:inbox_failing_odd_ids_once"),
-           "WEBHOOK_INGEST_DONE_TTL": "1"}
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:inbox_failing_odd_ids_once"),
+        "WEBHOOK_INGEST_DONE_TTL": "1",
+    }
     worker = fleet.worker("--concurrency", "4", env=env)
     await wait_for_output(worker, "worker_consuming")
     event = make_event("acme", "evt_3")  # odd: its first attempt fails, its second completes
@@ -344,15 +396,21 @@ async def test_after_prune_forgot_a_retried_completion_a_resend_is_processed_aga
     await publish_events(settings.amqp_url, settings.namespace, [event])  # the manual resend
     await _settled_quietly(settings)
     assert await count_rows(settings.database_url, "processed_events") == 1, (
-        "attempt_already_handed_on" in worker.output())
+        "attempt_already_handed_on" in worker.output()
+    )
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding B6: a worker cut from Postgres after its failed attempt's retry was confirmed cannot record the "
-    "attempt handed on nor keep its lease; a copy of the attempt on another worker then runs it again and "
-    "starts a second chain (one fault: the broker confirms at once)"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding B6: a worker cut from Postgres after its failed attempt's retry was confirmed cannot record the "
+        "attempt handed on nor keep its lease; a copy of the attempt on another worker then runs it again and "
+        "starts a second chain (one fault: the broker confirms at once)"
+    ),
+)
 async def test_a_holder_cut_from_postgres_before_its_record_does_not_let_a_copy_run_its_attempt_again(
-        settings, fleet, tmp_path):
+    settings, fleet, tmp_path
+):
     """Attempt 1 of an event fails on worker A; its retry is confirmed by a
     healthy broker at once, but A's Postgres path is cut (a partition, a
     failover) just before, so A can neither write the attempt record nor
@@ -366,19 +424,25 @@ async def test_a_holder_cut_from_postgres_before_its_record_does_not_let_a_copy_
     too): two faults at once" — here the broker answered, one fault is enough."""
     from tests.support.tcpproxy import TcpProxy
 
-    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:failing_external",
-                            database_url=settings.database_url, seconds=2)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{ADVERSARY}:failing_external", database_url=settings.database_url, seconds=2
+    )
     text = (tmp_path / "s.toml").read_text()  # a retry delay longer than the lease: the copy comes first
-    (tmp_path / "s.toml").write_text(text.replace("max_attempts = 3\nretry_delays = [0.5]",
-                                                  "max_attempts = 2\nretry_delays = [8]"))
+    (tmp_path / "s.toml").write_text(
+        text.replace("max_attempts = 3\nretry_delays = [0.5]", "max_attempts = 2\nretry_delays = [8]")
+    )
     event = make_event("acme", "evt_cut_before_record")
     with TcpProxy("127.0.0.1", 5432) as postgres:
-        cut_off = fleet.worker("--concurrency", "1", env={
-            "WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": postgres.url_for(settings.database_url)})
+        cut_off = fleet.worker(
+            "--concurrency",
+            "1",
+            env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": postgres.url_for(settings.database_url)},
+        )
         await wait_for_output(cut_off, "worker_consuming")
         await publish_events(settings.amqp_url, settings.namespace, [event])
-        await wait_until(lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05,
-                         message="attempt 1 running")
+        await wait_until(
+            lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05, message="attempt 1 running"
+        )
         await asyncio.sleep(1.2)
         postgres.cut()  # the handler fails 0.8 s later, before the lease counts as lost: a failed attempt
         fleet.worker("--concurrency", "2", env={"WEBHOOK_INGEST_SOURCES": sources})

@@ -29,14 +29,16 @@ async def test_a_handler_that_raises_cancelled_error_is_retried_not_stuck(settin
     worker let it through as if it were being shut down: the message was
     neither acked nor sent on, its leader entry never settled — held for
     the worker's lifetime, its copies waiting behind it, its slot lost."""
-    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:cancelled_by_a_library_once",
-                            database_url=settings.database_url)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{ADVERSARY}:cancelled_by_a_library_once", database_url=settings.database_url
+    )
     worker = fleet.worker("--concurrency", "2", env={"WEBHOOK_INGEST_SOURCES": sources})
     await wait_for_output(worker, "worker_consuming")
     event = make_event("acme", "evt_cancelled_inside")
     await publish_events(settings.amqp_url, settings.namespace, [event])
-    await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 10,
-                     message="the completion of attempt 2")
+    await wait_until(
+        lambda: count_rows(settings.database_url, "processed_events"), 10, message="the completion of attempt 2"
+    )
     attempts = sorted(run["started"] for run in await recorded_runs(settings.database_url))
     assert attempts == [1.0, 2.0]
     assert await count_rows(settings.database_url, "effects") == 1
@@ -77,8 +79,9 @@ async def test_a_resend_of_an_event_dead_lettered_as_poison_does_not_run_it_agai
     resend ran the handler again and took a worker down again (and again,
     up to the delivery limit, at every resend), each crash also counting a
     delivery against every other message the dead worker held."""
-    sources = write_sources(tmp_path / "s.toml", f"{ADVERSARY}:kills_its_worker_recorded",
-                            database_url=settings.database_url)
+    sources = write_sources(
+        tmp_path / "s.toml", f"{ADVERSARY}:kills_its_worker_recorded", database_url=settings.database_url
+    )
     env = {"WEBHOOK_INGEST_SOURCES": sources, "WEBHOOK_INGEST_DELIVERY_LIMIT": "1", "WEBHOOK_INGEST_LOCK_TTL": "1"}
     event = make_event("acme", "evt_poison_resent")
     await publish_events(settings.amqp_url, settings.namespace, [event], delivery_limit=1)
@@ -105,10 +108,16 @@ async def test_a_worker_started_with_another_delivery_limit_still_consumes(setti
     sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:counted_inbox")
     event = make_event("acme", "evt_after_the_limit_changed")
     await publish_events(settings.amqp_url, settings.namespace, [event], delivery_limit=settings.delivery_limit)
-    worker = fleet.worker("--concurrency", "2", env={
-        "WEBHOOK_INGEST_SOURCES": sources, "WEBHOOK_INGEST_DELIVERY_LIMIT": str(settings.delivery_limit - 15)})
-    await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 10,
-                     message=f"the event processed (worker exited: {worker.popen.poll()})")
+    worker = fleet.worker(
+        "--concurrency",
+        "2",
+        env={"WEBHOOK_INGEST_SOURCES": sources, "WEBHOOK_INGEST_DELIVERY_LIMIT": str(settings.delivery_limit - 15)},
+    )
+    await wait_until(
+        lambda: count_rows(settings.database_url, "processed_events"),
+        10,
+        message=f"the event processed (worker exited: {worker.popen.poll()})",
+    )
 
 
 async def test_a_run_whose_postgres_session_ended_unseen_goes_on_with_a_new_one(settings, fleet, tmp_path):
@@ -126,13 +135,19 @@ async def test_a_run_whose_postgres_session_ended_unseen_goes_on_with_a_new_one(
     sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:counted_inbox")
     event = make_event("acme", "evt_sent_into_the_failover")
     with TcpProxy("127.0.0.1", 5432) as postgres:
-        worker = fleet.worker("--concurrency", "2", env={
-            "WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": postgres.url_for(settings.database_url)})
+        worker = fleet.worker(
+            "--concurrency",
+            "2",
+            env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": postgres.url_for(settings.database_url)},
+        )
         await wait_for_output(worker, "worker_consuming")
         postgres.stall()  # the old primary drops everything
         await publish_events(settings.amqp_url, settings.namespace, [event])
         await asyncio.sleep(0.5)  # the run has sent its lease statement
         postgres.orphan()  # its session is gone, and nothing says so
         postgres.flow()  # the new primary answers new sessions
-        await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 20,
-                         message="the event processed on a new session")
+        await wait_until(
+            lambda: count_rows(settings.database_url, "processed_events"),
+            20,
+            message="the event processed on a new session",
+        )

@@ -31,8 +31,10 @@ DELIVERY_LIMIT = 2  # what a message that crashes the worker goes round, kept sh
 async def _dead_letter_errors(database_url: str) -> list[str]:
     connection = await asyncpg.connect(database_url)
     try:
-        return [row["type"] for row in await connection.fetch(
-            "SELECT errors -> -1 ->> 'type' AS type FROM dead_letters ORDER BY id")]
+        return [
+            row["type"]
+            for row in await connection.fetch("SELECT errors -> -1 ->> 'type' AS type FROM dead_letters ORDER BY id")
+        ]
     finally:
         await connection.close()
 
@@ -49,8 +51,7 @@ async def test_a_permanent_failure_quoting_a_nul_is_dead_lettered_after_one_run(
     await _dead_lettered_after_one_run(settings, fleet, tmp_path, "refused_quoting_a_nul")
 
 
-async def test_a_permanent_failure_quoting_a_lone_surrogate_is_dead_lettered_after_one_run(
-        settings, fleet, tmp_path):
+async def test_a_permanent_failure_quoting_a_lone_surrogate_is_dead_lettered_after_one_run(settings, fleet, tmp_path):
     """As above, with a lone surrogate (bytes decoded with
     errors="surrogateescape", as os and subprocess hand them over). Finding
     R6-2: besides the count, every log line quoting the error raised in the
@@ -64,11 +65,15 @@ async def test_a_permanent_failure_quoting_a_lone_surrogate_is_dead_lettered_aft
 
 async def _dead_lettered_after_one_run(settings, fleet, tmp_path, handler: str) -> None:
     sources = write_sources(tmp_path / "s.toml", f"{ROUND6}:{handler}", database_url=settings.database_url)
-    worker = fleet.worker("--concurrency", "2", env={
-        "WEBHOOK_INGEST_SOURCES": sources, "WEBHOOK_INGEST_DELIVERY_LIMIT": str(DELIVERY_LIMIT)})
+    worker = fleet.worker(
+        "--concurrency",
+        "2",
+        env={"WEBHOOK_INGEST_SOURCES": sources, "WEBHOOK_INGEST_DELIVERY_LIMIT": str(DELIVERY_LIMIT)},
+    )
     await wait_for_output(worker, "worker_consuming")
-    await publish_events(settings.amqp_url, settings.namespace, [make_event("acme", "evt_unstorable")],
-                         delivery_limit=DELIVERY_LIMIT)
+    await publish_events(
+        settings.amqp_url, settings.namespace, [make_event("acme", "evt_unstorable")], delivery_limit=DELIVERY_LIMIT
+    )
 
     await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 60, message="the dead letter")
     attempts = [run["started"] for run in await recorded_runs(settings.database_url)]
@@ -93,8 +98,7 @@ STATED_PAUSE_DELAY = 1.0  # reference §8.3: a pause "reaches every worker withi
 
 
 def _ctl(*args: str) -> str:
-    return subprocess.run([*broker.ctl_command(), *args], check=True, capture_output=True, text=True,
-                          timeout=60).stdout
+    return subprocess.run([*broker.ctl_command(), *args], check=True, capture_output=True, text=True, timeout=60).stdout
 
 
 async def _memory_alarm(on: bool) -> None:
@@ -104,6 +108,7 @@ async def _memory_alarm(on: bool) -> None:
 
     async def as_asked() -> bool:
         return ("memory" in await asyncio.to_thread(_ctl, "eval", "rabbit_alarm:get_alarms().")) == on
+
     await wait_until(as_asked, 30, interval=0.2, message=f"the memory alarm {'on' if on else 'off'}")
 
 
@@ -119,8 +124,10 @@ async def _change_pause(database_url: str, source: str, pause: bool) -> None:
 async def _inbox(database_url: str) -> dict[str, int]:
     connection = await asyncpg.connect(database_url)
     try:
-        return {row["source"]: row["n"] for row in await connection.fetch(
-            "SELECT source, count(*) AS n FROM inbox GROUP BY source")}
+        return {
+            row["source"]: row["n"]
+            for row in await connection.fetch("SELECT source, count(*) AS n FROM inbox GROUP BY source")
+        }
     finally:
         await connection.close()
 
@@ -133,9 +140,15 @@ async def _held_back(settings, events) -> str:
     connection = await aio_pika.connect(settings.amqp_url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
-        await channel.declare_queue(name, durable=True, arguments={
-            "x-queue-type": "quorum", "x-dead-letter-exchange": "",
-            "x-dead-letter-routing-key": topology.events_queue(settings.namespace)})
+        await channel.declare_queue(
+            name,
+            durable=True,
+            arguments={
+                "x-queue-type": "quorum",
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": topology.events_queue(settings.namespace),
+            },
+        )
         for event in events:
             await topology.publish(channel, to_amqp(event), name)
     return name
@@ -149,8 +162,7 @@ async def _let_in(settings, name: str) -> None:
             await message.reject(requeue=False)
 
 
-async def test_a_pause_reaches_a_worker_whose_move_back_waits_on_a_blocked_broker(
-        settings, fleet, tmp_path):
+async def test_a_pause_reaches_a_worker_whose_move_back_waits_on_a_blocked_broker(settings, fleet, tmp_path):
     """§8.3: a pause reaches every worker within about a second; a paused
     source's events are never run. acme was paused and is resumed: the
     worker takes its parked event to move it back, and its publish waits
@@ -170,6 +182,7 @@ async def test_a_pause_reaches_a_worker_whose_move_back_waits_on_a_blocked_broke
 
     async def acme_parked() -> bool:
         return await queue_depth(settings.amqp_url, parked_acme) == 1
+
     await wait_until(acme_parked, 30, message="acme's event parked")
     hold = await _held_back(settings, [make_event("other", f"evt_other_{n}") for n in range(3)])
 
@@ -183,6 +196,7 @@ async def test_a_pause_reaches_a_worker_whose_move_back_waits_on_a_blocked_broke
 
         async def taken() -> bool:
             return await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace)) == 0
+
         await wait_until(taken, 30, message="other's events delivered to the worker")
     finally:
         await _memory_alarm(on=False)
@@ -191,9 +205,9 @@ async def test_a_pause_reaches_a_worker_whose_move_back_waits_on_a_blocked_broke
         inbox = await _inbox(settings.database_url)
         other_settled = inbox.get("other", 0) + await queue_depth(settings.amqp_url, parked_other) == 3
         return other_settled and inbox.get("acme") == 1
+
     await wait_until(settled, 60, message="acme's event processed, other's parked or run")
-    assert (await _inbox(settings.database_url), await queue_depth(settings.amqp_url, parked_other)) == (
-        {"acme": 1}, 3)
+    assert (await _inbox(settings.database_url), await queue_depth(settings.amqp_url, parked_other)) == ({"acme": 1}, 3)
 
 
 # -- the incident's row, in every dead letter's transaction --------------------------
@@ -212,8 +226,9 @@ handler = "tests.support.adversary_round6_handlers:inbox_alone"
 
 
 async def _sessions_waiting_on_a_lock(connection) -> int:
-    return await connection.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                                     " AND wait_event_type = 'Lock'")
+    return await connection.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
 
 
 async def test_another_sources_event_is_not_held_up_while_an_incidents_row_is_locked(settings, fleet, tmp_path):
@@ -234,28 +249,36 @@ async def test_another_sources_event_is_not_held_up_while_an_incidents_row_is_lo
     worker = fleet.worker(env={"WEBHOOK_INGEST_SOURCES": str(path)})
     await wait_for_output(worker, "worker_consuming")
     await publish_events(settings.amqp_url, settings.namespace, [make_event("acme", "evt_first")])
-    await wait_until(lambda: count_rows(settings.database_url, "incidents", "dead_letters = 1"), 30,
-                     message="the incident, with its first dead letter")
+    await wait_until(
+        lambda: count_rows(settings.database_url, "incidents", "dead_letters = 1"),
+        30,
+        message="the incident, with its first dead letter",
+    )
 
     holder = await asyncpg.connect(settings.database_url)
     try:
         transaction = holder.transaction()
         await transaction.start()
         await holder.execute("SELECT id FROM incidents FOR UPDATE")
-        await publish_events(settings.amqp_url, settings.namespace,
-                             [make_event("acme", f"evt_failing_{n}") for n in range(6)])
+        await publish_events(
+            settings.amqp_url, settings.namespace, [make_event("acme", f"evt_failing_{n}") for n in range(6)]
+        )
         watcher = await asyncpg.connect(settings.database_url)
         try:
             statements = connection_budget.split(settings.worker_connections, layout.CONCURRENCY).statements
 
             async def pool_held() -> bool:
                 return await _sessions_waiting_on_a_lock(watcher) >= statements
+
             await wait_until(pool_held, 30, message="every statement connection of the worker waiting on the row")
         finally:
             await watcher.close()
         await publish_events(settings.amqp_url, settings.namespace, [make_event("other", "evt_healthy")])
-        await wait_until(lambda: count_rows(settings.database_url, "processed_events", "source = 'other'"), 60,
-                         message="the other source's event completed")
+        await wait_until(
+            lambda: count_rows(settings.database_url, "processed_events", "source = 'other'"),
+            60,
+            message="the other source's event completed",
+        )
         waited_out = "dead_letter_waiting_for_postgres" in worker.output()
         await transaction.rollback()
     finally:

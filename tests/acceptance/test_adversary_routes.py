@@ -11,21 +11,21 @@ import asyncpg
 import pytest
 import redis.asyncio as redis
 
+from tests.acceptance.test_retries import webhook_ingest
+from tests.integration.test_ignore_rules import SECRET, stripe_event
+from tests.support.dead_letters import failure
+from tests.support.events import make_event, publish_events
+from tests.support.ingress import running_ingress
+from tests.support.processes import count_rows, wait_for_output, wait_until
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.message import EventMessage
 from webhook_ingest.shared.redis_keys import key_prefix
 from webhook_ingest.shared.routes import route_key
-from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.sources import load_sources
-from tests.acceptance.test_retries import webhook_ingest
-from tests.support.dead_letters import failure
-from tests.support.events import make_event, publish_events
-from tests.integration.test_ignore_rules import SECRET, stripe_event
-from tests.support.ingress import running_ingress
-from tests.support.processes import count_rows, wait_for_output, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +103,8 @@ async def test_a_routed_events_archived_page_lists_its_routes_dead_letters(datab
 
 
 async def test_an_event_the_workers_routes_no_longer_take_is_not_archived_queued_for_ever(
-        service_env, settings, fleet, tmp_path):
+    service_env, settings, fleet, tmp_path
+):
     """R4: acked with nothing run (event_unrouted), its arrival stayed
     'queued' for its whole retention (seen against 0e129f8); now `ignored`."""
     sources = tmp_path / "sources.toml"
@@ -133,6 +134,7 @@ async def test_an_event_the_workers_routes_no_longer_take_is_not_archived_queued
 
         async def settled() -> bool:
             return await archived_status() != archive.QUEUED
+
         await wait_until(settled, 10, message="the arrival no longer queued")
         assert await archived_status() == archive.IGNORED
     finally:
@@ -140,28 +142,38 @@ async def test_an_event_the_workers_routes_no_longer_take_is_not_archived_queued
 
 
 async def test_an_event_id_ending_in_a_route_name_is_not_taken_for_that_routes_run(
-        service_env, settings, fleet, tmp_path, redis_cleanup):
+    service_env, settings, fleet, tmp_path, redis_cleanup
+):
     """R5: the ingress looked the bare key up in the done markers, and
     evt_a's route billing completed under stripe:evt_a#billing, event
     evt_a#billing's key: with the same content hash it was answered
     duplicate and lost for every route (seen against becf80b)."""
     path = tmp_path / "sources.toml"
-    path.write_text(f'[sources.stripe]\nscheme = "stripe"\nsecrets = ["{SECRET}"]\nhash_fields = ["data"]\n'
-                    '[[sources.stripe.routes]]\nname = "billing"\nhandler = "inbox"\ntypes = ["invoice.*"]\n')
+    path.write_text(
+        f'[sources.stripe]\nscheme = "stripe"\nsecrets = ["{SECRET}"]\nhash_fields = ["data"]\n'
+        '[[sources.stripe.routes]]\nname = "billing"\nhandler = "inbox"\ntypes = ["invoice.*"]\n'
+    )
     fleet.worker(env={**service_env, "WEBHOOK_INGEST_SOURCES": str(path)})
     async with running_ingress(settings, load_sources(str(path))) as client:
+
         async def post(event_id: str) -> dict:
             body, headers = stripe_event(event_id, "invoice.paid")  # the same data: the same content hash
             response = await client.post("/webhooks/stripe", data=body, headers=headers)
             return await response.json()
 
         assert (await post("evt_a"))["status"] == "accepted"
-        await wait_until(lambda: count_rows(settings.database_url, "processed_events",
-                                            "key = 'stripe:evt_a#billing'"), 30, message="evt_a's billing run")
+        await wait_until(
+            lambda: count_rows(settings.database_url, "processed_events", "key = 'stripe:evt_a#billing'"),
+            30,
+            message="evt_a's billing run",
+        )
         markers = redis.from_url(settings.redis_urls[0])
         try:  # its Redis done marker, written beside the completion
-            await wait_until(lambda: markers.exists(key_prefix(settings.namespace) + "stripe:evt_a#billing"), 30,
-                             message="evt_a's billing done marker")
+            await wait_until(
+                lambda: markers.exists(key_prefix(settings.namespace) + "stripe:evt_a#billing"),
+                30,
+                message="evt_a's billing done marker",
+            )
         finally:
             await markers.aclose()
         assert await post("evt_a#billing") == {"status": "accepted", "key": "stripe:evt_a#billing"}
@@ -179,8 +191,9 @@ async def test_an_event_whose_id_ends_in_a_route_name_lists_only_its_own_dead_le
     try:
         store = ArchiveStore(connection)
         await store.keep({"acme": timedelta(days=7)})
-        await store.write_arrivals([archive.arrival_row(one, "invoice.paid", "{}", archive.QUEUED)
-                                    for one in (event, other)])
+        await store.write_arrivals(
+            [archive.arrival_row(one, "invoice.paid", "{}", archive.QUEUED) for one in (event, other)]
+        )
         dead_letter_id = await record_dead_letter(connection, audit, [failure(1)])
         own, others = await store.event(event.key), await store.event(other.key)
     finally:
@@ -190,7 +203,8 @@ async def test_an_event_whose_id_ends_in_a_route_name_lists_only_its_own_dead_le
 
 
 async def test_copies_of_the_event_fanned_out_while_a_route_is_retrying_run_nothing_twice(
-        service_env, settings, fleet, tmp_path, effects_tables):
+    service_env, settings, fleet, tmp_path, effects_tables
+):
     """The event's copies (a provider's resends) fanned out again by two
     workers while its route `audit` waits between attempts and `billing`
     has completed: billing's copies are duplicates, audit's attempt-1
@@ -221,19 +235,29 @@ async def test_copies_of_the_event_fanned_out_while_a_route_is_retrying_run_noth
     await wait_for_output(first, '"event":"event_retry_scheduled"')
     second = fleet.worker("--concurrency", "8", env=env)
     await publish_events(settings.amqp_url, settings.namespace, [event] * 6)
-    await wait_until(lambda: count_rows(settings.database_url, "processed_events", "key = 'acme:evt_r#billing'"), 30,
-                     message="billing's run")
+    await wait_until(
+        lambda: count_rows(settings.database_url, "processed_events", "key = 'acme:evt_r#billing'"),
+        30,
+        message="billing's run",
+    )
     fail_file.unlink()
-    await wait_until(lambda: count_rows(settings.database_url, "processed_events", "key = 'acme:evt_r#audit'"), 30,
-                     message="audit's run")
+    await wait_until(
+        lambda: count_rows(settings.database_url, "processed_events", "key = 'acme:evt_r#audit'"),
+        30,
+        message="audit's run",
+    )
+
     async def all_fanned_out() -> bool:  # seven arrivals, each fanned out once or more
         return sum(worker.output().count('"outcome":"routed"') for worker in (first, second)) >= 7
+
     await wait_until(all_fanned_out, 30, message="seven fan-outs")
     await asyncio.sleep(1.5)  # room for a wrong second run (copies deferred while in flight come back after 1 s)
     connection = await asyncpg.connect(settings.database_url)
     try:
-        runs = {row["key"]: row["runs"] for row in await connection.fetch(
-            "SELECT key, count(*) AS runs FROM effects GROUP BY key")}
+        runs = {
+            row["key"]: row["runs"]
+            for row in await connection.fetch("SELECT key, count(*) AS runs FROM effects GROUP BY key")
+        }
     finally:
         await connection.close()
     assert runs == {"acme:evt_r#billing": 1, "acme:evt_r#audit": 1}
@@ -241,25 +265,42 @@ async def test_copies_of_the_event_fanned_out_while_a_route_is_retrying_run_noth
 
 
 async def test_a_routed_event_over_the_delivery_limit_whose_id_ends_in_a_route_name_is_dead_lettered(
-        service_env, settings, fleet, tmp_path, redis_cleanup):
+    service_env, settings, fleet, tmp_path, redis_cleanup
+):
     path = tmp_path / "sources.toml"
-    path.write_text(f'[sources.stripe]\nscheme = "stripe"\nsecrets = ["{SECRET}"]\nhash_fields = ["data"]\n'
-                    '[[sources.stripe.routes]]\nname = "billing"\nhandler = "inbox"\ntypes = ["invoice.*"]\n')
+    path.write_text(
+        f'[sources.stripe]\nscheme = "stripe"\nsecrets = ["{SECRET}"]\nhash_fields = ["data"]\n'
+        '[[sources.stripe.routes]]\nname = "billing"\nhandler = "inbox"\ntypes = ["invoice.*"]\n'
+    )
     worker = fleet.worker(env={**service_env, "WEBHOOK_INGEST_SOURCES": str(path)})
     async with running_ingress(settings, load_sources(str(path))) as client:
         body, headers = stripe_event("evt_a", "invoice.paid")
-        assert (await (await client.post("/webhooks/stripe", data=body, headers=headers)).json())["status"] == "accepted"
-        await wait_until(lambda: count_rows(settings.database_url, "processed_events",
-                                            "key = 'stripe:evt_a#billing'"), 30, message="evt_a's billing run")
+        assert (await (await client.post("/webhooks/stripe", data=body, headers=headers)).json())[
+            "status"
+        ] == "accepted"
+        await wait_until(
+            lambda: count_rows(settings.database_url, "processed_events", "key = 'stripe:evt_a#billing'"),
+            30,
+            message="evt_a's billing run",
+        )
     connection = await asyncpg.connect(settings.database_url)
     try:  # the same data as evt_a's: the same content hash
-        sha = await connection.fetchval("SELECT payload_sha256 FROM processed_events WHERE key = 'stripe:evt_a#billing'")
+        sha = await connection.fetchval(
+            "SELECT payload_sha256 FROM processed_events WHERE key = 'stripe:evt_a#billing'"
+        )
     finally:
         await connection.close()
     body, _ = stripe_event("evt_a#billing", "invoice.paid")
-    poisoned = EventMessage(key="stripe:evt_a#billing", source="stripe", event_id="evt_a#billing", payload_sha256=sha,
-                            received_at=time.time(), body=body, headers={"content-type": "application/json"},
-                            deliveries=10_000)  # as if it had crashed workers up to the limit
+    poisoned = EventMessage(
+        key="stripe:evt_a#billing",
+        source="stripe",
+        event_id="evt_a#billing",
+        payload_sha256=sha,
+        received_at=time.time(),
+        body=body,
+        headers={"content-type": "application/json"},
+        deliveries=10_000,
+    )  # as if it had crashed workers up to the limit
     await publish_events(settings.amqp_url, settings.namespace, [poisoned])
     await wait_for_output(worker, '"event":"poison_message_')  # recorded, or dropped as already completed
     assert "poison_message_already_completed" not in worker.output()
@@ -267,38 +308,59 @@ async def test_a_routed_event_over_the_delivery_limit_whose_id_ends_in_a_route_n
 
 
 async def test_a_routed_events_route_runs_after_a_plain_event_under_its_key_was_dead_lettered(
-        service_env, settings, fleet, tmp_path, redis_cleanup):
+    service_env, settings, fleet, tmp_path, redis_cleanup
+):
     """R6 beyond the completion check: the poison drainer recorded the
     attempt of event evt_b#billing it dead-lettered as handed on under its
     key, evt_b's route billing's, whose attempt 1 (same content hash) was
     then a copy and never ran. A routed source's own event hands no attempt
     on (it is only ever fanned out)."""
     path = tmp_path / "sources.toml"
-    path.write_text(f'[sources.stripe]\nscheme = "stripe"\nsecrets = ["{SECRET}"]\nhash_fields = ["data"]\n'
-                    '[[sources.stripe.routes]]\nname = "billing"\nhandler = "inbox"\ntypes = ["invoice.*"]\n')
+    path.write_text(
+        f'[sources.stripe]\nscheme = "stripe"\nsecrets = ["{SECRET}"]\nhash_fields = ["data"]\n'
+        '[[sources.stripe.routes]]\nname = "billing"\nhandler = "inbox"\ntypes = ["invoice.*"]\n'
+    )
     worker = fleet.worker(env={**service_env, "WEBHOOK_INGEST_SOURCES": str(path)})
     async with running_ingress(settings, load_sources(str(path))) as client:
         body, headers = stripe_event("evt_c", "invoice.paid")  # only to learn the content hash of this data
-        assert (await (await client.post("/webhooks/stripe", data=body, headers=headers)).json())["status"] == "accepted"
-        await wait_until(lambda: count_rows(settings.database_url, "processed_events",
-                                            "key = 'stripe:evt_c#billing'"), 30, message="evt_c's billing run")
+        assert (await (await client.post("/webhooks/stripe", data=body, headers=headers)).json())[
+            "status"
+        ] == "accepted"
+        await wait_until(
+            lambda: count_rows(settings.database_url, "processed_events", "key = 'stripe:evt_c#billing'"),
+            30,
+            message="evt_c's billing run",
+        )
         connection = await asyncpg.connect(settings.database_url)
         try:
-            sha = await connection.fetchval("SELECT payload_sha256 FROM processed_events WHERE key = 'stripe:evt_c#billing'")
+            sha = await connection.fetchval(
+                "SELECT payload_sha256 FROM processed_events WHERE key = 'stripe:evt_c#billing'"
+            )
         finally:
             await connection.close()
         body, _ = stripe_event("evt_b#billing", "invoice.paid")
-        poisoned = EventMessage(key="stripe:evt_b#billing", source="stripe", event_id="evt_b#billing",
-                                payload_sha256=sha, received_at=time.time(), body=body,
-                                headers={"content-type": "application/json"}, deliveries=10_000)
+        poisoned = EventMessage(
+            key="stripe:evt_b#billing",
+            source="stripe",
+            event_id="evt_b#billing",
+            payload_sha256=sha,
+            received_at=time.time(),
+            body=body,
+            headers={"content-type": "application/json"},
+            deliveries=10_000,
+        )
         await publish_events(settings.amqp_url, settings.namespace, [poisoned])
         await wait_for_output(worker, '"event":"poison_message_recorded"')
         body, headers = stripe_event("evt_b", "invoice.paid")  # its route billing's key: stripe:evt_b#billing
-        assert (await (await client.post("/webhooks/stripe", data=body, headers=headers)).json())["status"] == "accepted"
+        assert (await (await client.post("/webhooks/stripe", data=body, headers=headers)).json())[
+            "status"
+        ] == "accepted"
 
         async def billing_settled() -> bool:
-            return "attempt_already_handed_on" in worker.output() or await count_rows(
-                settings.database_url, "processed_events", "key = 'stripe:evt_b#billing'") > 0
+            return (
+                "attempt_already_handed_on" in worker.output()
+                or await count_rows(settings.database_url, "processed_events", "key = 'stripe:evt_b#billing'") > 0
+            )
 
         await wait_until(billing_settled, 30, message="evt_b's billing run, or its refusal")
     assert await count_rows(settings.database_url, "processed_events", "key = 'stripe:evt_b#billing'") == 1

@@ -11,14 +11,14 @@ import asyncpg
 import orjson
 import pytest
 
+from tests.support.ingress import running_ingress
+from tests.support.processes import wait_for_output, wait_until
 from webhook_ingest.ingress import webhooks
 from webhook_ingest.shared import archive_upkeep, signatures
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.sources import load_sources
-from tests.support.ingress import running_ingress
-from tests.support.processes import wait_for_output, wait_until
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 
@@ -34,8 +34,12 @@ SOURCES = {  # source: its handler and settings
 @pytest.fixture
 def sources_path(tmp_path) -> str:
     path = tmp_path / "sources.toml"
-    path.write_text("\n".join(f'[sources.{name}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n{settings}\n'
-                              for name, settings in SOURCES.items()))
+    path.write_text(
+        "\n".join(
+            f'[sources.{name}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n{settings}\n'
+            for name, settings in SOURCES.items()
+        )
+    )
     return str(path)
 
 
@@ -49,8 +53,10 @@ async def post(client, source: str, event_id: str, **payload) -> str:
 async def archive_of(database_url: str) -> list[tuple]:
     connection = await asyncpg.connect(database_url)
     try:
-        rows = await connection.fetch("SELECT key, status, attempts, last_error, completed_at IS NOT NULL AS completed,"
-                                      " body IS NOT NULL AS has_body FROM event_archive ORDER BY key, received_at")
+        rows = await connection.fetch(
+            "SELECT key, status, attempts, last_error, completed_at IS NOT NULL AS completed,"
+            " body IS NOT NULL AS has_body FROM event_archive ORDER BY key, received_at"
+        )
     finally:
         await connection.close()
     return [tuple(row.values()) for row in rows]
@@ -117,6 +123,7 @@ async def test_a_copy_that_reaches_a_worker_is_archived_as_a_duplicate(settings,
 
 async def until_quiet(database_url: str) -> list[tuple]:
     """The archive once it has rows, none unsettled and each with its body (however many)."""
+
     async def quiet():
         rows = await archive_of(database_url)
         return rows if rows and all(row[1] not in ("queued", "retrying") and row[5] for row in rows) else None
@@ -142,8 +149,9 @@ async def _archived_status(connection, key: str) -> str | None:
     return await connection.fetchval("SELECT status FROM event_archive WHERE key = $1", key)
 
 
-async def test_a_worker_killed_before_its_outcomes_are_written_leaves_nothing_queued(settings, fleet, sources_path,
-                                                                                     monkeypatch):
+async def test_a_worker_killed_before_its_outcomes_are_written_leaves_nothing_queued(
+    settings, fleet, sources_path, monkeypatch
+):
     """The chaos run's 'left queued': the worker completes the event, its
     outcome batch waits for the archive (here: a lock on the table, as a cut
     Postgres would hold it back), and it is SIGKILLed. The completion is
@@ -158,11 +166,19 @@ async def test_a_worker_killed_before_its_outcomes_are_written_leaves_nothing_qu
         await held.start()
         await blocker.execute("LOCK TABLE event_archive IN EXCLUSIVE MODE")  # the archive's writes wait
         worker = fleet.worker("--concurrency", "8", env={"WEBHOOK_INGEST_SOURCES": sources_path})
-        await wait_until(lambda: connection.fetchval("SELECT count(*) FROM processed_events WHERE key = 'acme:evt_7'"),
-                         60, message="the event completed")
-        await wait_until(lambda: connection.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            " AND query LIKE '%INSERT INTO event_archive%'"), 60, message="the worker's outcome batch waiting")
+        await wait_until(
+            lambda: connection.fetchval("SELECT count(*) FROM processed_events WHERE key = 'acme:evt_7'"),
+            60,
+            message="the event completed",
+        )
+        await wait_until(
+            lambda: connection.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                " AND query LIKE '%INSERT INTO event_archive%'"
+            ),
+            60,
+            message="the worker's outcome batch waiting",
+        )
         worker.kill()
         await held.rollback()
         assert await _archived_status(connection, "acme:evt_7") == "queued"  # what the crash left
@@ -177,6 +193,7 @@ async def test_a_worker_killed_before_its_outcomes_are_written_leaves_nothing_qu
 
 async def arrivals_written(database_url: str) -> list[tuple]:
     """The archive once each row has its body (the ingress's write is in)."""
+
     async def written():
         rows = await archive_of(database_url)
         return rows if rows and all(row[5] for row in rows) else None

@@ -16,23 +16,27 @@ import pytest
 import redis.asyncio as redis
 from click.testing import CliRunner
 
-from webhook_ingest.cli import main
-from webhook_ingest.shared import archive_upkeep
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.redis_keys import key_prefix
-from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
-from webhook_ingest.shared.sources import load_sources
 from tests.acceptance.test_archive_outcomes import arrivals_written, post, sources_path  # noqa: F401 - a fixture
 from tests.acceptance.test_archive_twin_processes import _hold_archive_writes, _lose_the_batch, _outcome_batch_waiting
 from tests.support.ingress import running_ingress
 from tests.support.processes import wait_for_output, wait_until
+from webhook_ingest.cli import main
+from webhook_ingest.shared import archive_upkeep
+from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
+from webhook_ingest.shared.redis_keys import key_prefix
+from webhook_ingest.shared.sources import load_sources
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 
 
 async def _statuses(connection, key: str) -> list[str]:
-    return [row["status"] for row in await connection.fetch(
-        "SELECT status FROM event_archive WHERE key = $1 ORDER BY received_at, arrival", key)]
+    return [
+        row["status"]
+        for row in await connection.fetch(
+            "SELECT status FROM event_archive WHERE key = $1 ORDER BY received_at, arrival", key
+        )
+    ]
 
 
 async def _run_then_lose_its_outcome(fleet, connection, blocker, sources_path: str, key: str) -> None:  # noqa: F811
@@ -41,8 +45,11 @@ async def _run_then_lose_its_outcome(fleet, connection, blocker, sources_path: s
     it back): the completion is durable, the note is lost."""
     held = await _hold_archive_writes(blocker)
     worker = fleet.worker("--concurrency", "8", env={"WEBHOOK_INGEST_SOURCES": sources_path})
-    await wait_until(lambda: connection.fetchval("SELECT count(*) FROM processed_events WHERE key = $1", key),
-                     60, message="the event completed")
+    await wait_until(
+        lambda: connection.fetchval("SELECT count(*) FROM processed_events WHERE key = $1", key),
+        60,
+        message="the event completed",
+    )
     await wait_until(lambda: _outcome_batch_waiting(connection), 60, message="its outcome batch waiting")
     worker.kill()
     await _lose_the_batch(connection)
@@ -51,9 +58,13 @@ async def _run_then_lose_its_outcome(fleet, connection, blocker, sources_path: s
 
 async def _prune(connection, key: str) -> None:
     """`webhook-ingest prune --older-than 1s`, once the key's completion is past that window."""
-    await wait_until(lambda: connection.fetchval(
-        "SELECT completed_at < now() - interval '1 second' FROM processed_events WHERE key = $1", key),
-        30, message="the completion past the window")
+    await wait_until(
+        lambda: connection.fetchval(
+            "SELECT completed_at < now() - interval '1 second' FROM processed_events WHERE key = $1", key
+        ),
+        30,
+        message="the completion past the window",
+    )
     pruned = await asyncio.to_thread(CliRunner().invoke, main, ["prune", "--older-than", "1s"])
     assert pruned.exit_code == 0, pruned.output
     assert not await connection.fetchval("SELECT count(*) FROM processed_events WHERE key = $1", key)
@@ -89,8 +100,12 @@ async def test_a_run_whose_outcome_was_lost_is_processed_after_a_prune(settings,
         await connection.close()
 
 
-async def test_a_run_repeated_after_a_prune_is_archived_as_a_second_run(settings, fleet, sources_path,  # noqa: F811
-                                                                        monkeypatch):
+async def test_a_run_repeated_after_a_prune_is_archived_as_a_second_run(
+    settings,
+    fleet,
+    sources_path,  # noqa: F811
+    monkeypatch,
+):
     connection = await asyncpg.connect(settings.database_url)
     blocker = await asyncpg.connect(settings.database_url)
     try:
@@ -105,10 +120,14 @@ async def test_a_run_repeated_after_a_prune_is_archived_as_a_second_run(settings
             assert await post(client, "acme", "evt_2") == "accepted"
             worker = fleet.worker("--concurrency", "8", env={"WEBHOOK_INGEST_SOURCES": sources_path})
             await wait_for_output(worker, "worker_consuming")
-            await wait_until(lambda: connection.fetchval(
-                "SELECT count(*) FROM event_archive WHERE key = 'acme:evt_2' AND status = 'processed'"
-                " AND body IS NOT NULL AND arrival = (SELECT arrival FROM processed_events WHERE key = 'acme:evt_2')"),
-                60, message="the second run archived")
+            await wait_until(
+                lambda: connection.fetchval(
+                    "SELECT count(*) FROM event_archive WHERE key = 'acme:evt_2' AND status = 'processed'"
+                    " AND body IS NOT NULL AND arrival = (SELECT arrival FROM processed_events WHERE key = 'acme:evt_2')"
+                ),
+                60,
+                message="the second run archived",
+            )
         await _sweep(connection, sources_path, monkeypatch)
         assert await connection.fetchval("SELECT count(*) FROM effects WHERE key = 'acme:evt_2'") == 2
         assert await _statuses(connection, "acme:evt_2") == ["processed", "processed"]  # two runs, each archived
@@ -117,8 +136,12 @@ async def test_a_run_repeated_after_a_prune_is_archived_as_a_second_run(settings
         await connection.close()
 
 
-async def test_a_copy_prune_settled_that_then_runs_is_archived_as_its_run(settings, fleet, sources_path,  # noqa: F811
-                                                                          monkeypatch):
+async def test_a_copy_prune_settled_that_then_runs_is_archived_as_its_run(
+    settings,
+    fleet,
+    sources_path,  # noqa: F811
+    monkeypatch,
+):
     """`make chaos SEED=7`'s `2 effects, archived 2 duplicate, 1 processed`:
     the first arrival ran; a copy was still queued (the ingress no longer
     knew the event completed) when `prune` deleted the completion and
@@ -131,9 +154,13 @@ async def test_a_copy_prune_settled_that_then_runs_is_archived_as_its_run(settin
         async with running_ingress(settings, load_sources(sources_path)) as client:
             assert await post(client, "acme", "evt_3") == "accepted"
             worker = fleet.worker("--concurrency", "8", env={"WEBHOOK_INGEST_SOURCES": sources_path})
-            await wait_until(lambda: connection.fetchval(
-                "SELECT count(*) FROM event_archive WHERE key = 'acme:evt_3' AND status = 'processed'"),
-                60, message="the first run archived")
+            await wait_until(
+                lambda: connection.fetchval(
+                    "SELECT count(*) FROM event_archive WHERE key = 'acme:evt_3' AND status = 'processed'"
+                ),
+                60,
+                message="the first run archived",
+            )
             worker.kill()
             await _redis_forgets(settings, "acme:evt_3")
             assert await post(client, "acme", "evt_3") == "accepted"

@@ -12,13 +12,13 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from tests.support.events import make_event, publish_events
+from tests.support.processes import wait_until
 from webhook_ingest.shared import archive, archive_upkeep
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
 from webhook_ingest.shared.message import new_arrival
 from webhook_ingest.shared.sources import load_sources
-from tests.support.events import make_event, publish_events
-from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 
@@ -47,9 +47,13 @@ async def _lose_the_batch(connection) -> None:
     would otherwise run it once the lock is free (it does not notice its
     client is gone until it answers), which a worker killed before sending it
     does not get."""
-    assert await connection.fetchval(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO event_archive%'") == 1
+    assert (
+        await connection.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO event_archive%'"
+        )
+        == 1
+    )
 
 
 async def _no_outcome_batch_waiting(connection) -> bool:
@@ -57,13 +61,17 @@ async def _no_outcome_batch_waiting(connection) -> bool:
 
 
 async def _outcome_batch_waiting(connection) -> bool:
-    return bool(await connection.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        " AND query LIKE '%INSERT INTO event_archive%'"))
+    return bool(
+        await connection.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            " AND query LIKE '%INSERT INTO event_archive%'"
+        )
+    )
 
 
-async def test_a_twin_of_a_handed_on_attempt_and_two_kills_still_archive_the_run(settings, fleet, tmp_path,
-                                                                                 monkeypatch):
+async def test_a_twin_of_a_handed_on_attempt_and_two_kills_still_archive_the_run(
+    settings, fleet, tmp_path, monkeypatch
+):
     sources_path = tmp_path / "sources.toml"
     sources_path.write_text(SOURCES)
     env = {"WEBHOOK_INGEST_SOURCES": str(sources_path)}
@@ -79,8 +87,11 @@ async def test_a_twin_of_a_handed_on_attempt_and_two_kills_still_archive_the_run
         held = await _hold_archive_writes(blocker)
         first = fleet.worker("--concurrency", "8", env=env)
         await publish_events(settings.amqp_url, settings.namespace, [event])
-        await wait_until(lambda: _one(connection, "SELECT attempt FROM key_fences WHERE key = $1", event.key),
-                         60, message="attempt 1 handed on")
+        await wait_until(
+            lambda: _one(connection, "SELECT attempt FROM key_fences WHERE key = $1", event.key),
+            60,
+            message="attempt 1 handed on",
+        )
         await wait_until(lambda: _outcome_batch_waiting(connection), 60, message="its 'retrying' note waiting")
         assert await _one(connection, "SELECT arrival FROM key_fences WHERE key = $1", event.key) == event.arrival
         first.kill()
@@ -97,8 +108,11 @@ async def test_a_twin_of_a_handed_on_attempt_and_two_kills_still_archive_the_run
         # acked as a copy of its own arrival's attempt: the arrival's end is its chain's, not 'duplicate'
         assert await _one(connection, "SELECT status FROM event_archive WHERE key = $1", event.key) == "queued"
         held = await _hold_archive_writes(blocker)
-        await wait_until(lambda: _one(connection, "SELECT count(*) FROM processed_events WHERE key = $1", event.key),
-                         60, message="attempt 2 completed")
+        await wait_until(
+            lambda: _one(connection, "SELECT count(*) FROM processed_events WHERE key = $1", event.key),
+            60,
+            message="attempt 2 completed",
+        )
         await wait_until(lambda: _outcome_batch_waiting(connection), 60, message="its 'processed' note waiting")
         second.kill()
         await _lose_the_batch(connection)

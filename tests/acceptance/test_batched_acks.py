@@ -7,13 +7,18 @@ import asyncio
 
 import pytest
 
-from webhook_ingest.shared import topology
+from tests.support.broker import amqp_port
 from tests.support.events import make_event, publish_events, queue_depth
-from tests.support.exactly_once import (assert_each_once, effects_by_key, metered_worker, until_completed,
-                                         until_every_message_handled)
+from tests.support.exactly_once import (
+    assert_each_once,
+    effects_by_key,
+    metered_worker,
+    until_completed,
+    until_every_message_handled,
+)
 from tests.support.processes import count_rows, wait_until
 from tests.support.tcpproxy import TcpProxy
-from tests.support.broker import amqp_port
+from webhook_ingest.shared import topology
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.handlers"
@@ -32,7 +37,8 @@ def write_sources(path, database_url: str) -> str:
 
 
 async def test_batches_acked_above_a_delivery_in_its_handler_and_its_waiting_copy_leave_both_to_the_broker(
-        settings, fleet, tmp_path):
+    settings, fleet, tmp_path
+):
     """The first two deliveries of the channel are an event whose handler
     does not end and its copy, waiting for it in memory; 300 events behind
     them complete in batches and are acked. When the worker is SIGKILLed,

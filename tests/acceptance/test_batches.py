@@ -22,7 +22,11 @@ def write_sources(path, handler: str) -> str:
 
 
 async def test_a_failing_handler_in_a_batch_rolls_back_only_into_single_passes(service_env, settings, fleet, tmp_path):
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:inbox_failing_odd_ids_once")}
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(
+            tmp_path / "s.toml", "tests.support.handlers:inbox_failing_odd_ids_once"
+        )
+    }
     events = [make_event("acme", f"evt_{n}") for n in range(EVENTS)]
     await publish_events(settings.amqp_url, settings.namespace, [e for e in events for _ in range(2)])
     for _ in range(2):
@@ -61,7 +65,9 @@ async def _attempts_by_key(database_url: str) -> dict[str, int]:
         await connection.close()
 
 
-async def test_an_event_of_a_source_no_worker_knew_for_ten_minutes_ends_as_a_dead_letter(service_env, settings, fleet, tmp_path):
+async def test_an_event_of_a_source_no_worker_knew_for_ten_minutes_ends_as_a_dead_letter(
+    service_env, settings, fleet, tmp_path
+):
     """Not a requeue loop: the stray event has waited for a worker that knows
     its source for 11 minutes already (the header the waiting carries), so
     it becomes an UnknownSource dead letter; the good one is not blocked."""
@@ -72,8 +78,11 @@ async def test_an_event_of_a_source_no_worker_knew_for_ten_minutes_ends_as_a_dea
     await publish_events(settings.amqp_url, settings.namespace, [stray, good])
     worker = fleet.worker("--concurrency", "8", env=env)
 
-    await wait_until(lambda: count_rows(settings.database_url, "dead_letters", "source = 'ghost'"), 60,
-                     message="the stray event as a dead letter")
+    await wait_until(
+        lambda: count_rows(settings.database_url, "dead_letters", "source = 'ghost'"),
+        60,
+        message="the stray event as a dead letter",
+    )
     assert await count_rows(settings.database_url, "dead_letters", "errors -> -1 ->> 'type' = 'UnknownSource'") == 1
     # the good one, not blocked: its commit may land just after the stray's dead letter
     await wait_until(lambda: count_rows(settings.database_url, "inbox"), 30, message="the good event's inbox row")

@@ -46,20 +46,27 @@ def _overlapping(calls) -> list[tuple]:
     by_key = collections.defaultdict(list)
     for call in calls:
         by_key[call[0]].append(call)
-    return [(a, b) for runs in by_key.values() for i, a in enumerate(runs) for b in runs[i + 1:]
-            if a[1] != b[1] and a[2] < b[3] and b[2] < a[3]]
+    return [
+        (a, b)
+        for runs in by_key.values()
+        for i, a in enumerate(runs)
+        for b in runs[i + 1 :]
+        if a[1] != b[1] and a[2] < b[3] and b[2] < a[3]
+    ]
 
 
 @pytest.mark.xfail(strict=True, reason="a loop kept slow by its handlers is never a black hole (issue 35)")
 async def test_a_black_hole_under_a_loop_its_handlers_keep_slow_stops_them(settings, fleet, tmp_path):
     intervals = tmp_path / "intervals"
     intervals.write_text("")
-    sources = write_sources(tmp_path / "s.toml", HANDLER, seconds=CALL_SECONDS, busy_ms=BUSY_MS,
-                            intervals=str(intervals))
+    sources = write_sources(
+        tmp_path / "s.toml", HANDLER, seconds=CALL_SECONDS, busy_ms=BUSY_MS, intervals=str(intervals)
+    )
     events = [make_event("acme", f"evt_{n}") for n in range(EVENTS)]
     with TcpProxy("127.0.0.1", 5432) as first, TcpProxy("127.0.0.1", 5432) as second:
-        holder = fleet.worker(env={"WEBHOOK_INGEST_SOURCES": sources,
-                                   "DATABASE_URL": first.url_for(settings.database_url)})
+        holder = fleet.worker(
+            env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": first.url_for(settings.database_url)}
+        )
         await wait_for_output(holder, "worker_consuming")
         await publish_events(settings.amqp_url, settings.namespace, events)
 
@@ -68,8 +75,9 @@ async def test_a_black_hole_under_a_loop_its_handlers_keep_slow_stops_them(setti
 
         await wait_until(all_started, 30, interval=0.05, message="the holder's calls")
         first.stall()  # a black hole: the holder's packets to Postgres are dropped, nothing closes
-        other = fleet.worker(env={"WEBHOOK_INGEST_SOURCES": sources,
-                                  "DATABASE_URL": second.url_for(settings.database_url)})
+        other = fleet.worker(
+            env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": second.url_for(settings.database_url)}
+        )
         await wait_for_output(other, "worker_consuming")
         await publish_events(settings.amqp_url, settings.namespace, events)  # the provider's retries
         await asyncio.sleep(CALL_SECONDS + 3)  # every call of the holder ended, or was cancelled

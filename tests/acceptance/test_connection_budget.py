@@ -13,6 +13,7 @@ import functools
 
 import aiohttp
 import asyncpg
+
 from tests.support import private_postgres
 from tests.support.events import make_event, publish_events
 from tests.support.exactly_once import write_sources
@@ -47,6 +48,7 @@ async def test_ten_workers_and_two_ingress_fit_a_stock_postgres(settings, fleet,
     # as a superuser: a session the deployment's role cannot take from it
     admin = await asyncpg.connect(stock_postgres.app_url.replace(private_postgres.APP_ROLE, "postgres", 1))
     try:
+
         async def settled() -> bool:  # each event completed or dead-lettered
             return await admin.fetchval(SETTLED) >= EVENTS
 

@@ -29,14 +29,16 @@ async def limited_role(database, effects_tables):
     connection = await asyncpg.connect(database)
     try:
         await connection.execute(f'CREATE ROLE "{role}" LOGIN')
-        for grant in ("ALL ON ALL TABLES IN SCHEMA public", "ALL ON ALL SEQUENCES IN SCHEMA public",
-                      "ALL ON SCHEMA public"):
+        for grant in (
+            "ALL ON ALL TABLES IN SCHEMA public",
+            "ALL ON ALL SEQUENCES IN SCHEMA public",
+            "ALL ON SCHEMA public",
+        ):
             await connection.execute(f'GRANT {grant} TO "{role}"')
         yield role, database.replace("postgres@", f"{role}@", 1)
     finally:
         await connection.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT -1')
-        await connection.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role)
+        await connection.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role)
         await connection.execute(f'DROP OWNED BY "{role}"')
         await connection.execute(f'DROP ROLE "{role}"')
         await connection.close()

@@ -18,21 +18,28 @@ import asyncpg
 import pytest
 from playwright.async_api import Page, async_playwright, expect
 
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.routes import route_key
 from tests.support.archive import archived_event, minutes_ago, ran, seed_archive
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.heartbeats import seed_workers
 from tests.support.ingress import queued_events
 from tests.support.processes import wait_until
+from webhook_ingest.shared import archive
+from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.routes import route_key
 
 pytestmark = pytest.mark.browser
 
 OPERATOR_TOKEN = "operator-token-for-the-console-tests"
 VIEWER_TOKEN = "viewer-token-for-the-console-tests"
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 expect.set_options(timeout=20_000)  # a shared, busy CI machine: generous waits, never a fixed sleep
 
@@ -45,8 +52,9 @@ def start_console(fleet):
     """Starts `webhook-ingest ingress` with the console on; returns its base URL."""
 
     async def start(**env: str) -> str:
-        _, base = fleet.ingress(env={"WEBHOOK_INGEST_ADMIN_TOKEN": OPERATOR_TOKEN,
-                                     "WEBHOOK_INGEST_VIEWER_TOKEN": VIEWER_TOKEN, **env})
+        _, base = fleet.ingress(
+            env={"WEBHOOK_INGEST_ADMIN_TOKEN": OPERATOR_TOKEN, "WEBHOOK_INGEST_VIEWER_TOKEN": VIEWER_TOKEN, **env}
+        )
         await wait_until(_ready(base), 30, interval=0.1, message=f"{base}/readyz")
         return base
 
@@ -60,6 +68,7 @@ def _ready(base: str):
                 return response.status == 200
         except aiohttp.ClientError:
             return False
+
     return check
 
 
@@ -79,8 +88,9 @@ def open_page(browser):
     outside: list[str] = []
 
     async def open_(base: str, javascript: bool = True) -> Page:
-        context = await browser.new_context(base_url=base, viewport={"width": 1280, "height": 900},
-                                            java_script_enabled=javascript)
+        context = await browser.new_context(
+            base_url=base, viewport={"width": 1280, "height": 900}, java_script_enabled=javascript
+        )
         context.set_default_timeout(20_000)
 
         async def only_the_ingress(route):
@@ -160,7 +170,9 @@ async def test_an_operator_filters_opens_replays_and_finds_it_in_the_audit(start
     await expect(first_entry.get_by_role("link", name=str(target), exact=True)).to_be_visible()
     await screenshot(page, "audit")
 
-    assert [event.key for event in await queued_events(service_env["AMQP_URL"], service_env["WEBHOOK_INGEST_NAMESPACE"])] == ["acme:evt_1"]
+    assert [
+        event.key for event in await queued_events(service_env["AMQP_URL"], service_env["WEBHOOK_INGEST_NAMESPACE"])
+    ] == ["acme:evt_1"]
     assert {i: s for i, s in (await statuses(database)).items() if s != "dead"} == {target: "replayed"}
 
 
@@ -168,14 +180,27 @@ async def test_on_call_searches_the_archive_and_opens_an_event(start_console, op
     """Issue 22 item 4: the Events page's search, its count, an event's page;
     a payload and a header holding HTML are shown as text, never run."""
     evil = {"content-type": "application/json", "x-note": "<img src=x onerror=alert(1)>"}
-    paid = archived_event("stripe", "evt_1", minutes_ago(30), "invoice.paid", customer="cus_123",
-                          note="<script>alert(1)</script>", headers=evil)
+    paid = archived_event(
+        "stripe",
+        "evt_1",
+        minutes_ago(30),
+        "invoice.paid",
+        customer="cus_123",
+        note="<script>alert(1)</script>",
+        headers=evil,
+    )
     copy = dataclasses.replace(paid, received_at=minutes_ago(25).timestamp())
     done = minutes_ago(29).timestamp()
-    await seed_archive(service_env["DATABASE_URL"], [
-        paid, copy, archived_event("stripe", "evt_2", minutes_ago(20), "invoice.paid", customer="cus_456"),
-        archived_event("stripe", "evt_3", minutes_ago(10), "invoice.created", customer="cus_123")],
-        [archive.outcome_row(paid, archive.PROCESSED, done), archive.outcome_row(copy, archive.DUPLICATE, done)])
+    await seed_archive(
+        service_env["DATABASE_URL"],
+        [
+            paid,
+            copy,
+            archived_event("stripe", "evt_2", minutes_ago(20), "invoice.paid", customer="cus_456"),
+            archived_event("stripe", "evt_3", minutes_ago(10), "invoice.created", customer="cus_123"),
+        ],
+        [archive.outcome_row(paid, archive.PROCESSED, done), archive.outcome_row(copy, archive.DUPLICATE, done)],
+    )
     page = await open_page(await start_console())
     dialogs: list[str] = []
     page.on("dialog", lambda dialog: dialogs.append(dialog.message))
@@ -206,15 +231,18 @@ async def test_a_routed_events_page_shows_each_routes_completion(start_console, 
     """Each route completes under KEY#ROUTE: the page lists every route of
     the source with its completion, or a dash (tests/integration/test_routes_event_page.py)."""
     sources = tmp_path / "sources.toml"
-    sources.write_text('[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\n'
-                       '[[sources.acme.routes]]\nname = "billing"\nhandler = "inbox"\n'
-                       '[[sources.acme.routes]]\nname = "audit"\nhandler = "inbox"\n')
+    sources.write_text(
+        '[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\n'
+        '[[sources.acme.routes]]\nname = "billing"\nhandler = "inbox"\n'
+        '[[sources.acme.routes]]\nname = "audit"\nhandler = "inbox"\n'
+    )
     event = archived_event("acme", "evt_s", minutes_ago(5), "invoice.paid")
     await seed_archive(service_env["DATABASE_URL"], [event])
     connection = await asyncpg.connect(service_env["DATABASE_URL"])
     try:
-        await ran(ArchiveStore(connection), dataclasses.replace(event, key=route_key(event.key, "billing"),
-                                                                route="billing"))
+        await ran(
+            ArchiveStore(connection), dataclasses.replace(event, key=route_key(event.key, "billing"), route="billing")
+        )
     finally:
         await connection.close()
     page = await open_page(await start_console(WEBHOOK_INGEST_SOURCES=str(sources)))
@@ -253,14 +281,16 @@ async def test_a_bulk_replay_acts_on_exactly_the_frozen_set_at_the_set_pace(star
     try:
         started, last = await connection.fetchrow(
             "SELECT b.started_at, max(r.replayed_at) FROM console_bulk_actions b"
-            " JOIN dead_letter_replays r ON r.bulk_action_id = b.id GROUP BY b.id")
+            " JOIN dead_letter_replays r ON r.bulk_action_id = b.id GROUP BY b.id"
+        )
     finally:
         await connection.close()
     assert (last - started).total_seconds() >= (len(frozen) - 1) / rate  # paced: never faster than asked
 
 
 async def test_a_viewer_sees_no_button_that_changes_anything_and_its_posts_are_refused(
-        start_console, open_page, service_env):
+    start_console, open_page, service_env
+):
     [dead] = await seed_dead_letters(service_env["DATABASE_URL"], "acme", 1)
     page = await open_page(await start_console())
     await sign_in(page, VIEWER_TOKEN)
@@ -289,9 +319,12 @@ async def test_a_post_without_the_csrf_token_or_from_another_site_is_refused(sta
     csrf = await page.locator("input[name=csrf_token]").first.input_value()
     replay = f"/console/dead-letters/{dead}/replay"
 
-    for form, headers in (({}, {}), ({"csrf_token": "not-the-token"}, {}),
-                          ({"csrf_token": csrf}, {"Origin": "http://attacker.example"}),
-                          ({"csrf_token": csrf}, {"Sec-Fetch-Site": "cross-site"})):
+    for form, headers in (
+        ({}, {}),
+        ({"csrf_token": "not-the-token"}, {}),
+        ({"csrf_token": csrf}, {"Origin": "http://attacker.example"}),
+        ({"csrf_token": csrf}, {"Sec-Fetch-Site": "cross-site"}),
+    ):
         response = await page.request.post(replay, form=form, headers=headers, max_redirects=0)
         assert response.status == 403, (form, headers)
     assert await statuses(service_env["DATABASE_URL"]) == {dead: "dead"}

@@ -5,8 +5,8 @@ second replay cancelled. The browser fixtures are test_console.py's."""
 
 from datetime import timedelta
 
-from playwright.async_api import expect
 import pytest
+from playwright.async_api import expect
 
 from tests.acceptance import test_console as console
 from tests.acceptance.test_console import OPERATOR_TOKEN, screenshot, sign_in
@@ -18,17 +18,24 @@ browser, open_page, start_console = console.browser, console.open_page, console.
 
 
 async def test_an_events_search_is_counted_frozen_confirmed_and_replayed_then_another_cancelled(
-        start_console, open_page, service_env):
+    start_console, open_page, service_env
+):
     start = minutes_ago(30)
-    await seed_archive(service_env["DATABASE_URL"], [
-        *(archived_event("stripe", f"evt_{n}", start + timedelta(seconds=n), "invoice.paid") for n in range(30)),
-        archived_event("stripe", "evt_other", start, "invoice.created")])
+    await seed_archive(
+        service_env["DATABASE_URL"],
+        [
+            *(archived_event("stripe", f"evt_{n}", start + timedelta(seconds=n), "invoice.paid") for n in range(30)),
+            archived_event("stripe", "evt_other", start, "invoice.created"),
+        ],
+    )
     page = await open_page(await start_console())
     await sign_in(page, OPERATOR_TOKEN)
     await page.goto("/console/events?source=stripe&type=invoice.paid")
     await page.get_by_role("button", name="Replay the events this search matches…").click()
     await expect(page.get_by_role("status").filter(has_text="events match, frozen now")).to_contain_text("30")
-    await seed_archive(service_env["DATABASE_URL"], [archived_event("stripe", "evt_late", minutes_ago(1), "invoice.paid")])
+    await seed_archive(
+        service_env["DATABASE_URL"], [archived_event("stripe", "evt_late", minutes_ago(1), "invoice.paid")]
+    )
     await page.get_by_label("Rate (events per second)").fill("50")
     await screenshot(page, "event-replay-confirm")
     await page.get_by_role("button", name="Confirm replay of 30").click()

@@ -13,8 +13,8 @@ import pytest
 from tests.support.archive import archived_event, minutes_ago, seed_archive
 from tests.support.event_replays import DiesAfterItsFirstPublish, claimed_replay, replay_job
 from tests.support.events import queue_depth
-from tests.support.ingress import queued_events
 from tests.support.exactly_once import effects_by_key, metered_worker, write_sources
+from tests.support.ingress import queued_events
 from tests.support.processes import count_rows, outcomes, wait_for_output, wait_until
 from tests.support.replay_handlers import REPLAY_RUNS_TABLE
 from webhook_ingest.dlq import confirm_channel
@@ -28,13 +28,17 @@ KEYS = [f"acme:evt_{n}" for n in (1, 2, 3)]
 
 async def test_the_item_a_dead_runner_had_in_flight_is_published_again_and_runs_once(settings, fleet, tmp_path):
     start = minutes_ago(10)
-    await seed_archive(settings.database_url, [archived_event("acme", key.split(":")[1], start + timedelta(seconds=n))
-                                               for n, key in enumerate(KEYS)])
+    await seed_archive(
+        settings.database_url,
+        [archived_event("acme", key.split(":")[1], start + timedelta(seconds=n)) for n, key in enumerate(KEYS)],
+    )
     first, second = await asyncpg.connect(settings.database_url), await asyncpg.connect(settings.database_url)
     try:
         await second.execute(REPLAY_RUNS_TABLE)
-        worker, metrics = metered_worker(fleet, {"WEBHOOK_INGEST_SOURCES": write_sources(
-            tmp_path / "s.toml", "tests.support.replay_handlers:recorded")})
+        worker, metrics = metered_worker(
+            fleet,
+            {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.replay_handlers:recorded")},
+        )
         await wait_for_output(worker, "worker_consuming")
         dying = DiesAfterItsFirstPublish(first)
         replay = await claimed_replay(dying, "acme")
@@ -42,14 +46,20 @@ async def test_the_item_a_dead_runner_had_in_flight_is_published_again_and_runs_
             assert await run(replay_job(replay, dying, channel, settings.namespace)) == "failed"
             await _until_completed(settings, 1)  # the dead runner's copy ran
 
-            await second.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
-                                 replay.id)  # as 30 s + 2/rate without a step would
+            await second.execute(
+                "UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1", replay.id
+            )  # as 30 s + 2/rate without a step would
             taker = EventReplayStore(second)
             taken = await taker.claim(replay.id, 1000)  # the console's Resume
             assert taken is not None and taken.next_item == 1  # the item in flight was never stepped
             published: list[int] = []
-            job = replay_job(taken, taker, channel, settings.namespace,
-                             progress=lambda item, total, count, skipped: published.append(item))
+            job = replay_job(
+                taken,
+                taker,
+                channel,
+                settings.namespace,
+                progress=lambda item, total, count, skipped: published.append(item),
+            )
             assert await run(job) == "done"
         await _until_settled(settings, len(KEYS))
         finished = await taker.get(replay.id)
@@ -83,8 +93,10 @@ async def _until_settled(settings, count: int) -> None:
 
 async def test_a_takeover_that_finds_the_item_in_flight_gone_from_the_archive_still_counts_what_went_out(settings):
     start = minutes_ago(10)
-    await seed_archive(settings.database_url, [archived_event("acme", key.split(":")[1], start + timedelta(seconds=n))
-                                               for n, key in enumerate(KEYS[:2])])
+    await seed_archive(
+        settings.database_url,
+        [archived_event("acme", key.split(":")[1], start + timedelta(seconds=n)) for n, key in enumerate(KEYS[:2])],
+    )
     first, second = await asyncpg.connect(settings.database_url), await asyncpg.connect(settings.database_url)
     try:
         dying = DiesAfterItsFirstPublish(first)
@@ -92,8 +104,9 @@ async def test_a_takeover_that_finds_the_item_in_flight_gone_from_the_archive_st
         async with confirm_channel(settings) as channel:
             assert await run(replay_job(replay, dying, channel, settings.namespace)) == "failed"
             await second.execute("DELETE FROM event_archive WHERE key = $1", KEYS[0])  # its day dropped meanwhile
-            await second.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
-                                 replay.id)
+            await second.execute(
+                "UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1", replay.id
+            )
             taker = EventReplayStore(second)
             taken = await taker.claim(replay.id, 1000)
             assert taken is not None

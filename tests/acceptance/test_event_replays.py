@@ -35,8 +35,9 @@ EVENTS = 1000
 async def window(settings):
     """1,000 archived acme events received 30 to 20 minutes ago, and one outside."""
     start = minutes_ago(30)
-    arrivals = [archived_event("acme", f"evt_{n}", start + timedelta(seconds=0.6 * n), "invoice.paid")
-                for n in range(EVENTS)]
+    arrivals = [
+        archived_event("acme", f"evt_{n}", start + timedelta(seconds=0.6 * n), "invoice.paid") for n in range(EVENTS)
+    ]
     await seed_archive(settings.database_url, [*arrivals, archived_event("acme", "old", minutes_ago(90))])
     connection = await asyncpg.connect(settings.database_url)
     try:
@@ -48,14 +49,31 @@ async def window(settings):
 
 def replay_window(*more: str) -> dict:
     since, until = minutes_ago(31).isoformat(), minutes_ago(19).isoformat()
-    result = CliRunner().invoke(main, ["events", "replay", "--source", "acme", "--since", since, "--until", until,
-                                       "--yes", "--rate", "1000", "--json", *more])
+    result = CliRunner().invoke(
+        main,
+        [
+            "events",
+            "replay",
+            "--source",
+            "acme",
+            "--since",
+            since,
+            "--until",
+            until,
+            "--yes",
+            "--rate",
+            "1000",
+            "--json",
+            *more,
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 
 
 async def test_a_replay_of_1000_events_with_a_worker_killed_halfway_runs_each_once_per_replay(
-        settings, fleet, tmp_path, window):
+    settings, fleet, tmp_path, window
+):
     env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.replay_handlers:recorded")}
     victim = fleet.worker("--concurrency", "32", env=env)
     fleet.worker("--concurrency", "32", env=env)
@@ -96,8 +114,10 @@ async def test_copies_of_a_replays_messages_run_each_event_once(settings, fleet,
         await connection.close()
     messages = [replayed_message(arrival, replay.id) for arrival in arrivals]
     await publish_events(settings.amqp_url, settings.namespace, [m for m in messages for _ in range(3)])
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.replay_handlers:recorded"),
-           **({"REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0"} if redis == "redis-unreachable" else {})}
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.replay_handlers:recorded"),
+        **({"REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0"} if redis == "redis-unreachable" else {}),
+    }
     workers = [fleet.worker("--concurrency", "32", env=env) for _ in range(2)]
     await _until_settled(settings, len(keys))
     assert await effects_by_key(settings.database_url) == {f"replay-{replay.id}/{key}": 1 for key in keys}
@@ -139,24 +159,31 @@ async def test_a_replay_of_a_routed_sources_events_runs_every_route_once(setting
     """A source with two routes: the replay's message is fanned out by the
     worker like the event was, each (event, route) once under replay-R/KEY#ROUTE."""
     sources = tmp_path / "routes.toml"
-    sources.write_text('[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\n'
-                       '[[sources.acme.routes]]\nname = "billing"\nhandler = "tests.support.replay_handlers:recorded"\n'
-                       'types = ["invoice.*"]\n'
-                       '[[sources.acme.routes]]\nname = "crm"\nhandler = "tests.support.replay_handlers:recorded"\n')
+    sources.write_text(
+        '[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\n'
+        '[[sources.acme.routes]]\nname = "billing"\nhandler = "tests.support.replay_handlers:recorded"\n'
+        'types = ["invoice.*"]\n'
+        '[[sources.acme.routes]]\nname = "crm"\nhandler = "tests.support.replay_handlers:recorded"\n'
+    )
     for _ in range(2):
         fleet.worker("--concurrency", "32", env={"WEBHOOK_INGEST_SOURCES": str(sources)})
     keys = window[:50]
     connection = await asyncpg.connect(settings.database_url)
     try:
-        replay = await EventReplayStore(connection).prepare(parse_filter({"source": "acme", "key": "acme:evt_1"}),
-                                                            Actor.cli())
+        replay = await EventReplayStore(connection).prepare(
+            parse_filter({"source": "acme", "key": "acme:evt_1"}), Actor.cli()
+        )
         arrivals = [await connection.fetchrow("SELECT * FROM event_archive WHERE key = $1", key) for key in keys]
     finally:
         await connection.close()
-    await publish_events(settings.amqp_url, settings.namespace,
-                         [replayed_message(arrival, replay.id) for arrival in arrivals for _ in range(2)])
+    await publish_events(
+        settings.amqp_url,
+        settings.namespace,
+        [replayed_message(arrival, replay.id) for arrival in arrivals for _ in range(2)],
+    )
     await _until_settled(settings, 2 * len(keys))
     assert await effects_by_key(settings.database_url) == {
-        f"replay-{replay.id}/{key}#{route}": 1 for key in keys for route in ("billing", "crm")}
+        f"replay-{replay.id}/{key}#{route}": 1 for key in keys for route in ("billing", "crm")
+    }
     told = await _replay_runs(settings)
     assert told == {(f"{key}#{route}", replay.id) for key in keys for route in ("billing", "crm")}

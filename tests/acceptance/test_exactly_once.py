@@ -17,16 +17,24 @@ import asyncpg
 import orjson
 import pytest
 
-from webhook_ingest.shared import signatures, topology
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import (
-    SECRET, assert_each_once, effects_by_key, metered_worker, recorded_runs, until_completed,
-    until_every_message_handled, write_sources)
+    SECRET,
+    assert_each_once,
+    effects_by_key,
+    metered_worker,
+    recorded_runs,
+    until_completed,
+    until_every_message_handled,
+    write_sources,
+)
 from tests.support.processes import count_rows, outcomes, wait_for_output, wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.tcpproxy import TcpProxy, free_port
+from webhook_ingest.shared import signatures, topology
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
+
 
 async def test_copies_sent_concurrently_through_the_ingress_complete_once(settings, fleet, tmp_path):
     """400 events × 5 copies posted at once; 3 workers race for them."""
@@ -123,8 +131,10 @@ async def test_redis_flushed_mid_run_then_every_event_resent_runs_nothing_twice(
 
 async def test_redis_unreachable_from_the_start_duplicates_across_workers_run_once(settings, fleet, tmp_path):
     """Degraded mode: Postgres alone (advisory lock + unique completion) keeps exactly once."""
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:slow_inbox"),
-           "REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0"}  # nothing listens there
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:slow_inbox"),
+        "REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0",
+    }  # nothing listens there
     events = [make_event("acme", f"evt_{n}") for n in range(200)]
     workers = [metered_worker(fleet, env, "--concurrency", "16") for _ in range(2)]
     await publish_events(settings.amqp_url, settings.namespace, [e for e in events for _ in range(3)])
@@ -137,8 +147,10 @@ async def test_redis_unreachable_from_the_start_duplicates_across_workers_run_on
 async def test_postgres_cut_mid_run_costs_no_attempt_and_repeats_nothing(settings, fleet, tmp_path):
     events = [make_event("acme", f"evt_{n}") for n in range(600)]
     with TcpProxy("127.0.0.1", 5432) as postgres:
-        env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:slow_inbox"),
-               "DATABASE_URL": postgres.url_for(settings.database_url)}
+        env = {
+            "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:slow_inbox"),
+            "DATABASE_URL": postgres.url_for(settings.database_url),
+        }
         workers = [fleet.worker("--concurrency", "16", env=env) for _ in range(2)]
         await publish_events(settings.amqp_url, settings.namespace, events)
 
@@ -166,8 +178,11 @@ async def _attempts(database_url: str) -> set[int]:
 async def test_an_external_effect_sent_ten_times_to_three_workers_never_overlaps(settings, fleet, tmp_path):
     """The handler's side effect goes through its own connection (like an
     HTTP call): only the processing lock keeps two runs apart."""
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(
-        tmp_path / "s.toml", "tests.support.handlers:external_effect", database_url=settings.database_url)}
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(
+            tmp_path / "s.toml", "tests.support.handlers:external_effect", database_url=settings.database_url
+        )
+    }
     workers = [fleet.worker("--concurrency", "8", env=env) for _ in range(3)]
     for worker in workers:
         await wait_for_output(worker, "worker_consuming")
@@ -182,7 +197,6 @@ async def test_an_external_effect_sent_ten_times_to_three_workers_never_overlaps
     assert await count_rows(settings.database_url, "inbox") == 1
 
 
-
 async def test_a_lock_holder_paused_past_its_ttl_keeps_its_turn_and_nothing_runs_beside_it(settings, fleet, tmp_path):
     """The first holder blocks its process for 4 s with a 1 s lock TTL; the
     other worker wins the expired Redis lock but not the key's turn in
@@ -192,10 +206,16 @@ async def test_a_lock_holder_paused_past_its_ttl_keeps_its_turn_and_nothing_runs
     Since issue 35 it asks Postgres on waking rather than giving up on its
     own clock; its handler's next query comes first here, and the fence
     refuses its completion (the answer, "not ours", would cancel it)."""
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(
-               tmp_path / "s.toml", "tests.support.handlers:paused_holder",
-               database_url=settings.database_url, pause_seconds=4, takeover_seconds=1),
-           "WEBHOOK_INGEST_LOCK_TTL": "1"}
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(
+            tmp_path / "s.toml",
+            "tests.support.handlers:paused_holder",
+            database_url=settings.database_url,
+            pause_seconds=4,
+            takeover_seconds=1,
+        ),
+        "WEBHOOK_INGEST_LOCK_TTL": "1",
+    }
     workers = [fleet.worker("--concurrency", "1", env=env) for _ in range(2)]  # one message each
     for worker in workers:
         await wait_for_output(worker, "worker_consuming")
@@ -222,10 +242,14 @@ async def test_mixed_modes_never_run_one_key_at_the_same_time(settings, fleet, t
     """One worker without Redis (degraded), one with; each event's two
     copies 0.1 s apart; a 400 ms external effect: no two runs of a key
     overlap, and each key runs once (issue 10, item 1)."""
-    sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:external_effect",
-                            database_url=settings.database_url)
-    degraded = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources,
-                                                      "REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0"})
+    sources = write_sources(
+        tmp_path / "s.toml", "tests.support.handlers:external_effect", database_url=settings.database_url
+    )
+    degraded = fleet.worker(
+        "--concurrency",
+        "1",
+        env={"WEBHOOK_INGEST_SOURCES": sources, "REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0"},
+    )
     locked = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
     for worker in (degraded, locked):
         await wait_for_output(worker, "worker_consuming")
@@ -304,11 +328,16 @@ async def test_same_key_with_another_payload_is_recorded_as_a_conflict_and_not_r
     finally:
         await connection.close()
     assert (conflict["key"], conflict["completed_sha256"], conflict["conflicting_sha256"]) == (
-        first.key, first.payload_sha256, tampered.payload_sha256)
+        first.key,
+        first.payload_sha256,
+        tampered.payload_sha256,
+    )
     assert amount == "100" and await effects_by_key(settings.database_url) == {first.key: 1}
     settled = [orjson.loads(line) for line in worker.output().splitlines() if '"event_processed"' in line]
     assert [(line["key"], line["source"], line["attempt"], line["outcome"]) for line in settled] == [
-        (first.key, "acme", 1, "processed"), (first.key, "acme", 1, "conflict")]  # on-call can follow the key
+        (first.key, "acme", 1, "processed"),
+        (first.key, "acme", 1, "conflict"),
+    ]  # on-call can follow the key
     assert all(line["duration_ms"] >= 0 for line in settled)
 
 
@@ -320,8 +349,19 @@ async def test_run_supervises_ingress_and_workers_and_send_test_with_copies_give
     await wait_until(lambda: _consumers(settings), 60, message="two consuming workers")
 
     sent = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "webhook_ingest", "send-test", "demo", "--duplicates", "3", "--url", base_url,
-        env={**os.environ, **service_env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        sys.executable,
+        "-m",
+        "webhook_ingest",
+        "send-test",
+        "demo",
+        "--duplicates",
+        "3",
+        "--url",
+        base_url,
+        env={**os.environ, **service_env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     output = (await sent.communicate())[0].decode()
     assert sent.returncode == 0 and output.count("accepted") == 4, output
 

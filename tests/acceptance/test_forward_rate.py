@@ -49,8 +49,10 @@ async def receiver():
 
 
 def write_sources(path, url: str) -> str:
-    path.write_text(f'[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "forward"\n'
-                    f'handler_options = {{ url = "{url}", rate_limit = {{ per_second = {PER_SECOND} }} }}\n')
+    path.write_text(
+        f'[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "forward"\n'
+        f'handler_options = {{ url = "{url}", rate_limit = {{ per_second = {PER_SECOND} }} }}\n'
+    )
     return str(path)
 
 
@@ -79,22 +81,26 @@ async def test_two_workers_share_the_rate_and_every_event_arrives_once(settings,
     events = await forward_backlog(settings, workers)
 
     assert {key: len(times) for key, times in arrivals.items()} == {event.key: 1 for event in events}
-    assert most_in_one_second([t for times in arrivals.values() for t in times]) <= \
-        PER_SECOND + BURST + JITTER_ALLOWANCE
+    assert (
+        most_in_one_second([t for times in arrivals.values() for t in times]) <= PER_SECOND + BURST + JITTER_ALLOWANCE
+    )
     assert all([await processed_by(metrics_url) > 0 for _, metrics_url in workers])  # both forwarded
     assert await count_rows(settings.database_url, "dead_letters") == 0
 
 
 async def test_with_redis_away_a_worker_paces_on_its_own(settings, fleet, tmp_path, receiver):
     url, arrivals = receiver
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", url),
-           "REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0"}  # nothing listens there
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", url),
+        "REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0",
+    }  # nothing listens there
     worker = metered_worker(fleet, env)
     events = await forward_backlog(settings, [worker])
 
     assert {key: len(times) for key, times in arrivals.items()} == {event.key: 1 for event in events}
-    assert most_in_one_second([t for times in arrivals.values() for t in times]) <= \
-        PER_SECOND + BURST + JITTER_ALLOWANCE
+    assert (
+        most_in_one_second([t for times in arrivals.values() for t in times]) <= PER_SECOND + BURST + JITTER_ALLOWANCE
+    )
     assert "rate_limit_per_process" in worker[0].output()
 
 
@@ -104,9 +110,14 @@ async def test_each_route_has_its_own_rate_and_every_pair_arrives_once(settings,
     route) pair arrives once, under its key KEY#ROUTE."""
     url, arrivals = receiver
     path = tmp_path / "s.toml"
-    path.write_text(f'[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n' + "".join(
-        f'[[sources.acme.routes]]\nname = "{route}"\nhandler = "forward"\n'
-        f'handler_options = {{ url = "{url}", rate_limit = {{ per_second = {PER_SECOND} }} }}\n' for route in "ab"))
+    path.write_text(
+        f'[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
+        + "".join(
+            f'[[sources.acme.routes]]\nname = "{route}"\nhandler = "forward"\n'
+            f'handler_options = {{ url = "{url}", rate_limit = {{ per_second = {PER_SECOND} }} }}\n'
+            for route in "ab"
+        )
+    )
     workers = [metered_worker(fleet, {"WEBHOOK_INGEST_SOURCES": str(path)}) for _ in range(2)]
     for worker, _ in workers:
         await wait_for_output(worker, "worker_consuming")
@@ -115,7 +126,8 @@ async def test_each_route_has_its_own_rate_and_every_pair_arrives_once(settings,
     await until_completed(settings.database_url, 2 * EVENTS, timeout=60)
 
     assert {key: len(times) for key, times in arrivals.items()} == {
-        f"{event.key}#{route}": 1 for event in events for route in "ab"}
+        f"{event.key}#{route}": 1 for event in events for route in "ab"
+    }
     for route in "ab":
         times = [t for key, times in arrivals.items() if key.endswith(f"#{route}") for t in times]
         assert most_in_one_second(times) <= PER_SECOND + BURST + JITTER_ALLOWANCE

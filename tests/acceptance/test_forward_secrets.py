@@ -12,9 +12,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from webhook_ingest.shared import signatures
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import free_port
+from webhook_ingest.shared import signatures
 
 pytestmark = pytest.mark.slow
 
@@ -51,17 +51,25 @@ class Receiver:
 
 def deployment(tmp_path, service_env, options: str, **env: str) -> dict[str, str]:
     sources = tmp_path / "sources.toml"
-    sources.write_text(f'[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["{SOURCE_SECRET}"]\n'
-                       f'handler = "forward"\nmax_attempts = 1\nhandler_options = {{ {options} }}\n')
-    return {**service_env, "WEBHOOK_INGEST_SOURCES": str(sources), "WEBHOOK_INGEST_VIEWER_TOKEN": VIEWER,
-            "WEBHOOK_INGEST_ADMIN_TOKEN": "admin-token-for-the-forward-secrets-test", **env}
+    sources.write_text(
+        f'[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["{SOURCE_SECRET}"]\n'
+        f'handler = "forward"\nmax_attempts = 1\nhandler_options = {{ {options} }}\n'
+    )
+    return {
+        **service_env,
+        "WEBHOOK_INGEST_SOURCES": str(sources),
+        "WEBHOOK_INGEST_VIEWER_TOKEN": VIEWER,
+        "WEBHOOK_INGEST_ADMIN_TOKEN": "admin-token-for-the-forward-secrets-test",
+        **env,
+    }
 
 
 async def deliver(ingress_url: str, event_id: str) -> None:
     body = orjson.dumps({"id": event_id})
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{ingress_url}/webhooks/acme", data=body,
-                                headers=signatures.sign("hmac-sha256", body, SOURCE_SECRET)) as answer:
+        async with session.post(
+            f"{ingress_url}/webhooks/acme", data=body, headers=signatures.sign("hmac-sha256", body, SOURCE_SECRET)
+        ) as answer:
             assert answer.status == 200, await answer.text()
 
 
@@ -75,9 +83,13 @@ async def viewed(ingress_url: str, path: str) -> str:
 async def test_a_forward_urls_credentials_reach_no_viewer_log_or_notification(service_env, settings, fleet, tmp_path):
     downstream, notified = Receiver(404), Receiver(200)  # 404: dead-lettered at once
     url = f"http://user:{PASSWORD}@127.0.0.1:{downstream.port}/hook?access_token={ACCESS_TOKEN}"
-    env = deployment(tmp_path, service_env, f'url = "{url}"',
-                     WEBHOOK_INGEST_NOTIFY_WEBHOOK_URL=f"http://127.0.0.1:{notified.port}/hook",
-                     WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET=NOTIFY_SECRET)
+    env = deployment(
+        tmp_path,
+        service_env,
+        f'url = "{url}"',
+        WEBHOOK_INGEST_NOTIFY_WEBHOOK_URL=f"http://127.0.0.1:{notified.port}/hook",
+        WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET=NOTIFY_SECRET,
+    )
     async with downstream.running(), notified.running():
         ingress, ingress_url = fleet.ingress(env=env)
         worker = fleet.worker(env=env)
@@ -86,8 +98,10 @@ async def test_a_forward_urls_credentials_reach_no_viewer_log_or_notification(se
         await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 60, message="a dead letter")
         await wait_for_output(worker, "event_dead_lettered")
         await wait_until(_received(notified), 60, message="the incident notification")
-        seen = {path: await wait_until(_showing(ingress_url, path, "/hook"), 30, message=path)
-                for path in ("/admin/events?source=acme", "/admin/dead-letters", "/admin/incidents")}
+        seen = {
+            path: await wait_until(_showing(ingress_url, path, "/hook"), 30, message=path)
+            for path in ("/admin/events?source=acme", "/admin/dead-letters", "/admin/incidents")
+        }
     assert len(downstream.received) == 1  # it did reach the receiver, credentials and all
     seen["worker log"] = worker.output()
     seen["notification"] = notified.received[0][1].decode()
@@ -97,12 +111,15 @@ async def test_a_forward_urls_credentials_reach_no_viewer_log_or_notification(se
 
 
 async def test_forward_sends_headers_whose_values_are_secrets_from_the_environment_or_a_file(
-        service_env, settings, fleet, tmp_path):
+    service_env, settings, fleet, tmp_path
+):
     downstream = Receiver(200)
     key_file = tmp_path / "api-key"
     key_file.write_text("key-from-a-file\n")
-    options = (f'url = "http://127.0.0.1:{downstream.port}/hook", headers = {{ Authorization = "env:FORWARD_TOKEN",'
-               f' X-Api-Key = "file:{key_file}", X-Plain = "not a secret" }}')
+    options = (
+        f'url = "http://127.0.0.1:{downstream.port}/hook", headers = {{ Authorization = "env:FORWARD_TOKEN",'
+        f' X-Api-Key = "file:{key_file}", X-Plain = "not a secret" }}'
+    )
     env = deployment(tmp_path, service_env, options, FORWARD_TOKEN=f"Bearer {HEADER_TOKEN}")
     async with downstream.running():
         _, ingress_url = fleet.ingress(env=env)
@@ -112,7 +129,10 @@ async def test_forward_sends_headers_whose_values_are_secrets_from_the_environme
         await wait_until(_received(downstream), 60, message="the forwarded event")
     [(headers, _)] = downstream.received
     assert (headers["Authorization"], headers["X-Api-Key"], headers["X-Plain"]) == (
-        f"Bearer {HEADER_TOKEN}", "key-from-a-file", "not a secret")
+        f"Bearer {HEADER_TOKEN}",
+        "key-from-a-file",
+        "not a secret",
+    )
     assert headers["Idempotency-Key"] == "acme:evt_headers"
 
 
@@ -122,12 +142,14 @@ def _ready(ingress_url: str):
             async with aiohttp.ClientSession() as session, session.get(f"{ingress_url}/readyz") as answer:
                 return answer.status == 200
         return False
+
     return ready
 
 
 def _received(receiver: Receiver):
     async def received() -> bool:
         return bool(receiver.received)
+
     return received
 
 
@@ -135,4 +157,5 @@ def _showing(ingress_url: str, path: str, text: str):
     async def showing() -> str | None:
         page = await viewed(ingress_url, path)
         return page if text in json.dumps(json.loads(page)) else None
+
     return showing

@@ -14,13 +14,13 @@ import asyncpg
 import orjson
 import pytest
 
-from webhook_ingest.ingress.outbox import QUERIES, outbox_columns, outbox_row
-from webhook_ingest.shared import signatures, topology
+from tests.support.broker import amqp_port
 from tests.support.events import make_event, queue_depth
 from tests.support.exactly_once import SECRET, assert_each_once, metered_worker, until_completed, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
-from tests.support.broker import amqp_port
+from webhook_ingest.ingress.outbox import QUERIES, outbox_columns, outbox_row
+from webhook_ingest.shared import signatures, topology
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 
@@ -90,7 +90,8 @@ async def _answered(statuses: dict[int, int], count: int) -> bool:
 @pytest.mark.alone  # 150 req/s with a bound of 64 at once: another test beside it is a capacity fault
 @pytest.mark.parametrize("commit_seconds", [0, 0.1], ids=["prompt-commits", "slow-commits"])
 async def test_broker_stalled_under_load_every_delivery_200_and_once(
-        settings, fleet, env, broker_proxy, commit_seconds):
+    settings, fleet, env, broker_proxy, commit_seconds
+):
     """The broker path stalls (connections open, nothing answered: a hung
     broker, or one blocked by an alarm) under a steady 150 req/s: more
     requests than the ingress's bound of 64 at once would wait out their
@@ -100,8 +101,11 @@ async def test_broker_stalled_under_load_every_delivery_200_and_once(
     slow-commits: every outbox statement takes 0.1 s more (a synchronous
     standby far away), so one commit per event could not keep up."""
     await slow_outbox_statements(settings.database_url, commit_seconds)
-    bounded = {**env, "AMQP_URL": broker_proxy.url_for(settings.amqp_url),
-               "WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS": "64"}
+    bounded = {
+        **env,
+        "AMQP_URL": broker_proxy.url_for(settings.amqp_url),
+        "WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS": "64",
+    }
     ingress, base_url = fleet.ingress(env=bounded)
     for _ in range(2):
         await wait_for_output(metered_worker(fleet, env, "--concurrency", "32")[0], "worker_consuming")
@@ -184,8 +188,9 @@ def merge(*counts: dict[int, int]) -> dict[int, int]:
     return total
 
 
-async def post_all(base_url: str, bodies: list[bytes], connections: int = 32,
-                   statuses: dict[int, int] | None = None) -> dict[int, int]:
+async def post_all(
+    base_url: str, bodies: list[bytes], connections: int = 32, statuses: dict[int, int] | None = None
+) -> dict[int, int]:
     """Status code -> count; `statuses` (if given) fills as answers come."""
     await until_ready(base_url)
     limit = asyncio.Semaphore(connections)
@@ -250,6 +255,7 @@ async def until_ready(base_url: str, via: str | None = None) -> None:
 
 async def settle(settings) -> None:
     """The queue and the outbox empty, then a moment for any copy in flight."""
+
     async def empty() -> bool:
         depth = await queue_depth(settings.amqp_url, topology.events_queue(settings.namespace))
         return depth == 0 and await count_rows(settings.database_url, "outbox") == 0

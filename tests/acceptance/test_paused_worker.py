@@ -53,8 +53,7 @@ async def test_a_pause_shorter_than_the_ttl_repeats_no_call(settings, fleet, tmp
     await _paused_once_repeats_no_call(settings, fleet, tmp_path, downstream, PAUSE)
 
 
-async def test_a_pause_ending_just_before_the_confirmation_limit_repeats_no_call(
-        settings, fleet, tmp_path, downstream):
+async def test_a_pause_ending_just_before_the_confirmation_limit_repeats_no_call(settings, fleet, tmp_path, downstream):
     """Woken between its deadline (2 s after its lease was taken) and the
     limit of an unanswered confirmation (2.5 s), a run's keeper asks with
     little left until that limit, on a loop busy with every run that woke

@@ -8,10 +8,10 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
-from webhook_ingest.cli import main
-from webhook_ingest.shared import topology
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.processes import count_rows, wait_for_output, wait_until
+from webhook_ingest.cli import main
+from webhook_ingest.shared import topology
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,8 @@ async def inbox_sources(database_url: str) -> dict[str, int]:
 
 
 async def test_a_paused_sources_events_wait_across_a_restart_and_run_once_when_resumed(
-        settings, fleet, tmp_path, monkeypatch):
+    settings, fleet, tmp_path, monkeypatch
+):
     path = tmp_path / "sources.toml"
     path.write_text(SOURCES)
     monkeypatch.setenv("WEBHOOK_INGEST_SOURCES", str(path))
@@ -52,13 +53,16 @@ async def test_a_paused_sources_events_wait_across_a_restart_and_run_once_when_r
     worker = fleet.worker(env=env)
     await wait_for_output(worker, "worker_consuming")
 
-    await publish_events(settings.amqp_url, settings.namespace,
-                         [make_event("acme", f"evt_{n}") for n in range(30)]
-                         + [make_event("other", f"evt_{n}") for n in range(10)])
+    await publish_events(
+        settings.amqp_url,
+        settings.namespace,
+        [make_event("acme", f"evt_{n}") for n in range(30)] + [make_event("other", f"evt_{n}") for n in range(10)],
+    )
     parked = topology.paused_queue(settings.namespace, "acme")
 
     async def all_parked() -> bool:
         return await queue_depth(settings.amqp_url, parked) == 30
+
     await wait_until(all_parked, 30, message="acme's 30 events parked")
     await wait_until(lambda: _has(settings.database_url, {"other": 10}), 30, message="other's events processed")
 
@@ -73,8 +77,9 @@ async def test_a_paused_sources_events_wait_across_a_restart_and_run_once_when_r
 
     resumed = await asyncio.to_thread(sources_cli, "resume", "acme")
     assert resumed.stdout.strip() == "source acme resumed", resumed.output
-    await wait_until(lambda: _has(settings.database_url, {"acme": 30, "other": 10}), 30,
-                     message="acme's kept events processed")
+    await wait_until(
+        lambda: _has(settings.database_url, {"acme": 30, "other": 10}), 30, message="acme's kept events processed"
+    )
     assert await queue_depth(settings.amqp_url, parked) == 0
     assert await count_rows(settings.database_url, "dead_letters") == 0
     connection = await asyncpg.connect(settings.database_url)

@@ -36,6 +36,7 @@ async def test_session_pooling_runs_every_event_once(settings, fleet, tmp_path, 
         workers = [fleet.worker(env=env) for _ in range(2)]
         admin = await asyncpg.connect(stock_postgres.app_url)
         try:
+
             async def completed() -> bool:
                 return await admin.fetchval("SELECT count(*) FROM processed_events") >= EVENTS
 

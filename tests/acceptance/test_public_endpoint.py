@@ -14,15 +14,17 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from webhook_ingest.shared import signatures
 from tests.support.ingress import queued_events
 from tests.support.processes import count_rows, wait_until
+from webhook_ingest.shared import signatures
 
 SECRET = "public-endpoint-secret"
 PROXY_ADDRESS = "127.0.0.2"  # loopback is all of 127/8: the "load balancer" connects from here
 
 
-def source(name: str, extra: str = "", secret: str = SECRET, scheme: str = "hmac-sha256", handler: str = "inbox") -> str:
+def source(
+    name: str, extra: str = "", secret: str = SECRET, scheme: str = "hmac-sha256", handler: str = "inbox"
+) -> str:
     return f'[sources.{name}]\nscheme = "{scheme}"\nsecrets = ["{secret}"]\nhandler = "{handler}"\n{extra}\n'
 
 
@@ -34,6 +36,7 @@ def signed(n: int, secret: str = SECRET, **extra_headers: str) -> tuple[bytes, d
 async def ready(base_url: str) -> None:
     """Until the broker confirms: /readyz is 200 through the outbox before
     that, and an event stored there is not on the queue yet."""
+
     async def answers() -> bool:
         try:
             async with aiohttp.ClientSession() as session, session.get(f"{base_url}/readyz") as response:
@@ -59,7 +62,9 @@ async def post(session, url: str, n: int, **headers: str) -> int:
 
 async def test_allowlists_see_the_address_a_trusted_proxy_forwarded_and_nothing_else(fleet, tmp_path, settings):
     base_url = start_ingress(
-        fleet, tmp_path, source("outside", 'allowed_ips = ["203.0.113.0/24"]') + source("inside", 'allowed_ips = ["127.0.0.1/32"]'),
+        fleet,
+        tmp_path,
+        source("outside", 'allowed_ips = ["203.0.113.0/24"]') + source("inside", 'allowed_ips = ["127.0.0.1/32"]'),
         WEBHOOK_INGEST_TRUSTED_PROXIES=f"{PROXY_ADDRESS}/32",
     )
     await ready(base_url)
@@ -76,29 +81,38 @@ async def test_allowlists_see_the_address_a_trusted_proxy_forwarded_and_nothing_
 
 
 def counts(metrics_text: str, source_name: str) -> dict[str, float]:
-    return {sample.labels["status"]: sample.value
-            for family in text_string_to_metric_families(metrics_text) for sample in family.samples
-            if sample.name == "webhook_ingress_requests_total" and sample.labels["source"] == source_name}
+    return {
+        sample.labels["status"]: sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+        if sample.name == "webhook_ingress_requests_total" and sample.labels["source"] == source_name
+    }
 
 
 async def test_two_ingress_processes_share_one_rate_limit_and_other_sources_are_unaffected(fleet, tmp_path):
-    sources = (source("limited", "rate_limit = { per_second = 100, burst = 100 }")
-               + source("other", "rate_limit = { per_second = 100, burst = 100 }")
-               + source("trickle", "rate_limit = { per_second = 1, burst = 20 }"))
+    sources = (
+        source("limited", "rate_limit = { per_second = 100, burst = 100 }")
+        + source("other", "rate_limit = { per_second = 100, burst = 100 }")
+        + source("trickle", "rate_limit = { per_second = 1, burst = 20 }")
+    )
     urls = [start_ingress(fleet, tmp_path, sources), start_ingress(fleet, tmp_path, sources)]
     for url in urls:
         await ready(url)
     answers: dict[str, list[tuple[int, str | None]]] = {"limited": [], "other": [], "trickle": []}
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+
         async def send(name: str, n: int) -> None:
             body, headers = signed(n)
             async with session.post(f"{urls[n % 2]}/webhooks/{name}", data=body, headers=headers) as response:
                 answers[name].append((response.status, response.headers.get("Retry-After")))
 
         started = time.monotonic()
-        await asyncio.gather(*(send("limited", n) for n in range(1000)), *(send("other", n) for n in range(50)),
-                             *(send("trickle", n) for n in range(100)))
+        await asyncio.gather(
+            *(send("limited", n) for n in range(1000)),
+            *(send("other", n) for n in range(50)),
+            *(send("trickle", n) for n in range(100)),
+        )
         elapsed = time.monotonic() - started
         per_process = [counts(await (await session.get(f"{url}/metrics")).text(), "trickle") for url in urls]
 
@@ -113,7 +127,9 @@ async def test_two_ingress_processes_share_one_rate_limit_and_other_sources_are_
     assert accepted["other"] == 50
 
 
-async def raw_request_head(port: int, path: str, content_length: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def raw_request_head(
+    port: int, path: str, content_length: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {content_length}\r\n\r\n".encode())
     await writer.drain()
@@ -129,7 +145,7 @@ async def dribble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, da
             chunk = await asyncio.wait_for(reader.read(65536), timeout=1.0)
         except TimeoutError:
             try:
-                writer.write(data[sent:sent + 1])
+                writer.write(data[sent : sent + 1])
                 await writer.drain()
             except ConnectionError:
                 break
@@ -144,8 +160,9 @@ async def dribble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, da
 
 
 async def test_slow_clients_are_cut_off_and_others_are_served_meanwhile(fleet, tmp_path):
-    base_url = start_ingress(fleet, tmp_path, source("inside"),
-                             WEBHOOK_INGEST_BODY_TIMEOUT="2", WEBHOOK_INGEST_HEADER_TIMEOUT="3")
+    base_url = start_ingress(
+        fleet, tmp_path, source("inside"), WEBHOOK_INGEST_BODY_TIMEOUT="2", WEBHOOK_INGEST_HEADER_TIMEOUT="3"
+    )
     await ready(base_url)
     port = int(base_url.rsplit(":", 1)[1])
     body_reader, body_writer = await raw_request_head(port, "/webhooks/inside", 60)
@@ -190,31 +207,50 @@ async def test_no_secret_or_token_reaches_a_log_line_or_a_metric(fleet, tmp_path
     secret_file = tmp_path / "stripe-secret"
     secret_file.write_text("whsec_from_a_file_7Qm2\n")
     secrets = {
-        "literal": "literal-secret-9Xr4", "fromenv": "env-secret-3Kp8", "fromfile": "whsec_from_a_file_7Qm2",
-        "dead": "dead-letter-secret-5Tz1", "admin": "admin-token-2Wq6-of-the-public-endpoint-test", "viewer": "viewer-token-8Jd3-of-the-public-endpoint-test",
+        "literal": "literal-secret-9Xr4",
+        "fromenv": "env-secret-3Kp8",
+        "fromfile": "whsec_from_a_file_7Qm2",
+        "dead": "dead-letter-secret-5Tz1",
+        "admin": "admin-token-2Wq6-of-the-public-endpoint-test",
+        "viewer": "viewer-token-8Jd3-of-the-public-endpoint-test",
     }
-    sources = (source("literal", secret=secrets["literal"]) + source("fromenv", secret="env:FROMENV_SECRET", scheme="github")
-               + source("fromfile", secret=f"file:{secret_file}", scheme="stripe")
-               + source("dead", "max_attempts = 1", secret=secrets["dead"], handler="tests.support.handlers:permanently_fails"))
-    env = {"FROMENV_SECRET": secrets["fromenv"], "WEBHOOK_INGEST_ADMIN_TOKEN": secrets["admin"],
-           "WEBHOOK_INGEST_VIEWER_TOKEN": secrets["viewer"]}
+    sources = (
+        source("literal", secret=secrets["literal"])
+        + source("fromenv", secret="env:FROMENV_SECRET", scheme="github")
+        + source("fromfile", secret=f"file:{secret_file}", scheme="stripe")
+        + source("dead", "max_attempts = 1", secret=secrets["dead"], handler="tests.support.handlers:permanently_fails")
+    )
+    env = {
+        "FROMENV_SECRET": secrets["fromenv"],
+        "WEBHOOK_INGEST_ADMIN_TOKEN": secrets["admin"],
+        "WEBHOOK_INGEST_VIEWER_TOKEN": secrets["viewer"],
+    }
     base_url = start_ingress(fleet, tmp_path, sources, **env)
     fleet.worker(env={"WEBHOOK_INGEST_SOURCES": str(tmp_path / "sources.toml"), **env})
     await ready(base_url)
 
-    outputs = [await send_test(name, base_url, {**service_env, **env, "WEBHOOK_INGEST_SOURCES": str(tmp_path / "sources.toml")})
-               for name in ("literal", "fromenv", "fromfile", "dead")]
+    outputs = [
+        await send_test(
+            name, base_url, {**service_env, **env, "WEBHOOK_INGEST_SOURCES": str(tmp_path / "sources.toml")}
+        )
+        for name in ("literal", "fromenv", "fromfile", "dead")
+    ]
     async with aiohttp.ClientSession() as session:
         assert await post(session, f"{base_url}/webhooks/literal", 1, **{"X-Signature": "sha256=" + "0" * 64}) == 401
         async with session.get(f"{base_url}/admin/dead-letters", headers={"Authorization": "Bearer wrong"}) as response:
             assert response.status == 401
         await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 60, message="a dead letter")
         await wait_until(lambda: count_rows(settings.database_url, "inbox"), 60, message="an inbox row")
-        async with session.get(f"{base_url}/admin/dead-letters", headers={"Authorization": f"Bearer {secrets['admin']}"}) as response:
+        async with session.get(
+            f"{base_url}/admin/dead-letters", headers={"Authorization": f"Bearer {secrets['admin']}"}
+        ) as response:
             assert response.status == 200
         # The console keeps its session in a cookie: a jar that accepts one from an IP host.
         async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
-            assert [await console_sign_in(browser, base_url, token) for token in ("wrong", secrets["viewer"])] == [401, 303]
+            assert [await console_sign_in(browser, base_url, token) for token in ("wrong", secrets["viewer"])] == [
+                401,
+                303,
+            ]
         metrics_text = await (await session.get(f"{base_url}/metrics")).text()
     fleet.stop_all()
 
@@ -236,9 +272,17 @@ async def console_sign_in(session: aiohttp.ClientSession, base_url: str, token: 
 
 async def send_test(source_name: str, base_url: str, env: dict[str, str]) -> str:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "webhook_ingest", "send-test", source_name, "--url", base_url,
-        env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        sys.executable,
+        "-m",
+        "webhook_ingest",
+        "send-test",
+        source_name,
+        "--url",
+        base_url,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     output = (await process.communicate())[0].decode()
     assert process.returncode == 0 and "accepted" in output, output
     return output
-

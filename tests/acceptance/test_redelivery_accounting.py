@@ -37,8 +37,12 @@ async def test_a_completion_whose_ack_died_is_counted_processed_not_duplicate(se
     try:  # what the dying worker committed
         await database.execute(
             "INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id)"
-            " VALUES ($1, 'acme', $2, $3, 1, 1, $4)", event.key, event.event_id, event.payload_sha256,
-            message.message_id)
+            " VALUES ($1, 'acme', $2, $3, 1, 1, $4)",
+            event.key,
+            event.event_id,
+            event.payload_sha256,
+            message.message_id,
+        )
     finally:
         await database.close()
     await connection.close()  # the worker is gone: the broker redelivers

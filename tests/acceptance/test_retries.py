@@ -19,11 +19,11 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from webhook_ingest.shared import topology
-from webhook_ingest.shared.sources import load_sources
 from tests.support.events import make_event, publish_events
 from tests.support.processes import count_rows, wait_until
 from tests.support.tcpproxy import free_port
+from webhook_ingest.shared import topology
+from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers.retry import FailurePolicy
 
 pytestmark = pytest.mark.slow
@@ -66,16 +66,20 @@ def write_sources(path, url: str, max_attempts: int = 3, handler: str = "forward
         'secrets = ["acme-secret"]\n'
         f'handler = "{handler}"\n'
         f"max_attempts = {max_attempts}\n"
-        f"retry_delays = {json.dumps(RETRY_DELAYS)}\n"
-        + options
+        f"retry_delays = {json.dumps(RETRY_DELAYS)}\n" + options
     )
     return str(path)
 
 
 async def webhook_ingest(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "webhook_ingest", *args, env={**os.environ, **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "webhook_ingest",
+        *args,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
     return process.returncode, stdout.decode(), stderr.decode()
@@ -88,7 +92,8 @@ async def dlq_json(env: dict[str, str], *args: str):
 
 
 async def test_retries_spaced_by_the_delays_then_a_dead_letter_then_one_delivery_on_replay(
-        service_env, settings, fleet, tmp_path):
+    service_env, settings, fleet, tmp_path
+):
     receiver = Receiver(500)
     env = {**service_env, "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "sources.toml", receiver.url)}
     event = make_event("acme", "evt_retry")
@@ -132,13 +137,19 @@ async def test_retries_spaced_by_the_delays_then_a_dead_letter_then_one_delivery
 
 def _outcomes(port: int, expected: dict[str, float]):
     """A predicate: the worker's webhook_events_total by outcome, once it shows `expected`."""
+
     async def check():
         async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
             text = await response.text()
-        counts = {sample.labels["outcome"]: sample.value
-                  for family in text_string_to_metric_families(text) if family.name == "webhook_events"
-                  for sample in family.samples if sample.name == "webhook_events_total"}
+        counts = {
+            sample.labels["outcome"]: sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "webhook_events"
+            for sample in family.samples
+            if sample.name == "webhook_events_total"
+        }
         return counts if all(counts.get(name) == value for name, value in expected.items()) else None
+
     return check
 
 
@@ -195,12 +206,17 @@ async def publish_twice_as_a_crash_would(settings, source, event) -> None:
 
 
 async def test_a_message_that_kills_its_worker_becomes_a_dead_letter_and_the_others_complete(
-        service_env, settings, fleet, tmp_path):
+    service_env, settings, fleet, tmp_path
+):
     limit = 2
     sources = tmp_path / "sources.toml"
     write_sources(sources, "", handler="tests.support.handlers:kills_its_process")
-    env = {**service_env, "WEBHOOK_INGEST_SOURCES": str(sources), "WEBHOOK_INGEST_DELIVERY_LIMIT": str(limit),
-           "WEBHOOK_INGEST_LOCK_TTL": "1"}
+    env = {
+        **service_env,
+        "WEBHOOK_INGEST_SOURCES": str(sources),
+        "WEBHOOK_INGEST_DELIVERY_LIMIT": str(limit),
+        "WEBHOOK_INGEST_LOCK_TTL": "1",
+    }
     poison = make_event("acme", "evt_poison", {"poison": True})
     others = [make_event("acme", f"evt_{n}") for n in range(5)]
     await publish_events(settings.amqp_url, settings.namespace, [poison, *others], delivery_limit=limit)
@@ -214,8 +230,9 @@ async def test_a_message_that_kills_its_worker_becomes_a_dead_letter_and_the_oth
             if worker.popen.poll() is not None:
                 workers[index] = fleet.worker("--concurrency", "1", env=env)
                 restarts += 1
-        return (await count_rows(settings.database_url, "dead_letters") == 1
-                and await count_rows(settings.database_url, "inbox") == len(others))
+        return await count_rows(settings.database_url, "dead_letters") == 1 and await count_rows(
+            settings.database_url, "inbox"
+        ) == len(others)
 
     await wait_until(all_settled, 90, interval=0.3, message="the poison event dead, the others done")
 

@@ -13,13 +13,12 @@ from dataclasses import replace
 import asyncpg
 import pytest
 
-from webhook_ingest.shared.sources import load_sources
 from tests.acceptance.test_retries import dlq_json, webhook_ingest
 from tests.support.events import make_event, publish_events
 from tests.support.processes import count_rows, wait_for_output, wait_until
+from webhook_ingest.shared.sources import load_sources
 
 pytestmark = pytest.mark.slow
-
 
 
 def write_sources(path, fail_file: str = "/nonexistent") -> str:
@@ -58,7 +57,8 @@ def invoice(event_id: str):
 
 
 async def test_a_failing_route_is_dead_lettered_alone_and_its_replay_runs_only_it(
-        service_env, settings, fleet, tmp_path, effects_tables):
+    service_env, settings, fleet, tmp_path, effects_tables
+):
     fail_file = tmp_path / "fail"
     fail_file.write_text("fail")
     env = {**service_env, "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "sources.toml", str(fail_file))}
@@ -77,22 +77,29 @@ async def test_a_failing_route_is_dead_lettered_alone_and_its_replay_runs_only_i
     fail_file.unlink()
     code, stdout, stderr = await webhook_ingest(env, "dlq", "replay", str(listed["id"]))
     assert code == 0, stderr
-    await wait_until(lambda: count_rows(settings.database_url, "processed_events", "key LIKE '%#audit'"), 30,
-                     message="audit's completion")
+    await wait_until(
+        lambda: count_rows(settings.database_url, "processed_events", "key LIKE '%#audit'"),
+        30,
+        message="audit's completion",
+    )
     await asyncio.sleep(1.0)  # room for a wrong second run of billing
     assert await effects(settings.database_url) == {"acme:evt_1#billing": 1, "acme:evt_1#audit": 1}
     assert sorted(await _completed_keys(settings.database_url)) == ["acme:evt_1#audit", "acme:evt_1#billing"]
 
 
 async def test_an_event_no_route_takes_runs_nothing_and_a_type_filter_holds(
-        service_env, settings, fleet, tmp_path, effects_tables):
+    service_env, settings, fleet, tmp_path, effects_tables
+):
     env = {**service_env, "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "sources.toml")}
     fleet.worker(env=env)
     other = make_event("acme", "evt_other", {"type": "customer.created"})  # audit only
     await publish_events(settings.amqp_url, settings.namespace, [other, invoice("evt_inv")])
     await wait_until(_count_is(settings.database_url, 3), 30, message="three completions")
     assert await effects(settings.database_url) == {
-        "acme:evt_other#audit": 1, "acme:evt_inv#billing": 1, "acme:evt_inv#audit": 1}
+        "acme:evt_other#audit": 1,
+        "acme:evt_inv#billing": 1,
+        "acme:evt_inv#audit": 1,
+    }
 
 
 async def test_copies_across_two_workers_run_each_route_once(service_env, settings, fleet, tmp_path, effects_tables):
@@ -108,7 +115,8 @@ async def test_copies_across_two_workers_run_each_route_once(service_env, settin
 
 
 async def test_what_a_fan_out_cut_short_leaves_runs_each_route_once(
-        service_env, settings, fleet, tmp_path, effects_tables):
+    service_env, settings, fleet, tmp_path, effects_tables
+):
     """A worker killed between publishing some of an event's route messages
     and acking the event: those route messages and the event, redelivered."""
     env = {**service_env, "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "sources.toml")}
@@ -122,7 +130,8 @@ async def test_what_a_fan_out_cut_short_leaves_runs_each_route_once(
 
 
 async def test_a_worker_killed_while_fanning_out_loses_nothing_and_runs_nothing_twice(
-        service_env, settings, fleet, tmp_path, effects_tables):
+    service_env, settings, fleet, tmp_path, effects_tables
+):
     env = {**service_env, "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "sources.toml")}
     events = [invoice(f"evt_{n}") for n in range(300)]
     await publish_events(settings.amqp_url, settings.namespace, events)
@@ -137,7 +146,8 @@ async def test_a_worker_killed_while_fanning_out_loses_nothing_and_runs_nothing_
 
 
 async def test_a_route_message_a_worker_has_no_route_for_waits_and_holds_nothing_up(
-        service_env, settings, fleet, tmp_path, effects_tables):
+    service_env, settings, fleet, tmp_path, effects_tables
+):
     """Sources files out of step: a route renamed or removed while its
     messages were queued. Such a message waits for a worker that knows the
     route, as an unknown source's event does; the others run."""
@@ -155,6 +165,7 @@ async def test_a_route_message_a_worker_has_no_route_for_waits_and_holds_nothing
 def _count_is(database_url: str, wanted: int):
     async def check():
         return await count_rows(database_url, "processed_events") >= wanted
+
     return check
 
 

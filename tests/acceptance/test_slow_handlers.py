@@ -63,7 +63,8 @@ async def test_a_worker_calls_the_downstream_for_every_message_in_flight(setting
 
 
 async def test_a_slow_handler_that_writes_through_ctx_db_runs_once_and_commits_once(
-        settings, fleet, tmp_path, downstream, effects_tables):
+    settings, fleet, tmp_path, downstream, effects_tables
+):
     url, posts = downstream.url, downstream.posts
     sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:call_then_record", url=url)
     events = await _run_backlog_through_two_default_workers(settings, fleet, sources)
@@ -75,7 +76,8 @@ async def test_a_slow_handler_that_writes_through_ctx_db_runs_once_and_commits_o
 
 
 async def test_a_ctx_db_handler_keeps_its_lease_when_postgres_is_a_round_trip_away(
-        settings, fleet, tmp_path, downstream, effects_tables):
+    settings, fleet, tmp_path, downstream, effects_tables
+):
     """Postgres 20 ms away (another zone) and a downstream that takes 3 s:
     each worker's ~150 runs renew their leases together every second, which
     one statement each on two connections cannot do in time (they queued
@@ -85,7 +87,8 @@ async def test_a_ctx_db_handler_keeps_its_lease_when_postgres_is_a_round_trip_aw
     sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:call_then_record", url=url + "?latency=3")
     with TcpProxy("127.0.0.1", 5432, latency=0.02) as postgres:
         events = await _run_backlog_through_two_default_workers(
-            settings, fleet, sources, postgres.url_for(settings.database_url))
+            settings, fleet, sources, postgres.url_for(settings.database_url)
+        )
 
     assert posts == {event.key: 1 for event in events}
     assert await effects_by_key(settings.database_url) == {event.key: 1 for event in events}

@@ -6,10 +6,10 @@ against a schema before migration 0020 (processed_events without
 import asyncpg
 import pytest
 
-from webhook_ingest.shared import schema
 from tests.support.events import make_event, publish_events
 from tests.support.exactly_once import recorded_runs, write_sources
 from tests.support.processes import wait_until
+from webhook_ingest.shared import schema
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 
@@ -28,8 +28,11 @@ async def test_a_worker_before_migration_0020_refuses_before_running_a_handler(s
     """A release rolled out before its migration: the worker must not run a
     handler it cannot complete (each run an effect, none recorded)."""
     await schema_before_0020(settings.database_url)
-    env = {"WEBHOOK_INGEST_SOURCES": write_sources(
-        tmp_path / "s.toml", "tests.support.handlers:external_effect", database_url=settings.database_url)}
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(
+            tmp_path / "s.toml", "tests.support.handlers:external_effect", database_url=settings.database_url
+        )
+    }
     worker = fleet.worker("--concurrency", "1", env=env)
     await publish_events(settings.amqp_url, settings.namespace, [make_event("acme", "evt_early")])
 

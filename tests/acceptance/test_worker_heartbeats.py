@@ -26,8 +26,10 @@ BEAT = {"WEBHOOK_INGEST_HEARTBEAT_SECONDS": "0.5"}
 
 async def workers(base: str) -> dict[int, dict]:
     """GET /admin/workers, by pid."""
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session, \
-            session.get(f"{base}/admin/workers") as response:
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session,
+        session.get(f"{base}/admin/workers") as response,
+    ):
         assert response.status == 200, await response.text()
         return {row["pid"]: row for row in await response.json()}
 
@@ -90,6 +92,7 @@ async def test_workers_report_themselves_a_paused_one_is_silent_and_a_stopped_on
 
     os.kill(second.pid, signal.SIGSTOP)
     try:
+
         async def second_silent() -> bool:
             seen = await workers(base)
             return state(seen[second.pid]) == "silent" and await silent_gauge(base) == 1

@@ -33,8 +33,8 @@ from tests.bench import (
     tracing_cost,
 )
 from tests.bench.cpu import CpuMeter, cpu_seconds
-from tests.bench.peers import measure as peers
 from tests.bench.deployment import CONCURRENCY, INGRESS_PROCESSES, SECRET, SOURCE, WORKERS, Deployment, peak_rss_mib
+from tests.bench.peers import measure as peers
 from tests.support.exactly_once import until_every_message_handled
 from tests.support.processes import wait_until
 
@@ -51,12 +51,22 @@ async def main(with_outage: bool = True, with_peers: bool = False) -> int:
     figures: dict[str, float] = {"nproc": os.cpu_count()}
     async with Deployment() as deployment:
         with httpload.gc_paused():
-            figures.update(await raw_broker.measure(
-                deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES, LATENCY_RATE, LATENCY_SECONDS))
+            figures.update(
+                await raw_broker.measure(
+                    deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES, LATENCY_RATE, LATENCY_SECONDS
+                )
+            )
             figures.update(await raw_pipeline.measure(deployment.amqp_url, f"{deployment.namespace}.raw", RAW_MESSAGES))
-            figures.update(await durable_floor.measure(
-                deployment.amqp_url, f"{deployment.namespace}.floor", deployment.database_url,
-                deployment.database_name, deployment.redis_port, RAW_MESSAGES))
+            figures.update(
+                await durable_floor.measure(
+                    deployment.amqp_url,
+                    f"{deployment.namespace}.floor",
+                    deployment.database_url,
+                    deployment.database_name,
+                    deployment.redis_port,
+                    RAW_MESSAGES,
+                )
+            )
         figures.update(await http_floor.measure(SOURCE, SECRET))
         await deployment.start_ingress()
         await ingress_phases(deployment, figures)
@@ -87,7 +97,8 @@ async def main(with_outage: bool = True, with_peers: bool = False) -> int:
     if with_peers:
         figures["e2e_vs_celery"] = figures["e2e_events_per_s"] / figures["celery_e2e_events_per_s"]
     figures["ingress_cpu_vs_floor"] = figures["ingress_cpu_ms_per_request"] / (
-        figures["http_floor_cpu_ms"] + figures["raw_publish_cpu_ms_client"])
+        figures["http_floor_cpu_ms"] + figures["raw_publish_cpu_ms_client"]
+    )
     return report(figures)
 
 
@@ -192,8 +203,7 @@ async def recovery_phase(deployment: Deployment, figures: dict) -> None:
     prefix, count = "rec_", RECOVERY_RATE * RECOVERY_SECONDS
     requests = httpload.signed_requests(SOURCE, SECRET, prefix, count)
     answered: dict[int, int] = {}
-    load = asyncio.create_task(httpload.open_loop(deployment.ingress_port, requests, RECOVERY_RATE,
-                                                  statuses=answered))
+    load = asyncio.create_task(httpload.open_loop(deployment.ingress_port, requests, RECOVERY_RATE, statuses=answered))
     await asyncio.sleep(RECOVERY_SECONDS)
     victim, _ = deployment.workers[0]
     victim.kill()
@@ -212,7 +222,8 @@ async def outbox_inserts(deployment: Deployment) -> int:
     """Events the ingress sent to the outbox, although the broker was up
     throughout: a confirm later than the ingress's patience, or a crowd."""
     return await deployment.fetchval(
-        "SELECT coalesce(sum(n_tup_ins), 0)::int FROM pg_stat_user_tables WHERE relname = 'outbox'")
+        "SELECT coalesce(sum(n_tup_ins), 0)::int FROM pg_stat_user_tables WHERE relname = 'outbox'"
+    )
 
 
 def ingress_cpu(deployment: Deployment) -> float:
@@ -225,7 +236,8 @@ def workers_cpu(deployment: Deployment) -> float:
 
 async def effects(deployment: Deployment, prefix: str) -> int:
     return await deployment.fetchval(
-        "SELECT count(DISTINCT key) FROM bench_effects WHERE key LIKE $1", f"{SOURCE}:{prefix}%")
+        "SELECT count(DISTINCT key) FROM bench_effects WHERE key LIKE $1", f"{SOURCE}:{prefix}%"
+    )
 
 
 async def until_effects(deployment: Deployment, prefix: str, count: int) -> None:
@@ -313,8 +325,9 @@ PEER_ROWS = [  # (label, ours, the Celery stack's, format)
 def print_peers(figures: dict) -> None:
     print(f"\n| {'side by side':<40} | {'ours':>10} | {'Celery':>10} |\n| {'-' * 40} | {'-' * 10} | {'-' * 10} |")
     for label, ours, celery, fmt in PEER_ROWS:
-        print(f"| {label:<40} | {fmt.format(figures.get(ours, float('nan'))):>10} | "
-              f"{fmt.format(figures[celery]):>10} |")
+        print(
+            f"| {label:<40} | {fmt.format(figures.get(ours, float('nan'))):>10} | {fmt.format(figures[celery]):>10} |"
+        )
     print(f"e2e_vs_celery: {figures['e2e_vs_celery']:.2f}")
 
 
@@ -338,8 +351,10 @@ async def tracing_phase_alone() -> int:
 
 
 def report(figures: dict) -> int:
-    print(f"\nwebhook-ingest bench — {figures['nproc']} cores, {INGRESS_PROCESSES} ingress processes, "
-          f"{WORKERS} workers × concurrency {CONCURRENCY}\n")
+    print(
+        f"\nwebhook-ingest bench — {figures['nproc']} cores, {INGRESS_PROCESSES} ingress processes, "
+        f"{WORKERS} workers × concurrency {CONCURRENCY}\n"
+    )
     print(f"| {'what':<52} | {'figure':>10} |\n| {'-' * 52} | {'-' * 10} |")
     for key, label, fmt in ROWS:
         if key in figures:
@@ -355,23 +370,47 @@ def report(figures: dict) -> int:
 if __name__ == "__main__":
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass
     parser = argparse.ArgumentParser(prog="python -m tests.bench")
-    parser.add_argument("--phase", choices=["all", "steady", "broker-blocked", "slow", "archive", "archive_search",
-                                            "archive_floor", "tracing", "ingress"],
-                        default="all", help="every phase (the default), every phase but the broker-blocked one, "
-                        "or the broker-blocked, slow-handler, archive-cost or tracing-cost phases alone "
-                        "(tracing: only alone; ingress: ingress_cpu_vs_floor alone; archive_search: searching 1,000,000 "
-                        "archived events, only alone; archive_floor: what Postgres spends to keep an event, the "
-                        "pipeline's statements aside)")
-    parser.add_argument("--peers", action="store_true",
-                        help="also the Celery stack of tests/bench/peers, side by side (not in make test)")
+    parser.add_argument(
+        "--phase",
+        choices=[
+            "all",
+            "steady",
+            "broker-blocked",
+            "slow",
+            "archive",
+            "archive_search",
+            "archive_floor",
+            "tracing",
+            "ingress",
+        ],
+        default="all",
+        help="every phase (the default), every phase but the broker-blocked one, "
+        "or the broker-blocked, slow-handler, archive-cost or tracing-cost phases alone "
+        "(tracing: only alone; ingress: ingress_cpu_vs_floor alone; archive_search: searching 1,000,000 "
+        "archived events, only alone; archive_floor: what Postgres spends to keep an event, the "
+        "pipeline's statements aside)",
+    )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also the Celery stack of tests/bench/peers, side by side (not in make test)",
+    )
     arguments = parser.parse_args()
     phase = arguments.phase
-    alone = {"broker-blocked": broker_blocked.main, "slow": slow_phases_alone, "archive": archive_phase_alone,
-             "archive_search": archive_search.main, "archive_floor": archive_floor.main,
-             "tracing": tracing_phase_alone, "ingress": ingress_floor.main}
-    sys.exit(asyncio.run(alone[phase]() if phase in alone
-                         else main(with_outage=phase == "all", with_peers=arguments.peers)))
+    alone = {
+        "broker-blocked": broker_blocked.main,
+        "slow": slow_phases_alone,
+        "archive": archive_phase_alone,
+        "archive_search": archive_search.main,
+        "archive_floor": archive_floor.main,
+        "tracing": tracing_phase_alone,
+        "ingress": ingress_floor.main,
+    }
+    sys.exit(
+        asyncio.run(alone[phase]() if phase in alone else main(with_outage=phase == "all", with_peers=arguments.peers))
+    )

@@ -46,8 +46,10 @@ from tests.support.exactly_once import until_every_message_handled
 from tests.support.processes import wait_until
 
 ARCHIVED, PLAIN = "kept", "plain"
-SOURCES = {ARCHIVED: source_entry(ARCHIVED, "tests.bench.handler:record"),
-           PLAIN: source_entry(PLAIN, "tests.bench.handler:record") + 'retention = "0d"\n'}
+SOURCES = {
+    ARCHIVED: source_entry(ARCHIVED, "tests.bench.handler:record"),
+    PLAIN: source_entry(PLAIN, "tests.bench.handler:record") + 'retention = "0d"\n',
+}
 RUN_EVENTS, WARM_UP = 10_000, 2_000
 # BENCH_ARCHIVE_ROUNDS: rounds of (off, on) pairs; more of them to read a ratio through a noisy machine
 ROUNDS = int(os.environ.get("BENCH_ARCHIVE_ROUNDS", "2"))
@@ -66,13 +68,24 @@ ROWS = [
     ("archive_e2e_ratio", "archive on / off: events/s (goal ≥ 0.90)", "{:.3f}"),
     ("archive_plain_cpu_ms_total", "archive off: CPU ms per event, every process", "{:.3f}"),
     ("archive_kept_cpu_ms_total", "archive on: CPU ms per event, every process", "{:.3f}"),
-    *[(f"archive_cpu_ratio_{name}", f"archive on / off: CPU per event, {name} (goal ≤ 1.15)", "{:.3f}")
-      for name in (*PROCESSES, *POSTGRES_PARTS, "total")],
+    *[
+        (f"archive_cpu_ratio_{name}", f"archive on / off: CPU per event, {name} (goal ≤ 1.15)", "{:.3f}")
+        for name in (*PROCESSES, *POSTGRES_PARTS, "total")
+    ],
     ("archive_e2e_ratio_median", "archive on / off: events/s, the median of the rounds' ratios", "{:.3f}"),
-    *[(f"archive_cpu_ratio_median_{name}", f"archive on / off: CPU per event, {name}, the median of the rounds'",
-       "{:.3f}") for name in PROCESSES],
-    *[(f"archive_{source}_cpu_ms_{name}", f"archive {state}: CPU ms per event, {name}", "{:.3f}")
-      for name in (*PROCESSES, *POSTGRES_PARTS) for source, state in (("plain", "off"), ("kept", "on"))],
+    *[
+        (
+            f"archive_cpu_ratio_median_{name}",
+            f"archive on / off: CPU per event, {name}, the median of the rounds'",
+            "{:.3f}",
+        )
+        for name in PROCESSES
+    ],
+    *[
+        (f"archive_{source}_cpu_ms_{name}", f"archive {state}: CPU ms per event, {name}", "{:.3f}")
+        for name in (*PROCESSES, *POSTGRES_PARTS)
+        for source, state in (("plain", "off"), ("kept", "on"))
+    ],
     ("archive_bytes_per_event", "archive: bytes on disk per 1 KiB event", "{:,.0f}"),
     ("archive_rows_not_processed", "archived events whose row is not `processed`", "{:.0f}"),
 ]
@@ -125,8 +138,10 @@ def print_run(round_: int, source: str, elapsed: float, cpu: dict[str, float]) -
     """Each run as it ends, to stderr: a ratio's spread across rounds shows the machine's noise."""
     per_event = {name: 1000 * cpu.get(_meter_name(name), 0.0) / RUN_EVENTS for name in PROCESSES}
     shown = " ".join(f"{name} {ms:.3f}" for name, ms in per_event.items())
-    print(f"archive round {round_} {source}: {RUN_EVENTS / elapsed:,.0f} events/s; CPU ms per event: {shown}",
-          file=sys.stderr)
+    print(
+        f"archive round {round_} {source}: {RUN_EVENTS / elapsed:,.0f} events/s; CPU ms per event: {shown}",
+        file=sys.stderr,
+    )
 
 
 async def until_archived(deployment: Deployment, prefix: str) -> None:
@@ -137,8 +152,11 @@ async def until_archived(deployment: Deployment, prefix: str) -> None:
 
 
 async def processed_rows(deployment: Deployment, prefix: str) -> int:
-    return await deployment.fetchval("SELECT count(*) FROM event_archive WHERE source = $1 AND status = 'processed'"
-                                     " AND key LIKE $2", ARCHIVED, f"{ARCHIVED}:{prefix}%")
+    return await deployment.fetchval(
+        "SELECT count(*) FROM event_archive WHERE source = $1 AND status = 'processed' AND key LIKE $2",
+        ARCHIVED,
+        f"{ARCHIVED}:{prefix}%",
+    )
 
 
 async def report(deployment: Deployment, runs: dict, figures: dict) -> None:
@@ -157,10 +175,12 @@ async def report(deployment: Deployment, runs: dict, figures: dict) -> None:
     archived = WARM_UP + RUN_EVENTS * ROUNDS
     size = await deployment.fetchval(
         "SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::int8 FROM pg_partition_tree('event_archive')"
-        " WHERE isleaf")
+        " WHERE isleaf"
+    )
     figures["archive_bytes_per_event"] = size / archived
-    figures["archive_rows_not_processed"] = sum([RUN_EVENTS - await processed_rows(deployment, f"r{n}_")
-                                                 for n in range(ROUNDS)])
+    figures["archive_rows_not_processed"] = sum(
+        [RUN_EVENTS - await processed_rows(deployment, f"r{n}_") for n in range(ROUNDS)]
+    )
     sent = 2 * (WARM_UP + RUN_EVENTS * ROUNDS)
     distinct = await deployment.fetchval("SELECT count(DISTINCT key) FROM bench_effects")
     rows = await deployment.fetchval("SELECT count(*) FROM bench_effects")
@@ -175,8 +195,11 @@ def report_round_medians(runs: dict, figures: dict) -> None:
     pairs = list(zip(runs[PLAIN], runs[ARCHIVED]))
     figures["archive_e2e_ratio_median"] = statistics.median(off[0] / on[0] for off, on in pairs)
     for name in PROCESSES:
-        ratios = [on[1].get(_meter_name(name), 0.0) / off[1][_meter_name(name)]
-                  for off, on in pairs if off[1].get(_meter_name(name))]
+        ratios = [
+            on[1].get(_meter_name(name), 0.0) / off[1][_meter_name(name)]
+            for off, on in pairs
+            if off[1].get(_meter_name(name))
+        ]
         figures[f"archive_cpu_ratio_median_{name}"] = statistics.median(ratios) if ratios else 0.0
 
 
@@ -202,8 +225,10 @@ class PostgresParts:
 
     def seconds(self) -> dict[str, float]:
         after = self._read()
-        return {part: sum(cpu - self._before[part].get(pid, 0.0) for pid, cpu in after[part].items())
-                for part in POSTGRES_PARTS}
+        return {
+            part: sum(cpu - self._before[part].get(pid, 0.0) for pid, cpu in after[part].items())
+            for part in POSTGRES_PARTS
+        }
 
 
 def _meter_name(name: str) -> str:

@@ -125,8 +125,9 @@ async def measure(figures: dict) -> None:
         figures["floor_outcome_hot_us"] = await backend.per_row(OUTCOME, SOURCE)
         figures["floor_vacuum_hot_us"] = await backend.per_row(f"VACUUM {day}")
     for name in ("release", "hot"):
-        figures[f"floor_{name}_total_us"] = sum(figures[f"floor_{step}_{name}_us"]
-                                                 for step in ("arrival", "outcome", "vacuum"))
+        figures[f"floor_{name}_total_us"] = sum(
+            figures[f"floor_{step}_{name}_us"] for step in ("arrival", "outcome", "vacuum")
+        )
     figures["floor_least_total_us"] = figures["floor_arrival_bare_us"] + figures["floor_outcome_hot_us"]
     if "archive_plain_cpu_ms_postgres" in figures:  # the archive phase ran: its runs without the archive
         figures["floor_budget_us"] = BUDGET_SHARE * figures["archive_plain_cpu_ms_postgres"] * 1000

@@ -23,17 +23,21 @@ from datetime import timedelta
 
 import orjson
 
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
 from tests.bench.cpu import cpu_seconds
 from tests.bench.deployment import scratch_database
 from tests.bench.httpload import BODY_BYTES
 from tests.support.events import make_event
+from webhook_ingest.shared import archive
+from webhook_ingest.shared.archive_store import ArchiveStore
 
 EVENTS, WARM_UP, ROUNDS = 10_000, 1_000, 2
 BATCH = int(os.environ.get("BENCH_ARCHIVE_BATCH", "100"))  # rows a statement: the writers' batches at the rate
 SOURCE = "kept"
-SEARCH = ["event_archive_type", "event_archive_status", "event_archive_event_id_prefix"]  # 0019's, the key's gone (0024)
+SEARCH = [
+    "event_archive_type",
+    "event_archive_status",
+    "event_archive_event_id_prefix",
+]  # 0019's, the key's gone (0024)
 VARIANTS = {  # name -> the indexes dropped
     "every index": [],
     **{f"without {index}": [index] for index in SEARCH},
@@ -74,11 +78,11 @@ async def one_run(dropped: list[str], sizes: dict[str, float]) -> float:
         await store.keep({SOURCE: timedelta(days=7)})
         warm, measured = events("warm_", WARM_UP), events("evt_", EVENTS)
         for first in range(0, WARM_UP, BATCH):
-            await write(store, warm[first:first + BATCH])
+            await write(store, warm[first : first + BATCH])
         pid = await connection.fetchval("SELECT pg_backend_pid()")
         before = cpu_seconds(pid)
         for first in range(0, EVENTS, BATCH):
-            await write(store, measured[first:first + BATCH])
+            await write(store, measured[first : first + BATCH])
         spent = cpu_seconds(pid) - before
         sizes.update({index: size / (WARM_UP + EVENTS) for index, size in await connection.fetch(SIZES)})
         return spent / EVENTS * 1e6
@@ -95,7 +99,9 @@ async def main() -> None:
     print(f"\n| {'variant':<40} | {'µs per event':>12} | {'runs':<20} | {'vs every index':>14} |")
     for name, runs in taken.items():
         median = statistics.median(runs)
-        print(f"| {name:<40} | {median:>12.1f} | {', '.join(f'{run:.1f}' for run in runs):<20} | {median - every:>+14.1f} |")
+        print(
+            f"| {name:<40} | {median:>12.1f} | {', '.join(f'{run:.1f}' for run in runs):<20} | {median - every:>+14.1f} |"
+        )
     print("\nbytes on disk per event, each index (every index kept):")
     for index, size in sizes.items():
         print(f"  {index:<40} {size:>8.0f}")

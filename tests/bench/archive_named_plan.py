@@ -21,9 +21,9 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from tests.bench.deployment import scratch_database
 from webhook_ingest.shared.archive_store import SETTLE_NAMED_PAGE, SQL, ArchiveStore
 from webhook_ingest.shared.archive_upkeep import SETTLE_NAMED_LOOKBACK_SECONDS
-from tests.bench.deployment import scratch_database
 
 SOURCES = ["s1", "s2", "s3", "s4"]
 DAYS = 11
@@ -47,8 +47,9 @@ FILL = [
 async def fill(connection: asyncpg.Connection) -> None:
     store = ArchiveStore(connection)
     for days_ago in range(DAYS, -1, -1):
-        await store.keep({source: timedelta(days=30) for source in SOURCES},
-                         now=datetime.now(UTC) - timedelta(days=days_ago))
+        await store.keep(
+            {source: timedelta(days=30) for source in SOURCES}, now=datetime.now(UTC) - timedelta(days=days_ago)
+        )
     for statement, rows in zip(FILL, (ARCHIVED, COMPLETIONS)):
         await connection.execute(statement, rows, SOURCES)
     await connection.execute("ANALYZE event_archive; ANALYZE processed_events")
@@ -60,8 +61,13 @@ async def explain(connection: asyncpg.Connection, mode: str, after: tuple, lookb
     await transaction.start()
     try:
         await connection.execute(f"SET LOCAL plan_cache_mode = {mode}")
-        rows = await connection.fetch("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + SQL["archive_settle_named"],
-                                      *after, GRACE, SETTLE_NAMED_PAGE, lookback)
+        rows = await connection.fetch(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + SQL["archive_settle_named"],
+            *after,
+            GRACE,
+            SETTLE_NAMED_PAGE,
+            lookback,
+        )
     finally:
         await transaction.rollback()
     return "\n".join(row[0] for row in rows)
@@ -70,13 +76,16 @@ async def explain(connection: asyncpg.Connection, mode: str, after: tuple, lookb
 def summary(plan: str) -> str:
     lines = plan.splitlines()
     completions = next(line.strip().removeprefix("->  ") for line in lines if "processed_events" in line)
-    probes = sorted({m for line in lines for m in re.findall(r"Index (?:Only )?Scan using (event_archive\S*?)_pkey",
-                                                              line)})
+    probes = sorted(
+        {m for line in lines for m in re.findall(r"Index (?:Only )?Scan using (event_archive\S*?)_pkey", line)}
+    )
     seq_rows = sum(int(m) for line in lines if "Seq Scan" in line for m in re.findall(r"rows=(\d+) loops", line))
     times = [line.split(": ")[1] for line in lines if line.startswith(("Planning Time", "Execution Time"))]
-    return (f"completions read by: {completions}\n"
-            f"    archive day tables probed by primary key: {len(probes)}; rows sequential scans read: {seq_rows};"
-            f" planning, execution: {times}")
+    return (
+        f"completions read by: {completions}\n"
+        f"    archive day tables probed by primary key: {len(probes)}; rows sequential scans read: {seq_rows};"
+        f" planning, execution: {times}"
+    )
 
 
 async def main() -> None:
@@ -84,13 +93,19 @@ async def main() -> None:
         await fill(connection)
         tables = await connection.fetchval("SELECT count(*) FROM pg_partition_tree('event_archive') WHERE isleaf")
         print(f"{ARCHIVED} archived, {COMPLETIONS} completions; {tables} day tables")
-        middle = await connection.fetchrow("SELECT completed_at, key FROM processed_events"
-                                           " ORDER BY completed_at, key OFFSET $1 LIMIT 1", COMPLETIONS // 2)
+        middle = await connection.fetchrow(
+            "SELECT completed_at, key FROM processed_events ORDER BY completed_at, key OFFSET $1 LIMIT 1",
+            COMPLETIONS // 2,
+        )
         for mode in ("force_custom_plan", "force_generic_plan"):
             for name, after, lookback in (
-                    (f"the upkeep's window ({SETTLE_NAMED_LOOKBACK_SECONDS:.0f} s)", (None, None),
-                     SETTLE_NAMED_LOOKBACK_SECONDS),
-                    (f"a full page of {SETTLE_NAMED_PAGE} from the middle", tuple(middle.values()), 86400.0 * DAYS)):
+                (
+                    f"the upkeep's window ({SETTLE_NAMED_LOOKBACK_SECONDS:.0f} s)",
+                    (None, None),
+                    SETTLE_NAMED_LOOKBACK_SECONDS,
+                ),
+                (f"a full page of {SETTLE_NAMED_PAGE} from the middle", tuple(middle.values()), 86400.0 * DAYS),
+            ):
                 print(f"{mode}, {name}:\n    {summary(await explain(connection, mode, after, lookback))}")
         if os.environ.get("BENCH_NAMED_PLAN"):
             print(await explain(connection, "force_generic_plan", tuple(middle.values()), 86400.0 * DAYS))

@@ -28,10 +28,10 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from tests.bench.deployment import scratch_database
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import SQL, STATEMENT_SECONDS, ArchiveStore
-from webhook_ingest.shared.archived_events import NO_ROUTES, COUNT_CAP, DEFAULT_LIMIT, Cursor, EventFilter, SourceRoutes
-from tests.bench.deployment import scratch_database
+from webhook_ingest.shared.archived_events import COUNT_CAP, DEFAULT_LIMIT, NO_ROUTES, Cursor, EventFilter, SourceRoutes
 
 ROWS = int(os.environ.get("BENCH_SEARCH_ROWS", "1000000"))  # fewer: a quick try of the bench itself
 BATCH = 100_000
@@ -45,7 +45,9 @@ SOURCES = {  # source -> its event types
     "slack": ["message", "app_mention"],
     "acme": ["order.shipped", "order.cancelled", "refund.issued"],
 }
-ROUTES = SourceRoutes(("stripe", "stripe", "stripe", "shopify", "shopify"), ("billing", "audit", "crm", "orders", "stock"))
+ROUTES = SourceRoutes(
+    ("stripe", "stripe", "stripe", "shopify", "shopify"), ("billing", "audit", "crm", "orders", "stock")
+)
 HELD_ROUTES = ["billing", "orders"]  # of a routed source's queued event held, the route holding its lease
 
 FILL = """
@@ -99,7 +101,8 @@ async def main() -> int:
         now = datetime.now(UTC).replace(microsecond=0)
         filled = await fill(connection, now)
         size = await connection.fetchval(
-            "SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('event_archive')")
+            "SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('event_archive')"
+        )
         print(f"filled {ROWS:,} rows in {filled:.1f} s; the archive on disk: {size / 2**20:,.0f} MiB")
         await measure(connection, now)
     return 0
@@ -108,13 +111,29 @@ async def main() -> int:
 async def fill(connection: asyncpg.Connection, now: datetime) -> float:
     today = now.date()
     for source in SOURCES:
-        await connection.execute("SELECT event_archive_keep($1, $2, $3, $4, $5)", source, archive.source_table(source),
-                                 today - timedelta(days=30), today - timedelta(days=DAYS), today + timedelta(days=1))
+        await connection.execute(
+            "SELECT event_archive_keep($1, $2, $3, $4, $5)",
+            source,
+            archive.source_table(source),
+            today - timedelta(days=30),
+            today - timedelta(days=DAYS),
+            today + timedelta(days=1),
+        )
     started = time.monotonic()
     types = json.dumps(SOURCES)
     for first in range(1, ROWS + 1, BATCH):
-        await connection.execute(FILL, first, min(first + BATCH - 1, ROWS), now, CUSTOMERS, list(SOURCES), ROWS,
-                                 DAYS * 86_400 - 60, types, timeout=600)
+        await connection.execute(
+            FILL,
+            first,
+            min(first + BATCH - 1, ROWS),
+            now,
+            CUSTOMERS,
+            list(SOURCES),
+            ROWS,
+            DAYS * 86_400 - 60,
+            types,
+            timeout=600,
+        )
     await connection.execute(FENCES, *ROUTES.arguments(), HELD_ROUTES, timeout=600)
     await connection.execute("VACUUM ANALYZE event_archive")
     await connection.execute("VACUUM ANALYZE key_fences")
@@ -125,7 +144,10 @@ def searches(now: datetime) -> list[tuple[str, EventFilter]]:
     yesterday = now - timedelta(days=1)
     return [
         ("newest first, no filter", EventFilter()),
-        ("source + 1 h window (yesterday)", EventFilter(source="stripe", since=yesterday, until=yesterday + timedelta(hours=1))),
+        (
+            "source + 1 h window (yesterday)",
+            EventFilter(source="stripe", since=yesterday, until=yesterday + timedelta(hours=1)),
+        ),
         ("source + type", EventFilter(source="stripe", event_type="invoice.paid")),
         ("type alone", EventFilter(event_type="orders/paid")),
         ("status dead", EventFilter(status="dead")),
@@ -135,8 +157,10 @@ def searches(now: datetime) -> list[tuple[str, EventFilter]]:
         ("key prefix", EventFilter(key="stripe:evt_ab1")),
         ("event id prefix", EventFilter(event_id="evt_ab1")),
         ("payload containment (one customer)", EventFilter(payload='{"customer": "cus_123"}')),
-        ("payload + source + 1 day", EventFilter(source="stripe", payload='{"customer": "cus_123"}',
-                                                 since=yesterday, until=now)),
+        (
+            "payload + source + 1 day",
+            EventFilter(source="stripe", payload='{"customer": "cus_123"}', since=yesterday, until=now),
+        ),
     ]
 
 
@@ -151,24 +175,49 @@ async def measure(connection: asyncpg.Connection, now: datetime) -> None:
         except TimeoutError:  # the store's statement timeout, as the API would meet it
             rows = []
         after = Cursor.below(rows[-1]) if len(rows) == DEFAULT_LIMIT else None
-        cases = [(f"{label}: page 1", lambda w=where, r=routes: store.search(w, routes=r), "search_archive", where,
-                  None, routes),
-                 (f"{label}: count (cap {COUNT_CAP:,})", lambda w=where, r=routes: store.count(w, routes=r),
-                  "count_archive", where, None, routes)]
+        cases = [
+            (
+                f"{label}: page 1",
+                lambda w=where, r=routes: store.search(w, routes=r),
+                "search_archive",
+                where,
+                None,
+                routes,
+            ),
+            (
+                f"{label}: count (cap {COUNT_CAP:,})",
+                lambda w=where, r=routes: store.count(w, routes=r),
+                "count_archive",
+                where,
+                None,
+                routes,
+            ),
+        ]
         if after is not None:
-            cases.append((f"{label}: next page", lambda w=where, a=after, r=routes: store.search(w, a, routes=r),
-                          "search_archive", where, after, routes))
+            cases.append(
+                (
+                    f"{label}: next page",
+                    lambda w=where, a=after, r=routes: store.search(w, a, routes=r),
+                    "search_archive",
+                    where,
+                    after,
+                    routes,
+                )
+            )
         for name, run, query, case_where, case_after, case_routes in cases:
             try:
                 median, most, runs, result = await timed(run)
             except TimeoutError:
-                print(f"| {name:<58} | {'> ' + str(STATEMENT_SECONDS):>9} | {'timeout':>8} | {1:>4} | {'-':>6} | {'MISSED':<12} |")
-                missed.append((name, await plan(connection, query, case_where, case_after, case_routes,
-                                                analyze=False)))
+                print(
+                    f"| {name:<58} | {'> ' + str(STATEMENT_SECONDS):>9} | {'timeout':>8} | {1:>4} | {'-':>6} | {'MISSED':<12} |"
+                )
+                missed.append((name, await plan(connection, query, case_where, case_after, case_routes, analyze=False)))
                 continue
             size = len(result) if isinstance(result, list) else result
             ok = most < GOAL_MS
-            print(f"| {name:<58} | {median:>9.1f} | {most:>8.1f} | {runs:>4} | {size:>6} | {'ok' if ok else 'MISSED':<12} |")
+            print(
+                f"| {name:<58} | {median:>9.1f} | {most:>8.1f} | {runs:>4} | {size:>6} | {'ok' if ok else 'MISSED':<12} |"
+            )
             if not ok:
                 missed.append((name, await plan(connection, query, case_where, case_after, case_routes)))
     for name, lines in missed:
@@ -197,8 +246,14 @@ async def timed(run) -> tuple[float, float, int, object]:
     return statistics.median(took), max(took), len(took), result
 
 
-async def plan(connection: asyncpg.Connection, query: str, where: EventFilter, after: Cursor | None,
-               routes: SourceRoutes, analyze: bool = True) -> list[str]:
+async def plan(
+    connection: asyncpg.Connection,
+    query: str,
+    where: EventFilter,
+    after: Cursor | None,
+    routes: SourceRoutes,
+    analyze: bool = True,
+) -> list[str]:
     """The plan of the statement for this filter (EXPLAIN ANALYZE; EXPLAIN
     alone for one that timed out): its first nodes, not its partitions' repeats."""
     arguments = [*where.arguments()]
@@ -208,8 +263,12 @@ async def plan(connection: asyncpg.Connection, query: str, where: EventFilter, a
     else:
         arguments.append(COUNT_CAP)
     arguments += routes.arguments()
-    lines = [row[0] for row in await connection.fetch(f"EXPLAIN ({'ANALYZE, ' if analyze else ''}COSTS OFF, SUMMARY ON) {SQL[query]}",
-                                                       *arguments)]
+    lines = [
+        row[0]
+        for row in await connection.fetch(
+            f"EXPLAIN ({'ANALYZE, ' if analyze else ''}COSTS OFF, SUMMARY ON) {SQL[query]}", *arguments
+        )
+    ]
     return lines[:14] + [line for line in lines[14:] if "Execution Time" in line]
 
 

@@ -23,8 +23,8 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from webhook_ingest.shared.archive_store import SQL, ArchiveStore
 from tests.bench.deployment import scratch_database
+from webhook_ingest.shared.archive_store import SQL, ArchiveStore
 
 SOURCES = ["s1", "s2", "s3", "s4"]
 DAYS = 11
@@ -54,8 +54,9 @@ FILL = [
 async def fill(connection: asyncpg.Connection) -> None:
     store = ArchiveStore(connection)
     for days_ago in range(DAYS, -1, -1):  # the upkeep makes days from yesterday on: the older ones as it did then
-        await store.keep({source: timedelta(days=30) for source in SOURCES},
-                         now=datetime.now(UTC) - timedelta(days=days_ago))
+        await store.keep(
+            {source: timedelta(days=30) for source in SOURCES}, now=datetime.now(UTC) - timedelta(days=days_ago)
+        )
     for statement, rows in zip(FILL, (SETTLED, BURST, 2000)):
         await connection.execute(statement, rows, SOURCES)
     await connection.execute("ANALYZE event_archive")
@@ -66,19 +67,27 @@ async def explain(connection: asyncpg.Connection, mode: str, cursor: tuple) -> s
     async with connection.transaction(readonly=True):
         await connection.execute(f"SET LOCAL plan_cache_mode = {mode}")
         await connection.execute("SET LOCAL enable_incremental_sort = off")
-        rows = await connection.fetch("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + SQL["archive_unsettled"], GRACE,
-                                      cursor[0], PAGE, [], [], *cursor[1:])
+        rows = await connection.fetch(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + SQL["archive_unsettled"],
+            GRACE,
+            cursor[0],
+            PAGE,
+            [],
+            [],
+            *cursor[1:],
+        )
     return "\n".join(row[0] for row in rows)
 
 
 def summary(plan: str) -> str:
     lines = plan.splitlines()
     limit = next(i for i, line in enumerate(lines) if "->  Limit" in line)
-    reading = next(line for line in lines[limit + 1:] if "->" in line).strip().removeprefix("->  ")
+    reading = next(line for line in lines[limit + 1 :] if "->" in line).strip().removeprefix("->  ")
     seq_rows = sum(int(m) for line in lines if "Seq Scan" in line for m in re.findall(r"rows=(\d+) loops", line))
     times = [line.split(": ")[1] for line in lines if line.startswith(("Planning Time", "Execution Time"))]
-    return (f"page read by: {reading}\n"
-            f"    rows the days' sequential scans read: {seq_rows}; planning, execution: {times}")
+    return (
+        f"page read by: {reading}\n    rows the days' sequential scans read: {seq_rows}; planning, execution: {times}"
+    )
 
 
 async def main() -> None:
@@ -86,18 +95,24 @@ async def main() -> None:
         started = time.perf_counter()
         await fill(connection)
         tables = await connection.fetchval("SELECT count(*) FROM pg_partition_tree('event_archive') WHERE isleaf")
-        print(f"{SETTLED} settled, {BURST} of one millisecond, 2000 retrying; {tables} day tables; "
-              f"filled in {time.perf_counter() - started:.0f} s")
+        print(
+            f"{SETTLED} settled, {BURST} of one millisecond, 2000 retrying; {tables} day tables; "
+            f"filled in {time.perf_counter() - started:.0f} s"
+        )
         middle = await connection.fetchrow(
             "SELECT received_at, source, key, arrival FROM event_archive WHERE status = 'queued'"
-            " ORDER BY received_at, source, key, arrival OFFSET $1 LIMIT 1", BURST // 2)
+            " ORDER BY received_at, source, key, arrival OFFSET $1 LIMIT 1",
+            BURST // 2,
+        )
         for mode in ("force_custom_plan", "force_generic_plan"):
             for name, cursor in (("from the oldest", (None,) * 4), ("from the burst's middle", tuple(middle.values()))):
                 print(f"{mode}, {name}:\n    {summary(await explain(connection, mode, cursor))}")
         started = time.perf_counter()
         settled, after = await ArchiveStore(connection).settle(GRACE, {})
-        print(f"one settle: {settled} rows settled, a page after it: {after is not None}, "
-              f"{(time.perf_counter() - started) * 1000:.1f} ms")
+        print(
+            f"one settle: {settled} rows settled, a page after it: {after is not None}, "
+            f"{(time.perf_counter() - started) * 1000:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -45,16 +45,19 @@ BLOCKING_WATERMARK, USUAL_WATERMARK = "0.0000001", "0.4"
 PREFIXES = {"blocked": "blk_", "stalled": "stl_"}
 
 ROWS = [  # (key, label, format), as tests/bench/__main__.py's
-    *((f"broker_{shape}_{key}", f"broker {shape} {AWAY_SECONDS} s at {RATE:,} req/s: {what}", fmt)
-      for shape in PREFIXES for key, what, fmt in (
-          ("non_2xx", "answers not 2xx while away", "{:.0f}"),
-          ("non_2xx_outside", "answers not 2xx before and after", "{:.0f}"),
-          ("p99_ms", "p99 ms while away", "{:.0f}"),
-          ("max_ms", "slowest answer ms while away", "{:.0f}"),
-          ("draining_p99_ms", "p99 ms while the outbox drains", "{:.0f}"),
-          ("backlog", "outbox rows when back", "{:,.0f}"),
-          ("drain_s", "s to drain the outbox", "{:.1f}"),
-      )),
+    *(
+        (f"broker_{shape}_{key}", f"broker {shape} {AWAY_SECONDS} s at {RATE:,} req/s: {what}", fmt)
+        for shape in PREFIXES
+        for key, what, fmt in (
+            ("non_2xx", "answers not 2xx while away", "{:.0f}"),
+            ("non_2xx_outside", "answers not 2xx before and after", "{:.0f}"),
+            ("p99_ms", "p99 ms while away", "{:.0f}"),
+            ("max_ms", "slowest answer ms while away", "{:.0f}"),
+            ("draining_p99_ms", "p99 ms while the outbox drains", "{:.0f}"),
+            ("backlog", "outbox rows when back", "{:,.0f}"),
+            ("drain_s", "s to drain the outbox", "{:.1f}"),
+        )
+    ),
 ]
 
 
@@ -85,9 +88,15 @@ class ProxyProcess:
         self._target_port = target_port
         self.port = free_port()
         self._process = subprocess.Popen(
-            [sys.executable, "-c", f"from tests.bench.broker_blocked import serve_proxy; "
-                                   f"serve_proxy({target_port}, {self.port})"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-c",
+                f"from tests.bench.broker_blocked import serve_proxy; serve_proxy({target_port}, {self.port})",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self._command("started")
 
     def url_for(self, url: str) -> str:
@@ -128,8 +137,10 @@ def serve_proxy(target_port: int, port: int) -> None:
 def _outage(shape: str, node: RabbitNode, proxy: "ProxyProcess"):
     """(make the broker away, bring it back): blocking calls, run in a thread."""
     if shape == "blocked":
-        return (lambda: node.ctl("set_vm_memory_high_watermark", BLOCKING_WATERMARK),
-                lambda: node.ctl("set_vm_memory_high_watermark", USUAL_WATERMARK))
+        return (
+            lambda: node.ctl("set_vm_memory_high_watermark", BLOCKING_WATERMARK),
+            lambda: node.ctl("set_vm_memory_high_watermark", USUAL_WATERMARK),
+        )
     return proxy.stall, proxy.flow
 
 
@@ -201,8 +212,9 @@ def _answer_figures(shape: str, answers: list[tuple[int, float, float, int]], ti
     }
 
 
-async def offer(port: int, requests: list[bytes], rate: float,
-                stop: asyncio.Event) -> list[tuple[int, float, float, int]]:
+async def offer(
+    port: int, requests: list[bytes], rate: float, stop: asyncio.Event
+) -> list[tuple[int, float, float, int]]:
     """Open loop until `stop`: each request at its scheduled time, on an idle
     keep-alive connection or a new one — never held back by slow answers, as
     providers send. (request's index, scheduled time, latency from it,
@@ -247,8 +259,11 @@ async def _count_outcome(deployment: Deployment, prefix: str, accepted: set[str]
     pattern = f"{SOURCE}:{prefix}%"
 
     async def keys_done() -> set[str]:
-        return set(await deployment.fetchval(
-            "SELECT coalesce(array_agg(DISTINCT key), '{}') FROM bench_effects WHERE key LIKE $1", pattern))
+        return set(
+            await deployment.fetchval(
+                "SELECT coalesce(array_agg(DISTINCT key), '{}') FROM bench_effects WHERE key LIKE $1", pattern
+            )
+        )
 
     async def all_there() -> bool:
         return accepted <= await keys_done()
@@ -269,8 +284,10 @@ async def main() -> int:
     figures: dict[str, float] = {}
     await measure(figures)
     print(f"\n| {'what':<62} | {'figure':>8} |\n| {'-' * 62} | {'-' * 8} |")
-    for key, label, fmt in ROWS + [("lost", "lost events", "{:.0f}"),
-                                   ("duplicated_effects", "duplicated effects", "{:.0f}")]:
+    for key, label, fmt in ROWS + [
+        ("lost", "lost events", "{:.0f}"),
+        ("duplicated_effects", "duplicated effects", "{:.0f}"),
+    ]:
         print(f"| {label:<62} | {fmt.format(figures[key]):>8} |")
     print(json.dumps({key: round(value, 3) for key, value in figures.items()}))
     non_2xx = sum(figures[f"broker_{shape}_non_2xx{part}"] for shape in PREFIXES for part in ("", "_outside"))

@@ -19,13 +19,13 @@ import aio_pika
 import asyncpg
 import redis.asyncio as redis
 
-from webhook_ingest import layout
-from webhook_ingest.shared import topology
-from webhook_ingest.migrate import migrate
 from tests.bench.handler import EFFECTS_TABLE
+from tests.support.broker import ctl_command
 from tests.support.processes import Fleet, Process, wait_for_output
 from tests.support.tcpproxy import free_port
-from tests.support.broker import ctl_command
+from webhook_ingest import layout
+from webhook_ingest.migrate import migrate
+from webhook_ingest.shared import topology
 
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -38,15 +38,16 @@ CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", layout.CONCURRENCY))
 
 def source_entry(name: str, handler: str, **options: str) -> str:
     """A sources-file entry signed with SECRET, event ids from the body."""
-    entry = (f'[sources.{name}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
-             f'handler = "{handler}"\nevent_id = ["body:id"]\n')
+    entry = (
+        f'[sources.{name}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
+        f'handler = "{handler}"\nevent_id = ["body:id"]\n'
+    )
     if options:
         entry += "handler_options = { " + ", ".join(f'{k} = "{v}"' for k, v in options.items()) + " }\n"
     return entry
 
 
 BENCH_SOURCE = source_entry(SOURCE, "tests.bench.handler:record")
-
 
 
 @contextlib.asynccontextmanager
@@ -68,6 +69,7 @@ async def scratch_database(prefix: str):
         finally:
             await admin.close()
 
+
 class Deployment:
     def __init__(self, amqp_url: str = AMQP_URL, sources: str = ""):
         run_id = uuid.uuid4().hex[:8]
@@ -84,9 +86,14 @@ class Deployment:
     def _env(self, sources_text: str) -> dict[str, str]:
         sources = self._dir / "sources.toml"
         sources.write_text(sources_text)
-        return {"AMQP_URL": self.amqp_url, "REDIS_URLS": REDIS_URL, "DATABASE_URL": self.database_url,
-                "WEBHOOK_INGEST_NAMESPACE": self.namespace, "WEBHOOK_INGEST_SOURCES": str(sources),
-                "LOG_FORMAT": "json"}
+        return {
+            "AMQP_URL": self.amqp_url,
+            "REDIS_URLS": REDIS_URL,
+            "DATABASE_URL": self.database_url,
+            "WEBHOOK_INGEST_NAMESPACE": self.namespace,
+            "WEBHOOK_INGEST_SOURCES": str(sources),
+            "LOG_FORMAT": "json",
+        }
 
     @property
     def database_name(self) -> str:
@@ -138,8 +145,10 @@ class Deployment:
         self.ingresses, self.workers = [], []
 
     def pids(self) -> dict[str, list[int]]:
-        return {"ingress": [ingress.pid for ingress in self.ingresses],
-                "workers": [worker.pid for worker, _ in self.workers]}
+        return {
+            "ingress": [ingress.pid for ingress in self.ingresses],
+            "workers": [worker.pid for worker, _ in self.workers],
+        }
 
     async def purge_events(self) -> None:
         connection = await aio_pika.connect(self.amqp_url)
@@ -156,7 +165,7 @@ class Deployment:
         try:
             keys = [key async for key in client.scan_iter(match=f"{self.namespace}:*", count=1000)]
             for start in range(0, len(keys), 1000):
-                await client.delete(*keys[start:start + 1000])
+                await client.delete(*keys[start : start + 1000])
         finally:
             await client.aclose()
         server = await asyncpg.connect(SERVER_URL)
@@ -168,7 +177,8 @@ class Deployment:
 
 async def _delete_queues(amqp_url: str, namespace: str) -> None:
     listing = await asyncio.create_subprocess_exec(
-        *ctl_command(), "-q", "list_queues", "name", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        *ctl_command(), "-q", "list_queues", "name", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
     output = (await listing.communicate())[0].decode()
     names = [line.strip() for line in output.splitlines() if line.strip().startswith(f"{namespace}.")]
     connection = await aio_pika.connect(amqp_url)

@@ -32,15 +32,23 @@ TABLE = "CREATE TABLE IF NOT EXISTS durable_floor (id text PRIMARY KEY)"
 INSERT = "INSERT INTO durable_floor (id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING"
 
 
-async def measure(amqp_url: str, queue_name: str, database_url: str, database: str, redis_port: int,
-                  messages: int) -> dict[str, float]:
+async def measure(
+    amqp_url: str, queue_name: str, database_url: str, database: str, redis_port: int, messages: int
+) -> dict[str, float]:
     connection = await aio_pika.connect(amqp_url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
         queue = await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "quorum"})
         consumer = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.bench.durable_floor", amqp_url, queue_name, database_url, str(messages),
-            stdout=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "tests.bench.durable_floor",
+            amqp_url,
+            queue_name,
+            database_url,
+            str(messages),
+            stdout=asyncio.subprocess.PIPE,
+        )
         try:
             assert consumer.stdout is not None
             assert (await consumer.stdout.readline()).strip() == b"ready"
@@ -56,8 +64,10 @@ async def measure(amqp_url: str, queue_name: str, database_url: str, database: s
             if consumer.returncode is None:
                 consumer.kill()
             await queue.delete(if_unused=False, if_empty=False)
-    figures = {"durable_floor_rps": messages / (last_ack - started),
-               "durable_floor_cpu_ms": 1000 * sum(cpu.values()) / messages}
+    figures = {
+        "durable_floor_rps": messages / (last_ack - started),
+        "durable_floor_cpu_ms": 1000 * sum(cpu.values()) / messages,
+    }
     for name, seconds in cpu.items():
         figures[f"durable_floor_cpu_ms_{name.split('.')[0].replace('-', '_')}"] = 1000 * seconds / messages
     return figures
@@ -89,6 +99,7 @@ async def consume(amqp_url: str, queue_name: str, database_url: str, messages: i
 if __name__ == "__main__":
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass

@@ -28,7 +28,10 @@ def signed_requests(source: str, secret: str, prefix: str, count: int, copies: i
         event["pad"] = "x" * (BODY_BYTES - len(orjson.dumps(event)))
         body = orjson.dumps(event)
         headers = signatures.sign("hmac-sha256", body, secret) | {
-            "Content-Type": "application/json", "Content-Length": str(len(body)), "Host": "127.0.0.1"}
+            "Content-Type": "application/json",
+            "Content-Length": str(len(body)),
+            "Host": "127.0.0.1",
+        }
         head = f"POST /webhooks/{source} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         requests.extend([head.encode() + b"\r\n" + body] * copies)
     return requests
@@ -91,8 +94,9 @@ def gc_paused():
         gc.unfreeze()
 
 
-async def closed_loop(port: int, requests: list[bytes], connections: int = 64,
-                      seconds: float | None = None) -> tuple[int, float, dict[int, int]]:
+async def closed_loop(
+    port: int, requests: list[bytes], connections: int = 64, seconds: float | None = None
+) -> tuple[int, float, dict[int, int]]:
     """Each connection sends its next request when the last one answered.
     Stops after `seconds` (or when `requests` run out); returns (sent, elapsed, statuses)."""
     pool = await connect(port, connections)
@@ -115,8 +119,9 @@ async def closed_loop(port: int, requests: list[bytes], connections: int = 64,
     return sum(statuses.values()), elapsed, statuses
 
 
-async def open_loop(port: int, requests: list[bytes], rate: float, connections: int = 64,
-                    statuses: dict[int, int] | None = None) -> tuple[list[float], dict[int, int]]:
+async def open_loop(
+    port: int, requests: list[bytes], rate: float, connections: int = 64, statuses: dict[int, int] | None = None
+) -> tuple[list[float], dict[int, int]]:
     """Sends at fixed times (`rate` per second) whatever the answers do;
     each latency runs from the request's scheduled time, so a stall counts
     for every request it delayed. Returns latencies in seconds and statuses

@@ -32,9 +32,12 @@ async def main() -> int:
     figures["ingress_cpu_ms_per_request"] = statistics.median(cpu for cpu, _ in rounds)
     figures["ingress_rps"] = statistics.median(rps for _, rps in rounds)
     figures["ingress_cpu_vs_floor"] = figures["ingress_cpu_ms_per_request"] / (
-        figures["http_floor_cpu_ms"] + figures["raw_publish_cpu_ms_client"])
-    print(f"{INGRESS_PROCESSES} ingress processes, {ROUNDS} rounds of {SECONDS} s, 64 connections; load "
-          f"{os.getloadavg()[0]:.1f}")
+        figures["http_floor_cpu_ms"] + figures["raw_publish_cpu_ms_client"]
+    )
+    print(
+        f"{INGRESS_PROCESSES} ingress processes, {ROUNDS} rounds of {SECONDS} s, 64 connections; load "
+        f"{os.getloadavg()[0]:.1f}"
+    )
     print("ingress CPU ms per request, each round: " + ", ".join(f"{cpu:.3f}" for cpu, _ in rounds))
     for key, value in figures.items():
         print(f"{key}: {value:.3f}")

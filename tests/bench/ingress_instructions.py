@@ -52,23 +52,42 @@ def _start(deployment: Deployment, directory: Path, log: Path) -> tuple[int, sub
     port = free_port()
     with open(log, "wb") as output:
         return port, subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={directory}/callgrind.out",
-             sys.executable, "-m", "webhook_ingest", "ingress", "--host", "127.0.0.1", "--port", str(port)],
-            env={**os.environ, **deployment.fleet.env}, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={directory}/callgrind.out",
+                sys.executable,
+                "-m",
+                "webhook_ingest",
+                "ingress",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env={**os.environ, **deployment.fleet.env},
+            cwd=ROOT,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _total(directory: Path, log: Path) -> int:
     """The instructions of the dump made after the measured requests."""
     if "stored_in_outbox" in log.read_text(errors="replace"):
         raise SystemExit("FAIL: requests went to the outbox (a slow broker under valgrind): measure again")
-    dump = next(path for path in directory.glob("callgrind.out*") if "Trigger: dump" in path.read_text(errors="replace"))
+    dump = next(
+        path for path in directory.glob("callgrind.out*") if "Trigger: dump" in path.read_text(errors="replace")
+    )
     summary = next(line for line in dump.read_text().splitlines() if line.startswith("summary:"))
     return int(summary.split()[1])
 
 
 async def _send(port: int, prefix: str, count: int) -> None:
-    _, statuses = await httpload.open_loop(port, httpload.signed_requests(SOURCE, SECRET, prefix, count), RATE,
-                                           connections=8)
+    _, statuses = await httpload.open_loop(
+        port, httpload.signed_requests(SOURCE, SECRET, prefix, count), RATE, connections=8
+    )
     if set(statuses) != {200}:
         raise SystemExit(f"FAIL: the ingress answered {statuses}")
 

@@ -43,7 +43,8 @@ async def _publish_at(channel, queue_name: str, rate: float, messages: int) -> l
 
     async def publish_one(scheduled: float) -> None:
         await channel.default_exchange.publish(
-            aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue_name)
+            aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue_name
+        )
         latencies.append(time.perf_counter() - scheduled)
 
     start, tasks = time.perf_counter() + 0.05, []
@@ -71,8 +72,13 @@ async def publish_many(channel, queue_name: str, messages: int, with_ids: bool =
     async def publish_one() -> None:
         async with slots:
             await channel.default_exchange.publish(
-                aio_pika.Message(body, message_id=uuid.uuid4().hex if with_ids else None,
-                                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue_name)
+                aio_pika.Message(
+                    body,
+                    message_id=uuid.uuid4().hex if with_ids else None,
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                ),
+                routing_key=queue_name,
+            )
 
     await asyncio.gather(*(publish_one() for _ in range(messages)))
 

@@ -24,8 +24,14 @@ async def measure(amqp_url: str, queue_name: str, messages: int) -> dict[str, fl
         channel = await connection.channel(publisher_confirms=True)
         queue = await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "quorum"})
         consumer = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.bench.raw_pipeline", amqp_url, queue_name, str(messages),
-            stdout=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "tests.bench.raw_pipeline",
+            amqp_url,
+            queue_name,
+            str(messages),
+            stdout=asyncio.subprocess.PIPE,
+        )
         try:
             assert (await consumer.stdout.readline()).strip() == b"ready"
             started, publisher_before, broker = time.time(), time.process_time(), BrokerCpu()
@@ -38,9 +44,11 @@ async def measure(amqp_url: str, queue_name: str, messages: int) -> dict[str, fl
             if consumer.returncode is None:
                 consumer.kill()
             await queue.delete(if_unused=False, if_empty=False)
-    return {"raw_pipeline_rps": messages / (last_ack - started),
-            "raw_pipeline_cpu_ms_broker": 1000 * broker_cpu / messages,
-            "raw_pipeline_cpu_ms_clients": 1000 * (publisher_cpu + consumer_cpu) / messages}
+    return {
+        "raw_pipeline_rps": messages / (last_ack - started),
+        "raw_pipeline_cpu_ms_broker": 1000 * broker_cpu / messages,
+        "raw_pipeline_cpu_ms_clients": 1000 * (publisher_cpu + consumer_cpu) / messages,
+    }
 
 
 async def consume(amqp_url: str, queue_name: str, messages: int) -> None:
@@ -69,6 +77,7 @@ async def consume(amqp_url: str, queue_name: str, messages: int) -> None:
 if __name__ == "__main__":
     try:
         import uvloop
+
         uvloop.install()
     except ImportError:
         pass

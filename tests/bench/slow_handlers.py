@@ -41,8 +41,9 @@ SETTLE_SECONDS = 1.5  # a deferral would be back from the 1 s queue by then
 
 
 class Phase:
-    def __init__(self, source: str, handler: str, events: int, mean_latency: float, in_flight: int,
-                 commits: bool = True):
+    def __init__(
+        self, source: str, handler: str, events: int, mean_latency: float, in_flight: int, commits: bool = True
+    ):
         self.source, self.handler, self.events = source, handler, events
         self.bound = WORKERS * in_flight / mean_latency
         self.commits = commits  # whether the handler writes a row to bench_effects
@@ -52,17 +53,26 @@ PHASES = [
     Phase("forward", "forward", 6_000, CALL_SECONDS, CONCURRENCY, commits=False),
     Phase("ctx_db", "tests.bench.handler:record_while_calling", 1_200, CALL_SECONDS, TRANSACTION_CONNECTIONS),
     Phase("fast", "tests.bench.handler:call_then_record", 12_000, FAST_SECONDS, CONCURRENCY),
-    Phase("mix", "tests.bench.handler:call_then_record", 12_000,
-          (1 - SLOW_SHARE) * FAST_SECONDS + SLOW_SHARE * SLOW_SECONDS, CONCURRENCY),
+    Phase(
+        "mix",
+        "tests.bench.handler:call_then_record",
+        12_000,
+        (1 - SLOW_SHARE) * FAST_SECONDS + SLOW_SHARE * SLOW_SECONDS,
+        CONCURRENCY,
+    ),
 ]
-ROWS = [row for phase in PHASES for row in (
-    (f"slow_{phase.source}_events_per_s", f"{phase.source}: events/s ({phase.events:,})", "{:,.0f}"),
-    (f"slow_{phase.source}_vs_bound", f"{phase.source}: events/s / bound", "{:.2f}"),
-    (f"slow_{phase.source}_runs_per_event", f"{phase.source}: handler runs per event", "{:.3f}"),
-    (f"slow_{phase.source}_peak_pg_connections", f"{phase.source}: peak Postgres connections", "{:.0f}"),
-    (f"slow_{phase.source}_cpu_ms_per_event", f"{phase.source}: CPU ms per event, every process", "{:.2f}"),
-    (f"slow_{phase.source}_cpu_ms_workers", f"{phase.source}: workers' CPU ms per event", "{:.2f}"),
-)] + [("slow_mix_vs_fast", "mix (90 % 5 ms, 10 % 2 s) / 5 ms alone", "{:.2f}")]
+ROWS = [
+    row
+    for phase in PHASES
+    for row in (
+        (f"slow_{phase.source}_events_per_s", f"{phase.source}: events/s ({phase.events:,})", "{:,.0f}"),
+        (f"slow_{phase.source}_vs_bound", f"{phase.source}: events/s / bound", "{:.2f}"),
+        (f"slow_{phase.source}_runs_per_event", f"{phase.source}: handler runs per event", "{:.3f}"),
+        (f"slow_{phase.source}_peak_pg_connections", f"{phase.source}: peak Postgres connections", "{:.0f}"),
+        (f"slow_{phase.source}_cpu_ms_per_event", f"{phase.source}: CPU ms per event, every process", "{:.2f}"),
+        (f"slow_{phase.source}_cpu_ms_workers", f"{phase.source}: workers' CPU ms per event", "{:.2f}"),
+    )
+] + [("slow_mix_vs_fast", "mix (90 % 5 ms, 10 % 2 s) / 5 ms alone", "{:.2f}")]
 
 
 def latency(source: str, key: str) -> float:
@@ -108,21 +118,25 @@ class Downstream:
 
 async def measure(figures: dict) -> None:
     async with Downstream() as downstream:
-        sources = "".join(source_entry(phase.source, phase.handler, url=f"http://127.0.0.1:{downstream.port}/"
-                                       f"{phase.source}") for phase in PHASES)
+        sources = "".join(
+            source_entry(phase.source, phase.handler, url=f"http://127.0.0.1:{downstream.port}/{phase.source}")
+            for phase in PHASES
+        )
         async with Deployment(sources=sources) as deployment:
             await deployment.start_ingress()
             await deployment.start_workers()
-            meter = CpuMeter({**deployment.pids(), "bench": [os.getpid()]}, deployment.database_name,
-                             deployment.redis_port)
+            meter = CpuMeter(
+                {**deployment.pids(), "bench": [os.getpid()]}, deployment.database_name, deployment.redis_port
+            )
             await meter.measure_background()
             for phase in PHASES:
                 await run_phase(deployment, downstream, meter, phase, figures)
     figures["slow_mix_vs_fast"] = figures["slow_mix_events_per_s"] / figures["slow_fast_events_per_s"]
 
 
-async def run_phase(deployment: Deployment, downstream: Downstream, meter: CpuMeter, phase: Phase,
-                    figures: dict) -> None:
+async def run_phase(
+    deployment: Deployment, downstream: Downstream, meter: CpuMeter, phase: Phase, figures: dict
+) -> None:
     requests = httpload.signed_requests(phase.source, SECRET, f"{phase.source}_", phase.events)
     meter.start()
     async with PeakConnections(deployment.database_url) as peak:
@@ -162,10 +176,12 @@ async def outcome(deployment: Deployment, phase: Phase) -> tuple[int, int]:
     handler that writes nothing of its own, bench_effects for the others."""
     if not phase.commits:
         completed = await deployment.fetchval(
-            "SELECT count(*) FROM processed_events WHERE key LIKE $1", f"{phase.source}:%")
+            "SELECT count(*) FROM processed_events WHERE key LIKE $1", f"{phase.source}:%"
+        )
         return completed, completed
     completed = await deployment.fetchval(
-        "SELECT count(DISTINCT key) FROM bench_effects WHERE key LIKE $1", f"{phase.source}:%")
+        "SELECT count(DISTINCT key) FROM bench_effects WHERE key LIKE $1", f"{phase.source}:%"
+    )
     rows = await deployment.fetchval("SELECT count(*) FROM bench_effects WHERE key LIKE $1", f"{phase.source}:%")
     return completed, rows
 
@@ -188,7 +204,8 @@ class PeakConnections:
         try:
             while True:
                 count = await connection.fetchval(
-                    "SELECT count(*) - 1 FROM pg_stat_activity WHERE datname = current_database()")
+                    "SELECT count(*) - 1 FROM pg_stat_activity WHERE datname = current_database()"
+                )
                 self.most = max(self.most, count)
                 await asyncio.sleep(0.05)
         finally:

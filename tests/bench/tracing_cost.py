@@ -38,14 +38,22 @@ STATES = ("off", "on")
 PARTS = ("ingress", "workers")
 
 ROWS = [
-    *[(f"tracing_{state}_events_per_s", f"tracing {state}: end to end events/s ({RUN_EVENTS:,} × {ROUNDS})",
-       "{:,.0f}") for state in STATES],
-    *[(f"tracing_{state}_cpu_ms_{part}", f"tracing {state}: CPU ms per event, {part}", "{:.3f}")
-      for part in PARTS for state in STATES],
+    *[
+        (
+            f"tracing_{state}_events_per_s",
+            f"tracing {state}: end to end events/s ({RUN_EVENTS:,} × {ROUNDS})",
+            "{:,.0f}",
+        )
+        for state in STATES
+    ],
+    *[
+        (f"tracing_{state}_cpu_ms_{part}", f"tracing {state}: CPU ms per event, {part}", "{:.3f}")
+        for part in PARTS
+        for state in STATES
+    ],
     *[(f"tracing_cpu_ratio_{part}", f"tracing on / off: CPU per event, {part}", "{:.3f}") for part in PARTS],
     ("tracing_e2e_ratio", "tracing on / off: events/s", "{:.3f}"),
-    *[(f"tracing_{state}_spans_per_event", f"tracing {state}: spans exported per event", "{:.2f}")
-      for state in STATES],
+    *[(f"tracing_{state}_spans_per_event", f"tracing {state}: spans exported per event", "{:.2f}") for state in STATES],
 ]
 
 
@@ -138,7 +146,9 @@ def report(runs: dict, figures: dict) -> None:
             figures[f"tracing_{state}_cpu_ms_{part}"] = 1000 * sum(cpu[part] for _, cpu, _ in measured) / events
         figures[f"tracing_{state}_spans_per_event"] = sum(spans for _, _, spans in measured) / events
     for part in PARTS:
-        figures[f"tracing_cpu_ratio_{part}"] = figures[f"tracing_on_cpu_ms_{part}"] / figures[f"tracing_off_cpu_ms_{part}"]
+        figures[f"tracing_cpu_ratio_{part}"] = (
+            figures[f"tracing_on_cpu_ms_{part}"] / figures[f"tracing_off_cpu_ms_{part}"]
+        )
     figures["tracing_e2e_ratio"] = figures["tracing_on_events_per_s"] / figures["tracing_off_events_per_s"]
 
 

@@ -19,21 +19,34 @@ DEFAULT_ROUTES = ("ledger", "mailer")
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=None, help="reproduce a run (default: a new random seed)")
-    parser.add_argument("--events", type=int, default=1000,
-                        help="distinct events (each sent 1-4 times, and run once per route)")
+    parser.add_argument(
+        "--events", type=int, default=1000, help="distinct events (each sent 1-4 times, and run once per route)"
+    )
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic and faults")
     parser.add_argument("--drain-timeout", type=float, default=180.0, help="most seconds to wait for the queues")
-    parser.add_argument("--stall-seconds", type=float, default=30.0,
-                        help="the drain gives up when nothing moved this long")
-    parser.add_argument("--concurrency", type=int, default=Options.concurrency,
-                        help="each local worker's --concurrency (default: run's)")
-    parser.add_argument("--lock-ttl", type=float, default=Options.lock_ttl,
-                        help="local workers' WEBHOOK_INGEST_LOCK_TTL (default: run's)")
+    parser.add_argument(
+        "--stall-seconds", type=float, default=30.0, help="the drain gives up when nothing moved this long"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=Options.concurrency,
+        help="each local worker's --concurrency (default: run's)",
+    )
+    parser.add_argument(
+        "--lock-ttl",
+        type=float,
+        default=Options.lock_ttl,
+        help="local workers' WEBHOOK_INGEST_LOCK_TTL (default: run's)",
+    )
     parser.add_argument("--work-ms", type=int, default=100, help="default handler work per run, in ms")
     parser.add_argument("--no-faults", action="store_true", help="traffic only (a baseline)")
-    parser.add_argument("--routes", default=",".join(DEFAULT_ROUTES),
-                        help="a local run's source has these routes (comma-separated names), each event run once"
-                        " per route; '' for one handler (default: %(default)s)")
+    parser.add_argument(
+        "--routes",
+        default=",".join(DEFAULT_ROUTES),
+        help="a local run's source has these routes (comma-separated names), each event run once"
+        " per route; '' for one handler (default: %(default)s)",
+    )
     parser.add_argument("--keep-database", action="store_true", help="leave a local run's database for reading")
     parser.add_argument("--url", help="an operator's ingress: send traffic there instead of a local deployment")
     parser.add_argument("--source", default="chaos", help="with --url: the hmac-sha256 source to post to")
@@ -42,12 +55,19 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     arguments = parse_arguments(argv)
-    options = Options(seed=arguments.seed if arguments.seed is not None else random.randrange(1_000_000),
-                      events=arguments.events, duration=arguments.duration, drain_timeout=arguments.drain_timeout,
-                      stall_seconds=arguments.stall_seconds,
-                      concurrency=arguments.concurrency, lock_ttl=arguments.lock_ttl, work_ms=arguments.work_ms,
-                      faults=not arguments.no_faults, keep_database=arguments.keep_database,
-                      routes=tuple(name for name in arguments.routes.split(",") if name))
+    options = Options(
+        seed=arguments.seed if arguments.seed is not None else random.randrange(1_000_000),
+        events=arguments.events,
+        duration=arguments.duration,
+        drain_timeout=arguments.drain_timeout,
+        stall_seconds=arguments.stall_seconds,
+        concurrency=arguments.concurrency,
+        lock_ttl=arguments.lock_ttl,
+        work_ms=arguments.work_ms,
+        faults=not arguments.no_faults,
+        keep_database=arguments.keep_database,
+        routes=tuple(name for name in arguments.routes.split(",") if name),
+    )
     if arguments.url:
         environment = staging_environment()
         if not environment["secret"] or not environment["database_url"]:

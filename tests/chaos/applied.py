@@ -21,10 +21,10 @@ from tests.support.processes import ROOT
 @dataclass(frozen=True)
 class Applied:
     action: str
-    started: float       # wall clock
+    started: float  # wall clock
     ended: float
     worker: int = -1
-    pid: int = 0         # the worker's process when the fault began
+    pid: int = 0  # the worker's process when the fault began
     service: str = ""
 
     def touches(self, pid: int, since: float, until: float) -> bool:

@@ -39,6 +39,7 @@ STOPPED_SLACK_SECONDS = 1.0  # as tests/chaos/reruns.py's PAUSE_SLACK_SECONDS
 @dataclass
 class Observed:
     """What the database shows, per key."""
+
     effects: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))  # (at, txn start)
     effect_arrivals: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))  # key -> receive ms that ran
     runs: dict[str, list[tuple[float, float | None, int]]] = field(default_factory=lambda: defaultdict(list))
@@ -47,7 +48,7 @@ class Observed:
     open_dead_letters: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # key -> last errors
     conflicts: set[str] = field(default_factory=set)
     archive: dict[str, Counter] | None = None  # key -> its archived rows by status; None: no archive table
-    recorder: bool = True   # the chaos handler's tables exist (always in a local run)
+    recorder: bool = True  # the chaos handler's tables exist (always in a local run)
     workers: dict[int, str] = field(default_factory=dict)  # pid -> which worker (a local run knows)
     replayed: set[str] = field(default_factory=set)  # keys with a dead letter a replay put back (status replayed)
     stopped: dict[int, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))  # pid -> pauses
@@ -93,33 +94,41 @@ async def connect(database_url: str, tries: int = 120) -> asyncpg.Connection:
 async def _observe(connection, pattern: str) -> Observed:
     seen = Observed()
     seen.recorder = await connection.fetchval(  # this run's handler is the recorder: it left intervals
-        "SELECT to_regclass('chaos_runs') IS NOT NULL") and await connection.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM chaos_runs WHERE key LIKE $1)", pattern)
+        "SELECT to_regclass('chaos_runs') IS NOT NULL"
+    ) and await connection.fetchval("SELECT EXISTS (SELECT 1 FROM chaos_runs WHERE key LIKE $1)", pattern)
     if seen.recorder:
         for row in await connection.fetch(
-                "SELECT key, extract(epoch FROM at) AS at, extract(epoch FROM transaction_started) AS t, received_ms"
-                " FROM chaos_effects WHERE key LIKE $1", pattern):
+            "SELECT key, extract(epoch FROM at) AS at, extract(epoch FROM transaction_started) AS t, received_ms"
+            " FROM chaos_effects WHERE key LIKE $1",
+            pattern,
+        ):
             seen.effects[row["key"]].append((float(row["at"]), float(row["t"])))
             if row["received_ms"] is not None:
                 seen.effect_arrivals[row["key"]].add(row["received_ms"])
         for row in await connection.fetch(
-                "SELECT key, pid, extract(epoch FROM started) AS s, extract(epoch FROM ended) AS e"
-                " FROM chaos_runs WHERE key LIKE $1", pattern):
+            "SELECT key, pid, extract(epoch FROM started) AS s, extract(epoch FROM ended) AS e"
+            " FROM chaos_runs WHERE key LIKE $1",
+            pattern,
+        ):
             seen.runs[row["key"]].append((float(row["s"]), None if row["e"] is None else float(row["e"]), row["pid"]))
     if await connection.fetchval("SELECT to_regclass('inbox') IS NOT NULL"):
         seen.inbox = await _keys(connection, "SELECT key FROM inbox WHERE key LIKE $1", pattern)
     seen.completions = await _keys(connection, "SELECT key FROM processed_events WHERE key LIKE $1", pattern)
     for row in await connection.fetch(
-            "SELECT key, errors -> -1 ->> 'type' AS last FROM dead_letters"
-            " WHERE status = 'dead' AND key LIKE $1 ORDER BY id", pattern):
+        "SELECT key, errors -> -1 ->> 'type' AS last FROM dead_letters"
+        " WHERE status = 'dead' AND key LIKE $1 ORDER BY id",
+        pattern,
+    ):
         seen.open_dead_letters[row["key"]].append(row["last"] or "?")
     seen.conflicts = await _keys(connection, "SELECT DISTINCT key FROM event_conflicts WHERE key LIKE $1", pattern)
-    seen.replayed = await _keys(connection, "SELECT DISTINCT key FROM dead_letters WHERE status = 'replayed'"
-                                " AND key LIKE $1", pattern)
+    seen.replayed = await _keys(
+        connection, "SELECT DISTINCT key FROM dead_letters WHERE status = 'replayed' AND key LIKE $1", pattern
+    )
     if await connection.fetchval("SELECT to_regclass('event_archive') IS NOT NULL"):
         seen.archive = defaultdict(Counter)
         for row in await connection.fetch(
-                "SELECT key, status, count(*) AS n FROM event_archive WHERE key LIKE $1 GROUP BY key, status", pattern):
+            "SELECT key, status, count(*) AS n FROM event_archive WHERE key LIKE $1 GROUP BY key, status", pattern
+        ):
             seen.archive[row["key"]][row["status"]] = row["n"]
     return seen
 
@@ -141,9 +150,15 @@ def run_keys(key: str, routes: tuple[str, ...]) -> list[str]:
     return [f"{key}#{route}" for route in routes] if routes else [key]
 
 
-def judge(events: list[PlannedEvent], sent: Sent, seen: Observed, prunes: list[tuple[float, float]],
-          leftover: dict[str, int], routes: tuple[str, ...] = (),
-          left: dict[str, list[tuple[str, str]]] | None = None) -> Verdict:
+def judge(
+    events: list[PlannedEvent],
+    sent: Sent,
+    seen: Observed,
+    prunes: list[tuple[float, float]],
+    leftover: dict[str, int],
+    routes: tuple[str, ...] = (),
+    left: dict[str, list[tuple[str, str]]] | None = None,
+) -> Verdict:
     """`left`: a few of each queue's leftover messages, (key, headers), to name them."""
     verdict = Verdict()
     for event in events:
@@ -155,7 +170,9 @@ def judge(events: list[PlannedEvent], sent: Sent, seen: Observed, prunes: list[t
             _judge_archive(event, key, sent, seen, routes, verdict)
     for queue, count in sorted(leftover.items()):
         if count:
-            named = "".join(f"; {key} ({_recorded(key, seen)}): {headers}" for key, headers in (left or {}).get(queue, []))
+            named = "".join(
+                f"; {key} ({_recorded(key, seen)}): {headers}" for key, headers in (left or {}).get(queue, [])
+            )
             verdict.violate("left in a queue", f"{count} message(s) in {queue} after the workers stopped{named}")
     return verdict
 
@@ -172,8 +189,10 @@ def _judge_answers(event: PlannedEvent, sent: Sent, verdict: Verdict) -> None:
     if event.must_be_refused:
         verdict.outcomes["refused at the door"] += answers.get("400 invalid_json", 0)
         if any(answer.startswith("200") for answer in answers):
-            verdict.violate("unstorable body accepted", f"{event.event_id}: a lone surrogate escape got 200, "
-                            "docs/reference.md §6 wants 400 invalid_json")
+            verdict.violate(
+                "unstorable body accepted",
+                f"{event.event_id}: a lone surrogate escape got 200, docs/reference.md §6 wants 400 invalid_json",
+            )
         return
     for answer, count in answers.items():
         if not answer.startswith("200"):
@@ -216,8 +235,10 @@ FINAL = ("processed", "dead", "discarded", "conflict", "duplicate")  # what a se
 
 def _judge_archive(event, key: str, sent: Sent, seen: Observed, routes: tuple[str, ...], verdict: Verdict) -> None:
     """Every 200 is an archived arrival of the key, settled to what became of the event."""
-    rows, accepted = seen.archive.get(key, Counter()), sum(
-        count for answer, count in sent.answers.get(event.event_id, {}).items() if answer.startswith("200"))
+    rows, accepted = (
+        seen.archive.get(key, Counter()),
+        sum(count for answer, count in sent.answers.get(event.event_id, {}).items() if answer.startswith("200")),
+    )
     if not rows:
         return verdict.violate("not archived", f"{key}: {accepted} x 200, no row in event_archive")
     if sum(rows.values()) != accepted:
@@ -234,8 +255,10 @@ def _judge_archive(event, key: str, sent: Sent, seen: Observed, routes: tuple[st
     # that both ran count once), at most one per effect.
     ran = len(seen.effect_arrivals.get(key, ())) or effects
     if not ran <= rows["processed"] <= effects or min(rows["dead"], 1) != min(dead, 1):
-        verdict.violate("archive status wrong", f"{key}: {effects} effect(s), {dead} open dead letter(s), "
-                        f"archived {_statuses(rows)}")
+        verdict.violate(
+            "archive status wrong",
+            f"{key}: {effects} effect(s), {dead} open dead letter(s), archived {_statuses(rows)}",
+        )
     else:
         verdict.outcomes["archived as it ended"] += 1
     return None
@@ -265,11 +288,15 @@ def judge_runs(key: str, seen: Observed, first_effect: list[tuple[float, float]]
         if latest_end is not None and started < latest_end and seen.stopped_at(latest_pid, started):
             verdict.outcomes["took over from a stopped holder"] += 1  # its lease lapsed; a call would show
         elif latest_end is not None and started < latest_end:
-            verdict.violate("two runs at once", f"{key}: {seen.who(pid)} started {latest_end - started:.3f}s "
-                            f"before {seen.who(latest_pid)}'s run ended")
+            verdict.violate(
+                "two runs at once",
+                f"{key}: {seen.who(pid)} started {latest_end - started:.3f}s before {seen.who(latest_pid)}'s run ended",
+            )
         if first_effect and started > first_effect[0][0] and not _pruned_between(first_effect[0][1], started, prunes):
-            verdict.violate("ran after completion", f"{key}: {seen.who(pid)} started "
-                            f"{started - first_effect[0][0]:.3f}s after the effect was written")
+            verdict.violate(
+                "ran after completion",
+                f"{key}: {seen.who(pid)} started {started - first_effect[0][0]:.3f}s after the effect was written",
+            )
         end = ended if ended is not None else started  # killed mid-run: only its start is known
         if latest_end is None or end > latest_end:
             latest_end, latest_pid = end, pid

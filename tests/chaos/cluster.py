@@ -27,13 +27,13 @@ import aiohttp
 import asyncpg
 import orjson
 
-from webhook_ingest.migrate import migrate
-from webhook_ingest.shared import amqp, signatures, topology
 from tests.support.exactly_once import SECRET, effects_by_key, metered_worker, write_sources
 from tests.support.handlers import EFFECTS_TABLES
 from tests.support.processes import Fleet, count_rows, wait_for_output, wait_until
 from tests.support.rabbit_cluster import RabbitCluster
 from tests.support.redis_server import RedisServer
+from webhook_ingest.migrate import migrate
+from webhook_ingest.shared import amqp, signatures, topology
 
 SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -61,10 +61,16 @@ async def run(events: int, rate: float) -> int:
             await migrate(database_url)
             try:
                 await _execute(database_url, EFFECTS_TABLES)
-                env = {"AMQP_URL": cluster.amqp_url, "REDIS_URLS": redis_server.url, "DATABASE_URL": database_url,
-                       "WEBHOOK_INGEST_NAMESPACE": namespace, "LOG_FORMAT": "json",
-                       "WEBHOOK_INGEST_SOURCES": write_sources(Path(folder) / "s.toml",
-                                                               "tests.support.handlers:slow_inbox")}
+                env = {
+                    "AMQP_URL": cluster.amqp_url,
+                    "REDIS_URLS": redis_server.url,
+                    "DATABASE_URL": database_url,
+                    "WEBHOOK_INGEST_NAMESPACE": namespace,
+                    "LOG_FORMAT": "json",
+                    "WEBHOOK_INGEST_SOURCES": write_sources(
+                        Path(folder) / "s.toml", "tests.support.handlers:slow_inbox"
+                    ),
+                }
                 fleet = Fleet(env, Path(folder))
                 try:
                     return await _scenario(fleet, env, cluster, database_url, namespace, events, rate, timeline)
@@ -83,15 +89,21 @@ async def _scenario(fleet, env, cluster, database_url, namespace, events, rate, 
     timeline.note(f"ingress and 2 workers up; posting {events} events at {rate:g}/s")
 
     first, second = cluster.nodes[0], cluster.nodes[1]
-    faults = [(events // 3, f"SIGKILL {first.name}", first.kill),
-              (2 * events // 3, f"restart {second.name}", lambda: (second.stop(), second.start()))]
+    faults = [
+        (events // 3, f"SIGKILL {first.name}", first.kill),
+        (2 * events // 3, f"restart {second.name}", lambda: (second.stop(), second.start())),
+    ]
     statuses = await _post_at_rate(base_url, events, rate, faults, timeline)
     timeline.note(f"traffic done: {dict(statuses)}")
     await asyncio.to_thread(first.start)
     timeline.note(f"{first.name} back")
 
-    await wait_until(lambda: _settled(database_url, cluster, namespace, statuses[200]), 300, interval=1,
-                     message="every accepted event processed, queue and outbox empty")
+    await wait_until(
+        lambda: _settled(database_url, cluster, namespace, statuses[200]),
+        300,
+        interval=1,
+        message="every accepted event processed, queue and outbox empty",
+    )
     await asyncio.sleep(2)  # a late copy would show now
     return await _verdict(database_url, events, statuses, ingress, timeline)
 

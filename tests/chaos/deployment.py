@@ -25,17 +25,17 @@ from urllib.parse import urlsplit
 import aio_pika
 import asyncpg
 import redis.asyncio as redis
-from webhook_ingest import layout
-from webhook_ingest.migrate import migrate
-from webhook_ingest.ingress.publisher import probe_queue
-from webhook_ingest.shared import topology
 
 from tests.chaos.handler import CHAOS_TABLES
 from tests.chaos.plan import MAX_ATTEMPTS, RETRY_DELAYS, Fault
+from tests.support.broker import ctl_command
 from tests.support.processes import ROOT, Fleet, Process, wait_for_output
 from tests.support.redis_server import RedisServer
 from tests.support.tcpproxy import TcpProxy, free_port
-from tests.support.broker import ctl_command
+from webhook_ingest import layout
+from webhook_ingest.ingress.publisher import probe_queue
+from webhook_ingest.migrate import migrate
+from webhook_ingest.shared import topology
 
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 SERVER_URL = os.environ.get("CHAOS_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -46,23 +46,35 @@ PRUNE_WINDOW = "1s"  # the smallest `prune --older-than` accepts
 # outcome batch left unsettled is settled by the deployment's own process
 # within seconds of the drain, not two minutes (run.py waits for it).
 SETTLE_SECONDS = 7.0
-SWEEP_PRELUDE = ("from webhook_ingest.shared import archive_upkeep\n"
-                 "archive_upkeep.SETTLE_GRACE_SECONDS, archive_upkeep.SETTLE_EVERY_SECONDS = 5.0, 2.0\n")
+SWEEP_PRELUDE = (
+    "from webhook_ingest.shared import archive_upkeep\n"
+    "archive_upkeep.SETTLE_GRACE_SECONDS, archive_upkeep.SETTLE_EVERY_SECONDS = 5.0, 2.0\n"
+)
 
 
 @dataclass
 class WorkerSlot:
     """One of the three workers: its proxies stay, its process may be replaced."""
+
     env: dict[str, str]
     proxies: dict[str, TcpProxy] = field(default_factory=dict)
     process: Process | None = None
 
 
 class LocalDeployment:
-    def __init__(self, namespace: str | None = None, database_url: str | None = None, workers: int = 3,
-                 concurrency: int = layout.CONCURRENCY, lock_ttl: float = 3.0, work_ms: int = 100,
-                 log_dir: Path | None = None,
-                 keep_database: bool = False, routes: tuple[str, ...] = (), downstream_url: str = ""):
+    def __init__(
+        self,
+        namespace: str | None = None,
+        database_url: str | None = None,
+        workers: int = 3,
+        concurrency: int = layout.CONCURRENCY,
+        lock_ttl: float = 3.0,
+        work_ms: int = 100,
+        log_dir: Path | None = None,
+        keep_database: bool = False,
+        routes: tuple[str, ...] = (),
+        downstream_url: str = "",
+    ):
         run_id = uuid.uuid4().hex[:8]
         self.namespace = namespace or f"chaos_{run_id}"
         self.owns_database = database_url is None
@@ -78,7 +90,7 @@ class LocalDeployment:
         self.fleet: Fleet | None = None
         self.slots: list[WorkerSlot] = []
         self.base_url = ""
-        self.prunes: list[tuple[float, float]] = []   # wall-clock (start, end) of each prune
+        self.prunes: list[tuple[float, float]] = []  # wall-clock (start, end) of each prune
         self.pids: dict[int, str] = {}  # every worker process that ran -> "worker N", for the report
         self.tasks: set[asyncio.Task] = set()
 
@@ -122,18 +134,28 @@ class LocalDeployment:
     def _base_env(self) -> dict[str, str]:
         sources = self.log_dir / "sources.toml"
         called = f', downstream_url = "{self.downstream_url}"' if self.downstream_url else ""
-        options = (f'handler_options = {{ runs_database_url = "{self.database_url}", work_ms = "{self.work_ms}"'
-                   f"{called} }}\n")
-        handling = ''.join(f'[[sources.{SOURCE}.routes]]\nname = "{route}"\nhandler = "tests.chaos.handler:record"\n'
-                           f"{options}" for route in self.routes)
+        options = (
+            f'handler_options = {{ runs_database_url = "{self.database_url}", work_ms = "{self.work_ms}"{called} }}\n'
+        )
+        handling = "".join(
+            f'[[sources.{SOURCE}.routes]]\nname = "{route}"\nhandler = "tests.chaos.handler:record"\n{options}'
+            for route in self.routes
+        )
         sources.write_text(
             f'[sources.{SOURCE}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nevent_id = ["body:id"]\n'
             f"max_attempts = {MAX_ATTEMPTS}\nretry_delays = {list(RETRY_DELAYS)}\n"
-            + (handling if self.routes else f'handler = "tests.chaos.handler:record"\n{options}'))
-        return {"AMQP_URL": self.amqp_url, "REDIS_URLS": self.redis.url, "DATABASE_URL": self.database_url,
-                "WEBHOOK_INGEST_NAMESPACE": self.namespace, "WEBHOOK_INGEST_SOURCES": str(sources),
-                "WEBHOOK_INGEST_LOCK_TTL": str(self.lock_ttl), "LOG_FORMAT": "json",
-                "PYTHONPATH": str(ROOT)}
+            + (handling if self.routes else f'handler = "tests.chaos.handler:record"\n{options}')
+        )
+        return {
+            "AMQP_URL": self.amqp_url,
+            "REDIS_URLS": self.redis.url,
+            "DATABASE_URL": self.database_url,
+            "WEBHOOK_INGEST_NAMESPACE": self.namespace,
+            "WEBHOOK_INGEST_SOURCES": str(sources),
+            "WEBHOOK_INGEST_LOCK_TTL": str(self.lock_ttl),
+            "LOG_FORMAT": "json",
+            "PYTHONPATH": str(ROOT),
+        }
 
     def _slot(self, n: int) -> WorkerSlot:
         targets = {"postgres": self.database_url, "rabbitmq": self.amqp_url}
@@ -156,8 +178,9 @@ class LocalDeployment:
 
     async def stop_workers(self) -> None:
         """SIGTERM every worker (SIGKILL after the grace): what they held unacked goes back to ready."""
-        await asyncio.gather(*(asyncio.to_thread(slot.process.terminate, 20) for slot in self.slots),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(asyncio.to_thread(slot.process.terminate, 20) for slot in self.slots), return_exceptions=True
+        )
         for slot in self.slots:
             slot.process.kill()
 
@@ -205,8 +228,16 @@ class LocalDeployment:
         started = time.time()
         env = {**os.environ, **self.fleet.env, "PYTHONPATH": str(ROOT)}
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "webhook_ingest", "prune", "--older-than", PRUNE_WINDOW, env=env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            sys.executable,
+            "-m",
+            "webhook_ingest",
+            "prune",
+            "--older-than",
+            PRUNE_WINDOW,
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
         await process.wait()
         self.prunes.append((started, time.time()))
 
@@ -236,7 +267,8 @@ async def namespace_queues(amqp_url: str, namespace: str, events_only: bool = Fa
     broker); `events_only`: not the ingress's probe queue, which keeps one
     message of its own by design."""
     listing = await asyncio.create_subprocess_exec(
-        *ctl_command(), "-q", "list_queues", "name", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        *ctl_command(), "-q", "list_queues", "name", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
     output = (await listing.communicate())[0].decode()
     names = sorted(line.strip() for line in output.splitlines() if line.strip().startswith(f"{namespace}."))
     return [name for name in names if not (events_only and name == probe_queue(namespace))]
@@ -254,5 +286,8 @@ async def delete_queues(amqp_url: str, namespace: str) -> None:
 
 def known_queues(namespace: str) -> list[str]:
     """The queues a deployment with this run's retry delays declares (when `rabbitmqctl` is not at hand)."""
-    return [topology.events_queue(namespace), topology.dead_queue(namespace),
-            *(topology.retry_queue(namespace, delay) for delay in RETRY_DELAYS)]
+    return [
+        topology.events_queue(namespace),
+        topology.dead_queue(namespace),
+        *(topology.retry_queue(namespace, delay) for delay in RETRY_DELAYS),
+    ]

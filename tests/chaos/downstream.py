@@ -26,11 +26,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from webhook_ingest.workers.handlers.forward import handle as forward
 
 from tests.support.tcpproxy import free_port
+from webhook_ingest.workers.handlers.forward import handle as forward
 
-SLOW_SHARE = 0.25          # of events whose call is slow: 300 ms to 2 s
+SLOW_SHARE = 0.25  # of events whose call is slow: 300 ms to 2 s
 FAIL_FIRST_CALL_SHARE = 0.08  # of events whose first call gets a 500
 
 
@@ -40,7 +40,7 @@ class Call:
     pid: int
     attempt: int
     started: float  # wall clock (time.time()), when the request came
-    ended: float    # when it was answered
+    ended: float  # when it was answered
     status: int
 
     @property
@@ -73,8 +73,16 @@ class Downstream:
         directive = _directive(await request.read())
         await asyncio.sleep(directive.get("latency_ms", 10) / 1000)
         status = 500 if first and directive.get("fail_first_call") else 200
-        self.calls.append(Call(key, int(request.query.get("pid", 0)), int(request.query.get("attempt", 0)),
-                               started, time.time(), status))
+        self.calls.append(
+            Call(
+                key,
+                int(request.query.get("pid", 0)),
+                int(request.query.get("attempt", 0)),
+                started,
+                time.time(),
+                status,
+            )
+        )
         return web.Response(status=status, text="ok" if status == 200 else "injected failure")
 
     def successes(self) -> dict[str, list[Call]]:

@@ -28,11 +28,10 @@ import os
 import time
 
 import asyncpg
-from webhook_ingest.workers.handlers.inbox import handle as inbox
-
-from webhook_ingest import PermanentError
 
 from tests.chaos import downstream
+from webhook_ingest import PermanentError
+from webhook_ingest.workers.handlers.inbox import handle as inbox
 
 CHAOS_TABLES = """
 CREATE TABLE IF NOT EXISTS chaos_runs (
@@ -58,17 +57,26 @@ async def record(event, ctx):
     run_id = await _interval(  # stamped by the run's own clock: the statement may wait for a session
         runs_database_url,
         "INSERT INTO chaos_runs (key, pid, attempt, started) VALUES ($1, $2, $3, to_timestamp($4)) RETURNING id",
-        event.key, os.getpid(), event.attempt, time.time())
+        event.key,
+        os.getpid(),
+        event.attempt,
+        time.time(),
+    )
     try:
         await asyncio.sleep(directive.get("work_ms", int(ctx.options.get("work_ms", 100))) / 1000)
         _fail_if_told(directive, event)
         await downstream.call(event, ctx)  # the external call, once the run is going to complete
     finally:
         ended = time.time()
-        await _interval(runs_database_url, "UPDATE chaos_runs SET ended = to_timestamp($2) WHERE id = $1",
-                        run_id, ended)
-    await ctx.db.execute("INSERT INTO chaos_effects (key, pid, received_ms) VALUES ($1, $2, $3)", event.key,
-                         os.getpid(), round(event.received_at.timestamp() * 1000))
+        await _interval(
+            runs_database_url, "UPDATE chaos_runs SET ended = to_timestamp($2) WHERE id = $1", run_id, ended
+        )
+    await ctx.db.execute(
+        "INSERT INTO chaos_effects (key, pid, received_ms) VALUES ($1, $2, $3)",
+        event.key,
+        os.getpid(),
+        round(event.received_at.timestamp() * 1000),
+    )
     await inbox(event, ctx)
 
 

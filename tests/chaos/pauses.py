@@ -18,8 +18,8 @@ import sys
 
 from tests.chaos.plan import Fault
 
-PAUSES_EVERY = 8.0      # seconds between pauses, on average
-HOGS = (1, 2)           # how many hogs a run has, at least and at most
+PAUSES_EVERY = 8.0  # seconds between pauses, on average
+HOGS = (1, 2)  # how many hogs a run has, at least and at most
 HOG_SECONDS = (3.0, 8.0)
 HOG = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
 

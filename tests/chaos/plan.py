@@ -16,17 +16,17 @@ RETRY_DELAYS = (0.2, 0.5)
 
 @dataclass(frozen=True)
 class Request:
-    at: float          # seconds after the traffic starts
+    at: float  # seconds after the traffic starts
     event_id: str
     body: bytes
-    variant: int       # 0: the original payload; 1: another payload for the same id (a conflict)
+    variant: int  # 0: the original payload; 1: another payload for the same id (a conflict)
 
 
 @dataclass
 class PlannedEvent:
     event_id: str
-    fail: str                 # "", "permanent", "always", "first" or "until_replayed"
-    kind: str                 # "plain", "unicode", "bigint", "deep", "conflict" or "unstorable"
+    fail: str  # "", "permanent", "always", "first" or "until_replayed"
+    kind: str  # "plain", "unicode", "bigint", "deep", "conflict" or "unstorable"
     bodies: list[bytes] = field(default_factory=list)
 
     @property
@@ -43,9 +43,9 @@ class PlannedEvent:
 @dataclass(frozen=True)
 class Fault:
     at: float
-    action: str          # "kill", "cut", "flush", "prune", "pause", "hog", "replay" or "dlq-replay"
+    action: str  # "kill", "cut", "flush", "prune", "pause", "hog", "replay" or "dlq-replay"
     worker: int = -1
-    service: str = ""    # for "cut": "redis", "postgres" or "rabbitmq"
+    service: str = ""  # for "cut": "redis", "postgres" or "rabbitmq"
     seconds: float = 0.0  # how long a cut, pause or hog lasts, a killed worker stays down, a replay's window
 
     def describe(self) -> str:
@@ -77,8 +77,17 @@ class Plan:
     duration: float
 
 
-def make_plan(seed: int, events: int, duration: float, workers: int = 3, degraded_worker: int | None = 2,
-              faults: bool = True, id_prefix: str = "", lock_ttl: float = 3.0, replays: bool = True) -> Plan:
+def make_plan(
+    seed: int,
+    events: int,
+    duration: float,
+    workers: int = 3,
+    degraded_worker: int | None = 2,
+    faults: bool = True,
+    id_prefix: str = "",
+    lock_ttl: float = 3.0,
+    replays: bool = True,
+) -> Plan:
     """`id_prefix` keeps one run's event ids apart from every other's (a staging database is not fresh).
 
     What issue 35 added (each event's downstream call, failures until a
@@ -102,10 +111,12 @@ def make_plan(seed: int, events: int, duration: float, workers: int = 3, degrade
 
 def _event(rng: random.Random, n: int, id_prefix: str, more: random.Random, replays: bool = True) -> PlannedEvent:
     event_id = f"{id_prefix}evt_{n:05d}"
-    kind = rng.choices(["plain", "unicode", "bigint", "deep", "conflict", "unstorable"],
-                       weights=[60, 8, 6, 4, 8, 3])[0]
-    fail = "" if kind in ("conflict", "unstorable") else rng.choices(
-        ["", "permanent", "always", "first"], weights=[80, 4, 4, 12])[0]
+    kind = rng.choices(["plain", "unicode", "bigint", "deep", "conflict", "unstorable"], weights=[60, 8, 6, 4, 8, 3])[0]
+    fail = (
+        ""
+        if kind in ("conflict", "unstorable")
+        else rng.choices(["", "permanent", "always", "first"], weights=[80, 4, 4, 12])[0]
+    )
     if fail == "permanent" and more.random() < UNTIL_REPLAYED_SHARE and replays:
         fail = "until_replayed"
     event = PlannedEvent(event_id, fail, kind)

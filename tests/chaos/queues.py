@@ -8,16 +8,23 @@ import contextlib
 
 import aio_pika
 
-from webhook_ingest.ingress.publisher import probe_queue
 from tests.support.broker import ctl_command
+from webhook_ingest.ingress.publisher import probe_queue
 
 
 async def held_by_rabbitmqctl(namespace: str) -> dict[str, int] | None:
     """Ready + unacked per queue of the namespace; None when rabbitmqctl is unavailable."""
     try:
         listing = await asyncio.create_subprocess_exec(
-            *ctl_command(), "-q", "list_queues", "name", "messages_ready", "messages_unacknowledged",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+            *ctl_command(),
+            "-q",
+            "list_queues",
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
     except FileNotFoundError:
         return None
     output = (await listing.communicate())[0].decode()
@@ -26,8 +33,12 @@ async def held_by_rabbitmqctl(namespace: str) -> dict[str, int] | None:
     held = {}
     for line in output.splitlines():
         fields = line.split()
-        if len(fields) == 3 and fields[0].startswith(f"{namespace}.") and fields[1].isdigit() \
-                and fields[0] != probe_queue(namespace):
+        if (
+            len(fields) == 3
+            and fields[0].startswith(f"{namespace}.")
+            and fields[1].isdigit()
+            and fields[0] != probe_queue(namespace)
+        ):
             held[fields[0]] = int(fields[1]) + int(fields[2])
     return held
 
@@ -46,8 +57,16 @@ async def ready_by_passive_declare(amqp_url: str, names: list[str]) -> dict[str,
 
 
 # What names a message left behind: the pipeline's headers (shared/message.py), then the broker's.
-_NAMING_HEADERS = ("x-attempt", "x-arrival", "x-route", "x-replay-of", "x-deliveries", "x-delivery-count",
-                   "x-first-death-queue", "x-first-death-reason")
+_NAMING_HEADERS = (
+    "x-attempt",
+    "x-arrival",
+    "x-route",
+    "x-replay-of",
+    "x-deliveries",
+    "x-delivery-count",
+    "x-first-death-queue",
+    "x-first-death-reason",
+)
 
 
 async def peek(amqp_url: str, queue: str, limit: int = 5) -> list[tuple[str, str]]:

@@ -28,26 +28,28 @@ import asyncpg
 
 from tests.chaos.plan import Fault, PlannedEvent
 
-WINDOW_LAG = 2.0         # seconds: an event replay's window ends this long before it is issued
+WINDOW_LAG = 2.0  # seconds: an event replay's window ends this long before it is issued
 WINDOW_SECONDS = (2.0, 4.0)
-REPLAY_RATE = "100"      # events a second
-MISSED_MARGIN = 1.0      # seconds: a dead letter older than the bulk replay by this much was surely listed
+REPLAY_RATE = "100"  # events a second
+MISSED_MARGIN = 1.0  # seconds: a dead letter older than the bulk replay by this much was surely listed
 
 
 def draw(rng: random.Random, duration: float) -> list[Fault]:
     """One event replay by window, mid-run, and one dead-letter bulk replay, later."""
-    return [Fault(rng.uniform(0.3, 0.6) * duration, "replay", seconds=rng.uniform(*WINDOW_SECONDS)),
-            Fault(rng.uniform(0.6, 0.85) * duration, "dlq-replay")]
+    return [
+        Fault(rng.uniform(0.3, 0.6) * duration, "replay", seconds=rng.uniform(*WINDOW_SECONDS)),
+        Fault(rng.uniform(0.6, 0.85) * duration, "dlq-replay"),
+    ]
 
 
 @dataclass
 class IssuedReplay:
-    kind: str           # "events" or "dead letters"
-    started: float      # wall clock when the command started
+    kind: str  # "events" or "dead letters"
+    started: float  # wall clock when the command started
     ended: float
     exit_code: int
     output: str
-    replay_id: int | None = None            # an event replay's R
+    replay_id: int | None = None  # an event replay's R
     since: datetime | None = None
     until: datetime | None = None
     dead_letter_ids: list[int] = field(default_factory=list)  # what a bulk replay says it replayed
@@ -55,10 +57,26 @@ class IssuedReplay:
 
 async def events_replay(env: dict[str, str], source: str, window: float) -> IssuedReplay:
     now = datetime.now(UTC).timestamp()
-    since, until = (datetime.fromtimestamp(now - WINDOW_LAG - window, UTC),
-                    datetime.fromtimestamp(now - WINDOW_LAG, UTC))
-    issued = await _cli(env, "events", "replay", "--source", source, "--since", _iso(since), "--until", _iso(until),
-                        "--rate", REPLAY_RATE, "--yes", "--json", kind="events")
+    since, until = (
+        datetime.fromtimestamp(now - WINDOW_LAG - window, UTC),
+        datetime.fromtimestamp(now - WINDOW_LAG, UTC),
+    )
+    issued = await _cli(
+        env,
+        "events",
+        "replay",
+        "--source",
+        source,
+        "--since",
+        _iso(since),
+        "--until",
+        _iso(until),
+        "--rate",
+        REPLAY_RATE,
+        "--yes",
+        "--json",
+        kind="events",
+    )
     issued.since, issued.until = since, until
     try:
         issued.replay_id = int(json.loads(issued.output.strip().splitlines()[-1])["id"])
@@ -82,8 +100,14 @@ def _iso(moment: datetime) -> str:
 async def _cli(env: dict[str, str], *arguments: str, kind: str) -> IssuedReplay:
     started = datetime.now(UTC).timestamp()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "webhook_ingest", *arguments, env={**os.environ, **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT if kind != "events" else asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "webhook_ingest",
+        *arguments,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT if kind != "events" else asyncio.subprocess.PIPE,
+    )
     stdout, stderr = await process.communicate()
     text = stdout.decode(errors="replace")
     if kind == "events" and process.returncode:
@@ -97,7 +121,10 @@ async def _cli(env: dict[str, str], *arguments: str, kind: str) -> IssuedReplay:
 @dataclass
 class ReplaysSeen:
     """What Postgres shows of the replays."""
-    states: dict[int, tuple[str, int, int, int]] = field(default_factory=dict)  # R -> (state, total, published, skipped)
+
+    states: dict[int, tuple[str, int, int, int]] = field(
+        default_factory=dict
+    )  # R -> (state, total, published, skipped)
     items: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))  # R -> its items' keys
     window_keys: dict[int, set[str]] = field(default_factory=dict)  # R -> keys archived in its window
     window_conflicts: dict[int, set[str]] = field(default_factory=dict)  # R -> keys with only a conflict there
@@ -111,21 +138,32 @@ async def observe(database_url: str, issued: list[IssuedReplay], source: str) ->
     try:
         for replay in (each for each in issued if each.replay_id is not None):
             row = await connection.fetchrow(
-                "SELECT state, total, published, skipped FROM event_replays WHERE id = $1", replay.replay_id)
+                "SELECT state, total, published, skipped FROM event_replays WHERE id = $1", replay.replay_id
+            )
             if row is not None:
                 seen.states[replay.replay_id] = (row["state"], row["total"], row["published"], row["skipped"])
-            seen.items[replay.replay_id] = [r["key"] for r in await connection.fetch(
-                "SELECT key FROM event_replay_items WHERE replay_id = $1 ORDER BY item", replay.replay_id)]
+            seen.items[replay.replay_id] = [
+                r["key"]
+                for r in await connection.fetch(
+                    "SELECT key FROM event_replay_items WHERE replay_id = $1 ORDER BY item", replay.replay_id
+                )
+            ]
             window = await connection.fetch(
                 "SELECT DISTINCT key, status IN ('conflict', 'ignored') AS never_ran FROM event_archive"
-                " WHERE source = $1 AND received_at >= $2 AND received_at < $3", source, replay.since, replay.until)
+                " WHERE source = $1 AND received_at >= $2 AND received_at < $3",
+                source,
+                replay.since,
+                replay.until,
+            )
             seen.window_keys[replay.replay_id] = {r["key"] for r in window if not r["never_ran"]}
             # an arrival `queued` when the selection was frozen may be found a conflict after: either way
             seen.window_conflicts[replay.replay_id] = {r["key"] for r in window if r["never_ran"]}
-        seen.replayed_keys = {r["key"] for r in await connection.fetch(
-            "SELECT DISTINCT key FROM dead_letters WHERE status = 'replayed'")}
+        seen.replayed_keys = {
+            r["key"] for r in await connection.fetch("SELECT DISTINCT key FROM dead_letters WHERE status = 'replayed'")
+        }
         for row in await connection.fetch(
-                "SELECT key, extract(epoch FROM created_at) AS at FROM dead_letters WHERE status = 'dead'"):
+            "SELECT key, extract(epoch FROM created_at) AS at FROM dead_letters WHERE status = 'dead'"
+        ):
             seen.dead_created[row["key"]].append(float(row["at"]))
     finally:
         await connection.close()
@@ -139,12 +177,22 @@ def judge_until_replayed(key: str, replays: ReplaysSeen, issued: list[IssuedRepl
     bulk = [each.started for each in issued if each.kind == "dead letters" and each.exit_code == 0]
     for created in replays.dead_created.get(key, []):
         if any(created + MISSED_MARGIN < started for started in bulk):
-            verdict.violate("missed by the bulk replay", f"{key}: dead-lettered before `dlq replay --all` "
-                            "started, still open after it")
+            verdict.violate(
+                "missed by the bulk replay",
+                f"{key}: dead-lettered before `dlq replay --all` started, still open after it",
+            )
 
 
-def judge_event_replays(events: list[PlannedEvent], sent, seen, replays: ReplaysSeen,
-                        issued: list[IssuedReplay], routes: tuple[str, ...], verdict, judge_runs) -> Counter:
+def judge_event_replays(
+    events: list[PlannedEvent],
+    sent,
+    seen,
+    replays: ReplaysSeen,
+    issued: list[IssuedReplay],
+    routes: tuple[str, ...],
+    verdict,
+    judge_runs,
+) -> Counter:
     """Every item of every event replay ran once more under its replay key;
     returns the replayed runs per replay, for the report."""
     by_key = {sent.accepted[event.event_id]: event for event in events if event.event_id in sent.accepted}
@@ -162,12 +210,15 @@ def judge_event_replays(events: list[PlannedEvent], sent, seen, replays: Replays
             verdict.violate("replay not done", f"replay {rid}: (state, total, published, skipped) = {state}")
         must, may = replays.window_keys.get(rid, set()), replays.window_conflicts.get(rid, set())
         if not must <= set(items) <= must | may or len(items) != len(set(items)):
-            verdict.violate("replay selection wrong", f"replay {rid}: {len(items)} items, {len(must)} keys "
-                            f"archived in its window; missing {sorted(must - set(items))[:5]}, "
-                            f"extra {sorted(set(items) - must - may)[:5]}")
+            verdict.violate(
+                "replay selection wrong",
+                f"replay {rid}: {len(items)} items, {len(must)} keys "
+                f"archived in its window; missing {sorted(must - set(items))[:5]}, "
+                f"extra {sorted(set(items) - must - may)[:5]}",
+            )
         for key in items:
             event = by_key.get(key)
-            for each in ([f"{key}#{route}" for route in routes] if routes else [key]):
+            for each in [f"{key}#{route}" for route in routes] if routes else [key]:
                 replayed = f"replay-{rid}/{each}"
                 ran[rid] += 1
                 _judge_replayed(event, replayed, seen, replays, verdict)
@@ -198,11 +249,16 @@ def report_lines(issued: list[IssuedReplay], seen: ReplaysSeen) -> list[str]:
     for replay in issued:
         if replay.kind == "events":
             state = seen.states.get(replay.replay_id or 0)
-            told = f"{state[1]} events frozen, {state[2]} published, {state[0]}" if state else \
-                f"exit {replay.exit_code}"
-            lines.append(f"replays    events replay {replay.replay_id} (window {_iso(replay.since)}–"
-                         f"{_iso(replay.until)}): {told}")
+            told = (
+                f"{state[1]} events frozen, {state[2]} published, {state[0]}" if state else f"exit {replay.exit_code}"
+            )
+            lines.append(
+                f"replays    events replay {replay.replay_id} (window {_iso(replay.since)}–"
+                f"{_iso(replay.until)}): {told}"
+            )
         else:
-            lines.append(f"replays    dlq replay --all: {len(replay.dead_letter_ids)} dead letters put back"
-                         + (f" (exit {replay.exit_code})" if replay.exit_code else ""))
+            lines.append(
+                f"replays    dlq replay --all: {len(replay.dead_letter_ids)} dead letters put back"
+                + (f" (exit {replay.exit_code})" if replay.exit_code else "")
+            )
     return lines

@@ -53,29 +53,39 @@ class Run:
 
 @dataclass
 class Reruns:
-    calls_repeated: Counter = field(default_factory=Counter)     # cause -> keys called successfully again
-    extra_calls: Counter = field(default_factory=Counter)        # cause -> successful calls beyond one
-    runs_repeated: Counter = field(default_factory=Counter)      # cause -> keys whose attempt ran again
-    extra_runs: Counter = field(default_factory=Counter)         # cause -> runs beyond one per attempt
+    calls_repeated: Counter = field(default_factory=Counter)  # cause -> keys called successfully again
+    extra_calls: Counter = field(default_factory=Counter)  # cause -> successful calls beyond one
+    runs_repeated: Counter = field(default_factory=Counter)  # cause -> keys whose attempt ran again
+    extra_runs: Counter = field(default_factory=Counter)  # cause -> runs beyond one per attempt
 
 
 async def observe_runs(database_url: str) -> dict[str, list[Run]]:
     connection = await asyncpg.connect(database_url)
     try:
-        rows = await connection.fetch("SELECT key, pid, attempt, extract(epoch FROM started) AS s,"
-                                      " extract(epoch FROM ended) AS e FROM chaos_runs ORDER BY started")
+        rows = await connection.fetch(
+            "SELECT key, pid, attempt, extract(epoch FROM started) AS s,"
+            " extract(epoch FROM ended) AS e FROM chaos_runs ORDER BY started"
+        )
     finally:
         await connection.close()
     runs: dict[str, list[Run]] = defaultdict(list)
     for row in rows:
-        runs[row["key"]].append(Run(row["pid"], row["attempt"], float(row["s"]),
-                                    None if row["e"] is None else float(row["e"])))
+        runs[row["key"]].append(
+            Run(row["pid"], row["attempt"], float(row["s"]), None if row["e"] is None else float(row["e"]))
+        )
     return runs
 
 
-def judge_calls(successes: dict[str, list[Call]], runs: dict[str, list[Run]], applied: list[Applied],
-                prunes: list[tuple[float, float]], workers: dict[int, str], verdict, reruns: Reruns,
-                gave_up: dict[tuple[int, str], list[float]] | None = None) -> None:
+def judge_calls(
+    successes: dict[str, list[Call]],
+    runs: dict[str, list[Run]],
+    applied: list[Applied],
+    prunes: list[tuple[float, float]],
+    workers: dict[int, str],
+    verdict,
+    reruns: Reruns,
+    gave_up: dict[tuple[int, str], list[float]] | None = None,
+) -> None:
     """`gave_up`: (pid, key) -> when that worker logged giving the key's lease up, to name an unexplained repeat."""
     gave_up = gave_up or {}
     for key, calls in successes.items():
@@ -84,13 +94,22 @@ def judge_calls(successes: dict[str, list[Call]], runs: dict[str, list[Run]], ap
             cause = _call_repeated_by(earlier, later, runs.get(key, []), applied, prunes)
             if cause is None:
                 given_up = [at for at in gave_up.get((earlier.pid, key), []) if earlier.started <= at <= later.started]
-                why = (f"; {_who(earlier, workers)} gave its lease up at {_clock(given_up[0])} "
-                       "(lease_lost_handler_cancelled) with no fault on it") if given_up else ""
+                why = (
+                    (
+                        f"; {_who(earlier, workers)} gave its lease up at {_clock(given_up[0])} "
+                        "(lease_lost_handler_cancelled) with no fault on it"
+                    )
+                    if given_up
+                    else ""
+                )
                 kind = "call repeated after a lease given up" if given_up else "call repeated"
-                verdict.violate(kind, f"{key}: called successfully by {_who(earlier, workers)} at "
-                                f"{_clock(earlier.started)} and again by {_who(later, workers)} at "
-                                f"{_clock(later.started)}, no kill, Postgres cut, pause past the lease or prune "
-                                f"between{why}")
+                verdict.violate(
+                    kind,
+                    f"{key}: called successfully by {_who(earlier, workers)} at "
+                    f"{_clock(earlier.started)} and again by {_who(later, workers)} at "
+                    f"{_clock(later.started)}, no kill, Postgres cut, pause past the lease or prune "
+                    f"between{why}",
+                )
                 continue
             causes.add(cause)
             reruns.extra_calls[cause] += 1
@@ -98,8 +117,9 @@ def judge_calls(successes: dict[str, list[Call]], runs: dict[str, list[Run]], ap
             reruns.calls_repeated[cause] += 1
 
 
-def _call_repeated_by(earlier: Call, later: Call, runs: list[Run], applied: list[Applied],
-                      prunes: list[tuple[float, float]]) -> str | None:
+def _call_repeated_by(
+    earlier: Call, later: Call, runs: list[Run], applied: list[Applied], prunes: list[tuple[float, float]]
+) -> str | None:
     """The downstream shares the run's loop with the traffic and the faults, so
     a call may be stamped a little after a fault that came after it was made:
     a process is killed once, so any kill of the earlier caller before the
@@ -108,13 +128,16 @@ def _call_repeated_by(earlier: Call, later: Call, runs: list[Run], applied: list
     for fault in applied:
         if fault.action == "kill" and fault.pid == earlier.pid and fault.started <= later.started:
             return "kill"
-        if fault.action == "cut" and fault.service == "postgres" \
-                and fault.touches(earlier.pid, begun, later.started):
+        if fault.action == "cut" and fault.service == "postgres" and fault.touches(earlier.pid, begun, later.started):
             return "cut postgres"
     started = _run_start(later, runs)
     for fault in applied:
-        if fault.action == "pause" and fault.pid == earlier.pid != later.pid \
-                and earlier.started < fault.ended and fault.started <= started <= fault.ended + PAUSE_SLACK_SECONDS:
+        if (
+            fault.action == "pause"
+            and fault.pid == earlier.pid != later.pid
+            and earlier.started < fault.ended
+            and fault.started <= started <= fault.ended + PAUSE_SLACK_SECONDS
+        ):
             return "pause"
     if any(earlier.ended + PRUNE_WINDOW_SECONDS < ended and begun < later.started for begun, ended in prunes):
         return "prune"
@@ -127,8 +150,13 @@ def _run_start(call: Call, runs: list[Run]) -> float:
     return max(begun) if begun else call.started
 
 
-def count_reruns(runs: dict[str, list[Run]], applied: list[Applied], prunes: list[tuple[float, float]],
-                 replayed_keys: set[str], reruns: Reruns) -> None:
+def count_reruns(
+    runs: dict[str, list[Run]],
+    applied: list[Applied],
+    prunes: list[tuple[float, float]],
+    replayed_keys: set[str],
+    reruns: Reruns,
+) -> None:
     for key, key_runs in runs.items():
         causes: set[str] = set()
         by_attempt: dict[int, Run] = {}
@@ -180,21 +208,36 @@ def _clock(moment: float) -> str:
 
 
 def _who(call: Call, workers: dict[int, str]) -> str:
-    return f"pid {call.pid} ({workers[call.pid]}, attempt {call.attempt})" if call.pid in workers \
+    return (
+        f"pid {call.pid} ({workers[call.pid]}, attempt {call.attempt})"
+        if call.pid in workers
         else f"pid {call.pid} (attempt {call.attempt})"
+    )
 
 
 def report_lines(reruns: Reruns, replayed_runs: Counter) -> list[str]:
     """Per fault kind: how many events were re-run, and why."""
-    def counted(keys: Counter, extra: Counter, unit: str) -> str:
-        return ", ".join(f"{cause} {keys[cause]} ({extra[cause]} {unit})"
-                         for cause in sorted(keys, key=lambda cause: -keys[cause])) or "none"
 
-    lines = [f"re-called  events called downstream successfully again, by cause: "
-             f"{counted(reruns.calls_repeated, reruns.extra_calls, 'extra calls')}",
-             f"re-run     events an attempt of which ran again, by the fault on the earlier run's worker: "
-             f"{counted(reruns.runs_repeated, reruns.extra_runs, 'extra runs')}"]
+    def counted(keys: Counter, extra: Counter, unit: str) -> str:
+        return (
+            ", ".join(
+                f"{cause} {keys[cause]} ({extra[cause]} {unit})"
+                for cause in sorted(keys, key=lambda cause: -keys[cause])
+            )
+            or "none"
+        )
+
+    lines = [
+        f"re-called  events called downstream successfully again, by cause: "
+        f"{counted(reruns.calls_repeated, reruns.extra_calls, 'extra calls')}",
+        f"re-run     events an attempt of which ran again, by the fault on the earlier run's worker: "
+        f"{counted(reruns.runs_repeated, reruns.extra_runs, 'extra runs')}",
+    ]
     if replayed_runs:
-        lines.append("replayed   by design: " + ", ".join(
-            f"event replay {rid}: {count} runs under replay keys" for rid, count in sorted(replayed_runs.items())))
+        lines.append(
+            "replayed   by design: "
+            + ", ".join(
+                f"event replay {rid}: {count} runs under replay keys" for rid, count in sorted(replayed_runs.items())
+            )
+        )
     return lines

@@ -14,12 +14,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from tests.chaos import replays, reruns
 from tests.chaos.applied import FullDeployment
 from tests.chaos.checks import Observed, Verdict, connect, judge, judge_runs, observe, resolved, run_keys
-from tests.chaos.downstream import Downstream, serving
-from webhook_ingest import layout
 from tests.chaos.deployment import (
     SECRET,
     SETTLE_SECONDS,
@@ -27,10 +24,12 @@ from tests.chaos.deployment import (
     known_queues,
     namespace_queues,
 )
+from tests.chaos.downstream import Downstream, serving
 from tests.chaos.plan import Plan, make_plan
 from tests.chaos.queues import held_by_rabbitmqctl, peek, ready_by_passive_declare
 from tests.chaos.report import render
 from tests.chaos.traffic import Sent, send_all
+from webhook_ingest import layout
 
 POLL_SECONDS = 2.0
 
@@ -39,9 +38,9 @@ POLL_SECONDS = 2.0
 class Options:
     seed: int
     events: int = 2000
-    duration: float = 60.0       # seconds of traffic, and of faults beside it
+    duration: float = 60.0  # seconds of traffic, and of faults beside it
     drain_timeout: float = 180.0  # the most the drain may take after the traffic
-    stall_seconds: float = 30.0   # the drain gives up once nothing moved for this long
+    stall_seconds: float = 30.0  # the drain gives up once nothing moved for this long
     concurrency: int = layout.CONCURRENCY  # the `run` defaults
     lock_ttl: float = 3.0
     work_ms: int = 100
@@ -57,20 +56,40 @@ class Result:
     verdict: Verdict
 
 
-async def run_local(options: Options, namespace: str | None = None, database_url: str | None = None,
-                    log_dir: Path | None = None) -> Result:
-    plan = make_plan(options.seed, options.events, options.duration, faults=options.faults, lock_ttl=options.lock_ttl,
-                     replays=options.replays)
+async def run_local(
+    options: Options, namespace: str | None = None, database_url: str | None = None, log_dir: Path | None = None
+) -> Result:
+    plan = make_plan(
+        options.seed,
+        options.events,
+        options.duration,
+        faults=options.faults,
+        lock_ttl=options.lock_ttl,
+        replays=options.replays,
+    )
     async with serving() as downstream:
         return await _run_local(options, plan, downstream, namespace, database_url, log_dir)
 
 
-async def _run_local(options: Options, plan: Plan, downstream: Downstream, namespace: str | None,
-                     database_url: str | None, log_dir: Path | None) -> Result:
-    deployment = FullDeployment(namespace, database_url, concurrency=options.concurrency,
-                                lock_ttl=options.lock_ttl, work_ms=options.work_ms, log_dir=log_dir,
-                                keep_database=options.keep_database, routes=options.routes,
-                                downstream_url=downstream.url)
+async def _run_local(
+    options: Options,
+    plan: Plan,
+    downstream: Downstream,
+    namespace: str | None,
+    database_url: str | None,
+    log_dir: Path | None,
+) -> Result:
+    deployment = FullDeployment(
+        namespace,
+        database_url,
+        concurrency=options.concurrency,
+        lock_ttl=options.lock_ttl,
+        work_ms=options.work_ms,
+        log_dir=log_dir,
+        keep_database=options.keep_database,
+        routes=options.routes,
+        downstream_url=downstream.url,
+    )
     async with deployment:
         faults = asyncio.create_task(deployment.run_faults(plan.faults))
         sent = await send_all(deployment.base_url, SOURCE, SECRET, plan.requests)
@@ -83,8 +102,9 @@ async def _run_local(options: Options, plan: Plan, downstream: Downstream, names
         drained = await drain(deployment.database_url, sent, held, options)
         await deployment.stop_workers()
         await archive_settled(deployment.database_url)
-        names = await namespace_queues(deployment.amqp_url, deployment.namespace, events_only=True) \
-            or known_queues(deployment.namespace)
+        names = await namespace_queues(deployment.amqp_url, deployment.namespace, events_only=True) or known_queues(
+            deployment.namespace
+        )
         leftover = await ready_by_passive_declare(deployment.amqp_url, names)
         left = {queue: await peek(deployment.amqp_url, queue) for queue, count in leftover.items() if count}
         seen = await observe(deployment.database_url)
@@ -97,13 +117,27 @@ async def _run_local(options: Options, plan: Plan, downstream: Downstream, names
     (deployment.log_dir / "faults.txt").write_text("".join(f"{line}\n" for line in applied))
     kept = f"; database kept: {deployment.database_url}" if deployment.keep_database else ""
     routed = f", {len(options.routes)} routes" if options.routes else ""
-    report = render(plan, sent, verdict, f"a local deployment (3 workers, 1 degraded{routed})", drained,
-                    f"{deployment.log_dir}{kept}", more)
+    report = render(
+        plan,
+        sent,
+        verdict,
+        f"a local deployment (3 workers, 1 degraded{routed})",
+        drained,
+        f"{deployment.log_dir}{kept}",
+        more,
+    )
     return Result(report, verdict)
 
 
-async def judge_calls_and_replays(plan: Plan, sent: Sent, seen: Observed, deployment: FullDeployment,
-                                  downstream: Downstream, routes: tuple[str, ...], verdict: Verdict) -> list[str]:
+async def judge_calls_and_replays(
+    plan: Plan,
+    sent: Sent,
+    seen: Observed,
+    deployment: FullDeployment,
+    downstream: Downstream,
+    routes: tuple[str, ...],
+    verdict: Verdict,
+) -> list[str]:
     """Issue 35's checks beside `judge`'s: one successful external call per
     key unless a fault explains another (tests/chaos/reruns.py), the
     replays' promises (tests/chaos/replays.py); returns the report's lines
@@ -112,8 +146,16 @@ async def judge_calls_and_replays(plan: Plan, sent: Sent, seen: Observed, deploy
     replays_seen = await replays.observe(deployment.database_url, deployment.issued, SOURCE)
     successes, tally = downstream.successes(), reruns.Reruns()
     logs = {process.pid: process.log_path for process in deployment.fleet.processes if process.pid in seen.workers}
-    reruns.judge_calls(successes, runs, deployment.applied, deployment.prunes, seen.workers, verdict, tally,
-                       reruns.leases_given_up(logs))
+    reruns.judge_calls(
+        successes,
+        runs,
+        deployment.applied,
+        deployment.prunes,
+        seen.workers,
+        verdict,
+        tally,
+        reruns.leases_given_up(logs),
+    )
     reruns.count_reruns(runs, deployment.applied, deployment.prunes, seen.replayed, tally)
     for key in seen.effects:
         if not successes.get(key):
@@ -127,13 +169,15 @@ async def judge_calls_and_replays(plan: Plan, sent: Sent, seen: Observed, deploy
     def intervals(key: str) -> None:
         judge_runs(key, seen, sorted(seen.effects.get(key, []))[:1], deployment.prunes, verdict)
 
-    replayed = replays.judge_event_replays(plan.events, sent, seen, replays_seen, deployment.issued,
-                                           routes, verdict, intervals)
+    replayed = replays.judge_event_replays(
+        plan.events, sent, seen, replays_seen, deployment.issued, routes, verdict, intervals
+    )
     return reruns.report_lines(tally, replayed) + replays.report_lines(deployment.issued, replays_seen)
 
 
-async def run_staging(options: Options, url: str, source: str, secret: str, database_url: str,
-                      amqp_url: str | None, namespace: str | None) -> Result:
+async def run_staging(
+    options: Options, url: str, source: str, secret: str, database_url: str, amqp_url: str | None, namespace: str | None
+) -> Result:
     """Traffic to `url` only; no fault is injected (cause your own while it runs)."""
     prefix = f"chaos-{options.seed}-{uuid.uuid4().hex[:6]}-"
     plan = make_plan(options.seed, options.events, options.duration, faults=False, id_prefix=prefix)
@@ -150,8 +194,13 @@ async def run_staging(options: Options, url: str, source: str, secret: str, data
     return Result(render(plan, sent, verdict, url, drained, ""), verdict)
 
 
-async def drain(database_url: str, sent: Sent, held: Callable[[], Awaitable[dict[str, int] | None]],
-                options: Options, key_pattern: str = "%") -> str:
+async def drain(
+    database_url: str,
+    sent: Sent,
+    held: Callable[[], Awaitable[dict[str, int] | None]],
+    options: Options,
+    key_pattern: str = "%",
+) -> str:
     """Waits until every accepted key is resolved and the queues hold nothing
     (twice in a row), or nothing moved for `stall_seconds`, or the timeout;
     giving up, it names the queues that still held messages."""
@@ -168,9 +217,11 @@ async def drain(database_url: str, sent: Sent, held: Callable[[], Awaitable[dict
             last_state, last_change = (done, in_queues), now
         if now - last_change > options.stall_seconds or now - started > options.drain_timeout:
             where = ", ".join(f"{queue} {count}" for queue, count in sorted((by_queue or {}).items()) if count)
-            return (f"gave up after {now - started:.0f}s: {done}/{keys} keys resolved, "
-                    f"{in_queues} message(s) still held{f' ({where})' if where else ''}, "
-                    f"no change for {now - last_change:.0f}s")
+            return (
+                f"gave up after {now - started:.0f}s: {done}/{keys} keys resolved, "
+                f"{in_queues} message(s) still held{f' ({where})' if where else ''}, "
+                f"no change for {now - last_change:.0f}s"
+            )
         await asyncio.sleep(POLL_SECONDS)
 
 
@@ -204,5 +255,9 @@ async def archive_settled(database_url: str) -> None:
 
 
 def staging_environment() -> dict[str, str | None]:
-    return {"secret": os.environ.get("CHAOS_SECRET"), "database_url": os.environ.get("DATABASE_URL"),
-            "amqp_url": os.environ.get("AMQP_URL"), "namespace": os.environ.get("WEBHOOK_INGEST_NAMESPACE")}
+    return {
+        "secret": os.environ.get("CHAOS_SECRET"),
+        "database_url": os.environ.get("DATABASE_URL"),
+        "amqp_url": os.environ.get("AMQP_URL"),
+        "namespace": os.environ.get("WEBHOOK_INGEST_NAMESPACE"),
+    }

@@ -9,9 +9,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import aiohttp
-from webhook_ingest.shared import signatures
 
 from tests.chaos.plan import Request
+from webhook_ingest.shared import signatures
 
 PROVIDER_RETRIES = 3
 
@@ -19,13 +19,12 @@ PROVIDER_RETRIES = 3
 @dataclass
 class Sent:
     statuses: Counter = field(default_factory=Counter)
-    accepted: dict[str, str] = field(default_factory=dict)            # event id -> key
+    accepted: dict[str, str] = field(default_factory=dict)  # event id -> key
     accepted_variants: dict[str, set[int]] = field(default_factory=dict)  # event id -> payload variants
-    answers: dict[str, Counter] = field(default_factory=dict)         # event id -> "200 accepted", "400 invalid_json"…
+    answers: dict[str, Counter] = field(default_factory=dict)  # event id -> "200 accepted", "400 invalid_json"…
 
 
-async def send_all(base_url: str, source: str, secret: str, requests: list[Request],
-                   connections: int = 32) -> Sent:
+async def send_all(base_url: str, source: str, secret: str, requests: list[Request], connections: int = 32) -> Sent:
     sent = Sent()
     limit = asyncio.Semaphore(connections)
     started = time.monotonic()

@@ -23,12 +23,21 @@ DASHBOARD_FILE = ROOT / "deploy" / "grafana" / "webhook-ingest.json"
 
 IMAGE = "webhook-ingest:latest"
 SPEC_VARIABLES = {
-    "AMQP_URL", "REDIS_URLS", "DATABASE_URL", "WEBHOOK_INGEST_NAMESPACE",
-    "WEBHOOK_INGEST_SOURCES", "WEBHOOK_INGEST_ADMIN_TOKEN", "LOG_FORMAT",
+    "AMQP_URL",
+    "REDIS_URLS",
+    "DATABASE_URL",
+    "WEBHOOK_INGEST_NAMESPACE",
+    "WEBHOOK_INGEST_SOURCES",
+    "WEBHOOK_INGEST_ADMIN_TOKEN",
+    "LOG_FORMAT",
 }
 PROVIDER_SECRETS = {
-    "STRIPE_WEBHOOK_SECRET", "GITHUB_WEBHOOK_SECRET", "SHOPIFY_WEBHOOK_SECRET",
-    "PAYSTACK_SECRET_KEY", "STANDARD_WEBHOOKS_SECRET", "HMAC_WEBHOOK_SECRET",
+    "STRIPE_WEBHOOK_SECRET",
+    "GITHUB_WEBHOOK_SECRET",
+    "SHOPIFY_WEBHOOK_SECRET",
+    "PAYSTACK_SECRET_KEY",
+    "STANDARD_WEBHOOKS_SECRET",
+    "HMAC_WEBHOOK_SECRET",
 }
 SCHEMES = {"stripe", "github", "shopify", "paystack", "standard-webhooks", "hmac-sha256"}
 
@@ -140,11 +149,20 @@ def test_docker_compose_config_is_valid(tmp_path):
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"docker compose plugin not installed: {exc}")
     if version.returncode != 0:
-        pytest.skip(f"docker compose plugin not installed: {(version.stderr or version.stdout).strip().splitlines()[0]}")
+        pytest.skip(
+            f"docker compose plugin not installed: {(version.stderr or version.stdout).strip().splitlines()[0]}"
+        )
     result = subprocess.run(
         ["docker", "compose", "config", "-q"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path), "WEBHOOK_INGEST_ADMIN_TOKEN": "test-token-of-the-deploy-files-0123456789"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "WEBHOOK_INGEST_ADMIN_TOKEN": "test-token-of-the-deploy-files-0123456789",
+        },
     )
     assert result.returncode == 0, result.stderr
 
@@ -171,7 +189,9 @@ def test_every_manifest_names_api_version_kind_and_name():
 def test_every_container_runs_the_compose_image():
     workloads = [doc for doc in kubernetes_documents() if doc["kind"] in {"Deployment", "Job", "CronJob"}]
     assert {doc["metadata"]["name"] for doc in workloads} >= {
-        "webhook-ingest-ingress", "webhook-ingest-worker", "webhook-ingest-migrate",
+        "webhook-ingest-ingress",
+        "webhook-ingest-worker",
+        "webhook-ingest-migrate",
     }
     for workload in workloads:
         for container in containers(workload):
@@ -305,8 +325,21 @@ def test_sources_example_has_one_source_per_scheme():
 
 # --- metrics in alerts and dashboards ------------------------------------
 
-PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
-                   "group_left", "group_right", "inf", "nan"}
+PROMQL_KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "inf",
+    "nan",
+}
 
 
 def registered_metric_names() -> set[str]:
@@ -382,8 +415,12 @@ def test_alerts_carry_for_severity_and_runbook():
     document = yaml.safe_load(ALERTS_FILE.read_text())
     rules = [rule for group in document["groups"] for rule in group["rules"]]
     text = " ".join(rule["expr"] for rule in rules)
-    for metric in ("webhook_ingress_requests_total", "webhook_dead_letters_open",
-                   "webhook_processing_duration_seconds_bucket", "webhook_idempotency_degraded"):
+    for metric in (
+        "webhook_ingress_requests_total",
+        "webhook_dead_letters_open",
+        "webhook_processing_duration_seconds_bucket",
+        "webhook_idempotency_degraded",
+    ):
         assert metric in text
     for rule in rules:
         assert rule["labels"]["severity"] in {"page", "ticket", "info"}, rule["alert"]
@@ -398,10 +435,15 @@ def test_dashboard_has_the_operator_panels():
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     every_expression = " ".join(expression for _, expression in dashboard_expressions())
-    for metric in ("webhook_ingress_requests_total", "webhook_ingress_request_duration_seconds_bucket",
-                   "webhook_events_total", "webhook_processing_duration_seconds_bucket",
-                   "webhook_dead_letters_open", "webhook_idempotency_degraded",
-                   "webhook_idempotency_store_errors_total"):
+    for metric in (
+        "webhook_ingress_requests_total",
+        "webhook_ingress_request_duration_seconds_bucket",
+        "webhook_events_total",
+        "webhook_processing_duration_seconds_bucket",
+        "webhook_dead_letters_open",
+        "webhook_idempotency_degraded",
+        "webhook_idempotency_store_errors_total",
+    ):
         assert metric in every_expression
 
 

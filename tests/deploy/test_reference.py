@@ -16,8 +16,23 @@ from tests.support.repository import ROOT, repository_files
 from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES, Settings
 
 REFERENCE = ROOT / "docs" / "reference.md"
-TEXT_SUFFIXES = (".md", ".py", ".toml", ".yml", ".yaml", ".cfg", ".ini", ".txt", ".sh", ".json",
-                 ".sql", ".lua", ".html", ".css", ".js")
+TEXT_SUFFIXES = (
+    ".md",
+    ".py",
+    ".toml",
+    ".yml",
+    ".yaml",
+    ".cfg",
+    ".ini",
+    ".txt",
+    ".sh",
+    ".json",
+    ".sql",
+    ".lua",
+    ".html",
+    ".css",
+    ".js",
+)
 TEXT_NAMES = ("Makefile", "Dockerfile", "run")
 SECTION_REFERENCE = re.compile(r"§\s*(\d+(?:\.\d+)?)")
 OUTSIDE_CONTRACT = re.compile(r"\bSPEC(?:\.md|\s*§)")
@@ -28,8 +43,11 @@ DOC_ANCHOR = re.compile(r"(?<![\w/.])(docs/[\w.\-]+\.md)#([\w\-]+)")
 
 def text_files() -> list[Path]:
     """Our own text files: vendored minified code (htmx) is not ours to check."""
-    return [path for path in repository_files()
-            if (path.suffix in TEXT_SUFFIXES or path.name in TEXT_NAMES) and ".min." not in path.name]
+    return [
+        path
+        for path in repository_files()
+        if (path.suffix in TEXT_SUFFIXES or path.name in TEXT_NAMES) and ".min." not in path.name
+    ]
 
 
 def lines_of(path: Path) -> list[tuple[int, str]]:
@@ -88,14 +106,23 @@ def test_section_rule():
 def test_every_section_reference_names_a_section_of_the_reference():
     sections = numbered_sections(REFERENCE.read_text())
     assert {str(n) for n in range(1, 11)} <= sections
-    dangling = [f"{where(path, number)}: §{section}" for path in text_files() for number, line in lines_of(path)
-                for section in SECTION_REFERENCE.findall(line) if section not in sections]
+    dangling = [
+        f"{where(path, number)}: §{section}"
+        for path in text_files()
+        for number, line in lines_of(path)
+        for section in SECTION_REFERENCE.findall(line)
+        if section not in sections
+    ]
     assert not dangling, dangling
 
 
 def test_no_file_refers_to_the_contract_outside_the_repository():
-    found = [f"{where(path, number)}: {line.strip()}" for path in text_files() for number, line in lines_of(path)
-             if OUTSIDE_CONTRACT.search(line)]
+    found = [
+        f"{where(path, number)}: {line.strip()}"
+        for path in text_files()
+        for number, line in lines_of(path)
+        if OUTSIDE_CONTRACT.search(line)
+    ]
     assert not found, f"write docs/reference.md §N instead: {found}"
 
 
@@ -126,8 +153,13 @@ def test_markdown_links_resolve():
 
 
 def test_doc_anchors_named_in_any_file_exist():
-    broken = [f"{where(path, number)}: {doc}#{name}" for path in text_files() for number, line in lines_of(path)
-              for doc, name in DOC_ANCHOR.findall(line) if link_problem(ROOT / "x", f"{doc}#{name}")]
+    broken = [
+        f"{where(path, number)}: {doc}#{name}"
+        for path in text_files()
+        for number, line in lines_of(path)
+        for doc, name in DOC_ANCHOR.findall(line)
+        if link_problem(ROOT / "x", f"{doc}#{name}")
+    ]
     assert not broken, broken
 
 
@@ -163,8 +195,7 @@ def test_the_layout_table_names_every_top_level_folder():
 @pytest.mark.parametrize("guide", ["README.md", "CONTRIBUTING.md"])
 def test_the_guides_list_every_test_folder(guide: str):
     text = (ROOT / guide).read_text()
-    folders = sorted(path.name for path in (ROOT / "tests").iterdir()
-                     if path.is_dir() and any(path.glob("*.py")))
+    folders = sorted(path.name for path in (ROOT / "tests").iterdir() if path.is_dir() and any(path.glob("*.py")))
     assert folders and not [folder for folder in folders if f"{folder}/" not in text]
 
 
@@ -179,7 +210,9 @@ def test_the_sources_table_has_every_field_of_the_model():
 
     section = REFERENCE.read_text().split("### Sources file", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE))
-    assert documented == set(SourceSection.model_fields), "docs/reference.md §3's sources table and SourceSection differ"
+    assert documented == set(SourceSection.model_fields), (
+        "docs/reference.md §3's sources table and SourceSection differ"
+    )
 
 
 def test_the_files_the_layout_table_names_exist():

@@ -14,8 +14,12 @@ import pytest
 from tests.support.repository import ROOT, repository_files
 
 # The installed name of each top-level folder (the package-dir mapping).
-INSTALLED_AS = {"webhook_ingest": "webhook_ingest", "ingress": "webhook_ingest/ingress",
-                "workers": "webhook_ingest/workers", "shared": "webhook_ingest/shared"}
+INSTALLED_AS = {
+    "webhook_ingest": "webhook_ingest",
+    "ingress": "webhook_ingest/ingress",
+    "workers": "webhook_ingest/workers",
+    "shared": "webhook_ingest/shared",
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +33,11 @@ def build(tmp_path_factory) -> tuple[zipfile.ZipFile, str]:
     out = tmp_path_factory.mktemp("wheel")
     built_by = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(source)],
-        check=True, capture_output=True, text=True, timeout=170)
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     [built] = out.glob("webhook_ingest-*.whl")
     return zipfile.ZipFile(built), built_by.stdout + built_by.stderr
 

@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.ingress import running_ingress
+from tests.support.signing import PROVIDERS
 from webhook_ingest.ingress.console.security import COOKIE_NAME
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.signatures import SCHEMES
 from webhook_ingest.shared.sources import load_sources
-from tests.support.ingress import running_ingress
-from tests.support.signing import PROVIDERS
 
 OPERATOR = "operator-token-for-the-fuzzing-tests-0123456789"
 
@@ -54,14 +54,20 @@ class IngressThread:
 
 @pytest.fixture
 def ingress(settings, tmp_path, monkeypatch) -> Iterator[IngressThread]:
-    for name, value in {"WEBHOOK_INGEST_ADMIN_TOKEN": OPERATOR, "WEBHOOK_INGEST_TRUSTED_PROXIES": "127.0.0.1/32",
-                        "WEBHOOK_INGEST_BODY_TIMEOUT": "2"}.items():
+    for name, value in {
+        "WEBHOOK_INGEST_ADMIN_TOKEN": OPERATOR,
+        "WEBHOOK_INGEST_TRUSTED_PROXIES": "127.0.0.1/32",
+        "WEBHOOK_INGEST_BODY_TIMEOUT": "2",
+    }.items():
         monkeypatch.setenv(name, value)
     path = tmp_path / "sources.toml"
-    path.write_text("\n".join(
-        f'[sources.{scheme}]\nscheme = "{scheme}"\nhandler = "inbox"\nsecrets = ["{PROVIDERS[scheme].source_secret}"]\n'
-        + "".join(f'{name} = "{value}"\n' for name, value in PROVIDERS[scheme].options.items())
-        for scheme in SCHEMES))
+    path.write_text(
+        "\n".join(
+            f'[sources.{scheme}]\nscheme = "{scheme}"\nhandler = "inbox"\nsecrets = ["{PROVIDERS[scheme].source_secret}"]\n'
+            + "".join(f'{name} = "{value}"\n' for name, value in PROVIDERS[scheme].options.items())
+            for scheme in SCHEMES
+        )
+    )
     served = IngressThread(Settings(), load_sources(str(path)))
     yield served
     served.close()
@@ -81,36 +87,109 @@ HEADER_BYTES = st.lists(st.one_of(st.integers(0x20, 0xFF), st.just(0x09)), max_s
 
 
 PATHS = ["/webhooks/" + scheme for scheme in SCHEMES] + [
-    "/webhooks/nope", "/webhooks/", "/webhooks/%2e%2e", "/webhooks/a%00b", "/console/login", "/console/logout",
-    "/console/", "/console/dead-letters", "/console/dead-letters/1", "/console/static/x", "/console",
-    "/admin/dead-letters", "/admin/dead-letters/99999999999999999999", "/admin/incidents", "/healthz", "/readyz",
-    "/metrics", "/", "//x", "/%ff"]
-NAMES = ["Content-Type", "Content-Encoding", "Authorization", "X-CSRF-Token", "Origin", "Sec-Fetch-Site",
-         "X-Forwarded-For", "Forwarded", "X-Forwarded-Proto", "Cookie", "HX-Request", "X-Signature",
-         "Stripe-Signature", "X-Hub-Signature-256", "webhook-id", "webhook-timestamp", "webhook-signature",
-         "X-Slack-Signature", "X-Slack-Request-Timestamp", "X-Twilio-Signature", "X-Gitlab-Token", "X-API-Key",
-         "x-square-hmacsha256-signature", "X-Twilio-Webhooks-Signature-Settings", "X-Event-ID", "Expect"]
-VALUES = [b"gzip", b"deflate", b"br", b"application/x-www-form-urlencoded", b"multipart/form-data; boundary=b",
-          b"application/json; charset=latin-9", b"Bearer " + OPERATOR.encode()[:-1], b"Basic !!", b"http://[::1",
-          b"null", b"cross-site", b"for=10.0.0.1;proto=https, for=\"[::1", b"2001:db8::1, 127.0.0.1",
-          b"t=1,v1=zz,v1=", b"sha256=00", b"v1,AAAA v1a,????", b"100-continue", b"\xff\xfe"]
+    "/webhooks/nope",
+    "/webhooks/",
+    "/webhooks/%2e%2e",
+    "/webhooks/a%00b",
+    "/console/login",
+    "/console/logout",
+    "/console/",
+    "/console/dead-letters",
+    "/console/dead-letters/1",
+    "/console/static/x",
+    "/console",
+    "/admin/dead-letters",
+    "/admin/dead-letters/99999999999999999999",
+    "/admin/incidents",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/",
+    "//x",
+    "/%ff",
+]
+NAMES = [
+    "Content-Type",
+    "Content-Encoding",
+    "Authorization",
+    "X-CSRF-Token",
+    "Origin",
+    "Sec-Fetch-Site",
+    "X-Forwarded-For",
+    "Forwarded",
+    "X-Forwarded-Proto",
+    "Cookie",
+    "HX-Request",
+    "X-Signature",
+    "Stripe-Signature",
+    "X-Hub-Signature-256",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "X-Slack-Signature",
+    "X-Slack-Request-Timestamp",
+    "X-Twilio-Signature",
+    "X-Gitlab-Token",
+    "X-API-Key",
+    "x-square-hmacsha256-signature",
+    "X-Twilio-Webhooks-Signature-Settings",
+    "X-Event-ID",
+    "Expect",
+]
+VALUES = [
+    b"gzip",
+    b"deflate",
+    b"br",
+    b"application/x-www-form-urlencoded",
+    b"multipart/form-data; boundary=b",
+    b"application/json; charset=latin-9",
+    b"Bearer " + OPERATOR.encode()[:-1],
+    b"Basic !!",
+    b"http://[::1",
+    b"null",
+    b"cross-site",
+    b'for=10.0.0.1;proto=https, for="[::1',
+    b"2001:db8::1, 127.0.0.1",
+    b"t=1,v1=zz,v1=",
+    b"sha256=00",
+    b"v1,AAAA v1a,????",
+    b"100-continue",
+    b"\xff\xfe",
+]
 
 
 @st.composite
 def requests(draw, cookie: str, csrf: str) -> bytes:
     method = draw(st.sampled_from(["POST", "POST", "POST", "GET", "GET", "HEAD", "PUT", "OPTIONS"]))
     path = draw(st.sampled_from(PATHS)) + draw(st.sampled_from(["", "?", "?limit=5000", "?bodySHA256=x&a=%ff"]))
-    headers = [(name, value) for name, value in draw(st.lists(st.tuples(
-        st.sampled_from(NAMES).map(str.encode), st.one_of(st.sampled_from(VALUES), HEADER_BYTES)), max_size=6))
-        if name != b"Expect" or value.isascii()]  # aiohttp's own 500, before any middleware: see the module docstring
+    headers = [
+        (name, value)
+        for name, value in draw(
+            st.lists(
+                st.tuples(st.sampled_from(NAMES).map(str.encode), st.one_of(st.sampled_from(VALUES), HEADER_BYTES)),
+                max_size=6,
+            )
+        )
+        if name != b"Expect" or value.isascii()
+    ]  # aiohttp's own 500, before any middleware: see the module docstring
     if draw(st.booleans()):
         headers.append((b"Cookie", f"{COOKIE_NAME}={cookie}".encode()))
     # Last, so it is the trusted proxy's hop: clients of their own, past the failure budget and the throttle.
     headers.append((b"X-Forwarded-For", str(draw(st.ip_addresses(network="198.18.0.0/15"))).encode()))
-    body = draw(st.one_of(st.binary(max_size=300), st.just(f"csrf_token={csrf}&token=x".encode()),
-                          st.just(b"\x1f\x8b\x08\x00" + bytes(40))))
-    head = [f"{method} {path} HTTP/1.1".encode(), b"Host: x", b"Connection: close",
-            b"Content-Length: " + str(len(body)).encode(), *(name + b": " + value for name, value in headers)]
+    body = draw(
+        st.one_of(
+            st.binary(max_size=300),
+            st.just(f"csrf_token={csrf}&token=x".encode()),
+            st.just(b"\x1f\x8b\x08\x00" + bytes(40)),
+        )
+    )
+    head = [
+        f"{method} {path} HTTP/1.1".encode(),
+        b"Host: x",
+        b"Connection: close",
+        b"Content-Length: " + str(len(body)).encode(),
+        *(name + b": " + value for name, value in headers),
+    ]
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 

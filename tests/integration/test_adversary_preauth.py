@@ -16,16 +16,16 @@ from urllib.parse import urlencode
 
 import pytest
 
-from webhook_ingest.ingress.console.security import COOKIE_NAME
-from webhook_ingest.ingress.failure_budget import FAILURES_BURST
-from webhook_ingest.shared import payloads, signatures
-from webhook_ingest.shared.signatures import twilio
-from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
 from tests.support.ingress import running_ingress
 from tests.support.logs import captured_logs
 from tests.support.signing import PROVIDERS, TWILIO_URL
 from tests.support.tcpproxy import free_port
+from webhook_ingest.ingress.console.security import COOKIE_NAME
+from webhook_ingest.ingress.failure_budget import FAILURES_BURST
+from webhook_ingest.shared import payloads, signatures
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.signatures import twilio
+from webhook_ingest.shared.sources import load_sources
 
 OPERATOR = "operator-token-for-the-adversary-tests-0123456789"
 SECRET = "adversary-secret"
@@ -37,7 +37,7 @@ def sources(tmp_path):
     path = tmp_path / "sources.toml"
     path.write_text(
         f'[sources.open]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
-        f'max_body_bytes = 65536\n'
+        f"max_body_bytes = 65536\n"
         f'[sources.office]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
         'allowed_ips = ["10.1.2.0/24"]\n'
         f'[sources.twilio]\nscheme = "twilio"\nsecrets = ["{PROVIDERS["twilio"].source_secret}"]\n'
@@ -73,8 +73,16 @@ async def login_cookie_and_csrf(client) -> tuple[str, str]:
 
 
 def form_post(cookie: str, content_type: bytes, body: bytes, *extra: bytes) -> tuple[bytes, bytes]:
-    head = (b"POST /console/login HTTP/1.1\nHost: x\nCookie: " + cookie.encode() + b"\nContent-Type: " + content_type
-            + b"\nContent-Length: " + str(len(body)).encode() + b"\n" + b"".join(line + b"\n" for line in extra))
+    head = (
+        b"POST /console/login HTTP/1.1\nHost: x\nCookie: "
+        + cookie.encode()
+        + b"\nContent-Type: "
+        + content_type
+        + b"\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\n"
+        + b"".join(line + b"\n" for line in extra)
+    )
     return head, body
 
 
@@ -88,8 +96,11 @@ async def test_malformed_sign_in_and_bearer_input_is_refused_never_a_500(setting
     async with running_ingress(settings_with(monkeypatch), sources) as client:
         cookie, csrf = await login_cookie_and_csrf(client)
         form = f"csrf_token={csrf}&token=guess".encode()
-        multipart = (b'--b\r\nContent-Disposition: form-data; name="csrf_token"\r\n\r\n' + csrf.encode()
-                     + b'\r\n--b\r\nContent-Disposition: form-data; name="token"\r\n\r\nguess\r\n--b--\r\n')
+        multipart = (
+            b'--b\r\nContent-Disposition: form-data; name="csrf_token"\r\n\r\n'
+            + csrf.encode()
+            + b'\r\n--b\r\nContent-Disposition: form-data; name="token"\r\n\r\nguess\r\n--b--\r\n'
+        )
         attempts = {
             "bearer": (b"GET /admin/dead-letters HTTP/1.1\nHost: x\nAuthorization: Bearer \xff\xfe\n", b""),
             "csrf header": form_post(cookie, b"application/x-www-form-urlencoded", form, b"X-CSRF-Token: \xff"),
@@ -100,8 +111,15 @@ async def test_malformed_sign_in_and_bearer_input_is_refused_never_a_500(setting
             "origin": form_post(cookie, b"application/x-www-form-urlencoded", form, b"Origin: http://[::1"),
         }
         answers = {name: (await exchange(client.port, *attempt))[0] for name, attempt in attempts.items()}
-    assert answers == {"bearer": 401, "csrf header": 403, "charset": 403, "not utf-8": 403, "multipart": 403,
-                       "no boundary": 403, "origin": 403}
+    assert answers == {
+        "bearer": 401,
+        "csrf header": 403,
+        "charset": 403,
+        "not utf-8": 403,
+        "multipart": 403,
+        "no boundary": 403,
+        "origin": 403,
+    }
 
 
 async def test_with_postgres_away_the_sign_in_page_is_a_503_not_a_500(settings, sources, monkeypatch):
@@ -119,8 +137,11 @@ async def test_with_postgres_away_the_sign_in_page_is_a_503_not_a_500(settings, 
 
 
 def aiohttp_errors(caplog) -> list[str]:
-    return [record.getMessage() for record in caplog.records
-            if record.name.startswith("aiohttp") and record.levelno >= logging.ERROR]
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name.startswith("aiohttp") and record.levelno >= logging.ERROR
+    ]
 
 
 async def test_a_body_answered_before_it_is_read_is_never_decompressed(settings, sources, monkeypatch, caplog):
@@ -180,14 +201,24 @@ async def test_the_addresses_of_one_ipv6_network_are_one_client(settings, source
     throttle never refused one such client."""
     proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32")
     async with running_ingress(proxied, sources) as client:
-        failures = [(await client.post("/webhooks/open", data=b"{}",
-                                       headers={"X-Forwarded-For": f"2001:db8:1:2::{n:x}"})).status
-                    for n in range(1, FAILURES_BURST + 4)]
+        failures = [
+            (
+                await client.post("/webhooks/open", data=b"{}", headers={"X-Forwarded-For": f"2001:db8:1:2::{n:x}"})
+            ).status
+            for n in range(1, FAILURES_BURST + 4)
+        ]
         neighbour = await client.post("/webhooks/open", data=b"{}", headers={"X-Forwarded-For": "2001:db8:1:3::1"})
         _, csrf = await login_cookie_and_csrf(client)
-        sign_ins = [(await client.post("/console/login", data={"csrf_token": csrf, "token": "guess"},
-                                       headers={"X-Forwarded-For": f"2001:db8:7:7:{n:x}::1"})).status
-                    for n in range(1, 11)]
+        sign_ins = [
+            (
+                await client.post(
+                    "/console/login",
+                    data={"csrf_token": csrf, "token": "guess"},
+                    headers={"X-Forwarded-For": f"2001:db8:7:7:{n:x}::1"},
+                )
+            ).status
+            for n in range(1, 11)
+        ]
     assert failures == [401] * FAILURES_BURST + [429] * 3
     assert neighbour.status == 401  # another /64 is another client
     assert sign_ins == [401] * 5 + [429] * 5
@@ -204,8 +235,9 @@ async def test_metrics_are_served_only_to_the_networks_allowed(settings, sources
         assert (await client.get("/metrics", headers={"X-Forwarded-For": "10.1.2.3"})).status == 200
         assert (await client.get("/metrics")).status == 200  # the peer itself, on loopback
         assert (await client.get("/readyz", headers={"X-Forwarded-For": "203.0.113.9"})).status == 200
-    chosen = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32",
-                           WEBHOOK_INGEST_METRICS_ALLOWED_IPS="198.51.100.0/24")
+    chosen = settings_with(
+        monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32", WEBHOOK_INGEST_METRICS_ALLOWED_IPS="198.51.100.0/24"
+    )
     async with running_ingress(chosen, sources) as client:
         assert (await client.get("/metrics", headers={"X-Forwarded-For": "198.51.100.7"})).status == 200
         assert (await client.get("/metrics", headers={"X-Forwarded-For": "10.1.2.3"})).status == 403
@@ -215,16 +247,21 @@ async def test_metrics_are_served_only_to_the_networks_allowed(settings, sources
 async def test_the_secure_cookie_follows_the_header_the_proxy_manages(settings, sources, monkeypatch, header):
     """`came_over_https` read `Forwarded` (its leftmost element: the client's)
     before `X-Forwarded-Proto`, whichever header the proxy manages."""
-    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32",
-                            WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER=header)
+    proxied = settings_with(
+        monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32", WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER=header
+    )
     if header == "X-Forwarded-For":  # nginx: X-Forwarded-Proto its own, a client's Forwarded passed through
         over_https = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https", "Forwarded": "proto=http"}
         over_http = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "http", "Forwarded": "proto=https"}
     else:  # a proxy appending its Forwarded element, a client's X-Forwarded-Proto passed through
-        over_https = {"Forwarded": "for=198.51.100.1;proto=http, for=203.0.113.9;proto=https",
-                      "X-Forwarded-Proto": "http"}
-        over_http = {"Forwarded": "for=198.51.100.1;proto=https, for=203.0.113.9;proto=http",
-                     "X-Forwarded-Proto": "https"}
+        over_https = {
+            "Forwarded": "for=198.51.100.1;proto=http, for=203.0.113.9;proto=https",
+            "X-Forwarded-Proto": "http",
+        }
+        over_http = {
+            "Forwarded": "for=198.51.100.1;proto=https, for=203.0.113.9;proto=http",
+            "X-Forwarded-Proto": "https",
+        }
     async with running_ingress(proxied, sources) as client:
         secure = (await client.get("/console/login", headers=over_https)).headers["Set-Cookie"]
         client.session.cookie_jar.clear()
@@ -245,7 +282,9 @@ async def test_a_form_of_more_fields_than_any_provider_sends_is_refused_unparsed
         over = await client.post("/webhooks/twilio", data=urlencode(fields), headers=twilio_signed(fields))
         assert (over.status, await over.json()) == (401, {"error": "invalid_signature"})
         fitting = fields[:MAX_FORM_FIELDS]
-        assert (await client.post("/webhooks/twilio", data=urlencode(fitting), headers=twilio_signed(fitting))).status == 200
+        assert (
+            await client.post("/webhooks/twilio", data=urlencode(fitting), headers=twilio_signed(fitting))
+        ).status == 200
 
 
 def twilio_signed(fields: list[tuple[str, str]]) -> dict[str, str]:
@@ -263,8 +302,11 @@ async def test_a_malformed_request_is_a_400_and_no_error_in_the_log(settings, so
     at ERROR with a traceback: anyone, with a few bytes and no budget to
     spend, wrote an error into the log (scanners do it all day)."""
     caplog.set_level(logging.DEBUG, logger="aiohttp")
-    malformed = [b"GET / HTTP/1.1\nHost: x\nX-Note: \x7f\n", b"GET /" + b"a" * 9000 + b" HTTP/1.1\nHost: x\n",
-                 b"POST /webhooks/open HTTP/1.1\nHost: x\nContent-Length: 1\nContent-Length: 2\n"]
+    malformed = [
+        b"GET / HTTP/1.1\nHost: x\nX-Note: \x7f\n",
+        b"GET /" + b"a" * 9000 + b" HTTP/1.1\nHost: x\n",
+        b"POST /webhooks/open HTTP/1.1\nHost: x\nContent-Length: 1\nContent-Length: 2\n",
+    ]
     async with running_ingress(settings_with(monkeypatch), sources) as client:
         statuses = [(await exchange(client.port, request))[0] for request in malformed]
     assert statuses == [400, 400, 400]

@@ -15,14 +15,18 @@ SECRET = "round4-secret"
 
 def _sources_file(tmp_path, *names: str) -> str:
     path = tmp_path / "sources.toml"
-    path.write_text("".join(f'[sources."{name}"]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
-                            'handler = "inbox"\n' for name in names))
+    path.write_text(
+        "".join(
+            f'[sources."{name}"]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n' for name in names
+        )
+    )
     return str(path)
 
 
 async def _post(client, source: str, body: bytes, **headers: str) -> tuple[int, dict]:
-    response = await client.post(f"/webhooks/{source}", data=body,
-                                 headers={**signatures.sign("hmac-sha256", body, SECRET), **headers})
+    response = await client.post(
+        f"/webhooks/{source}", data=body, headers={**signatures.sign("hmac-sha256", body, SECRET), **headers}
+    )
     return response.status, await response.json()
 
 

@@ -6,8 +6,8 @@ import asyncpg
 import pytest
 
 from tests.support.events import make_event
-from webhook_ingest.workers.retry import FailurePolicy, describe_failure
 from webhook_ingest.workers.handlers import PermanentError
+from webhook_ingest.workers.retry import FailurePolicy, describe_failure
 
 
 @pytest.fixture
@@ -27,11 +27,15 @@ async def test_an_error_quoting_a_nul_and_a_lone_surrogate_is_dead_lettered_and_
     incident as in the dead letter (before: DataError, nothing committed)."""
     error = describe_failure(PermanentError("the CRM answered: name\x00 caf\udce9"), 1)
     dead_letter_id = await FailurePolicy(None, pool, "unused").dead_letter(
-        make_event("acme", "evt_unstorable"), error, permanent=True, handler="forward")
+        make_event("acme", "evt_unstorable"), error, permanent=True, handler="forward"
+    )
     assert dead_letter_id is not None
     [incident] = await _rows(pool, "SELECT last_error, error_pattern, dead_letters FROM incidents")
-    assert incident == {"last_error": "the CRM answered: name\ufffd caf\ufffd",
-                        "error_pattern": "the CRM answered: name\ufffd caf\ufffd", "dead_letters": 1}
+    assert incident == {
+        "last_error": "the CRM answered: name\ufffd caf\ufffd",
+        "error_pattern": "the CRM answered: name\ufffd caf\ufffd",
+        "dead_letters": 1,
+    }
 
 
 async def test_a_count_postgres_refuses_does_not_refuse_the_dead_letter(pool):
@@ -48,7 +52,8 @@ async def test_a_count_postgres_refuses_does_not_refuse_the_dead_letter(pool):
         """)
     error = describe_failure(PermanentError("refused for good"), 1)
     dead_letter_id = await FailurePolicy(None, pool, "unused").dead_letter(
-        make_event("acme", "evt_refused_count"), error, permanent=True, handler="forward")
+        make_event("acme", "evt_refused_count"), error, permanent=True, handler="forward"
+    )
     assert dead_letter_id is not None
     assert await _rows(pool, "SELECT id, status FROM dead_letters") == [{"id": dead_letter_id, "status": "dead"}]
     assert await _rows(pool, "SELECT id FROM incidents") == []  # the count rolled back to its savepoint, alone
@@ -64,8 +69,12 @@ async def test_an_open_dead_letter_recorded_again_is_not_counted_again_in_its_in
     failure still counts as a failure."""
     policy = FailurePolicy(None, pool, "unused")
     event = make_event("acme", "evt_copied")
-    error = {"attempt": 1, "at": "2026-11-25T00:00:00+00:00", "type": "UnknownSource",
-             "message": "no worker knew source 'acme' for 600 s"}
+    error = {
+        "attempt": 1,
+        "at": "2026-11-25T00:00:00+00:00",
+        "type": "UnknownSource",
+        "message": "no worker knew source 'acme' for 600 s",
+    }
     ids = {await policy.dead_letter(event, error), await policy.dead_letter(event, error)}
     assert len(ids) == 1
     assert await _rows(pool, "SELECT failures, dead_letters FROM incidents") == [{"failures": 2, "dead_letters": 1}]

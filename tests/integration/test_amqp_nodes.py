@@ -7,10 +7,10 @@ import asyncio
 import aio_pika
 import pytest
 
-from webhook_ingest.shared import amqp
+from tests.support.broker import amqp_port
 from tests.support.processes import wait_until
 from tests.support.tcpproxy import TcpProxy
-from tests.support.broker import amqp_port
+from webhook_ingest.shared import amqp
 
 QUICK = "?reconnect_interval=0.2"
 

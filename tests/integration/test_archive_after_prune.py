@@ -13,18 +13,22 @@ import dataclasses
 import time
 from datetime import timedelta
 
-from webhook_ingest.shared import archive, archive_upkeep
-from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
-from webhook_ingest.shared.sources import parse_source
-from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.shared.replay_keys import replay_key
-from webhook_ingest.workers.completions import CompletionStore
 from tests.support.archive import arrival_of, arrived, ran, statuses
 from tests.support.dead_letters import failure
+from webhook_ingest.shared import archive, archive_upkeep
+from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
+from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.replay_keys import replay_key
+from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.workers.completions import CompletionStore
 
 ROUTES = {"routed": ["billing", "audit"]}
-ROUTED_SOURCE = {"scheme": "github", "secrets": ["s"], "retention": "7d",
-                 "routes": [{"name": name, "handler": "inbox"} for name in ROUTES["routed"]]}
+ROUTED_SOURCE = {
+    "scheme": "github",
+    "secrets": ["s"],
+    "retention": "7d",
+    "routes": [{"name": name, "handler": "inbox"} for name in ROUTES["routed"]],
+}
 
 
 async def pruned(archive_store) -> None:
@@ -69,11 +73,16 @@ async def test_prune_settles_the_rows_a_lost_outcome_left_from_the_completions_i
 async def test_prune_settles_a_routed_event_from_its_routes_completions_and_dead_letters(archive_store):
     done, failed = arrival_of("routed", "evt_p2", 5), arrival_of("routed", "evt_p3", 5)
     await arrived(archive_store, done, failed)
-    await ran(archive_store, dataclasses.replace(done, key=f"{done.key}#billing", route="billing"),
-              dataclasses.replace(failed, key=f"{failed.key}#billing", route="billing"))
-    await record_dead_letter(archive_store._database,
-                             dataclasses.replace(failed, key=f"{failed.key}#audit", route="audit", attempt=2),
-                             [failure(1), failure(2)])
+    await ran(
+        archive_store,
+        dataclasses.replace(done, key=f"{done.key}#billing", route="billing"),
+        dataclasses.replace(failed, key=f"{failed.key}#billing", route="billing"),
+    )
+    await record_dead_letter(
+        archive_store._database,
+        dataclasses.replace(failed, key=f"{failed.key}#audit", route="audit", attempt=2),
+        [failure(1), failure(2)],
+    )
     await pruned(archive_store)
     assert await statuses(archive_store, done.key) == [("processed", 1)]
     assert await statuses(archive_store, failed.key) == [("dead", 2)]
@@ -85,8 +94,11 @@ async def test_prune_leaves_rows_its_completions_are_not_the_end_of(archive_stor
     event = arrival_of("acme", "evt_p4", 5)
     lookalike = arrival_of("routed", "evt_p5#billing", 5)
     await arrived(archive_store, event, lookalike)
-    await ran(archive_store, dataclasses.replace(event, key=replay_key(event.key, 7)),
-              dataclasses.replace(arrival_of("routed", "evt_p5", 5), key="routed:evt_p5#billing", route="billing"))
+    await ran(
+        archive_store,
+        dataclasses.replace(event, key=replay_key(event.key, 7)),
+        dataclasses.replace(arrival_of("routed", "evt_p5", 5), key="routed:evt_p5#billing", route="billing"),
+    )
     await pruned(archive_store)
     assert await statuses(archive_store, event.key) == [("queued", 0)]
     assert await statuses(archive_store, lookalike.key) == [("queued", 0)]
@@ -108,10 +120,16 @@ async def test_a_retry_that_finds_the_event_done_ends_its_arrival_s_chain(archiv
     await archive_store.write_outcomes([archive.outcome_row(first, archive.PROCESSED, time.time())])
     await pruned(archive_store)
     for attempt in (1, 2):
-        await archive_store.write_outcomes([archive.outcome_row(
-            dataclasses.replace(copy, attempt=attempt), archive.RETRYING, time.time(), "RuntimeError: boom")])
-    await archive_store.write_outcomes([archive.outcome_row(
-        dataclasses.replace(copy, attempt=3), archive.DUPLICATE, time.time())])
+        await archive_store.write_outcomes(
+            [
+                archive.outcome_row(
+                    dataclasses.replace(copy, attempt=attempt), archive.RETRYING, time.time(), "RuntimeError: boom"
+                )
+            ]
+        )
+    await archive_store.write_outcomes(
+        [archive.outcome_row(dataclasses.replace(copy, attempt=3), archive.DUPLICATE, time.time())]
+    )
     await archive_store.settle(0, ROUTES)
     assert await statuses(archive_store, first.key) == [("processed", 1), ("duplicate", 3)]
 
@@ -162,8 +180,16 @@ async def test_the_upkeep_leaves_the_copies_and_conflicts_no_completion_names(ar
     await arrived(archive_store, ran_first, copy, other_payload)
     await arrived(archive_store, answered_copy, status=archive.DUPLICATE)
     await ran(archive_store, ran_first)
-    await archive_store.write_outcomes([archive.outcome_row(run, status, time.time()) for run, status in (
-        (ran_first, archive.PROCESSED), (copy, archive.DUPLICATE), (other_payload, archive.CONFLICT))])
+    await archive_store.write_outcomes(
+        [
+            archive.outcome_row(run, status, time.time())
+            for run, status in (
+                (ran_first, archive.PROCESSED),
+                (copy, archive.DUPLICATE),
+                (other_payload, archive.CONFLICT),
+            )
+        ]
+    )
     routed = arrival_of("routed", "evt_k2", 10)
     routed_copy = arrival_of("routed", "evt_k2", 9)
     await arrived(archive_store, routed, routed_copy)
@@ -175,10 +201,15 @@ async def test_the_upkeep_leaves_the_copies_and_conflicts_no_completion_names(ar
     await ran(archive_store, dataclasses.replace(guessed_copy))
     await archive_store._database.execute("UPDATE processed_events SET arrival = NULL WHERE key = $1", guessed.key)
     await upkeep_round(archive_store, monkeypatch)  # the sweep guesses: the oldest ran
-    await archive_store._database.execute("UPDATE processed_events SET arrival = $2 WHERE key = $1",
-                                          guessed.key, guessed_copy.arrival)  # a previous release's guess, seen so
+    await archive_store._database.execute(
+        "UPDATE processed_events SET arrival = $2 WHERE key = $1", guessed.key, guessed_copy.arrival
+    )  # a previous release's guess, seen so
     await upkeep_round(archive_store, monkeypatch)
-    assert await statuses(archive_store, ran_first.key) == [("processed", 1), ("duplicate", 1), ("conflict", 1),
-                                                             ("duplicate", 0)]
+    assert await statuses(archive_store, ran_first.key) == [
+        ("processed", 1),
+        ("duplicate", 1),
+        ("conflict", 1),
+        ("duplicate", 0),
+    ]
     assert await statuses(archive_store, routed.key) == [("processed", 1), ("duplicate", 1)]
     assert await statuses(archive_store, guessed.key) == [("processed", 1), ("duplicate", 1)]

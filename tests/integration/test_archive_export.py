@@ -17,11 +17,11 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
+from tests.support.events import make_event
 from webhook_ingest.cli import main
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archived_events import EventFilter
-from tests.support.events import make_event
 
 CLI = os.path.join(os.path.dirname(sys.executable), "webhook-ingest")
 NOW = datetime.now(UTC).replace(microsecond=0)
@@ -32,8 +32,7 @@ NOT_UTF8 = b"\xff\xfe\x00binary"
 def event(source: str, event_id: str, minutes_ago: float, kind: str, body: bytes | None = None, **payload):
     made = make_event(source, event_id, {"type": kind})
     body = body if body is not None else json.dumps({"id": event_id, "type": kind, **payload}).encode()
-    return dataclasses.replace(made, body=body,
-                               received_at=(NOW - timedelta(minutes=minutes_ago)).timestamp())
+    return dataclasses.replace(made, body=body, received_at=(NOW - timedelta(minutes=minutes_ago)).timestamp())
 
 
 async def archived(settings, events, outcomes=()) -> None:
@@ -41,8 +40,9 @@ async def archived(settings, events, outcomes=()) -> None:
     try:
         store = ArchiveStore(connection)
         await store.keep({source: timedelta(days=7) for source in {e.source for e in events}})
-        await store.write_arrivals([archive.arrival_row(e, e.event_id.split("_")[0], '{"x-test": "1"}', archive.QUEUED)
-                                    for e in events])
+        await store.write_arrivals(
+            [archive.arrival_row(e, e.event_id.split("_")[0], '{"x-test": "1"}', archive.QUEUED) for e in events]
+        )
         await store.write_outcomes(list(outcomes))
     finally:
         await connection.close()
@@ -59,8 +59,14 @@ async def test_the_filters_of_events_list_select_what_is_exported(settings):
     other = event("stripe", "inv_2", 40, "invoice.paid", customer="cus_456")
     push = event("github", "push_1", 30, "push", ref="main")
     at = NOW.timestamp()
-    await archived(settings, [paid, other, push], [archive.outcome_row(paid, archive.PROCESSED, at),
-                                                  archive.outcome_row(other, archive.DEAD, at, "RuntimeError: 500")])
+    await archived(
+        settings,
+        [paid, other, push],
+        [
+            archive.outcome_row(paid, archive.PROCESSED, at),
+            archive.outcome_row(other, archive.DEAD, at, "RuntimeError: 500"),
+        ],
+    )
 
     everything = await asyncio.to_thread(export)
     assert [row["key"] for row in everything] == [push.key, other.key, paid.key]  # newest first, like `list`
@@ -74,7 +80,12 @@ async def test_the_filters_of_events_list_select_what_is_exported(settings):
     assert [row["last_error"] for row in await asyncio.to_thread(export, "--status", "dead")] == ["RuntimeError: 500"]
     assert [row["key"] for row in await asyncio.to_thread(export, "--source", "github")] == [push.key]
     assert [row["key"] for row in await asyncio.to_thread(export, "--type", "inv")] == [other.key, paid.key]
-    window = ("--since", (NOW - timedelta(minutes=45)).isoformat(), "--until", (NOW - timedelta(minutes=35)).isoformat())
+    window = (
+        "--since",
+        (NOW - timedelta(minutes=45)).isoformat(),
+        "--until",
+        (NOW - timedelta(minutes=35)).isoformat(),
+    )
     assert [row["key"] for row in await asyncio.to_thread(export, *window)] == [other.key]
     assert [row["key"] for row in await asyncio.to_thread(export, "--key", "stripe:inv_1")] == [paid.key]
     assert await asyncio.to_thread(export, "--event-id", "nothing") == []
@@ -105,14 +116,20 @@ async def test_a_large_selection_streams_page_by_page_and_ends_quietly_on_a_clos
 
     assert len(await asyncio.to_thread(export, "--source", "bulk")) == 1_205
     head = await asyncio.to_thread(
-        subprocess.run, f"{CLI} events export --source bulk | head -n 3",
-        shell=True, capture_output=True, env=os.environ, timeout=60)
+        subprocess.run,
+        f"{CLI} events export --source bulk | head -n 3",
+        shell=True,
+        capture_output=True,
+        env=os.environ,
+        timeout=60,
+    )
     assert [json.loads(line)["key"] for line in head.stdout.splitlines()] == [e.key for e in many[:3]]
     assert head.stderr == b""  # no traceback from the closed pipe
 
 
-@pytest.mark.parametrize("args, message", [(("--since", "yesterday"), "invalid --since"),
-                                           (("--payload", "[1]"), "invalid --payload")])
+@pytest.mark.parametrize(
+    "args, message", [(("--since", "yesterday"), "invalid --since"), (("--payload", "[1]"), "invalid --payload")]
+)
 def test_a_filter_that_cannot_be_one_is_one_line(settings, args, message):
     result = CliRunner().invoke(main, ["events", "export", *args])
     assert result.exit_code == 2 and message in result.output

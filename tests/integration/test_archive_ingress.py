@@ -10,31 +10,39 @@ import asyncpg
 import pytest
 import redis.asyncio as redis
 
-from webhook_ingest.shared import signatures
-from webhook_ingest.shared.redis_keys import done_marker, key_prefix
-from webhook_ingest.shared.sources import load_sources
 from tests.conftest import REDIS_URL
 from tests.support.broker import amqp_port
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import wait_until
 from tests.support.signing import PROVIDER_SECRETS
 from tests.support.tcpproxy import TcpProxy
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.redis_keys import done_marker, key_prefix
+from webhook_ingest.shared.sources import load_sources
 
 PROVIDERS = {  # source: (scheme, extra headers, body, the type the archive should say)
     "stripe": ("stripe", {}, {"id": "evt_1", "type": "invoice.paid", "customer": "cus_1"}, "invoice.paid"),
     "github": ("github", {"X-GitHub-Event": "push", "X-GitHub-Delivery": "d-1"}, {"ref": "main"}, "push"),
-    "shopify": ("shopify", {"X-Shopify-Topic": "orders/create", "X-Shopify-Webhook-Id": "w-1"}, {"id": 7},
-                "orders/create"),
+    "shopify": (
+        "shopify",
+        {"X-Shopify-Topic": "orders/create", "X-Shopify-Webhook-Id": "w-1"},
+        {"id": 7},
+        "orders/create",
+    ),
     "standard": ("standard-webhooks", {}, {"type": "user.created", "data": {"id": 1}}, "user.created"),
 }
 
 
 @pytest.fixture
 def sources(tmp_path):
-    sections = [f'[sources.{name}]\nscheme = "{scheme}"\nsecrets = ["{PROVIDER_SECRETS[scheme]}"]\nhandler = "inbox"\n'
-                for name, (scheme, *_) in PROVIDERS.items()]
-    sections.append(f'[sources.unkept]\nscheme = "hmac-sha256"\nsecrets = ["{PROVIDER_SECRETS["hmac-sha256"]}"]\n'
-                    'handler = "inbox"\nretention = "0d"\n')
+    sections = [
+        f'[sources.{name}]\nscheme = "{scheme}"\nsecrets = ["{PROVIDER_SECRETS[scheme]}"]\nhandler = "inbox"\n'
+        for name, (scheme, *_) in PROVIDERS.items()
+    ]
+    sections.append(
+        f'[sources.unkept]\nscheme = "hmac-sha256"\nsecrets = ["{PROVIDER_SECRETS["hmac-sha256"]}"]\n'
+        'handler = "inbox"\nretention = "0d"\n'
+    )
     path = tmp_path / "sources.toml"
     path.write_text("\n".join(sections))
     return load_sources(str(path))
@@ -106,7 +114,10 @@ async def test_a_copy_answered_duplicate_is_an_arrival_of_its_own(settings, sour
         second = await (await client.post("/webhooks/stripe", data=body, headers=headers)).json()
         assert (first["status"], second["status"]) == ("accepted", "duplicate")
         archived = await until_archived(settings.database_url, 2)
-    assert [(row["key"], row["status"]) for row in archived] == [("stripe:evt_1", "queued"), ("stripe:evt_1", "duplicate")]
+    assert [(row["key"], row["status"]) for row in archived] == [
+        ("stripe:evt_1", "queued"),
+        ("stripe:evt_1", "duplicate"),
+    ]
     assert bytes(archived[1]["body"]) == body
 
 
@@ -141,6 +152,8 @@ async def test_the_ingress_answers_while_postgres_is_cut_and_archives_once_it_is
 async def _days_made(database_url: str) -> bool:
     connection = await asyncpg.connect(database_url)
     try:
-        return bool(await connection.fetchval("SELECT count(*) FROM pg_inherits WHERE inhparent = 'event_archive'::regclass"))
+        return bool(
+            await connection.fetchval("SELECT count(*) FROM pg_inherits WHERE inhparent = 'event_archive'::regclass")
+        )
     finally:
         await connection.close()

@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import asyncpg
 
+from tests.support.events import make_event
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archived_events import EventFilter
-from tests.support.events import make_event
 
 
 async def test_a_payload_search_planned_in_parallel_answers(settings):

@@ -14,16 +14,16 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from webhook_ingest.cli import main
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
 from tests.support.dead_letters import failure
 from tests.support.events import make_event
 from tests.support.ingress import console_login, running_ingress
+from webhook_ingest.cli import main
+from webhook_ingest.shared import archive
+from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import new_arrival
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources
 
 TOKEN = "s3cret-admin-token-of-the-archive-search-tests"
 VIEWER = "s3cret-viewer-token-of-the-archive-search-tests"
@@ -57,17 +57,31 @@ async def archived(admin_settings):
     try:
         store = ArchiveStore(connection)
         await store.keep({"stripe": timedelta(days=7), "github": timedelta(days=7)})
-        await store.write_arrivals([archive.arrival_row(e, json.loads(e.body)["type"], '{"x-test": "1"}', archive.QUEUED)
-                                    for e in (paid, failed, running, copy, other, push)])
+        await store.write_arrivals(
+            [
+                archive.arrival_row(e, json.loads(e.body)["type"], '{"x-test": "1"}', archive.QUEUED)
+                for e in (paid, failed, running, copy, other, push)
+            ]
+        )
         at = NOW.timestamp()
-        await store.write_outcomes([
-            archive.outcome_row(paid, archive.PROCESSED, at), archive.outcome_row(copy, archive.DUPLICATE, at),
-            archive.outcome_row(failed, archive.DEAD, at, "RuntimeError: 500"),
-            archive.outcome_row(other, archive.CONFLICT, at), archive.outcome_row(push, archive.PROCESSED, at)])
-        await connection.execute("INSERT INTO key_fences (key, token, lease_until) VALUES ($1, 1, now() + interval '1 hour')",
-                                 running.key)
-        await connection.execute("INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts)"
-                                 " VALUES ($1, 'stripe', 'evt_1', $2, 1)", paid.key, paid.payload_sha256)
+        await store.write_outcomes(
+            [
+                archive.outcome_row(paid, archive.PROCESSED, at),
+                archive.outcome_row(copy, archive.DUPLICATE, at),
+                archive.outcome_row(failed, archive.DEAD, at, "RuntimeError: 500"),
+                archive.outcome_row(other, archive.CONFLICT, at),
+                archive.outcome_row(push, archive.PROCESSED, at),
+            ]
+        )
+        await connection.execute(
+            "INSERT INTO key_fences (key, token, lease_until) VALUES ($1, 1, now() + interval '1 hour')", running.key
+        )
+        await connection.execute(
+            "INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts)"
+            " VALUES ($1, 'stripe', 'evt_1', $2, 1)",
+            paid.key,
+            paid.payload_sha256,
+        )
         dead_letter = await record_dead_letter(connection, failed, [failure(1)])
     finally:
         await connection.close()
@@ -85,27 +99,40 @@ async def get(client, path: str, token: str = TOKEN):
 
 async def test_a_search_filters_newest_first_and_counts(admin_settings, archived):
     async with running_ingress(admin_settings, load_sources(None)) as client:
+
         async def keys(query: str) -> list[tuple[str, str]]:
             status, page = await get(client, f"/admin/events?{query}")
             assert status == 200, page
             assert page["count"] == len(page["events"])
             return [(row["key"], row["status"]) for row in page["events"]]
 
-        assert await keys("") == [("github:d/1", "processed"), ("stripe:evt_1", "conflict"),
-                                  ("stripe:evt_1", "duplicate"), ("stripe:evt_3", "processing"),
-                                  ("stripe:evt_2", "dead"), ("stripe:evt_1", "processed")]
+        assert await keys("") == [
+            ("github:d/1", "processed"),
+            ("stripe:evt_1", "conflict"),
+            ("stripe:evt_1", "duplicate"),
+            ("stripe:evt_3", "processing"),
+            ("stripe:evt_2", "dead"),
+            ("stripe:evt_1", "processed"),
+        ]
         assert await keys("source=github") == [("github:d/1", "processed")]
         assert await keys("status=processing") == [("stripe:evt_3", "processing")]
         assert await keys("status=queued") == []
         assert [k for k, _ in await keys("type=invoice.paid&status=dead")] == ["stripe:evt_2"]
         since, until = (NOW - timedelta(minutes=45)).isoformat(), (NOW - timedelta(minutes=25)).isoformat()
-        assert [k for k, _ in await keys(f"since={since}&until={until}".replace("+", "%2B"))] == ["stripe:evt_3", "stripe:evt_2"]
+        assert [k for k, _ in await keys(f"since={since}&until={until}".replace("+", "%2B"))] == [
+            "stripe:evt_3",
+            "stripe:evt_2",
+        ]
         assert await keys("key=stripe:evt_2") == [("stripe:evt_2", "dead")]
         assert [k for k, _ in await keys("event_id=d/")] == ["github:d/1"]
         assert await keys('payload={"customer":"cus_123"}') == [  # the copy carries the same body
-            ("stripe:evt_1", "duplicate"), ("stripe:evt_3", "processing"), ("stripe:evt_1", "processed")]
-        cli = json.loads((await asyncio.to_thread(events, "list", "--payload", '{"customer": "cus_123"}',
-                                                             "--json")).stdout)
+            ("stripe:evt_1", "duplicate"),
+            ("stripe:evt_3", "processing"),
+            ("stripe:evt_1", "processed"),
+        ]
+        cli = json.loads(
+            (await asyncio.to_thread(events, "list", "--payload", '{"customer": "cus_123"}', "--json")).stdout
+        )
         assert cli == (await get(client, '/admin/events?payload={"customer": "cus_123"}'))[1]
 
 
@@ -131,8 +158,12 @@ async def test_copies_received_in_one_millisecond_are_each_a_row_of_the_pages(ad
         store = ArchiveStore(connection)
         await store.keep({"stripe": timedelta(days=7)})
         await store.write_arrivals([archive.arrival_row(e, "invoice.paid", "{}", archive.QUEUED) for e in copies])
-        await store.write_outcomes([archive.outcome_row(copies[0], archive.PROCESSED, NOW.timestamp()),
-                                    *(archive.outcome_row(e, archive.DUPLICATE, NOW.timestamp()) for e in copies[1:])])
+        await store.write_outcomes(
+            [
+                archive.outcome_row(copies[0], archive.PROCESSED, NOW.timestamp()),
+                *(archive.outcome_row(e, archive.DUPLICATE, NOW.timestamp()) for e in copies[1:]),
+            ]
+        )
     finally:
         await connection.close()
     async with running_ingress(admin_settings, load_sources(None)) as client:
@@ -166,11 +197,18 @@ async def test_an_events_page_holds_every_arrival_of_its_key_and_what_was_record
     assert cli == shown
 
 
-@pytest.mark.parametrize("query, code", [
-    ("status=lost", "invalid_status"), ("since=yesterday", "invalid_since"), ("payload=[1]", "invalid_payload"),
-    ("payload={", "invalid_payload"), ("limit=0", "invalid_limit"), ("limit=99999999", "invalid_limit"),
-    ("cursor=xyz", "invalid_cursor"),
-])
+@pytest.mark.parametrize(
+    "query, code",
+    [
+        ("status=lost", "invalid_status"),
+        ("since=yesterday", "invalid_since"),
+        ("payload=[1]", "invalid_payload"),
+        ("payload={", "invalid_payload"),
+        ("limit=0", "invalid_limit"),
+        ("limit=99999999", "invalid_limit"),
+        ("cursor=xyz", "invalid_cursor"),
+    ],
+)
 async def test_a_filter_that_cannot_be_one_is_a_400(admin_settings, query, code):
     async with running_ingress(admin_settings, load_sources(None)) as client:
         assert await get(client, f"/admin/events?{query}") == (400, {"error": code})
@@ -194,20 +232,29 @@ async def test_a_cursor_nested_past_the_parsers_stack_is_a_400_and_the_consoles_
         assert page.status == 200 and "The page link is not valid" in await page.text()
 
 
-@pytest.mark.parametrize("query, code", [
-    ("source=a%00b", "invalid_source"), ("key=%00", "invalid_key"), ('payload={"n": NaN}', "invalid_payload"),
-    ('payload={"a": "\\u0000"}', "invalid_payload"),
-])
+@pytest.mark.parametrize(
+    "query, code",
+    [
+        ("source=a%00b", "invalid_source"),
+        ("key=%00", "invalid_key"),
+        ('payload={"n": NaN}', "invalid_payload"),
+        ('payload={"a": "\\u0000"}', "invalid_payload"),
+    ],
+)
 async def test_a_filter_postgres_would_refuse_is_a_400_not_a_database_failure(admin_settings, query, code):
     async with running_ingress(admin_settings, load_sources(None)) as client:
         assert await get(client, f"/admin/events?{query}") == (400, {"error": code})
 
 
-@pytest.mark.parametrize("path, code", [
-    ('/admin/events?payload={"a": 1e999999}', "invalid_payload"), ('/admin/events?payload={"a": 1e-999999}',
-                                                                   "invalid_payload"),
-    ("/admin/events/h:%00", "invalid_key"), ("/admin/dead-letters?source=%00", "invalid_source"),
-])
+@pytest.mark.parametrize(
+    "path, code",
+    [
+        ('/admin/events?payload={"a": 1e999999}', "invalid_payload"),
+        ('/admin/events?payload={"a": 1e-999999}', "invalid_payload"),
+        ("/admin/events/h:%00", "invalid_key"),
+        ("/admin/dead-letters?source=%00", "invalid_source"),
+    ],
+)
 async def test_search_input_postgres_cannot_take_is_a_400_not_an_outage(admin_settings, path, code):
     """Issue 36, finding 11: a number past numeric's range or a NUL in an
     event's key read as a database outage (503 and a warning line)."""

@@ -24,8 +24,9 @@ def _replayed_meanwhile(monkeypatch, dead_letter_id: int) -> None:
 
     def settled(rows):
         done = []
-        thread = threading.Thread(target=lambda: done.append(CliRunner().invoke(
-            main, ["dlq", "replay", str(dead_letter_id)])))
+        thread = threading.Thread(
+            target=lambda: done.append(CliRunner().invoke(main, ["dlq", "replay", str(dead_letter_id)]))
+        )
         thread.start()
         thread.join(30)
         assert done and done[0].exit_code == 0, done and done[0].output
@@ -35,20 +36,26 @@ def _replayed_meanwhile(monkeypatch, dead_letter_id: int) -> None:
 
 
 async def test_a_dead_letter_replayed_while_the_sweep_settles_its_arrival_ends_as_the_replay_does(
-        archive_store, settings, monkeypatch):
+    archive_store, settings, monkeypatch
+):
     event = arrival_of("acme", "evt_1", 5)
     await arrived(archive_store, event)  # queued: every note of its chain lost with killed workers
-    dead_letter = await record_dead_letter(archive_store._database, dataclasses.replace(event, attempt=3),
-                                           [failure(1), failure(2), failure(3)])
+    dead_letter = await record_dead_letter(
+        archive_store._database, dataclasses.replace(event, attempt=3), [failure(1), failure(2), failure(3)]
+    )
     _replayed_meanwhile(monkeypatch, dead_letter)
     await archive_store.settle(0, ROUTES)
-    replay_of = await archive_store._database.fetchval("SELECT replay_of FROM event_archive WHERE key = $1",
-                                                       event.key)
+    replay_of = await archive_store._database.fetchval("SELECT replay_of FROM event_archive WHERE key = $1", event.key)
     assert replay_of > 0  # the replay's chain
     settled = await statuses(archive_store, event.key)
     # the replay's run completes and its worker writes its outcome
-    await archive_store.write_outcomes([archive.outcome_row(
-        dataclasses.replace(event, replay_of=replay_of, attempt=1), archive.PROCESSED, time.time())])
+    await archive_store.write_outcomes(
+        [
+            archive.outcome_row(
+                dataclasses.replace(event, replay_of=replay_of, attempt=1), archive.PROCESSED, time.time()
+            )
+        ]
+    )
     assert settled == [("queued", 0)]  # queued again, in the replay's chain, as the replay left it
     assert await statuses(archive_store, event.key) == [("processed", 1)]
 
@@ -63,7 +70,13 @@ async def test_a_lost_outcome_in_another_source_s_table_of_the_same_millisecond_
     await arrived(archive_store, first, waiting, done)  # nothing recorded of the first two: on their way
     await archive_store._database.execute(
         "INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts, arrival)"
-        " VALUES ($1, $2, $3, $4, 1, $5)", done.key, done.source, done.event_id, done.payload_sha256, done.arrival)
+        " VALUES ($1, $2, $3, $4, 1, $5)",
+        done.key,
+        done.source,
+        done.event_id,
+        done.payload_sha256,
+        done.arrival,
+    )
     settled, after = await archive_store.settle(0, ROUTES, limit=2)
     assert (settled, after is not None) == (0, True)  # the page: acme's two, on their way
     settled, after = await archive_store.settle(0, ROUTES, after=after, limit=2)

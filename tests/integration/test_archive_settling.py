@@ -10,6 +10,10 @@ import time
 import asyncpg
 from click.testing import CliRunner
 
+from tests.support.archive import arrival_of, arrived, ran, statuses
+from tests.support.dead_letters import failure
+from tests.support.ingress import queued_events
+from tests.support.processes import wait_until
 from webhook_ingest.cli import main
 from webhook_ingest.shared import archive, archive_upkeep
 from webhook_ingest.shared.archive_store import SQL, ArchiveStore
@@ -18,10 +22,6 @@ from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import new_arrival
 from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.workers.completions import CompletionStore
-from tests.support.archive import arrival_of, arrived, ran, statuses
-from tests.support.dead_letters import failure
-from tests.support.ingress import queued_events
-from tests.support.processes import wait_until
 
 ROUTES = {"routed": ["billing", "audit"]}
 
@@ -29,7 +29,12 @@ ROUTES = {"routed": ["billing", "audit"]}
 async def completed(archive_store, key: str, event, attempts: int = 1) -> None:
     await archive_store._database.execute(
         "INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts) VALUES ($1, $2, $3, $4, $5)",
-        key, event.source, event.event_id, event.payload_sha256, attempts)
+        key,
+        event.source,
+        event.event_id,
+        event.payload_sha256,
+        attempts,
+    )
 
 
 async def test_copies_of_a_completed_event_settle_as_one_processed_and_its_copies(archive_store):
@@ -40,8 +45,12 @@ async def test_copies_of_a_completed_event_settle_as_one_processed_and_its_copie
     await arrived(archive_store, first, copy, same_ms, other_payload)
     await completed(archive_store, first.key, first)
     assert await archive_store.settle(0, ROUTES) == (4, None)
-    assert await statuses(archive_store, first.key) == [("processed", 1), ("duplicate", 1), ("duplicate", 1),
-                                                ("conflict", 1)]
+    assert await statuses(archive_store, first.key) == [
+        ("processed", 1),
+        ("duplicate", 1),
+        ("duplicate", 1),
+        ("conflict", 1),
+    ]
     assert await archive_store.settle(0, ROUTES) == (0, None)  # idempotent: nothing left unsettled
 
 
@@ -74,8 +83,9 @@ async def test_a_copy_settled_dead_that_then_runs_shows_its_own_outcome(archive_
     dead = arrival_of("acme", "evt_11", 5)
     copy = dataclasses.replace(dead, arrival=new_arrival(), received_at=dead.received_at + 1)
     await arrived(archive_store, dead, copy)
-    await record_dead_letter(archive_store._database, dataclasses.replace(dead, attempt=3), [failure(1), failure(2),
-                                                                                     failure(3)])
+    await record_dead_letter(
+        archive_store._database, dataclasses.replace(dead, attempt=3), [failure(1), failure(2), failure(3)]
+    )
     await archive_store.settle(0, ROUTES)
     assert await statuses(archive_store, dead.key) == [("dead", 3), ("dead", 0)]
     await archive_store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, time.time())])
@@ -87,9 +97,11 @@ async def test_a_routed_event_settles_from_its_routes_records(archive_store):
     await arrived(archive_store, done, failed)
     await completed(archive_store, f"{done.key}#billing", done)
     await completed(archive_store, f"{failed.key}#billing", failed)
-    await record_dead_letter(archive_store._database,
-                             dataclasses.replace(failed, key=f"{failed.key}#audit", route="audit", attempt=2),
-                             [failure(1), failure(2)])
+    await record_dead_letter(
+        archive_store._database,
+        dataclasses.replace(failed, key=f"{failed.key}#audit", route="audit", attempt=2),
+        [failure(1), failure(2)],
+    )
     await archive_store.settle(0, ROUTES)
     assert await statuses(archive_store, done.key) == [("processed", 1)]
     assert await statuses(archive_store, failed.key) == [("dead", 2)]
@@ -115,8 +127,9 @@ async def test_rows_still_on_their_way_are_left_as_they_are(archive_store):
     await arrived(archive_store, waiting, recent, young)
     await completed(archive_store, recent.key, recent)
     await completed(archive_store, young.key, young)
-    await archive_store._database.execute("UPDATE processed_events SET completed_at = now() - interval '1 hour'"
-                                  " WHERE key = $1", young.key)
+    await archive_store._database.execute(
+        "UPDATE processed_events SET completed_at = now() - interval '1 hour' WHERE key = $1", young.key
+    )
     assert await archive_store.settle(3, ROUTES) == (0, None)  # a 3 s grace: young was received 0 s ago
     assert [await statuses(archive_store, e.key) for e in (waiting, recent, young)] == [[("queued", 0)]] * 3
 
@@ -137,6 +150,7 @@ async def test_a_backlog_of_rows_on_their_way_does_not_hold_the_others_back(arch
 async def test_one_round_of_the_upkeep_reads_on_past_a_backlog(archive_store, monkeypatch):
     """A round reads page after page (SETTLE_PAGES at most): a lost outcome
     behind a backlog of rows on their way is settled the same round."""
+
     class SmallPages(ArchiveStore):
         async def settle(self, *args, **kwargs):
             return await super().settle(*args, **kwargs, limit=2)
@@ -158,12 +172,18 @@ async def test_an_outcome_written_after_the_sweep_read_the_row_wins(archive_stor
     await completed(archive_store, event.key, event)
     rows = await archive_store._database.fetch(
         "SELECT source, key, received_at, arrival, 'queued' AS was, 0 AS was_attempts, 'duplicate' AS status,"
-        " 1 AS attempts, NULL::timestamptz AS completed_at, replay_of FROM event_archive WHERE key = $1", event.key)
-    await archive_store.write_outcomes([archive.outcome_row(dataclasses.replace(event, attempt=2), archive.PROCESSED,
-                                                    time.time())])
-    await archive_store._database.execute(SQL["archive_settle"],
-                                          *archive.columns([tuple(row.values()) for row in rows]),
-                                  rows[0]["received_at"], rows[0]["received_at"])
+        " 1 AS attempts, NULL::timestamptz AS completed_at, replay_of FROM event_archive WHERE key = $1",
+        event.key,
+    )
+    await archive_store.write_outcomes(
+        [archive.outcome_row(dataclasses.replace(event, attempt=2), archive.PROCESSED, time.time())]
+    )
+    await archive_store._database.execute(
+        SQL["archive_settle"],
+        *archive.columns([tuple(row.values()) for row in rows]),
+        rows[0]["received_at"],
+        rows[0]["received_at"],
+    )
     assert await statuses(archive_store, event.key) == [("processed", 2)]
 
 
@@ -202,7 +222,8 @@ async def test_copies_that_died_into_one_dead_letter_follow_its_replay(archive_s
     replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead_letter)])
     assert replayed.exit_code == 0, replayed.output
     replay_of = await archive_store._database.fetchval(
-        "SELECT replay_of FROM event_archive WHERE arrival = $1", first.arrival)
+        "SELECT replay_of FROM event_archive WHERE arrival = $1", first.arrival
+    )
     run = dataclasses.replace(first, replay_of=replay_of, attempt=1)
     await ran(archive_store, run)
     await archive_store.write_outcomes([archive.outcome_row(run, archive.PROCESSED, time.time())])
@@ -227,11 +248,16 @@ async def test_a_copy_settled_dead_while_queued_follows_the_replay(archive_store
     replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead_letter)])
     assert replayed.exit_code == 0, replayed.output
     replay_of = await archive_store._database.fetchval(
-        "SELECT replay_of FROM event_archive WHERE arrival = $1", first.arrival)
+        "SELECT replay_of FROM event_archive WHERE arrival = $1", first.arrival
+    )
     run = dataclasses.replace(first, replay_of=replay_of, attempt=1)
     await ran(archive_store, run)
-    await archive_store.write_outcomes([archive.outcome_row(run, archive.PROCESSED, time.time()),
-                                        archive.outcome_row(copy, archive.DUPLICATE, time.time())])
+    await archive_store.write_outcomes(
+        [
+            archive.outcome_row(run, archive.PROCESSED, time.time()),
+            archive.outcome_row(copy, archive.DUPLICATE, time.time()),
+        ]
+    )
     await archive_store.settle(0, ROUTES)
     assert [status for status, _ in await statuses(archive_store, first.key)] == ["processed", "duplicate"]
 
@@ -271,14 +297,16 @@ async def test_every_process_s_upkeep_sweeps_on_its_own(archive_store, database,
     await arrived(archive_store, first, later)
     await completed(archive_store, first.key, first)
     own = await asyncpg.connect(database)  # the upkeep's, as a process's archive pool is its own
-    upkeep = ArchiveUpkeep(ArchiveStore(own), {"acme": parse_source("acme", {"scheme": "github", "secrets": ["s"],
-                                                                            "handler": "inbox"})})
+    upkeep = ArchiveUpkeep(
+        ArchiveStore(own), {"acme": parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox"})}
+    )
     running = asyncio.create_task(upkeep.run())
     try:
         await wait_until(lambda: _is(archive_store, first.key, [("processed", 1)]), 10, message="the first row settled")
         await completed(archive_store, later.key, later)
-        await wait_until(lambda: _is(archive_store, later.key, [("processed", 1)]), 10,
-                         message="a later round settled the next")
+        await wait_until(
+            lambda: _is(archive_store, later.key, [("processed", 1)]), 10, message="a later round settled the next"
+        )
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
@@ -326,8 +354,12 @@ async def test_every_completion_names_its_arrival_and_one_without_none(archive_s
     completions = CompletionStore(archive_store._database)
     leases = await completions.take_leases(archive_store._database, [e.key for e in (single, batched, unnamed)], 5000)
     assert await completions.complete_event(archive_store._database, single, leases[single.key].token)
-    assert await completions.complete_events(archive_store._database,
-                                             [(e, leases[e.key].token) for e in (batched, unnamed)]) == 2
+    assert (
+        await completions.complete_events(
+            archive_store._database, [(e, leases[e.key].token) for e in (batched, unnamed)]
+        )
+        == 2
+    )
     named = dict(await archive_store._database.fetch("SELECT key, arrival FROM processed_events"))
     assert named == {single.key: single.arrival, batched.key: batched.arrival, unnamed.key: None}
 
@@ -351,8 +383,11 @@ async def test_routes_that_ran_from_different_copies_each_name_theirs(archive_st
     copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
     third = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 2)
     await arrived(archive_store, first, copy, third)
-    await ran(archive_store, dataclasses.replace(first, key=f"{first.key}#billing", route="billing"),
-              dataclasses.replace(copy, key=f"{first.key}#audit", route="audit"))
+    await ran(
+        archive_store,
+        dataclasses.replace(first, key=f"{first.key}#billing", route="billing"),
+        dataclasses.replace(copy, key=f"{first.key}#audit", route="audit"),
+    )
     await archive_store.settle(0, ROUTES)
     assert await statuses(archive_store, first.key) == [("processed", 1), ("processed", 1), ("duplicate", 1)]
 
@@ -427,7 +462,10 @@ async def test_a_late_processed_never_makes_a_second_over_the_previous_release_s
     # the previous release's sweep, its guess: the oldest processed, the copy not
     await archive_store._database.execute(
         "UPDATE event_archive SET status = CASE WHEN arrival = $1 THEN 'processed' ELSE 'duplicate' END, attempts = 1"
-        " WHERE key = $2", first.arrival, first.key)
+        " WHERE key = $2",
+        first.arrival,
+        first.key,
+    )
     await archive_store.write_outcomes([archive.outcome_row(copy, archive.PROCESSED, time.time())])
     assert await statuses(archive_store, first.key) == [("processed", 1), ("duplicate", 1)]
 
@@ -450,8 +488,10 @@ async def test_a_lost_outcome_among_rows_of_one_millisecond_is_not_skipped(archi
     way fill a page, and a lost outcome of the same millisecond is behind
     them. Every round starts again from the oldest and must reach it."""
     first = arrival_of("acme", "evt_m0", 10)
-    waiting, done = (dataclasses.replace(arrival_of("acme", name, 10), received_at=first.received_at)
-                     for name in ("evt_m1", "evt_m_done"))
+    waiting, done = (
+        dataclasses.replace(arrival_of("acme", name, 10), received_at=first.received_at)
+        for name in ("evt_m1", "evt_m_done")
+    )
     await arrived(archive_store, first, waiting, done)  # nothing recorded of the first two: on their way
     await completed(archive_store, done.key, done)
     after = None

@@ -9,14 +9,14 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from tests.support.events import make_event
+from tests.support.processes import wait_until
+from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import archive, metrics
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
 from webhook_ingest.shared.archive_writer import BatchedWriter
 from webhook_ingest.shared.sources import parse_source
-from tests.support.events import make_event
-from tests.support.processes import wait_until
-from tests.support.tcpproxy import TcpProxy
 
 NOW = datetime.now(UTC)
 DAY = timedelta(days=1)
@@ -35,9 +35,13 @@ def arrival(source: str, event_id: str, at: datetime, status: str = archive.QUEU
 
 
 async def days_of(connection, source: str) -> list[str]:
-    return sorted(await connection.fetchval(
-        "SELECT coalesce(array_agg(relname::text), '{}') FROM pg_inherits JOIN pg_class ON oid = inhrelid"
-        " WHERE inhparent = to_regclass($1)", archive.source_table(source)))
+    return sorted(
+        await connection.fetchval(
+            "SELECT coalesce(array_agg(relname::text), '{}') FROM pg_inherits JOIN pg_class ON oid = inhrelid"
+            " WHERE inhparent = to_regclass($1)",
+            archive.source_table(source),
+        )
+    )
 
 
 async def archived(connection, source: str) -> list[asyncpg.Record]:
@@ -49,7 +53,8 @@ async def archived(connection, source: str) -> list[asyncpg.Record]:
 
 async def test_each_source_gets_its_own_days_from_yesterday_to_three_days_ahead(connection):
     made, dropped = await ArchiveStore(connection).keep(
-        {"acme": timedelta(days=7), "zed": timedelta(days=30), "off": timedelta(0)}, now=NOW)
+        {"acme": timedelta(days=7), "zed": timedelta(days=30), "off": timedelta(0)}, now=NOW
+    )
     today = NOW.date()
     expected = [archive.day_table("acme", today + n * DAY) for n in range(-1, 4)]
     assert await days_of(connection, "acme") == expected and (made, dropped) == (10, 0)
@@ -72,8 +77,9 @@ async def test_retention_drops_a_sources_days_whole_and_leaves_the_rest(connecti
     assert [row["event_id"] for row in await archived(connection, "zed")] == ["evt_-1", "evt_0", "evt_3"]
     kept = [2, 3, *range(8, 13)]  # the days between were never made: nothing arrived on them
     assert await days_of(connection, "acme") == [archive.day_table("acme", NOW.date() + n * DAY) for n in kept]
-    deleted = await connection.fetchval("SELECT coalesce(sum(n_tup_del), 0) FROM pg_stat_user_tables"
-                                        " WHERE relname LIKE 'event_archive%'")
+    deleted = await connection.fetchval(
+        "SELECT coalesce(sum(n_tup_del), 0) FROM pg_stat_user_tables WHERE relname LIKE 'event_archive%'"
+    )
     assert deleted == 0  # whole tables dropped, never a DELETE
 
 
@@ -111,15 +117,24 @@ async def test_what_became_of_an_arrival_only_moves_forward(connection):
         [stored] = await archived(connection, "acme")
         return stored["status"], stored["attempts"], stored["replay_of"], stored["last_error"]
 
-    assert await outcome(archive.outcome_row(event, archive.RETRYING, at, "RuntimeError: 500")) \
-        == ("retrying", 1, 0, "RuntimeError: 500")  # before the ingress's row: made without a body
+    assert await outcome(archive.outcome_row(event, archive.RETRYING, at, "RuntimeError: 500")) == (
+        "retrying",
+        1,
+        0,
+        "RuntimeError: 500",
+    )  # before the ingress's row: made without a body
     await store.write_arrivals([row])
     [stored] = await archived(connection, "acme")
     assert bytes(stored["body"]) == event.body and stored["status"] == "retrying"  # the ingress fills it in
     assert (await outcome(archive.outcome_row(event, archive.DUPLICATE, at)))[0] == "retrying"  # a retry's copy
     assert (await outcome(archive.outcome_row(second, archive.DEAD, at, "RuntimeError: 503")))[:2] == ("dead", 2)
     assert (await outcome(archive.outcome_row(event, archive.RETRYING, at, "late")))[0] == "dead"  # late, not over
-    assert await outcome(archive.outcome_row(replayed, archive.PROCESSED, at)) == ("processed", 1, 5, "RuntimeError: 503")
+    assert await outcome(archive.outcome_row(replayed, archive.PROCESSED, at)) == (
+        "processed",
+        1,
+        5,
+        "RuntimeError: 503",
+    )
     [stored] = await archived(connection, "acme")
     assert stored["completed_at"] is not None
 
@@ -130,15 +145,16 @@ async def test_a_copy_is_a_duplicate_only_while_it_never_ran(connection):
     event, row = arrival("acme", "evt_1", NOW)
     await store.write_arrivals([row])
     at = NOW.timestamp()
-    await store.write_outcomes([archive.outcome_row(event, archive.PROCESSED, at),
-                                archive.outcome_row(event, archive.DUPLICATE, at)])  # one batch, two rounds
+    await store.write_outcomes(
+        [archive.outcome_row(event, archive.PROCESSED, at), archive.outcome_row(event, archive.DUPLICATE, at)]
+    )  # one batch, two rounds
     assert [r["status"] for r in await archived(connection, "acme")] == ["processed"]
 
 
 async def test_the_size_of_each_sources_archive(connection):
     store = ArchiveStore(connection)
     await store.keep({"acme": timedelta(days=7)}, now=NOW)
-    empty = (await store.sizes(["acme", "nowhere"]))
+    empty = await store.sizes(["acme", "nowhere"])
     await store.write_arrivals([arrival("acme", f"evt_{n}", NOW)[1] for n in range(200)])
     sizes = await store.sizes(["acme", "nowhere"])
     assert sizes["nowhere"] == 0 and sizes["acme"] > empty["acme"]
@@ -153,8 +169,12 @@ async def test_a_row_postgres_refuses_is_dropped_alone(connection):
     writer = BatchedWriter(store.write_arrivals, "arrivals", max_rows=100)
     writer.ready.set()
     refused_before = metrics.archive_rows_dropped.labels("refused")._value.get()
-    for row in (arrival("acme", "evt_1", NOW)[1], arrival("nowhere", "evt_2", NOW)[1],  # no table for that source
-                arrival("acme", "evt_3", NOW - 30 * DAY)[1], arrival("acme", "evt_4", NOW)[1]):  # nor that day
+    for row in (
+        arrival("acme", "evt_1", NOW)[1],
+        arrival("nowhere", "evt_2", NOW)[1],  # no table for that source
+        arrival("acme", "evt_3", NOW - 30 * DAY)[1],
+        arrival("acme", "evt_4", NOW)[1],
+    ):  # nor that day
         writer.add(row)
     task = asyncio.create_task(writer.run())
     try:

@@ -7,12 +7,12 @@ batches (ArchiveStore.write_outcomes) and the real sweep (settle)."""
 import dataclasses
 import time
 
+from tests.support.archive import arrival_of, arrived, ran, statuses
+from tests.support.dead_letters import failure
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.message import new_arrival
 from webhook_ingest.workers.completions import CompletionStore
-from tests.support.archive import arrival_of, arrived, ran, statuses
-from tests.support.dead_letters import failure
 
 ROUTES = {"routed": ["billing", "audit"]}
 
@@ -65,8 +65,12 @@ async def test_a_copy_of_another_arrival_of_a_handed_on_attempt_is_archived_a_du
     copy = dataclasses.replace(event, arrival=new_arrival(), received_at=event.received_at + 1)
     await arrived(archive_store, event, copy)
     await handed_on(archive_store, event)
-    await archive_store.write_outcomes([archive.outcome_row(copy, archive.DUPLICATE, time.time()),
-                                        archive.outcome_row(event, archive.RETRYING, time.time(), "RuntimeError")])
+    await archive_store.write_outcomes(
+        [
+            archive.outcome_row(copy, archive.DUPLICATE, time.time()),
+            archive.outcome_row(event, archive.RETRYING, time.time(), "RuntimeError"),
+        ]
+    )
     assert await statuses(archive_store, event.key) == [("retrying", 1), ("duplicate", 1)]
 
 
@@ -81,8 +85,10 @@ async def test_a_twin_after_the_previous_release_s_record_is_archived_as_before(
     await archive_store.write_outcomes([archive.outcome_row(event, archive.DUPLICATE, time.time())])
     assert await statuses(archive_store, event.key) == [("duplicate", 1)]
     await handed_on(archive_store, dataclasses.replace(event, attempt=2))
-    assert await archive_store._database.fetchval("SELECT arrival FROM key_fences WHERE key = $1",
-                                                  event.key) == event.arrival
+    assert (
+        await archive_store._database.fetchval("SELECT arrival FROM key_fences WHERE key = $1", event.key)
+        == event.arrival
+    )
 
 
 PREVIOUS_RECORD_HANDED_ON = """

@@ -7,10 +7,9 @@ import asyncio
 import signal
 import subprocess
 
-
 from tests.support.processes import Process, wait_for_output
 
-WRITERS = '''
+WRITERS = """
 import asyncio
 from webhook_ingest.ingress import publisher
 from webhook_ingest.shared import coalesced_writes
@@ -28,7 +27,7 @@ class NeverClosing(coalesced_writes.CoalescingWriter):  # the socket never close
 
     def close(self):
         self.flush()
-'''
+"""
 SLOWLY_CLOSING = WRITERS + "coalesced_writes.CoalescingWriter = SlowlyClosing\n"
 NEVER_CLOSING = WRITERS + "coalesced_writes.CoalescingWriter = NeverClosing\npublisher.CLOSE_TIMEOUT = 0.5\n"
 

@@ -8,11 +8,11 @@ import asyncio
 import aio_pika
 import pytest
 
-from webhook_ingest.shared import topology
-from webhook_ingest.workers.retry import FailurePolicy
+from tests.support.broker import amqp_port
 from tests.support.events import make_event, queue_depth
 from tests.support.tcpproxy import TcpProxy
-from tests.support.broker import amqp_port
+from webhook_ingest.shared import topology
+from webhook_ingest.workers.retry import FailurePolicy
 
 GUARD_SECONDS = 60  # only so that a regression fails instead of hanging the suite
 
@@ -103,8 +103,9 @@ async def test_a_publish_while_the_robust_connection_reconnects_ends_within_its_
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await topology.declare_events_queue(channel, settings.namespace, settings.delivery_limit)
         connection.connected.clear()
-        task = asyncio.create_task(topology.publish(channel, aio_pika.Message(b"{}"),
-                                                    topology.events_queue(settings.namespace), timeout=1.0))
+        task = asyncio.create_task(
+            topology.publish(channel, aio_pika.Message(b"{}"), topology.events_queue(settings.namespace), timeout=1.0)
+        )
         done, _ = await asyncio.wait({task}, timeout=GUARD_SECONDS)
         if task not in done:
             task.cancel()

@@ -43,9 +43,13 @@ async def test_a_cancel_does_not_count_a_dead_letter_another_operator_discarded_
         await store.discard_if_open(first, OPERATOR_B)
         assert await store.cancel_bulk(action.id, OPERATOR_A)
         cancelled = await store.bulk_action(action.id)
-        audit = [(row["name"], row["action"], row["dead_letter_ids"]) for row in await pool.fetch(
-            "SELECT name, action, dead_letter_ids FROM audit_log WHERE action IN ('discard', 'bulk_discard_cancelled')"
-            " ORDER BY id")]
+        audit = [
+            (row["name"], row["action"], row["dead_letter_ids"])
+            for row in await pool.fetch(
+                "SELECT name, action, dead_letter_ids FROM audit_log WHERE action IN ('discard', 'bulk_discard_cancelled')"
+                " ORDER BY id"
+            )
+        ]
     finally:
         await pool.close()
     assert audit[0] == ("bob", "discard", [first])
@@ -61,8 +65,9 @@ async def test_a_cancel_still_counts_the_discard_a_runner_of_the_previous_releas
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
     try:
         store = DeadLetterStore(pool)
-        action = await died_after_its_first_act(store, "discard", [first, second], OPERATOR_A,
-                                                PreviousReleaseDiesAfterItsFirstAct)
+        action = await died_after_its_first_act(
+            store, "discard", [first, second], OPERATOR_A, PreviousReleaseDiesAfterItsFirstAct
+        )
         assert await store.cancel_bulk(action.id, OPERATOR_A)
         cancelled = await store.bulk_action(action.id)
     finally:
@@ -151,8 +156,9 @@ async def test_a_cancel_behind_a_previous_release_runner_frozen_mid_discard_coun
     try:
         store = DeadLetterStore(pool)
         action = await claimed_bulk(store, "discard", [first, second], OPERATOR_A)
-        runner = _PreviousReleaseFrozenMidDiscard(action, OPERATOR_A, store, None, "ns",
-                                                  database_url=settings.database_url)
+        runner = _PreviousReleaseFrozenMidDiscard(
+            action, OPERATOR_A, store, None, "ns", database_url=settings.database_url
+        )
         run = asyncio.create_task(paced_runs.run(runner))
         await asyncio.wait_for(runner.acting.wait(), 10)
         cancel = asyncio.create_task(store.cancel_bulk(action.id, OPERATOR_A))
@@ -203,8 +209,9 @@ async def test_a_resume_still_counts_the_discard_a_runner_of_the_previous_releas
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
     try:
         store = DeadLetterStore(pool)
-        action = await died_after_its_first_act(store, "discard", [first, second], OPERATOR_A,
-                                                PreviousReleaseDiesAfterItsFirstAct)
+        action = await died_after_its_first_act(
+            store, "discard", [first, second], OPERATOR_A, PreviousReleaseDiesAfterItsFirstAct
+        )
         resumed = await store.claim_bulk(action.id, 1000)
         assert resumed is not None
         assert await paced_runs.run(_job(resumed, store)) == "done"

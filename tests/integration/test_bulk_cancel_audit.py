@@ -32,7 +32,8 @@ class _KilledAfterItsFirstAct(DiesAfterItsFirstAct):
 
 
 async def test_a_cancel_behind_a_killed_bulk_runner_leaves_an_audit_entry_of_what_it_discarded_none(
-        settings, monkeypatch):
+    settings, monkeypatch
+):
     monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", TOKEN)
     first, second = await seed_dead_letters(settings.database_url, "acme", 2)
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)

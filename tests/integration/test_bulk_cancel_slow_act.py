@@ -37,7 +37,8 @@ class _SlowDiscard(DeadLetterStore):
 
 
 async def test_nothing_is_acted_on_after_a_cancel_behind_a_bulk_runner_whose_act_outlasts_its_hold(
-        settings, monkeypatch):
+    settings, monkeypatch
+):
     monkeypatch.setattr(run_locks, "HOLD_SECONDS", HOLD_SECONDS)
     (first,) = await seed_dead_letters(settings.database_url, "acme", 1)
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)  # as the ingress's

@@ -51,13 +51,18 @@ async def test_a_cancel_behind_a_bulk_runner_that_died_mid_discard_counts_it_not
 async def test_a_cancel_behind_a_bulk_runner_that_died_mid_replay_counts_it_done_and_in_doubt(settings, store):
     first, second = await seed_dead_letters(settings.database_url, "acme", 2)
     async with connected_publisher(settings) as publisher:
-        action = await died_after_its_first_act(store, "replay", [first, second], Actor.cli(),
-                                                publisher=publisher, namespace=settings.namespace)
+        action = await died_after_its_first_act(
+            store, "replay", [first, second], Actor.cli(), publisher=publisher, namespace=settings.namespace
+        )
         assert await store.cancel_bulk(action.id)
     cancelled = await store.bulk_action(action.id)
     # its publish went out before its session ended, and cannot be taken back: counted, and said so
-    assert (cancelled.state, cancelled.done, cancelled.skipped, cancelled.in_doubt) == ("cancelled", [first], [],
-                                                                                        [first])
+    assert (cancelled.state, cancelled.done, cancelled.skipped, cancelled.in_doubt) == (
+        "cancelled",
+        [first],
+        [],
+        [first],
+    )
 
 
 async def test_a_resumed_bulk_action_counts_the_dead_letter_its_dead_runner_acted_on(settings, store):
@@ -71,10 +76,12 @@ async def test_a_resumed_bulk_action_counts_the_dead_letter_its_dead_runner_acte
 
 
 async def test_the_bulk_action_s_page_names_no_dead_letter_in_doubt_after_a_discard_that_died(
-        settings, store, monkeypatch):
+    settings, store, monkeypatch
+):
     monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", TOKEN)
-    action = await died_after_its_first_act(store, "discard", await seed_dead_letters(settings.database_url, "acme", 2),
-                                            Actor.cli())
+    action = await died_after_its_first_act(
+        store, "discard", await seed_dead_letters(settings.database_url, "acme", 2), Actor.cli()
+    )
     async with running_ingress(Settings(), load_sources(None)) as client:
         cancelled = await cancel_from_the_console(client, action.id, TOKEN)
     assert "Cancelled: what was done stays done." in cancelled

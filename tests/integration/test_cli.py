@@ -14,17 +14,22 @@ import asyncpg
 import orjson
 from aiohttp import web
 
-from webhook_ingest.shared import signatures
-from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES
 from tests.conftest import database_url
 from tests.support.broker import amqp_port
 from tests.support.processes import Process, wait_for_output
 from tests.support.tcpproxy import free_port
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES
 
 
 def webhook_ingest(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "webhook_ingest", *args], env={**os.environ, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "webhook_ingest", *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_every_command_lists_the_environment_variables():
@@ -56,20 +61,25 @@ async def test_a_handler_that_cannot_be_imported_stops_the_workers_not_the_ingre
         assert result.stderr.strip() == (
             "error: source 'acme': handler: cannot import 'no_such_module_xyz': No module named 'no_such_module_xyz';"
             f" install it into this Python environment ({sys.prefix}) or put its folder on PYTHONPATH"
-            " (the current directory is not on the webhook-ingest command's import path)"), command
+            " (the current directory is not on the webhook-ingest command's import path)"
+        ), command
     ingress, base_url = fleet.ingress(env=env)  # it never imports handler code
     await wait_for_output(ingress, "broker_connected")
     body = orjson.dumps({"id": "evt_1"})
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{base_url}/webhooks/acme", data=body,
-                                headers=signatures.sign("hmac-sha256", body, "s")) as response:
+        async with session.post(
+            f"{base_url}/webhooks/acme", data=body, headers=signatures.sign("hmac-sha256", body, "s")
+        ) as response:
             assert response.status == 200
 
 
 def test_run_names_each_unreachable_service_and_how_to_start_it(service_env):
     closed = free_port()
-    env = {**service_env, "REDIS_URLS": f"redis://127.0.0.1:{closed}/0",
-           "AMQP_URL": f"amqp://guest:secret@127.0.0.1:{free_port()}/"}
+    env = {
+        **service_env,
+        "REDIS_URLS": f"redis://127.0.0.1:{closed}/0",
+        "AMQP_URL": f"amqp://guest:secret@127.0.0.1:{free_port()}/",
+    }
     result = webhook_ingest("run", "--port", str(free_port()), env=env)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
@@ -82,26 +92,37 @@ def test_run_names_each_unreachable_service_and_how_to_start_it(service_env):
 
 def test_run_tells_a_service_that_refuses_its_credentials_from_one_that_is_down(service_env):
     role_url = service_env["DATABASE_URL"].replace("//postgres@", "//no_such_role_xyz@")
-    env = {**service_env, "DATABASE_URL": role_url, "REDIS_URLS": "redis://nobody:wrong@127.0.0.1:6379/0",
-           "AMQP_URL": f"amqp://guest:wrong@127.0.0.1:{amqp_port()}/"}
+    env = {
+        **service_env,
+        "DATABASE_URL": role_url,
+        "REDIS_URLS": "redis://nobody:wrong@127.0.0.1:6379/0",
+        "AMQP_URL": f"amqp://guest:wrong@127.0.0.1:{amqp_port()}/",
+    }
     result = webhook_ingest("run", "--port", str(free_port()), env=env)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert [line.split(" refused ")[0] for line in lines] == [
-        f"error: PostgreSQL at {role_url}", "error: Redis at redis://nobody:***@127.0.0.1:6379/0",
-        f"error: RabbitMQ at amqp://guest:***@127.0.0.1:{amqp_port()}/"], lines
+        f"error: PostgreSQL at {role_url}",
+        "error: Redis at redis://nobody:***@127.0.0.1:6379/0",
+        f"error: RabbitMQ at amqp://guest:***@127.0.0.1:{amqp_port()}/",
+    ], lines
     for line, variable in zip(lines, ("DATABASE_URL", "REDIS_URLS", "AMQP_URL")):
         assert "refused the credentials (" in line and f"check the user and password in {variable}" in line
         assert "start it" not in line
 
-    env = {**service_env, "REDIS_URLS": "redis://127.0.0.1:6379/99",
-           "AMQP_URL": f"amqp://guest:guest@127.0.0.1:{amqp_port()}/no_such_vhost_xyz"}
+    env = {
+        **service_env,
+        "REDIS_URLS": "redis://127.0.0.1:6379/99",
+        "AMQP_URL": f"amqp://guest:guest@127.0.0.1:{amqp_port()}/no_such_vhost_xyz",
+    }
     result = webhook_ingest("run", "--port", str(free_port()), env=env)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     redis_line, rabbit_line = result.stderr.strip().splitlines()
     assert redis_line.startswith("error: Redis at redis://127.0.0.1:6379/99 has no database 99 (")
-    assert rabbit_line.startswith(f"error: RabbitMQ at amqp://guest:***@127.0.0.1:{amqp_port()}/no_such_vhost_xyz refused"
-                                  " the virtual host 'no_such_vhost_xyz' (")
+    assert rabbit_line.startswith(
+        f"error: RabbitMQ at amqp://guest:***@127.0.0.1:{amqp_port()}/no_such_vhost_xyz refused"
+        " the virtual host 'no_such_vhost_xyz' ("
+    )
     assert "rabbitmqctl add_vhost no_such_vhost_xyz" in rabbit_line and "start it" not in rabbit_line
 
 
@@ -118,7 +139,10 @@ async def test_two_concurrent_migrations_create_the_database_and_apply_each_file
         assert outputs[0] == "database is up to date" and outputs[1].startswith("migrations applied: 0001_initial.sql")
         connection = await asyncpg.connect(database_url(name))
         try:
-            tables = {r["tablename"] for r in await connection.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+            tables = {
+                r["tablename"]
+                for r in await connection.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            }
             assert {"processed_events", "inbox", "dead_letters"} <= tables
         finally:
             await connection.close()
@@ -236,8 +260,15 @@ async def test_run_on_a_port_another_deployment_listens_on_fails_with_one_line(f
 
 
 async def test_run_kills_a_child_still_running_after_its_grace_and_says_so(fleet):
-    run = fleet.supervisor("--port", str(free_port()), "--ingress-processes", "1", "--workers", "1",
-                           prelude="from webhook_ingest import supervisor\nsupervisor.KILL_AFTER = 0.5")
+    run = fleet.supervisor(
+        "--port",
+        str(free_port()),
+        "--ingress-processes",
+        "1",
+        "--workers",
+        "1",
+        prelude="from webhook_ingest import supervisor\nsupervisor.KILL_AFTER = 0.5",
+    )
     stopped: list[int] = []
     try:
         await wait_for_output(run, "broker_connected")

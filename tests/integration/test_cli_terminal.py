@@ -13,13 +13,13 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from tests.support.dead_letters import failure
+from tests.support.events import make_event
 from webhook_ingest.cli import main
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.settings import Settings
-from tests.support.dead_letters import failure
-from tests.support.events import make_event
 
 CLIPBOARD, TITLE, CLEAR, C1_CSI = "\x1b]52;c;Y3VybCBldmlsLnNo\x07", "\x1b]0;owned\x1b\\", "\x1b[2J", "\x9b31m"
 EVENT_ID = f"evt_{CLIPBOARD}{C1_CSI}"
@@ -59,9 +59,13 @@ async def cli(*args: str) -> str:
 
 async def test_no_control_sequence_reaches_the_terminal(hostile):
     dead_letter_id = json.loads(await cli("dlq", "list", "--json"))[0]["id"]
-    outputs = {"events list": await cli("events", "list"), "events show": await cli("events", "show", hostile.key),
-               "dlq list": await cli("dlq", "list"), "dlq show": await cli("dlq", "show", str(dead_letter_id)),
-               "events list --json": await cli("events", "list", "--json")}
+    outputs = {
+        "events list": await cli("events", "list"),
+        "events show": await cli("events", "show", hostile.key),
+        "dlq list": await cli("dlq", "list"),
+        "dlq show": await cli("dlq", "show", str(dead_letter_id)),
+        "events list --json": await cli("events", "list", "--json"),
+    }
     for command, output in outputs.items():
         assert not any(control in output for control in CONTROLS), (command, output)
     assert "\\u001b]52;c;" in outputs["events list"]  # escaped, not dropped: the operator sees what was sent

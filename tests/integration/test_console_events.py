@@ -16,16 +16,16 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
+from tests.support.archive import archived_event, minutes_ago, seed_archive
+from tests.support.dead_letters import failure
+from tests.support.ingress import running_ingress
+from tests.support.processes import wait_until
 from webhook_ingest.cli import main
 from webhook_ingest.ingress.console import events as console_events
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
-from tests.support.archive import archived_event, minutes_ago, seed_archive
-from tests.support.dead_letters import failure
-from tests.support.ingress import running_ingress
-from tests.support.processes import wait_until
 
 OPERATOR = "operator-token-for-the-event-page-tests"
 INJECTED = "<script>alert('x')</script>"
@@ -68,14 +68,22 @@ async def stripe(console_settings):
     conflict = archived_event("stripe", "evt_1", minutes_ago(10), "invoice.paid", customer="cus_999")
     push = archived_event("github", "d/1", minutes_ago(5), "push", ref="main")
     now = minutes_ago(0).timestamp()
-    await seed_archive(console_settings.database_url, [paid, failed, queued, copy, conflict, push], [
-        archive.outcome_row(paid, archive.PROCESSED, now), archive.outcome_row(copy, archive.DUPLICATE, now),
-        archive.outcome_row(failed, archive.DEAD, now, "RuntimeError: receiver answered 500 (attempt 3)"),
-        archive.outcome_row(conflict, archive.CONFLICT, now), archive.outcome_row(push, archive.PROCESSED, now)])
+    await seed_archive(
+        console_settings.database_url,
+        [paid, failed, queued, copy, conflict, push],
+        [
+            archive.outcome_row(paid, archive.PROCESSED, now),
+            archive.outcome_row(copy, archive.DUPLICATE, now),
+            archive.outcome_row(failed, archive.DEAD, now, "RuntimeError: receiver answered 500 (attempt 3)"),
+            archive.outcome_row(conflict, archive.CONFLICT, now),
+            archive.outcome_row(push, archive.PROCESSED, now),
+        ],
+    )
     connection = await asyncpg.connect(console_settings.database_url)
     try:
-        dead_letter = await record_dead_letter(connection, dataclasses.replace(failed, attempt=3),
-                                               [failure(n) for n in (1, 2, 3)])
+        dead_letter = await record_dead_letter(
+            connection, dataclasses.replace(failed, attempt=3), [failure(n) for n in (1, 2, 3)]
+        )
     finally:
         await connection.close()
     return {"dead_letter": dead_letter}
@@ -88,8 +96,14 @@ async def test_the_search_filters_as_the_admin_api_does(console_settings, stripe
         assert re.search(r'<nav aria-label="Console">\s*<a href="/console/events"', home)  # the first link
 
         everything = await page_of(client, "/console/events")
-        assert keys_listed(everything) == ["github:d/1", "stripe:evt_1", "stripe:evt_1", "stripe:evt_3",
-                                           "stripe:evt_2", "stripe:evt_1"]
+        assert keys_listed(everything) == [
+            "github:d/1",
+            "stripe:evt_1",
+            "stripe:evt_1",
+            "stripe:evt_3",
+            "stripe:evt_2",
+            "stripe:evt_1",
+        ]
         assert "<strong>6</strong> archived events match" in everything
         assert '<td class="number">1 <span class="status conflict">+1 conflict' in everything  # evt_1's copies
 
@@ -109,8 +123,9 @@ async def test_the_search_filters_as_the_admin_api_does(console_settings, stripe
 
 
 async def test_pages_follow_one_another_and_the_count_stops_at_its_cap(console_settings, monkeypatch):
-    await seed_archive(console_settings.database_url, [
-        archived_event("acme", f"evt_{n:03}", minutes_ago(200 - n)) for n in range(120)])
+    await seed_archive(
+        console_settings.database_url, [archived_event("acme", f"evt_{n:03}", minutes_ago(200 - n)) for n in range(120)]
+    )
     monkeypatch.setattr(console_events, "COUNT_CAP", 100)
     async with running_ingress(console_settings, load_sources(None)) as client:
         await signed_in(client)
@@ -128,16 +143,19 @@ async def test_pages_follow_one_another_and_the_count_stops_at_its_cap(console_s
     assert pages == 3 and seen == [f"acme:evt_{n:03}" for n in reversed(range(120))]
 
 
-@pytest.mark.parametrize("params, problem", [
-    ({"payload": "{customer: cus_123}"}, "Payload contains: “{customer: cus_123}” is not valid — a JSON object"),
-    ({"payload": "[1, 2]"}, "Payload contains: “[1, 2]” is not valid — a JSON object"),
-    ({"payload": '{"n": NaN}'}, "is not valid — a JSON object"),
-    ({"payload": '{"a": "\\u0000"}'}, "a NUL or an unpaired surrogate cannot be searched for"),
-    ({"since": "yesterday"}, "From: “yesterday” is not valid — an ISO 8601 time"),
-    ({"until": "2026-13-45T99:00"}, "Until: “2026-13-45T99:00” is not valid"),
-    ({"status": "zombie"}, "Status: “zombie” is not valid — one of queued, processing"),
-    ({"source": "a\x00b"}, "Source: “a\\x00b” is not valid — a NUL"),
-])
+@pytest.mark.parametrize(
+    "params, problem",
+    [
+        ({"payload": "{customer: cus_123}"}, "Payload contains: “{customer: cus_123}” is not valid — a JSON object"),
+        ({"payload": "[1, 2]"}, "Payload contains: “[1, 2]” is not valid — a JSON object"),
+        ({"payload": '{"n": NaN}'}, "is not valid — a JSON object"),
+        ({"payload": '{"a": "\\u0000"}'}, "a NUL or an unpaired surrogate cannot be searched for"),
+        ({"since": "yesterday"}, "From: “yesterday” is not valid — an ISO 8601 time"),
+        ({"until": "2026-13-45T99:00"}, "Until: “2026-13-45T99:00” is not valid"),
+        ({"status": "zombie"}, "Status: “zombie” is not valid — one of queued, processing"),
+        ({"source": "a\x00b"}, "Source: “a\\x00b” is not valid — a NUL"),
+    ],
+)
 async def test_bad_filter_input_is_a_message_in_the_page_never_a_500(console_settings, stripe, params, problem):
     async with running_ingress(console_settings, load_sources(None)) as client:
         await signed_in(client)
@@ -157,8 +175,9 @@ async def test_a_bad_page_link_or_key_is_a_message(console_settings, stripe):
             assert "No arrival of the key" in missing
 
 
-async def test_an_events_page_shows_its_body_headers_copies_conflicts_attempts_and_dead_letter(console_settings,
-                                                                                              stripe):
+async def test_an_events_page_shows_its_body_headers_copies_conflicts_attempts_and_dead_letter(
+    console_settings, stripe
+):
     dead_letter = stripe["dead_letter"]
     async with running_ingress(console_settings, load_sources(None)) as client:
         await signed_in(client)
@@ -187,12 +206,21 @@ async def test_an_events_page_shows_its_body_headers_copies_conflicts_attempts_a
 
 async def test_what_a_body_or_a_header_holds_is_shown_escaped(console_settings):
     headers = {"content-type": "text/html", "x-evil": "<img src=x onerror=alert(1)>"}
-    await seed_archive(console_settings.database_url, [
-        archived_event("acme", "json", minutes_ago(3), body=b'{"type": "t", "note": "' + INJECTED.encode() + b'"}',
-                       headers=headers),
-        archived_event("acme", "text", minutes_ago(2), body=b"a=1&b=" + INJECTED.encode(), headers=headers),
-        archived_event("acme", "bytes", minutes_ago(1), body=b"\xff\xfe\x00<b>bold</b>", headers=headers),
-        archived_event("acme", "<i>id</i>", minutes_ago(1), body=b"{}", headers=headers)])
+    await seed_archive(
+        console_settings.database_url,
+        [
+            archived_event(
+                "acme",
+                "json",
+                minutes_ago(3),
+                body=b'{"type": "t", "note": "' + INJECTED.encode() + b'"}',
+                headers=headers,
+            ),
+            archived_event("acme", "text", minutes_ago(2), body=b"a=1&b=" + INJECTED.encode(), headers=headers),
+            archived_event("acme", "bytes", minutes_ago(1), body=b"\xff\xfe\x00<b>bold</b>", headers=headers),
+            archived_event("acme", "<i>id</i>", minutes_ago(1), body=b"{}", headers=headers),
+        ],
+    )
     async with running_ingress(console_settings, load_sources(None)) as client:
         await signed_in(client)
         listed = await page_of(client, "/console/events", {"source": "acme"})
@@ -212,8 +240,11 @@ async def test_the_overview_shows_each_archived_sources_size_as_the_gauge_reads_
 
         async def measured() -> bool:
             figures = await page_of(client, "/console/", params=None)
-            return re.search(r'events\?source=demo">demo</a></td><td class="number">[\d.,]+ (KiB|MiB)<', figures) \
+            return (
+                re.search(r'events\?source=demo">demo</a></td><td class="number">[\d.,]+ (KiB|MiB)<', figures)
                 is not None
+            )
+
         await wait_until(measured, 30, message="demo's archive size on the overview")
 
 
@@ -228,4 +259,4 @@ async def test_a_key_with_many_arrivals_shows_the_first_and_counts_them_all(cons
         await signed_in(client)
         page = await page_of(client, "/console/events/stripe:evt_1")
     assert "The first 2 of 3 arrivals:" in page and "<dt>Copies</dt><dd>1: , …</dd>" in page
-    assert page.count('<tr><td>20') == 2  # the arrivals table holds the first two
+    assert page.count("<tr><td>20") == 2  # the arrivals table holds the first two

@@ -11,6 +11,10 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
+from tests.support.dead_letters import seed_dead_letters
+from tests.support.heartbeats import seed_workers
+from tests.support.ingress import running_ingress
+from tests.support.processes import count_rows, wait_until
 from webhook_ingest.cli import main
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
 from webhook_ingest.shared import paced_runs, run_locks
@@ -18,10 +22,6 @@ from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
-from tests.support.dead_letters import seed_dead_letters
-from tests.support.heartbeats import seed_workers
-from tests.support.ingress import running_ingress
-from tests.support.processes import count_rows, wait_until
 
 OPERATOR = "operator-token-for-the-page-tests"
 
@@ -98,8 +98,13 @@ async def test_a_bulk_discard_acts_on_the_frozen_set_and_skips_what_changed_mean
         await wait_until(_page_says(client, bulk_path, "State: <strong>done</strong>"), 30, message="bulk done")
         page = await (await client.get(bulk_path)).text()
     assert "2 of 3 discarded" in page and "1 skipped" in page
-    assert await _statuses(database) == {first: "discarded", second: "replayed", third: "discarded",
-                                         other: "dead", late: "dead"}
+    assert await _statuses(database) == {
+        first: "discarded",
+        second: "replayed",
+        third: "discarded",
+        other: "dead",
+        late: "dead",
+    }
 
 
 class _CancelledMidDiscard(DeadLetterStore):
@@ -115,8 +120,9 @@ class _CancelledMidDiscard(DeadLetterStore):
     async def discard_if_open(self, dead_letter_id, actor, bulk_action_id=None, held=None):
         if self.cancelling is None:
             cancelling = self.cancelling = asyncio.create_task(self._cancel(bulk_action_id))
-            await wait_until(lambda: _answered_or_waiting(cancelling, self._database_url), 10,
-                             message="the cancel answered or waits")
+            await wait_until(
+                lambda: _answered_or_waiting(cancelling, self._database_url), 10, message="the cancel answered or waits"
+            )
         await super().discard_if_open(dead_letter_id, actor, bulk_action_id, held)
 
     async def _cancel(self, bulk_action_id: int) -> None:
@@ -130,9 +136,15 @@ class _CancelledMidDiscard(DeadLetterStore):
 
 
 async def _answered_or_waiting(cancelling: asyncio.Task, database_url: str) -> bool:
-    return cancelling.done() or await count_rows(
-        database_url, "pg_stat_activity", "wait_event_type = 'Lock' AND datname = current_database() AND query = "
-        f"'{run_locks.WAIT_FOR_RUN}'") > 0
+    return (
+        cancelling.done()
+        or await count_rows(
+            database_url,
+            "pg_stat_activity",
+            f"wait_event_type = 'Lock' AND datname = current_database() AND query = '{run_locks.WAIT_FOR_RUN}'",
+        )
+        > 0
+    )
 
 
 async def test_what_a_bulk_cancel_reports_done_is_all_that_is_ever_done(console_settings):
@@ -148,8 +160,10 @@ async def test_what_a_bulk_cancel_reports_done_is_all_that_is_ever_done(console_
         store = _CancelledMidDiscard(pool, database)
         action = await store.claim_bulk(await store.prepare_bulk("discard", [first, second], {}, Actor.cli()), 1000)
         assert action is not None
-        assert await paced_runs.run(_DeadLetterJob(action, Actor.cli(), store, None, console_settings.namespace)) \
+        assert (
+            await paced_runs.run(_DeadLetterJob(action, Actor.cli(), store, None, console_settings.namespace))
             == "cancelled"
+        )
         assert store.cancelling is not None
         await asyncio.wait_for(store.cancelling, 10)
         finished = await store.bulk_action(action.id)
@@ -160,8 +174,9 @@ async def test_what_a_bulk_cancel_reports_done_is_all_that_is_ever_done(console_
     assert await _statuses(database) == {first: "discarded", second: "dead"}
 
 
-async def test_a_bulk_cancel_that_cannot_take_the_action_in_time_says_so_and_changes_nothing(console_settings,
-                                                                                              monkeypatch):
+async def test_a_bulk_cancel_that_cannot_take_the_action_in_time_says_so_and_changes_nothing(
+    console_settings, monkeypatch
+):
     """The Cancel waits for the dead letter in flight at most WAIT_SECONDS
     (shared/run_locks.py): past it, a message, and the action as it was."""
     monkeypatch.setattr(run_locks, "WAIT_SECONDS", 0.5)  # a fast test
@@ -197,6 +212,7 @@ async def test_the_overview_shows_the_open_dead_letters_and_the_last_hour(consol
 def _page_says(client, path: str, text: str):
     async def check() -> bool:
         return text in await (await client.get(path)).text()
+
     return check
 
 
@@ -211,8 +227,9 @@ async def _statuses(database_url: str) -> dict[int, str]:
 async def test_sign_in_is_throttled_before_the_token_is_checked(console_settings):
     async with running_ingress(console_settings, load_sources(None)) as client:
         login = await (await client.get("/console/login")).text()
-        answers = [await client.post("/console/login", data={"csrf_token": csrf_of(login), "token": "guess"})
-                   for _ in range(6)]
+        answers = [
+            await client.post("/console/login", data={"csrf_token": csrf_of(login), "token": "guess"}) for _ in range(6)
+        ]
         assert [answer.status for answer in answers] == [401] * 5 + [429]
         assert int(answers[-1].headers["Retry-After"]) > 0
         assert "Too many sign-in attempts" in await answers[-1].text()
@@ -227,8 +244,10 @@ async def test_the_overview_shows_each_worker_and_the_last_hour_per_minute(conso
     async with running_ingress(console_settings, load_sources(None)) as client:
         await signed_in(client)
         figures = await (await client.get("/console/", headers={"HX-Request": "true"})).text()
-    rows = {state: re.search(rf"<code>{re.escape(worker_id)}</code>.*?</tr>", figures, re.S)[0]
-            for state, worker_id in ids.items()}
+    rows = {
+        state: re.search(rf"<code>{re.escape(worker_id)}</code>.*?</tr>", figures, re.S)[0]
+        for state, worker_id in ids.items()
+    }
     for state, row in rows.items():
         assert f'<span class="state {state}">{state}</span>' in row, (state, row)
     assert re.search(r'class="number">(4[0-9]) s ago<', rows["silent"])  # its last beat, 40 s ago

@@ -14,11 +14,11 @@ from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from tests.support.dead_letters import seed_dead_letters
+from tests.support.ingress import running_ingress, status_lines_once_answered
 from webhook_ingest.ingress.console.security import COOKIE_NAME
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
-from tests.support.dead_letters import seed_dead_letters
-from tests.support.ingress import running_ingress, status_lines_once_answered
 
 OPERATOR = "operator-token-for-the-session-tests-0123456789"
 ROTATED = "a-rotated-operator-token-for-the-session-tests"
@@ -48,8 +48,9 @@ def session_cookie(client) -> str:
 
 def token_derived_fernet(token: str) -> Fernet:
     """The key the console used to derive from the operator token: HKDF, no salt."""
-    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
-               info=b"webhook-ingest console session v1").derive(token.encode())
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"webhook-ingest console session v1").derive(
+        token.encode()
+    )
     return Fernet(base64.urlsafe_b64encode(key))
 
 
@@ -75,8 +76,10 @@ async def test_an_anonymous_cookie_confirms_no_guess_of_the_token(settings, monk
 async def test_two_ingress_processes_share_a_session(settings, monkeypatch):
     """`--reuse-port`: a sign-in served by one process is good in the others."""
     console = settings_with(monkeypatch)
-    async with running_ingress(console, load_sources(None)) as first, \
-            running_ingress(console, load_sources(None)) as second:
+    async with (
+        running_ingress(console, load_sources(None)) as first,
+        running_ingress(console, load_sources(None)) as second,
+    ):
         await signed_in(first)
         second.session.cookie_jar.update_cookies({COOKIE_NAME: session_cookie(first)})
         page = await second.get("/console/dead-letters", allow_redirects=False)
@@ -86,8 +89,10 @@ async def test_two_ingress_processes_share_a_session(settings, monkeypatch):
 async def test_a_copied_cookie_can_do_nothing_after_sign_out(settings, monkeypatch):
     console = settings_with(monkeypatch)
     [dead] = await seed_dead_letters(console.database_url, "acme", 1)
-    async with running_ingress(console, load_sources(None)) as browser, \
-            running_ingress(console, load_sources(None)) as thief:
+    async with (
+        running_ingress(console, load_sources(None)) as browser,
+        running_ingress(console, load_sources(None)) as thief,
+    ):
         csrf = await signed_in(browser)
         stolen = session_cookie(browser)
         thief.session.cookie_jar.update_cookies({COOKIE_NAME: stolen})
@@ -118,8 +123,11 @@ async def test_rotating_the_operator_token_ends_its_sessions(settings, monkeypat
 async def raw_post(port: int, path: str, length: int, first_bytes: bytes, client_address: str = "127.0.0.1"):
     """A POST whose headers are sent with only `first_bytes` of a body of `length`."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(client_address, 0))
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
-                 f"Content-Length: {length}\r\n\r\n".encode() + first_bytes)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        f"Content-Length: {length}\r\n\r\n".encode()
+        + first_bytes
+    )
     await writer.drain()
     return reader, writer
 
@@ -144,8 +152,9 @@ async def test_the_sign_in_post_has_the_webhooks_time_and_size_limits(settings, 
 
 
 async def test_console_requests_count_against_the_clients_bodies_and_the_bound(settings, monkeypatch):
-    bounded = settings_with(monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="10",
-                            WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT="3")
+    bounded = settings_with(
+        monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="10", WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT="3"
+    )
     async with running_ingress(bounded, load_sources(None)) as client:
         slow = [await raw_post(client.port, "/console/login", 100, b"t", "127.0.0.3") for _ in range(5)]
         try:

@@ -15,23 +15,23 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
-from webhook_ingest.shared import metrics, topology
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.shared.message import to_amqp
-from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources, parse_source
+from tests.support.broker import amqp_port
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import count_rows, wait_until
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.cli import main
+from webhook_ingest.shared import metrics, topology
+from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.message import to_amqp
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources, parse_source
 from webhook_ingest.workers.completions import CompletionStore
 from webhook_ingest.workers.poison import drain_poison_queue, stop_draining
 from webhook_ingest.workers.retry import FailurePolicy, describe_failure
 from webhook_ingest.workers.states import Outcome
-from tests.support.broker import amqp_port
 
 TOKEN = "s3cret-admin-token-of-the-dead-letter-tests"
 
@@ -47,9 +47,12 @@ async def seed(database_url: str, *events, attempts: int = 2) -> list[int]:
     """One dead letter per event, each with `attempts` failed attempts."""
     connection = await asyncpg.connect(database_url)
     try:
-        return [await record_dead_letter(connection, dataclasses.replace(event, attempt=attempts),
-                                         [failure(n) for n in range(1, attempts + 1)])
-                for event in events]
+        return [
+            await record_dead_letter(
+                connection, dataclasses.replace(event, attempt=attempts), [failure(n) for n in range(1, attempts + 1)]
+            )
+            for event in events
+        ]
     finally:
         await connection.close()
 
@@ -75,8 +78,9 @@ async def test_a_dead_letter_keeps_the_event_as_received_and_every_error(setting
     assert bytes(row["body"]) == event.body and row["payload"] == json.loads(event.body)
     assert row["headers"] == event.headers and row["status"] == "dead"
     assert [error["attempt"] for error in row["errors"]] == [1, 2, 3]
-    assert all(error["type"] == "RuntimeError" and error["at"] and "Traceback" in error["traceback"]
-               for error in row["errors"])
+    assert all(
+        error["type"] == "RuntimeError" and error["at"] and "Traceback" in error["traceback"] for error in row["errors"]
+    )
     assert raw["payload"] is None and bytes(raw["body"]) == b"\xff not json"
     assert [item["id"] for item in listed] == [second, first]  # newest first
 
@@ -103,8 +107,9 @@ async def test_an_event_has_at_most_one_open_dead_letter(settings):
 
 
 async def test_a_retry_is_confirmed_by_the_broker_before_fail_returns(settings):
-    source = parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox",
-                                   "retry_delays": [30], "max_attempts": 3})
+    source = parse_source(
+        "acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox", "retry_delays": [30], "max_attempts": 3}
+    )
     event = make_event("acme", "evt_1")
     pool = await asyncpg.create_pool(settings.database_url, min_size=0, max_size=1)
     try:
@@ -159,14 +164,20 @@ def test_dlq_list_and_show_as_table_and_json(settings):
     assert table.exit_code == 0, table.stderr
     header, *lines = table.stdout.splitlines()
     assert header.split() == ["ID", "STATUS", "SOURCE", "KEY", "ATTEMPTS", "AGE", "LAST", "ERROR"]
-    assert [line.split()[:5] for line in lines] == [[str(two), "dead", "other", "other:evt_2", "2"],
-                                                    [str(one), "dead", "acme", "acme:evt_1", "2"]]
+    assert [line.split()[:5] for line in lines] == [
+        [str(two), "dead", "other", "other:evt_2", "2"],
+        [str(one), "dead", "acme", "acme:evt_1", "2"],
+    ]
     assert "RuntimeError: receiver answered 500 (attempt 2)" in lines[0]
 
     [listed] = json.loads(dlq("list", "--source", "acme", "--json").stdout)
     assert listed["id"] == one and isinstance(listed["id"], int)
     assert {key: listed[key] for key in ("key", "source", "event_id", "status", "attempts", "last_error")} == {
-        "key": "acme:evt_1", "source": "acme", "event_id": "evt_1", "status": "dead", "attempts": 2,
+        "key": "acme:evt_1",
+        "source": "acme",
+        "event_id": "evt_1",
+        "status": "dead",
+        "attempts": 2,
         "last_error": "RuntimeError: receiver answered 500 (attempt 2)",
     }
     assert datetime.fromisoformat(listed["created_at"]).utcoffset() == timedelta(0)
@@ -186,8 +197,16 @@ def test_dlq_list_and_show_as_table_and_json(settings):
 
 def test_unknown_or_invalid_ids_are_one_line_errors(settings):
     [known] = asyncio.run(seed(settings.database_url, make_event("acme", "evt_1")))
-    for args in (["show", "999"], ["discard", str(known), "999"], ["replay", "999"], ["show", "x1"],
-                 ["replay"], ["replay", str(known), "--all"], ["show", "-1"], ["discard", "-5"]):
+    for args in (
+        ["show", "999"],
+        ["discard", str(known), "999"],
+        ["replay", "999"],
+        ["show", "x1"],
+        ["replay"],
+        ["replay", str(known), "--all"],
+        ["show", "-1"],
+        ["discard", "-5"],
+    ):
         result = dlq(*args)
         assert result.exit_code != 0, args
         assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("error: "), args
@@ -206,9 +225,15 @@ def test_discard_keeps_it_for_audit(settings):
 
 
 def test_replay_publishes_the_event_as_received_with_a_fresh_attempt_budget(settings):
-    first, second, third = asyncio.run(seed(
-        settings.database_url, make_event("acme", "evt_1"), make_event("acme", "evt_2"),
-        make_event("other", "evt_3"), attempts=3))
+    first, second, third = asyncio.run(
+        seed(
+            settings.database_url,
+            make_event("acme", "evt_1"),
+            make_event("acme", "evt_2"),
+            make_event("other", "evt_3"),
+            attempts=3,
+        )
+    )
 
     result = dlq("replay", str(first))
     assert result.exit_code == 0, result.stderr
@@ -235,8 +260,10 @@ def test_replay_uses_the_deployments_queue_whatever_this_shells_delivery_limit(s
 async def _lock_waiters(database_url: str, count: int) -> bool:
     """At least `count` sessions of this database wait for a lock (asked
     outside any transaction: pg_stat_activity is a snapshot within one)."""
-    return await count_rows(database_url, "pg_stat_activity",
-                            "datname = current_database() AND wait_event_type = 'Lock'") >= count
+    return (
+        await count_rows(database_url, "pg_stat_activity", "datname = current_database() AND wait_event_type = 'Lock'")
+        >= count
+    )
 
 
 async def test_two_replays_at_once_publish_each_dead_letter_once(settings, service_env):
@@ -249,11 +276,23 @@ async def test_two_replays_at_once_publish_each_dead_letter_once(settings, servi
     try:
         async with holder.transaction():
             await holder.execute("SELECT FROM dead_letters FOR UPDATE")
-            replays = [await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "webhook_ingest", "dlq", "replay", "--all", env={**os.environ, **service_env},
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE) for _ in range(2)]
-            await wait_until(lambda: _lock_waiters(settings.database_url, 2), timeout=15,
-                             message="both replays waiting on a row")
+            replays = [
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "webhook_ingest",
+                    "dlq",
+                    "replay",
+                    "--all",
+                    env={**os.environ, **service_env},
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+                for _ in range(2)
+            ]
+            await wait_until(
+                lambda: _lock_waiters(settings.database_url, 2), timeout=15, message="both replays waiting on a row"
+            )
         outputs = [await asyncio.wait_for(replay.communicate(), 30) for replay in replays]
         audit = await DeadLetterStore(holder).audit()
     finally:
@@ -284,7 +323,11 @@ async def test_prune_deletes_completion_records_past_the_window_in_batches(setti
         for n, age in enumerate([timedelta(days=40)] * 5 + [timedelta(days=1)] * 2):
             await connection.execute(
                 "INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts,"
-                " completed_at) VALUES ($1, 'acme', $2, 'h', 1, 1, $3)", f"acme:evt_{n}", f"evt_{n}", now - age)
+                " completed_at) VALUES ($1, 'acme', $2, 'h', 1, 1, $3)",
+                f"acme:evt_{n}",
+                f"evt_{n}",
+                now - age,
+            )
         assert await CompletionStore(connection).prune(timedelta(days=30), batch_size=2) == 5
         assert await connection.fetchval("SELECT count(*) FROM processed_events") == 2
     finally:
@@ -310,10 +353,18 @@ def admin_settings(settings, monkeypatch) -> Settings:
 async def test_admin_api_needs_the_bearer_token(admin_settings):
     await seed(admin_settings.database_url, make_event("acme", "evt_1"))
     async with running_ingress(admin_settings, load_sources(None)) as client:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
-                        {"Authorization": f"Basic {TOKEN}"}):
-            for method, path in (("GET", "/admin/dead-letters"), ("GET", "/admin/dead-letters/1"),
-                                 ("POST", "/admin/dead-letters/1/replay"), ("POST", "/admin/dead-letters/1/discard")):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": TOKEN},
+            {"Authorization": f"Basic {TOKEN}"},
+        ):
+            for method, path in (
+                ("GET", "/admin/dead-letters"),
+                ("GET", "/admin/dead-letters/1"),
+                ("POST", "/admin/dead-letters/1/replay"),
+                ("POST", "/admin/dead-letters/1/discard"),
+            ):
                 response = await client.request(method, path, headers=headers)
                 assert response.status == 401, (headers, path)
                 assert await response.json() == {"error": "unauthorized"}
@@ -331,8 +382,11 @@ async def test_admin_api_answers_a_five_thousand_digit_id_or_limit_with_400_not_
     """Issue 21, item 7: int() refuses more than 4,300 digits."""
     auth, huge = {"Authorization": f"Bearer {TOKEN}"}, "9" * 5000
     async with running_ingress(admin_settings, load_sources(None)) as client:
-        for method, path in (("GET", f"/admin/dead-letters/{huge}"), ("POST", f"/admin/dead-letters/{huge}/discard"),
-                             ("GET", f"/admin/dead-letters?limit={huge}")):
+        for method, path in (
+            ("GET", f"/admin/dead-letters/{huge}"),
+            ("POST", f"/admin/dead-letters/{huge}/discard"),
+            ("GET", f"/admin/dead-letters?limit={huge}"),
+        ):
             assert (await client.request(method, path, headers=auth)).status == 400, path
 
 
@@ -343,7 +397,9 @@ async def test_admin_api_lists_shows_replays_and_discards_like_the_cli(admin_set
         listed = await (await client.get("/admin/dead-letters", headers=auth)).json()
         cli_listed = json.loads((await asyncio.to_thread(dlq, "list", "--json")).stdout)
         assert listed == cli_listed and [row["id"] for row in listed] == [two, one]
-        assert [row["id"] for row in await (await client.get("/admin/dead-letters?source=acme", headers=auth)).json()] == [one]
+        assert [
+            row["id"] for row in await (await client.get("/admin/dead-letters?source=acme", headers=auth)).json()
+        ] == [one]
 
         shown = await client.get(f"/admin/dead-letters/{one}", headers=auth)
         assert shown.status == 200
@@ -373,18 +429,26 @@ async def test_two_admin_replays_of_one_dead_letter_at_once_publish_it_once(admi
         async with running_ingress(admin_settings, load_sources(None)) as client:
             async with holder.transaction():
                 await holder.execute("SELECT FROM dead_letters FOR UPDATE")  # until both have read the row
-                requests = [asyncio.create_task(client.post(f"/admin/dead-letters/{dead}/replay", headers=auth))
-                            for _ in range(2)]
-                await wait_until(lambda: _lock_waiters(admin_settings.database_url, 2), timeout=15,
-                                 message="both replays waiting on the row")
-            answers = sorted([(response.status, await response.json()) for response in await asyncio.gather(*requests)],
-                             key=lambda answer: answer[0])
+                requests = [
+                    asyncio.create_task(client.post(f"/admin/dead-letters/{dead}/replay", headers=auth))
+                    for _ in range(2)
+                ]
+                await wait_until(
+                    lambda: _lock_waiters(admin_settings.database_url, 2),
+                    timeout=15,
+                    message="both replays waiting on the row",
+                )
+            answers = sorted(
+                [(response.status, await response.json()) for response in await asyncio.gather(*requests)],
+                key=lambda answer: answer[0],
+            )
     finally:
         await holder.close()
     assert [status for status, _ in answers] == [200, 409], answers
     assert answers[0][1]["status"] == "replayed" and answers[1][1] == {"error": "changed_meanwhile"}
     assert [event.key for event in await queued_events(admin_settings.amqp_url, admin_settings.namespace)] == [
-        "acme:evt_1"]
+        "acme:evt_1"
+    ]
 
 
 async def _rows(settings) -> list[dict]:
@@ -415,6 +479,7 @@ async def test_the_open_dead_letters_gauge_follows_the_table(settings):
 def _gauge_is(expected: int):
     async def check() -> bool:
         return metrics.dead_letters_open._value.get() == expected
+
     return check
 
 
@@ -424,7 +489,10 @@ async def test_the_poison_drainer_records_what_reaches_the_dead_queue(settings):
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
     await pool.execute(
         "INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts)"
-        " VALUES ($1, 'acme', 'evt_done', $2, 1, 1)", completed.key, completed.payload_sha256)
+        " VALUES ($1, 'acme', 'evt_done', $2, 1, 1)",
+        completed.key,
+        completed.payload_sha256,
+    )
     connection = await aio_pika.connect(settings.amqp_url)
     try:
         channel = await connection.channel(publisher_confirms=True)
@@ -457,6 +525,7 @@ async def test_the_poison_drainer_records_what_reaches_the_dead_queue(settings):
 def _rows_are(settings, expected: int):
     async def check() -> bool:
         return await count_rows(settings.database_url, "dead_letters") == expected
+
     return check
 
 
@@ -464,4 +533,5 @@ def _queue_empty(channel, queue_name: str):
     async def check() -> bool:
         queue = await channel.declare_queue(queue_name, passive=True)
         return queue.declaration_result.message_count == 0
+
     return check

@@ -7,14 +7,14 @@ import subprocess
 
 import pytest
 
-from webhook_ingest.shared import signatures
-from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
-from webhook_ingest.workers.idempotency import IdempotencyStore
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import wait_until
 from tests.support.signing import PROVIDER_SECRETS
 from tests.support.tcpproxy import TcpProxy, free_port
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.workers.idempotency import IdempotencyStore
 
 SECRET = PROVIDER_SECRETS["hmac-sha256"]
 
@@ -82,11 +82,28 @@ async def test_with_redis_unreachable_a_copy_is_accepted_and_queued(settings, so
 
 
 async def test_a_redis_with_a_password_and_a_database_number_is_read_where_the_workers_write(
-        settings, sources, monkeypatch, tmp_path):
+    settings, sources, monkeypatch, tmp_path
+):
     port = free_port()
     server = subprocess.Popen(  # noqa: ASYNC220 - starting it is instant; the test waits for its port
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--requirepass", "s3cret", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--requirepass",
+            "s3cret",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         await wait_until(lambda: _accepts_connections(port), 10, interval=0.05, message="redis-server up")
         monkeypatch.setenv("REDIS_URLS", f"redis://:s3cret@127.0.0.1:{port}/3")

@@ -23,12 +23,12 @@ import standardwebhooks
 import stripe
 from twilio.request_validator import RequestValidator
 
-from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
-from webhook_ingest.workers.fan_out import route_messages
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.signing import PROVIDERS, TWILIO_URL
 from tests.support.tcpproxy import free_port
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.workers.fan_out import route_messages
 
 SVIX_SECRET = PROVIDERS["standard-webhooks"].source_secret
 STRIPE_SECRET = PROVIDERS["stripe"].source_secret
@@ -64,8 +64,12 @@ def svix_signed(body: bytes, msg_id: str) -> dict[str, str]:
     """What a Svix sender sends: the svix-* names, signed by the standardwebhooks library."""
     now = int(time.time())
     signature = standardwebhooks.Webhook(SVIX_SECRET).sign(msg_id, datetime.fromtimestamp(now, UTC), body.decode())
-    return {"svix-id": msg_id, "svix-timestamp": str(now), "svix-signature": signature,
-            "Content-Type": "application/json"}
+    return {
+        "svix-id": msg_id,
+        "svix-timestamp": str(now),
+        "svix-signature": signature,
+        "Content-Type": "application/json",
+    }
 
 
 def hmac_signed(body: bytes, secret: str, **headers: str) -> dict[str, str]:
@@ -75,25 +79,38 @@ def hmac_signed(body: bytes, secret: str, **headers: str) -> dict[str, str]:
 
 def github_signed(body: bytes, delivery: str, event: str) -> dict[str, str]:
     digest = hmac.new(GITHUB_SECRET.encode(), body, hashlib.sha256).hexdigest()
-    return {"X-Hub-Signature-256": f"sha256={digest}", "X-GitHub-Delivery": delivery, "X-GitHub-Event": event,
-            "Content-Type": "application/json"}
+    return {
+        "X-Hub-Signature-256": f"sha256={digest}",
+        "X-GitHub-Delivery": delivery,
+        "X-GitHub-Event": event,
+        "Content-Type": "application/json",
+    }
 
 
 def shopify_signed(body: bytes, webhook_id: str) -> dict[str, str]:
     digest = base64.b64encode(hmac.new(SHOPIFY_SECRET.encode(), body, hashlib.sha256).digest()).decode()
-    return {"X-Shopify-Hmac-Sha256": digest, "X-Shopify-Webhook-Id": webhook_id, "X-Shopify-Topic": "orders/create",
-            "Content-Type": "application/json"}
+    return {
+        "X-Shopify-Hmac-Sha256": digest,
+        "X-Shopify-Webhook-Id": webhook_id,
+        "X-Shopify-Topic": "orders/create",
+        "Content-Type": "application/json",
+    }
 
 
 def twilio_signed(fields: list[tuple[str, str]], token: str) -> tuple[bytes, dict[str, str]]:
     signature = RequestValidator(TWILIO_TOKEN).compute_signature(TWILIO_URL, dict(fields))
-    return urlencode(fields).encode(), {"X-Twilio-Signature": signature, "I-Twilio-Idempotency-Token": token,
-                                         "Content-Type": FORM}
+    return urlencode(fields).encode(), {
+        "X-Twilio-Signature": signature,
+        "I-Twilio-Idempotency-Token": token,
+        "Content-Type": FORM,
+    }
 
 
 async def answers(client, path: str, requests: list[tuple[bytes, dict[str, str]]]) -> list[tuple[int, dict]]:
-    return [(response.status, await response.json())
-            for response in [await client.post(path, data=body, headers=headers) for body, headers in requests]]
+    return [
+        (response.status, await response.json())
+        for response in [await client.post(path, data=body, headers=headers) for body, headers in requests]
+    ]
 
 
 async def queued_keys(settings) -> list[str]:
@@ -107,8 +124,11 @@ async def test_a_svix_request_with_an_added_webhook_id_is_the_same_event(setting
     body = json.dumps({"type": "user.created", "data": {"id": "u_1"}}).encode()
     signed = svix_signed(body, "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W")
     async with running_ingress(settings, sources) as client:
-        replies = await answers(client, "/webhooks/svix", [(body, signed)] + [
-            (body, {**signed, "webhook-id": f"forged-{n}"}) for n in range(3)])
+        replies = await answers(
+            client,
+            "/webhooks/svix",
+            [(body, signed)] + [(body, {**signed, "webhook-id": f"forged-{n}"}) for n in range(3)],
+        )
     assert {reply["key"] for _, reply in replies} == {"svix:msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"}
     assert set(await queued_keys(settings)) == {"svix:msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"}
 
@@ -116,8 +136,14 @@ async def test_a_svix_request_with_an_added_webhook_id_is_the_same_event(setting
 async def test_an_hmac_body_with_a_new_x_event_id_is_the_same_event(settings, sources):
     body = json.dumps({"id": "evt_1", "type": "invoice.paid"}).encode()
     async with running_ingress(settings, sources) as client:
-        replies = await answers(client, "/webhooks/generic", [
-            (body, hmac_signed(body, HMAC_SECRET)), (body, hmac_signed(body, HMAC_SECRET, **{"X-Event-ID": "forged"}))])
+        replies = await answers(
+            client,
+            "/webhooks/generic",
+            [
+                (body, hmac_signed(body, HMAC_SECRET)),
+                (body, hmac_signed(body, HMAC_SECRET, **{"X-Event-ID": "forged"})),
+            ],
+        )
     assert replies[1][1]["key"] == "generic:evt_1"
     assert set(await queued_keys(settings)) == {"generic:evt_1"}
 
@@ -129,10 +155,14 @@ async def test_an_unsigned_type_header_neither_dodges_an_ignore_rule_nor_picks_a
     ping = json.dumps({"id": "evt_ping", "type": "ping"}).encode()
     customer = json.dumps({"id": "evt_2", "type": "customer.created"}).encode()
     async with running_ingress(settings, sources) as client:
-        [(_, ignored)] = await answers(client, "/webhooks/generic", [
-            (ping, hmac_signed(ping, HMAC_SECRET, **{"X-Event-Type": "pong"}))])
-        [(_, routed)] = await answers(client, "/webhooks/routed", [
-            (customer, hmac_signed(customer, HMAC_SECRET, **{"X-Event-Type": "invoice.paid"}))])
+        [(_, ignored)] = await answers(
+            client, "/webhooks/generic", [(ping, hmac_signed(ping, HMAC_SECRET, **{"X-Event-Type": "pong"}))]
+        )
+        [(_, routed)] = await answers(
+            client,
+            "/webhooks/routed",
+            [(customer, hmac_signed(customer, HMAC_SECRET, **{"X-Event-Type": "invoice.paid"}))],
+        )
     assert ignored == {"status": "ignored", "key": "generic:evt_ping", "rule": "type=ping"}
     assert routed == {"status": "accepted", "key": "routed:evt_2"}
     [queued] = await queued_events(settings.amqp_url, settings.namespace)
@@ -142,10 +172,15 @@ async def test_an_unsigned_type_header_neither_dodges_an_ignore_rule_nor_picks_a
 async def test_a_github_delivery_sent_again_with_another_event_header_runs_no_other_route(settings, sources):
     body = json.dumps({"ref": "refs/heads/main", "after": "6113728f27ae82c7b1a177c8d03f9e96e0adf246"}).encode()
     async with running_ingress(settings, sources) as client:
-        replies = await answers(client, "/webhooks/github", [
-            (body, github_signed(body, "d-1", "push")), (body, github_signed(body, "d-1", "issues"))])
-    assert replies == [(200, {"status": "accepted", "key": "github:d-1"}),
-                       (200, {"status": "duplicate", "key": "github:d-1"})]
+        replies = await answers(
+            client,
+            "/webhooks/github",
+            [(body, github_signed(body, "d-1", "push")), (body, github_signed(body, "d-1", "issues"))],
+        )
+    assert replies == [
+        (200, {"status": "accepted", "key": "github:d-1"}),
+        (200, {"status": "duplicate", "key": "github:d-1"}),
+    ]
     [queued] = await queued_events(settings.amqp_url, settings.namespace)
     assert [message.route for message in route_messages(sources["github"], queued)] == ["ci"]
 
@@ -155,10 +190,15 @@ async def test_a_github_body_resent_with_a_fresh_delivery_and_another_event_is_a
     body under several topics, so only its bindings hold more than one."""
     body = json.dumps({"action": "opened", "issue": {"number": 1347}}).encode()
     async with running_ingress(settings, sources) as client:
-        replies = await answers(client, "/webhooks/github", [
-            (body, github_signed(body, "d-1", "issues")), (body, github_signed(body, "d-2", "push"))])
-    assert replies == [(200, {"status": "accepted", "key": "github:d-1"}),
-                       (200, {"status": "duplicate", "key": "github:d-1"})]
+        replies = await answers(
+            client,
+            "/webhooks/github",
+            [(body, github_signed(body, "d-1", "issues")), (body, github_signed(body, "d-2", "push"))],
+        )
+    assert replies == [
+        (200, {"status": "accepted", "key": "github:d-1"}),
+        (200, {"status": "duplicate", "key": "github:d-1"}),
+    ]
     assert await queued_keys(settings) == ["github:d-1"]
 
 
@@ -167,11 +207,14 @@ async def test_a_github_body_resent_with_a_fresh_delivery_and_another_event_is_a
 
 async def test_a_signed_stripe_body_sent_as_a_form_is_still_its_json_event(settings, sources):
     body = json.dumps({"id": "evt_3", "object": "event", "type": "invoice.paid"}).encode()
-    signature = stripe.WebhookSignature.generate_signature_header(body.decode(), STRIPE_SECRET,
-                                                                  timestamp=int(time.time()))
+    signature = stripe.WebhookSignature.generate_signature_header(
+        body.decode(), STRIPE_SECRET, timestamp=int(time.time())
+    )
     headers = {"Stripe-Signature": signature, "Content-Type": "application/json"}
     async with running_ingress(settings, sources) as client:
-        replies = await answers(client, "/webhooks/stripe", [(body, headers), (body, {**headers, "Content-Type": FORM})])
+        replies = await answers(
+            client, "/webhooks/stripe", [(body, headers), (body, {**headers, "Content-Type": FORM})]
+        )
     assert [reply["key"] for _, reply in replies] == ["stripe:evt_3", "stripe:evt_3"]
     events = await queued_events(settings.amqp_url, settings.namespace)
     assert {event.key for event in events} == {"stripe:evt_3"}
@@ -186,19 +229,34 @@ async def test_a_signed_body_reposted_with_a_fresh_id_header_is_a_duplicate(sett
     order = json.dumps({"id": 820982911946154508, "total_price": "254.98"}).encode()
     sms, sms_headers = twilio_signed([("MessageSid", "SM1"), ("Body", "pay 100")], "tok-1")
     async with running_ingress(settings, sources) as client:
-        github = await answers(client, "/webhooks/github", [
-            (push, github_signed(push, "d-1", "push")), (push, github_signed(push, "d-1", "push")),
-            (push, github_signed(push, "d-2", "push"))])
-        shopify = await answers(client, "/webhooks/shopify", [
-            (order, shopify_signed(order, "w-1")), (order, shopify_signed(order, "w-2"))])
-        twilio = await answers(client, "/webhooks/twilio", [
-            (sms, sms_headers), (sms, {**sms_headers, "I-Twilio-Idempotency-Token": "tok-2"})])
+        github = await answers(
+            client,
+            "/webhooks/github",
+            [
+                (push, github_signed(push, "d-1", "push")),
+                (push, github_signed(push, "d-1", "push")),
+                (push, github_signed(push, "d-2", "push")),
+            ],
+        )
+        shopify = await answers(
+            client, "/webhooks/shopify", [(order, shopify_signed(order, "w-1")), (order, shopify_signed(order, "w-2"))]
+        )
+        twilio = await answers(
+            client,
+            "/webhooks/twilio",
+            [(sms, sms_headers), (sms, {**sms_headers, "I-Twilio-Idempotency-Token": "tok-2"})],
+        )
     assert [reply for _, reply in github] == [{"status": "accepted", "key": "github:d-1"}] * 2 + [
-        {"status": "duplicate", "key": "github:d-1"}]  # the provider's own redelivery still goes through
-    assert [reply for _, reply in shopify] == [{"status": "accepted", "key": "shopify:w-1"},
-                                               {"status": "duplicate", "key": "shopify:w-1"}]
-    assert [reply for _, reply in twilio] == [{"status": "accepted", "key": "twilio:tok-1"},
-                                              {"status": "duplicate", "key": "twilio:tok-1"}]
+        {"status": "duplicate", "key": "github:d-1"}
+    ]  # the provider's own redelivery still goes through
+    assert [reply for _, reply in shopify] == [
+        {"status": "accepted", "key": "shopify:w-1"},
+        {"status": "duplicate", "key": "shopify:w-1"},
+    ]
+    assert [reply for _, reply in twilio] == [
+        {"status": "accepted", "key": "twilio:tok-1"},
+        {"status": "duplicate", "key": "twilio:tok-1"},
+    ]
     assert await queued_keys(settings) == ["github:d-1", "github:d-1", "shopify:w-1", "twilio:tok-1"]
 
 
@@ -211,12 +269,20 @@ async def test_a_twilio_form_reordered_or_with_a_field_repeated_is_no_new_event(
     reordered = urlencode(list(reversed(fields))).encode()
     repeated = urlencode([*fields, ("Body", "refund 100")]).encode()  # the same signature: Twilio signs the set
     async with running_ingress(settings, sources) as client:
-        replies = await answers(client, "/webhooks/twilio", [
-            (body, headers), (reordered, {**headers, "I-Twilio-Idempotency-Token": "tok-2"}),
-            (repeated, {**headers, "I-Twilio-Idempotency-Token": "tok-3"})])
-    assert replies == [(200, {"status": "accepted", "key": "twilio:tok-1"}),
-                       (200, {"status": "duplicate", "key": "twilio:tok-1"}),
-                       (400, {"error": "invalid_form"})]  # a field twice with one value: no form Twilio sends
+        replies = await answers(
+            client,
+            "/webhooks/twilio",
+            [
+                (body, headers),
+                (reordered, {**headers, "I-Twilio-Idempotency-Token": "tok-2"}),
+                (repeated, {**headers, "I-Twilio-Idempotency-Token": "tok-3"}),
+            ],
+        )
+    assert replies == [
+        (200, {"status": "accepted", "key": "twilio:tok-1"}),
+        (200, {"status": "duplicate", "key": "twilio:tok-1"}),
+        (400, {"error": "invalid_form"}),
+    ]  # a field twice with one value: no form Twilio sends
     assert await queued_keys(settings) == ["twilio:tok-1"]
 
 
@@ -241,11 +307,16 @@ async def test_shopify_sending_one_body_under_two_topics_is_two_events(settings,
     created = {**shopify_signed(product, "w-create"), "X-Shopify-Topic": "products/create"}
     updated = {**shopify_signed(product, "w-update"), "X-Shopify-Topic": "products/update"}
     async with running_ingress(settings, sources) as client:
-        replies = await answers(client, "/webhooks/shopify", [
-            (product, created), (product, updated), (product, {**updated, "X-Shopify-Webhook-Id": "forged"})])
-    assert replies == [(200, {"status": "accepted", "key": "shopify:w-create"}),
-                       (200, {"status": "accepted", "key": "shopify:w-update"}),
-                       (200, {"status": "duplicate", "key": "shopify:w-update"})]  # a topic it came with: no rerun
+        replies = await answers(
+            client,
+            "/webhooks/shopify",
+            [(product, created), (product, updated), (product, {**updated, "X-Shopify-Webhook-Id": "forged"})],
+        )
+    assert replies == [
+        (200, {"status": "accepted", "key": "shopify:w-create"}),
+        (200, {"status": "accepted", "key": "shopify:w-update"}),
+        (200, {"status": "duplicate", "key": "shopify:w-update"}),
+    ]  # a topic it came with: no rerun
     assert await queued_keys(settings) == ["shopify:w-create", "shopify:w-update"]
 
 
@@ -259,7 +330,8 @@ async def test_an_unsigned_header_an_ignore_rule_reads_does_not_make_an_ignored_
     path = tmp_path / "sources.toml"
     path.write_text(
         f'[sources.github]\nscheme = "github"\nsecrets = ["{GITHUB_SECRET}"]\nhandler = "inbox"\n'
-        '[sources.github.ignore]\n"header:X-GitHub-Hook-Installation-Target-Type" = ["organization"]\n')
+        '[sources.github.ignore]\n"header:X-GitHub-Hook-Installation-Target-Type" = ["organization"]\n'
+    )
     sources = load_sources(str(path))
     body = json.dumps({"action": "member_added", "membership": {"role": "admin"}}).encode()
 
@@ -268,8 +340,14 @@ async def test_an_unsigned_header_an_ignore_rule_reads_does_not_make_an_ignored_
 
     async with running_ingress(settings, sources) as client:
         replies = await answers(client, "/webhooks/github", [(body, sent("organization")), (body, sent("repository"))])
-    assert replies[0] == (200, {"status": "ignored", "key": "github:d-7",
-                                "rule": "header:X-GitHub-Hook-Installation-Target-Type=organization"})
+    assert replies[0] == (
+        200,
+        {
+            "status": "ignored",
+            "key": "github:d-7",
+            "rule": "header:X-GitHub-Hook-Installation-Target-Type=organization",
+        },
+    )
     assert replies[1] == (200, {"status": "duplicate", "key": "github:d-7"})
     assert await queued_keys(settings) == []
 
@@ -290,4 +368,3 @@ async def test_a_twilio_form_with_a_name_value_boundary_moved_is_no_new_event(se
     assert replies[0][1]["status"] == "accepted"
     assert replies[1] == (200, {"status": "duplicate", "key": replies[0][1]["key"]})
     assert len(await queued_keys(settings)) == 1
-

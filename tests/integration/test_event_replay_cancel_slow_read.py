@@ -45,7 +45,8 @@ async def _a_runner_reading_slowly(settings, monkeypatch) -> AsyncIterator[tuple
 
 
 async def test_nothing_is_published_after_a_cancel_behind_a_runner_whose_arrival_read_outlasts_its_hold(
-        settings, monkeypatch):
+    settings, monkeypatch
+):
     async with _a_runner_reading_slowly(settings, monkeypatch) as (store, replay_id, runner):
         assert await store.cancel(replay_id)  # returns once the runner's held session is ended
         cancelled = await store.get(replay_id)

@@ -16,8 +16,8 @@ import asyncpg
 import pytest
 
 from tests.support.archive import archived_event, seed_archive
-from tests.support.pruning import A_WEEK_ON, SOURCES, YESTERDAY
 from tests.support.event_replays import claimed_replay, replay_job
+from tests.support.pruning import A_WEEK_ON, SOURCES, YESTERDAY
 from webhook_ingest.shared import paced_runs
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
@@ -36,18 +36,17 @@ def _never_asked():
     raise AssertionError("nothing is published")
 
 
-async def test_a_runner_that_wakes_after_its_cancelled_replay_was_pruned_ends_cancelled_not_done(
-        database, connection):
-    await seed_archive(database, [archived_event("acme", f"old_{n}", YESTERDAY + timedelta(seconds=n))
-                                  for n in (1, 2)])
+async def test_a_runner_that_wakes_after_its_cancelled_replay_was_pruned_ends_cancelled_not_done(database, connection):
+    await seed_archive(database, [archived_event("acme", f"old_{n}", YESTERDAY + timedelta(seconds=n)) for n in (1, 2)])
     store = EventReplayStore(connection)
     claimed = await claimed_replay(store, "acme")
     job = replay_job(claimed, store, None, "ns")
     job._channel = _never_asked  # the runner froze before its next page of items
     # Meanwhile: cancelled, two days ago; its events' day dropped; the upkeep pruned its items.
     assert await store.cancel(claimed.id, Actor.cli())
-    await connection.execute("UPDATE event_replays SET finished_at = now() - interval '2 days' WHERE id = $1",
-                             claimed.id)
+    await connection.execute(
+        "UPDATE event_replays SET finished_at = now() - interval '2 days' WHERE id = $1", claimed.id
+    )
     await ArchiveStore(connection).keep({"acme": timedelta(days=7)}, now=A_WEEK_ON)
     assert await ArchiveUpkeep(ArchiveStore(connection), SOURCES).prune() == 2
 

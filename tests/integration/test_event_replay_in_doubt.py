@@ -32,8 +32,10 @@ def admin_settings(settings, monkeypatch) -> Settings:
 
 async def _a_runner_died_after_its_first_publish(settings: Settings) -> int:
     start = minutes_ago(10)
-    await seed_archive(settings.database_url, [archived_event("stripe", f"evt_{n}", start + timedelta(seconds=n),
-                                                              "invoice.paid") for n in (1, 2)])
+    await seed_archive(
+        settings.database_url,
+        [archived_event("stripe", f"evt_{n}", start + timedelta(seconds=n), "invoice.paid") for n in (1, 2)],
+    )
     connection = await asyncpg.connect(settings.database_url)
     try:
         dying = DiesAfterItsFirstPublish(connection)  # its step is lost with its session, its mark is not

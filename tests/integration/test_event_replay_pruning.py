@@ -12,8 +12,8 @@ import asyncpg
 import pytest
 
 from tests.support.archive import archived_event, seed_archive
-from tests.support.pruning import A_WEEK_ON, MIDNIGHT, SOURCES, YESTERDAY
 from tests.support.processes import wait_until
+from tests.support.pruning import A_WEEK_ON, MIDNIGHT, SOURCES, YESTERDAY
 from webhook_ingest.shared import archive_upkeep
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
@@ -25,9 +25,15 @@ TODAY = MIDNIGHT + timedelta(milliseconds=10)  # a day still kept
 RETENTION = {"acme": timedelta(days=7)}
 
 # Each replay's state, and how long ago it ended (None: it has not).
-REPLAYS = {"done": ("done", timedelta(days=2)), "cancelled": ("cancelled", timedelta(days=2)),
-           "done_lately": ("done", timedelta(hours=1)), "running": ("running", None),
-           "stalled": ("running", None), "failed": ("failed", None), "prepared": ("prepared", None)}
+REPLAYS = {
+    "done": ("done", timedelta(days=2)),
+    "cancelled": ("cancelled", timedelta(days=2)),
+    "done_lately": ("done", timedelta(hours=1)),
+    "running": ("running", None),
+    "stalled": ("running", None),
+    "failed": ("failed", None),
+    "prepared": ("prepared", None),
+}
 
 
 @pytest.fixture
@@ -42,8 +48,11 @@ async def replays_of_a_window(database: str, connection, olds: int = 2) -> dict[
     today), `new` today; a replay of them in each state of REPLAYS (its
     progress as if run to its end, or half-way), then yesterday dropped."""
     arrivals = [archived_event("acme", f"old_{n}", YESTERDAY + timedelta(seconds=n)) for n in range(1, olds + 1)]
-    arrivals += [archived_event("acme", "copied", YESTERDAY + timedelta(hours=1)),
-                 archived_event("acme", "copied", TODAY), archived_event("acme", "new", TODAY + timedelta(seconds=1))]
+    arrivals += [
+        archived_event("acme", "copied", YESTERDAY + timedelta(hours=1)),
+        archived_event("acme", "copied", TODAY),
+        archived_event("acme", "new", TODAY + timedelta(seconds=1)),
+    ]
     await seed_archive(database, arrivals)
     store = EventReplayStore(connection)
     ids = {}
@@ -54,8 +63,13 @@ async def replays_of_a_window(database: str, connection, olds: int = 2) -> dict[
         await connection.execute(
             "UPDATE event_replays SET state = $2, next_item = $3 + 1, published = $3 - 1, skipped = 1, rate = 10,"
             " started_at = now() - interval '3 days', stepped_at = now() - $4::interval, finished_at = now() - $5::interval"
-            " WHERE id = $1", replay.id, state, handled,
-            timedelta(days=1) if name == "stalled" else timedelta(seconds=1), ended)
+            " WHERE id = $1",
+            replay.id,
+            state,
+            handled,
+            timedelta(days=1) if name == "stalled" else timedelta(seconds=1),
+            ended,
+        )
         ids[name] = replay.id
     await ArchiveStore(connection).keep(RETENTION, now=A_WEEK_ON)
     assert await connection.fetchval("SELECT count(*) FROM event_archive WHERE key LIKE 'acme:old_%'") == 0
@@ -63,12 +77,17 @@ async def replays_of_a_window(database: str, connection, olds: int = 2) -> dict[
 
 
 async def items_of(connection, replay_id: int) -> list[str]:
-    return [row["key"] for row in await connection.fetch(
-        "SELECT key FROM event_replay_items WHERE replay_id = $1 ORDER BY item", replay_id)]
+    return [
+        row["key"]
+        for row in await connection.fetch(
+            "SELECT key FROM event_replay_items WHERE replay_id = $1 ORDER BY item", replay_id
+        )
+    ]
 
 
 async def test_an_ended_replays_items_go_once_their_events_left_the_archive_and_nothing_shown_changes(
-        database, connection):
+    database, connection
+):
     ids = await replays_of_a_window(database, connection)
     replays, archived = EventReplayStore(connection), ArchiveStore(connection)
     pages = {replay_id: (await replays.get(replay_id)).document() for replay_id in ids.values()}
@@ -121,6 +140,7 @@ async def test_the_upkeep_every_process_runs_prunes_once_its_archive_is_ready(da
     upkeep = ArchiveUpkeep(ArchiveStore(own), SOURCES)
     task = asyncio.create_task(upkeep.run())
     try:
+
         async def pruned() -> bool:
             return len(await items_of(connection, ids["cancelled"])) == 2
 

@@ -17,8 +17,8 @@ import asyncpg
 
 from tests.support.archive import archived_event, seed_archive
 from tests.support.pruning import A_WEEK_ON, DAY, MIDNIGHT, SOURCES, TOMORROW, YESTERDAY
-from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared import archive_upkeep
+from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
 from webhook_ingest.shared.archived_events import parse_filter
 from webhook_ingest.shared.dead_letters import Actor
@@ -27,21 +27,33 @@ from webhook_ingest.shared.event_replay_store import EventReplayStore
 
 async def test_items_whose_events_left_the_archive_go_though_the_replay_s_first_key_arrives_again(database):
     # `heartbeat` first (yesterday, and again today: a key that recurs), then two events of yesterday only
-    await seed_archive(database, [archived_event("acme", "heartbeat", YESTERDAY),
-                                  archived_event("acme", "old_1", YESTERDAY + timedelta(seconds=1)),
-                                  archived_event("acme", "old_2", YESTERDAY + timedelta(seconds=2)),
-                                  archived_event("acme", "heartbeat", MIDNIGHT + timedelta(seconds=5))])
+    await seed_archive(
+        database,
+        [
+            archived_event("acme", "heartbeat", YESTERDAY),
+            archived_event("acme", "old_1", YESTERDAY + timedelta(seconds=1)),
+            archived_event("acme", "old_2", YESTERDAY + timedelta(seconds=2)),
+            archived_event("acme", "heartbeat", MIDNIGHT + timedelta(seconds=5)),
+        ],
+    )
     connection = await asyncpg.connect(database)
     try:
         replay = await EventReplayStore(connection).prepare(parse_filter({"source": "acme"}), Actor.cli())
         assert replay.total == 3
-        await connection.execute("UPDATE event_replays SET state = 'done', next_item = 4, published = 3,"
-                                 " finished_at = now() - interval '2 days' WHERE id = $1", replay.id)
+        await connection.execute(
+            "UPDATE event_replays SET state = 'done', next_item = 4, published = 3,"
+            " finished_at = now() - interval '2 days' WHERE id = $1",
+            replay.id,
+        )
         await ArchiveStore(connection).keep({"acme": timedelta(days=7)}, now=A_WEEK_ON)
         assert await ArchiveStore(connection).event("acme:old_1") is None  # no page: nothing shows its item
         await ArchiveUpkeep(ArchiveStore(connection), SOURCES).prune()
-        left = [row["key"] for row in await connection.fetch(
-            "SELECT key FROM event_replay_items WHERE replay_id = $1 ORDER BY item", replay.id)]
+        left = [
+            row["key"]
+            for row in await connection.fetch(
+                "SELECT key FROM event_replay_items WHERE replay_id = $1 ORDER BY item", replay.id
+            )
+        ]
     finally:
         await connection.close()
     assert left == ["acme:heartbeat"]
@@ -50,23 +62,35 @@ async def test_items_whose_events_left_the_archive_go_though_the_replay_s_first_
 async def ended_replay_of_acme(connection) -> int:
     """A replay of every acme event, done two days ago."""
     replay = await EventReplayStore(connection).prepare(parse_filter({"source": "acme"}), Actor.cli())
-    await connection.execute("UPDATE event_replays SET state = 'done', next_item = total + 1, published = total,"
-                             " finished_at = now() - interval '2 days' WHERE id = $1", replay.id)
+    await connection.execute(
+        "UPDATE event_replays SET state = 'done', next_item = total + 1, published = total,"
+        " finished_at = now() - interval '2 days' WHERE id = $1",
+        replay.id,
+    )
     return replay.id
 
 
 async def items_of(connection, replay_id: int) -> list[str]:
-    return [row["key"] for row in await connection.fetch(
-        "SELECT key FROM event_replay_items WHERE replay_id = $1 ORDER BY item", replay_id)]
+    return [
+        row["key"]
+        for row in await connection.fetch(
+            "SELECT key FROM event_replay_items WHERE replay_id = $1 ORDER BY item", replay_id
+        )
+    ]
 
 
 async def test_a_pass_skips_archived_items_and_reads_them_again_only_a_day_after_it_began(database):
     # heartbeat recurs (yesterday, today, tomorrow); old_1 yesterday only; mid_1 today only
-    await seed_archive(database, [archived_event("acme", "heartbeat", YESTERDAY),
-                                  archived_event("acme", "old_1", YESTERDAY + timedelta(seconds=1)),
-                                  archived_event("acme", "mid_1", MIDNIGHT + timedelta(seconds=1)),
-                                  archived_event("acme", "heartbeat", MIDNIGHT + timedelta(seconds=5)),
-                                  archived_event("acme", "heartbeat", TOMORROW)])
+    await seed_archive(
+        database,
+        [
+            archived_event("acme", "heartbeat", YESTERDAY),
+            archived_event("acme", "old_1", YESTERDAY + timedelta(seconds=1)),
+            archived_event("acme", "mid_1", MIDNIGHT + timedelta(seconds=1)),
+            archived_event("acme", "heartbeat", MIDNIGHT + timedelta(seconds=5)),
+            archived_event("acme", "heartbeat", TOMORROW),
+        ],
+    )
     connection = await asyncpg.connect(database)
     try:
         replay_id = await ended_replay_of_acme(connection)
@@ -82,8 +106,10 @@ async def test_a_pass_skips_archived_items_and_reads_them_again_only_a_day_after
         assert await upkeep.prune() == 0  # the next pass begins a day after this one began
         assert await items_of(connection, replay_id) == ["acme:heartbeat", "acme:mid_1"]
 
-        await connection.execute("UPDATE event_replay_prune_passes SET pass_started_at = now() - interval '25 hours'"
-                                 " WHERE replay_id = $1", replay_id)
+        await connection.execute(
+            "UPDATE event_replay_prune_passes SET pass_started_at = now() - interval '25 hours' WHERE replay_id = $1",
+            replay_id,
+        )
         assert await replays.to_prune(DAY, 20, DAY) == [replay_id]
         assert await upkeep.prune() == 1
         assert await items_of(connection, replay_id) == ["acme:heartbeat"]  # tomorrow's heartbeat is archived
@@ -96,8 +122,9 @@ async def test_a_round_reads_a_bounded_page_of_a_replay_whatever_is_archived(dat
     monkeypatch.setattr(archive_upkeep, "PRUNE_PAGE", 3)
     monkeypatch.setattr(archive_upkeep, "PRUNE_STATEMENTS", 2)
     # 20 events of today, every one still archived: nothing to delete, and each round reads six items on
-    await seed_archive(database, [archived_event("acme", f"kept_{n}", MIDNIGHT + timedelta(seconds=n))
-                                  for n in range(1, 21)])
+    await seed_archive(
+        database, [archived_event("acme", f"kept_{n}", MIDNIGHT + timedelta(seconds=n)) for n in range(1, 21)]
+    )
     connection = await asyncpg.connect(database)
     try:
         replay_id = await ended_replay_of_acme(connection)
@@ -105,8 +132,11 @@ async def test_a_round_reads_a_bounded_page_of_a_replay_whatever_is_archived(dat
         positions = []
         for _ in range(5):
             assert await upkeep.prune() == 0
-            positions.append(await connection.fetchval(
-                "SELECT next_item FROM event_replay_prune_passes WHERE replay_id = $1", replay_id))
+            positions.append(
+                await connection.fetchval(
+                    "SELECT next_item FROM event_replay_prune_passes WHERE replay_id = $1", replay_id
+                )
+            )
         assert positions == [7, 13, 19, 21, 21]
         assert await EventReplayStore(connection).to_prune(DAY, 20, DAY) == []
         assert len(await items_of(connection, replay_id)) == 20
@@ -127,8 +157,11 @@ async def upkeeps_at_once(connection, upkeeps: list[ArchiveUpkeep]) -> int:
 async def test_upkeeps_at_once_share_a_pass_behind_a_recurring_first_key(database, monkeypatch):
     monkeypatch.setattr(archive_upkeep, "PRUNE_PAGE", 3)
     monkeypatch.setattr(archive_upkeep, "PRUNE_STATEMENTS", 2)
-    arrivals = [archived_event("acme", "heartbeat", YESTERDAY), archived_event("acme", "heartbeat", MIDNIGHT),
-                archived_event("acme", "heartbeat", TOMORROW)]
+    arrivals = [
+        archived_event("acme", "heartbeat", YESTERDAY),
+        archived_event("acme", "heartbeat", MIDNIGHT),
+        archived_event("acme", "heartbeat", TOMORROW),
+    ]
     arrivals += [archived_event("acme", f"old_{n}", YESTERDAY + timedelta(seconds=n)) for n in range(1, 31)]
     arrivals += [archived_event("acme", f"kept_{n}", MIDNIGHT + timedelta(seconds=n)) for n in range(1, 11)]
     await seed_archive(database, arrivals)
@@ -149,8 +182,12 @@ async def test_upkeeps_at_once_share_a_pass_behind_a_recurring_first_key(databas
         await connection.execute("UPDATE event_replay_prune_passes SET pass_started_at = now() - interval '25 hours'")
         assert await upkeeps_at_once(connection, upkeeps) == 2 * 10
         assert await items_of(connection, first) == await items_of(connection, second) == ["acme:heartbeat"]
-        assert await connection.fetchval("SELECT count(*) FROM event_replay_prune_passes"
-                                         " WHERE pass_started_at > now() - interval '1 hour'") == 2
+        assert (
+            await connection.fetchval(
+                "SELECT count(*) FROM event_replay_prune_passes WHERE pass_started_at > now() - interval '1 hour'"
+            )
+            == 2
+        )
     finally:
         for other in others:
             await other.close()

@@ -29,23 +29,36 @@ async def test_listing_stays_cheap_when_one_replay_holds_every_item_left(databas
     connection = await asyncpg.connect(database)
     try:
         replay = await EventReplayStore(connection).prepare(parse_filter({"source": "acme"}), Actor.cli())
-        await connection.execute("UPDATE event_replays SET state = 'done', finished_at = now() - interval '2 days'"
-                                 " WHERE id = $1", replay.id)
-        columns = ", ".join(row["column_name"] for row in await connection.fetch(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'event_replays'"
-            " AND column_name <> 'id'"))
+        await connection.execute(
+            "UPDATE event_replays SET state = 'done', finished_at = now() - interval '2 days' WHERE id = $1", replay.id
+        )
+        columns = ", ".join(
+            row["column_name"]
+            for row in await connection.fetch(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'event_replays'"
+                " AND column_name <> 'id'"
+            )
+        )
         for _ in range(4):
             await connection.execute(f"INSERT INTO event_replays ({columns}) SELECT {columns} FROM event_replays")
         for _ in range(10):  # 5,120 ended replays, their items all gone, each with its pass row over
-            await connection.execute(f"INSERT INTO event_replays ({columns}) SELECT {columns} FROM event_replays"
-                                     " WHERE id <= 1024")
-        await connection.execute("INSERT INTO event_replay_prune_passes (replay_id, next_item, pass_started_at)"
-                                 " SELECT id, 20001, now() - interval '2 days' FROM event_replays")
+            await connection.execute(
+                f"INSERT INTO event_replays ({columns}) SELECT {columns} FROM event_replays WHERE id <= 1024"
+            )
+        await connection.execute(
+            "INSERT INTO event_replay_prune_passes (replay_id, next_item, pass_started_at)"
+            " SELECT id, 20001, now() - interval '2 days' FROM event_replays"
+        )
         # the first replay holds every item left, all still archived, its pass over an hour ago
-        await connection.execute("INSERT INTO event_replay_items (replay_id, item, source, key, received_at)"
-                                 " SELECT $1, g, 'acme', 'acme:k0', now() FROM generate_series(4, 20000) g", replay.id)
-        await connection.execute("UPDATE event_replay_prune_passes SET pass_started_at = now() - interval '1 hour'"
-                                 " WHERE replay_id = $1", replay.id)
+        await connection.execute(
+            "INSERT INTO event_replay_items (replay_id, item, source, key, received_at)"
+            " SELECT $1, g, 'acme', 'acme:k0', now() FROM generate_series(4, 20000) g",
+            replay.id,
+        )
+        await connection.execute(
+            "UPDATE event_replay_prune_passes SET pass_started_at = now() - interval '1 hour' WHERE replay_id = $1",
+            replay.id,
+        )
         await connection.execute("ANALYZE")
         assert await EventReplayStore(connection).to_prune(DAY, 20, DAY) == []
     finally:

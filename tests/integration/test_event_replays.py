@@ -16,17 +16,16 @@ import pytest
 from click.testing import CliRunner
 
 from tests.support.archive import archived_event, seed_archive
+from tests.support.dead_letters import failure
 from tests.support.events import publish_events
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import wait_until
 from webhook_ingest.cli import main
 from webhook_ingest.shared import archive, run_locks
 from webhook_ingest.shared.archived_events import parse_filter
-from webhook_ingest.shared.dead_letters import Actor
-from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.dead_letters import Actor, record_dead_letter
 from webhook_ingest.shared.event_replay_store import EventReplayStore
 from webhook_ingest.shared.event_replays import replayed_message
-from tests.support.dead_letters import failure
 from webhook_ingest.shared.replay_keys import parse, replay_key
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
@@ -63,10 +62,16 @@ async def window(settings):
     late = archived_event("stripe", "evt_9", at(10), "invoice.paid")
     push = archived_event("github", "d-1", at(45), "invoice.paid")
     done = NOW.timestamp()
-    await seed_archive(settings.database_url, [paid_1, copy_1, paid_2, other_1, ignored, created, early, late, push], [
-        archive.outcome_row(paid_1, archive.PROCESSED, done), archive.outcome_row(copy_1, archive.DUPLICATE, done),
-        archive.outcome_row(paid_2, archive.DEAD, done, "RuntimeError: 500"),
-        archive.outcome_row(other_1, archive.CONFLICT, done)])
+    await seed_archive(
+        settings.database_url,
+        [paid_1, copy_1, paid_2, other_1, ignored, created, early, late, push],
+        [
+            archive.outcome_row(paid_1, archive.PROCESSED, done),
+            archive.outcome_row(copy_1, archive.DUPLICATE, done),
+            archive.outcome_row(paid_2, archive.DEAD, done, "RuntimeError: 500"),
+            archive.outcome_row(other_1, archive.CONFLICT, done),
+        ],
+    )
     connection = await asyncpg.connect(settings.database_url)
     try:
         await connection.execute("UPDATE event_archive SET status = 'ignored' WHERE key = $1", ignored.key)
@@ -135,7 +140,9 @@ def test_the_cli_counts_first_then_replays_the_frozen_selection_under_new_keys(s
     queued = asyncio.run(queued_events(settings.amqp_url, settings.namespace))
     replay_id = document["id"]
     assert [(e.key, e.attempt, e.replay_of, e.route) for e in queued] == [
-        (f"replay-{replay_id}/stripe:evt_1", 1, 0, ""), (f"replay-{replay_id}/stripe:evt_2", 1, 0, "")]
+        (f"replay-{replay_id}/stripe:evt_1", 1, 0, ""),
+        (f"replay-{replay_id}/stripe:evt_2", 1, 0, ""),
+    ]
     assert queued[0].body == window["paid_1"].body and queued[0].event_id == "evt_1"
     assert queued[0].payload_sha256 == window["paid_1"].payload_sha256
     assert queued[0].received_at == window["paid_1"].received_at and queued[0].headers == window["paid_1"].headers
@@ -143,7 +150,9 @@ def test_the_cli_counts_first_then_replays_the_frozen_selection_under_new_keys(s
     second = json.loads(events("replay", *window_options, "--yes", "--rate", "1000", "--json").stdout)
     assert second["id"] > replay_id  # a new replay: new keys, so each event runs once more
     assert {e.key for e in asyncio.run(queued_events(settings.amqp_url, settings.namespace))} == {
-        f"replay-{second['id']}/stripe:evt_1", f"replay-{second['id']}/stripe:evt_2"}
+        f"replay-{second['id']}/stripe:evt_1",
+        f"replay-{second['id']}/stripe:evt_2",
+    }
 
     shown = json.loads(events("replay", "--show", str(replay_id), "--json").stdout)
     assert shown == document
@@ -165,8 +174,9 @@ async def test_the_admin_api_counts_runs_shows_and_cancels_a_replay(admin_settin
         assert (bad.status, (await bad.json())["error"]) == (400, "invalid_since")
         bad = await client.post("/admin/events/replay", json=asked | {"rate": 0}, headers=auth)
         assert (bad.status, (await bad.json())["error"]) == (400, "invalid_rate")
-        payload = await client.post("/admin/events/replay", json={"payload": {"customer": "cus_2"}, "dry_run": True},
-                                    headers=auth)
+        payload = await client.post(
+            "/admin/events/replay", json={"payload": {"customer": "cus_2"}, "dry_run": True}, headers=auth
+        )
         assert (await payload.json())["count"] == 1
 
         started = await client.post("/admin/events/replay", json=asked | {"rate": 1000}, headers=auth)
@@ -179,7 +189,12 @@ async def test_the_admin_api_counts_runs_shows_and_cancels_a_replay(admin_settin
 
         await wait_until(finished, 10, message="the replay done")
         shown = await (await client.get(f"/admin/events/replay/{replay_id}", headers=auth)).json()
-        assert (shown["total"], shown["published"], shown["handled"], shown["created_by"]) == (2, 2, 2, "operator (admin-api)")
+        assert (shown["total"], shown["published"], shown["handled"], shown["created_by"]) == (
+            2,
+            2,
+            2,
+            "operator (admin-api)",
+        )
         keys = [e.key for e in await queued_events(admin_settings.amqp_url, admin_settings.namespace)]
         assert keys == [f"replay-{replay_id}/stripe:evt_1", f"replay-{replay_id}/stripe:evt_2"]
         ended = await client.post(f"/admin/events/replay/{replay_id}/cancel", headers=auth)
@@ -203,14 +218,19 @@ async def test_the_admin_api_counts_runs_shows_and_cancels_a_replay(admin_settin
         audit = await connection.fetch("SELECT action, via, detail FROM audit_log ORDER BY id")
     finally:
         await connection.close()
-    first = [(row["action"], json.loads(row["detail"])) for row in audit if json.loads(row["detail"])["event_replay_id"] == replay_id]
+    first = [
+        (row["action"], json.loads(row["detail"]))
+        for row in audit
+        if json.loads(row["detail"])["event_replay_id"] == replay_id
+    ]
     assert [action for action, _ in first] == ["events_replay_started", "events_replay"]
     assert first[0][1]["total"] == 2 and first[1][1]["published"] == 2 and first[1][1]["state"] == "done"
     assert first[0][1]["filter"] == asked
 
 
-async def test_a_cancel_that_cannot_take_the_run_in_time_is_refused_and_changes_nothing(admin_settings, window,
-                                                                                       monkeypatch):
+async def test_a_cancel_that_cannot_take_the_run_in_time_is_refused_and_changes_nothing(
+    admin_settings, window, monkeypatch
+):
     """A Cancel waits for the item in flight (the runner holds the run's row
     from its state read to its step: shared/run_locks.py), at most
     WAIT_SECONDS; past it a 503 run_busy, the replay as it was. A Resume
@@ -226,7 +246,10 @@ async def test_a_cancel_that_cannot_take_the_run_in_time_is_refused_and_changes_
                 await holder.execute("SELECT FROM event_replays WHERE id = $1 FOR UPDATE", replay.id)
                 busy = await client.post(f"/admin/events/replay/{replay.id}/cancel", headers=auth)
                 assert (busy.status, (await busy.json())["error"], busy.headers["Retry-After"]) == (
-                    503, "run_busy", "5")
+                    503,
+                    "run_busy",
+                    "5",
+                )
                 resumed = await client.post(f"/admin/events/replay/{replay.id}/resume", json={}, headers=auth)
                 assert (resumed.status, (await resumed.json())["error"]) == (409, "not_waiting")
             assert (await EventReplayStore(holder).get(replay.id)).state == "prepared"
@@ -288,8 +311,11 @@ async def test_the_console_replays_an_events_search_after_showing_its_frozen_cou
 
         connection = await asyncpg.connect(admin_settings.database_url)
         try:  # replay R's run of evt_1 completed (as a worker's completion row says)
-            await connection.execute("INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts)"
-                                     " VALUES ($1, 'stripe', 'evt_1', 'x', 1)", f"replay-{replay_id}/stripe:evt_1")
+            await connection.execute(
+                "INSERT INTO processed_events (key, source, event_id, payload_sha256, attempts)"
+                " VALUES ($1, 'stripe', 'evt_1', 'x', 1)",
+                f"replay-{replay_id}/stripe:evt_1",
+            )
         finally:
             await connection.close()
         event_page = await (await client.get("/console/events/stripe:evt_1")).text()
@@ -298,7 +324,9 @@ async def test_the_console_replays_an_events_search_after_showing_its_frozen_cou
         untouched = await (await client.get("/console/events/stripe:evt_0")).text()
         assert "Never replayed." in untouched and "Replays by selection" not in untouched
 
-        dead_run = replayed_message(await _arrival(admin_settings, "stripe:evt_2"), replay_id)  # its run failed for good
+        dead_run = replayed_message(
+            await _arrival(admin_settings, "stripe:evt_2"), replay_id
+        )  # its run failed for good
         connection = await asyncpg.connect(admin_settings.database_url)
         try:
             dead_letter = await record_dead_letter(connection, dead_run, [failure(1)])
@@ -326,8 +354,9 @@ async def test_an_event_whose_day_was_dropped_is_skipped_and_a_stalled_run_may_b
         await connection.execute("DELETE FROM event_archive WHERE key = 'stripe:evt_1'")  # as a dropped day would
         claimed = await store.claim(replay.id, 1000)
         assert claimed is not None and await store.claim(replay.id, 1000) is None  # one runner at a time
-        await connection.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
-                                 replay.id)  # its process died mid-run
+        await connection.execute(
+            "UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1", replay.id
+        )  # its process died mid-run
         claimed = await store.claim(replay.id, 1000)
         assert claimed is not None and claimed.state == "running"
     finally:
@@ -346,7 +375,8 @@ async def test_an_event_whose_day_was_dropped_is_skipped_and_a_stalled_run_may_b
 async def _stale(settings, replay_id: int) -> None:
     connection = await asyncpg.connect(settings.database_url)
     try:
-        await connection.execute("UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1",
-                                 replay_id)
+        await connection.execute(
+            "UPDATE event_replays SET stepped_at = now() - interval '1 minute' WHERE id = $1", replay_id
+        )
     finally:
         await connection.close()

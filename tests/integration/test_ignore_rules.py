@@ -10,11 +10,11 @@ import re
 import asyncpg
 import pytest
 
-from webhook_ingest.shared import signatures
-from webhook_ingest.shared.sources import load_sources
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import wait_until
 from tests.support.signing import PROVIDER_SECRETS
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.sources import load_sources
 
 SECRET = PROVIDER_SECRETS["stripe"]
 IGNORED_LINE = re.compile(r'^webhook_ingress_ignored_total\{rule="(?P<rule>[^"]*)",source="stripe"\} (?P<n>\S+)$', re.M)
@@ -23,8 +23,10 @@ IGNORED_LINE = re.compile(r'^webhook_ingress_ignored_total\{rule="(?P<rule>[^"]*
 @pytest.fixture
 def sources(tmp_path):
     path = tmp_path / "sources.toml"
-    path.write_text(f'[sources.stripe]\nscheme = "stripe"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
-                    '[sources.stripe.ignore]\ntype = ["ping", "customer.*"]\n"body:data.object.livemode" = [false]\n')
+    path.write_text(
+        f'[sources.stripe]\nscheme = "stripe"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
+        '[sources.stripe.ignore]\ntype = ["ping", "customer.*"]\n"body:data.object.livemode" = [false]\n'
+    )
     return load_sources(str(path))
 
 
@@ -51,8 +53,11 @@ async def archived(database_url: str, count: int) -> list[asyncpg.Record]:
 
 
 async def test_an_event_a_rule_matches_is_answered_ignored_archived_counted_and_never_queued(settings, sources):
-    sent = [stripe_event("evt_1", "ping"), stripe_event("evt_2", "customer.created"),
-            stripe_event("evt_3", "invoice.paid", livemode=False)]
+    sent = [
+        stripe_event("evt_1", "ping"),
+        stripe_event("evt_2", "customer.created"),
+        stripe_event("evt_3", "invoice.paid", livemode=False),
+    ]
     async with running_ingress(settings, sources) as client:
         before = await ignored_counts(client)
         answers = []
@@ -62,12 +67,14 @@ async def test_an_event_a_rule_matches_is_answered_ignored_archived_counted_and_
         after = await ignored_counts(client)
         rows = await archived(settings.database_url, 3)
     rules = ["type=ping", "type=customer.*", "body:data.object.livemode=false"]
-    assert answers == [(200, {"status": "ignored", "key": f"stripe:evt_{n}", "rule": rule})
-                       for n, rule in enumerate(rules, start=1)]
+    assert answers == [
+        (200, {"status": "ignored", "key": f"stripe:evt_{n}", "rule": rule}) for n, rule in enumerate(rules, start=1)
+    ]
     assert await queued_events(settings.amqp_url, settings.namespace) == []
     assert {rule: after[rule] - before.get(rule, 0) for rule in rules} == dict.fromkeys(rules, 1)
     assert [(row["key"], row["status"], row["ignore_rule"]) for row in rows] == [
-        (f"stripe:evt_{n}", "ignored", rule) for n, rule in enumerate(rules, start=1)]
+        (f"stripe:evt_{n}", "ignored", rule) for n, rule in enumerate(rules, start=1)
+    ]
     assert bytes(rows[0]["body"]) == sent[0][0] and rows[0]["event_type"] == "ping"
 
 

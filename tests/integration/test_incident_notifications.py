@@ -14,11 +14,11 @@ import standardwebhooks
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from tests.support.events import make_event
 from webhook_ingest.shared.incident_store import IncidentStore
 from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.workers.notifications import Notifier, signed_webhook, slack
 from webhook_ingest.workers.retry import FailurePolicy
-from tests.support.events import make_event
 
 SECRET = "whsec_" + base64.b64encode(b"notification-secret-0123456789").decode()
 
@@ -62,8 +62,9 @@ async def pool(settings):
 
 async def fail_once(settings, pool, event_id: str, message: str) -> None:
     source = parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox", "max_attempts": 1})
-    await FailurePolicy(None, pool, settings.namespace).fail(make_event("acme", event_id), source,
-                                                             RuntimeError(message))
+    await FailurePolicy(None, pool, settings.namespace).fail(
+        make_event("acme", event_id), source, RuntimeError(message)
+    )
 
 
 async def test_each_change_but_acknowledgement_is_sent_once_to_each_target(settings, pool, receivers):
@@ -93,13 +94,18 @@ async def test_each_change_but_acknowledgement_is_sent_once_to_each_target(setti
     assert [text.split(" — ")[0] for text in texts] == [
         f":rotating_light: Incident {incident['id']} opened",
         f":white_check_mark: Incident {incident['id']} resolved by operator:alice",
-        f":rotating_light: Incident {incident['id']} reopened"]
+        f":rotating_light: Incident {incident['id']} reopened",
+    ]
     assert "acme / inbox: RuntimeError: downstream answered &lt;n&gt;" in texts[0]  # Slack shows <n>
 
     verifier = standardwebhooks.Webhook(SECRET)
     documents = [verifier.verify(body, headers) for headers, body in webhook_receiver.received]
     assert [document["type"] for document in documents] == [
-        "incident.opened", "incident.opened", "incident.resolved", "incident.reopened"]
+        "incident.opened",
+        "incident.opened",
+        "incident.resolved",
+        "incident.reopened",
+    ]
     assert documents[0]["data"]["id"] == incident["id"] and documents[0]["data"]["error_type"] == "RuntimeError"
     ids = [headers["webhook-id"] for headers, _ in webhook_receiver.received]
     assert ids[0] == ids[1] and len(set(ids)) == 3  # the retried one keeps its id: a receiver can tell

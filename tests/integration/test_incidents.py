@@ -10,6 +10,9 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
+from tests.support.events import make_event
+from tests.support.ingress import running_ingress
+from tests.support.processes import wait_until
 from webhook_ingest.cli import main
 from webhook_ingest.shared import topology
 from webhook_ingest.shared.incident_store import IncidentNotFound, IncidentStore
@@ -18,17 +21,16 @@ from webhook_ingest.shared.sources import load_sources, parse_source
 from webhook_ingest.workers.incident_counts import IncidentCounts
 from webhook_ingest.workers.retry import FailurePolicy
 from webhook_ingest.workers.states import Outcome
-from tests.support.events import make_event
-from tests.support.ingress import running_ingress
-from tests.support.processes import wait_until
 
 OPERATOR = "operator-token-for-the-incident-tests-0123"
 VIEWER = "viewer-token-for-the-incident-tests-012345"
 
 
 def source(max_attempts: int, handler: str = "inbox"):
-    return parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": handler,
-                                 "retry_delays": [30], "max_attempts": max_attempts})
+    return parse_source(
+        "acme",
+        {"scheme": "github", "secrets": ["s"], "handler": handler, "retry_delays": [30], "max_attempts": max_attempts},
+    )
 
 
 @pytest.fixture
@@ -65,8 +67,11 @@ async def test_an_outage_is_one_incident_holding_its_events_and_their_dead_lette
         outcome = await failures.fail(make_event("acme", f"evt_{n}"), source(max_attempts=1 + n % 2), timeout)
         assert outcome is (Outcome.DEAD if n % 2 == 0 else Outcome.RETRIED)
     await failures.fail(make_event("acme", "evt_other"), source(1), KeyError("customer"))  # another cause
-    await failures.fail(make_event("acme", "evt_0"), source(1, handler="billing:on_event"),
-                        TimeoutError("POST https://crm.example/orders/1 timed out after 3 s"))  # another handler
+    await failures.fail(
+        make_event("acme", "evt_0"),
+        source(1, handler="billing:on_event"),
+        TimeoutError("POST https://crm.example/orders/1 timed out after 3 s"),
+    )  # another handler
     await counts.flush(10)
 
     store = IncidentStore(pool)
@@ -84,8 +89,7 @@ async def test_an_outage_is_one_incident_holding_its_events_and_their_dead_lette
     assert [h["state"] for h in await store.history(outage["id"])] == ["open"]
 
 
-async def test_a_retry_is_counted_after_its_run_even_while_its_incident_row_is_busy(settings, pool, channel,
-                                                                                    counts):
+async def test_a_retry_is_counted_after_its_run_even_while_its_incident_row_is_busy(settings, pool, channel, counts):
     """Counting a retry into its incident is bookkeeping, off the run: the
     run settles while the incident's row is held elsewhere (another worker's
     count, a partitioned worker's transaction), and the count is written
@@ -128,7 +132,11 @@ async def test_an_incident_is_acknowledged_resolved_and_reopened_by_a_new_failur
     reopened = await store.get(incident["id"])
     assert (reopened["state"], reopened["failures"], reopened["acknowledged_by"]) == ("open", 2, None)
     assert [(h["state"], h["actor"]) for h in await store.history(incident["id"])] == [
-        ("open", "failure"), ("acknowledged", "operator:alice"), ("resolved", "operator:alice"), ("open", "failure")]
+        ("open", "failure"),
+        ("acknowledged", "operator:alice"),
+        ("resolved", "operator:alice"),
+        ("open", "failure"),
+    ]
     with pytest.raises(IncidentNotFound):
         await store.acknowledge(424242, "operator:alice")
 
@@ -139,8 +147,9 @@ async def test_a_quiet_incident_resolves_itself(settings, pool):
     await failures.fail(make_event("acme", "evt_2"), source(1), ValueError("fresh trouble"))
     store = IncidentStore(pool)
     async with pool.acquire() as connection:
-        await connection.execute("UPDATE incidents SET last_seen = now() - interval '31 minutes'"
-                                 " WHERE error_type = 'RuntimeError'")
+        await connection.execute(
+            "UPDATE incidents SET last_seen = now() - interval '31 minutes' WHERE error_type = 'RuntimeError'"
+        )
     [resolved] = await store.resolve_quiet(30 * 60)
     quiet = await store.get(resolved)
     assert (quiet["error_type"], quiet["state"], quiet["resolved_by"]) == ("RuntimeError", "resolved", "auto")
@@ -173,8 +182,10 @@ async def test_the_cli_lists_shows_acknowledges_and_discards_an_incident(setting
     discarded = await asyncio.to_thread(incidents_cli, "discard", str(incident_id))
     assert discarded.stdout.strip() == "discarded 2"
     assert await IncidentStore(pool).open_dead_letter_ids(incident_id) == []
-    for bad, message in (("999", "error: there is no incident 999"),
-                         ("x", "error: invalid incident id 'x': ids are positive integers")):
+    for bad, message in (
+        ("999", "error: there is no incident 999"),
+        ("x", "error: invalid incident id 'x': ids are positive integers"),
+    ):
         refused = await asyncio.to_thread(incidents_cli, "ack", bad)
         assert (refused.exit_code, refused.stderr.strip()) == (2, message)
 
@@ -197,8 +208,12 @@ async def test_the_admin_api_serves_incidents_to_the_operator_and_reads_to_the_v
         discarded = await client.post(f"/admin/incidents/{incident_id}/discard", headers=operator)
         assert len((await discarded.json())["discarded"]) == 2
         assert (await client.post(f"/admin/incidents/{incident_id}/resolve", headers=operator)).status == 200
-        for path, status in (("/admin/incidents/424242", 404), ("/admin/incidents/x", 400),
-                             ("/admin/incidents?state=zombie", 400), ("/admin/incidents?limit=" + "9" * 30, 400)):
+        for path, status in (
+            ("/admin/incidents/424242", 404),
+            ("/admin/incidents/x", 400),
+            ("/admin/incidents?state=zombie", 400),
+            ("/admin/incidents?limit=" + "9" * 30, 400),
+        ):
             assert (await client.get(path, headers=viewer)).status == status, path
     async with pool.acquire() as connection:
         statuses = await connection.fetch("SELECT status FROM dead_letters")
@@ -206,7 +221,8 @@ async def test_the_admin_api_serves_incidents_to_the_operator_and_reads_to_the_v
 
 
 async def test_the_console_puts_open_incidents_first_and_discards_one_through_a_bulk_action(
-        settings, pool, monkeypatch):
+    settings, pool, monkeypatch
+):
     from tests.integration.test_console_sessions import csrf_of, signed_in
 
     incident_id = await two_dead_letters_in_one_incident(settings, pool)
@@ -218,7 +234,9 @@ async def test_the_console_puts_open_incidents_first_and_discards_one_through_a_
         assert f'href="/console/incidents/{incident_id}"' in home and "order &lt;n&gt; refused" in home
         acked = await client.post(f"/console/incidents/{incident_id}/acknowledge", data={"csrf_token": csrf})
         assert acked.status == 200 and "Acknowledged: on-call is on it." in await acked.text()
-        bulk = await client.post(f"/console/incidents/{incident_id}/bulk", data={"csrf_token": csrf, "action": "discard"})
+        bulk = await client.post(
+            f"/console/incidents/{incident_id}/bulk", data={"csrf_token": csrf, "action": "discard"}
+        )
         page = await bulk.text()
         assert f"the open dead letters of incident {incident_id}" in page and "<strong>2</strong>" in page
         bulk_id = str(bulk.url).rsplit("/", 1)[1]

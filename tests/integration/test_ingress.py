@@ -7,14 +7,14 @@ import time
 import asyncpg
 import pytest
 
-from webhook_ingest.shared import signatures
-from webhook_ingest.shared.sources import load_sources
+from tests.support.broker import amqp_port
 from tests.support.events import publish_events
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import wait_until
 from tests.support.signing import PROVIDER_SECRETS
 from tests.support.tcpproxy import TcpProxy
-from tests.support.broker import amqp_port
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.sources import load_sources
 
 SECRETS = PROVIDER_SECRETS
 ID_HEADERS = {"github": "X-GitHub-Delivery", "shopify": "X-Shopify-Webhook-Id", "hmac-sha256": "X-Event-ID"}
@@ -26,8 +26,10 @@ def sources(tmp_path):
         f'[sources.{scheme.replace("-", "_")}]\nscheme = "{scheme}"\nsecrets = ["old-{scheme}", "{secret}"]\nhandler = "inbox"\n'
         for scheme, secret in SECRETS.items()
     ]
-    sections.append('[sources.strict]\nscheme = "hmac-sha256"\nsecrets = ["s"]\nhandler = "inbox"\n'
-                    'fallback_hash = false\nmax_body_bytes = 64\n')
+    sections.append(
+        '[sources.strict]\nscheme = "hmac-sha256"\nsecrets = ["s"]\nhandler = "inbox"\n'
+        "fallback_hash = false\nmax_body_bytes = 64\n"
+    )
     path = tmp_path / "sources.toml"
     path.write_text("\n".join(sections))
     return load_sources(str(path))
@@ -69,7 +71,11 @@ async def test_each_scheme_rejects_tampering_wrong_secret_and_missing_header(set
     cases = {
         "tampered": (body[:-2] + b"9}", headers, "invalid_signature"),
         "wrong secret": (body, signed(scheme, body, secret="whsec_" + "A" * 32), "invalid_signature"),
-        "no header": (body, {k: v for k, v in headers.items() if "ignature" not in k and "Hmac" not in k}, "missing_signature"),
+        "no header": (
+            body,
+            {k: v for k, v in headers.items() if "ignature" not in k and "Hmac" not in k},
+            "missing_signature",
+        ),
     }
     async with running_ingress(settings, sources) as client:
         for case, (sent_body, sent_headers, code) in cases.items():
@@ -95,6 +101,7 @@ async def test_stale_and_future_timestamps_are_refused(settings, sources, scheme
 
 async def test_bad_input_rows_answer_in_spec_order_and_queue_nothing(settings, sources):
     async with running_ingress(settings, sources) as client:
+
         async def post(source: str, body: bytes, headers: dict | None = None):
             response = await client.post(f"/webhooks/{source}", data=body, headers=headers or {})
             return response.status, await response.json()
@@ -108,9 +115,15 @@ async def test_bad_input_rows_answer_in_spec_order_and_queue_nothing(settings, s
         assert await post("strict", b"{}", {}) == (401, {"error": "missing_signature"})
         assert await post("strict", b"{}", {"X-Signature": "sha256=zz"}) == (401, {"error": "invalid_signature"})
         for not_json in (b"{nope", b"[1, 2]", b'"text"'):
-            assert await post("strict", not_json, signatures.sign("hmac-sha256", not_json, "s")) == (400, {"error": "invalid_json"})
+            assert await post("strict", not_json, signatures.sign("hmac-sha256", not_json, "s")) == (
+                400,
+                {"error": "invalid_json"},
+            )
         no_id = b'{"type": "x"}'
-        assert await post("strict", no_id, signatures.sign("hmac-sha256", no_id, "s")) == (400, {"error": "missing_event_id"})
+        assert await post("strict", no_id, signatures.sign("hmac-sha256", no_id, "s")) == (
+            400,
+            {"error": "missing_event_id"},
+        )
     [accepted] = await queued_events(settings.amqp_url, settings.namespace)
     assert accepted.key == "strict:e"  # the signed body's id, not the unsigned X-Event-ID (issue 36)
 
@@ -118,7 +131,9 @@ async def test_bad_input_rows_answer_in_spec_order_and_queue_nothing(settings, s
 async def test_without_an_event_id_the_key_is_the_payload_hash(settings, sources):
     body = b'{"type": "no.id", "n": 1}'
     async with running_ingress(settings, sources) as client:
-        response = await client.post("/webhooks/hmac_sha256", data=body, headers=signatures.sign("hmac-sha256", body, "hmac-secret"))
+        response = await client.post(
+            "/webhooks/hmac_sha256", data=body, headers=signatures.sign("hmac-sha256", body, "hmac-secret")
+        )
         answer = await response.json()
     assert response.status == 200
     assert answer["key"].startswith("hmac_sha256:sha256:") and len(answer["key"]) == len("hmac_sha256:sha256:") + 64
@@ -136,7 +151,9 @@ async def test_broker_unreachable_the_event_waits_in_the_outbox(settings, source
     assert (key, stored_body) == ("hmac_sha256:evt_1", body)
 
 
-async def test_postgres_unreachable_from_the_start_the_ingress_serves_through_the_broker(settings, sources, monkeypatch):
+async def test_postgres_unreachable_from_the_start_the_ingress_serves_through_the_broker(
+    settings, sources, monkeypatch
+):
     monkeypatch.setenv("DATABASE_URL", "postgresql://postgres@127.0.0.1:1/nowhere")
     body = body_for("hmac-sha256")
     async with running_ingress(type(settings)(), sources) as client:
@@ -170,19 +187,24 @@ async def test_broker_outage_then_recovery_by_itself(settings, sources, monkeypa
         proxied = type(settings)()
         async with running_ingress(proxied, sources) as client:
             proxy.cut()
-            response = await client.post("/webhooks/hmac_sha256", data=first, headers=signed("hmac-sha256", first, "evt_1"))
+            response = await client.post(
+                "/webhooks/hmac_sha256", data=first, headers=signed("hmac-sha256", first, "evt_1")
+            )
             assert response.status == 200
             assert len(await outbox_rows(settings.database_url)) == 1
             proxy.restore()
             await wait_until(lambda: _outbox_empty(settings.database_url), 30, message="the outbox relayed")
-            response = await client.post("/webhooks/hmac_sha256", data=second, headers=signed("hmac-sha256", second, "evt_2"))
+            response = await client.post(
+                "/webhooks/hmac_sha256", data=second, headers=signed("hmac-sha256", second, "evt_2")
+            )
             assert response.status == 200
     queued = await queued_events(settings.amqp_url, settings.namespace)
     assert sorted((e.key, e.body) for e in queued) == [("hmac_sha256:evt_1", first), ("hmac_sha256:evt_2", second)]
 
 
 async def test_a_broker_that_stops_confirming_sends_events_to_the_outbox_until_it_confirms_again(
-        settings, sources, monkeypatch):
+    settings, sources, monkeypatch
+):
     """The connection stays open but nothing comes back (as under a memory
     alarm): the first request waits 1 s for its confirm, then every request
     goes to the outbox at once; once the broker answers, the relay empties it."""

@@ -9,14 +9,14 @@ import aio_pika
 import asyncpg
 import pytest
 
+from tests.support.events import make_event
+from tests.support.ingress import queued_events, running_ingress
+from tests.support.processes import wait_until
 from webhook_ingest.ingress.outbox import QUERIES as OUTBOX_SQL
 from webhook_ingest.ingress.outbox import outbox_columns, outbox_row
 from webhook_ingest.shared import signatures, topology
 from webhook_ingest.shared.message import from_amqp
 from webhook_ingest.shared.sources import load_sources
-from tests.support.events import make_event
-from tests.support.ingress import queued_events, running_ingress
-from tests.support.processes import wait_until
 
 SECRET = "edge-secret"
 
@@ -110,8 +110,13 @@ async def raw_post(client, path: str, body: bytes, headers: list[tuple[bytes, by
     """One HTTP/1.1 request written byte for byte (aiohttp's client would not send obs-text)."""
     reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
     try:
-        head = [f"POST {path} HTTP/1.1".encode(), b"Host: x", b"Connection: close",
-                b"Content-Length: " + str(len(body)).encode(), *(name + b": " + value for name, value in headers)]
+        head = [
+            f"POST {path} HTTP/1.1".encode(),
+            b"Host: x",
+            b"Connection: close",
+            b"Content-Length: " + str(len(body)).encode(),
+            *(name + b": " + value for name, value in headers),
+        ]
         writer.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
         response = await reader.read()
     finally:
@@ -126,10 +131,13 @@ async def test_a_header_byte_that_is_not_utf8_is_escaped_never_a_5xx(settings, s
     body = json.dumps({"id": "latin1"}).encode()
     signature = [(name.encode(), value.encode()) for name, value in signed(body).items()]
     async with running_ingress(settings, sources) as client:
-        in_provider_header = await raw_post(client, "/webhooks/edge", body, [*signature, (b"X-Note", b"caf\xe9 \xc3\xa9")])
+        in_provider_header = await raw_post(
+            client, "/webhooks/edge", body, [*signature, (b"X-Note", b"caf\xe9 \xc3\xa9")]
+        )
         no_body_id = json.dumps({"type": "latin1"}).encode()
-        in_event_id = await raw_post(client, "/webhooks/edge", no_body_id,
-                                     [*signature_for(no_body_id), (b"X-Event-ID", b"id-\xff")])
+        in_event_id = await raw_post(
+            client, "/webhooks/edge", no_body_id, [*signature_for(no_body_id), (b"X-Event-ID", b"id-\xff")]
+        )
     assert in_provider_header == (200, {"status": "accepted", "key": "edge:latin1"})
     assert in_event_id == (200, {"status": "accepted", "key": "edge:id-\\xff"})
     [first, second] = sorted(await queued_events(settings.amqp_url, settings.namespace), key=lambda e: e.key)
@@ -150,7 +158,9 @@ async def test_what_would_not_fit_an_amqp_frame_is_refused_and_the_ingress_keeps
     long_id_in_body = json.dumps({"id": "i" * 200_000}).encode()
     async with running_ingress(settings, sources) as client:
         assert await raw_post(client, "/webhooks/edge", body, [*signature_for(body), *padding]) == (
-            431, {"error": "headers_too_large"})
+            431,
+            {"error": "headers_too_large"},
+        )
         assert await post(client, long_id_in_body) == (400, {"error": "invalid_event_id"})
         no_id = json.dumps({"size": "big"}).encode()  # X-Event-ID is read only when the signed body has no id
         assert await post(client, no_id, event_id="h" * 1025) == (400, {"error": "invalid_event_id"})
@@ -194,6 +204,7 @@ async def test_outbox_rows_the_relay_cannot_read_do_not_hold_back_the_rows_behin
     finally:
         await connection.close()
     async with running_ingress(settings, sources) as client:
+
         async def published() -> bool:
             return (await _outbox_keys(settings.database_url))["edge:behind"] == 0
 

@@ -9,18 +9,22 @@ from urllib.parse import urlencode
 import asyncpg
 import pytest
 
-from webhook_ingest.shared import payloads, signatures
-from webhook_ingest.shared.signatures import twilio
-from webhook_ingest.shared.sources import load_sources
 from tests.support.exactly_once import until_completed
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.signing import PROVIDERS, SQUARE_URL, TWILIO_URL, ed25519_pair
+from webhook_ingest.shared import payloads, signatures
+from webhook_ingest.shared.signatures import twilio
+from webhook_ingest.shared.sources import load_sources
 
 SCHEMES = ["standard-webhooks-v1a", "slack", "gitlab", "twilio", "square", "basic-auth", "api-key"]
 JSON = "application/json"
 FORM = payloads.FORM
-ID_HEADERS = {"gitlab": "Idempotency-Key", "twilio": "I-Twilio-Idempotency-Token", "basic-auth": "X-Event-ID",
-              "api-key": "X-Event-ID"}  # v1a: webhook-id; slack and square: the body's event_id
+ID_HEADERS = {
+    "gitlab": "Idempotency-Key",
+    "twilio": "I-Twilio-Idempotency-Token",
+    "basic-auth": "X-Event-ID",
+    "api-key": "X-Event-ID",
+}  # v1a: webhook-id; slack and square: the body's event_id
 WRONG_SIGNERS = {"standard-webhooks-v1a": ed25519_pair(9)[0], "basic-auth": "hooks:wrong"}
 CREDENTIAL_HEADERS = {"gitlab": "x-gitlab-token", "api-key": "x-api-key", "basic-auth": "authorization"}
 
@@ -30,8 +34,10 @@ def sources_file(path) -> str:
     for scheme in SCHEMES:
         provider = PROVIDERS[scheme]
         options = "".join(f'{name} = "{value}"\n' for name, value in provider.options.items())
-        sections.append(f'[sources.{scheme}]\nscheme = "{scheme}"\nhandler = "inbox"\n'
-                        f'secrets = ["{provider.old_source_secret}", "{provider.source_secret}"]\n{options}')
+        sections.append(
+            f'[sources.{scheme}]\nscheme = "{scheme}"\nhandler = "inbox"\n'
+            f'secrets = ["{provider.old_source_secret}", "{provider.source_secret}"]\n{options}'
+        )
     path.write_text("\n".join(sections))
     return str(path)
 
@@ -41,13 +47,27 @@ def sources(tmp_path):
     return load_sources(sources_file(tmp_path / "sources.toml"))
 
 
-def signed(scheme: str, body: bytes, event_id: str, signer: str | None = None, content_type: str = JSON,
-           timestamp: int | None = None) -> tuple[str, dict[str, str]]:
+def signed(
+    scheme: str,
+    body: bytes,
+    event_id: str,
+    signer: str | None = None,
+    content_type: str = JSON,
+    timestamp: int | None = None,
+) -> tuple[str, dict[str, str]]:
     """(path with query, headers) as the provider would send them."""
     provider = PROVIDERS[scheme]
     query = twilio.body_hash_query(body) if scheme == "twilio" and content_type == JSON else ""
-    headers = signatures.sign(scheme, body, signer or provider.signer, msg_id=event_id, timestamp=timestamp,
-                              query_string=query, content_type=content_type, **provider.options)
+    headers = signatures.sign(
+        scheme,
+        body,
+        signer or provider.signer,
+        msg_id=event_id,
+        timestamp=timestamp,
+        query_string=query,
+        content_type=content_type,
+        **provider.options,
+    )
     if scheme in ID_HEADERS:
         headers[ID_HEADERS[scheme]] = event_id
     return f"/webhooks/{scheme}" + (f"?{query}" if query else ""), {**headers, "Content-Type": content_type}
@@ -100,8 +120,15 @@ async def test_a_stale_timestamp_is_refused(settings, sources, scheme):
         assert (response.status, await response.json()) == (401, {"error": "stale_timestamp"})
 
 
-SMS = [("MessageSid", "SM1234567890abcdef"), ("From", "+15005550006"), ("To", "+15005550001"),
-       ("Body", "Hello & goodbye = 100%"), ("FromCity", ""), ("MediaUrl0", "https://a/1"), ("MediaUrl0", "https://a/2")]
+SMS = [
+    ("MessageSid", "SM1234567890abcdef"),
+    ("From", "+15005550006"),
+    ("To", "+15005550001"),
+    ("Body", "Hello & goodbye = 100%"),
+    ("FromCity", ""),
+    ("MediaUrl0", "https://a/1"),
+    ("MediaUrl0", "https://a/2"),
+]
 
 
 async def test_a_twilio_form_is_accepted_and_keyed_by_its_idempotency_token(settings, sources):
@@ -160,21 +187,29 @@ async def test_a_form_reaches_the_inbox_as_its_decoded_fields(settings, sources,
         stored = await connection.fetchval("SELECT payload::text FROM inbox WHERE key = 'twilio:token-9'")
     finally:
         await connection.close()
-    assert json.loads(stored) == {"MessageSid": "SM1234567890abcdef", "From": "+15005550006", "To": "+15005550001",
-                                  "Body": "Hello & goodbye = 100%", "FromCity": "",
-                                  "MediaUrl0": ["https://a/1", "https://a/2"]}
+    assert json.loads(stored) == {
+        "MessageSid": "SM1234567890abcdef",
+        "From": "+15005550006",
+        "To": "+15005550001",
+        "Body": "Hello & goodbye = 100%",
+        "FromCity": "",
+        "MediaUrl0": ["https://a/1", "https://a/2"],
+    }
 
 
 async def test_slacks_url_verification_is_answered_with_its_challenge_and_not_queued(settings, sources):
     """Slack's Events API checks a new Request URL with a signed
     url_verification and enables it only if the challenge comes back."""
-    body = json.dumps({"token": "x", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P",
-                       "type": "url_verification"}).encode()
+    body = json.dumps(
+        {"token": "x", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", "type": "url_verification"}
+    ).encode()
     path, headers = signed("slack", body, "-")
     async with running_ingress(settings, sources) as client:
         response = await client.post(path, data=body, headers=headers)
         assert (response.status, await response.json()) == (
-            200, {"challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"})
+            200,
+            {"challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"},
+        )
         unsigned = await client.post(path, data=body, headers={"Content-Type": JSON})
         assert unsigned.status == 401
     assert await queued_events(settings.amqp_url, settings.namespace) == []

@@ -39,8 +39,10 @@ async def connections(database):
     """Two workers' sessions and the test's own, on fences `acme:b` then `acme:a`
     (in that order on disk), both leases run out, their tokens 1 and 2."""
     opened = [await asyncpg.connect(database) for _ in range(3)]
-    await opened[2].execute("INSERT INTO key_fences (key, token, lease_until) VALUES "
-                            "('acme:b', 1, now() - interval '1 s'), ('acme:a', 2, now() - interval '1 s')")
+    await opened[2].execute(
+        "INSERT INTO key_fences (key, token, lease_until) VALUES "
+        "('acme:b', 1, now() - interval '1 s'), ('acme:a', 2, now() - interval '1 s')"
+    )
     try:
         yield opened
     finally:
@@ -51,7 +53,8 @@ async def connections(database):
 async def _waiting(observer: asyncpg.Connection, *sessions: asyncpg.Connection) -> bool:
     pids = [session.get_server_pid() for session in sessions]
     waiting = await observer.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[]) AND wait_event_type = 'Lock'", pids)
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[]) AND wait_event_type = 'Lock'", pids
+    )
     return waiting == len(pids)
 
 
@@ -75,8 +78,9 @@ async def test_taking_and_renewing_leases_in_opposite_orders_do_not_deadlock(con
     async with gated(test):
         taking = asyncio.create_task(CompletionStore(taker).take_leases(taker, ["acme:a", "acme:b"], TTL_MS))
         await wait_until(lambda: _waiting(test, taker), 10, message="the taker at its gate")
-        renewing = asyncio.create_task(CompletionStore(holder).extend_leases(
-            [Lease("acme:b", 1, 0.0), Lease("acme:a", 2, 0.0)], TTL_MS))
+        renewing = asyncio.create_task(
+            CompletionStore(holder).extend_leases([Lease("acme:b", 1, 0.0), Lease("acme:a", 2, 0.0)], TTL_MS)
+        )
         await wait_until(lambda: _waiting(test, taker, holder), 10, message="both statements waiting")
     taken, renewed = await asyncio.gather(taking, renewing, return_exceptions=True)
 
@@ -110,9 +114,14 @@ async def test_a_discard_of_dead_letters_and_a_renewal_do_not_deadlock(connectio
     for a lock order, since the worker's side locks in key order."""
     discarder, holder, test = connections
     await test.execute("UPDATE key_fences SET payload_sha256 = 'h', lease_until = now() + interval '1 min'")
-    ids = [await test.fetchval(
-        "INSERT INTO dead_letters (key, source, event_id, payload_sha256, body, received_at, attempts) "
-        "VALUES ($1, 'acme', $1, 'h', '', now(), 3) RETURNING id", key) for key in ("acme:b", "acme:a")]
+    ids = [
+        await test.fetchval(
+            "INSERT INTO dead_letters (key, source, event_id, payload_sha256, body, received_at, attempts) "
+            "VALUES ($1, 'acme', $1, 'h', '', now(), 3) RETURNING id",
+            key,
+        )
+        for key in ("acme:b", "acme:a")
+    ]
     await holder.execute("SET deadlock_timeout = '10s'")  # the discard's check (1 s) finds the cycle first
     await discarder.execute("SET test.gate = 'acme:b'")  # holds the discard at its first row, acme:b, locked
     async with discarder.transaction():
@@ -121,8 +130,9 @@ async def test_a_discard_of_dead_letters_and_a_renewal_do_not_deadlock(connectio
             await wait_until(lambda: _waiting(test, discarder), 10, message="the discard at its gate")
             with pytest.raises(asyncpg.LockNotAvailableError):  # acme:b locked first (the plan's order), not acme:a
                 await test.execute("SELECT FROM key_fences WHERE key = 'acme:b' FOR UPDATE NOWAIT")
-            renewing = asyncio.create_task(CompletionStore(holder).extend_leases(
-                [Lease("acme:a", 2, 0.0), Lease("acme:b", 1, 0.0)], TTL_MS))
+            renewing = asyncio.create_task(
+                CompletionStore(holder).extend_leases([Lease("acme:a", 2, 0.0), Lease("acme:b", 1, 0.0)], TTL_MS)
+            )
             await wait_until(lambda: _waiting(test, discarder, holder), 10, message="both statements waiting")
         forgotten = await asyncio.gather(forgetting, return_exceptions=True)
         assert not isinstance(forgotten[0], BaseException), forgotten  # the discard went through

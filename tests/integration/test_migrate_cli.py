@@ -6,10 +6,10 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from webhook_ingest.preflight import service_problems
-from webhook_ingest.shared.settings import Settings
 from tests.integration.test_cli import webhook_ingest
 from tests.support.pg_gatekeeper import PostgresGatekeeper
+from webhook_ingest.preflight import service_problems
+from webhook_ingest.shared.settings import Settings
 
 
 def name_of(database_url: str) -> str:
@@ -17,8 +17,9 @@ def name_of(database_url: str) -> str:
 
 
 async def migrate_through(gatekeeper: PostgresGatekeeper, database: str, **env: str):
-    return await asyncio.to_thread(webhook_ingest, "migrate",
-                                   env={"DATABASE_URL": gatekeeper.url_for(database), "LOG_FORMAT": "json", **env})
+    return await asyncio.to_thread(
+        webhook_ingest, "migrate", env={"DATABASE_URL": gatekeeper.url_for(database), "LOG_FORMAT": "json", **env}
+    )
 
 
 async def test_an_existing_database_is_migrated_without_the_maintenance_database(database):
@@ -57,8 +58,10 @@ async def test_a_missing_database_is_created_when_we_may(namespace):
 async def test_a_bad_setting_is_one_line_not_a_traceback():
     result = await asyncio.to_thread(webhook_ingest, "migrate", env={"WEBHOOK_INGEST_DELIVERY_LIMIT": "many"})
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr == ("error: bad environment: WEBHOOK_INGEST_DELIVERY_LIMIT: Input should be a valid"
-                             " integer, unable to parse string as an integer\n")
+    assert result.stderr == (
+        "error: bad environment: WEBHOOK_INGEST_DELIVERY_LIMIT: Input should be a valid"
+        " integer, unable to parse string as an integer\n"
+    )
 
 
 async def test_the_preflight_needs_only_the_target_database(database, monkeypatch):

@@ -9,9 +9,9 @@ import dataclasses
 import asyncpg
 import pytest
 
+from tests.support.events import make_event
 from webhook_ingest.shared.message import new_arrival
 from webhook_ingest.workers.completions import CompletionStore
-from tests.support.events import make_event
 
 PREVIOUS_COMPLETE_EVENT = """
 WITH fence AS (
@@ -65,8 +65,10 @@ async def test_the_previous_release_completes_once_naming_no_arrival(connection)
     assert await connection.fetchval(PREVIOUS_COMPLETE_EVENT, *previous_row(single, leases[single.key].token))
     rows = [previous_row(batched, leases[batched.key].token)]
     assert len(await connection.fetch(PREVIOUS_COMPLETE_EVENTS, *map(list, zip(*rows)))) == 1
-    assert dict(await connection.fetch("SELECT key, arrival FROM processed_events")) == \
-        {single.key: None, batched.key: None}
+    assert dict(await connection.fetch("SELECT key, arrival FROM processed_events")) == {
+        single.key: None,
+        batched.key: None,
+    }
     # a copy on a worker of this release, with a lease of its own, finds it completed: nothing inserted
     again = await completions.take_leases(connection, [single.key], 5000)
     assert not await completions.complete_event(connection, single, again[single.key].token)

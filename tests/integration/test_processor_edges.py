@@ -111,14 +111,19 @@ async def test_a_completion_committed_while_we_waited_for_the_lease_is_seen(sour
     processor, _ = make_processor(sources, store, pool)
     event = make_event("acme", "evt_stale")
     async with pool.acquire() as holder:
-        await holder.execute("INSERT INTO key_fences (key, token, lease_until) VALUES ($1, 1, now() + interval '1 min')",
-                             event.key)
+        await holder.execute(
+            "INSERT INTO key_fences (key, token, lease_until) VALUES ($1, 1, now() + interval '1 min')", event.key
+        )
         transaction = holder.transaction()
         await transaction.start()
         await holder.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", event.key)
         await holder.execute(
             "INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts)"
-            " VALUES ($1, 'acme', $2, $3, 1, 1)", event.key, event.event_id, event.payload_sha256)
+            " VALUES ($1, 'acme', $2, $3, 1, 1)",
+            event.key,
+            event.event_id,
+            event.payload_sha256,
+        )
         await holder.execute("UPDATE key_fences SET lease_until = NULL WHERE key = $1", event.key)
         running = asyncio.create_task(processor._run(event))
         await asyncio.sleep(0.2)  # it waits for the fence row now
@@ -134,8 +139,9 @@ async def test_a_lease_outlives_its_holders_session(sources, store, pool):
     processor, failures = make_processor(sources, store, pool)
     event = make_event("acme", "evt_partitioned")
     async with pool.acquire() as holder:  # took the lease, then its session died
-        await holder.execute("INSERT INTO key_fences (key, token, lease_until) VALUES ($1, 1, now() + interval '1 min')",
-                             event.key)
+        await holder.execute(
+            "INSERT INTO key_fences (key, token, lease_until) VALUES ($1, 1, now() + interval '1 min')", event.key
+        )
     assert await processor._run(event) is Outcome.DEFERRED
     assert CALLS == [] and failures.delayed == [(event.key, processor_module.DEFER_SECONDS)]
     async with pool.acquire() as connection:  # the lease ran out
@@ -146,7 +152,8 @@ async def test_a_lease_outlives_its_holders_session(sources, store, pool):
 
 async def test_a_handlers_own_interface_error_is_a_failure_not_an_outage(sources, store, pool):
     processor, failures = make_processor(
-        sources, store, pool, "tests.integration.test_processor_edges:concurrent_queries_on_ctx_db")
+        sources, store, pool, "tests.integration.test_processor_edges:concurrent_queries_on_ctx_db"
+    )
     outcome = await asyncio.wait_for(processor.process(make_event("acme", "evt_gather")), 10)
     assert outcome is Outcome.RETRIED
     assert [type(exc).__name__ for exc in failures.failed] == ["InterfaceError"]
@@ -263,7 +270,7 @@ async def test_a_lease_nobody_confirms_after_a_stall_is_lost(stall):
 
 
 class SlowAnswers(Answers):
-    """"Still ours", after `delay` seconds: the answer of a loop busy with
+    """ "Still ours", after `delay` seconds: the answer of a loop busy with
     every run that woke with it (their responses, their commits)."""
 
     def __init__(self, delay: float):
@@ -275,10 +282,13 @@ class SlowAnswers(Answers):
         return await super().__call__()
 
 
-@pytest.mark.parametrize("stall", [
-    pytest.param(0.45, id="ending-before-the-limit"),
-    pytest.param(1.0, id="ending-past-it"),
-])
+@pytest.mark.parametrize(
+    "stall",
+    [
+        pytest.param(0.45, id="ending-before-the-limit"),
+        pytest.param(1.0, id="ending-past-it"),
+    ],
+)
 async def test_a_lease_still_ours_is_kept_whatever_the_stall_when_the_answer_is_slow(stall):
     """TTL 0.6 s: deadline 0.4 s, the limit of an unanswered confirmation
     0.5 s. Woken at 0.45 s, the keeper would have 0.05 s for an answer
@@ -290,7 +300,7 @@ async def test_a_lease_still_ours_is_kept_whatever_the_stall_when_the_answer_is_
 
 
 class AnsweredAtTheLimit(Answers):
-    """"Still ours", come in at the very moment the confirmation's limit
+    """ "Still ours", come in at the very moment the confirmation's limit
     falls due: the answer is there, only not run yet (issue 35, seed 361)."""
 
     def __init__(self, keeper_of):
@@ -328,7 +338,8 @@ async def test_prune_keeps_a_fence_refreshed_while_it_waited(pool):
     """`prune` must never delete a fence row a worker just refreshed."""
     async with pool.acquire() as connection:
         await connection.execute(
-            "INSERT INTO key_fences (key, token, updated_at) VALUES ('acme:old', 1, now() - interval '40 days')")
+            "INSERT INTO key_fences (key, token, updated_at) VALUES ('acme:old', 1, now() - interval '40 days')"
+        )
         cutoff = await connection.fetchval(WORKERS_SQL["retention_cutoff"], timedelta(days=30))
     async with pool.acquire() as worker, pool.acquire() as pruner:
         transaction = worker.transaction()
@@ -350,8 +361,10 @@ async def test_the_workers_sessions_ask_the_server_for_tcp_keepalives(settings):
     pool = await worker._open_pool(1)
     try:
         async with pool.acquire() as connection:
-            settings_now = [await connection.fetchval(f"SHOW {name}") for name in
-                            ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count")]
+            settings_now = [
+                await connection.fetchval(f"SHOW {name}")
+                for name in ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count")
+            ]
     finally:
         await pool.close()
     assert settings_now == ["10", "5", "3"]  # seconds, seconds, probes
@@ -403,8 +416,9 @@ async def test_a_handler_that_swallows_its_cancellation_still_does_not_complete(
 
 async def test_a_shutdown_that_cancels_a_handler_is_not_taken_for_a_lost_lease():
     connection = Connection()
-    running = asyncio.create_task(_run_until_lost(Keeper("postgres", Flaky(failures=0), ttl_seconds=0.6),
-                                                  connection, lambda: asyncio.sleep(60)))
+    running = asyncio.create_task(
+        _run_until_lost(Keeper("postgres", Flaky(failures=0), ttl_seconds=0.6), connection, lambda: asyncio.sleep(60))
+    )
     await asyncio.sleep(0.1)
     running.cancel()
     with pytest.raises(asyncio.CancelledError):

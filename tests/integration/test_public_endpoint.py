@@ -11,6 +11,8 @@ import orjson
 import pytest
 import redis.asyncio as redis
 
+from tests.support.ingress import queued_events, running_ingress, status_lines_once_answered
+from tests.support.tcpproxy import free_port
 from webhook_ingest.ingress.failure_budget import FAILURES_BURST
 from webhook_ingest.ingress.limits import sign_in_throttle_key
 from webhook_ingest.shared import signatures
@@ -18,8 +20,6 @@ from webhook_ingest.shared.metrics import ingress_rate_limit_local
 from webhook_ingest.shared.ratelimit import RateLimiter
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import load_sources
-from tests.support.ingress import queued_events, running_ingress, status_lines_once_answered
-from tests.support.tcpproxy import free_port
 
 SECRET = "public-endpoint-secret"
 
@@ -33,7 +33,7 @@ def sources(tmp_path):
         f'[sources.inside]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
         'allowed_ips = ["127.0.0.0/8", "::1/128"]\n'
         f'[sources.limited]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
-        'rate_limit = { per_second = 0.01, burst = 3 }\n'
+        "rate_limit = { per_second = 0.01, burst = 3 }\n"
         f'[sources.office]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nhandler = "inbox"\n'
         'allowed_ips = ["10.1.2.0/24"]\n'
     )
@@ -64,8 +64,9 @@ async def test_the_allowlist_answers_403_before_the_signature_and_queues_nothing
 
 @pytest.mark.parametrize("header", ["X-Forwarded-For", "Forwarded"])
 async def test_a_trusted_proxy_sets_the_client_address(settings, sources, monkeypatch, header):
-    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32, ::1",
-                            WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER=header)
+    proxied = settings_with(
+        monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32, ::1", WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER=header
+    )
 
     def forwarded(address: str) -> dict[str, str]:
         hops = f"{address}, 127.0.0.1" if header == "X-Forwarded-For" else f'for="{address}", for="127.0.0.1"'
@@ -96,11 +97,14 @@ async def test_behind_an_x_forwarded_for_proxy_a_clients_own_forwarded_is_ignore
 
 
 async def test_behind_a_forwarded_proxy_a_clients_own_x_forwarded_for_is_ignored(settings, sources, monkeypatch):
-    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32",
-                            WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER="forwarded")
-    spoofs = [{"X-Forwarded-For": "10.1.2.3", "Forwarded": "for=203.0.113.9"},
-              {"Forwarded": 'for=10.1.2.3;x=", for="[2001:db8::9]"'},  # a client's quote, the proxy's element
-              {"Forwarded": "for=10.1.2.3, for=203.0.113.9"}]
+    proxied = settings_with(
+        monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32", WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER="forwarded"
+    )
+    spoofs = [
+        {"X-Forwarded-For": "10.1.2.3", "Forwarded": "for=203.0.113.9"},
+        {"Forwarded": 'for=10.1.2.3;x=", for="[2001:db8::9]"'},  # a client's quote, the proxy's element
+        {"Forwarded": "for=10.1.2.3, for=203.0.113.9"},
+    ]
     async with running_ingress(proxied, sources) as client:
         for n, spoof in enumerate(spoofs):
             body, headers = signed(n, **spoof)
@@ -110,8 +114,11 @@ async def test_behind_a_forwarded_proxy_a_clients_own_x_forwarded_for_is_ignored
 
 
 async def test_a_forged_forwarded_does_not_dodge_the_console_sign_in_throttle(settings, sources, monkeypatch):
-    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32",
-                            WEBHOOK_INGEST_ADMIN_TOKEN="operator-token-for-the-throttle-test")
+    proxied = settings_with(
+        monkeypatch,
+        WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32",
+        WEBHOOK_INGEST_ADMIN_TOKEN="operator-token-for-the-throttle-test",
+    )
     async with running_ingress(proxied, sources) as client:
         login = await (await client.get("/console/login")).text()
         csrf = re.search(r'name="csrf_token" value="([^"]+)"', login)[1]
@@ -154,8 +161,7 @@ async def test_unverified_requests_do_not_spend_the_sources_rate_limit(settings,
     """5+ unsigned or wrongly signed POSTs, then the provider's delivery: 200, not 429 (issue 21, item 2)."""
     async with running_ingress(settings, sources) as client:
         wrong = signatures.sign("hmac-sha256", b"{}", "not-the-secret")
-        refused = [await client.post("/webhooks/limited", data=b"{}", headers=wrong if n % 2 else {})
-                   for n in range(6)]
+        refused = [await client.post("/webhooks/limited", data=b"{}", headers=wrong if n % 2 else {}) for n in range(6)]
         assert [answer.status for answer in refused] == [401] * 6
         body, headers = signed(1)
         assert (await client.post("/webhooks/limited", data=body, headers=headers)).status == 200
@@ -195,7 +201,8 @@ async def test_failures_from_a_shared_address_never_refuse_its_valid_deliveries(
     assert failed == [401] * FAILURES_BURST + [429] * (40 - FAILURES_BURST)
     assert delivered == [200] * 4
     assert sorted(event.key for event in await queued_events(settings.amqp_url, settings.namespace)) == [
-        f"inside:evt_{n}" for n in range(4)]
+        f"inside:evt_{n}" for n in range(4)
+    ]
 
 
 async def test_beyond_the_concurrency_bound_the_ingress_answers_503_at_once(settings, sources, monkeypatch):
@@ -238,8 +245,9 @@ async def test_one_client_trickling_many_bodies_does_not_starve_another(settings
     """Issue 21, item 3: real connections from 127.0.0.3 holding slow bodies,
     a signed delivery from 127.0.0.1 meanwhile. Once slow (PROMPT_BODY_SECONDS),
     all but 3 are answered 429 and closed."""
-    bounded = settings_with(monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="12",
-                            WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT="3")
+    bounded = settings_with(
+        monkeypatch, WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS="12", WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT="3"
+    )
     slow_body = orjson.dumps({"id": "evt_1", "padding": "x" * 200})  # 40 s at a byte every 0.2 s
     body, headers = slow_body, signatures.sign("hmac-sha256", slow_body, SECRET)
     async with running_ingress(bounded, sources) as client:
@@ -262,8 +270,9 @@ async def test_a_burst_from_one_address_whose_bodies_follow_their_headers_is_all
     trickling: every one is accepted (GitHub would not redeliver a 429)."""
     burst = 64  # twice the default WEBHOOK_INGEST_MAX_BODIES_PER_CLIENT
     async with running_ingress(settings, sources) as client:
-        connections = [await asyncio.open_connection("127.0.0.1", client.port, local_addr=("127.0.0.4", 0))
-                       for _ in range(burst)]
+        connections = [
+            await asyncio.open_connection("127.0.0.1", client.port, local_addr=("127.0.0.4", 0)) for _ in range(burst)
+        ]
         bodies = [signed(n) for n in range(burst)]
         for (_, writer), (body, headers) in zip(connections, bodies):
             head = f"POST /webhooks/inside HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
@@ -315,13 +324,18 @@ async def test_wrong_admin_tokens_spend_the_clients_failure_budget(settings, sou
     verification: its budget spent, 429 before the token is looked at, the
     right token too; another client is served."""
     token = "admin-token-for-the-failure-budget-test"
-    proxied = settings_with(monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32",
-                            WEBHOOK_INGEST_ADMIN_TOKEN=token)
+    proxied = settings_with(
+        monkeypatch, WEBHOOK_INGEST_TRUSTED_PROXIES="127.0.0.1/32", WEBHOOK_INGEST_ADMIN_TOKEN=token
+    )
     guesser = {"X-Forwarded-For": "203.0.113.9"}
     async with running_ingress(proxied, sources) as client:
-        statuses = [(await client.get("/admin/dead-letters", headers={**guesser, "Authorization": f"Bearer x{n}"})).status
-                    for n in range(FAILURES_BURST + 3)]
+        statuses = [
+            (await client.get("/admin/dead-letters", headers={**guesser, "Authorization": f"Bearer x{n}"})).status
+            for n in range(FAILURES_BURST + 3)
+        ]
         right = {"Authorization": f"Bearer {token}"}
         assert (await client.get("/admin/dead-letters", headers={**guesser, **right})).status == 429
-        assert (await client.get("/admin/dead-letters", headers={"X-Forwarded-For": "203.0.113.10", **right})).status == 200
+        assert (
+            await client.get("/admin/dead-letters", headers={"X-Forwarded-For": "203.0.113.10", **right})
+        ).status == 200
     assert statuses == [401] * FAILURES_BURST + [429] * 3

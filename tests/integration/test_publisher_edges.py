@@ -11,17 +11,17 @@ import time
 
 import pytest
 
+from tests.support.broker import amqp_port
+from tests.support.events import make_event
+from tests.support.ingress import queued_events
+from tests.support.processes import wait_until
+from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.ingress import patience
 from webhook_ingest.ingress.done_markers import DoneMarkers
 from webhook_ingest.ingress.publisher import GivenUp, Publisher
 from webhook_ingest.ingress.redis_get import connect_get
 from webhook_ingest.shared.coalesced_writes import CoalescingTransports
 from webhook_ingest.shared.redis_keys import done_marker, key_prefix
-from tests.support.events import make_event
-from tests.support.ingress import queued_events
-from tests.support.processes import wait_until
-from tests.support.tcpproxy import TcpProxy
-from tests.support.broker import amqp_port
 
 
 class LaggingProxy(TcpProxy):
@@ -76,8 +76,9 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def live_requests(publisher: Publisher, seconds: float, prefix: str, concurrency: int = 4
-                        ) -> list[tuple[float, str]]:
+async def live_requests(
+    publisher: Publisher, seconds: float, prefix: str, concurrency: int = 4
+) -> list[tuple[float, str]]:
     """`concurrency` requests at a time for `seconds`, each publishing live
     as the ingress does; (finished at, 'confirmed' | 'given_up' | 'refused')
     per request. A request given up would take an outbox insert (~5 ms)."""
@@ -125,8 +126,9 @@ async def test_a_broker_that_only_slows_earns_a_longer_patience(lagging_publishe
     proxy.lag = 0.02  # each way: every confirm ~40 ms later
     outcomes = await live_requests(publisher, 2.0, "slower")
     last_second = [outcome for finished, outcome in outcomes if finished > outcomes[-1][0] - 1.0]
-    assert last_second.count("confirmed") >= 0.9 * len(last_second), \
-        {kind: last_second.count(kind) for kind in set(last_second)}
+    assert last_second.count("confirmed") >= 0.9 * len(last_second), {
+        kind: last_second.count(kind) for kind in set(last_second)
+    }
 
 
 @contextlib.asynccontextmanager
@@ -134,9 +136,30 @@ async def tls_in_front_of_the_broker(tmp_path):
     """A TLS listener on loopback that forwards to the shared broker's plain
     port, with a self-signed certificate for `localhost`: (port, cafile)."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     writers: set[asyncio.StreamWriter] = set()
@@ -170,8 +193,9 @@ async def test_an_amqps_url_publishes_through_the_coalescing_transport(settings,
     aiormq's own context provider: the URL's cafile, hostname checked) and a
     live publish is confirmed."""
     async with tls_in_front_of_the_broker(tmp_path) as (port, cafile):
-        publisher = Publisher(f"amqps://guest:guest@localhost:{port}/?cafile={cafile}",
-                              settings.namespace, settings.delivery_limit)
+        publisher = Publisher(
+            f"amqps://guest:guest@localhost:{port}/?cafile={cafile}", settings.namespace, settings.delivery_limit
+        )
         publisher.start()
         try:
             await wait_until(lambda: _true(publisher.available), 10, 0.02, "the publisher to connect over TLS")
@@ -180,8 +204,11 @@ async def test_an_amqps_url_publishes_through_the_coalescing_transport(settings,
                 await publisher.publish(make_event("acme", f"evt_tls_{n}"), live=True)
         finally:
             await publisher.close()
-    assert sorted(e.event_id for e in await queued_events(settings.amqp_url, settings.namespace)) == \
-        ["evt_tls_0", "evt_tls_1", "evt_tls_2"]
+    assert sorted(e.event_id for e in await queued_events(settings.amqp_url, settings.namespace)) == [
+        "evt_tls_0",
+        "evt_tls_1",
+        "evt_tls_2",
+    ]
 
 
 async def test_gets_unsent_when_their_connection_closes_fail_and_never_answer_duplicate(settings, redis_cleanup):

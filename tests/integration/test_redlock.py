@@ -5,8 +5,8 @@ import asyncio
 import pytest
 import redis.asyncio as redis
 
-from webhook_ingest.workers.redlock import Redlock
 from tests.support.redis_server import RedisServer
+from webhook_ingest.workers.redlock import Redlock
 
 
 @pytest.fixture

@@ -15,6 +15,11 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
+from tests.integration.test_console_pages import console_settings, signed_in  # noqa: F401 - a fixture
+from tests.integration.test_ignore_rules import SECRET, archived, stripe_event
+from tests.support.dead_letters import failure, seed_dead_letters
+from tests.support.events import make_event
+from tests.support.ingress import queued_events, running_ingress
 from webhook_ingest.cli import main
 from webhook_ingest.ingress.console.events import event_path
 from webhook_ingest.shared import topology
@@ -23,11 +28,6 @@ from webhook_ingest.shared.message import from_amqp
 from webhook_ingest.shared.routes import route_key
 from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers.completions import CompletionStore
-from tests.integration.test_console_pages import console_settings, signed_in  # noqa: F401 - a fixture
-from tests.support.dead_letters import failure, seed_dead_letters
-from tests.support.events import make_event
-from tests.integration.test_ignore_rules import SECRET, archived, stripe_event
-from tests.support.ingress import queued_events, running_ingress
 
 
 async def route_dead_letter(database_url: str) -> int:
@@ -78,9 +78,11 @@ async def test_a_routes_dead_letter_shows_its_route_and_its_replay_runs_it_alone
 
 async def test_the_ingress_answers_an_event_no_route_takes_ignored_and_queues_the_others_once(settings, tmp_path):
     path = tmp_path / "sources.toml"
-    path.write_text(f'[sources.stripe]\nscheme = "stripe"\nsecrets = ["{SECRET}"]\n'
-                    '[[sources.stripe.routes]]\nname = "billing"\nhandler = "inbox"\ntypes = ["invoice.*"]\n'
-                    '[[sources.stripe.routes]]\nname = "crm"\nhandler = "inbox"\ntypes = ["customer.*"]\n')
+    path.write_text(
+        f'[sources.stripe]\nscheme = "stripe"\nsecrets = ["{SECRET}"]\n'
+        '[[sources.stripe.routes]]\nname = "billing"\nhandler = "inbox"\ntypes = ["invoice.*"]\n'
+        '[[sources.stripe.routes]]\nname = "crm"\nhandler = "inbox"\ntypes = ["customer.*"]\n'
+    )
     answers = []
     async with running_ingress(settings, load_sources(str(path))) as client:
         for event_id, kind in (("evt_1", "ping"), ("evt_2", "invoice.paid")):
@@ -88,12 +90,16 @@ async def test_the_ingress_answers_an_event_no_route_takes_ignored_and_queues_th
             response = await client.post("/webhooks/stripe", data=body, headers=headers)
             answers.append((response.status, await response.json()))
         rows = await archived(settings.database_url, 2)
-    assert answers == [(200, {"status": "ignored", "key": "stripe:evt_1", "rule": "no route"}),
-                       (200, {"status": "accepted", "key": "stripe:evt_2"})]
+    assert answers == [
+        (200, {"status": "ignored", "key": "stripe:evt_1", "rule": "no route"}),
+        (200, {"status": "accepted", "key": "stripe:evt_2"}),
+    ]
     [queued] = await queued_events(settings.amqp_url, settings.namespace)
     assert (queued.key, queued.route) == ("stripe:evt_2", "")  # one message: the worker fans it out
     assert [(row["key"], row["status"], row["ignore_rule"]) for row in rows] == [
-        ("stripe:evt_1", "ignored", "no route"), ("stripe:evt_2", "queued", None)]
+        ("stripe:evt_1", "ignored", "no route"),
+        ("stripe:evt_2", "queued", None),
+    ]
 
 
 # -- R6: a plain event whose id ends in '#ROUTE' shares its key with a route's run -----------------------
@@ -133,16 +139,21 @@ async def test_a_routes_completion_leaves_a_plain_events_dead_letter_open(databa
     assert status == "dead"
 
 
-@pytest.mark.xfail(strict=True, reason="R6, still open: one open dead letter per (key, payload hash) (the unique "
-                   "partial index, insert_dead_letter's ON CONFLICT): event evt_a#billing's dead letter is taken for "
-                   "evt_a's route billing's open one, whose id it gets back; none of its own is recorded")
+@pytest.mark.xfail(
+    strict=True,
+    reason="R6, still open: one open dead letter per (key, payload hash) (the unique "
+    "partial index, insert_dead_letter's ON CONFLICT): event evt_a#billing's dead letter is taken for "
+    "evt_a's route billing's open one, whose id it gets back; none of its own is recorded",
+)
 async def test_a_plain_events_dead_letter_is_its_own_beside_a_routes_open_one(database):
     routed, plain = _route_and_plain()
     connection = await asyncpg.connect(database)
     try:
         route_dead_letter = await record_dead_letter(connection, routed, [failure(1)])
         plain_dead_letter = await record_dead_letter(connection, plain, [failure(1)])
-        event_ids = {row["id"]: row["event_id"] for row in await connection.fetch("SELECT id, event_id FROM dead_letters")}
+        event_ids = {
+            row["id"]: row["event_id"] for row in await connection.fetch("SELECT id, event_id FROM dead_letters")
+        }
     finally:
         await connection.close()
     assert event_ids == {route_dead_letter: "evt_a", plain_dead_letter: "evt_a#billing"}

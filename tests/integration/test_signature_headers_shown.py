@@ -13,18 +13,22 @@ import json
 import asyncpg
 import pytest
 
-from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
 from tests.support.archive import archived_event, minutes_ago, seed_archive
 from tests.support.dead_letters import failure
 from tests.support.ingress import console_login, running_ingress
+from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import load_sources
 
 OPERATOR = "operator-token-of-the-signature-headers-tests"
 VIEWER = "viewer-token-of-the-signature-headers-tests"
 SIGNATURE = "sha256=6113728f27ae82c7b1a177c8d03f9e96e0adf246aaaaaaaaaaaaaaaaaaaaaaaa"
-HEADERS = {"content-type": "application/json", "x-github-event": "push", "x-hub-signature-256": SIGNATURE,
-           "x-hub-signature": "sha1=0123456789abcdef0123456789abcdef01234567"}
+HEADERS = {
+    "content-type": "application/json",
+    "x-github-event": "push",
+    "x-hub-signature-256": SIGNATURE,
+    "x-hub-signature": "sha1=0123456789abcdef0123456789abcdef01234567",
+}
 
 
 @pytest.fixture
@@ -67,7 +71,9 @@ async def test_the_admin_api_hides_signature_headers_unless_the_operator_asks(ad
         status, letter = await admin_get(client, f"/admin/dead-letters/{push}?signatures=show", OPERATOR)
         assert letter["headers"]["x-hub-signature-256"] == SIGNATURE
         assert (await admin_get(client, "/admin/events/github:d-1?signatures=show", VIEWER)) == (
-            403, {"error": "forbidden"})
+            403,
+            {"error": "forbidden"},
+        )
 
 
 async def test_the_console_hides_signature_headers_from_viewers(admin_settings, push):

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook_ingest.shared import storable_json
 from tests.conftest import SERVER_URL
+from webhook_ingest.shared import storable_json
 
 
 @pytest.fixture(scope="module")
@@ -59,31 +59,45 @@ def lost_by_float(literal: str) -> bool:
 
 
 EDGE_EXPONENTS = [308, 309, 400, 16383, 16384, 131071, 131072, -16383, -16384, 2**30 - 2, 2**30 - 1, -(2**30 - 1)]
-exponents = st.one_of(st.integers(-30, 30), st.sampled_from(EDGE_EXPONENTS),
-                      st.integers(-200_000, 200_000), st.sampled_from(EDGE_EXPONENTS).map(lambda e: e - 1))
+exponents = st.one_of(
+    st.integers(-30, 30),
+    st.sampled_from(EDGE_EXPONENTS),
+    st.integers(-200_000, 200_000),
+    st.sampled_from(EDGE_EXPONENTS).map(lambda e: e - 1),
+)
 integer_parts = st.one_of(st.just("0"), st.integers(1, 10**12).map(str), st.just("1" + "0" * 40))
 numbers = st.builds(
     lambda sign, integer, fraction, exponent, letter: Number(
-        f"{sign}{integer}{'.' + fraction if fraction else ''}{letter + str(exponent) if letter else ''}"),
-    st.sampled_from(["", "-"]), integer_parts, st.text("0123456789", max_size=6),
-    exponents, st.sampled_from(["", "e", "E", "e+"]),
+        f"{sign}{integer}{'.' + fraction if fraction else ''}{letter + str(exponent) if letter else ''}"
+    ),
+    st.sampled_from(["", "-"]),
+    integer_parts,
+    st.text("0123456789", max_size=6),
+    exponents,
+    st.sampled_from(["", "e", "E", "e+"]),
 )
 # numbers exactly at numeric's edges: 16383 digits after the point, the
 # leading digit at 10^131071, an exponent literal of 2^30 - 1
-scale_edges = st.builds(lambda fraction, delta: Number(f"1.{fraction}e{len(fraction) - 16383 + delta}"),
-                        st.text("0123456789", min_size=1, max_size=4), st.integers(-1, 1))
-weight_edges = st.builds(lambda integer, delta: Number(f"0.{integer}e{131072 + delta}"),
-                         st.integers(1, 10**6).map(str), st.integers(-1, 1))
-exponent_edges = st.builds(lambda digit, delta: Number(f"{digit}e{2**30 - 1 + delta}"), st.sampled_from("01"),
-                           st.integers(-1, 0))
+scale_edges = st.builds(
+    lambda fraction, delta: Number(f"1.{fraction}e{len(fraction) - 16383 + delta}"),
+    st.text("0123456789", min_size=1, max_size=4),
+    st.integers(-1, 1),
+)
+weight_edges = st.builds(
+    lambda integer, delta: Number(f"0.{integer}e{131072 + delta}"), st.integers(1, 10**6).map(str), st.integers(-1, 1)
+)
+exponent_edges = st.builds(
+    lambda digit, delta: Number(f"{digit}e{2**30 - 1 + delta}"), st.sampled_from("01"), st.integers(-1, 0)
+)
 numbers = st.one_of(numbers, scale_edges, weight_edges, exponent_edges)
 constants = st.sampled_from([Number("NaN"), Number("Infinity"), Number("-Infinity")])
 strings = st.one_of(st.text(), st.text(st.characters(blacklist_categories=("Cs",))).map(lambda s: ("raw", s)))
 scalars = st.one_of(st.none(), st.booleans(), numbers, constants, strings)
 values = st.recursive(
     scalars,
-    lambda children: st.one_of(st.lists(children, max_size=4),
-                               st.lists(st.tuples(strings, children), max_size=4).map(dict)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.lists(st.tuples(strings, children), max_size=4).map(dict)
+    ),
     max_leaves=12,
 )
 
@@ -119,11 +133,32 @@ def test_we_refuse_exactly_what_jsonb_refuses_and_floats_beyond_64_bits(jsonb_ac
 
 
 CORPUS = [
-    r'{"id":"e1","t":"\ud83d"}', r'{"t":"\udc00x"}', r'{"t":"\u0000"}', r'{"\u0000":1}', r'{"t":"\\u0000"}',
-    r'{"t":"\ud83d\ude00"}', '{"n":1e400}', '{"n":-1e400}', '{"n":1e308}', '{"n":1e-400}', '{"n":1e-16384}',
-    '{"n":0e-20000}', '{"n":0e999999999}', '{"n":NaN}', '{"n":-Infinity}', '{"a":1}\n', '\ufeff{"a":1}',
-    '{"a":' + "[" * 511 + "]" * 511 + "}", '{"a":"\x01"}', '{"n":1e131071}', '{"n":1e131072}',
-    '{"n":0.1e131072}', '{"n":0e1073741822}', '{"n":0e1073741823}', '{"n":0e-1073741823}', '{"n":1.0e-16383}',
+    r'{"id":"e1","t":"\ud83d"}',
+    r'{"t":"\udc00x"}',
+    r'{"t":"\u0000"}',
+    r'{"\u0000":1}',
+    r'{"t":"\\u0000"}',
+    r'{"t":"\ud83d\ude00"}',
+    '{"n":1e400}',
+    '{"n":-1e400}',
+    '{"n":1e308}',
+    '{"n":1e-400}',
+    '{"n":1e-16384}',
+    '{"n":0e-20000}',
+    '{"n":0e999999999}',
+    '{"n":NaN}',
+    '{"n":-Infinity}',
+    '{"a":1}\n',
+    '\ufeff{"a":1}',
+    '{"a":' + "[" * 511 + "]" * 511 + "}",
+    '{"a":"\x01"}',
+    '{"n":1e131071}',
+    '{"n":1e131072}',
+    '{"n":0.1e131072}',
+    '{"n":0e1073741822}',
+    '{"n":0e1073741823}',
+    '{"n":0e-1073741823}',
+    '{"n":1.0e-16383}',
     '{"n":0.0000001e-16376}',
 ]
 

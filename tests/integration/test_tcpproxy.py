@@ -137,16 +137,19 @@ def test_stop_during_a_burst_of_new_connections_leaves_no_socket_open(service):
         for round_ in range(ROUNDS):
             proxy = TcpProxy(*service.getsockname()).start()
             clients = _burst(proxy, proxy.stop)
-            left = (_sockets_of_this_process(local_port=proxy.port)
-                    + _sockets_of_this_process(remote_port=service.getsockname()[1]))
+            left = _sockets_of_this_process(local_port=proxy.port) + _sockets_of_this_process(
+                remote_port=service.getsockname()[1]
+            )
             for client in clients:
                 client.close()
             gc.collect()
             unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
             caught.clear()
             if left or unclosed:
-                leaks.append(f"round {round_}: {len(clients)} clients, {len(left)} sockets open after stop(),"
-                             f" {len(unclosed)} ResourceWarnings {unclosed[:2]}")
+                leaks.append(
+                    f"round {round_}: {len(clients)} clients, {len(left)} sockets open after stop(),"
+                    f" {len(unclosed)} ResourceWarnings {unclosed[:2]}"
+                )
     assert leaks == []
 
 

@@ -17,17 +17,17 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from tests.support.broker import amqp_port
+from tests.support.ingress import running_ingress
+from tests.support.logs import captured_logs as our_logs
+from tests.support.processes import wait_until
+from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import signatures, tracing
 from webhook_ingest.shared.dead_letter_store import DeadLetterStore
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.sources import load_sources
 from webhook_ingest.workers.handlers import PermanentError
 from webhook_ingest.workers.worker import Worker
-from tests.support.logs import captured_logs as our_logs
-from tests.support.broker import amqp_port
-from tests.support.ingress import running_ingress
-from tests.support.processes import wait_until
-from tests.support.tcpproxy import TcpProxy
 
 SECRET = "trace-secret"
 REQUEST = "POST /webhooks/{source}"
@@ -52,10 +52,13 @@ batched.batchable = True  # type: ignore[attr-defined]
 @pytest.fixture
 def sources(tmp_path):
     path = tmp_path / "sources.toml"
-    path.write_text("".join(
-        f'[sources.{name}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
-        f'handler = "tests.integration.test_tracing:{name}"\nmax_attempts = 3\nretry_delays = [0.2]\n'
-        for name in ("logged", "batched")))
+    path.write_text(
+        "".join(
+            f'[sources.{name}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\n'
+            f'handler = "tests.integration.test_tracing:{name}"\nmax_attempts = 3\nretry_delays = [0.2]\n'
+            for name in ("logged", "batched")
+        )
+    )
     return load_sources(str(path))
 
 
@@ -97,6 +100,7 @@ async def post(client, source: str, event_id: str) -> int:
 
 async def until_committed(exported: InMemorySpanExporter, key: str) -> list[ReadableSpan]:
     """The spans, once the event's completion (its commit's span) ended."""
+
     async def committed() -> bool:
         return any(span.name == "commit" and _key(span) == key for span in exported.get_finished_spans())
 
@@ -108,9 +112,11 @@ def captured_logs():
     """Our modules' lines, each with its trace ids."""
     return our_logs(processors=[tracing.add_trace_ids])
 
+
 @pytest.mark.parametrize("source", ["logged", "batched"], ids=["alone", "in-a-batch"])
 async def test_one_trace_from_the_request_through_the_publish_to_the_handler_and_its_commit(
-        settings, sources, exported, source):
+    settings, sources, exported, source
+):
     with captured_logs() as logs:
         async with running_ingress(settings, sources) as client, running_worker(settings, sources):
             assert await post(client, source, "evt_1") == 200
@@ -151,7 +157,8 @@ async def test_a_retry_stays_in_the_trace_of_its_event(settings, sources, export
 
 
 async def test_an_event_accepted_into_the_outbox_keeps_its_trace_through_the_relay(
-        settings, sources, exported, monkeypatch):
+    settings, sources, exported, monkeypatch
+):
     with TcpProxy("127.0.0.1", amqp_port()) as proxy:
         monkeypatch.setenv("AMQP_URL", proxy.url_for(settings.amqp_url))
         async with running_ingress(type(settings)(), sources) as client, running_worker(settings, sources):
@@ -192,10 +199,17 @@ def by_name(spans: list[ReadableSpan], name: str) -> ReadableSpan:
     return span
 
 
-def children_of(parent: ReadableSpan, spans: list[ReadableSpan], name: str | None = None,
-                kind: SpanKind | None = None) -> list[ReadableSpan]:
-    return [span for span in spans if span.parent is not None and span.parent.span_id == parent.context.span_id
-            and (name is None or span.name == name) and (kind is None or span.kind is kind)]
+def children_of(
+    parent: ReadableSpan, spans: list[ReadableSpan], name: str | None = None, kind: SpanKind | None = None
+) -> list[ReadableSpan]:
+    return [
+        span
+        for span in spans
+        if span.parent is not None
+        and span.parent.span_id == parent.context.span_id
+        and (name is None or span.name == name)
+        and (kind is None or span.kind is kind)
+    ]
 
 
 def parent_of(child: ReadableSpan, spans: list[ReadableSpan]) -> ReadableSpan:
@@ -238,4 +252,3 @@ async def replay(settings, dead_letter_id: int) -> None:
     finally:
         await pool.close()
         await connection.close()
-

@@ -9,12 +9,12 @@ from opentelemetry.trace import SpanKind
 
 from tests.integration import test_tracing as traced
 from tests.integration.test_tracing import by_name, children_of, post, running_worker, until_committed
+from tests.support.ingress import running_ingress
 from tests.support.processes import wait_until
 from webhook_ingest.shared import paced_runs
 from webhook_ingest.shared.archived_events import parse_filter
 from webhook_ingest.shared.dead_letters import Actor
 from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
-from tests.support.ingress import running_ingress
 
 sources, exported = traced.sources, traced.exported  # its fixtures
 
@@ -29,8 +29,11 @@ async def test_each_replayed_event_starts_a_trace_of_its_own(settings, sources, 
     [replayed] = [span for span in spans if span.name == "replay"]
     assert replayed.parent is None
     assert replayed.context.trace_id not in {span.context.trace_id for span in first}
-    assert dict(replayed.attributes) == {"webhook.events_replay_id": replay_id, "webhook.source": "logged",
-                                         "webhook.key": f"replay-{replay_id}/logged:evt_1"}
+    assert dict(replayed.attributes) == {
+        "webhook.events_replay_id": replay_id,
+        "webhook.source": "logged",
+        "webhook.key": f"replay-{replay_id}/logged:evt_1",
+    }
     [publish] = children_of(replayed, spans, kind=SpanKind.PRODUCER)
     assert by_name(children_of(publish, spans), "handler").context.trace_id == replayed.context.trace_id
 
@@ -38,9 +41,12 @@ async def test_each_replayed_event_starts_a_trace_of_its_own(settings, sources, 
 async def _replay(settings, key: str) -> int:
     connection = await asyncpg.connect(settings.database_url)
     try:
+
         async def archived() -> bool:
-            return await connection.fetchval("SELECT count(*) FROM event_archive WHERE key = $1 AND body IS NOT NULL",
-                                             key) > 0
+            return (
+                await connection.fetchval("SELECT count(*) FROM event_archive WHERE key = $1 AND body IS NOT NULL", key)
+                > 0
+            )
 
         await wait_until(archived, 10, message=f"{key} archived")
         store = EventReplayStore(connection)
@@ -50,8 +56,10 @@ async def _replay(settings, key: str) -> int:
         broker = await aio_pika.connect(settings.amqp_url)
         async with broker:
             channel = await broker.channel(publisher_confirms=True)
-            assert await paced_runs.run(EventReplayJob(claimed, Actor.cli(), store, lambda: channel,
-                                                       settings.namespace)) == "done"
+            assert (
+                await paced_runs.run(EventReplayJob(claimed, Actor.cli(), store, lambda: channel, settings.namespace))
+                == "done"
+            )
         return prepared.id
     finally:
         await connection.close()

@@ -15,9 +15,9 @@ import pytest
 from aiohttp import ClientSession, web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from webhook_ingest.shared import signatures
 from tests.support.processes import ROOT, wait_for_output, wait_until
 from tests.support.tcpproxy import free_port
+from webhook_ingest.shared import signatures
 
 SECRET = "otlp-secret"
 
@@ -71,14 +71,19 @@ def sources_file(tmp_path) -> str:
 
 
 async def test_an_ingress_given_an_otlp_endpoint_sends_its_spans_there(fleet, receiver, sources_file):
-    ingress, base_url = fleet.ingress(env={"WEBHOOK_INGEST_SOURCES": sources_file,
-                                           "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-                                           "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    ingress, base_url = fleet.ingress(
+        env={
+            "WEBHOOK_INGEST_SOURCES": sources_file,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }
+    )
     await wait_for_output(ingress, "broker_connected")
     body = json.dumps({"id": "evt_otlp", "type": "test.event"}).encode()
     async with ClientSession() as session:
-        async with session.post(f"{base_url}/webhooks/acme", data=body,
-                                headers=signatures.sign("hmac-sha256", body, SECRET)) as response:
+        async with session.post(
+            f"{base_url}/webhooks/acme", data=body, headers=signatures.sign("hmac-sha256", body, SECRET)
+        ) as response:
             assert response.status == 200
         async with session.get(f"{base_url}/healthz") as response:  # a probe: no trace of its own
             assert response.status == 200
@@ -129,7 +134,6 @@ def test_without_an_otel_variable_no_process_imports_opentelemetry_tracing(servi
     """)
     inherited = {name: value for name, value in os.environ.items() if not name.startswith("OTEL_")}
     env = inherited | service_env | {"WEBHOOK_INGEST_SOURCES": sources_file}
-    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "no opentelemetry"

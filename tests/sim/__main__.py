@@ -11,10 +11,10 @@ to replay (`--replay`).
 
 import argparse
 import json
-from collections import Counter
 import pathlib
 import sys
 import time
+from collections import Counter
 
 from tests.sim.plan import Plan, draw
 from tests.sim.report import describe, plan_json
@@ -23,15 +23,29 @@ from tests.sim.shrink import shrink
 from tests.sim.simulation import Result, Simulation
 
 OUT = pathlib.Path("build/sim")
-SEVERITY = ("lost", "effect-twice", "overlap", "repeat", "deadlock", "ack-unknown-tag", "crash", "stuck", "livelock", "rerun")
+SEVERITY = (
+    "lost",
+    "effect-twice",
+    "overlap",
+    "repeat",
+    "deadlock",
+    "ack-unknown-tag",
+    "crash",
+    "stuck",
+    "livelock",
+    "rerun",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     options = _parser().parse_args(argv)
     faults = {"yes": True, "no": False, "drawn": None}[options.faults]
     if options.replay or options.scenario:
-        plan = Plan.from_json(json.loads(pathlib.Path(options.replay).read_text())) if options.replay \
+        plan = (
+            Plan.from_json(json.loads(pathlib.Path(options.replay).read_text()))
+            if options.replay
             else SCENARIOS[options.scenario]()
+        )
         result = Simulation(plan, options.strict_attempts).run()
         print(describe(result, limit=options.trace_lines))
         return 1 if result.failed else 0
@@ -49,9 +63,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed}: ok, {result.steps} steps, {result.stats}", flush=True)
         seed += 1
     elapsed = time.perf_counter() - started
-    print(f"{seeds} seeds ({options.seed}..{seed - 1}), {steps} steps in {elapsed:.1f} s "
-          f"({steps / elapsed:,.0f} steps/s): no new violation"
-          f"{f'; seeds with known findings: {dict(known)}' if known else ''}")
+    print(
+        f"{seeds} seeds ({options.seed}..{seed - 1}), {steps} steps in {elapsed:.1f} s "
+        f"({steps / elapsed:,.0f} steps/s): no new violation"
+        f"{f'; seeds with known findings: {dict(known)}' if known else ''}"
+    )
     return 0
 
 
@@ -65,24 +81,39 @@ def _failed(result: Result, options) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"seed-{result.plan.seed}.json"
     path.write_text(plan_json(result))
-    print(f"\nseed {result.plan.seed} fails; replay with: python -m tests.sim --replay {path}"
-          f"{' --strict-attempts' if options.strict_attempts else ''}")
+    print(
+        f"\nseed {result.plan.seed} fails; replay with: python -m tests.sim --replay {path}"
+        f"{' --strict-attempts' if options.strict_attempts else ''}"
+    )
     return 1
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seed", type=int, default=1, help="the first seed (default 1)")
     parser.add_argument("--steps", type=int, default=1_000_000, help="loop steps to spend in all (default 1e6)")
     parser.add_argument("--seeds", type=int, help="at most this many seeds")
-    parser.add_argument("--faults", choices=("yes", "no", "drawn"), default="drawn",
-                        help="runs with faults, without, or either as the seed draws (default)")
-    parser.add_argument("--strict-attempts", action="store_true",
-                        help="also with faults, each attempt runs at most once (attempts are at least once by "
-                             "design: findings B4 and B6)")
-    parser.add_argument("--routes", type=float, default=0.0, metavar="SHARE",
-                        help="this share of events goes to a source with two routes (default 0)")
+    parser.add_argument(
+        "--faults",
+        choices=("yes", "no", "drawn"),
+        default="drawn",
+        help="runs with faults, without, or either as the seed draws (default)",
+    )
+    parser.add_argument(
+        "--strict-attempts",
+        action="store_true",
+        help="also with faults, each attempt runs at most once (attempts are at least once by "
+        "design: findings B4 and B6)",
+    )
+    parser.add_argument(
+        "--routes",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="this share of events goes to a source with two routes (default 0)",
+    )
     parser.add_argument("--replay", help="run the plan in this JSON file (a shrunk failure)")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), help="run a hand-written plan")
     parser.add_argument("--no-shrink", action="store_true", help="print the failure as it is")

@@ -86,7 +86,10 @@ class Delivery:
     def __init__(self, broker: "Broker", envelope: Envelope, wire: Wire, tag: int):
         self._broker, self._wire, self._processed = broker, wire, False
         self.body = envelope.body
-        self.headers = {**envelope.headers, **({"x-delivery-count": envelope.deliveries} if envelope.deliveries else {})}
+        self.headers = {
+            **envelope.headers,
+            **({"x-delivery-count": envelope.deliveries} if envelope.deliveries else {}),
+        }
         self.message_id = envelope.message_id
         self.delivery_tag = tag
         self.redelivered = envelope.deliveries > 0
@@ -166,8 +169,9 @@ class Channel:
         if self.wire is not None:
             self.wire.prefetch = prefetch_count
 
-    async def declare_queue(self, name: str, durable: bool = True, arguments: dict | None = None,
-                            passive: bool = False, **_: Any) -> FakeQueue:
+    async def declare_queue(
+        self, name: str, durable: bool = True, arguments: dict | None = None, passive: bool = False, **_: Any
+    ) -> FakeQueue:
         await self.broker.sim.net.hop("amqp")
         return FakeQueue(self, self.broker.declare(name, arguments or {}))
 
@@ -252,8 +256,12 @@ class Broker:
     def declare(self, name: str, arguments: dict) -> Queue:
         if name not in self.queues:
             ttl = arguments.get("x-message-ttl")
-            self.queues[name] = Queue(name, None if ttl is None else ttl / 1000,
-                                      arguments.get("x-dead-letter-routing-key"), arguments.get("x-delivery-limit"))
+            self.queues[name] = Queue(
+                name,
+                None if ttl is None else ttl / 1000,
+                arguments.get("x-dead-letter-routing-key"),
+                arguments.get("x-delivery-limit"),
+            )
         return self.queues[name]
 
     def empty(self) -> bool:
@@ -271,8 +279,9 @@ class Broker:
         if queue.ttl is not None:  # a retry queue: back to the events queue when its TTL ends
             assert queue.dead_letter_to is not None
             target = self.queues[queue.dead_letter_to]
-            self.sim.loop.call_later(queue.ttl, self._expired, target, Envelope(envelope.body, envelope.headers,
-                                                                               envelope.message_id))
+            self.sim.loop.call_later(
+                queue.ttl, self._expired, target, Envelope(envelope.body, envelope.headers, envelope.message_id)
+            )
             return
         if front:
             queue.ready.appendleft(envelope)
@@ -301,8 +310,11 @@ class Broker:
 
     def _deliver(self, queue: Queue) -> None:
         while queue.ready:
-            room = [c for c in queue.consumers if not c.wire.is_closed
-                    and (c.wire.prefetch == 0 or c.unacked < c.wire.prefetch)]
+            room = [
+                c
+                for c in queue.consumers
+                if not c.wire.is_closed and (c.wire.prefetch == 0 or c.unacked < c.wire.prefetch)
+            ]
             if not room:
                 return
             consumer = room[0]

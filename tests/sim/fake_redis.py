@@ -71,8 +71,9 @@ class Client:
         await sim.net.hop("redis")
         return result
 
-    async def set(self, key: str, value: str, nx: bool = False, px: int | None = None, ex: int | None = None,
-                  get: bool = False):
+    async def set(
+        self, key: str, value: str, nx: bool = False, px: int | None = None, ex: int | None = None, get: bool = False
+    ):
         seconds = px / 1000 if px is not None else ex
         return await self._call(lambda now: self._master.set(key, value, now, nx, seconds, get))
 
@@ -105,8 +106,9 @@ class Pipeline:
     async def __aexit__(self, *exc) -> None:
         pass
 
-    def set(self, key: str, value: str, nx: bool = False, px: int | None = None, ex: int | None = None,
-            get: bool = False) -> None:
+    def set(
+        self, key: str, value: str, nx: bool = False, px: int | None = None, ex: int | None = None, get: bool = False
+    ) -> None:
         seconds = px / 1000 if px is not None else ex
         self.queue(lambda master, now: master.set(key, value, now, nx, seconds, get))
 

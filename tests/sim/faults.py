@@ -58,8 +58,9 @@ def apply(sim, step: Step) -> None:
         case "crash":  # killed at its Nth await point from now
             process = sim.in_slot(step.target)
             if process is not None:
-                sim.net.arm(process.name, max(int(step.duration), 1),
-                            lambda: sim.kill(step.target, restart_after=step.detail))
+                sim.net.arm(
+                    process.name, max(int(step.duration), 1), lambda: sim.kill(step.target, restart_after=step.detail)
+                )
         case "stop":
             sim.stop(step.target, restart_after=step.detail)
         case "pause":

@@ -25,5 +25,8 @@ async def inbox(event, ctx) -> None:
 
 inbox.batchable = True  # type: ignore[attr-defined]
 
-HANDLERS = {"ext": "tests.sim.handlers:external", "db": "tests.sim.handlers:transactional",
-            "inbox": "tests.sim.handlers:inbox"}
+HANDLERS = {
+    "ext": "tests.sim.handlers:external",
+    "db": "tests.sim.handlers:transactional",
+    "inbox": "tests.sim.handlers:inbox",
+}

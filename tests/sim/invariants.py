@@ -83,11 +83,24 @@ class Ledger:
 
     # -- handler runs ----------------------------------------------------------
 
-    def run_started(self, process: str, key: str, attempt: tuple, at: float, allowed: int = 1,
-                    known: str = "", known_overlap=lambda other: "") -> Run:
+    def run_started(
+        self,
+        process: str,
+        key: str,
+        attempt: tuple,
+        at: float,
+        allowed: int = 1,
+        known: str = "",
+        known_overlap=lambda other: "",
+    ) -> Run:
         for other in self.active[key]:
-            self.violate("overlap", key, f"{process} starts {attempt} while {other.process} runs {other.attempt} "
-                                         f"(since {other.started:.3f})", at, known_overlap(other))
+            self.violate(
+                "overlap",
+                key,
+                f"{process} starts {attempt} while {other.process} runs {other.attempt} (since {other.started:.3f})",
+                at,
+                known_overlap(other),
+            )
         self._check_repeat(process, key, attempt, at, known)
         run = Run(process, attempt, at)
         self.active[key].append(run)
@@ -96,8 +109,13 @@ class Ledger:
         self.runs[counted] += 1
         if self.runs[counted] > allowed and (self.strict_attempts or not self.faulty):
             why = "with faults (strict)" if self.faulty else "with no fault injected"
-            self.violate("rerun", key, f"attempt {attempt} runs for the {self.runs[counted]}th time {why}, "
-                                       f"on {process}", at, known)
+            self.violate(
+                "rerun",
+                key,
+                f"attempt {attempt} runs for the {self.runs[counted]}th time {why}, on {process}",
+                at,
+                known,
+            )
         return run
 
     def _check_repeat(self, process: str, key: str, attempt: tuple, at: float, known: str) -> None:
@@ -106,10 +124,15 @@ class Ledger:
             return
         why = self.excuse(key, earlier, at)  # type: ignore[operator]
         if not why:
-            self.violate("repeat", key, f"{process} runs {attempt} again after {earlier.process} ran "
-                                        f"{earlier.attempt} (since {earlier.started:.3f}) without failing, and no "
-                                        "other worker took the key, nor did its process exit or lose Postgres",
-                         at, known)
+            self.violate(
+                "repeat",
+                key,
+                f"{process} runs {attempt} again after {earlier.process} ran "
+                f"{earlier.attempt} (since {earlier.started:.3f}) without failing, and no "
+                "other worker took the key, nor did its process exit or lose Postgres",
+                at,
+                known,
+            )
 
     def run_ended(self, key: str, run: Run, at: float | None = None) -> None:
         run.ended = at
@@ -133,5 +156,10 @@ class Ledger:
 
     def check_settled(self, key: str, sha: str, carriers: int, settled: bool, at: float, why: str) -> None:
         if (key, sha) in self.accepted and carriers == 0 and not settled:
-            self.violate("lost", key, f"{why}: no message carries payload {sha[:8]} any more, and it is neither "
-                                      "completed, a conflict, a dead letter nor discarded", at)
+            self.violate(
+                "lost",
+                key,
+                f"{why}: no message carries payload {sha[:8]} any more, and it is neither "
+                "completed, a conflict, a dead letter nor discarded",
+                at,
+            )

@@ -41,8 +41,13 @@ def event_replay(sim) -> None:
     far, each under its own new key `replay-R/KEY`, published at once beside
     the traffic, its copies and retries."""
     replay_id = next(sim.event_replay_ids)
-    events = sorted({(key, sha) for key, sha in sim.ledger.accepted
-                     if replay_keys.parse(key) is None and route_rules.SEPARATOR not in key})
+    events = sorted(
+        {
+            (key, sha)
+            for key, sha in sim.ledger.accepted
+            if replay_keys.parse(key) is None and route_rules.SEPARATOR not in key
+        }
+    )
     sim.note("operator", "event replay", None, f"replay {replay_id} of {len(events)} events")
     for key, sha in events:
         sim.publish_replay(key, sha, replay_id)
@@ -79,11 +84,16 @@ async def prune(sim, window_seconds: float) -> None:
     sim.ledger.ever_completed |= set(completed.items())
     pruned = await store.prune(timedelta(seconds=window_seconds))
     forgotten = {key for key in completed if key not in store.completions}
-    forgotten |= {key for key, record in records.items() if record != HandedOn()
-                  and (key not in store.fences or store.fences[key].handed_on != record)}
+    forgotten |= {
+        key
+        for key, record in records.items()
+        if record != HandedOn() and (key not in store.fences or store.fences[key].handed_on != record)
+    }
     for key in sorted(forgotten):
         sim.ledger.forgotten(key)
-    sim.note("operator", "prune", None, f"window {window_seconds}s: {pruned} completions, {len(forgotten)} keys forgotten")
+    sim.note(
+        "operator", "prune", None, f"window {window_seconds}s: {pruned} completions, {len(forgotten)} keys forgotten"
+    )
 
 
 async def drain_dead(sim, envelope: Envelope) -> None:
@@ -96,5 +106,7 @@ async def drain_dead(sim, envelope: Envelope) -> None:
 
 
 def events_queue_arguments(sim) -> dict:
-    return {"x-delivery-limit": sim.plan.config.delivery_limit,
-            "x-dead-letter-routing-key": topology.dead_queue(sim.namespace)}
+    return {
+        "x-delivery-limit": sim.plan.config.delivery_limit,
+        "x-dead-letter-routing-key": topology.dead_queue(sim.namespace),
+    }

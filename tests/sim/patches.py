@@ -41,11 +41,28 @@ from tests.sim.loop import PROCESS, VirtualTime
 from tests.sim.postgres import Client, Pool, SimSession
 from webhook_ingest.shared.message import EventMessage
 
-TIMED_MODULES = ("webhook_ingest.workers.lease", "webhook_ingest.workers.redlock", "webhook_ingest.workers.idempotency",
-                 "webhook_ingest.workers.completions", "webhook_ingest.workers.worker",
-                 "webhook_ingest.workers.processor", "webhook_ingest.workers.batch", "tests.support.in_memory")
-LOGGING_MODULES = ("processor", "batch", "worker", "copies", "acks", "retry", "lease", "idempotency",
-                   "completions", "outage")
+TIMED_MODULES = (
+    "webhook_ingest.workers.lease",
+    "webhook_ingest.workers.redlock",
+    "webhook_ingest.workers.idempotency",
+    "webhook_ingest.workers.completions",
+    "webhook_ingest.workers.worker",
+    "webhook_ingest.workers.processor",
+    "webhook_ingest.workers.batch",
+    "tests.support.in_memory",
+)
+LOGGING_MODULES = (
+    "processor",
+    "batch",
+    "worker",
+    "copies",
+    "acks",
+    "retry",
+    "lease",
+    "idempotency",
+    "completions",
+    "outage",
+)
 MESSAGE: ContextVar[EventMessage | None] = ContextVar("sim_message", default=None)
 
 
@@ -107,18 +124,28 @@ def patched(sim):
             if hasattr(module, "time"):
                 stack.enter_context(mock.patch.object(module, "time", virtual))
         stack.enter_context(mock.patch("webhook_ingest.workers.redlock.uuid", counting_uuid))
-        stack.enter_context(mock.patch("webhook_ingest.shared.message.new_message_id",
-                                       lambda: counting_uuid.uuid4().hex))
+        stack.enter_context(
+            mock.patch("webhook_ingest.shared.message.new_message_id", lambda: counting_uuid.uuid4().hex)
+        )
         stack.enter_context(mock.patch.object(worker, "asyncpg", _Asyncpg(sim)))
-        stack.enter_context(mock.patch.object(worker, "CompletionStore", lambda pool, renewals=None, transactions=None:
-                                              Client(sim.server, pool, renewals or pool, transactions or pool)))
+        stack.enter_context(
+            mock.patch.object(
+                worker,
+                "CompletionStore",
+                lambda pool, renewals=None, transactions=None: Client(
+                    sim.server, pool, renewals or pool, transactions or pool
+                ),
+            )
+        )
         stack.enter_context(mock.patch("webhook_ingest.workers.idempotency._client", sim.redis_client))
         stack.enter_context(mock.patch("webhook_ingest.shared.amqp.connect_robust", connect_robust))
-        stack.enter_context(mock.patch("webhook_ingest.workers.retry.record_dead_letter",
-                                       sim.server.record_dead_letter))
+        stack.enter_context(
+            mock.patch("webhook_ingest.workers.retry.record_dead_letter", sim.server.record_dead_letter)
+        )
         for module in ("webhook_ingest.workers.retry", "webhook_ingest.workers.incident_counts"):
-            if importlib.util.find_spec(module) is not None and hasattr(importlib.import_module(module),
-                                                                        "record_failure"):
+            if importlib.util.find_spec(module) is not None and hasattr(
+                importlib.import_module(module), "record_failure"
+            ):
                 stack.enter_context(mock.patch(f"{module}.record_failure", sim.server.record_failure))
         if importlib.util.find_spec("webhook_ingest.workers.loop_lag") is not None:
             stack.enter_context(mock.patch("webhook_ingest.workers.loop_lag.of_running_loop", _lag_per_process(sim)))
@@ -162,9 +189,12 @@ def _logs_into(sim):
         raise structlog.DropEvent
 
     previous = structlog.get_config()
-    structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture],
-                        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-                        logger_factory=structlog.ReturnLoggerFactory(), cache_logger_on_first_use=False)
+    structlog.configure(
+        processors=[structlog.contextvars.merge_contextvars, capture],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.ReturnLoggerFactory(),
+        cache_logger_on_first_use=False,
+    )
     try:
         with contextlib.ExitStack() as stack:
             for name in LOGGING_MODULES:

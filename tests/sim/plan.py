@@ -15,10 +15,28 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SOURCES = ("ext", "db", "inbox")  # a handler that calls the outside world, one that writes through ctx.db, a batchable one
+SOURCES = (
+    "ext",
+    "db",
+    "inbox",
+)  # a handler that calls the outside world, one that writes through ctx.db, a batchable one
 CONCURRENCIES = (1, 4, 16, 64, 256, 256, 256)  # per worker; 256 is `run`'s default
-FAULT_KINDS = ("kill", "crash", "stop", "pause", "pg_stall", "pg_down", "pg_flaky", "redis_down", "redis_lost", "redis_flush",
-               "redis_expire", "amqp_drop", "amqp_alarm", "lag")
+FAULT_KINDS = (
+    "kill",
+    "crash",
+    "stop",
+    "pause",
+    "pg_stall",
+    "pg_down",
+    "pg_flaky",
+    "redis_down",
+    "redis_lost",
+    "redis_flush",
+    "redis_expire",
+    "amqp_drop",
+    "amqp_alarm",
+    "lag",
+)
 ACTION_KINDS = ("replay", "discard", "prune", "bulk_replay", "event_replay")
 REPLAY_KINDS = ("replay", "bulk_replay", "event_replay")  # a drawn replay is one of these (a stream of its own)
 
@@ -80,8 +98,9 @@ class Plan:
     @property
     def horizon(self) -> float:
         """When the last planned thing happens (faults end by then too)."""
-        ends = [send.at for send in self.sends] + [step.at + (step.duration if step.kind != "crash" else 0.0)
-                                                   for step in self.steps]
+        ends = [send.at for send in self.sends] + [
+            step.at + (step.duration if step.kind != "crash" else 0.0) for step in self.steps
+        ]
         return max(ends, default=0.0)
 
     def to_json(self) -> dict[str, Any]:
@@ -90,9 +109,16 @@ class Plan:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Plan":
         config = Config(**{**data["config"], "retry_delays": tuple(data["config"]["retry_delays"])})
-        return cls(seed=data["seed"], config=config, sends=[Send(**s) for s in data["sends"]],
-                   steps=[Step(**s) for s in data["steps"]], mix=data["mix"], failing=data["failing"],
-                   scripted=data.get("scripted", {}), routed=data.get("routed", 0.0))
+        return cls(
+            seed=data["seed"],
+            config=config,
+            sends=[Send(**s) for s in data["sends"]],
+            steps=[Step(**s) for s in data["steps"]],
+            mix=data["mix"],
+            failing=data["failing"],
+            scripted=data.get("scripted", {}),
+            routed=data.get("routed", 0.0),
+        )
 
 
 @dataclass(frozen=True)
@@ -126,7 +152,9 @@ def _duration(mix: str, rng: random.Random) -> float:
             return rng.uniform(1.5, 2.5) if rng.random() < 0.1 else rng.uniform(0.003, 0.007)
         case _:  # "tail": ms to tens of seconds
             roll = rng.random()
-            return rng.uniform(5, 25) if roll < 0.03 else rng.uniform(0.3, 3) if roll < 0.2 else rng.uniform(0.001, 0.05)
+            return (
+                rng.uniform(5, 25) if roll < 0.03 else rng.uniform(0.3, 3) if roll < 0.2 else rng.uniform(0.001, 0.05)
+            )
 
 
 def draw(seed: int, faults: bool | None = None, routed: float = 0.0) -> Plan:
@@ -136,15 +164,20 @@ def draw(seed: int, faults: bool | None = None, routed: float = 0.0) -> Plan:
     so a seed draws the same plan otherwise)."""
     rng = random.Random(seed)
     config = _config(rng)
-    plan = Plan(seed=seed, config=config, mix=rng.choice(("fast", "slow", "slow", "mixed", "tail")),
-                failing=rng.choice((0.0, 0.0, 0.05, 0.2)))
+    plan = Plan(
+        seed=seed,
+        config=config,
+        mix=rng.choice(("fast", "slow", "slow", "mixed", "tail")),
+        failing=rng.choice((0.0, 0.0, 0.05, 0.2)),
+    )
     plan.sends = _traffic(rng)
     if routed:
         plan.routed = routed
         fans = random.Random(f"{seed}/routed")
         chosen = {send.event for send in plan.sends if fans.random() < routed}
-        plan.sends = [Send(send.at, send.event, "fan", send.variant) if send.event in chosen else send
-                      for send in plan.sends]
+        plan.sends = [
+            Send(send.at, send.event, "fan", send.variant) if send.event in chosen else send for send in plan.sends
+        ]
     with_faults = rng.random() > 0.35 if faults is None else faults
     if with_faults:
         span = max(plan.horizon, 5.0)
@@ -195,9 +228,14 @@ def _fault(rng: random.Random, config: Config, span: float) -> Step:
         duration = float(rng.randint(1, 400))
     if kind == "pause":  # mostly within the lease's margin (a third of it), sometimes past it
         duration = round(config.lock_ttl * (rng.uniform(0.02, 0.3) if rng.random() < 0.8 else rng.uniform(0.4, 1.5)), 4)
-    detail = {"kill": rng.choice((0.5, 5.0)), "crash": rng.choice((0.5, 5.0)), "stop": rng.choice((0.5, 5.0)),
-              "pg_flaky": rng.choice((0.05, 0.3)), "pg_stall": rng.choice((-1, target)),
-              "lag": rng.choice((0.002, 0.01, 0.03))}.get(kind, 0.0)  # -1: every worker
+    detail = {
+        "kill": rng.choice((0.5, 5.0)),
+        "crash": rng.choice((0.5, 5.0)),
+        "stop": rng.choice((0.5, 5.0)),
+        "pg_flaky": rng.choice((0.05, 0.3)),
+        "pg_stall": rng.choice((-1, target)),
+        "lag": rng.choice((0.002, 0.01, 0.03)),
+    }.get(kind, 0.0)  # -1: every worker
     return Step(kind, at, duration, target, detail)
 
 

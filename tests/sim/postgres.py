@@ -57,9 +57,9 @@ from itertools import count
 
 import asyncpg
 
-from tests.support import in_memory
 from tests.sim.loop import PROCESS
 from tests.sim.network import Killed
+from tests.support import in_memory
 from webhook_ingest.shared import incident_store
 from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.message import EventMessage
@@ -71,15 +71,29 @@ RETRIES = {"record_handed_on"}  # returns only once committed, waiting while Pos
 # Which of the process's pools a method takes a connection from (the others: "statements"),
 # as `CompletionStore` does; before its three pools, the one pool stands for all three.
 POOLS = {"session": "transactions", "extend_leases": "renewals"}
-TIMEOUTS = {"take_leases": 5.0, "check_completed": 5.0, "complete_alone": 5.0, "release_leases": 5.0,
-            "record_handed_on": 10.0, "completed_sha256": 5.0, "settled_before": 5.0, "probe_writable": 2.0,
-            "record_dead_letter": 10.0}
+TIMEOUTS = {
+    "take_leases": 5.0,
+    "check_completed": 5.0,
+    "complete_alone": 5.0,
+    "release_leases": 5.0,
+    "record_handed_on": 10.0,
+    "completed_sha256": 5.0,
+    "settled_before": 5.0,
+    "probe_writable": 2.0,
+    "record_dead_letter": 10.0,
+}
 DEFAULT_TIMEOUT = 5.0  # a statement of ours outside the handler's transaction (STATEMENT_SECONDS)
 # The store's statements that lock key_fences rows, by the name of their SQL in
 # workers/queries.sql (whose text says in which order they lock them: `_sorts_keys`).
-LOCKS = {"take_leases": "take_leases", "extend_leases": "extend_leases", "release_leases": "release_leases",
-         "record_handed_on": "record_handed_on", "complete_event": "complete_event",
-         "complete_events": "complete_events", "complete_alone": "complete_events"}
+LOCKS = {
+    "take_leases": "take_leases",
+    "extend_leases": "extend_leases",
+    "release_leases": "release_leases",
+    "record_handed_on": "record_handed_on",
+    "complete_event": "complete_event",
+    "complete_events": "complete_events",
+    "complete_alone": "complete_events",
+}
 ROW_SECONDS = 0.0002  # the time a statement takes from one row it locks to the next
 DEADLOCK_TIMEOUT = 1.0  # Postgres's deadlock_timeout: how long a wait lasts before it looks for a cycle
 
@@ -260,8 +274,7 @@ class Server:
 
     # -- one statement ----------------------------------------------------------
 
-    async def statement(self, name: str, run, args: tuple, session: in_memory.Session | None,
-                        timeout: float | None):
+    async def statement(self, name: str, run, args: tuple, session: in_memory.Session | None, timeout: float | None):
         try:
             async with asyncio.timeout(timeout):
                 return await self._statement(name, run, self._keys(args), session)
@@ -285,8 +298,7 @@ class Server:
                 taken = await self._lock_in_order(name, self._lock_order(locks, keys), holder)
             written = len(session.undo) if in_transaction and session is not None and session.undo is not None else None
             result = await run()
-            if written is not None and session is not None and session.undo is not None \
-                    and len(session.undo) > written:
+            if written is not None and session is not None and session.undo is not None and len(session.undo) > written:
                 self._lock_rows(keys, session)  # held until the transaction ends
                 taken = []
             self._let_go(holder, taken)  # an autocommit statement commits before it answers
@@ -334,21 +346,24 @@ class Server:
             raise
         return taken
 
-    async def _wait(self, name: str, key: str, holder: object, owner: object,
-                    lock_timeout: float | None = None) -> None:
+    async def _wait(
+        self, name: str, key: str, holder: object, owner: object, lock_timeout: float | None = None
+    ) -> None:
         """Until `owner` lets its rows go; Postgres's deadlock check once
         `DEADLOCK_TIMEOUT` into the wait, and LockNotAvailableError past the
         statement's `lock_timeout`, if it set one."""
         self._waits_for[holder] = owner
         if self._in_cycle(holder):
-            self.sim.violation("deadlock", key, f"{name} waits for {self._cycle(holder)}: statements lock rows "
-                                                "in different orders")
+            self.sim.violation(
+                "deadlock", key, f"{name} waits for {self._cycle(holder)}: statements lock rows in different orders"
+            )
         ended = self._ended.setdefault(owner, asyncio.Event())
         started, checked = self.sim.loop.time(), False
         try:
             while not ended.is_set():
-                limits = ([] if checked else [started + DEADLOCK_TIMEOUT]) + \
-                         ([] if lock_timeout is None else [started + lock_timeout])
+                limits = ([] if checked else [started + DEADLOCK_TIMEOUT]) + (
+                    [] if lock_timeout is None else [started + lock_timeout]
+                )
                 if not limits:
                     await ended.wait()
                     return
@@ -367,7 +382,8 @@ class Server:
                     if lock_timeout is not None and now >= started + lock_timeout:
                         self.sim.note("pg", "lock timeout", key, name)
                         raise asyncpg.exceptions.LockNotAvailableError(
-                            "canceling statement due to lock timeout") from None
+                            "canceling statement due to lock timeout"
+                        ) from None
         finally:
             self._waits_for.pop(holder, None)
 
@@ -412,7 +428,9 @@ class Server:
         """A statement that locks no fence row (a read) waits while
         another holds one of its keys' rows (see the module's docstring)."""
         while True:
-            owner = next((self._row_locks[k] for k in sorted(keys) if self._row_locks.get(k, holder) is not holder), None)
+            owner = next(
+                (self._row_locks[k] for k in sorted(keys) if self._row_locks.get(k, holder) is not holder), None
+            )
             if owner is None:
                 return
             await self._ended.setdefault(owner, asyncio.Event()).wait()
@@ -498,6 +516,7 @@ class Server:
     async def record_dead_letter(self, connection, event: EventMessage, errors, timeout: float | None = None):
         """shared/dead_letters.record_dead_letter: one open dead letter per
         event, none for an event completed with this payload."""
+
         async def insert() -> int | None:
             return self.insert_dead_letter(event)
 
@@ -515,7 +534,9 @@ class Server:
                 await self.sim.net.hop("pg")
                 await self._through(None)
                 while (owner := self._row_locks.get(row, holder)) is not holder:
-                    await self._wait("record_failure", "", holder, owner, _seconds(incident_store.INCIDENT_LOCK_TIMEOUT))
+                    await self._wait(
+                        "record_failure", "", holder, owner, _seconds(incident_store.INCIDENT_LOCK_TIMEOUT)
+                    )
                 self._row_locks[row] = holder
                 self._locks_of[holder].add(row)
                 self.incidents[row] += 1
@@ -533,9 +554,16 @@ class Server:
         completion = self.store.completions.get(event.key)
         if completion is not None and completion.payload_sha256 == event.payload_sha256:
             return None
-        opened = next((row for row in self.dead_letters.values() if row.status == "dead"
-                       and (row.event.key, row.event.payload_sha256) == (event.key, event.payload_sha256)
-                       and (event.key, event.payload_sha256) in self.store.open_dead_letters), None)
+        opened = next(
+            (
+                row
+                for row in self.dead_letters.values()
+                if row.status == "dead"
+                and (row.event.key, row.event.payload_sha256) == (event.key, event.payload_sha256)
+                and (event.key, event.payload_sha256) in self.store.open_dead_letters
+            ),
+            None,
+        )
         if opened is not None:
             return opened.id
         row = DeadLetter(next(self._dead_letter_ids), event)
@@ -545,8 +573,11 @@ class Server:
         return row.id
 
     def open_dead_letters(self) -> list[DeadLetter]:
-        return [row for row in self.dead_letters.values() if row.status == "dead"
-                and (row.event.key, row.event.payload_sha256) in self.store.open_dead_letters]
+        return [
+            row
+            for row in self.dead_letters.values()
+            if row.status == "dead" and (row.event.key, row.event.payload_sha256) in self.store.open_dead_letters
+        ]
 
 
 class Client:
@@ -583,12 +614,16 @@ class Client:
         async def call(*args, **kwargs):
             session = next((a for a in (*args, *kwargs.values()) if isinstance(a, in_memory.Session)), None)
             if session is not None:  # its own limit if it has one (a lease), else the lease timer's
+
                 async def send():
-                    return await self._server.statement(name, lambda: method(*args, **kwargs), args, session,
-                                                        TIMEOUTS.get(name))
+                    return await self._server.statement(
+                        name, lambda: method(*args, **kwargs), args, session, TIMEOUTS.get(name)
+                    )
             else:
+
                 async def send():
                     return await self._pooled(name, lambda: method(*args, **kwargs), args)
+
             if resent and (session is None or session.undo is None):
                 result = await completions._fetch_again_on_conflict(_Resent(send), "", timeout=0)
             else:

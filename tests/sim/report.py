@@ -19,12 +19,17 @@ def trace_digest(result: Result) -> str:
 
 def describe(result: Result, limit: int = 200) -> str:
     plan = result.plan
-    lines = [f"seed {plan.seed}: {len(result.violations)} violation(s) in {result.steps} steps "
-             f"({result.virtual_seconds:.1f} virtual s, {result.wall_seconds:.2f} s)",
-             f"  config {plan.config}", f"  mix {plan.mix}, failing {plan.failing}, "
-             f"{len(plan.sends)} sends, steps {[(s.kind, s.at, s.duration, s.target) for s in plan.steps]}"]
-    lines += [f"  VIOLATION {v.kind} {v.key} at {v.at:.6f}: {v.detail}{f' (known: {v.known})' if v.known else ''}"
-              for v in result.violations[:10]]
+    lines = [
+        f"seed {plan.seed}: {len(result.violations)} violation(s) in {result.steps} steps "
+        f"({result.virtual_seconds:.1f} virtual s, {result.wall_seconds:.2f} s)",
+        f"  config {plan.config}",
+        f"  mix {plan.mix}, failing {plan.failing}, "
+        f"{len(plan.sends)} sends, steps {[(s.kind, s.at, s.duration, s.target) for s in plan.steps]}",
+    ]
+    lines += [
+        f"  VIOLATION {v.kind} {v.key} at {v.at:.6f}: {v.detail}{f' (known: {v.known})' if v.known else ''}"
+        for v in result.violations[:10]
+    ]
     new = [v for v in result.violations if not v.known] or result.violations
     keys = {v.key for v in new[:3] if v.key}
     shown = [entry for entry in result.trace if entry[4] in keys or (entry[2] in _ALWAYS)]

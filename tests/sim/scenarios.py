@@ -29,8 +29,13 @@ def issue20(seed: int = 20, source: str = "ext") -> Plan:
 
 def b4(seed: int = 4) -> Plan:
     config = Config(workers=1, concurrency=1, grace_seconds=2.0, max_attempts=3, retry_delays=(0.5,))
-    return Plan(seed=seed, config=config, sends=[Send(0.0, 0, "ext")], scripted={"0": [0.3, "retry"]},
-                steps=[Step("amqp_alarm", 0.1, 20.0), Step("stop", 0.5, 0.0, 0, 0.5)])
+    return Plan(
+        seed=seed,
+        config=config,
+        sends=[Send(0.0, 0, "ext")],
+        scripted={"0": [0.3, "retry"]},
+        steps=[Step("amqp_alarm", 0.1, 20.0), Step("stop", 0.5, 0.0, 0, 0.5)],
+    )
 
 
 def b6(seed: int = 6) -> Plan:
@@ -39,8 +44,13 @@ def b6(seed: int = 6) -> Plan:
     alone, as worker 0's window is full with its unacked message."""
     config = Config(workers=2, concurrency=1, max_attempts=2, retry_delays=(8.0,))
     sends = [Send(0.0, event, "ext") for event in (0, 1)] + [Send(6.0, event, "ext") for event in (0, 1)]
-    return Plan(seed=seed, config=config, sends=sends, scripted={"0": [2.0, "retry"], "1": [2.0, "retry"]},
-                steps=[Step("pg_stall", 1.5, 10.0, 0, 0)])
+    return Plan(
+        seed=seed,
+        config=config,
+        sends=sends,
+        scripted={"0": [2.0, "retry"], "1": [2.0, "retry"]},
+        steps=[Step("pg_stall", 1.5, 10.0, 0, 0)],
+    )
 
 
 def two_payloads(seed: int = 2) -> Plan:
@@ -62,8 +72,13 @@ def redis_forgets(seed: int = 54) -> Plan:
     was kept throughout, and the handler ran again: one fault, two
     external calls. Now the lease alone decides (docs/design.md, "A lock
     that cannot be kept")."""
-    return Plan(seed=seed, config=Config(workers=1), sends=[Send(0.0, 0, "ext")], scripted={"0": [2.4, None]},
-                steps=[Step("redis_flush", 0.25, 0.0)])
+    return Plan(
+        seed=seed,
+        config=Config(workers=1),
+        sends=[Send(0.0, 0, "ext")],
+        scripted={"0": [2.4, None]},
+        steps=[Step("redis_flush", 0.25, 0.0)],
+    )
 
 
 def pause_within_margin(seed: int = 33, pause_at: float = 3.15) -> Plan:
@@ -76,12 +91,13 @@ def pause_within_margin(seed: int = 33, pause_at: float = 3.15) -> Plan:
     copy on worker 1 takes the lease the first run is over. Without the
     margin the cancellation waits out the pause, and the two runs overlap."""
     config = Config(workers=2, concurrency=1)
-    return Plan(seed=seed, config=config, sends=[Send(0.2, 0, "ext"), Send(1.0, 0, "ext")],
-                scripted={"0": [6.0, None]},
-                steps=[Step("stop", 0.0, 0.0, 1, 0.3), Step("pg_stall", 0.5, 10.0, 0, 0),
-                       Step("pause", pause_at, 0.65, 0)])
-
-
+    return Plan(
+        seed=seed,
+        config=config,
+        sends=[Send(0.2, 0, "ext"), Send(1.0, 0, "ext")],
+        scripted={"0": [6.0, None]},
+        steps=[Step("stop", 0.0, 0.0, 1, 0.3), Step("pg_stall", 0.5, 10.0, 0, 0), Step("pause", pause_at, 0.65, 0)],
+    )
 
 
 def paused_holder(seed: int = 35, pause: float = 2.5) -> Plan:
@@ -92,8 +108,13 @@ def paused_holder(seed: int = 35, pause: float = 2.5) -> Plan:
     after the pause is one it gave up on its own timer (before e0c9f92's
     merge, 4fbfded: 36 repeated here)."""
     sends = [Send(0.0, event, "ext") for event in range(40)]
-    return Plan(seed=seed, config=Config(workers=1, concurrency=256), sends=sends, mix="slow",
-                steps=[Step("pause", 0.2, pause, 0)])
+    return Plan(
+        seed=seed,
+        config=Config(workers=1, concurrency=256),
+        sends=sends,
+        mix="slow",
+        steps=[Step("pause", 0.2, pause, 0)],
+    )
 
 
 def crossed_locks(seed: int = 3, events: int = 60) -> Plan:
@@ -105,8 +126,13 @@ def crossed_locks(seed: int = 3, events: int = 60) -> Plan:
     finds the cycle and ends one of them with DeadlockDetectedError."""
     sends = [Send(0.0, event, "ext") for event in range(events)]
     sends += [Send(round(0.6 + 0.01 * event, 4), event, "ext") for event in range(events)]
-    return Plan(seed=seed, config=Config(workers=2, concurrency=64), sends=sends,
-                scripted={str(event): [2.0, None] for event in range(events)}, steps=[Step("redis_flush", 0.5, 0.0)])
+    return Plan(
+        seed=seed,
+        config=Config(workers=2, concurrency=64),
+        sends=sends,
+        scripted={str(event): [2.0, None] for event in range(events)},
+        steps=[Step("redis_flush", 0.5, 0.0)],
+    )
 
 
 def routed(seed: int = 5, events: int = 40) -> Plan:
@@ -116,8 +142,14 @@ def routed(seed: int = 5, events: int = 40) -> Plan:
     lagging: each route's run settles once, none repeated."""
     sends = [Send(round(0.01 * event, 4), event, "fan") for event in range(events)]
     sends += [Send(round(1.0 + 0.02 * event, 4), event, "fan") for event in range(events)]
-    return Plan(seed=seed, config=Config(workers=2, concurrency=64), sends=sends, mix="slow", routed=1.0,
-                steps=[Step("pause", 0.5, 2.5, 0), Step("lag", 0.3, 3.0, 1, 0.01)])
+    return Plan(
+        seed=seed,
+        config=Config(workers=2, concurrency=64),
+        sends=sends,
+        mix="slow",
+        routed=1.0,
+        steps=[Step("pause", 0.5, 2.5, 0), Step("lag", 0.3, 3.0, 1, 0.01)],
+    )
 
 
 def replays(seed: int = 8, events: int = 30) -> Plan:
@@ -129,11 +161,26 @@ def replays(seed: int = 8, events: int = 30) -> Plan:
     sources = ("ext", "db", "fan")
     sends = [Send(round(0.01 * event, 4), event, sources[event % 3]) for event in range(events)]
     sends += [Send(round(2.0 + 0.01 * event, 4), event, sources[event % 3]) for event in range(events)]
-    return Plan(seed=seed, config=Config(workers=2, concurrency=64, max_attempts=1), sends=sends, mix="slow",
-                routed=1 / 3, scripted={str(event): [0.3, "permanent"] for event in range(0, events, 5)},
-                steps=[Step("bulk_replay", 2.0), Step("event_replay", 2.0), Step("pause", 1.9, 2.5, 1)])
+    return Plan(
+        seed=seed,
+        config=Config(workers=2, concurrency=64, max_attempts=1),
+        sends=sends,
+        mix="slow",
+        routed=1 / 3,
+        scripted={str(event): [0.3, "permanent"] for event in range(0, events, 5)},
+        steps=[Step("bulk_replay", 2.0), Step("event_replay", 2.0), Step("pause", 1.9, 2.5, 1)],
+    )
 
 
-SCENARIOS = {"pause_within_margin": pause_within_margin, "paused_holder": paused_holder,
-             "crossed_locks": crossed_locks, "issue20": issue20, "b4": b4, "b6": b6, "two_payloads": two_payloads,
-             "redis_forgets": redis_forgets, "routed": routed, "replays": replays}
+SCENARIOS = {
+    "pause_within_margin": pause_within_margin,
+    "paused_holder": paused_holder,
+    "crossed_locks": crossed_locks,
+    "issue20": issue20,
+    "b4": b4,
+    "b6": b6,
+    "two_payloads": two_payloads,
+    "redis_forgets": redis_forgets,
+    "routed": routed,
+    "replays": replays,
+}

@@ -15,8 +15,13 @@ from tests.sim.plan import Plan
 from tests.sim.simulation import Result, Simulation
 
 
-def shrink(plan: Plan, kind: str, strict_attempts: bool = False, budget: int = 300,
-           progress: Callable[[str], None] = lambda _: None) -> tuple[Plan, Result]:
+def shrink(
+    plan: Plan,
+    kind: str,
+    strict_attempts: bool = False,
+    budget: int = 300,
+    progress: Callable[[str], None] = lambda _: None,
+) -> tuple[Plan, Result]:
     """The smallest plan found that still has a violation of `kind`, with its run."""
     runs = 0
     best: list = [plan, None]
@@ -41,8 +46,9 @@ def shrink(plan: Plan, kind: str, strict_attempts: bool = False, budget: int = 3
     while smaller.config.workers > 1 and runs < budget:
         fewer = copy.deepcopy(smaller)
         fewer.config.workers -= 1
-        fewer.steps = [step for step in fewer.steps if step.target < fewer.config.workers
-                       or step.kind.startswith("redis")]
+        fewer.steps = [
+            step for step in fewer.steps if step.target < fewer.config.workers or step.kind.startswith("redis")
+        ]
         if not fails(fewer):
             break
         smaller = fewer
@@ -61,7 +67,7 @@ def _ddmin(parts: list, fails: Callable[[list], bool]) -> list:
     chunks = 2
     while len(parts) >= 2:
         size = -(-len(parts) // chunks)
-        pieces = [parts[i:i + size] for i in range(0, len(parts), size)]
+        pieces = [parts[i : i + size] for i in range(0, len(parts), size)]
         for piece in pieces:
             if fails(piece):
                 parts, chunks = piece, 2

@@ -38,8 +38,7 @@ from tests.sim.network import Killed, Network
 from tests.sim.patches import MESSAGE, patched
 from tests.sim.plan import ACTION_KINDS, Plan, behaviour
 from tests.sim.postgres import Server
-from webhook_ingest.shared import event_id, topology
-from webhook_ingest.shared import replay_keys
+from webhook_ingest.shared import event_id, replay_keys, topology
 from webhook_ingest.shared import routes as route_rules
 from webhook_ingest.shared.message import EventMessage, to_amqp
 from webhook_ingest.shared.settings import WORKER_CONNECTIONS
@@ -52,12 +51,24 @@ ROUTES = {"call": "ext", "write": "db"}  # route -> the source whose handler it 
 SETTLE_LIMIT = 900.0  # virtual seconds after the plan's end for everything to settle
 NAMESPACE = "sim"
 STEP_LIMIT = 5_000_000  # steps in one run: past it, a livelock
-_LOGGED = {"event_deferred": ("reason",), "event_processed": ("outcome",), "processing_lock_lost": ("holder",),
-           "attempt_already_handed_on": (), "completion_refused_stale_token": (), "processing_crashed": ("exc_info",),
-           "batch_crashed": ("exc_info",), "event_retry_scheduled": ("retry_in",), "event_dead_lettered": (),
-           "service_outage": ("service",), "service_recovered": ("service",), "handlers_cancelled_at_grace_end": ("count",),
-           "lease_lost_handler_cancelled": ("holder",), "ack_failed": ("frame",),
-           "statement_sent_again": ("error",), "incident_count_skipped": ("error",)}
+_LOGGED = {
+    "event_deferred": ("reason",),
+    "event_processed": ("outcome",),
+    "processing_lock_lost": ("holder",),
+    "attempt_already_handed_on": (),
+    "completion_refused_stale_token": (),
+    "processing_crashed": ("exc_info",),
+    "batch_crashed": ("exc_info",),
+    "event_retry_scheduled": ("retry_in",),
+    "event_dead_lettered": (),
+    "service_outage": ("service",),
+    "service_recovered": ("service",),
+    "handlers_cancelled_at_grace_end": ("count",),
+    "lease_lost_handler_cancelled": ("holder",),
+    "ack_failed": ("frame",),
+    "statement_sent_again": ("error",),
+    "incident_count_skipped": ("error",),
+}
 
 
 @dataclass
@@ -105,13 +116,29 @@ class Simulation:
         self.keys = {key for send in plan.sends for key in _keys_of(send.source, send.event)}
         self.variants: dict[tuple[str, str], tuple[int, int]] = {}  # (key, payload hash) -> (event, variant)
         self.trace: list[tuple] = []
-        self.sources = {name: parse_source(name, {
-            "scheme": "hmac-sha256", "secrets": ["s"], "handler": handler, "max_attempts": plan.config.max_attempts,
-            "retry_delays": list(plan.config.retry_delays)}) for name, handler in HANDLERS.items()}
-        self.sources[ROUTED] = parse_source(ROUTED, {
-            "scheme": "hmac-sha256", "secrets": ["s"], "max_attempts": plan.config.max_attempts,
-            "retry_delays": list(plan.config.retry_delays),
-            "routes": [{"name": route, "handler": HANDLERS[source]} for route, source in ROUTES.items()]})
+        self.sources = {
+            name: parse_source(
+                name,
+                {
+                    "scheme": "hmac-sha256",
+                    "secrets": ["s"],
+                    "handler": handler,
+                    "max_attempts": plan.config.max_attempts,
+                    "retry_delays": list(plan.config.retry_delays),
+                },
+            )
+            for name, handler in HANDLERS.items()
+        }
+        self.sources[ROUTED] = parse_source(
+            ROUTED,
+            {
+                "scheme": "hmac-sha256",
+                "secrets": ["s"],
+                "max_attempts": plan.config.max_attempts,
+                "retry_delays": list(plan.config.retry_delays),
+                "routes": [{"name": route, "handler": HANDLERS[source]} for route, source in ROUTES.items()],
+            },
+        )
         self._restarts = 0
         self.event_replay_ids = itertools.count(1)
         self._starts = 0
@@ -129,17 +156,28 @@ class Simulation:
                 try:
                     self.loop.run_until_complete(self._main())
                 except Stuck:
-                    self.violation("stuck", "", "nothing is ready and no timer is set, but the run has not ended: "
-                                                + self._waiting())
+                    self.violation(
+                        "stuck",
+                        "",
+                        "nothing is ready and no timer is set, but the run has not ended: " + self._waiting(),
+                    )
                 except OutOfSteps:
-                    self.violation("livelock", "", f"{STEP_LIMIT} steps without ending (virtual "
-                                                   f"{self.loop.time():.1f} s)")
+                    self.violation(
+                        "livelock", "", f"{STEP_LIMIT} steps without ending (virtual {self.loop.time():.1f} s)"
+                    )
                 finally:
                     self._close_loop()
         finally:
             asyncio.set_event_loop(None)
-        return Result(self.plan, list(self.ledger.violations), self.loop.steps, self.loop.time(),
-                      time.perf_counter() - started, self.trace, self._stats())
+        return Result(
+            self.plan,
+            list(self.ledger.violations),
+            self.loop.steps,
+            self.loop.time(),
+            time.perf_counter() - started,
+            self.trace,
+            self._stats(),
+        )
 
     async def _main(self) -> None:
         self.broker.declare(topology.dead_queue(NAMESPACE), {})
@@ -194,13 +232,23 @@ class Simulation:
     def start(self, slot: int) -> Process:
         self._starts += 1
         name = f"w{slot}" if self._starts <= self.plan.config.workers else f"w{slot}.{self._starts}"
-        settings = SimpleNamespace(namespace=NAMESPACE, delivery_limit=self.plan.config.delivery_limit,
-                                   lock_ttl=self.plan.config.lock_ttl, done_ttl=self.plan.config.done_ttl,
-                                   redis_urls=tuple(f"redis://sim-{i}" for i in range(len(self.masters))),
-                                   amqp_url="amqp://sim/", database_url="postgresql://sim/",
-                                   worker_connections=WORKER_CONNECTIONS)  # the pools a default worker has
-        worker = Worker(settings, self.sources, concurrency=self.plan.config.concurrency,  # type: ignore[arg-type]
-                        grace_seconds=self.plan.config.grace_seconds, name=name)
+        settings = SimpleNamespace(
+            namespace=NAMESPACE,
+            delivery_limit=self.plan.config.delivery_limit,
+            lock_ttl=self.plan.config.lock_ttl,
+            done_ttl=self.plan.config.done_ttl,
+            redis_urls=tuple(f"redis://sim-{i}" for i in range(len(self.masters))),
+            amqp_url="amqp://sim/",
+            database_url="postgresql://sim/",
+            worker_connections=WORKER_CONNECTIONS,
+        )  # the pools a default worker has
+        worker = Worker(
+            settings,
+            self.sources,
+            concurrency=self.plan.config.concurrency,  # type: ignore[arg-type]
+            grace_seconds=self.plan.config.grace_seconds,
+            name=name,
+        )
 
         async def side_tasks() -> list:
             """Of the worker's own, the incident counts' writer (where the
@@ -280,8 +328,10 @@ class Simulation:
         """An overlap with a run whose process was paused past the lease's
         margin since it started: the limit docs/design.md, "Exclusion", names."""
         margin = self.plan.config.lock_ttl / 3
-        if any(name == other.process and at + seconds > other.started and seconds >= margin
-               for name, at, seconds in self.pauses):
+        if any(
+            name == other.process and at + seconds > other.started and seconds >= margin
+            for name, at, seconds in self.pauses
+        ):
             return "pause past the margin"
         if any(name == other.process and until > other.started for name, until in self.lags):
             return "a lagging loop (a pause in slow motion)"
@@ -293,10 +343,13 @@ class Simulation:
         process = self.processes.get(earlier.process)
         if process is None or process.dead:
             return "its process exited"
-        let_go = [when for when, by in self.server.releases.get(key, []) if by == earlier.process
-                  and when > earlier.started]
-        if any(taker != earlier.process and earlier.started < taken <= at and not any(when < taken for when in let_go)
-               for taken, taker in self.server.takes.get(key, [])):
+        let_go = [
+            when for when, by in self.server.releases.get(key, []) if by == earlier.process and when > earlier.started
+        ]
+        if any(
+            taker != earlier.process and earlier.started < taken <= at and not any(when < taken for when in let_go)
+            for taken, taker in self.server.takes.get(key, [])
+        ):
             return "another worker took the key's lease before its holder let it go"
         if self.faults.pg_away(process.slot, earlier.started, at):
             return "Postgres was away from its process"
@@ -332,8 +385,14 @@ class Simulation:
         key = _key(send.source, send.event)
         payload = {"id": f"e{send.event}", "type": "sim", "variant": send.variant}
         sha = event_id.payload_sha256(payload)
-        event = EventMessage(key=key, source=send.source, event_id=f"e{send.event}", payload_sha256=sha,
-                             received_at=EPOCH + self.loop.time(), body=orjson.dumps(payload))
+        event = EventMessage(
+            key=key,
+            source=send.source,
+            event_id=f"e{send.event}",
+            payload_sha256=sha,
+            received_at=EPOCH + self.loop.time(),
+            body=orjson.dumps(payload),
+        )
         for one in _keys_of(send.source, send.event):  # a routed event: each route's run is an event to settle
             self.variants[(one, sha)] = (send.event, send.variant)
             self.ledger.accepted.add((one, sha))
@@ -346,16 +405,29 @@ class Simulation:
         source = key.split(":", 1)[0]
         replayed = replay_keys.replay_key(key, replay_id)
         payload = {"id": f"e{number}", "type": "sim", "variant": variant}
-        for one in [replayed] + ([route_rules.route_key(replayed, route) for route in ROUTES] if source == ROUTED else []):
+        for one in [replayed] + (
+            [route_rules.route_key(replayed, route) for route in ROUTES] if source == ROUTED else []
+        ):
             self.keys.add(one)
             self.variants[(one, sha)] = (number, variant)
             self.ledger.accepted.add((one, sha))
-        self.publish(to_amqp(EventMessage(key=replayed, source=source, event_id=f"e{number}", payload_sha256=sha,
-                                          received_at=EPOCH + self.loop.time(), body=orjson.dumps(payload))))
+        self.publish(
+            to_amqp(
+                EventMessage(
+                    key=replayed,
+                    source=source,
+                    event_id=f"e{number}",
+                    payload_sha256=sha,
+                    received_at=EPOCH + self.loop.time(),
+                    body=orjson.dumps(payload),
+                )
+            )
+        )
 
     def publish(self, message) -> None:
-        self.broker.route(Envelope(message.body, dict(message.headers), message.message_id),
-                          topology.events_queue(NAMESPACE))
+        self.broker.route(
+            Envelope(message.body, dict(message.headers), message.message_id), topology.events_queue(NAMESPACE)
+        )
 
     def _do(self, step) -> None:
         self._planned -= 1
@@ -387,10 +459,15 @@ class Simulation:
         does = behaviour(self.plan, number, variant, replay_of, event.attempt)
         process = PROCESS.get() or "?"
         batchable = getattr(self.sources[event.source], "handler", "") == HANDLERS["inbox"]
-        run = self.ledger.run_started(process, event.key, (sha[:8], replay_of, event.attempt), self.loop.time(),
-                                      allowed=2 if batchable else 1,
-                                      known=known.rerun(self.server.store, event.key, sha, replay_of, event.attempt),
-                                      known_overlap=self._known_overlap)
+        run = self.ledger.run_started(
+            process,
+            event.key,
+            (sha[:8], replay_of, event.attempt),
+            self.loop.time(),
+            allowed=2 if batchable else 1,
+            known=known.rerun(self.server.store, event.key, sha, replay_of, event.attempt),
+            known_overlap=self._known_overlap,
+        )
         self.note("handler", "start", event.key, f"attempt {event.attempt} chain {replay_of} for {does.seconds:.3f}s")
         self.server.run_in(getattr(ctx, "db", None), run)
         try:
@@ -418,14 +495,17 @@ class Simulation:
     # -- the ledger's view ---------------------------------------------------------
 
     def released(self, key: str, sha: str, why: str) -> None:
-        self.ledger.check_settled(key, sha, self.broker.carriers[(key, sha)], self.settled(key, sha),
-                                  self.loop.time(), why)
+        self.ledger.check_settled(
+            key, sha, self.broker.carriers[(key, sha)], self.settled(key, sha), self.loop.time(), why
+        )
 
     def settled(self, key: str, sha: str) -> bool:
         base = replay_keys.parse(key)
         if (base[1] if base else key).startswith(f"{ROUTED}:") and route_rules.SEPARATOR not in key:
-            return all(self.broker.carriers[(one, sha)] > 0 or self.settled(one, sha)  # settled once fanned out
-                       for one in (route_rules.route_key(key, route) for route in ROUTES))
+            return all(
+                self.broker.carriers[(one, sha)] > 0 or self.settled(one, sha)  # settled once fanned out
+                for one in (route_rules.route_key(key, route) for route in ROUTES)
+            )
         store = self.server.store
         completion = store.completions.get(key)
         if completion is not None and completion.payload_sha256 == sha:
@@ -439,8 +519,12 @@ class Simulation:
     def _final_checks(self) -> None:
         for key, sha in sorted(self.ledger.accepted):
             if not self.settled(key, sha):
-                self.violation("lost", key, f"payload {sha[:8]} accepted, and at the end neither completed, a "
-                                            "conflict, a dead letter nor discarded")
+                self.violation(
+                    "lost",
+                    key,
+                    f"payload {sha[:8]} accepted, and at the end neither completed, a "
+                    "conflict, a dead letter nor discarded",
+                )
         for key, runs in sorted(self.ledger.active.items()):
             for run in runs:
                 self.violation("stuck", key, f"a run of {run.process} never ended")
@@ -464,17 +548,24 @@ class Simulation:
         name = event.get("event", "")
         if name in ("processing_crashed", "batch_crashed"):
             error = sys.exc_info()[1]
-            self.violation("crash", str(event.get("key", "")), f"{name} in our own code (a bug, not the handler): "
-                                                                 f"{error!r}")
+            self.violation(
+                "crash", str(event.get("key", "")), f"{name} in our own code (a bug, not the handler): {error!r}"
+            )
         if name in _LOGGED:
             detail = " ".join(f"{field}={event[field]}" for field in _LOGGED[name] if field in event)
             self.note("log", name, event.get("key"), detail)
 
     def _stats(self) -> dict:
         store = self.server.store
-        return {"events": len(self.ledger.accepted), "runs": sum(self.ledger.runs.values()),
-                "completed": len(store.completions), "dead_letters": len(self.server.dead_letters),
-                "processes": len(self.processes), "faults": len(self.plan.faults), "deadlocks": self.server.deadlocks}
+        return {
+            "events": len(self.ledger.accepted),
+            "runs": sum(self.ledger.runs.values()),
+            "completed": len(store.completions),
+            "dead_letters": len(self.server.dead_letters),
+            "processes": len(self.processes),
+            "faults": len(self.plan.faults),
+            "deadlocks": self.server.deadlocks,
+        }
 
 
 def _key(source: str, event: int) -> str:

@@ -10,8 +10,18 @@ import pytest
 
 from tests.sim.plan import Plan, draw
 from tests.sim.report import describe, trace_digest
-from tests.sim.scenarios import (b4, b6, crossed_locks, issue20, pause_within_margin, paused_holder, redis_forgets,
-                                 replays, routed, two_payloads)
+from tests.sim.scenarios import (
+    b4,
+    b6,
+    crossed_locks,
+    issue20,
+    pause_within_margin,
+    paused_holder,
+    redis_forgets,
+    replays,
+    routed,
+    two_payloads,
+)
 from tests.sim.simulation import Simulation
 
 SHORT_RUN_STEPS = 250_000  # about 5 s here; `make simulate` runs millions
@@ -132,19 +142,27 @@ def test_a_plan_the_simulator_once_failed_passes(path):
     assert not result.failed, describe(result)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding B4 (docs/design.md, One next attempt per failed attempt): a worker stopped while its failed "
-    "attempt's retry waits for a blocked broker's confirm is cancelled at its grace's end, and the attempt "
-    "runs again; attempts are at least once by design, only the strict invariant refuses it"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding B4 (docs/design.md, One next attempt per failed attempt): a worker stopped while its failed "
+        "attempt's retry waits for a blocked broker's confirm is cancelled at its grace's end, and the attempt "
+        "runs again; attempts are at least once by design, only the strict invariant refuses it"
+    ),
+)
 def test_a_stop_while_a_retry_waits_for_its_confirm_does_not_run_the_attempt_again():
     result = Simulation(b4(), strict_attempts=True).run()
     assert not result.failed, describe(result)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding B6 (docs/design.md, One next attempt per failed attempt): a holder cut from Postgres after its "
-    "failed attempt's retry was confirmed can neither record it handed on nor keep its lease; a copy on "
-    "another worker runs the attempt again"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding B6 (docs/design.md, One next attempt per failed attempt): a holder cut from Postgres after its "
+        "failed attempt's retry was confirmed can neither record it handed on nor keep its lease; a copy on "
+        "another worker runs the attempt again"
+    ),
+)
 def test_a_holder_cut_from_postgres_before_its_record_does_not_let_a_copy_run_its_attempt_again():
     result = Simulation(b6(), strict_attempts=True).run()
     assert not result.failed, describe(result)
@@ -157,10 +175,14 @@ def test_the_known_findings_are_at_least_once_not_lost(scenario):
     assert not result.failed, describe(result)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding F1 of the simulator (seed 2002, no fault; tests/sim/known.py): the key's attempt record holds "
-    "one payload and only moves forward, so a second payload's failed attempt is never recorded handed on, "
-    "and a copy of it runs the attempt again while its dead letter is open"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding F1 of the simulator (seed 2002, no fault; tests/sim/known.py): the key's attempt record holds "
+        "one payload and only moves forward, so a second payload's failed attempt is never recorded handed on, "
+        "and a copy of it runs the attempt again while its dead letter is open"
+    ),
+)
 def test_a_copy_of_a_second_payloads_failed_attempt_does_not_run_it_again():
     result = Simulation(two_payloads()).run()
     assert not result.violations, describe(result)

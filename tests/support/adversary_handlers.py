@@ -24,8 +24,13 @@ async def long_external(event, ctx):
         try:
             await asyncio.sleep(float(ctx.options.get("seconds", 5)))
         finally:  # also when cancelled: the effect stopped then, and its interval ends there
-            await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
-                                     event.key, os.getpid(), started, time.time())
+            await connection.execute(
+                "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+                event.key,
+                os.getpid(),
+                started,
+                time.time(),
+            )
     finally:
         await connection.close()
     await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
@@ -37,8 +42,13 @@ async def failing_external(event, ctx):
     time it started), then it raises."""
     connection = await asyncpg.connect(ctx.options["database_url"])
     try:
-        await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
-                                 event.key, os.getpid(), float(event.attempt), time.time())
+        await connection.execute(
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+            event.key,
+            os.getpid(),
+            float(event.attempt),
+            time.time(),
+        )
     finally:
         await connection.close()
     await asyncio.sleep(float(ctx.options.get("seconds", 0)))
@@ -51,8 +61,13 @@ async def fails_until_dead_lettered(event, ctx):
     connection = await asyncpg.connect(ctx.options["database_url"])
     try:
         dead = await connection.fetchval("SELECT count(*) FROM dead_letters WHERE key = $1", event.key)
-        await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
-                                 event.key, os.getpid(), float(event.attempt), time.time())
+        await connection.execute(
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+            event.key,
+            os.getpid(),
+            float(event.attempt),
+            time.time(),
+        )
     finally:
         await connection.close()
     await asyncio.sleep(float(ctx.options.get("seconds", 0)))
@@ -69,8 +84,13 @@ async def cancelled_by_a_library_once(event, ctx):
     (`started`: the attempt); later attempts write the effect."""
     connection = await asyncpg.connect(ctx.options["database_url"])
     try:
-        await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
-                                 event.key, os.getpid(), float(event.attempt), time.time())
+        await connection.execute(
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+            event.key,
+            os.getpid(),
+            float(event.attempt),
+            time.time(),
+        )
     finally:
         await connection.close()
     if event.attempt == 1:
@@ -86,8 +106,13 @@ async def kills_its_worker_recorded(event, ctx):
     a segfault or the OOM killer would."""
     connection = await asyncpg.connect(ctx.options["database_url"])
     try:
-        await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
-                                 event.key, os.getpid(), float(event.attempt), time.time())
+        await connection.execute(
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+            event.key,
+            os.getpid(),
+            float(event.attempt),
+            time.time(),
+        )
     finally:
         await connection.close()
     os._exit(137)

@@ -23,8 +23,13 @@ SURROGATE_ANSWER = b"caf\xe9 is not a valid contact".decode("utf-8", "surrogatee
 async def _record_run(event, ctx) -> None:
     connection = await asyncpg.connect(ctx.options["database_url"])
     try:
-        await connection.execute("INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
-                                 event.key, os.getpid(), float(event.attempt), time.time())
+        await connection.execute(
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+            event.key,
+            os.getpid(),
+            float(event.attempt),
+            time.time(),
+        )
     finally:
         await connection.close()
 

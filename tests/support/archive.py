@@ -10,24 +10,31 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import orjson
 
+from tests.support.events import make_event
 from webhook_ingest.shared import archive
 from webhook_ingest.shared.archive_store import ArchiveStore
 from webhook_ingest.shared.message import EventMessage, new_arrival
 from webhook_ingest.workers.completions import CompletionStore
-from tests.support.events import make_event
 
 
-def archived_event(source: str, event_id: str, received: datetime, kind: str | None = "test.event",
-                   body: bytes | None = None, headers: dict | None = None, **payload) -> EventMessage:
+def archived_event(
+    source: str,
+    event_id: str,
+    received: datetime,
+    kind: str | None = "test.event",
+    body: bytes | None = None,
+    headers: dict | None = None,
+    **payload,
+) -> EventMessage:
     """An arrival at `received`: a JSON body {"id", "type", **payload}, or `body` as given."""
     made = make_event(source, event_id, {"type": kind, **payload})
     raw = body if body is not None else orjson.dumps({"id": event_id, "type": kind, **payload})
-    return dataclasses.replace(made, body=raw, received_at=received.timestamp(),
-                               headers=headers if headers is not None else made.headers)
+    return dataclasses.replace(
+        made, body=raw, received_at=received.timestamp(), headers=headers if headers is not None else made.headers
+    )
 
 
-async def seed_archive(database_url: str, arrivals: Iterable[EventMessage],
-                       outcomes: Iterable[tuple] = ()) -> None:
+async def seed_archive(database_url: str, arrivals: Iterable[EventMessage], outcomes: Iterable[tuple] = ()) -> None:
     """The arrivals (status queued, their type the JSON body's `type`), then
     `archive.outcome_row`s; each source's days made first."""
     arrivals = list(arrivals)
@@ -35,8 +42,12 @@ async def seed_archive(database_url: str, arrivals: Iterable[EventMessage],
     try:
         store = ArchiveStore(connection)
         await store.keep({source: timedelta(days=7) for source in {event.source for event in arrivals}})
-        await store.write_arrivals([archive.arrival_row(event, _kind(event.body), json.dumps(event.headers),
-                                                        archive.QUEUED) for event in arrivals])
+        await store.write_arrivals(
+            [
+                archive.arrival_row(event, _kind(event.body), json.dumps(event.headers), archive.QUEUED)
+                for event in arrivals
+            ]
+        )
         if outcomes := list(outcomes):
             await store.write_outcomes(outcomes)
     finally:
@@ -72,12 +83,14 @@ async def ran(store: ArchiveStore, *runs: EventMessage) -> None:
     """Each run's completion, as a worker's: a lease, then complete_events (naming its arrival)."""
     completions = CompletionStore(store._database)
     leases = await completions.take_leases(store._database, [run.key for run in runs], 5000)
-    assert await completions.complete_events(store._database, [(run, leases[run.key].token) for run in runs]) \
-        == len(runs)
+    assert await completions.complete_events(store._database, [(run, leases[run.key].token) for run in runs]) == len(
+        runs
+    )
 
 
 async def statuses(store: ArchiveStore, key: str) -> list[tuple[str, int]]:
     """The key's archived (status, attempts), oldest arrival first."""
     rows = await store._database.fetch(
-        "SELECT status, attempts FROM event_archive WHERE key = $1 ORDER BY received_at, arrival", key)
+        "SELECT status, attempts FROM event_archive WHERE key = $1 ORDER BY received_at, arrival", key
+    )
     return [tuple(row.values()) for row in rows]

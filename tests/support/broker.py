@@ -83,11 +83,14 @@ def queue_names() -> list[str]:
     else (an external TEST_AMQP_URL broker) from `rabbitmqctl`."""
     api = _node.api_url() if _node is not None else None
     if api is None:
-        listing = subprocess.run([*ctl_command(), "-q", "list_queues", "name"], capture_output=True, text=True,
-                                 timeout=60)
+        listing = subprocess.run(
+            [*ctl_command(), "-q", "list_queues", "name"], capture_output=True, text=True, timeout=60
+        )
         return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
-    request = urllib.request.Request(f"{api}/queues/%2F?columns=name", headers={
-        "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    request = urllib.request.Request(
+        f"{api}/queues/%2F?columns=name",
+        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
+    )
     with urllib.request.urlopen(request, timeout=60) as answer:
         return [queue["name"] for queue in json.load(answer)]
 

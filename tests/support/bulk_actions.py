@@ -49,9 +49,15 @@ async def claimed_bulk(store: DeadLetterStore, action: str, ids: list[int], acto
     return claimed
 
 
-async def died_after_its_first_act(store: DeadLetterStore, action: str, ids: list[int], actor: Actor,
-                                   runner: type[DiesAfterItsFirstAct] = DiesAfterItsFirstAct,
-                                   publisher: Publisher | None = None, namespace: str = "ns") -> BulkAction:
+async def died_after_its_first_act(
+    store: DeadLetterStore,
+    action: str,
+    ids: list[int],
+    actor: Actor,
+    runner: type[DiesAfterItsFirstAct] = DiesAfterItsFirstAct,
+    publisher: Publisher | None = None,
+    namespace: str = "ns",
+) -> BulkAction:
     """A bulk `action` of `ids` whose `runner` died with its first dead letter in flight."""
     claimed = await claimed_bulk(store, action, ids, actor)
     assert await paced_runs.run(runner(claimed, actor, store, publisher, namespace)) == "failed"

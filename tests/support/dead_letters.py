@@ -5,9 +5,9 @@ import dataclasses
 
 import asyncpg
 
+from tests.support.events import make_event
 from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.workers.retry import describe_failure
-from tests.support.events import make_event
 
 
 def failure(attempt: int, text: str = "receiver answered 500") -> dict:
@@ -18,8 +18,9 @@ def failure(attempt: int, text: str = "receiver answered 500") -> dict:
         return describe_failure(exc, attempt)
 
 
-async def seed_dead_letters(database_url: str, source: str, count: int, start: int = 0, attempts: int = 3,
-                            text: str = "receiver answered 500") -> list[int]:
+async def seed_dead_letters(
+    database_url: str, source: str, count: int, start: int = 0, attempts: int = 3, text: str = "receiver answered 500"
+) -> list[int]:
     """`count` dead letters of `source` (event ids evt_START…), their ids in order."""
     connection = await asyncpg.connect(database_url)
     try:

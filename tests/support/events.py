@@ -32,7 +32,7 @@ async def publish_events(amqp_url: str, namespace: str, events, delivery_limit: 
         queue_name = topology.events_queue(namespace)
         events = list(events)
         for start in range(0, len(events), 200):  # many confirms in flight, as the ingress has
-            batch = events[start:start + 200]
+            batch = events[start : start + 200]
             await asyncio.gather(*(topology.publish(channel, to_amqp(e), queue_name) for e in batch))
 
 

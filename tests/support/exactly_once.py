@@ -52,6 +52,7 @@ async def until_completed(database_url: str, count: int, timeout: float = 120) -
 
 async def until_every_message_handled(metrics_urls: list[str], messages: int, timeout: float = 120) -> None:
     """Every copy acked as processed, duplicate or conflict: nothing left in flight."""
+
     async def handled() -> bool:
         try:
             counts = await outcomes(metrics_urls)

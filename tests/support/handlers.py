@@ -15,7 +15,6 @@ from webhook_ingest.workers.handlers import PermanentError
 from webhook_ingest.workers.handlers.forward import handle as forward
 from webhook_ingest.workers.handlers.inbox import handle as inbox
 
-
 EFFECTS_TABLES = """
 CREATE TABLE effects (key text NOT NULL, pid integer NOT NULL);
 CREATE TABLE runs (key text NOT NULL, pid integer NOT NULL, started double precision, ended double precision);
@@ -52,7 +51,11 @@ async def external_effect(event, ctx):
         started = time.time()
         await asyncio.sleep(0.3)
         await connection.execute(
-            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)", event.key, os.getpid(), started, time.time()
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+            event.key,
+            os.getpid(),
+            started,
+            time.time(),
         )
     finally:
         await connection.close()

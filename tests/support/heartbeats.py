@@ -20,13 +20,20 @@ async def seed_workers(database_url: str) -> dict[str, str]:
         ids = {}
         for pid, state in enumerate(("live", "degraded", "silent", "stopped"), start=101):
             who = Identity("worker", HOST, pid, datetime.now(UTC))
-            figures = Figures(in_flight=12 if state != "stopped" else 0, keys_held=9 if state != "stopped" else 0,
-                              pool_in_use=3, pool_size=26, degraded=state == "degraded")
-            await store.beat(who, 5.0, figures, Counts(lease_losses=2 if state == "silent" else 0),
-                             stopped=state == "stopped")
+            figures = Figures(
+                in_flight=12 if state != "stopped" else 0,
+                keys_held=9 if state != "stopped" else 0,
+                pool_in_use=3,
+                pool_size=26,
+                degraded=state == "degraded",
+            )
+            await store.beat(
+                who, 5.0, figures, Counts(lease_losses=2 if state == "silent" else 0), stopped=state == "stopped"
+            )
             ids[state] = who.worker_id
-        await connection.execute("UPDATE worker_heartbeats SET last_seen = now() - interval '40 seconds'"
-                                 " WHERE worker_id = $1", ids["silent"])
+        await connection.execute(
+            "UPDATE worker_heartbeats SET last_seen = now() - interval '40 seconds' WHERE worker_id = $1", ids["silent"]
+        )
         await connection.execute(HOUR_OF_OUTCOMES, ids["live"])
     finally:
         await connection.close()

@@ -186,8 +186,9 @@ class InMemoryCompletions:
             self._write(session, lambda: self.open_dead_letters.add(dead_letter))
         if message.key in self.completions:
             return False
-        self.completions[message.key] = Completion(message.payload_sha256, message.message_id or None, token,
-                                                   time.time(), message.arrival or None)
+        self.completions[message.key] = Completion(
+            message.payload_sha256, message.message_id or None, token, time.time(), message.arrival or None
+        )
         self._write(session, lambda: self.completions.pop(message.key))
         return True
 
@@ -208,8 +209,10 @@ class InMemoryCompletions:
 
     async def settled_before(self, message: EventMessage) -> Settled:
         completion = self.completions.get(message.key)
-        return Settled(completion is not None and completion.message_id == message.message_id,
-                       (message.key, message.payload_sha256) in self.open_dead_letters)
+        return Settled(
+            completion is not None and completion.message_id == message.message_id,
+            (message.key, message.payload_sha256) in self.open_dead_letters,
+        )
 
     async def probe_writable(self) -> None:
         """Always writable."""
@@ -224,8 +227,11 @@ class InMemoryCompletions:
             del self.completions[key]
             if key in self.fences:  # the attempt record goes with the completion
                 self.fences[key].handed_on = HandedOn()
-        for key in [key for key, fence in self.fences.items() if fence.updated_at < cutoff
-                    and (fence.lease_until is None or fence.lease_until < time.monotonic())]:
+        for key in [
+            key
+            for key, fence in self.fences.items()
+            if fence.updated_at < cutoff and (fence.lease_until is None or fence.lease_until < time.monotonic())
+        ]:
             del self.fences[key]
         return len(old)
 

@@ -26,7 +26,9 @@ def captured_logs(processors: Sequence[Processor] = ()) -> Iterator[list[dict]]:
                 if isinstance(value, BoundLoggerLazyProxy):
                     vars(value).pop("bind", None)
     configured = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))  # an earlier level's filter off
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG)
+    )  # an earlier level's filter off
     try:
         with capture_logs(processors=list(processors)) as logs:
             yield logs

@@ -77,8 +77,13 @@ def _parameters(startup: bytes) -> dict[str, str]:
 
 
 def _fatal(code: str, message: str) -> bytes:
-    fields = b"".join(kind + text.encode() + b"\0" for kind, text in
-                      ((b"S", "FATAL"), (b"V", "FATAL"), (b"C", code), (b"M", message))) + b"\0"
+    fields = (
+        b"".join(
+            kind + text.encode() + b"\0"
+            for kind, text in ((b"S", "FATAL"), (b"V", "FATAL"), (b"C", code), (b"M", message))
+        )
+        + b"\0"
+    )
     return b"E" + struct.pack("!I", len(fields) + 4) + fields
 
 

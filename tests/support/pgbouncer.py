@@ -27,12 +27,14 @@ def running(server: PrivatePostgres, pool_mode: str, pool_size: int = 20, more: 
         f"[databases]\n* = host=127.0.0.1 port={server.port}\n"
         f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {root}/users.txt\npool_mode = {pool_mode}\n"
-        f"default_pool_size = {pool_size}\nmax_client_conn = 500\nlogfile = {root}/pgbouncer.log\n{more}")
+        f"default_pool_size = {pool_size}\nmax_client_conn = 500\nlogfile = {root}/pgbouncer.log\n{more}"
+    )
     if os.geteuid() == 0:
         for path in (root, *root.iterdir()):
             shutil.chown(path, "postgres")
-    process = subprocess.Popen(as_server_user([shutil.which("pgbouncer") or "/usr/sbin/pgbouncer",
-                                               str(root / "pgbouncer.ini")]))
+    process = subprocess.Popen(
+        as_server_user([shutil.which("pgbouncer") or "/usr/sbin/pgbouncer", str(root / "pgbouncer.ini")])
+    )
     try:
         _until_listening(port, process)
         yield f"postgresql://{APP_ROLE}@127.0.0.1:{port}/{APP_DATABASE}"

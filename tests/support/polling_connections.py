@@ -20,7 +20,12 @@ _open: dict[str, "_Polling"] = {}
 
 # The session ended under the poll (a test terminating backends, a restart):
 # a poll on a new connection each time would not have seen it.
-_ENDED = (asyncpg.ConnectionDoesNotExistError, asyncpg.InterfaceError, asyncpg.exceptions.OperatorInterventionError, OSError)
+_ENDED = (
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+    OSError,
+)
 
 
 class NotPolled(Exception):

@@ -65,14 +65,35 @@ def running(**settings: str) -> Iterator[PrivatePostgres]:
     port = free_port()
     try:
         _run([_bin("initdb"), "-D", str(data_dir), "-U", "postgres", "-A", "trust", "--no-sync"])
-        options = {"port": str(port), "listen_addresses": "'127.0.0.1'", "unix_socket_directories": f"'{root}'",
-                   "fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", **settings}
+        options = {
+            "port": str(port),
+            "listen_addresses": "'127.0.0.1'",
+            "unix_socket_directories": f"'{root}'",
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            **settings,
+        }
         with open(data_dir / "postgresql.conf", "a") as conf:
             conf.writelines(f"{name} = {value}\n" for name, value in options.items())
         _run([_bin("pg_ctl"), "-D", str(data_dir), "-l", str(data_dir / "server.log"), "-w", "start"])
         try:
-            _run([_bin("psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-q", "-c",
-                  f"CREATE ROLE {APP_ROLE} LOGIN", "-c", f"CREATE DATABASE {APP_DATABASE} OWNER {APP_ROLE}"])
+            _run(
+                [
+                    _bin("psql"),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(port),
+                    "-U",
+                    "postgres",
+                    "-q",
+                    "-c",
+                    f"CREATE ROLE {APP_ROLE} LOGIN",
+                    "-c",
+                    f"CREATE DATABASE {APP_DATABASE} OWNER {APP_ROLE}",
+                ]
+            )
             yield PrivatePostgres(port, data_dir)
         finally:
             _run([_bin("pg_ctl"), "-D", str(data_dir), "-m", "immediate", "-w", "stop"])

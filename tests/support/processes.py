@@ -78,11 +78,15 @@ class Fleet:
         """`webhook-ingest run`: the ingress and workers as its own children."""
         return self._start(["run", *args], env, prelude)
 
-    def ingress(self, port: int | None = None, env: dict[str, str] | None = None,
-                reuse_port: bool = False, prelude: str | None = None) -> tuple[Process, str]:
+    def ingress(
+        self,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        reuse_port: bool = False,
+        prelude: str | None = None,
+    ) -> tuple[Process, str]:
         port = port or free_port()
-        process = self._start(["ingress", "--port", str(port), *(["--reuse-port"] if reuse_port else [])], env,
-                              prelude)
+        process = self._start(["ingress", "--port", str(port), *(["--reuse-port"] if reuse_port else [])], env, prelude)
         return process, f"http://127.0.0.1:{port}"
 
     def _start(self, args: list[str], env: dict[str, str] | None, prelude: str | None = None) -> Process:

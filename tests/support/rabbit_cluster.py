@@ -39,20 +39,25 @@ class RabbitNode:
         self.api_port = free_port() if management else None
         config = f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users = none\n"
         if self.api_port is not None:
-            config += (f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {self.api_port}\n"
-                       "management_agent.disable_metrics_collector = true\n")
+            config += (
+                f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {self.api_port}\n"
+                "management_agent.disable_metrics_collector = true\n"
+            )
         (self.folder / "rabbitmq.conf").write_text(config)
         (self.folder / "env.conf").write_text("")
         (self.folder / "plugins").write_text("[rabbitmq_management].\n" if management else "[].\n")
         self.env = {
-            **os.environ, "HOME": str(home),
+            **os.environ,
+            "HOME": str(home),
             "RABBITMQ_CONF_ENV_FILE": str(self.folder / "env.conf"),  # not /etc/rabbitmq's (the shared node's name)
             "RABBITMQ_CONFIG_FILE": str(self.folder / "rabbitmq.conf"),
             "RABBITMQ_CONFIG_FILES": str(self.folder / "conf.d"),
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.folder / "advanced.config"),
-            "RABBITMQ_NODENAME": name, "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_NODENAME": name,
+            "RABBITMQ_NODE_PORT": str(self.port),
             "RABBITMQ_DIST_PORT": str(self.dist_port),
-            "RABBITMQ_MNESIA_BASE": str(self.folder / "data"), "RABBITMQ_LOG_BASE": str(self.folder / "log"),
+            "RABBITMQ_MNESIA_BASE": str(self.folder / "data"),
+            "RABBITMQ_LOG_BASE": str(self.folder / "log"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.folder / "plugins"),
             "RABBITMQ_PID_FILE": str(self.folder / "pid"),
         }
@@ -67,8 +72,9 @@ class RabbitNode:
 
     def start(self) -> None:
         with open(self.folder / "out.log", "ab") as log:
-            self.process = subprocess.Popen([SERVER], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                [SERVER], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self._await_startup()
 
     def _await_startup(self, timeout: float = 120) -> None:
@@ -98,8 +104,9 @@ class RabbitNode:
         self.process = None
 
     def ctl(self, *args: str, timeout: float = 60) -> str:
-        done = subprocess.run([CTL, "-n", self.name, *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run(
+            [CTL, "-n", self.name, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         if done.returncode != 0:
             raise RuntimeError(f"rabbitmqctl -n {self.name} {' '.join(args)}: {done.stderr.strip() or done.stdout}")
         return done.stdout

@@ -14,5 +14,9 @@ async def recorded(event, ctx):
     await asyncio.sleep(0.1)
     await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
     replay = event.replay
-    await ctx.db.execute("INSERT INTO replay_runs (key, event_key, events_replay) VALUES ($1, $2, $3)", event.key,
-                         None if replay is None else replay.event_key, None if replay is None else replay.events_replay)
+    await ctx.db.execute(
+        "INSERT INTO replay_runs (key, event_key, events_replay) VALUES ($1, $2, $3)",
+        event.key,
+        None if replay is None else replay.event_key,
+        None if replay is None else replay.events_replay,
+    )

@@ -18,8 +18,7 @@ def free_port() -> int:
 
 
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int, listen_port: int | None = None,
-                 latency: float = 0.0):
+    def __init__(self, target_host: str, target_port: int, listen_port: int | None = None, latency: float = 0.0):
         self.target = (target_host, target_port)
         self.latency = latency  # seconds each chunk takes to reach the service (a distant server)
         self.port = listen_port or free_port()
@@ -100,8 +99,8 @@ class TcpProxy:
         if self._server is None:
             cuts = self._cuts
             self._server = await asyncio.start_server(
-                lambda reader, writer: self._accepted(reader, writer, cuts), "127.0.0.1", self.port,
-                reuse_address=True)
+                lambda reader, writer: self._accepted(reader, writer, cuts), "127.0.0.1", self.port, reuse_address=True
+            )
 
     def _accepted(self, client_reader, client_writer, cuts: int) -> None:
         """A connection's transport is made (asyncio's connection_made): it is

@@ -15,6 +15,7 @@ class Channel:
 @dataclass(eq=False)
 class Delivery:
     """An incoming message whose settlement frames are written down (or fail)."""
+
     channel: Channel
     delivery_tag: int
     frames: list | None = None

@@ -28,7 +28,8 @@ def _ingress_processes_per_pod(deployment: dict) -> int:
     if requested != "auto":
         return int(requested)
     limit = float(str(container["resources"]["limits"]["cpu"]).rstrip("m")) / (
-        1000 if str(container["resources"]["limits"]["cpu"]).endswith("m") else 1)
+        1000 if str(container["resources"]["limits"]["cpu"]).endswith("m") else 1
+    )
     return max(1, min(int(-(-limit // 1)), 4))
 
 
@@ -64,13 +65,17 @@ def _pods_during_a_rollout(deployment: dict, replicas: int) -> int:
 
 def _ingress_connections(pods: int) -> int:
     ingress = _deployment("ingress.yaml")
-    return pods * _ingress_processes_per_pod(ingress) * _connections_per_process(
-        ingress, "WEBHOOK_INGEST_INGRESS_CONNECTIONS", INGRESS_CONNECTIONS)
+    return (
+        pods
+        * _ingress_processes_per_pod(ingress)
+        * _connections_per_process(ingress, "WEBHOOK_INGEST_INGRESS_CONNECTIONS", INGRESS_CONNECTIONS)
+    )
 
 
 def _worker_connections(pods: int) -> int:
-    return pods * _connections_per_process(_deployment("worker.yaml"), "WEBHOOK_INGEST_WORKER_CONNECTIONS",
-                                           WORKER_CONNECTIONS)
+    return pods * _connections_per_process(
+        _deployment("worker.yaml"), "WEBHOOK_INGEST_WORKER_CONNECTIONS", WORKER_CONNECTIONS
+    )
 
 
 def test_ten_worker_pods_and_the_shipped_ingress_fit_a_stock_postgres():
@@ -82,6 +87,7 @@ def test_ten_worker_pods_and_the_shipped_ingress_fit_a_stock_postgres():
 def test_ten_worker_pods_and_the_shipped_ingress_fit_while_both_roll():
     """`kubectl apply -k` after a new image rolls both Deployments at once."""
     ingress = _deployment("ingress.yaml")
-    needed = (_worker_connections(_pods_during_a_rollout(_deployment("worker.yaml"), WORKER_PODS))
-              + _ingress_connections(_pods_during_a_rollout(ingress, ingress["spec"]["replicas"])))
+    needed = _worker_connections(
+        _pods_during_a_rollout(_deployment("worker.yaml"), WORKER_PODS)
+    ) + _ingress_connections(_pods_during_a_rollout(ingress, ingress["spec"]["replicas"]))
     assert needed <= STOCK_FOR_THE_APP

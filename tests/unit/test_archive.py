@@ -10,14 +10,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.events import make_event
 from webhook_ingest.shared import archive, event_type
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.message import from_amqp, new_arrival, to_amqp
 from webhook_ingest.shared.sources import parse_source
-from tests.support.events import make_event
 
-SECRETS = {"stripe": "whsec_x", "github": "g", "shopify": "s", "standard-webhooks": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-           "paystack": "p", "hmac-sha256": "h"}
+SECRETS = {
+    "stripe": "whsec_x",
+    "github": "g",
+    "shopify": "s",
+    "standard-webhooks": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    "paystack": "p",
+    "hmac-sha256": "h",
+}
 
 
 def source(scheme: str = "github", **fields):
@@ -34,10 +40,15 @@ def test_a_source_keeps_its_events_seven_days_unless_it_says_otherwise():
     assert source(retention="0d").retention == timedelta(0)  # not archived
 
 
-@pytest.mark.parametrize("value, problem", [
-    ("30 days", "not a duration such as 30d, 12h or 0d"), ("-1d", "not a duration"), ("", "not a duration"),
-    (30, "must be a duration string"),
-])
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("30 days", "not a duration such as 30d, 12h or 0d"),
+        ("-1d", "not a duration"),
+        ("", "not a duration"),
+        (30, "must be a duration string"),
+    ],
+)
 def test_a_retention_that_is_not_a_duration_stops_start_up_naming_the_field(value, problem):
     with pytest.raises(ConfigError, match=rf"^source 'acme': retention: .*{problem}"):
         source(retention=value)
@@ -88,8 +99,11 @@ def test_both_sides_name_a_row_by_the_receive_time_and_the_arrival_the_message_c
     carried = from_amqp(event.body, to_amqp(next_attempt(event)).headers)  # a retry, as a worker reads it
     arrival = archive.arrival_row(event, "push", "{}", archive.QUEUED)
     outcome = archive.outcome_row(carried, archive.PROCESSED, at=event.received_at + 1)
-    assert archive.row_key(arrival) == archive.row_key(outcome) \
+    assert (
+        archive.row_key(arrival)
+        == archive.row_key(outcome)
         == ("acme", "acme:evt_1", round(event.received_at * 1000), event.arrival)
+    )
 
 
 def test_two_copies_received_in_one_millisecond_are_two_rows():
@@ -118,16 +132,19 @@ def test_rounds_never_hold_a_row_twice_and_keep_the_order(rows):
 # -- event types ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scheme, headers, payload, expected", [
-    ("stripe", {}, {"id": "evt_1", "type": "invoice.paid"}, "invoice.paid"),
-    ("github", {"x-github-event": "push"}, {"ref": "main"}, "push"),
-    ("shopify", {"x-shopify-topic": "orders/create"}, {"id": 1}, "orders/create"),
-    ("standard-webhooks", {}, {"type": "user.created", "data": {}}, "user.created"),
-    ("paystack", {}, {"event": "charge.success", "data": {}}, "charge.success"),
-    ("hmac-sha256", {"x-event-type": "ping"}, {"type": "invoice.paid"}, "invoice.paid"),  # the signed body's first
-    ("hmac-sha256", {"x-event-type": "ping"}, {"id": 1}, "ping"),
-    ("github", {}, {"type": "not github's"}, None),
-])
+@pytest.mark.parametrize(
+    "scheme, headers, payload, expected",
+    [
+        ("stripe", {}, {"id": "evt_1", "type": "invoice.paid"}, "invoice.paid"),
+        ("github", {"x-github-event": "push"}, {"ref": "main"}, "push"),
+        ("shopify", {"x-shopify-topic": "orders/create"}, {"id": 1}, "orders/create"),
+        ("standard-webhooks", {}, {"type": "user.created", "data": {}}, "user.created"),
+        ("paystack", {}, {"event": "charge.success", "data": {}}, "charge.success"),
+        ("hmac-sha256", {"x-event-type": "ping"}, {"type": "invoice.paid"}, "invoice.paid"),  # the signed body's first
+        ("hmac-sha256", {"x-event-type": "ping"}, {"id": 1}, "ping"),
+        ("github", {}, {"type": "not github's"}, None),
+    ],
+)
 def test_each_provider_names_its_event_type_where_it_puts_it(scheme, headers, payload, expected):
     assert event_type.resolve(source(scheme).event_type_selectors, headers, payload) == expected
 

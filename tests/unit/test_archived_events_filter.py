@@ -34,8 +34,16 @@ def test_any_query_is_a_filter_postgres_can_run_or_a_problem(query):
 
 
 def test_every_bad_field_is_told_and_left_out():
-    where, problems = filter_and_problems({"status": "zombie", "since": "yesterday", "source": "stripe",
-                                           "payload": '{"a": NaN}', "key": "a\x00b", "type": "\ud800"})
+    where, problems = filter_and_problems(
+        {
+            "status": "zombie",
+            "since": "yesterday",
+            "source": "stripe",
+            "payload": '{"a": NaN}',
+            "key": "a\x00b",
+            "type": "\ud800",
+        }
+    )
     assert [problem.field for problem in problems] == ["status", "since", "payload", "type", "key"]
     assert where.source == "stripe" and (where.status, where.since, where.payload, where.key) == (None,) * 4
 

@@ -100,13 +100,20 @@ def test_a_lone_surrogate_must_be_refused_at_the_door():
 def test_a_message_left_in_a_queue_is_named_by_its_queue_key_headers_and_what_postgres_holds_of_it():
     """Issue 35 #4: "a message was still in the deployment's queues" must say which one."""
     event = PlannedEvent("evt_1", "", "plain")
-    headers = {"x-key": b"chaos:evt_1", "x-attempt": 2, "x-arrival": 77, "x-delivery-count": 3,
-               "x-death": [{"queue": "ns.retry.0.5s", "reason": "expired", "count": 1}]}
+    headers = {
+        "x-key": b"chaos:evt_1",
+        "x-attempt": 2,
+        "x-arrival": 77,
+        "x-delivery-count": 3,
+        "x-death": [{"queue": "ns.retry.0.5s", "reason": "expired", "count": 1}],
+    }
     left = {"ns.events": [described(headers, message_id="m-1")]}
     [(kind, detail)] = judge([event], _accepted(), _completed_once(), [], {"ns.events": 1}, (), left).violations
     assert kind == "left in a queue"
-    assert detail == ("1 message(s) in ns.events after the workers stopped; chaos:evt_1 (completed): attempt 2, "
-                      "arrival 77, delivery-count 3, died in ns.retry.0.5s (expired x1), message id m-1")
+    assert detail == (
+        "1 message(s) in ns.events after the workers stopped; chaos:evt_1 (completed): attempt 2, "
+        "arrival 77, delivery-count 3, died in ns.retry.0.5s (expired x1), message id m-1"
+    )
 
 
 def _rerun_after_prune(arrivals: set[int], archived: dict[str, int]) -> list[str]:

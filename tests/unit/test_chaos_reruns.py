@@ -87,10 +87,17 @@ def test_what_issue_35_draws_leaves_the_seeds_earlier_plan_as_it_was():
     """Seed 7's first faults and its traffic, as make_plan drew them before
     pauses, hogs, replays and the downstream's directives were added."""
     plan = make_plan(7, events=100, duration=30)
-    earlier = [(round(f.at, 3), f.action, f.worker, f.service, round(f.seconds, 3))
-               for f in plan.faults if f.action in ("kill", "cut", "flush", "prune")]
-    assert earlier[:4] == [(1.844, "cut", 2, "postgres", 1.887), (2.359, "cut", 1, "redis", 2.456),
-                           (2.433, "cut", 2, "postgres", 1.089), (2.437, "cut", 0, "redis", 2.429)]
+    earlier = [
+        (round(f.at, 3), f.action, f.worker, f.service, round(f.seconds, 3))
+        for f in plan.faults
+        if f.action in ("kill", "cut", "flush", "prune")
+    ]
+    assert earlier[:4] == [
+        (1.844, "cut", 2, "postgres", 1.887),
+        (2.359, "cut", 1, "redis", 2.456),
+        (2.433, "cut", 2, "postgres", 1.089),
+        (2.437, "cut", 0, "redis", 2.429),
+    ]
     assert (len(plan.requests), round(plan.requests[0].at, 4)) == (255, 0.1319)
     kinds = Counter(fault.action for fault in plan.faults)
     assert kinds["replay"] == 1 and kinds["dlq-replay"] == 1 and kinds["hog"] >= 1

@@ -5,7 +5,6 @@ from ipaddress import ip_address, ip_network
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from webhook_ingest.ingress.client_address import client_of, forwarded_for, parse_address, resolve_client
@@ -28,8 +27,9 @@ def hop_text(address, with_port: bool) -> str:
 
 @given(address=st.ip_addresses(), with_port=st.booleans())
 def test_a_hop_parses_with_or_without_a_port(address, with_port):
-    assert parse_address(hop_text(address, with_port)) == (address.ipv4_mapped or address
-                                                           if address.version == 6 else address)
+    assert parse_address(hop_text(address, with_port)) == (
+        address.ipv4_mapped or address if address.version == 6 else address
+    )
 
 
 @given(junk=st.sampled_from(["unknown", "_hidden", "", "example.com", "1.2.3", "[::1", "999.1.1.1"]))
@@ -42,8 +42,13 @@ def test_an_untrusted_peer_is_the_client_whatever_it_says(peer, hops):
     assert resolve_client(peer, hops, TRUSTED) == peer
 
 
-@given(peer=trusted_ips, client=public_ips, spoofed=st.lists(public_ips.map(str), max_size=3),
-       proxies=st.lists(trusted_ips, max_size=3), with_port=st.booleans())
+@given(
+    peer=trusted_ips,
+    client=public_ips,
+    spoofed=st.lists(public_ips.map(str), max_size=3),
+    proxies=st.lists(trusted_ips, max_size=3),
+    with_port=st.booleans(),
+)
 def test_behind_trusted_proxies_the_client_is_the_rightmost_untrusted_hop(peer, client, spoofed, proxies, with_port):
     # Whatever the client wrote itself (spoofed) stays left of what the proxies recorded.
     hops = [*spoofed, hop_text(client, with_port), *(hop_text(p, with_port) for p in proxies)]
@@ -62,8 +67,11 @@ def test_no_peer_address_is_no_client():
 
 
 @settings(max_examples=300)
-@given(per_second=st.floats(0.5, 1000), burst=st.integers(1, 50),
-       gaps=st.lists(st.floats(0, 0.5), min_size=1, max_size=200))
+@given(
+    per_second=st.floats(0.5, 1000),
+    burst=st.integers(1, 50),
+    gaps=st.lists(st.floats(0, 0.5), min_size=1, max_size=200),
+)
 def test_the_bucket_never_admits_more_than_burst_plus_rate_times_time(per_second, burst, gaps):
     buckets, now, admitted = LocalBuckets(), 1000.0, []
     for gap in gaps:
@@ -89,8 +97,9 @@ def test_a_burst_is_admitted_at_once_and_retry_after_is_exact(per_second, burst)
 
 XFF, FORWARDED = "X-Forwarded-For", "Forwarded"
 # What a client writes itself: anything, with the characters that confuse a parser made likely.
-client_text = st.lists(st.sampled_from([*'",;=\\[]: ', "for", "by", "10.1.2.3", "::1", "unknown", "a"]),
-                       max_size=15).map("".join)
+client_text = st.lists(
+    st.sampled_from([*'",;=\\[]: ', "for", "by", "10.1.2.3", "::1", "unknown", "a"]), max_size=15
+).map("".join)
 client_headers = st.lists(st.tuples(st.sampled_from([XFF, FORWARDED]), client_text), max_size=3)
 
 
@@ -116,10 +125,16 @@ def appended(headers: list[tuple[str, str]], name: str, entry: str, same_line: b
     return result
 
 
-@given(client=public_ips, own=client_headers, proxies=st.lists(trusted_ips, min_size=1, max_size=3),
-       same_line=st.booleans(), with_port=st.booleans())
-def test_behind_x_forwarded_for_proxies_a_clients_own_headers_change_nothing(client, own, proxies, same_line,
-                                                                              with_port):
+@given(
+    client=public_ips,
+    own=client_headers,
+    proxies=st.lists(trusted_ips, min_size=1, max_size=3),
+    same_line=st.booleans(),
+    with_port=st.booleans(),
+)
+def test_behind_x_forwarded_for_proxies_a_clients_own_headers_change_nothing(
+    client, own, proxies, same_line, with_port
+):
     # Each proxy appends the address it was connected from; the last one is the peer.
     headers, sender = CIMultiDict(own), client
     for proxy in proxies:
@@ -128,15 +143,26 @@ def test_behind_x_forwarded_for_proxies_a_clients_own_headers_change_nothing(cli
     assert client_of(sender, CIMultiDictProxy(headers), XFF, TRUSTED) == client
 
 
-@given(client=public_ips, own=client_headers, proxies=st.lists(trusted_ips, min_size=1, max_size=3),
-       same_line=st.booleans(), with_port=st.booleans())
-@example(client=ip_address("2001:db8::9"), own=[(FORWARDED, 'for=10.1.2.3;x="')], proxies=[ip_address("10.0.0.1")],
-         same_line=True, with_port=False)
+@given(
+    client=public_ips,
+    own=client_headers,
+    proxies=st.lists(trusted_ips, min_size=1, max_size=3),
+    same_line=st.booleans(),
+    with_port=st.booleans(),
+)
+@example(
+    client=ip_address("2001:db8::9"),
+    own=[(FORWARDED, 'for=10.1.2.3;x="')],
+    proxies=[ip_address("10.0.0.1")],
+    same_line=True,
+    with_port=False,
+)
 def test_behind_forwarded_proxies_a_clients_own_headers_change_nothing(client, own, proxies, same_line, with_port):
     headers, sender = CIMultiDict(own), client
     for proxy in proxies:
-        headers = appended(list(headers.items()), FORWARDED, forwarded_element(sender, with_port) + ";proto=https",
-                           same_line)
+        headers = appended(
+            list(headers.items()), FORWARDED, forwarded_element(sender, with_port) + ";proto=https", same_line
+        )
         sender = proxy
     assert client_of(sender, CIMultiDictProxy(headers), FORWARDED, TRUSTED) == client
 
@@ -179,9 +205,13 @@ def test_waiting_time_is_what_the_next_request_would_get_and_spends_nothing(per_
         assert buckets.retry_after("k", per_second, burst, now) == peeked
 
 
-@given(limit=st.integers(1, 6), per_client=st.integers(1, 4),
-       steps=st.lists(st.tuples(st.sampled_from(["enter", "slow", "arrive", "leave"]), st.sampled_from("abc")),
-                      max_size=40))
+@given(
+    limit=st.integers(1, 6),
+    per_client=st.integers(1, 4),
+    steps=st.lists(
+        st.tuples(st.sampled_from(["enter", "slow", "arrive", "leave"]), st.sampled_from("abc")), max_size=40
+    ),
+)
 def test_slots_bound_the_process_and_each_clients_slow_bodies(limit, per_client, steps):
     slots, held = Slots(limit, per_client), []  # held: (client, slot, its context, its body slow)
     for action, client in steps:

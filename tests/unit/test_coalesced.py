@@ -66,8 +66,10 @@ async def test_only_the_current_token_completes_when_two_runs_of_a_key_share_a_b
     await completions.release_leases([stale])
     current = await statements.take_lease(event.key)
     other_lease = await statements.take_lease(other.key)
-    answers = await asyncio.gather(statements.complete_alone(event, stale.token),
-                                   statements.complete_alone(event, current.token),
-                                   statements.complete_alone(other, other_lease.token))
+    answers = await asyncio.gather(
+        statements.complete_alone(event, stale.token),
+        statements.complete_alone(event, current.token),
+        statements.complete_alone(other, other_lease.token),
+    )
     assert answers == [False, True, True]
     assert completions.completions[event.key].token == current.token

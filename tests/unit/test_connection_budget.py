@@ -29,11 +29,14 @@ def test_no_more_transaction_connections_than_messages_in_flight():
     assert split(28, concurrency=4).transactions == 4
 
 
-@pytest.mark.parametrize("variable, value, said", [
-    ("WEBHOOK_INGEST_WORKER_CONNECTIONS", "4", "a worker needs at least 5"),
-    ("WEBHOOK_INGEST_INGRESS_CONNECTIONS", "2", "an ingress process needs at least 3"),
-    ("WEBHOOK_INGEST_WORKER_CONNECTIONS", "many", "valid integer"),
-])
+@pytest.mark.parametrize(
+    "variable, value, said",
+    [
+        ("WEBHOOK_INGEST_WORKER_CONNECTIONS", "4", "a worker needs at least 5"),
+        ("WEBHOOK_INGEST_INGRESS_CONNECTIONS", "2", "an ingress process needs at least 3"),
+        ("WEBHOOK_INGEST_WORKER_CONNECTIONS", "many", "valid integer"),
+    ],
+)
 def test_a_budget_too_small_is_refused_with_its_reason(monkeypatch, variable, value, said):
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError, match=f"{variable}: .*{said}"):

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from webhook_ingest.ingress.console import vendor
-from webhook_ingest.ingress.console.filters import FIELDS, MAX_TEXT, form_values, parse_before, parse_filter, query_string
+from webhook_ingest.ingress.console.filters import (
+    FIELDS,
+    MAX_TEXT,
+    form_values,
+    parse_before,
+    parse_filter,
+    query_string,
+)
 from webhook_ingest.ingress.console.security import csrf_matches, same_origin
 from webhook_ingest.ingress.tokens import OPERATOR, VIEWER, role_of
 from webhook_ingest.shared.dead_letters import DeadLetterFilter
@@ -45,19 +52,36 @@ def test_the_form_values_survive_a_round_trip_through_the_url(query):
 
 
 def test_what_a_filter_means():
-    where, problems = parse_filter({"source": " acme ", "status": "all", "since": "2026-11-23T10:00",
-                                    "until": "2026-11-23T12:00+01:00", "q": "timeout", "error_type": "RuntimeError"})
+    where, problems = parse_filter(
+        {
+            "source": " acme ",
+            "status": "all",
+            "since": "2026-11-23T10:00",
+            "until": "2026-11-23T12:00+01:00",
+            "q": "timeout",
+            "error_type": "RuntimeError",
+        }
+    )
     assert problems == []
-    assert where == DeadLetterFilter(source="acme", status=None, error_type="RuntimeError",
-                                     since=datetime(2026, 11, 23, 10, tzinfo=UTC),
-                                     until=datetime.fromisoformat("2026-11-23T12:00+01:00"), text="timeout")
+    assert where == DeadLetterFilter(
+        source="acme",
+        status=None,
+        error_type="RuntimeError",
+        since=datetime(2026, 11, 23, 10, tzinfo=UTC),
+        until=datetime.fromisoformat("2026-11-23T12:00+01:00"),
+        text="timeout",
+    )
     assert parse_filter({})[0] == DeadLetterFilter(status="dead")
 
 
 def test_garbage_is_named_not_applied():
-    for query, words in (({"status": "zombie"}, "Status"), ({"since": "yesterday"}, "not a date"),
-                         ({"q": "x" * 5000}, "too long"), ({"since": "2026-01-02", "until": "2026-01-01"}, "empty"),
-                         ({"until": "0001-01-01"}, "out of range")):
+    for query, words in (
+        ({"status": "zombie"}, "Status"),
+        ({"since": "yesterday"}, "not a date"),
+        ({"q": "x" * 5000}, "too long"),
+        ({"since": "2026-01-02", "until": "2026-01-01"}, "empty"),
+        ({"until": "0001-01-01"}, "out of range"),
+    ):
         _, problems = parse_filter(query)
         assert len(problems) == 1 and words in problems[0], query
     assert parse_before({"before": "-3"}) == (None, ["The page link is not valid; showing the newest."])
@@ -68,8 +92,13 @@ def test_a_post_from_another_site_is_told_apart():
     host = "ingress.internal:8080"
     assert same_origin(CIMultiDict(), host)
     assert same_origin(CIMultiDict({"Origin": "https://ingress.internal:8080", "Sec-Fetch-Site": "same-origin"}), host)
-    for headers in ({"Origin": "https://attacker.example"}, {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"},
-                    {"Sec-Fetch-Site": "same-site"}, {"Origin": "https://ingress.internal:8081"}):
+    for headers in (
+        {"Origin": "https://attacker.example"},
+        {"Origin": "null"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site"},
+        {"Origin": "https://ingress.internal:8081"},
+    ):
         assert not same_origin(CIMultiDict(headers), host), headers
 
 
@@ -117,8 +146,11 @@ async def test_the_session_cookie_is_httponly_strict_expiring_and_secure_over_ht
     from webhook_ingest.ingress.console.security import COOKIE_NAME, cookie_storage
     from webhook_ingest.ingress.console.sessions import ConsoleSessions, console_sessions_key
 
-    settings = Settings(WEBHOOK_INGEST_ADMIN_TOKEN=OPERATOR_TOKEN, WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS=60,
-                        WEBHOOK_INGEST_TRUSTED_PROXIES="10.0.0.0/8")
+    settings = Settings(
+        WEBHOOK_INGEST_ADMIN_TOKEN=OPERATOR_TOKEN,
+        WEBHOOK_INGEST_CONSOLE_SESSION_SECONDS=60,
+        WEBHOOK_INGEST_TRUSTED_PROXIES="10.0.0.0/8",
+    )
     storage = cookie_storage(settings)
 
     def request(peer: str, headers: dict | None = None, tls: bool = False, header: str = "X-Forwarded-For"):
@@ -127,13 +159,22 @@ async def test_the_session_cookie_is_httponly_strict_expiring_and_secure_over_ht
         app[console_sessions_key] = ConsoleSessions(None, key=bytes(32))
         transport = mock.Mock()
         transport.get_extra_info.side_effect = lambda name, default=None: (peer, 5000) if name == "peername" else None
-        return make_mocked_request("GET", "/console/", headers=headers, app=app, transport=transport,
-                                   sslcontext=ssl.create_default_context() if tls else None)
+        return make_mocked_request(
+            "GET",
+            "/console/",
+            headers=headers,
+            app=app,
+            transport=transport,
+            sslcontext=ssl.create_default_context() if tls else None,
+        )
 
-    for incoming, secure in ((request("192.0.2.1"), False), (request("192.0.2.1", tls=True), True),
-                             (request("10.1.2.3", {"X-Forwarded-Proto": "https"}), True),
-                             (request("10.1.2.3", {"Forwarded": "for=192.0.2.1;proto=https"}, header="Forwarded"), True),
-                             (request("192.0.2.1", {"X-Forwarded-Proto": "https"}), False)):  # not a trusted proxy
+    for incoming, secure in (
+        (request("192.0.2.1"), False),
+        (request("192.0.2.1", tls=True), True),
+        (request("10.1.2.3", {"X-Forwarded-Proto": "https"}), True),
+        (request("10.1.2.3", {"Forwarded": "for=192.0.2.1;proto=https"}, header="Forwarded"), True),
+        (request("192.0.2.1", {"X-Forwarded-Proto": "https"}), False),
+    ):  # not a trusted proxy
         session = Session(None, data=None, new=True, max_age=storage.max_age)
         session["role"] = "operator"
         response = web.Response()

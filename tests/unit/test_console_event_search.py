@@ -27,7 +27,8 @@ def test_each_bad_field_is_named_with_what_was_typed():
     search = event_search({"since": " yesterday ", "payload": "[1]", "source": "stripe"})
     assert search.problems == [
         "From: “yesterday” is not valid — an ISO 8601 time such as 2026-11-25T14:00:00Z.",
-        "Payload contains: “[1]” is not valid — a JSON object such as {\"customer\": \"cus_123\"}."]
+        'Payload contains: “[1]” is not valid — a JSON object such as {"customer": "cus_123"}.',
+    ]
     assert search.values["source"] == "stripe"
 
 

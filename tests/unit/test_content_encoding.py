@@ -33,8 +33,11 @@ def decoded(encoding: str, chunks: list[bytes], room: int) -> bytes:
     return out
 
 
-@given(members=st.lists(st.binary(max_size=2000), min_size=1, max_size=3), kind=st.sampled_from(list(ENCODERS)),
-       cuts=st.lists(st.integers(min_value=0), max_size=8))
+@given(
+    members=st.lists(st.binary(max_size=2000), min_size=1, max_size=3),
+    kind=st.sampled_from(list(ENCODERS)),
+    cuts=st.lists(st.integers(min_value=0), max_size=8),
+)
 def test_any_body_decodes_whole_however_it_is_cut_into_chunks(members, kind, cuts):
     if kind != "gzip":
         members = members[:1]  # concatenated members are gzip's
@@ -43,8 +46,11 @@ def test_any_body_decodes_whole_however_it_is_cut_into_chunks(members, kind, cut
     assert decoded(encoding, chunked(sent, cuts), room=10**9) == b"".join(members)
 
 
-@given(size=st.integers(min_value=1, max_value=200_000), room=st.integers(min_value=1, max_value=100_000),
-       cuts=st.lists(st.integers(min_value=0), max_size=4))
+@given(
+    size=st.integers(min_value=1, max_value=200_000),
+    room=st.integers(min_value=1, max_value=100_000),
+    cuts=st.lists(st.integers(min_value=0), max_size=4),
+)
 def test_a_chunk_never_decodes_past_its_room(size, room, cuts):
     out = decoded("gzip", chunked(gzip.compress(b"\0" * size), cuts), room)
     assert len(out) == min(size, room)

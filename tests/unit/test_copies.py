@@ -11,16 +11,19 @@ from webhook_ingest.workers.copies import CopiesInFlight
 from webhook_ingest.workers.states import Outcome
 
 
-@pytest.mark.parametrize("outcome, same_payload, duplicate", [
-    (Outcome.PROCESSED, True, True),
-    (Outcome.DUPLICATE, True, True),
-    (Outcome.PROCESSED, False, False),  # a conflict: the state machine records it
-    (Outcome.RETRIED, True, True),  # its retry message carries the event: no second chain
-    (Outcome.DEAD, True, True),
-    (Outcome.DEFERRED, True, False),  # its deferral may be this very message (issue 20): it runs
-    (Outcome.RETRIED, False, False),
-    (None, True, False),  # the leader crashed or never ran
-])
+@pytest.mark.parametrize(
+    "outcome, same_payload, duplicate",
+    [
+        (Outcome.PROCESSED, True, True),
+        (Outcome.DUPLICATE, True, True),
+        (Outcome.PROCESSED, False, False),  # a conflict: the state machine records it
+        (Outcome.RETRIED, True, True),  # its retry message carries the event: no second chain
+        (Outcome.DEAD, True, True),
+        (Outcome.DEFERRED, True, False),  # its deferral may be this very message (issue 20): it runs
+        (Outcome.RETRIED, False, False),
+        (None, True, False),  # the leader crashed or never ran
+    ],
+)
 async def test_a_copy_waits_for_its_leader(outcome, same_payload, duplicate):
     copies = CopiesInFlight()
     first = make_event("acme", "evt_1", {"amount": 1})

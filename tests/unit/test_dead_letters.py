@@ -5,11 +5,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from tests.support.events import make_event
+from webhook_ingest.dlq import age, parse_duration, render_table
 from webhook_ingest.shared.dead_letters import describe_error, parse_id, storable_payload
 from webhook_ingest.shared.message import from_amqp, to_amqp
 from webhook_ingest.shared.sources import parse_source
-from tests.support.events import make_event
-from webhook_ingest.dlq import age, parse_duration, render_table
 from webhook_ingest.workers.retry import TRACEBACK_LINES, describe_failure
 
 
@@ -31,8 +31,9 @@ def test_deliveries_add_the_queue_count_to_what_earlier_messages_carried():
 
 
 def test_retry_delays_are_used_in_order_and_the_last_repeats():
-    source = parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox",
-                                   "retry_delays": [1, 10, 60]})
+    source = parse_source(
+        "acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox", "retry_delays": [1, 10, 60]}
+    )
     assert [source.retry_delay(failed) for failed in range(1, 6)] == [1, 10, 60, 60, 60]
 
 
@@ -57,8 +58,20 @@ def test_last_error_reads_type_colon_message():
     assert describe_error(None) is None
 
 
-@pytest.mark.parametrize("text, expected", [("42", 42), (" 7 ", 7), ("0", 0), ("-1", None), ("+1", None),
-                                            ("1.0", None), ("x", None), ("٣", None), (str(2**63), None)])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("42", 42),
+        (" 7 ", 7),
+        ("0", 0),
+        ("-1", None),
+        ("+1", None),
+        ("1.0", None),
+        ("x", None),
+        ("٣", None),
+        (str(2**63), None),
+    ],
+)
 def test_dead_letter_ids(text, expected):
     assert parse_id(text) == expected
 
@@ -77,8 +90,17 @@ def test_only_json_postgres_can_store_becomes_the_readable_payload():
 
 def test_the_table_has_one_line_per_dead_letter_and_trims_long_cells():
     now = datetime(2026, 1, 2, tzinfo=UTC)
-    rows = [{"id": 7, "status": "replayed", "source": "acme", "key": "acme:" + "k" * 80, "attempts": 5,
-             "created_at": now - timedelta(hours=3), "last_error": {"type": "E", "message": "m\nn"}}]
+    rows = [
+        {
+            "id": 7,
+            "status": "replayed",
+            "source": "acme",
+            "key": "acme:" + "k" * 80,
+            "attempts": 5,
+            "created_at": now - timedelta(hours=3),
+            "last_error": {"type": "E", "message": "m\nn"},
+        }
+    ]
     header, line = render_table(rows, now).splitlines()
     assert header.split() == ["ID", "STATUS", "SOURCE", "KEY", "ATTEMPTS", "AGE", "LAST", "ERROR"]
     assert line.split() == ["7", "replayed", "acme", "acme:" + "k" * 42 + "…", "5", "3h", "E:", "m", "n"]

@@ -4,7 +4,8 @@ import hashlib
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from webhook_ingest.shared import event_id, signatures
@@ -37,16 +38,39 @@ PAYSTACK_CHARGE_SUCCESS = {
         "currency": "NGN",
         "ip_address": "41.242.49.37",
         "metadata": 0,
-        "log": {"time_spent": 16, "attempts": 1, "errors": 0, "success": False, "mobile": False,
-                "input": [], "channel": None, "history": []},
+        "log": {
+            "time_spent": 16,
+            "attempts": 1,
+            "errors": 0,
+            "success": False,
+            "mobile": False,
+            "input": [],
+            "channel": None,
+            "history": [],
+        },
         "fees": None,
-        "customer": {"id": 68324, "first_name": "BoJack", "last_name": "Horseman",
-                     "email": "bojack@horseman.com", "customer_code": "CUS_qo38as2hpsgk2r0",
-                     "phone": None, "metadata": None, "risk_action": "default"},
-        "authorization": {"authorization_code": "AUTH_f5rnfq9p", "bin": "539999", "last4": "8877",
-                          "exp_month": "08", "exp_year": "2020", "card_type": "mastercard DEBIT",
-                          "bank": "Guaranty Trust Bank", "country_code": "NG", "brand": "mastercard",
-                          "account_name": "BoJack Horseman"},
+        "customer": {
+            "id": 68324,
+            "first_name": "BoJack",
+            "last_name": "Horseman",
+            "email": "bojack@horseman.com",
+            "customer_code": "CUS_qo38as2hpsgk2r0",
+            "phone": None,
+            "metadata": None,
+            "risk_action": "default",
+        },
+        "authorization": {
+            "authorization_code": "AUTH_f5rnfq9p",
+            "bin": "539999",
+            "last4": "8877",
+            "exp_month": "08",
+            "exp_year": "2020",
+            "card_type": "mastercard DEBIT",
+            "bank": "Guaranty Trust Bank",
+            "country_code": "NG",
+            "brand": "mastercard",
+            "account_name": "BoJack Horseman",
+        },
         "plan": {},
     },
 }
@@ -87,9 +111,20 @@ def test_numeric_segment_is_a_key_in_an_object():
     assert resolve(["body:items.0"], payload={"items": {"0": "zero"}}) == "zero"
 
 
-@pytest.mark.parametrize("payload", [
-    {}, {"data": None}, {"data": "text"}, {"data": []}, {"data": {"other": 1}}, [], "x", 7, None,
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"data": None},
+        {"data": "text"},
+        {"data": []},
+        {"data": {"other": 1}},
+        [],
+        "x",
+        7,
+        None,
+    ],
+)
 def test_missing_path_does_not_resolve(payload):
     assert resolve(["body:data.id"], payload=payload) is None
 
@@ -158,8 +193,10 @@ def scheme_id(scheme, headers=None, payload=None):
 
 
 def test_stripe_default():
-    assert scheme_id("stripe", payload={"id": "evt_1NG8Du2eZvKYlo2CUI79vXWy", "type": "charge.succeeded"}) \
+    assert (
+        scheme_id("stripe", payload={"id": "evt_1NG8Du2eZvKYlo2CUI79vXWy", "type": "charge.succeeded"})
         == "evt_1NG8Du2eZvKYlo2CUI79vXWy"
+    )
 
 
 def test_github_default():
@@ -209,12 +246,39 @@ def test_twilio_square_and_v1a_defaults():
 # --- malformed selectors -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", [
-    "", "id", "headers:X", "Header:X", "json:id", "header:", "body:", "body:a..b", "body:.a", "body:a.",
-    "body: id", "header:X Id", "header:X:Y", "{body.id", "body.id}", "{{body.id}}", "{body.a}}", "}{",
-    "evt-", "{}", "{body}", "{body.}", "{header}", "{header.}", "{id}", "{headers.X}", "{ body.id }",
-    "{body.a..b}",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "",
+        "id",
+        "headers:X",
+        "Header:X",
+        "json:id",
+        "header:",
+        "body:",
+        "body:a..b",
+        "body:.a",
+        "body:a.",
+        "body: id",
+        "header:X Id",
+        "header:X:Y",
+        "{body.id",
+        "body.id}",
+        "{{body.id}}",
+        "{body.a}}",
+        "}{",
+        "evt-",
+        "{}",
+        "{body}",
+        "{body.}",
+        "{header}",
+        "{header.}",
+        "{id}",
+        "{headers.X}",
+        "{ body.id }",
+        "{body.a..b}",
+    ],
+)
 def test_malformed_selector_is_rejected(spec):
     with pytest.raises(SelectorError, match="selector"):
         parse_selectors([spec])
@@ -246,8 +310,9 @@ selector_alphabet = st.sampled_from(list("{}.:-_ aAbBdeohrXy0129é\t"))
 selector_like_text = st.one_of(
     st.text(),
     st.text(selector_alphabet, max_size=24),
-    st.tuples(st.sampled_from(["header:", "body:", "{body.", "{header.", "x{", "}"]),
-              st.text(selector_alphabet, max_size=16)).map("".join),
+    st.tuples(
+        st.sampled_from(["header:", "body:", "{body.", "{header.", "x{", "}"]), st.text(selector_alphabet, max_size=16)
+    ).map("".join),
 )
 
 
@@ -264,15 +329,21 @@ def test_any_text_parses_or_raises_selector_error(spec):
 # --- canonical JSON and hashes -------------------------------------------------------------------
 
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.integers(min_value=-(10**60), max_value=10**60),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(), st.text(st.sampled_from("abc012")),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(10**60), max_value=10**60),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(),
+    st.text(st.sampled_from("abc012")),
 )
 json_values = st.recursive(
     json_scalars,
     lambda children: st.one_of(
         st.lists(children, max_size=4),
-        st.dictionaries(st.one_of(st.text(max_size=6), st.text(st.sampled_from("abc012"), max_size=2)),
-                        children, max_size=4),
+        st.dictionaries(
+            st.one_of(st.text(max_size=6), st.text(st.sampled_from("abc012"), max_size=2)), children, max_size=4
+        ),
     ),
     max_leaves=20,
 )
@@ -376,7 +447,8 @@ path_segments = st.one_of(st.text(st.sampled_from("abc012"), min_size=1, max_siz
 body_specs = st.lists(path_segments, min_size=1, max_size=3).map(lambda path: "body:" + ".".join(path))
 header_specs = st.sampled_from(["header:X-Id", "header:x-id", "header:Webhook-Id"])
 template_specs = st.lists(st.one_of(body_specs, header_specs), min_size=1, max_size=3).map(
-    lambda specs: "/".join("{" + spec.replace(":", ".", 1) + "}" for spec in specs))
+    lambda specs: "/".join("{" + spec.replace(":", ".", 1) + "}" for spec in specs)
+)
 selector_specs = st.lists(st.one_of(body_specs, header_specs, template_specs), max_size=4)
 header_maps = st.dictionaries(st.sampled_from(["X-Id", "x-id", "webhook-id", "Other"]), st.text(max_size=3))
 

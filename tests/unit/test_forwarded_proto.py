@@ -18,10 +18,22 @@ protos = st.sampled_from(["http", "https", "HTTPS", '"https"'])
 own_lines = st.lists(st.text(alphabet='for=proto;,"htps 1.0203:[]', max_size=40), max_size=3)
 
 
-@given(own=own_lines, client=client_ips, edge_proto=protos, proxies=st.lists(trusted_ips, min_size=1, max_size=3),
-       inner_proto=protos, same_line=st.booleans())
-@example(own=['for=10.1.2.3;proto=http;x="'], client=ip_address("203.0.113.9"), edge_proto="https",
-         proxies=[ip_address("10.0.0.1")], inner_proto="http", same_line=True)
+@given(
+    own=own_lines,
+    client=client_ips,
+    edge_proto=protos,
+    proxies=st.lists(trusted_ips, min_size=1, max_size=3),
+    inner_proto=protos,
+    same_line=st.booleans(),
+)
+@example(
+    own=['for=10.1.2.3;proto=http;x="'],
+    client=ip_address("203.0.113.9"),
+    edge_proto="https",
+    proxies=[ip_address("10.0.0.1")],
+    inner_proto="http",
+    same_line=True,
+)
 def test_the_proto_is_the_outermost_trusted_proxys(own, client, edge_proto, proxies, inner_proto, same_line):
     # The first proxy saw the client over `edge_proto`; each one after it saw the one before over `inner_proto`.
     elements, sender = [], client

@@ -71,8 +71,12 @@ class SilentServer(InMemoryCompletions):
 
 
 HANDLERS = ("optional_write", "write_later", "query_first")
-SOURCES = {name: parse_source(name, {"scheme": "hmac-sha256", "secrets": ["s"],
-                                     "handler": f"tests.unit.test_handler_db_edges:{name}"}) for name in HANDLERS}
+SOURCES = {
+    name: parse_source(
+        name, {"scheme": "hmac-sha256", "secrets": ["s"], "handler": f"tests.unit.test_handler_db_edges:{name}"}
+    )
+    for name in HANDLERS
+}
 
 
 @pytest.fixture

@@ -4,12 +4,12 @@ import sys
 
 import pytest
 
+from tests.support.handlers import counted_inbox
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.workers.handlers import load_handlers
 from webhook_ingest.workers.handlers.forward import handle as forward
 from webhook_ingest.workers.handlers.inbox import handle as inbox
-from tests.support.handlers import counted_inbox
 
 
 def source(handler: str, **options: object):
@@ -17,34 +17,70 @@ def source(handler: str, **options: object):
 
 
 def test_built_ins_and_module_functions_load():
-    handlers = load_handlers({"a": source("inbox"), "b": source("forward", url="http://x"),
-                              "c": source("tests.support.handlers:counted_inbox"),
-                              "d": source("forward", url="http://x", rate_limit={"per_second": 0.5, "burst": 3})})
+    handlers = load_handlers(
+        {
+            "a": source("inbox"),
+            "b": source("forward", url="http://x"),
+            "c": source("tests.support.handlers:counted_inbox"),
+            "d": source("forward", url="http://x", rate_limit={"per_second": 0.5, "burst": 3}),
+        }
+    )
     assert handlers == {"a": inbox, "b": forward, "c": counted_inbox, "d": forward}
 
 
-@pytest.mark.parametrize("handler, options, field, problem", [
-    ("nope", {}, "handler", "'nope' is neither a built-in (forward, inbox) nor 'module:function'"),
-    ("no_such_module_xyz:handle", {}, "handler", "cannot import 'no_such_module_xyz'"),
-    ("json:no_such_function", {}, "handler", "'json' has no callable 'no_such_function'"),
-    ("json:__doc__", {}, "handler", "'json' has no callable '__doc__'"),
-    ("forward", {}, "handler_options.url", "the forward handler needs a url"),
-    ("forward", {"url": "http://x", "rate_limit": 20}, "handler_options.rate_limit",
-     "must be a table { per_second = N, burst = N }"),
-    ("forward", {"url": "http://x", "rate_limit": {"per_second": 0}}, "handler_options.rate_limit.per_second",
-     "must be a positive number"),
-    ("forward", {"url": "http://x", "rate_limit": {}}, "handler_options.rate_limit.per_second", "is required"),
-    ("forward", {"url": "http://x", "rate_limit": {"per_second": 5, "burst": 0.5}},
-     "handler_options.rate_limit.burst", "must be a positive integer"),
-    ("forward", {"url": "http://x", "rate_limit": {"per_second": 5, "per_minute": 9}},
-     "handler_options.rate_limit.per_minute", "unknown field (known: burst, per_second)"),
-    ("forward", {"url": "http://x", "headers": {"Authorization": "env:NO_SUCH_VARIABLE_XYZ"}},
-     "handler_options.headers.Authorization", "environment variable NO_SUCH_VARIABLE_XYZ is not set"),
-    ("forward", {"url": "http://x", "headers": {"Idempotency-Key": "k"}}, "handler_options.headers.Idempotency-Key",
-     "forward sets this header itself"),
-    ("forward", {"url": "http://x", "headers": {"X-Count": 3}}, "handler_options.headers",
-     "a table of header names and string values"),
-])
+@pytest.mark.parametrize(
+    "handler, options, field, problem",
+    [
+        ("nope", {}, "handler", "'nope' is neither a built-in (forward, inbox) nor 'module:function'"),
+        ("no_such_module_xyz:handle", {}, "handler", "cannot import 'no_such_module_xyz'"),
+        ("json:no_such_function", {}, "handler", "'json' has no callable 'no_such_function'"),
+        ("json:__doc__", {}, "handler", "'json' has no callable '__doc__'"),
+        ("forward", {}, "handler_options.url", "the forward handler needs a url"),
+        (
+            "forward",
+            {"url": "http://x", "rate_limit": 20},
+            "handler_options.rate_limit",
+            "must be a table { per_second = N, burst = N }",
+        ),
+        (
+            "forward",
+            {"url": "http://x", "rate_limit": {"per_second": 0}},
+            "handler_options.rate_limit.per_second",
+            "must be a positive number",
+        ),
+        ("forward", {"url": "http://x", "rate_limit": {}}, "handler_options.rate_limit.per_second", "is required"),
+        (
+            "forward",
+            {"url": "http://x", "rate_limit": {"per_second": 5, "burst": 0.5}},
+            "handler_options.rate_limit.burst",
+            "must be a positive integer",
+        ),
+        (
+            "forward",
+            {"url": "http://x", "rate_limit": {"per_second": 5, "per_minute": 9}},
+            "handler_options.rate_limit.per_minute",
+            "unknown field (known: burst, per_second)",
+        ),
+        (
+            "forward",
+            {"url": "http://x", "headers": {"Authorization": "env:NO_SUCH_VARIABLE_XYZ"}},
+            "handler_options.headers.Authorization",
+            "environment variable NO_SUCH_VARIABLE_XYZ is not set",
+        ),
+        (
+            "forward",
+            {"url": "http://x", "headers": {"Idempotency-Key": "k"}},
+            "handler_options.headers.Idempotency-Key",
+            "forward sets this header itself",
+        ),
+        (
+            "forward",
+            {"url": "http://x", "headers": {"X-Count": 3}},
+            "handler_options.headers",
+            "a table of header names and string values",
+        ),
+    ],
+)
 def test_each_mistake_is_one_line_naming_the_source_and_the_field(handler, options, field, problem):
     with pytest.raises(ConfigError) as raised:
         load_handlers({"acme": source(handler, **options)})
@@ -89,7 +125,8 @@ def test_a_handler_module_that_cannot_be_found_says_where_the_worker_looks():
     assert str(raised.value) == (
         "source 'acme': handler: cannot import 'no_such_module_xyz': No module named 'no_such_module_xyz';"
         f" install it into this Python environment ({sys.prefix}) or put its folder on PYTHONPATH"
-        " (the current directory is not on the webhook-ingest command's import path)")
+        " (the current directory is not on the webhook-ingest command's import path)"
+    )
 
 
 def test_a_handler_module_whose_dependency_is_missing_names_it(tmp_path, monkeypatch):
@@ -99,7 +136,8 @@ def test_a_handler_module_whose_dependency_is_missing_names_it(tmp_path, monkeyp
         load_handlers({"acme": source("handler_needing_xyz:handle")})
     assert str(raised.value) == (
         "source 'acme': handler: cannot import 'handler_needing_xyz': No module named 'no_such_dependency_xyz';"
-        f" install 'no_such_dependency_xyz' into this Python environment ({sys.prefix})")
+        f" install 'no_such_dependency_xyz' into this Python environment ({sys.prefix})"
+    )
 
 
 def test_a_forms_payload_is_its_decoded_fields_and_the_inbox_stores_them_as_json():
@@ -110,8 +148,15 @@ def test_a_forms_payload_is_its_decoded_fields_and_the_inbox_stores_them_as_json
     from webhook_ingest.workers.handlers.inbox import _payload_json
 
     def event(body: bytes, content_type: str) -> Event:
-        return Event(source="sms", event_id="e", key="sms:e", headers={"content-type": content_type},
-                     received_at=datetime.now(UTC), attempt=1, body=body)
+        return Event(
+            source="sms",
+            event_id="e",
+            key="sms:e",
+            headers={"content-type": content_type},
+            received_at=datetime.now(UTC),
+            attempt=1,
+            body=body,
+        )
 
     form = event(b"Body=hi+there&Media=a&Media=b&Empty=", "application/x-www-form-urlencoded; charset=utf-8")
     assert form.payload == {"Body": "hi there", "Media": ["a", "b"], "Empty": ""}

@@ -46,8 +46,10 @@ def test_a_star_matches_every_type_and_no_event_without_one(type_):
     assert matcher.matching({}, {"kind": type_}) is None
 
 
-@given(written=st.one_of(st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False)),
-       found=JSON_SCALARS)
+@given(
+    written=st.one_of(st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False)),
+    found=JSON_SCALARS,
+)
 @example(written=False, found=0)
 @example(written=0, found=False)
 @example(written=True, found=1.0)
@@ -90,21 +92,27 @@ def test_the_first_rule_and_value_in_the_files_order_names_the_match():
     assert matcher.matching({}, {"type": "pong", "livemode": True}) == "type=p*"
 
 
-@pytest.mark.parametrize("table, where, problem", [
-    ({"cookie:x": ["a"]}, '"cookie:x"', "a rule's field is 'type' or a selector"),
-    ({"body:a..b": ["a"]}, '"body:a..b"', "empty segment"),
-    ({"type": []}, "type", "an empty list ignores nothing"),
-    ({"type": ["a", {"b": 1}]}, "type[1]", "a string (a glob), true, false or a finite number"),
-    ({"body:n": float("nan")}, '"body:n"', "finite number"),
-])
+@pytest.mark.parametrize(
+    "table, where, problem",
+    [
+        ({"cookie:x": ["a"]}, '"cookie:x"', "a rule's field is 'type' or a selector"),
+        ({"body:a..b": ["a"]}, '"body:a..b"', "empty segment"),
+        ({"type": []}, "type", "an empty list ignores nothing"),
+        ({"type": ["a", {"b": 1}]}, "type[1]", "a string (a glob), true, false or a finite number"),
+        ({"body:n": float("nan")}, '"body:n"', "finite number"),
+    ],
+)
 def test_a_bad_rule_names_its_field(table, where, problem):
     with pytest.raises(IgnoreRuleError, match=re.escape(problem)) as raised:
         rules(table)
     assert raised.value.where == where
 
 
-@given(st.one_of(st.dictionaries(KEYS, st.integers(), max_size=2), st.dates(), st.lists(st.lists(st.integers()),
-                                                                                       min_size=1)))
+@given(
+    st.one_of(
+        st.dictionaries(KEYS, st.integers(), max_size=2), st.dates(), st.lists(st.lists(st.integers()), min_size=1)
+    )
+)
 def test_any_other_value_is_refused(value):
     with pytest.raises(IgnoreRuleError):
         rules({"type": value})
@@ -116,19 +124,29 @@ SECTION = {"scheme": "stripe", "secrets": ["whsec_x"], "handler": "inbox"}
 def test_the_sources_file_compiles_a_sources_rules_against_its_event_type():
     source = parse_source("stripe", {**SECTION, "ignore": {"type": ["ping"], "body:data.object.livemode": False}})
     assert source.ignore.matching({}, {"type": "ping"}) == "type=ping"
-    assert source.ignore.matching({}, {"type": "x", "data": {"object": {"livemode": False}}}) == \
-        "body:data.object.livemode=false"
+    assert (
+        source.ignore.matching({}, {"type": "x", "data": {"object": {"livemode": False}}})
+        == "body:data.object.livemode=false"
+    )
     assert parse_source("plain", SECTION).ignore.matching({}, {"type": "ping"}) is None
 
 
-@pytest.mark.parametrize("section, line", [
-    ({**SECTION, "ignore": {"type": []}}, "source 'stripe': ignore.type: an empty list ignores nothing"),
-    ({**SECTION, "ignore": {"body:": [1]}}, "source 'stripe': ignore.\"body:\": selector 'body:': empty path"),
-    ({**SECTION, "ignore": ["type"]}, "source 'stripe': ignore: must be a table of rules"),
-    ({**SECTION, "event_type": [], "ignore": {"type": "ping"}}, "source 'stripe': ignore.type: the source has no event"),
-    ({**SECTION, "scheme": "twilio", "public_url": "https://h/w", "ignore": {"type": "x"}},
-     "source 'stripe': ignore.type: the source has no event type"),
-])
+@pytest.mark.parametrize(
+    "section, line",
+    [
+        ({**SECTION, "ignore": {"type": []}}, "source 'stripe': ignore.type: an empty list ignores nothing"),
+        ({**SECTION, "ignore": {"body:": [1]}}, "source 'stripe': ignore.\"body:\": selector 'body:': empty path"),
+        ({**SECTION, "ignore": ["type"]}, "source 'stripe': ignore: must be a table of rules"),
+        (
+            {**SECTION, "event_type": [], "ignore": {"type": "ping"}},
+            "source 'stripe': ignore.type: the source has no event",
+        ),
+        (
+            {**SECTION, "scheme": "twilio", "public_url": "https://h/w", "ignore": {"type": "x"}},
+            "source 'stripe': ignore.type: the source has no event type",
+        ),
+    ],
+)
 def test_a_bad_rule_stops_start_up_with_one_line_naming_the_source_and_the_field(section, line):
     with pytest.raises(ConfigError) as raised:
         parse_source("stripe", section)

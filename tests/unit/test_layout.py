@@ -11,13 +11,16 @@ def test_several_ingress_processes_share_the_port_and_one_does_not_ask_to():
     assert list(two) == ["ingress-1", "ingress-2"]
     assert all(argv == ["ingress", "--host", "0.0.0.0", "--port", "8080", "--reuse-port"] for argv in two.values())
     assert layout.ingress_commands("127.0.0.1", 8080, 1) == {
-        "ingress-1": ["ingress", "--host", "127.0.0.1", "--port", "8080"]}
+        "ingress-1": ["ingress", "--host", "127.0.0.1", "--port", "8080"]
+    }
 
 
 def test_workers_get_the_concurrency_and_consecutive_metrics_ports():
     commands = layout.worker_commands(2, 64, 9100)
-    assert commands == {"worker-1": ["worker", "--concurrency", "64", "--metrics-port", "9100"],
-                        "worker-2": ["worker", "--concurrency", "64", "--metrics-port", "9101"]}
+    assert commands == {
+        "worker-1": ["worker", "--concurrency", "64", "--metrics-port", "9100"],
+        "worker-2": ["worker", "--concurrency", "64", "--metrics-port", "9101"],
+    }
     assert layout.worker_commands(1, 8, None) == {"worker-1": ["worker", "--concurrency", "8"]}
 
 

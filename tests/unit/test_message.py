@@ -17,8 +17,15 @@ received_ms = st.integers(min_value=1_000_000_000_000, max_value=4_102_444_800_0
 
 
 def event(received_at: float) -> EventMessage:
-    return EventMessage(key="s:e1", source="s", event_id="e1", payload_sha256="0" * 64,
-                        received_at=received_at, body=b'{"id":"e1"}', headers={"x-a": "1"})
+    return EventMessage(
+        key="s:e1",
+        source="s",
+        event_id="e1",
+        payload_sha256="0" * 64,
+        received_at=received_at,
+        body=b'{"id":"e1"}',
+        headers={"x-a": "1"},
+    )
 
 
 def over_the_wire(message: aio_pika.Message) -> dict:
@@ -34,7 +41,8 @@ def test_received_at_arrives_exact_to_the_millisecond(milliseconds):
     received = from_amqp(sent.body, over_the_wire(to_amqp(sent)))
     assert round(received.received_at * 1000) == milliseconds
     assert datetime.fromtimestamp(received.received_at, UTC) == (
-        datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=milliseconds))
+        datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=milliseconds)
+    )
 
 
 def test_a_message_queued_by_the_previous_release_is_still_read():
@@ -61,8 +69,13 @@ def test_any_header_bytes_become_utf8_text_the_same_way_every_time(raw):
 
 
 def failure(attempt: int, message: str) -> dict:
-    return {"attempt": attempt, "at": "2026-11-23T12:00:00+00:00", "type": "ValueError",
-            "message": message, "traceback": "Traceback (most recent call last):\n" + "  line\n" * 11 + message}
+    return {
+        "attempt": attempt,
+        "at": "2026-11-23T12:00:00+00:00",
+        "type": "ValueError",
+        "message": message,
+        "traceback": "Traceback (most recent call last):\n" + "  line\n" * 11 + message,
+    }
 
 
 @pytest.mark.parametrize(("attempts", "message_chars"), [(5, 1000), (40, 1990), (1000, 1990), (2, 500_000)])
@@ -75,8 +88,9 @@ def test_a_long_error_history_still_fits_one_frame_and_names_each_kept_attempt(a
     carried = from_amqp(message.body, over_the_wire(message)).errors
     assert carried[0]["attempt"] == 1 and carried[-1]["attempt"] == attempts  # the first and the last
     assert carried[-1]["traceback"].endswith("é")  # the end of the last traceback
-    assert all(error["type"] == "ValueError" and error["message"].startswith(f"failed {error['attempt']}")
-               for error in carried)
+    assert all(
+        error["type"] == "ValueError" and error["message"].startswith(f"failed {error['attempt']}") for error in carried
+    )
     if attempts == 5:
         assert carried == errors  # a usual history is left as it is
 

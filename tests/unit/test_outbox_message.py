@@ -5,16 +5,19 @@ outbox must arrive as it would have straight through the broker."""
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.unit.test_message import over_the_wire, received_ms
 from webhook_ingest.ingress.outbox import decode_message, encode_message
 from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp
-from tests.unit.test_message import over_the_wire, received_ms
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 header_names = st.text("abcdefghijklmnopqrstuvwxyz-0123456789", min_size=1, max_size=30)
 
 events = st.builds(
     EventMessage,
-    key=text, source=text, event_id=text, payload_sha256=st.text("0123456789abcdef", min_size=64, max_size=64),
+    key=text,
+    source=text,
+    event_id=text,
+    payload_sha256=st.text("0123456789abcdef", min_size=64, max_size=64),
     received_at=received_ms.map(lambda ms: ms / 1000),
     body=st.binary(max_size=200),
     headers=st.dictionaries(header_names, text, max_size=6),
@@ -30,7 +33,8 @@ def test_through_the_outbox_an_event_arrives_as_it_would_straight_through_the_br
 
 
 def test_the_row_holds_the_raw_body():
-    event = EventMessage(key="s:1", source="s", event_id="1", payload_sha256="0" * 64,
-                         received_at=1.5, body=b'{"n": 1.0e0}', headers={})
+    event = EventMessage(
+        key="s:1", source="s", event_id="1", payload_sha256="0" * 64, received_at=1.5, body=b'{"n": 1.0e0}', headers={}
+    )
     body, _ = encode_message(event)
     assert body == b'{"n": 1.0e0}'

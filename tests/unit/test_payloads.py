@@ -32,14 +32,17 @@ def test_a_form_that_is_not_utf8_or_holds_a_nul_is_refused(body):
         payloads.parse_form(body)
 
 
-@pytest.mark.parametrize("content_type, form", [
-    ("application/x-www-form-urlencoded", True),
-    ("Application/X-WWW-Form-Urlencoded ; charset=UTF-8", True),
-    ("application/json", False),
-    ("multipart/form-data; boundary=x", False),
-    ("", False),
-    (None, False),
-])
+@pytest.mark.parametrize(
+    "content_type, form",
+    [
+        ("application/x-www-form-urlencoded", True),
+        ("Application/X-WWW-Form-Urlencoded ; charset=UTF-8", True),
+        ("application/json", False),
+        ("multipart/form-data; boundary=x", False),
+        ("", False),
+        (None, False),
+    ],
+)
 def test_is_form_reads_the_media_type_only(content_type, form):
     assert payloads.is_form(content_type) is form
 

@@ -79,8 +79,12 @@ async def lose_the_fence(event, ctx):
 
 
 HANDLERS = ("succeed", "fail", "refuse", "hang", "slow", "slow_db", "swallow_db_errors", "lose_the_fence")
-SOURCES = {name: parse_source(name, {"scheme": "hmac-sha256", "secrets": ["s"],
-                                     "handler": f"tests.unit.test_processor:{name}"}) for name in HANDLERS}
+SOURCES = {
+    name: parse_source(
+        name, {"scheme": "hmac-sha256", "secrets": ["s"], "handler": f"tests.unit.test_processor:{name}"}
+    )
+    for name in HANDLERS
+}
 STORE = InMemoryCompletions()
 
 
@@ -219,16 +223,20 @@ async def test_a_lease_that_cannot_be_renewed_cancels_the_handler_and_defers(pip
     assert pipeline.completions.turns == {}
 
 
-@pytest.mark.parametrize("source, attempt, outcome", [
-    ("fail", 1, Outcome.RETRIED),
-    ("fail", 5, Outcome.DEAD),  # the source's max_attempts
-    ("refuse", 1, Outcome.DEAD),  # PermanentError: no retry
-])
+@pytest.mark.parametrize(
+    "source, attempt, outcome",
+    [
+        ("fail", 1, Outcome.RETRIED),
+        ("fail", 5, Outcome.DEAD),  # the source's max_attempts
+        ("refuse", 1, Outcome.DEAD),  # PermanentError: no retry
+    ],
+)
 async def test_a_failed_handler_is_a_retry_decision_and_its_attempt_is_recorded(pipeline, source, attempt, outcome):
     message = event(source, attempt=attempt)
     assert await pipeline.processor.process(message) is outcome
     assert [type(exc).__name__ for exc in pipeline.failures.failed] == [
-        "PermanentError" if source == "refuse" else "RuntimeError"]
+        "PermanentError" if source == "refuse" else "RuntimeError"
+    ]
     fence = pipeline.completions.fences[message.key]
     assert (fence.handed_on.replay_of, fence.handed_on.attempt) == (0, attempt)  # handed on: a copy will not run
     assert fence.lease_until is None and pipeline.completions.completions == {}
@@ -274,7 +282,8 @@ async def test_prune_forgets_completions_past_the_window_with_their_attempt_reco
     assert await pipeline.processor.process(retried) is Outcome.RETRIED
     assert await pipeline.processor.process(done) is Outcome.PROCESSED
     pipeline.completions.completions[retried.key] = dataclasses.replace(  # a later attempt completed it, long ago
-        pipeline.completions.completions[done.key], completed_at=0.0)
+        pipeline.completions.completions[done.key], completed_at=0.0
+    )
     assert await pipeline.completions.prune(timedelta(days=30)) == 1
     assert set(pipeline.completions.completions) == {done.key}
     pipeline.claims.done.clear()
@@ -334,8 +343,7 @@ async def test_a_batch_completes_its_fresh_keys_in_one_transaction_and_settles_t
     batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
     fresh, completed, copy = event(event_id="evt_1"), event(event_id="evt_2"), event(event_id="evt_1")
     pipeline.claims.done[completed.key] = completed.payload_sha256
-    assert await batch.process([fresh, completed, copy]) == [Outcome.PROCESSED, Outcome.DUPLICATE,
-                                                             Outcome.DUPLICATE]
+    assert await batch.process([fresh, completed, copy]) == [Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.DUPLICATE]
     assert RUNS == [fresh.key] and set(pipeline.completions.completions) == {fresh.key}
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from webhook_ingest.shared.queries import load_queries, parse_queries
 from tests.support.repository import ROOT
+from webhook_ingest.shared.queries import load_queries, parse_queries
 
 PACKAGES = {"ingress": "webhook_ingest.ingress", "workers": "webhook_ingest.workers", "shared": "webhook_ingest.shared"}
 PRODUCT = ("ingress", "workers", "shared", "webhook_ingest")

@@ -40,7 +40,8 @@ def test_replies_come_out_whole_and_in_order_from_any_chunks(replies, data):
     for start, end in zip([0, *cuts], [*cuts, len(stream)]):
         parsed.extend(parser.feed(stream[start:end]))
     assert [("error", str(r)) if isinstance(r, RedisReplyError) else r for r in parsed] == [
-        expected(reply) for reply in replies]
+        expected(reply) for reply in replies
+    ]
 
 
 def test_a_value_holding_crlf_is_read_by_its_length():

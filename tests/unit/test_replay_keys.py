@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.events import make_event
 from webhook_ingest.shared import event_id
 from webhook_ingest.shared.event_replays import replayed_message
 from webhook_ingest.shared.message import from_amqp, to_amqp
@@ -16,7 +17,6 @@ from webhook_ingest.shared.routes import route_key
 from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.workers.fan_out import route_messages
 from webhook_ingest.workers.handlers import Replay, replay_of
-from tests.support.events import make_event
 
 SOURCES = st.text(min_size=1).filter(lambda name: ":" not in name and "/" not in name)  # what parse_source allows
 IDS = st.text()
@@ -48,12 +48,28 @@ def test_event_replay_says_which_replay_a_run_is_of():
 
 def test_a_replayed_message_is_the_arrival_under_the_replay_key_and_fans_out_to_every_route():
     event = make_event("acme", "evt_1", {"type": "invoice.paid"})
-    arrival = {"source": "acme", "key": event.key, "event_id": "evt_1", "payload_sha256": event.payload_sha256,
-               "received_at": datetime.fromtimestamp(1_700_000_000.123, UTC),
-               "body": event.body, "headers": '{"content-type": "application/json"}'}
+    arrival = {
+        "source": "acme",
+        "key": event.key,
+        "event_id": "evt_1",
+        "payload_sha256": event.payload_sha256,
+        "received_at": datetime.fromtimestamp(1_700_000_000.123, UTC),
+        "body": event.body,
+        "headers": '{"content-type": "application/json"}',
+    }
     message = from_amqp(event.body, dict(to_amqp(replayed_message(arrival, 7)).headers or {}))
-    assert message == replace(event, key="replay-7/acme:evt_1", received_at=1_700_000_000.123,
-                              message_id=message.message_id)
-    source = parse_source("acme", {"scheme": "stripe", "secrets": ["s"],
-                                   "routes": [{"name": "billing", "handler": "inbox"}, {"name": "crm", "handler": "inbox"}]})
-    assert [m.key for m in route_messages(source, message)] == ["replay-7/acme:evt_1#billing", "replay-7/acme:evt_1#crm"]
+    assert message == replace(
+        event, key="replay-7/acme:evt_1", received_at=1_700_000_000.123, message_id=message.message_id
+    )
+    source = parse_source(
+        "acme",
+        {
+            "scheme": "stripe",
+            "secrets": ["s"],
+            "routes": [{"name": "billing", "handler": "inbox"}, {"name": "crm", "handler": "inbox"}],
+        },
+    )
+    assert [m.key for m in route_messages(source, message)] == [
+        "replay-7/acme:evt_1#billing",
+        "replay-7/acme:evt_1#crm",
+    ]

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.events import make_event
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.message import from_amqp, to_amqp
 from webhook_ingest.shared.routes import NAME, derived_name, route_key
@@ -15,7 +16,6 @@ from webhook_ingest.shared.sources import parse_source
 from webhook_ingest.workers.fan_out import route_messages
 from webhook_ingest.workers.handlers import load_handlers
 from webhook_ingest.workers.handlers.inbox import handle as inbox
-from tests.support.events import make_event
 
 BASE = {"scheme": "stripe", "secrets": ["s"]}
 
@@ -25,9 +25,11 @@ def routed(*routes: dict, **extra):
 
 
 def test_routes_parse_with_their_handlers_options_and_filters():
-    source = routed({"handler": "billing:on_invoice", "types": ["invoice.*"]},
-                    {"name": "all", "handler": "inbox", "handler_options": {"x": 1}}, {"name": "one", "handler": "inbox",
-                                                                                       "types": "customer.created"})
+    source = routed(
+        {"handler": "billing:on_invoice", "types": ["invoice.*"]},
+        {"name": "all", "handler": "inbox", "handler_options": {"x": 1}},
+        {"name": "one", "handler": "inbox", "types": "customer.created"},
+    )
     assert [route.name for route in source.routes] == ["billing-on_invoice", "all", "one"]
     assert source.handler == "" and source.handler_for("all") == ("inbox", {"x": 1})
     assert [r.name for r in source.routes_taking({}, {"type": "invoice.paid"})] == ["billing-on_invoice", "all"]
@@ -48,24 +50,37 @@ def test_each_route_handler_is_loaded_under_source_and_route():
         load_handlers({"acme": routed({"name": "a", "handler": "inbox"}, {"name": "b", "handler": "forward"})})
 
 
-@pytest.mark.parametrize("section, where, problem", [
-    ({}, "handler", "is required (or [[sources.NAME.routes]]"),
-    ({"handler": "inbox", "routes": [{"handler": "inbox"}]}, "routes", "one handler or routes, not both"),
-    ({"routes": []}, "routes", "must be a non-empty list"),
-    ({"routes": [{"handler": "inbox"}], "handler_options": {"a": 1}}, "handler_options", "put them in each route"),
-    ({"routes": [{"handler": "inbox"}, {"handler": "inbox"}]}, "routes[1].name", "'inbox' is already a route"),
-    ({"routes": [{"name": "a", "handler": "inbox"}, {"name": "a", "handler": "x:y"}]}, "routes[1].name",
-     "'a' is already a route"),
-    ({"routes": [{"name": "a#b", "handler": "inbox"}]}, "routes[0].name", "1 to 64 of"),
-    ({"routes": [{"name": "", "handler": "inbox"}]}, "routes[0].name", "1 to 64 of"),
-    ({"routes": [{"handler": "inbox", "typo": 1}]}, "routes[0].typo", "unknown field (known: handler, handler_options"),
-    ({"routes": [{"handler": "inbox", "types": []}]}, "routes[0].types", "an empty list takes no event"),
-    ({"routes": [{"handler": "inbox", "types": ["a", 3]}]}, "routes[0].types[1]", "must be an event type glob"),
-    ({"routes": [{"handler": "inbox", "types": ["a"]}], "event_type": []}, "routes[0].types",
-     "the source has no event type"),
-    ({"routes": [{}]}, "routes[0].handler", "is required"),
-    ({"routes": "inbox"}, "routes", "must be a non-empty list"),
-])
+@pytest.mark.parametrize(
+    "section, where, problem",
+    [
+        ({}, "handler", "is required (or [[sources.NAME.routes]]"),
+        ({"handler": "inbox", "routes": [{"handler": "inbox"}]}, "routes", "one handler or routes, not both"),
+        ({"routes": []}, "routes", "must be a non-empty list"),
+        ({"routes": [{"handler": "inbox"}], "handler_options": {"a": 1}}, "handler_options", "put them in each route"),
+        ({"routes": [{"handler": "inbox"}, {"handler": "inbox"}]}, "routes[1].name", "'inbox' is already a route"),
+        (
+            {"routes": [{"name": "a", "handler": "inbox"}, {"name": "a", "handler": "x:y"}]},
+            "routes[1].name",
+            "'a' is already a route",
+        ),
+        ({"routes": [{"name": "a#b", "handler": "inbox"}]}, "routes[0].name", "1 to 64 of"),
+        ({"routes": [{"name": "", "handler": "inbox"}]}, "routes[0].name", "1 to 64 of"),
+        (
+            {"routes": [{"handler": "inbox", "typo": 1}]},
+            "routes[0].typo",
+            "unknown field (known: handler, handler_options",
+        ),
+        ({"routes": [{"handler": "inbox", "types": []}]}, "routes[0].types", "an empty list takes no event"),
+        ({"routes": [{"handler": "inbox", "types": ["a", 3]}]}, "routes[0].types[1]", "must be an event type glob"),
+        (
+            {"routes": [{"handler": "inbox", "types": ["a"]}], "event_type": []},
+            "routes[0].types",
+            "the source has no event type",
+        ),
+        ({"routes": [{}]}, "routes[0].handler", "is required"),
+        ({"routes": "inbox"}, "routes", "must be a non-empty list"),
+    ],
+)
 def test_each_mistake_is_one_line_naming_the_source_and_the_route(section, where, problem):
     with pytest.raises(ConfigError) as raised:
         parse_source("acme", {**BASE, **section})
@@ -74,11 +89,17 @@ def test_each_mistake_is_one_line_naming_the_source_and_the_route(section, where
     assert problem in message and "\n" not in message
 
 
-values = st.one_of(st.text(max_size=12), st.integers(), st.booleans(), st.none(),
-                   st.lists(st.text(max_size=8), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(),
-                                                                               max_size=2))
-route_tables = st.dictionaries(st.sampled_from(["name", "handler", "types", "handler_options", "other"]), values,
-                               max_size=5)
+values = st.one_of(
+    st.text(max_size=12),
+    st.integers(),
+    st.booleans(),
+    st.none(),
+    st.lists(st.text(max_size=8), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+)
+route_tables = st.dictionaries(
+    st.sampled_from(["name", "handler", "types", "handler_options", "other"]), values, max_size=5
+)
 
 
 @given(st.lists(route_tables, max_size=4))
@@ -97,8 +118,9 @@ def test_a_derived_name_is_a_name(handler):
     assert NAME.fullmatch(derived_name(handler))
 
 
-@given(st.text(max_size=20), st.from_regex(NAME, fullmatch=True), st.text(max_size=20),
-       st.from_regex(NAME, fullmatch=True))
+@given(
+    st.text(max_size=20), st.from_regex(NAME, fullmatch=True), st.text(max_size=20), st.from_regex(NAME, fullmatch=True)
+)
 def test_two_pairs_never_share_a_route_key(key1, route1, key2, route2):
     if (key1, route1) != (key2, route2):
         assert route_key(key1, route1) != route_key(key2, route2)
@@ -115,7 +137,9 @@ def test_types_match_as_fnmatch_reads_globs(glob, event_type):
 
 
 def test_the_fan_out_gives_each_route_its_key_and_the_route_travels():
-    source = routed({"name": "billing", "handler": "inbox", "types": ["invoice.*"]}, {"name": "all", "handler": "inbox"})
+    source = routed(
+        {"name": "billing", "handler": "inbox", "types": ["invoice.*"]}, {"name": "all", "handler": "inbox"}
+    )
     event = make_event("acme", "evt_1", {"type": "invoice.paid"})
     messages = route_messages(source, event)
     assert [(m.key, m.route) for m in messages] == [("acme:evt_1#billing", "billing"), ("acme:evt_1#all", "all")]

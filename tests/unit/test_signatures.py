@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
+from tests.support.signing import PROVIDER_SECRETS, PROVIDERS
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.signatures import InvalidSignature, MissingSignature, SignatureError, StaleTimestamp, twilio
-from tests.support.signing import PROVIDER_SECRETS, PROVIDERS
 
 NOW = 1_760_000_000
 SECRETS = PROVIDER_SECRETS
@@ -34,8 +34,14 @@ def verify(scheme, headers, body, secrets=None, now=NOW, **kwargs):
 
 def sign(scheme, body, secret=None, timestamp=NOW, **kwargs):
     options = {**PROVIDERS[scheme].options, **kwargs}
-    return signatures.sign(scheme, body, secret or PROVIDERS[scheme].signer, timestamp=timestamp,
-                           query_string=query_for(scheme, body), **options)
+    return signatures.sign(
+        scheme,
+        body,
+        secret or PROVIDERS[scheme].signer,
+        timestamp=timestamp,
+        query_string=query_for(scheme, body),
+        **options,
+    )
 
 
 def query_for(scheme, body):
@@ -48,8 +54,11 @@ def test_what_we_sign_verifies(scheme, body):
     verify(scheme, sign(scheme, body), body)
 
 
-@given(scheme=st.sampled_from([s for s in signatures.SCHEMES if s not in CREDENTIALS]), body=bodies,
-       flip=st.integers(min_value=0))
+@given(
+    scheme=st.sampled_from([s for s in signatures.SCHEMES if s not in CREDENTIALS]),
+    body=bodies,
+    flip=st.integers(min_value=0),
+)
 def test_any_changed_byte_is_an_invalid_signature(scheme, body, flip):
     headers = sign(scheme, body)
     tampered = body + b"x" if not body else _flip_byte(body, flip % len(body))
@@ -58,7 +67,7 @@ def test_any_changed_byte_is_an_invalid_signature(scheme, body, flip):
 
 
 def _flip_byte(body: bytes, index: int) -> bytes:
-    return body[:index] + bytes([body[index] ^ 0x01]) + body[index + 1:]
+    return body[:index] + bytes([body[index] ^ 0x01]) + body[index + 1 :]
 
 
 @pytest.mark.parametrize("scheme", signatures.SCHEMES)
@@ -73,7 +82,12 @@ def test_rotation_accepts_every_listed_secret(scheme):
     body = b'{"id": "evt_1"}'
     provider = PROVIDERS[scheme]
     for signer in (provider.old_signer, provider.signer):
-        verify(scheme, sign(scheme, body, secret=signer), body, secrets=[provider.old_source_secret, provider.source_secret])
+        verify(
+            scheme,
+            sign(scheme, body, secret=signer),
+            body,
+            secrets=[provider.old_source_secret, provider.source_secret],
+        )
 
 
 @pytest.mark.parametrize("scheme", signatures.SCHEMES)
@@ -84,7 +98,7 @@ def test_absent_header_is_missing_signature(scheme):
 
 
 @pytest.mark.parametrize("scheme", TIMED)
-@pytest.mark.parametrize("skew", [-301, 301, -10**9])
+@pytest.mark.parametrize("skew", [-301, 301, -(10**9)])
 def test_a_valid_signature_outside_the_tolerance_is_stale(scheme, skew):
     body = b'{"id": "evt_1"}'
     with pytest.raises(StaleTimestamp) as raised:
@@ -105,13 +119,30 @@ def test_tolerance_is_configurable():
     verify("stripe", sign("stripe", body, timestamp=NOW - 1000), body, tolerance_seconds=1200)
 
 
-header_names = st.sampled_from([
-    "Stripe-Signature", "X-Hub-Signature-256", "X-Shopify-Hmac-Sha256", "X-Paystack-Signature",
-    "X-Signature", "webhook-id", "webhook-timestamp", "webhook-signature", "svix-id", "svix-timestamp",
-    "svix-signature", "X-Slack-Signature", "X-Slack-Request-Timestamp", "X-Gitlab-Token", "X-Twilio-Signature",
-    "X-Twilio-Webhooks-Signature-Settings", "x-square-hmacsha256-signature", "Authorization", "X-API-Key",
-    "Content-Type",
-])
+header_names = st.sampled_from(
+    [
+        "Stripe-Signature",
+        "X-Hub-Signature-256",
+        "X-Shopify-Hmac-Sha256",
+        "X-Paystack-Signature",
+        "X-Signature",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+        "svix-id",
+        "svix-timestamp",
+        "svix-signature",
+        "X-Slack-Signature",
+        "X-Slack-Request-Timestamp",
+        "X-Gitlab-Token",
+        "X-Twilio-Signature",
+        "X-Twilio-Webhooks-Signature-Settings",
+        "x-square-hmacsha256-signature",
+        "Authorization",
+        "X-API-Key",
+        "Content-Type",
+    ]
+)
 header_values = st.one_of(
     st.text(max_size=200),
     st.from_regex(r"t=\d{0,20},v1=[0-9a-f]{0,70}(,v0=\w*)?", fullmatch=True),
@@ -203,19 +234,22 @@ def test_hmac_sha256_header_name_is_per_source():
     verify("hmac-sha256", headers, body, secrets=["s"], signature_header="X-Acme-Signature")
 
 
-@pytest.mark.parametrize("scheme, secrets, problem", [
-    ("sha1", ["s"], "unknown signature scheme"),
-    ("github", [], "at least one secret"),
-    ("github", [""], "empty"),
-    ("standard-webhooks", ["whsec_"], "no key bytes"),
-    ("standard-webhooks-v1a", ["whsec_" + "A" * 32], "use scheme standard-webhooks"),
-    ("standard-webhooks-v1a", [PROVIDERS["standard-webhooks-v1a"].signing_secret], "the private key"),
-    ("standard-webhooks-v1a", ["whpk_" + "A" * 40], "32 bytes"),
-    ("basic-auth", ["no-colon"], "'username:password'"),
-    ("api-key", ["k"], "signature_header"),
-    ("twilio", ["t"], "public_url"),
-    ("square", ["t"], "public_url"),
-])
+@pytest.mark.parametrize(
+    "scheme, secrets, problem",
+    [
+        ("sha1", ["s"], "unknown signature scheme"),
+        ("github", [], "at least one secret"),
+        ("github", [""], "empty"),
+        ("standard-webhooks", ["whsec_"], "no key bytes"),
+        ("standard-webhooks-v1a", ["whsec_" + "A" * 32], "use scheme standard-webhooks"),
+        ("standard-webhooks-v1a", [PROVIDERS["standard-webhooks-v1a"].signing_secret], "the private key"),
+        ("standard-webhooks-v1a", ["whpk_" + "A" * 40], "32 bytes"),
+        ("basic-auth", ["no-colon"], "'username:password'"),
+        ("api-key", ["k"], "signature_header"),
+        ("twilio", ["t"], "public_url"),
+        ("square", ["t"], "public_url"),
+    ],
+)
 def test_unusable_configuration_is_a_value_error(scheme, secrets, problem):
     with pytest.raises(ValueError, match=problem):
         signatures.build_verifier(scheme, secrets)

@@ -29,11 +29,21 @@ def test_basic_auth_takes_rfc_7617s_example():
     # RFC 7617, section 2: Aladdin / open sesame.
     verify("basic-auth", {"Authorization": "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="}, ["Aladdin:open sesame"])
     verify("basic-auth", {"Authorization": "basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="}, ["x:y", "Aladdin:open sesame"])
-    assert signatures.sign("basic-auth", b"", "Aladdin:open sesame") == {"Authorization": "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="}
+    assert signatures.sign("basic-auth", b"", "Aladdin:open sesame") == {
+        "Authorization": "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="
+    }
 
 
-@pytest.mark.parametrize("value", ["Bearer QWxhZGRpbjpvcGVuIHNlc2FtZQ==", "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ",
-                                   "Basic " + base64.b64encode(b"Aladdin:open sesamE").decode(), "Basic", ""])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "Bearer QWxhZGRpbjpvcGVuIHNlc2FtZQ==",
+        "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ",
+        "Basic " + base64.b64encode(b"Aladdin:open sesamE").decode(),
+        "Basic",
+        "",
+    ],
+)
 def test_basic_auth_refuses_anything_else(value):
     with pytest.raises(InvalidSignature):
         verify("basic-auth", {"Authorization": value}, ["Aladdin:open sesame"])
@@ -54,12 +64,15 @@ def test_api_key_reads_the_sources_header():
         verify("api-key", {"X-Signature": "k2"}, ["k1", "k2"], signature_header="X-API-Key")
 
 
-@pytest.mark.parametrize("scheme, options, field", [
-    ("api-key", {}, "signature_header"),
-    ("api-key", {"signature_header": "authorization"}, "signature_header"),
-    ("basic-auth", {}, "secrets"),
-    ("gitlab", {"public_url": "https://x/webhooks/gitlab"}, "public_url"),
-])
+@pytest.mark.parametrize(
+    "scheme, options, field",
+    [
+        ("api-key", {}, "signature_header"),
+        ("api-key", {"signature_header": "authorization"}, "signature_header"),
+        ("basic-auth", {}, "secrets"),
+        ("gitlab", {"public_url": "https://x/webhooks/gitlab"}, "public_url"),
+    ],
+)
 def test_misconfiguration_names_the_field(scheme, options, field):
     with pytest.raises(SchemeConfigError) as raised:
         signatures.build_verifier(scheme, ["no-colon"], **options)

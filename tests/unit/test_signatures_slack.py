@@ -6,9 +6,9 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 from slack_sdk.signature import Clock, SignatureVerifier
 
+from tests.support.signing import PROVIDERS
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.signatures import InvalidSignature, MissingSignature, StaleTimestamp, slack
-from tests.support.signing import PROVIDERS
 
 NOW = 1_760_000_000
 SECRET = PROVIDERS["slack"].source_secret

@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
+from tests.support.signing import OLD_V1A_PRIVATE, OLD_V1A_PUBLIC, PROVIDERS, V1A_PRIVATE, V1A_PUBLIC
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.signatures import InvalidSignature, MissingSignature, StaleTimestamp, standard
-from tests.support.signing import OLD_V1A_PRIVATE, OLD_V1A_PUBLIC, PROVIDERS, V1A_PRIVATE, V1A_PUBLIC
 
 NOW = 1_760_000_000
 
@@ -20,13 +20,21 @@ def verify(headers, body, keys=(V1A_PUBLIC,), now=NOW):
     signatures.build_verifier("standard-webhooks-v1a", list(keys)).verify(CIMultiDict(headers), body, now=now)
 
 
-def provider_signed(body: bytes, private_key: str = V1A_PRIVATE, msg_id="msg_2KWPBgLlAfxdpx2AI54pPJ85f4W",
-                    timestamp=NOW, prefix="webhook-") -> dict[str, str]:
+def provider_signed(
+    body: bytes,
+    private_key: str = V1A_PRIVATE,
+    msg_id="msg_2KWPBgLlAfxdpx2AI54pPJ85f4W",
+    timestamp=NOW,
+    prefix="webhook-",
+) -> dict[str, str]:
     """As the spec says a sender signs: ed25519 over `id.timestamp.body`, `v1a,` + base64 (no code of ours)."""
     seed = base64.b64decode(private_key.removeprefix("whsk_"))
     signature = Ed25519PrivateKey.from_private_bytes(seed).sign(f"{msg_id}.{timestamp}.".encode() + body)
-    return {f"{prefix}id": msg_id, f"{prefix}timestamp": str(timestamp),
-            f"{prefix}signature": "v1a," + base64.b64encode(signature).decode()}
+    return {
+        f"{prefix}id": msg_id,
+        f"{prefix}timestamp": str(timestamp),
+        f"{prefix}signature": "v1a," + base64.b64encode(signature).decode(),
+    }
 
 
 @pytest.mark.parametrize("prefix", ["webhook-", "svix-"])
@@ -35,8 +43,10 @@ def test_we_accept_what_a_sender_signs_and_sign_the_same(prefix, body):
     headers = provider_signed(body, prefix=prefix)
     verify(headers, body)
     if prefix == "webhook-":  # ed25519 is deterministic: our signer writes the very same header
-        assert signatures.sign("standard-webhooks-v1a", body, V1A_PRIVATE, msg_id=headers["webhook-id"],
-                               timestamp=NOW) == headers
+        assert (
+            signatures.sign("standard-webhooks-v1a", body, V1A_PRIVATE, msg_id=headers["webhook-id"], timestamp=NOW)
+            == headers
+        )
 
 
 def test_rfc_8032_keys_decode_as_the_rfc_says():
@@ -51,13 +61,15 @@ def test_rfc_8032_keys_decode_as_the_rfc_says():
 
 def test_a_header_with_both_versions_satisfies_both_schemes():
     body = b'{"id": 1}'
-    symmetric = signatures.sign("standard-webhooks", body, PROVIDERS["standard-webhooks"].source_secret,
-                                msg_id="msg_1", timestamp=NOW)
+    symmetric = signatures.sign(
+        "standard-webhooks", body, PROVIDERS["standard-webhooks"].source_secret, msg_id="msg_1", timestamp=NOW
+    )
     asymmetric = provider_signed(body, msg_id="msg_1")
     both = {**symmetric, "webhook-signature": f"{symmetric['webhook-signature']} {asymmetric['webhook-signature']}"}
     verify(both, body)
     signatures.build_verifier("standard-webhooks", [PROVIDERS["standard-webhooks"].source_secret]).verify(
-        CIMultiDict(both), body, now=NOW)
+        CIMultiDict(both), body, now=NOW
+    )
     with pytest.raises(InvalidSignature, match="no v1a signature"):
         verify(symmetric, body)
 

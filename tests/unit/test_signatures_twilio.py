@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, MultiDict
 from twilio.request_validator import RequestValidator
 
+from tests.support.signing import PROVIDERS, TWILIO_URL
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.signatures import InvalidSignature, MissingSignature, SchemeConfigError, twilio
-from tests.support.signing import PROVIDERS, TWILIO_URL
 
 TOKEN = PROVIDERS["twilio"].source_secret
 OLD_TOKEN = PROVIDERS["twilio"].old_source_secret
@@ -27,7 +27,9 @@ def form_headers(signature: str, **more: str) -> dict[str, str]:
     return {"X-Twilio-Signature": signature, "Content-Type": f"{FORM}; charset=utf-8", **more}
 
 
-field_names = st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=12)
+field_names = st.text(
+    alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=12
+)
 field_values = st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=20)
 forms = st.lists(st.tuples(field_names, field_values), max_size=8)
 
@@ -43,7 +45,8 @@ def test_we_accept_a_form_the_validator_signs_repeated_fields_included(pairs):
     signature = RequestValidator(TOKEN).compute_signature(TWILIO_URL, MultiDict(pairs))
     form = verify(form_headers(signature), encoded(pairs)).form
     assert form is not None and twilio.signed_fields(form) == twilio.signed_fields(
-        {name: [value for n, value in pairs if n == name] for name, _ in pairs})
+        {name: [value for n, value in pairs if n == name] for name, _ in pairs}
+    )
 
 
 @given(pairs=forms)
@@ -113,12 +116,15 @@ def test_the_settings_header_names_an_algorithm_or_is_invalid(settings):
         assert "algorithm" in settings
 
 
-@pytest.mark.parametrize("url, problem", [
-    (None, "set public_url"),
-    ("https://hooks.example.com/webhooks/twilio?tenant=7", "query"),
-    ("https://hooks.example.com/webhooks/twilio#rc=3", "fragment"),
-    ("/webhooks/twilio", "absolute"),
-])
+@pytest.mark.parametrize(
+    "url, problem",
+    [
+        (None, "set public_url"),
+        ("https://hooks.example.com/webhooks/twilio?tenant=7", "query"),
+        ("https://hooks.example.com/webhooks/twilio#rc=3", "fragment"),
+        ("/webhooks/twilio", "absolute"),
+    ],
+)
 def test_a_twilio_source_states_its_public_url_without_query(url, problem):
     with pytest.raises(SchemeConfigError, match=problem) as raised:
         signatures.build_verifier("twilio", [TOKEN], public_url=url)

@@ -11,7 +11,7 @@ from webhook_ingest.shared import topology
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.sources import SourceSection, load_sources, parse_source, resolve_secret
 
-VALID = '''
+VALID = """
 [sources.shop]
 scheme = "shopify"
 secrets = ["env:SHOP_SECRET", "literal-old"]
@@ -19,7 +19,7 @@ handler = "inbox"
 retry_delays = [0.5, 2]
 max_attempts = 3
 hash_fields = ["order.id"]
-'''
+"""
 
 
 def load(tmp_path, text):
@@ -42,26 +42,53 @@ def test_the_built_in_demo_source_needs_no_file():
     assert list(sources) == ["demo"] and sources["demo"].handler == "inbox"
 
 
-@pytest.mark.parametrize("section, field, problem", [
-    ('scheme = "sha1"\nsecrets = ["s"]\nhandler = "inbox"', "scheme", "unknown scheme"),
-    ('scheme = "github"\nhandler = "inbox"', "secrets", "non-empty list"),
-    ('scheme = "github"\nsecrets = ["env:NOT_SET_ANYWHERE"]\nhandler = "inbox"', "secrets[0]", "NOT_SET_ANYWHERE is not set"),
-    ('scheme = "github"\nsecrets = ["s"]\nhandler = ""', "handler", "non-empty string"),
-    ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nevent_id = ["cookie:x"]', "event_id", ""),
-    ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nevent_id = ["{body.a"]', "event_id", ""),
-    ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nretry_delays = []', "retry_delays", "non-empty"),
-    ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nmax_attempts = 0', "max_attempts", "positive integer"),
-    ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nmax_body_bytes = true', "max_body_bytes", "positive integer"),
-    ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\ncolour = "red"', "colour", "unknown field"),
-    ('scheme = "standard-webhooks"\nsecrets = ["whsec_"]\nhandler = "inbox"', "secrets", "no key bytes"),
-    ('scheme = "twilio"\nsecrets = ["t"]\nhandler = "inbox"', "public_url", "the ingress cannot know behind a proxy"),
-    ('scheme = "twilio"\nsecrets = ["t"]\nhandler = "inbox"\npublic_url = "https://h/w?x=1"', "public_url", "query"),
-    ('scheme = "square"\nsecrets = ["t"]\nhandler = "inbox"\npublic_url = 7', "public_url", "the URL the provider calls"),
-    ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\npublic_url = "https://h/w"', "public_url", "only square and twilio"),
-    ('scheme = "api-key"\nsecrets = ["k"]\nhandler = "inbox"', "signature_header", "X-API-Key"),
-    ('scheme = "basic-auth"\nsecrets = ["nocolon"]\nhandler = "inbox"', "secrets", "username:password"),
-    ('scheme = "standard-webhooks-v1a"\nsecrets = ["whsk_AAAA"]\nhandler = "inbox"', "secrets", "private key"),
-])
+@pytest.mark.parametrize(
+    "section, field, problem",
+    [
+        ('scheme = "sha1"\nsecrets = ["s"]\nhandler = "inbox"', "scheme", "unknown scheme"),
+        ('scheme = "github"\nhandler = "inbox"', "secrets", "non-empty list"),
+        (
+            'scheme = "github"\nsecrets = ["env:NOT_SET_ANYWHERE"]\nhandler = "inbox"',
+            "secrets[0]",
+            "NOT_SET_ANYWHERE is not set",
+        ),
+        ('scheme = "github"\nsecrets = ["s"]\nhandler = ""', "handler", "non-empty string"),
+        ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nevent_id = ["cookie:x"]', "event_id", ""),
+        ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nevent_id = ["{body.a"]', "event_id", ""),
+        ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nretry_delays = []', "retry_delays", "non-empty"),
+        ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nmax_attempts = 0', "max_attempts", "positive integer"),
+        (
+            'scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\nmax_body_bytes = true',
+            "max_body_bytes",
+            "positive integer",
+        ),
+        ('scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\ncolour = "red"', "colour", "unknown field"),
+        ('scheme = "standard-webhooks"\nsecrets = ["whsec_"]\nhandler = "inbox"', "secrets", "no key bytes"),
+        (
+            'scheme = "twilio"\nsecrets = ["t"]\nhandler = "inbox"',
+            "public_url",
+            "the ingress cannot know behind a proxy",
+        ),
+        (
+            'scheme = "twilio"\nsecrets = ["t"]\nhandler = "inbox"\npublic_url = "https://h/w?x=1"',
+            "public_url",
+            "query",
+        ),
+        (
+            'scheme = "square"\nsecrets = ["t"]\nhandler = "inbox"\npublic_url = 7',
+            "public_url",
+            "the URL the provider calls",
+        ),
+        (
+            'scheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\npublic_url = "https://h/w"',
+            "public_url",
+            "only square and twilio",
+        ),
+        ('scheme = "api-key"\nsecrets = ["k"]\nhandler = "inbox"', "signature_header", "X-API-Key"),
+        ('scheme = "basic-auth"\nsecrets = ["nocolon"]\nhandler = "inbox"', "secrets", "username:password"),
+        ('scheme = "standard-webhooks-v1a"\nsecrets = ["whsk_AAAA"]\nhandler = "inbox"', "secrets", "private key"),
+    ],
+)
 def test_each_mistake_is_one_line_naming_the_source_and_the_field(tmp_path, section, field, problem):
     with pytest.raises(ConfigError) as raised:
         load(tmp_path, f"[sources.acme]\n{section}\n")
@@ -71,7 +98,9 @@ def test_each_mistake_is_one_line_naming_the_source_and_the_field(tmp_path, sect
 
 
 def test_a_twilio_source_keeps_its_public_url_and_an_api_key_source_its_header(tmp_path):
-    sources = load(tmp_path, '''
+    sources = load(
+        tmp_path,
+        """
 [sources.sms]
 scheme = "twilio"
 secrets = ["token"]
@@ -83,21 +112,27 @@ scheme = "api-key"
 secrets = ["key"]
 handler = "inbox"
 signature_header = "X-CRM-Key"
-''')
+""",
+    )
     assert sources["sms"].public_url == "https://hooks.example.com/webhooks/sms"
     assert sources["crm"].verifier.credential_header == "X-CRM-Key"  # type: ignore[attr-defined]
 
 
 def test_a_handler_is_only_a_name_to_the_sources_file(tmp_path):
     """The ingress loads this file too, and never imports handler code."""
-    [source] = load(tmp_path, '[sources.acme]\nscheme = "github"\nsecrets = ["s"]\nhandler = "no_such_module_xyz:handle"\n').values()
+    [source] = load(
+        tmp_path, '[sources.acme]\nscheme = "github"\nsecrets = ["s"]\nhandler = "no_such_module_xyz:handle"\n'
+    ).values()
     assert source.handler == "no_such_module_xyz:handle"
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("[sources.a\n", "invalid TOML"),
-    ("[other]\nx = 1\n", r"no \[sources\.NAME\] section"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("[sources.a\n", "invalid TOML"),
+        ("[other]\nx = 1\n", r"no \[sources\.NAME\] section"),
+    ],
+)
 def test_a_broken_file_names_the_file(tmp_path, text, problem):
     with pytest.raises(ConfigError, match=problem):
         load(tmp_path, text)
@@ -111,7 +146,9 @@ def test_a_missing_file_names_the_path(tmp_path):
 def test_file_secrets_read_the_file_without_its_trailing_newline(tmp_path):
     secret_file = tmp_path / "github_secret"
     secret_file.write_text("from-a-file\n")
-    [source] = load(tmp_path, f'[sources.gh]\nscheme = "github"\nsecrets = ["file:{secret_file}"]\nhandler = "inbox"\n').values()
+    [source] = load(
+        tmp_path, f'[sources.gh]\nscheme = "github"\nsecrets = ["file:{secret_file}"]\nhandler = "inbox"\n'
+    ).values()
     assert source.secrets == ("from-a-file",)
 
 
@@ -126,23 +163,29 @@ def test_an_unusable_secret_file_is_a_start_up_error_naming_source_and_field(tmp
 
 
 def test_allowed_ips_and_rate_limit_load_as_networks_and_a_bucket(tmp_path):
-    [source] = load(tmp_path, '[sources.gh]\nscheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\n'
-                              'allowed_ips = ["192.30.252.0/22", "2001:db8::/32", "127.0.0.1"]\n'
-                              'rate_limit = { per_second = 0.5, burst = 3 }\n').values()
+    [source] = load(
+        tmp_path,
+        '[sources.gh]\nscheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\n'
+        'allowed_ips = ["192.30.252.0/22", "2001:db8::/32", "127.0.0.1"]\n'
+        "rate_limit = { per_second = 0.5, burst = 3 }\n",
+    ).values()
     assert [str(n) for n in source.allowed_ips] == ["192.30.252.0/22", "2001:db8::/32", "127.0.0.1/32"]
     assert (source.rate_limit.per_second, source.rate_limit.burst) == (0.5, 3)
     assert load_sources(None)["demo"].allowed_ips == () and load_sources(None)["demo"].rate_limit is None
 
 
-@pytest.mark.parametrize("line, field, problem", [
-    ('allowed_ips = ["10.0.0.1/8"]', "allowed_ips[0]", "host bits set"),
-    ('allowed_ips = ["github"]', "allowed_ips[0]", "CIDR"),
-    ('allowed_ips = "10.0.0.0/8"', "allowed_ips", "list of CIDRs"),
-    ("rate_limit = { per_second = 0, burst = 1 }", "rate_limit.per_second", "positive number"),
-    ("rate_limit = { per_second = 5 }", "rate_limit.burst", "is required"),
-    ("rate_limit = { per_second = 5, burst = 1, window = 3 }", "rate_limit.window", "unknown field"),
-    ("rate_limit = 5", "rate_limit", "must be a table"),
-])
+@pytest.mark.parametrize(
+    "line, field, problem",
+    [
+        ('allowed_ips = ["10.0.0.1/8"]', "allowed_ips[0]", "host bits set"),
+        ('allowed_ips = ["github"]', "allowed_ips[0]", "CIDR"),
+        ('allowed_ips = "10.0.0.0/8"', "allowed_ips", "list of CIDRs"),
+        ("rate_limit = { per_second = 0, burst = 1 }", "rate_limit.per_second", "positive number"),
+        ("rate_limit = { per_second = 5 }", "rate_limit.burst", "is required"),
+        ("rate_limit = { per_second = 5, burst = 1, window = 3 }", "rate_limit.window", "unknown field"),
+        ("rate_limit = 5", "rate_limit", "must be a table"),
+    ],
+)
 def test_allowlist_and_rate_limit_mistakes_name_the_field(tmp_path, line, field, problem):
     with pytest.raises(ConfigError) as raised:
         load(tmp_path, f'[sources.acme]\nscheme = "github"\nsecrets = ["s"]\nhandler = "inbox"\n{line}\n')
@@ -154,21 +197,31 @@ def test_allowlist_and_rate_limit_mistakes_name_the_field(tmp_path, line, field,
 
 SECRET = st.text(alphabet="ABCDEFGHJKLMNPQRSTUVWXYZ23456789", min_size=12, max_size=24).map(lambda s: "zz" + s)
 OPTIONAL_VALUES = {
-    "tolerance_seconds": st.one_of(st.integers(-5, 10_000), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=3), st.booleans()),
+    "tolerance_seconds": st.one_of(
+        st.integers(-5, 10_000), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=3), st.booleans()
+    ),
     "max_body_bytes": st.one_of(st.integers(-5, 10**9), st.floats(allow_nan=False), st.booleans(), st.text(max_size=3)),
     "max_attempts": st.one_of(st.integers(-5, 100), st.booleans(), st.none().map(lambda _: [1])),
     "retry_delays": st.lists(st.one_of(st.integers(-2, 600), st.floats(-1, 600)), max_size=4),
     "fallback_hash": st.one_of(st.booleans(), st.integers(0, 1), st.text(max_size=3)),
     "allowed_ips": st.lists(st.one_of(st.ip_addresses().map(str), st.text(max_size=8)), max_size=3),
-    "rate_limit": st.fixed_dictionaries({"per_second": st.one_of(st.floats(-1, 1e4), st.integers(-1, 10**4)),
-                                         "burst": st.one_of(st.integers(-1, 10**4), st.booleans())}),
+    "rate_limit": st.fixed_dictionaries(
+        {
+            "per_second": st.one_of(st.floats(-1, 1e4), st.integers(-1, 10**4)),
+            "burst": st.one_of(st.integers(-1, 10**4), st.booleans()),
+        }
+    ),
 }
 
 
 @settings(max_examples=200, deadline=None)
-@given(secret=SECRET, overrides=st.dictionaries(st.sampled_from(sorted(OPTIONAL_VALUES)), st.none(), max_size=4)
-       .flatmap(lambda keys: st.fixed_dictionaries({k: OPTIONAL_VALUES[k] for k in keys})),
-       stray=st.one_of(st.none(), st.from_regex(r"\A[a-z_]{1,12}\Z")))
+@given(
+    secret=SECRET,
+    overrides=st.dictionaries(st.sampled_from(sorted(OPTIONAL_VALUES)), st.none(), max_size=4).flatmap(
+        lambda keys: st.fixed_dictionaries({k: OPTIONAL_VALUES[k] for k in keys})
+    ),
+    stray=st.one_of(st.none(), st.from_regex(r"\A[a-z_]{1,12}\Z")),
+)
 def test_any_section_loads_or_fails_with_one_secret_free_line(secret, overrides, stray):
     section = {"scheme": "github", "secrets": [secret], "handler": "inbox", **overrides}
     if stray is not None and stray not in SourceSection.model_fields:
@@ -208,8 +261,11 @@ BROKER_MESSAGE_BYTES = 128 * 1024 * 1024  # RabbitMQ's default max_message_size 
 
 
 @settings(max_examples=100, deadline=None)
-@given(max_body_bytes=st.one_of(st.integers(1, BROKER_MESSAGE_BYTES - 1024 * 1024),
-                                st.integers(BROKER_MESSAGE_BYTES + 1, 2**63)))
+@given(
+    max_body_bytes=st.one_of(
+        st.integers(1, BROKER_MESSAGE_BYTES - 1024 * 1024), st.integers(BROKER_MESSAGE_BYTES + 1, 2**63)
+    )
+)
 def test_a_body_limit_beyond_one_broker_message_stops_start_up(max_body_bytes):
     section = {"scheme": "github", "secrets": ["s"], "handler": "inbox", "max_body_bytes": max_body_bytes}
     if max_body_bytes < BROKER_MESSAGE_BYTES:
@@ -243,14 +299,20 @@ _DELAYS = st.floats(min_value=0.001, max_value=1e7, allow_nan=False, allow_infin
 @settings(max_examples=300, deadline=None)
 @example(delays=[123456.7, 123457.2])
 @example(delays=[1.0000001, 1.0000002])
-@given(delays=st.one_of(st.lists(_DELAYS, min_size=1, max_size=6),
-                        _DELAYS.flatmap(lambda delay: st.lists(
-                            st.floats(0, delay * 1e-5).map(lambda step: delay + step), min_size=2, max_size=4))))
+@given(
+    delays=st.one_of(
+        st.lists(_DELAYS, min_size=1, max_size=6),
+        _DELAYS.flatmap(
+            lambda delay: st.lists(st.floats(0, delay * 1e-5).map(lambda step: delay + step), min_size=2, max_size=4)
+        ),
+    )
+)
 def test_retry_delays_that_share_a_queue_share_its_delay(delays):
     """Any retry delays of a sources file (and of every source in it: the
     retry queues are per namespace): one queue name, one declaration."""
-    sources = {"acme": parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox",
-                                             "retry_delays": delays})}
+    sources = {
+        "acme": parse_source("acme", {"scheme": "github", "secrets": ["s"], "handler": "inbox", "retry_delays": delays})
+    }
     declared = _declared_retry_queues(*(d for source in sources.values() for d in source.retry_delays))
     assert {name: arguments for name, arguments in declared.items() if len(arguments) > 1} == {}
 

@@ -28,7 +28,11 @@ def test_text_already_storable_is_kept_as_it_is(text):
     assert storable(text) == text
 
 
-@given(st.recursive(any_text | st.integers(-(2**63), 2**63 - 1), lambda inner: st.lists(inner) | st.dictionaries(any_text, inner)))
+@given(
+    st.recursive(
+        any_text | st.integers(-(2**63), 2**63 - 1), lambda inner: st.lists(inner) | st.dictionaries(any_text, inner)
+    )
+)
 def test_cleaned_values_are_json_that_orjson_writes(value):
     orjson.dumps(cleaned(value))
 

@@ -11,30 +11,33 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_ingest.ingress.outbox import decode_message, encode_message
+from tests.support.events import make_event
 from webhook_ingest import shared
+from webhook_ingest.ingress.outbox import decode_message, encode_message
 from webhook_ingest.shared import tracing
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.logging import configure_logging
 from webhook_ingest.shared.message import from_amqp, to_amqp
-from tests.support.events import make_event
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 TRACED = {"traceparent": TRACEPARENT, "tracestate": "vendor=opaque"}
 
 
-@pytest.mark.parametrize(("environ", "on"), [
-    ({}, False),
-    ({"OTEL_SERVICE_NAME": "hooks"}, False),  # naming the service alone turns nothing on
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
-    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, True),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}, False),
-    ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
-    ({"OTEL_TRACES_EXPORTER": "console"}, True),
-    ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, False),
-    ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, False),
-    ({"OTEL_SDK_DISABLED": "false", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
-])
+@pytest.mark.parametrize(
+    ("environ", "on"),
+    [
+        ({}, False),
+        ({"OTEL_SERVICE_NAME": "hooks"}, False),  # naming the service alone turns nothing on
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}, False),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
+        ({"OTEL_TRACES_EXPORTER": "console"}, True),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, False),
+        ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, False),
+        ({"OTEL_SDK_DISABLED": "false", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+    ],
+)
 def test_which_variables_turn_tracing_on(environ, on):
     assert tracing.wanted(environ) is on
 
@@ -74,8 +77,13 @@ def test_off_every_call_is_the_same_do_nothing():
     assert not tracing.wanted({}) and tracing._on is None
     event = make_event("acme", "evt_1")
     traced = type(event)(**{**event.__dict__, "trace_context": TRACED})
-    made = {id(tracing.span("claim", traced)), id(tracing.span("handler", traced, failed_by_errors=True)),
-            id(tracing.spans("commit", [traced])), id(tracing.continued(traced)), id(tracing.replaying({}, 1))}
+    made = {
+        id(tracing.span("claim", traced)),
+        id(tracing.span("handler", traced, failed_by_errors=True)),
+        id(tracing.spans("commit", [traced])),
+        id(tracing.continued(traced)),
+        id(tracing.replaying({}, 1)),
+    }
     assert len(made) == 1  # one shared nullcontext: no span object, no context
     coroutine = asyncio.sleep(0)
     assert tracing.within(traced, coroutine) is coroutine
@@ -97,10 +105,13 @@ def test_every_log_line_goes_through_the_trace_ids_step():
         root.handlers[:], root.level = handlers, level
 
 
-@pytest.mark.parametrize(("name", "value", "complaint"), [
-    ("OTEL_TRACES_EXPORTER", "zipkin", "OTEL_TRACES_EXPORTER: 'zipkin'"),
-    ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", "OTEL_EXPORTER_OTLP_PROTOCOL: 'grpc'"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "complaint"),
+    [
+        ("OTEL_TRACES_EXPORTER", "zipkin", "OTEL_TRACES_EXPORTER: 'zipkin'"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", "OTEL_EXPORTER_OTLP_PROTOCOL: 'grpc'"),
+    ],
+)
 def test_an_exporter_we_cannot_serve_is_refused_in_one_line(monkeypatch, name, value, complaint):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
     monkeypatch.setenv(name, value)

@@ -93,8 +93,9 @@ def load_handlers(sources: Mapping[str, "Source"]) -> dict[str, Handler]:
         if not source.routes:
             handlers[name] = _handler(source.name, "", source.handler, source.handler_options)
         for index, route in enumerate(source.routes):
-            handlers[handler_key(name, route.name)] = _handler(source.name, f"routes[{index}].", route.handler,
-                                                               route.handler_options)
+            handlers[handler_key(name, route.name)] = _handler(
+                source.name, f"routes[{index}].", route.handler, route.handler_options
+            )
     return handlers
 
 
@@ -162,8 +163,10 @@ def _imported(reference: str) -> Handler:
     if not callable(handle):
         raise ConfigError(f"{module_name!r} has no callable {attribute!r}")
     if not _is_async(handle):
-        raise ConfigError(f"{reference!r} is not an async function: the worker awaits it, so write"
-                          f" 'async def {attribute}(event, ctx)'")
+        raise ConfigError(
+            f"{reference!r} is not an async function: the worker awaits it, so write"
+            f" 'async def {attribute}(event, ctx)'"
+        )
     return handle
 
 
@@ -173,8 +176,10 @@ def _where_to_put(module_name: str, exc: ImportError) -> str:
     if missing is None:
         return ""
     if module_name == missing or module_name.startswith(f"{missing}."):
-        return (f"; install it into this Python environment ({sys.prefix}) or put its folder on PYTHONPATH"
-                " (the current directory is not on the webhook-ingest command's import path)")
+        return (
+            f"; install it into this Python environment ({sys.prefix}) or put its folder on PYTHONPATH"
+            " (the current directory is not on the webhook-ingest command's import path)"
+        )
     return f"; install {missing!r} into this Python environment ({sys.prefix})"
 
 

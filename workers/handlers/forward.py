@@ -31,8 +31,17 @@ from webhook_ingest.workers.handlers import Event, HandlerContext, PermanentErro
 DEFAULT_TIMEOUT_SECONDS = 10.0
 _RETRYABLE_CLIENT_ERRORS = frozenset({408, 429})
 # What forward sets itself, or aiohttp from the body: never from `headers`.
-OWN_HEADERS = frozenset({"idempotency-key", "x-webhook-source", "x-webhook-route", "content-type", "content-length",
-                         "transfer-encoding", "host"})
+OWN_HEADERS = frozenset(
+    {
+        "idempotency-key",
+        "x-webhook-source",
+        "x-webhook-route",
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "host",
+    }
+)
 _session: aiohttp.ClientSession | None = None
 
 

@@ -28,9 +28,14 @@ from starlette.routing import Route
 SECRET = os.environ.get("PEER_SECRET", "bench-secret").encode()
 
 app = Celery("peer", broker=os.environ.get("PEER_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//"))
-app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
-                task_default_queue=os.environ.get("PEER_QUEUE", "peer_celery"), broker_connection_retry_on_startup=True,
-                broker_transport_options={"confirm_publish": True})  # 200 only once the broker has it, as ours
+app.conf.update(
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_default_queue=os.environ.get("PEER_QUEUE", "peer_celery"),
+    broker_connection_retry_on_startup=True,
+    broker_transport_options={"confirm_publish": True},
+)  # 200 only once the broker has it, as ours
 _connection: psycopg.Connection | None = None
 
 

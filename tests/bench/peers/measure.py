@@ -47,8 +47,14 @@ class CeleryStack:
         self.processes: dict[str, subprocess.Popen] = {}
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONPATH": str(ROOT), "PEER_AMQP_URL": AMQP_URL, "PEER_SECRET": SECRET,
-                "PEER_DATABASE_URL": self.database_url, "PEER_QUEUE": self.queue}
+        return {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "PEER_AMQP_URL": AMQP_URL,
+            "PEER_SECRET": SECRET,
+            "PEER_DATABASE_URL": self.database_url,
+            "PEER_QUEUE": self.queue,
+        }
 
     async def __aenter__(self) -> "CeleryStack":
         bin_dir = await asyncio.to_thread(ensure_venv)
@@ -65,12 +71,38 @@ class CeleryStack:
     def _start(self, bin_dir: Path) -> None:
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": self._env(), "cwd": ROOT}
         self.processes["receiver"] = subprocess.Popen(
-            [str(bin_dir / "uvicorn"), "tests.bench.peers.celery_stack:receiver", "--port", str(self.port),
-             "--workers", str(PROCESSES), "--no-access-log", "--log-level", "warning"], **quiet)
+            [
+                str(bin_dir / "uvicorn"),
+                "tests.bench.peers.celery_stack:receiver",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(PROCESSES),
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
+            **quiet,
+        )
         self.processes["worker"] = subprocess.Popen(
-            [str(bin_dir / "celery"), "-A", "tests.bench.peers.celery_stack", "worker", "-P", "prefork",
-             "--concurrency", str(PROCESSES), "-Q", self.queue, "--without-gossip", "--without-mingle",
-             "--loglevel", "warning"], **quiet)
+            [
+                str(bin_dir / "celery"),
+                "-A",
+                "tests.bench.peers.celery_stack",
+                "worker",
+                "-P",
+                "prefork",
+                "--concurrency",
+                str(PROCESSES),
+                "-Q",
+                self.queue,
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel",
+                "warning",
+            ],
+            **quiet,
+        )
 
     def _stop(self) -> None:
         for process in self.processes.values():
@@ -156,8 +188,12 @@ async def _kill(stack: CeleryStack, figures: dict) -> None:
 
 async def _until_rows(stack: CeleryStack, prefix: str, count: int, timeout: float = 180) -> None:
     async def written() -> bool:
-        return await stack.fetchval("SELECT count(DISTINCT key) FROM peer_effects WHERE key LIKE $1",
-                                    f"{SOURCE}:{prefix}%") >= count
+        return (
+            await stack.fetchval(
+                "SELECT count(DISTINCT key) FROM peer_effects WHERE key LIKE $1", f"{SOURCE}:{prefix}%"
+            )
+            >= count
+        )
 
     await wait_until(written, timeout, interval=0.1, message=f"{count} {prefix} rows of the Celery stack")
 
