@@ -11,10 +11,14 @@ process stopped past the lease while another worker really took the key
 successful calls of one key (the downstream's count, tests/chaos/downstream.py)
 are a violation unless the record (tests/chaos/applied.py) shows one of
 these between them; each explained one is counted under its cause. A
-pause explains a repeat only when the later call's run started while the
-earlier caller was stopped, by another process, and the earlier call was
-made before the caller woke: a stopped process that woke and called again
-while another ran the key would be two runs at once.
+pause explains a repeat only when the other call's run started while the
+caller it stopped held the key, by another process, and the stopped one
+called before it woke or within the round trip that tells it, once woken,
+that the key is no longer its own (PAUSE_SLACK_SECONDS, as long as a
+loaded host may take): the limit docs/design.md states ("Exclusion":
+a handler resumes on waking, its call may go out before the answer
+comes). A stopped process that called later than that, while another ran
+the key, is two runs at once.
 
 **Handler re-runs (counted).** A run of an attempt that already ran (the
 `chaos_runs` intervals: same key, same attempt number) is a re-run; each
@@ -130,15 +134,15 @@ def _call_repeated_by(
             return "kill"
         if fault.action == "cut" and fault.service == "postgres" and fault.touches(earlier.pid, begun, later.started):
             return "cut postgres"
-    started = _run_start(later, runs)
     for fault in applied:
-        if (
-            fault.action == "pause"
-            and fault.pid == earlier.pid != later.pid
-            and earlier.started < fault.ended
-            and fault.started <= started <= fault.ended + PAUSE_SLACK_SECONDS
-        ):
-            return "pause"
+        if fault.action == "pause" and earlier.pid != later.pid and fault.pid in (earlier.pid, later.pid):
+            woken, other = (earlier, later) if fault.pid == earlier.pid else (later, earlier)
+            if (
+                _run_start(woken, runs) < fault.ended
+                and woken.started < fault.ended + PAUSE_SLACK_SECONDS
+                and fault.started <= _run_start(other, runs) <= fault.ended + PAUSE_SLACK_SECONDS
+            ):
+                return "pause"
     if any(earlier.ended + PRUNE_WINDOW_SECONDS < ended and begun < later.started for begun, ended in prunes):
         return "prune"
     return None
