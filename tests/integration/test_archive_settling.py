@@ -204,6 +204,32 @@ async def test_a_replayed_event_whose_outcome_was_lost_is_settled_by_the_sweep(a
     assert await statuses(archive_store, event.key) == [("processed", 1)]
 
 
+async def _two_arrivals(archive_store, event_id: str):
+    first = arrival_of("acme", event_id, 5)
+    second = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
+    await arrived(archive_store, first, second)
+    return first, second
+
+
+async def _died(archive_store, arrival) -> int:
+    """The arrival's run failed for good: its outcome `dead`, and the dead letter it found or opened."""
+    died = dataclasses.replace(arrival, attempt=1)
+    await archive_store.write_outcomes([archive.outcome_row(died, archive.DEAD, time.time(), "PermanentError")])
+    return await record_dead_letter(archive_store._database, died, [failure(1)])
+
+
+async def _replayed_to_completion(archive_store, dead_letter: int, arrival) -> list[tuple]:
+    """On-call's `dlq replay` of the dead letter, and the run it queued for `arrival`, completed."""
+    replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead_letter)])
+    assert replayed.exit_code == 0, replayed.output
+    replay_of = await archive_store._database.fetchval(
+        "SELECT replay_of FROM event_archive WHERE arrival = $1", arrival.arrival
+    )
+    run = dataclasses.replace(arrival, replay_of=replay_of, attempt=1)
+    await ran(archive_store, run)
+    return [archive.outcome_row(run, archive.PROCESSED, time.time())]
+
+
 async def test_copies_that_died_into_one_dead_letter_follow_its_replay(archive_store, settings):
     """CI's chaos run of seed 7 (evt_00117): two copies of an event told to
     fail both ran and died; the second found the first's dead letter open
@@ -211,22 +237,11 @@ async def test_copies_that_died_into_one_dead_letter_follow_its_replay(archive_s
     letter and the event completed, yet the second copy's row said `dead`
     with no dead letter open. The replay stands for every arrival its dead
     letter does: each ends as a copy of the replay's run."""
-    first = arrival_of("acme", "evt_14", 5)
-    second = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
-    await arrived(archive_store, first, second)
+    first, second = await _two_arrivals(archive_store, "evt_14")
     for copy in (first, second):
-        died = dataclasses.replace(copy, attempt=1)
-        await archive_store.write_outcomes([archive.outcome_row(died, archive.DEAD, time.time(), "PermanentError")])
-        dead_letter = await record_dead_letter(archive_store._database, died, [failure(1)])
+        dead_letter = await _died(archive_store, copy)
     assert await statuses(archive_store, first.key) == [("dead", 1), ("dead", 1)]
-    replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead_letter)])
-    assert replayed.exit_code == 0, replayed.output
-    replay_of = await archive_store._database.fetchval(
-        "SELECT replay_of FROM event_archive WHERE arrival = $1", first.arrival
-    )
-    run = dataclasses.replace(first, replay_of=replay_of, attempt=1)
-    await ran(archive_store, run)
-    await archive_store.write_outcomes([archive.outcome_row(run, archive.PROCESSED, time.time())])
+    await archive_store.write_outcomes(await _replayed_to_completion(archive_store, dead_letter, first))
     await archive_store.settle(0, ROUTES)
     assert [status for status, _ in await statuses(archive_store, first.key)] == ["processed", "duplicate"]
 
@@ -237,27 +252,12 @@ async def test_a_copy_settled_dead_while_queued_follows_the_replay(archive_store
     settled `dead` by the sweep from the first copy's open dead letter. The
     bulk replay ran the event to completion, the copy's message then found
     it completed, and its `duplicate` could not step over `dead`."""
-    first = arrival_of("acme", "evt_16", 5)
-    copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
-    await arrived(archive_store, first, copy)
-    died = dataclasses.replace(first, attempt=1)
-    await archive_store.write_outcomes([archive.outcome_row(died, archive.DEAD, time.time(), "PermanentError")])
-    dead_letter = await record_dead_letter(archive_store._database, died, [failure(1)])
+    first, copy = await _two_arrivals(archive_store, "evt_16")
+    dead_letter = await _died(archive_store, first)
     await archive_store.settle(0, ROUTES)
     assert await statuses(archive_store, first.key) == [("dead", 1), ("dead", 0)]
-    replayed = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "replay", str(dead_letter)])
-    assert replayed.exit_code == 0, replayed.output
-    replay_of = await archive_store._database.fetchval(
-        "SELECT replay_of FROM event_archive WHERE arrival = $1", first.arrival
-    )
-    run = dataclasses.replace(first, replay_of=replay_of, attempt=1)
-    await ran(archive_store, run)
-    await archive_store.write_outcomes(
-        [
-            archive.outcome_row(run, archive.PROCESSED, time.time()),
-            archive.outcome_row(copy, archive.DUPLICATE, time.time()),
-        ]
-    )
+    processed = await _replayed_to_completion(archive_store, dead_letter, first)
+    await archive_store.write_outcomes([*processed, archive.outcome_row(copy, archive.DUPLICATE, time.time())])
     await archive_store.settle(0, ROUTES)
     assert [status for status, _ in await statuses(archive_store, first.key)] == ["processed", "duplicate"]
 
@@ -265,13 +265,9 @@ async def test_a_copy_settled_dead_while_queued_follows_the_replay(archive_store
 async def test_copies_that_died_into_one_dead_letter_follow_its_discard(archive_store, settings):
     """The same two copies, their dead letter discarded: both arrivals are
     `discarded`, none left `dead` with no dead letter open."""
-    first = arrival_of("acme", "evt_15", 5)
-    second = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
-    await arrived(archive_store, first, second)
+    first, second = await _two_arrivals(archive_store, "evt_15")
     for copy in (first, second):
-        died = dataclasses.replace(copy, attempt=1)
-        await archive_store.write_outcomes([archive.outcome_row(died, archive.DEAD, time.time(), "PermanentError")])
-        dead_letter = await record_dead_letter(archive_store._database, died, [failure(1)])
+        dead_letter = await _died(archive_store, copy)
     discarded = await asyncio.to_thread(CliRunner().invoke, main, ["dlq", "discard", str(dead_letter)])
     assert discarded.exit_code == 0, discarded.output
     assert [status for status, _ in await statuses(archive_store, first.key)] == ["discarded", "discarded"]
