@@ -94,12 +94,13 @@ class OutageGate:
         self._probe = probe  # async callable: raises while the service is down
         self._name = name
         self._over: asyncio.Event | None = None
+        self._probing: asyncio.Task | None = None  # referenced: the loop keeps only a weak one
 
     async def wait(self, exc: BaseException) -> None:
         if self._over is None:
             self._over = asyncio.Event()
             log.warning("service_outage", service=self._name, error=describe(exc))
-            asyncio.create_task(self._probe_until_up(self._over))
+            self._probing = asyncio.create_task(self._probe_until_up(self._over))
         await self._over.wait()
 
     async def _probe_until_up(self, over: asyncio.Event) -> None:
