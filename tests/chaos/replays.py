@@ -57,9 +57,11 @@ class IssuedReplay:
 
 async def events_replay(env: dict[str, str], source: str, window: float) -> IssuedReplay:
     now = datetime.now(UTC).timestamp()
+    # in whole milliseconds, as the command is given them: the window judged is the one asked for (an
+    # arrival stamped at `until`'s millisecond is outside it, and was counted in when `until` kept its µs)
     since, until = (
-        datetime.fromtimestamp(now - WINDOW_LAG - window, UTC),
-        datetime.fromtimestamp(now - WINDOW_LAG, UTC),
+        datetime.fromtimestamp(round(now - WINDOW_LAG - window, 3), UTC),
+        datetime.fromtimestamp(round(now - WINDOW_LAG, 3), UTC),
     )
     issued = await _cli(
         env,
