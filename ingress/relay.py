@@ -93,7 +93,7 @@ class Relay:
             raise_if_cancelled()
             log.warning("outbox_unreachable", error=describe(exc))
             await asyncio.sleep(DATABASE_RETRY_SECONDS)
-        except Exception:  # noqa: BLE001 - a bug here must not end the relay: the rows would wait forever
+        except Exception:  # a bug here must not end the relay: the rows would wait forever
             raise_if_cancelled()
             log.exception("outbox_relay_failed")
             await asyncio.sleep(DATABASE_RETRY_SECONDS)

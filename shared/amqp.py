@@ -78,7 +78,7 @@ class NodeRotatingConnection(RobustConnection):
         # hands on from `kwargs` as it is (shared/coalesced_writes.py).
         self.kwargs["transport_factory"] = CoalescingTransports()
 
-    async def _RobustConnection__connect_transport(self) -> None:  # noqa: N802 - aio-pika's own (mangled) name
+    async def _RobustConnection__connect_transport(self) -> None:  # aio-pika's own (mangled) name
         try:
             await super()._RobustConnection__connect_transport()  # type: ignore[misc]
         except BaseException:

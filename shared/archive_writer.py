@@ -164,7 +164,7 @@ class BatchedWriter:
         alone, and drops those. Raises an outage as itself."""
         try:
             await self._write(batch)
-        except Exception as exc:  # noqa: BLE001 - whatever refuses a row must not stop the others
+        except Exception as exc:  # whatever refuses a row must not stop the others
             if is_outage(exc):
                 raise
             if len(batch) == 1:

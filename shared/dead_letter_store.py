@@ -179,7 +179,7 @@ class DeadLetterStore:
                 raise ChangedMeanwhile(dead_letter_id, "changed")
             try:
                 await _publish(channel, namespace, row, replay_id)
-            except Exception as exc:  # noqa: BLE001 - any broker failure: nothing was replayed
+            except Exception as exc:  # any broker failure: nothing was replayed
                 raise ReplayInterrupted([], exc) from exc
             if bulk_action_id is None:
                 await _record_audit(connection, actor, "replay", [dead_letter_id])
@@ -372,7 +372,7 @@ async def _replay_as_read(
             return False
         try:
             await _publish(channel, namespace, row, replay_id)
-        except Exception as exc:  # noqa: BLE001 - any broker failure: report what was done
+        except Exception as exc:  # any broker failure: report what was done
             raise ReplayInterrupted(done.replayed, exc) from exc
     return True
 
@@ -400,7 +400,7 @@ async def _savepoint(connection, name: str) -> AsyncIterator[None]:
     try:
         yield
     except BaseException:
-        with contextlib.suppress(Exception):  # noqa: BLE001 - the transaction's end undoes it then
+        with contextlib.suppress(Exception):  # the transaction's end undoes it then
             await connection.execute(f"ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}")
         raise
     await connection.execute(f"RELEASE SAVEPOINT {name}")

@@ -118,14 +118,14 @@ async def _steps(job: PacedJob, acted: list[Any]) -> str:
 
 
 async def _finish(job: PacedJob, acted: list[Any], state: str, error: str | None) -> None:
-    with contextlib.suppress(Exception):  # noqa: BLE001 - Postgres away: it shows running, resumable later
+    with contextlib.suppress(Exception):  # Postgres away: it shows running, resumable later
         if state not in ("cancelled", TAKEN_OVER):
             await job.finish(state, error)
     await _audit(job, job.name, acted, state=state)
 
 
 async def _audit(job: PacedJob, what: str, acted: list[Any] | None, **detail) -> None:
-    with contextlib.suppress(Exception):  # noqa: BLE001 - logged instead when Postgres is away
+    with contextlib.suppress(Exception):  # logged instead when Postgres is away
         await job.audit(what, acted, **detail)
         return
     log.warning("paced_run_audit_lost", job=job.name, id=job.id, action=what, count=len(acted or ()))

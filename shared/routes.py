@@ -41,7 +41,7 @@ class Route:
     name: str
     handler: str
     handler_options: dict[str, Any] = field(default_factory=dict)
-    types: ignore_rules.IgnoreRules = ignore_rules.IgnoreRules()  # no rules: every event
+    types: ignore_rules.IgnoreRules = field(default_factory=ignore_rules.IgnoreRules)  # no rules: every event
 
     def takes(self, headers: Mapping[str, str], payload: object) -> bool:
         return not self.types.rules or self.types.matching(headers, payload) is not None

@@ -218,7 +218,7 @@ class Source:
     rate_limit: RateLimit | None = None
     retention: timedelta = DEFAULT_RETENTION  # how long the archive keeps its events (0: not archived)
     event_type_selectors: tuple = ()
-    ignore: ignore_rules.IgnoreRules = ignore_rules.IgnoreRules()
+    ignore: ignore_rules.IgnoreRules = field(default_factory=ignore_rules.IgnoreRules)
     routes: tuple[Route, ...] = ()  # empty: the one `handler`
 
     def handler_for(self, route: str) -> tuple[str, dict[str, Any]]:

@@ -108,7 +108,7 @@ async def declare_events_queue_to_consume(
         await declare_dead_queue(channel, namespace)
         return await channel.declare_queue(events_queue(namespace), passive=True), False
     finally:
-        with contextlib.suppress(Exception):  # noqa: BLE001 - a probe channel the broker may have closed
+        with contextlib.suppress(Exception):  # a probe channel the broker may have closed
             await probe.close()
     return await declare_events_queue(channel, namespace, delivery_limit), True
 
@@ -171,7 +171,7 @@ async def queue_depths(amqp_url: str, names: list[str], connection_name: str) ->
     does not exist yet. A connection of its own: a passive declare of a
     missing queue closes its channel, which must never be the ingress's."""
     depths: dict[str, int | None] = dict.fromkeys(names)
-    with contextlib.suppress(Exception):  # noqa: BLE001 - the broker away: every depth n/a
+    with contextlib.suppress(Exception):  # the broker away: every depth n/a
         connection = await amqp.connect(
             amqp_url, timeout=DEPTH_TIMEOUT, client_properties={"connection_name": connection_name}
         )

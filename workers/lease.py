@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from webhook_ingest.shared import metrics
 from webhook_ingest.shared.logging import get_logger
@@ -41,7 +41,7 @@ class Lease:
     key: str
     token: int
     sent_at: float  # time.monotonic() before the statement that took it was sent
-    handed_on: HandedOn = HandedOn()  # the key's last attempt handed on (workers.attempts)
+    handed_on: HandedOn = field(default_factory=HandedOn)  # the key's last attempt handed on (workers.attempts)
 
 
 class LockLost(Exception):
@@ -276,7 +276,7 @@ def cancelled_when_lost(keeper: Keeper, connection):
     if cancelled:  # the handler went on after the cancellation
         task.uncancel()
         _handler_stopped(keeper, connection)
-        raise LockLost(keeper.name)
+        raise LockLost(keeper.name)  # the handler's error stays as the context
 
 
 def _handler_stopped(keeper: Keeper, connection) -> None:

@@ -8,6 +8,7 @@ passes.
 
 import asyncio
 import dataclasses
+import itertools
 
 import asyncpg
 import pytest
@@ -243,7 +244,7 @@ async def test_a_holder_whose_postgres_path_stalls_cancels_its_handler_and_has_n
     runs = await _fetch(settings.database_url, "SELECT key, pid, started, ended FROM runs ORDER BY started")
 
     assert holder_run < 3, f"the holder's effect ran {holder_run:.1f} s: not cancelled before its lease ran out"
-    assert [(a["pid"], b["pid"]) for a, b in zip(runs, runs[1:]) if b["started"] < a["ended"]] == [], runs
+    assert [(a["pid"], b["pid"]) for a, b in itertools.pairwise(runs) if b["started"] < a["ended"]] == [], runs
     assert await count_rows(settings.database_url, "effects") == 1
 
 

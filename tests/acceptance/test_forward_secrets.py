@@ -91,7 +91,7 @@ async def test_a_forward_urls_credentials_reach_no_viewer_log_or_notification(se
         WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET=NOTIFY_SECRET,
     )
     async with downstream.running(), notified.running():
-        ingress, ingress_url = fleet.ingress(env=env)
+        _ingress, ingress_url = fleet.ingress(env=env)
         worker = fleet.worker(env=env)
         await wait_until(_ready(ingress_url), 30, message="the ingress ready")
         await deliver(ingress_url, "evt_leak")

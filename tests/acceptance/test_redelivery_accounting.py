@@ -57,7 +57,7 @@ async def test_a_completion_whose_ack_died_is_counted_processed_not_duplicate(se
 async def test_a_dead_letter_whose_ack_died_is_not_run_again_nor_recorded_twice(settings, fleet, tmp_path):
     event = make_event("acme", "evt_dead_unacked")
     await publish_events(settings.amqp_url, settings.namespace, [event])
-    connection, message = await _take_without_ack(settings)
+    connection, _message = await _take_without_ack(settings)
     database = await asyncpg.connect(settings.database_url)
     try:
         await record_dead_letter(database, event, [{"attempt": 3, "type": "RuntimeError", "message": "boom"}])

@@ -7,6 +7,7 @@ their spacing and their `Idempotency-Key`.
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -109,7 +110,7 @@ async def test_retries_spaced_by_the_delays_then_a_dead_letter_then_one_delivery
         assert {headers["Idempotency-Key"] for _, headers, _ in receiver.requests} == {event.key}
         assert all(body == event.body for _, _, body in receiver.requests)
         times = [at for at, _, _ in receiver.requests]
-        for delay, (earlier, later) in zip(RETRY_DELAYS, zip(times, times[1:])):
+        for delay, (earlier, later) in zip(RETRY_DELAYS, itertools.pairwise(times)):
             assert later - earlier >= delay - TIMING_TOLERANCE
 
         [listed] = await dlq_json(env, "list")

@@ -75,7 +75,7 @@ async def test_a_failing_route_is_dead_lettered_alone_and_its_replay_runs_only_i
     assert await effects(settings.database_url) == {"acme:evt_1#billing": 1}  # billing ran once, audit never
 
     fail_file.unlink()
-    code, stdout, stderr = await webhook_ingest(env, "dlq", "replay", str(listed["id"]))
+    code, _stdout, stderr = await webhook_ingest(env, "dlq", "replay", str(listed["id"]))
     assert code == 0, stderr
     await wait_until(
         lambda: count_rows(settings.database_url, "processed_events", "key LIKE '%#audit'"),

@@ -55,7 +55,7 @@ async def test_a_database_ahead_of_the_release_is_not_refused(database):
         await connection.execute("INSERT INTO schema_migrations (name) VALUES ('9999_the_next_release.sql')")
         await schema.require_migrations(connection)
         await connection.execute("DELETE FROM schema_migrations WHERE name = '0020_completion_arrival.sql'")
-        with pytest.raises(schema.SchemaBehind, match="0020_completion_arrival.sql"):
+        with pytest.raises(schema.SchemaBehind, match=r"0020_completion_arrival\.sql"):
             await schema.require_migrations(connection)
     finally:
         await connection.close()

@@ -284,7 +284,8 @@ async def main() -> int:
     figures: dict[str, float] = {}
     await measure(figures)
     print(f"\n| {'what':<62} | {'figure':>8} |\n| {'-' * 62} | {'-' * 8} |")
-    for key, label, fmt in ROWS + [
+    for key, label, fmt in [
+        *ROWS,
         ("lost", "lost events", "{:.0f}"),
         ("duplicated_effects", "duplicated effects", "{:.0f}"),
     ]:

@@ -62,7 +62,7 @@ def _serves_us(name: str, argv: str, database: str, redis_port: int) -> bool:
     if name == "redis-server":
         return f":{redis_port}" in argv
     words = argv.split()
-    is_backend = any(word.endswith(")") and "(" in word or word == "[local]" for word in words)
+    is_backend = any((word.endswith(")") and "(" in word) or word == "[local]" for word in words)
     return not is_backend or database in words
 
 

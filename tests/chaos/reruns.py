@@ -29,6 +29,7 @@ under it. Event replays run under keys of their own (tests/chaos/replays.py).
 """
 
 import contextlib
+import itertools
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -94,7 +95,7 @@ def judge_calls(
     gave_up = gave_up or {}
     for key, calls in successes.items():
         causes: set[str] = set()
-        for earlier, later in zip(calls, calls[1:]):
+        for earlier, later in itertools.pairwise(calls):
             cause = _call_repeated_by(earlier, later, runs.get(key, []), applied, prunes)
             if cause is None:
                 given_up = [at for at in gave_up.get((earlier.pid, key), []) if earlier.started <= at <= later.started]

@@ -7,7 +7,9 @@ write it (ArchiveStore)."""
 import asyncio
 import base64
 import dataclasses
+import functools
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -112,7 +114,9 @@ async def test_a_large_selection_streams_page_by_page_and_ends_quietly_on_a_clos
     finally:
         await connection.close()
     assert [len(page) for page in pages] == [500, 500, 205]  # never more than a page in memory
-    assert sum(pages, []) == [e.key for e in many]  # newest first, each once, across the pages' edges
+    assert functools.reduce(operator.iadd, pages, []) == [
+        e.key for e in many
+    ]  # newest first, each once, across the pages' edges
 
     assert len(await asyncio.to_thread(export, "--source", "bulk")) == 1_205
     head = await asyncio.to_thread(

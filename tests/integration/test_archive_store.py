@@ -70,7 +70,7 @@ async def test_retention_drops_a_sources_days_whole_and_leaves_the_rest(connecti
     rows = [arrival(source, f"evt_{n}", NOW + n * DAY)[1] for source in retentions for n in (-1, 0, 3)]
     await store.write_arrivals(rows)
 
-    made, dropped = await store.keep(retentions, now=NOW + 9 * DAY)  # acme keeps from NOW + 2 days on
+    _made, dropped = await store.keep(retentions, now=NOW + 9 * DAY)  # acme keeps from NOW + 2 days on
 
     assert dropped == 3  # acme's yesterday, today and tomorrow
     assert [row["event_id"] for row in await archived(connection, "acme")] == ["evt_3"]

@@ -88,7 +88,7 @@ async def test_an_event_no_rule_matches_is_accepted_and_queued(settings, sources
 
 
 async def test_an_event_a_rule_matches_still_needs_its_signature(settings, sources):
-    body, headers = stripe_event("evt_1", "ping")
+    body, _headers = stripe_event("evt_1", "ping")
     forged = signatures.sign("stripe", body, "whsec_not_the_secret")
     async with running_ingress(settings, sources) as client:
         before = await ignored_counts(client)

@@ -76,7 +76,7 @@ def _failed(result: Result, options) -> int:
     if not options.no_shrink:
         kind = min((v for v in result.violations if not v.known), key=lambda v: SEVERITY.index(v.kind)).kind
         print(f"\nshrinking (violations of kind {kind!r}) …", flush=True)
-        plan, result = shrink(result.plan, kind, options.strict_attempts, progress=lambda line: print("  " + line))
+        _plan, result = shrink(result.plan, kind, options.strict_attempts, progress=lambda line: print("  " + line))
         print(describe(result, limit=options.trace_lines))
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"seed-{result.plan.seed}.json"

@@ -51,38 +51,57 @@ class Faults:
 
 def apply(sim, step: Step) -> None:
     """Starts the fault `step` now."""
-    now, faults = sim.loop.time(), sim.faults
+    for kinds, start in _STARTS:
+        if step.kind in kinds:
+            return start(sim, step, sim.loop.time())
+    raise ValueError(step.kind)
+
+
+def _process_fault(sim, step: Step, now: float) -> None:
+    """A fault of one worker process: killed, crashed at an await point, stopped, paused, lagging, its broker dropped."""
+    if step.kind == "kill":
+        sim.kill(step.target, restart_after=step.detail)
+        return
+    if step.kind == "stop":
+        sim.stop(step.target, restart_after=step.detail)
+        return
+    process = sim.in_slot(step.target)
+    if process is None:
+        return
     match step.kind:
-        case "kill":
-            sim.kill(step.target, restart_after=step.detail)
         case "crash":  # killed at its Nth await point from now
-            process = sim.in_slot(step.target)
-            if process is not None:
-                sim.net.arm(
-                    process.name, max(int(step.duration), 1), lambda: sim.kill(step.target, restart_after=step.detail)
-                )
-        case "stop":
-            sim.stop(step.target, restart_after=step.detail)
+            sim.net.arm(
+                process.name, max(int(step.duration), 1), lambda: sim.kill(step.target, restart_after=step.detail)
+            )
         case "pause":
-            process = sim.in_slot(step.target)
-            if process is not None:
-                sim.pause(process, step.duration)
+            sim.pause(process, step.duration)
+        case "lag":  # a loaded host: each step of the process costs it `detail` seconds
+            sim.note("sim", "lagging", None, f"{process.name} for {step.duration}s, {step.detail}s a step")
+            sim.loop.lag(process.name, now + step.duration, step.detail)
+            sim.lags.append((process.name, now + step.duration))
+        case "amqp_drop":
+            process.connection.drop(max(step.duration, 0.05))
+
+
+def _postgres_fault(sim, step: Step, now: float) -> None:
+    """Postgres stalled for one process or all, down, or failing some statements."""
+    faults = sim.faults
+    match step.kind:
         case "pg_stall":
             target = int(step.detail)
             faults.pg_stalls[target] = max(faults.pg_stalls.get(target, 0.0), now + step.duration)
             faults.pg_windows.append((target, now, now + step.duration))
+            return
         case "pg_down":
             faults.pg_down_until = max(faults.pg_down_until, now + step.duration)
-            faults.pg_windows.append((-1, now, now + step.duration))
         case "pg_flaky":
             faults.pg_flaky_until, faults.pg_flaky_share = now + step.duration, step.detail
-            faults.pg_windows.append((-1, now, now + step.duration))
-        case "lag":  # a loaded host: each step of the process costs it `detail` seconds
-            process = sim.in_slot(step.target)
-            if process is not None:
-                sim.note("sim", "lagging", None, f"{process.name} for {step.duration}s, {step.detail}s a step")
-                sim.loop.lag(process.name, now + step.duration, step.detail)
-                sim.lags.append((process.name, now + step.duration))
+    faults.pg_windows.append((-1, now, now + step.duration))
+
+
+def _redis_fault(sim, step: Step, now: float) -> None:
+    """A Redis master down, one losing its data, every master flushed, one key forgotten."""
+    match step.kind:
         case "redis_down":
             master = sim.masters[step.target]
             master.down_until, master.refuses = now + step.duration, sim.rng.random() < 0.5
@@ -97,11 +116,15 @@ def apply(sim, step: Step) -> None:
                 forgotten = sim.rng.choice(held)
                 for master in sim.masters:
                     master.data.pop(forgotten, None)
-        case "amqp_drop":
-            process = sim.in_slot(step.target)
-            if process is not None:
-                process.connection.drop(max(step.duration, 0.05))
-        case "amqp_alarm":
-            sim.broker.alarm_until = max(sim.broker.alarm_until, now + step.duration)
-        case _:
-            raise ValueError(step.kind)
+
+
+def _broker_alarm(sim, step: Step, now: float) -> None:
+    sim.broker.alarm_until = max(sim.broker.alarm_until, now + step.duration)
+
+
+_STARTS = (
+    (("kill", "crash", "stop", "pause", "lag", "amqp_drop"), _process_fault),
+    (("pg_stall", "pg_down", "pg_flaky"), _postgres_fault),
+    (("redis_down", "redis_lost", "redis_flush", "redis_expire"), _redis_fault),
+    (("amqp_alarm",), _broker_alarm),
+)

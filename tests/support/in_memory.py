@@ -19,7 +19,7 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -59,7 +59,7 @@ class Fence:
 
     token: int
     lease_until: float | None  # time.monotonic(); None: ended (a completion, a release)
-    handed_on: HandedOn = HandedOn()
+    handed_on: HandedOn = field(default_factory=HandedOn)
     updated_at: float = 0.0  # time.time()
 
 

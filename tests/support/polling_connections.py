@@ -87,7 +87,7 @@ async def close(database_url: str) -> None:
     if polling is None:
         return
     if polling.loop is not asyncio.get_running_loop():
-        with contextlib.suppress(Exception):  # noqa: BLE001 - its loop may be gone
+        with contextlib.suppress(Exception):  # its loop may be gone
             polling.connection.terminate()
         return
     try:

@@ -216,23 +216,10 @@ def test_slots_bound_the_process_and_each_clients_slow_bodies(limit, per_client,
     slots, held = Slots(limit, per_client), []  # held: (client, slot, its context, its body slow)
     for action, client in steps:
         mine = [entry for entry in held if entry[0] == client]
-        slow = sum(1 for entry in mine if entry[3])
         if action == "enter":
-            context = slots.taken(client)
-            try:
-                held.append([client, context.__enter__(), context, False])
-            except Rejected as refused:
-                assert refused.response.status == 503 and len(held) >= limit
-            else:
-                assert len(held) <= limit
+            _enter(slots, client, held, limit)
         elif mine and action == "slow" and not mine[0][3]:
-            try:
-                mine[0][1].body_slow()
-            except Rejected as refused:
-                assert refused.response.status == 429 and slow >= per_client
-            else:
-                assert slow < per_client
-                mine[0][3] = True
+            _slow(mine, per_client)
         elif mine and action == "arrive":
             mine[0][1].body_arrived()
             mine[0][3] = False
@@ -242,3 +229,26 @@ def test_slots_bound_the_process_and_each_clients_slow_bodies(limit, per_client,
     for _, _, context, _ in held:
         context.__exit__(None, None, None)
     assert (slots._in_flight, slots._bodies_arriving) == (0, {})  # all given back, no client left behind
+
+
+def _enter(slots, client, held, limit) -> None:
+    """A request of `client` takes a slot: 503 only when the process holds `limit`."""
+    context = slots.taken(client)
+    try:
+        held.append([client, context.__enter__(), context, False])
+    except Rejected as refused:
+        assert refused.response.status == 503 and len(held) >= limit
+    else:
+        assert len(held) <= limit
+
+
+def _slow(mine, per_client) -> None:
+    """One of the client's bodies turns slow: 429 only when `per_client` of its bodies are slow already."""
+    slow = sum(1 for entry in mine if entry[3])
+    try:
+        mine[0][1].body_slow()
+    except Rejected as refused:
+        assert refused.response.status == 429 and slow >= per_client
+    else:
+        assert slow < per_client
+        mine[0][3] = True

@@ -1,6 +1,7 @@
 """A webhook body's Content-Encoding, decoded in bounded steps (ingress/content_encoding.py)."""
 
 import gzip
+import itertools
 import zlib
 
 import pytest
@@ -18,7 +19,7 @@ ENCODERS = {
 
 def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({0, len(data), *(cut % (len(data) + 1) for cut in cuts)})
-    return [data[start:end] for start, end in zip(points, points[1:])]
+    return [data[start:end] for start, end in itertools.pairwise(points)]
 
 
 def decoded(encoding: str, chunks: list[bytes], room: int) -> bytes:

@@ -166,7 +166,7 @@ def test_template_resolves_only_when_every_placeholder_does():
     assert resolve(template, payload={"event": "e", "data": {}}) is None
     assert resolve(template, payload={"event": "", "data": {"id": 1}}) is None
     assert resolve(template, payload={"event": "e", "data": {"id": True}}) is None
-    assert resolve(template + ["body:event"], payload={"event": "e", "data": {}}) == "e"
+    assert resolve([*template, "body:event"], payload={"event": "e", "data": {}}) == "e"
 
 
 def test_template_mixes_headers_literals_and_list_indexes():

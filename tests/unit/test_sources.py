@@ -139,7 +139,7 @@ def test_a_broken_file_names_the_file(tmp_path, text, problem):
 
 
 def test_a_missing_file_names_the_path(tmp_path):
-    with pytest.raises(ConfigError, match="nowhere.toml"):
+    with pytest.raises(ConfigError, match=r"nowhere\.toml"):
         load_sources(str(tmp_path / "nowhere.toml"))
 
 
