@@ -8,11 +8,12 @@ ingress gets one process per available core, sharing the port
 two processes with many messages in flight each beat more processes with
 fewer (256 in flight: end to end 1,500-1,890 events/s against 1,420-1,540
 with 64, 1,250-1,280 with 32; three workers 1,170-1,260). All of them
-run their handlers at once when the handlers do not query `ctx.db`; at
-most 20 that do (each holds a pooled connection until its commit). Caps
-keep a large machine's defaults within a default Postgres
-`max_connections` (each worker pools up to 26 connections:
-docs/operations.md, "Sizing and scaling workers").
+run their handlers at once when the handlers do not query `ctx.db`; as
+many as the worker's transaction connections allow that do (each holds one
+until its commit: 4 of the default budget of 8,
+`WEBHOOK_INGEST_WORKER_CONNECTIONS`). Caps keep a large machine's defaults
+within a default Postgres `max_connections` (docs/operations.md, "Postgres
+connections").
 """
 
 import math

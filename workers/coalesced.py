@@ -4,9 +4,10 @@ Each run takes its key's lease, checks the key is not completed, and —
 when its handler never used `ctx.db` — writes its completion: three
 statements, each a round trip and a commit. With hundreds of runs in
 flight (a handler that waits on the network), those round trips were most
-of a worker's CPU and of Postgres's: a default worker spent 1.8 ms of CPU
-per `forward` event and did 290 events/s against a 300 ms downstream,
-bounded at 853 (docs/performance.md, "Handlers that wait on the network").
+of a worker's CPU and of Postgres's: a default worker spent 1.80 ms of CPU
+per `forward` event against a 300 ms downstream, 0.95 ms with them shared,
+and did 572-609 events/s, 857 with them shared (docs/performance.md,
+"Handlers that wait on the network").
 Statements asked for while one of their kind is being written go together
 in the next (shared/group_commit.py): a lone run's goes at once, a crowd's
 share one.
