@@ -75,11 +75,6 @@ async def _named(archive_store, key: str) -> list[str]:
 # -- routes: one arrival, a dead letter per route (KEY#ROUTE) ------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a route's discard makes every `dead` copy `discarded`, also those another route's open dead letter "
-    "holds; that route's replay then requeues only the arrival it names",
-)
 async def test_a_copy_follows_a_routes_replay_after_another_routes_discard(archive_store, settings):
     """Two copies of a routed event, each dead on both routes (billing, audit):
     on-call discards audit's dead letter, then replays billing's, which
@@ -94,7 +89,7 @@ async def test_a_copy_follows_a_routes_replay_after_another_routes_discard(archi
     chain = await _replay(archive_store, billing)
     await _processed(archive_store, _run(first, "billing", chain))
     await archive_store.settle(0, ROUTES)
-    assert await _named(archive_store, first.key) == ["processed", "duplicate"]  # is: processed, discarded
+    assert await _named(archive_store, first.key) == ["processed", "duplicate"]
 
 
 @pytest.mark.xfail(
@@ -198,11 +193,6 @@ async def test_a_copy_follows_the_discard_of_its_replays_new_dead_letter(archive
     assert await _named(archive_store, first.key) == ["discarded", "discarded"]  # is: discarded, dead
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="archive_discarded reaches every `dead` row of the payload, also those of another, open dead "
-    "letter, when a dead letter no longer open is discarded by id",
-)
 async def test_discarding_a_closed_dead_letter_leaves_the_open_ones_copies(archive_store, settings):
     """`dlq discard ID` takes a dead letter of any status. The event's first
     dead letter was discarded; sent again, two copies died into a new one.
@@ -219,7 +209,7 @@ async def test_discarding_a_closed_dead_letter_leaves_the_open_ones_copies(archi
     chain = await _replay(archive_store, dead_letter)
     await _processed(archive_store, _run(first, replay_of=chain))
     await archive_store.settle(0, ROUTES)
-    assert await _named(archive_store, first.key) == ["discarded", "processed", "duplicate"]  # is: ..., discarded
+    assert await _named(archive_store, first.key) == ["discarded", "processed", "duplicate"]
 
 
 @pytest.mark.xfail(
@@ -242,11 +232,6 @@ async def test_a_copy_whose_dead_note_lands_after_the_replay(archive_store, sett
     assert await _named(archive_store, first.key) == ["processed", "duplicate"]  # is: processed, dead
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="archive_replayed sets a requeued copy's attempts to 0; settled `dead` again by the new dead letter "
-    "(not its own) it keeps 0, the archive's `never ran`",
-)
 async def test_a_copy_settled_dead_again_keeps_the_attempts_it_ran(archive_store, settings):
     """Two copies died after 3 attempts each; the replay died again. The
     named arrival says dead at 3; the copy, which ran 3 attempts, says dead at
@@ -257,4 +242,4 @@ async def test_a_copy_settled_dead_again_keeps_the_attempts_it_ran(archive_store
     chain = await _replay(archive_store, dead_letter)
     await _died(archive_store, _run(first, replay_of=chain, attempt=3))
     await archive_store.settle(0, ROUTES)
-    assert await statuses(archive_store, first.key) == [("dead", 3), ("dead", 3)]  # is: (dead, 3), (dead, 0)
+    assert await statuses(archive_store, first.key) == [("dead", 3), ("dead", 3)]
