@@ -214,7 +214,9 @@ def _store(request: web.Request) -> DeadLetterStore:
 
 
 async def _summary_of(request: web.Request, dead_letter_id: int) -> web.Response:
-    return json_document(200, summary(await _store(request).get(dead_letter_id)))
+    row = await _store(request).get(dead_letter_id)
+    assert row is not None, "just replayed or discarded, and dead letters are never deleted"
+    return json_document(200, summary(row))
 
 
 def json_document(status: int, document: object) -> web.Response:

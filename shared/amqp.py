@@ -11,7 +11,8 @@ second unless the URL says otherwise (`?reconnect_interval=5`).
 """
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import aio_pika
 from aio_pika.abc import AbstractConnection, AbstractRobustConnection
@@ -29,6 +30,7 @@ RECONNECT_INTERVAL = 1  # seconds between attempts (aio-pika's default, 5, is lo
 CLOSE_SECONDS = 2.0  # a goodbye to the broker (Close, Close-Ok, the socket's close); past it the socket is aborted
 AFTER_ABORT_SECONDS = 1.0  # for aio-pika's close to return once the socket is gone
 _finishing: set[asyncio.Future] = set()  # aiormq closes started by close_within, kept until done
+_Connection = TypeVar("_Connection", bound=AbstractConnection)
 
 
 def node_urls(amqp_url: str) -> list[str]:
@@ -61,7 +63,7 @@ async def connect_robust(amqp_url: str, timeout: float | None = None, **kwargs: 
     return await _first_answering(nodes, attempt)
 
 
-async def _first_answering(urls: list[str], attempt):
+async def _first_answering(urls: list[str], attempt: Callable[[str], Awaitable[_Connection]]) -> _Connection:
     for url in urls[:-1]:
         try:
             return await attempt(url)

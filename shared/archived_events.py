@@ -10,10 +10,12 @@ count of matches stops at COUNT_CAP.
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
+from typing import NoReturn, TypeVar
 
+import asyncpg
 import orjson
 
 from webhook_ingest.shared import archive, storable_json
@@ -34,6 +36,7 @@ STATUSES = (
 )
 DEFAULT_LIMIT, MAX_LIMIT = 50, 1000
 COUNT_CAP = 10_000
+_Parsed = TypeVar("_Parsed")  # what a parser of a filter's field gives
 
 
 class InvalidFilter(WebhookIngestError):
@@ -97,7 +100,7 @@ class Cursor:
     arrival: int = 0  # two arrivals of a key may share their millisecond
 
     @classmethod
-    def below(cls, row) -> "Cursor":
+    def below(cls, row: asyncpg.Record) -> "Cursor":
         """The cursor of the page below `row`, a search's last."""
         return cls(row["received_at"], row["source"], row["key"], row["arrival"])
 
@@ -132,7 +135,7 @@ def filter_and_problems(query: Mapping[str, str]) -> tuple[EventFilter, list[Inv
     the payload) is a problem here, not a failed query."""
     problems: list[InvalidFilter] = []
 
-    def checked(parse, *arguments):
+    def checked(parse: Callable[..., _Parsed], *arguments: str | None) -> _Parsed | None:
         try:
             return parse(*arguments)
         except InvalidFilter as exc:
@@ -238,7 +241,7 @@ def _names_a_value(value: dict) -> bool:
     return False
 
 
-def _refuse_constant(name: str):
+def _refuse_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON that Postgres stores")
 
 
@@ -247,7 +250,7 @@ def _storable(text: str) -> bool:
     return "\x00" not in text and text.encode("utf-8", errors="replace").decode() == text
 
 
-def _strings(value) -> list[str]:
+def _strings(value: object) -> list[str]:
     """Every key and string in a parsed JSON value (without recursion: it may be deep)."""
     found, pending = [], [value]
     while pending:
@@ -273,7 +276,7 @@ def parse_limit(text: str | None) -> int:
 # -- documents -------------------------------------------------------------------
 
 
-def summary(row) -> dict:
+def summary(row: asyncpg.Record) -> dict:
     """One line of `events list --json` / `GET /admin/events`."""
     return {
         "source": row["source"],
@@ -303,7 +306,7 @@ def page(rows: list, count: int | None, limit: int) -> dict:
     }
 
 
-def arrival(row) -> dict:
+def arrival(row: asyncpg.Record) -> dict:
     """One arrival on an event's page: its summary, what it carried."""
     document = summary(row) | {
         "payload_sha256": row["payload_sha256"],
@@ -318,7 +321,7 @@ def arrival(row) -> dict:
     return document
 
 
-def exported(row) -> dict:
+def exported(row: asyncpg.Record) -> dict:
     """One line of `events export`: the summary, the headers and the body.
     `payload` is the body parsed when it is JSON; otherwise (a form, bytes
     that are not UTF-8) `body_base64` holds the raw bytes, exactly. Both are
@@ -338,7 +341,7 @@ def exported(row) -> dict:
     return document
 
 
-def event(key: str, arrivals: list, records) -> dict:
+def event(key: str, arrivals: list[asyncpg.Record], records: asyncpg.Record) -> dict:
     """`events show KEY --json` / `GET /admin/events/{key}`: every arrival of
     the key, and what the pipeline recorded of it (its completion, each
     route's, its dead letters)."""
@@ -353,13 +356,13 @@ def event(key: str, arrivals: list, records) -> dict:
     }
 
 
-def completion(records) -> dict | None:
+def completion(records: asyncpg.Record) -> dict | None:
     """The completion under the event's own key: a source with one handler's
     (a routed source runs nothing under it)."""
     return json.loads(records["completion"]) if records["completion"] else None
 
 
-def route_completions(records) -> dict[str, dict | None]:
+def route_completions(records: asyncpg.Record) -> dict[str, dict | None]:
     """Each route of the event's source, in the sources file's order, with
     the completion of its run (KEY#ROUTE) or None; {} for a source without
     routes."""

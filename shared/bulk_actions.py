@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import asyncpg
+
 ACTIONS = ("replay", "discard")
 
 
@@ -32,7 +34,7 @@ class BulkAction:
     in_doubt: list[int] = field(default_factory=list)  # counted done by a Cancel, never stepped (its runner died)
 
     @classmethod
-    def from_row(cls, row) -> "BulkAction":
+    def from_row(cls, row: asyncpg.Record) -> "BulkAction":
         record = dict(row)
         record["filter"] = json.loads(record["filter"])
         return cls(**record)

@@ -355,14 +355,21 @@ class HeldBulk:
         )
 
 
-async def _record_audit(connection, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None) -> int:
+async def _record_audit(
+    connection: asyncpg.Connection, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None
+) -> int:
     return await connection.fetchval(
         SQL["insert_audit"], actor.role, actor.name, actor.via, action, list(ids), jsonb(detail or {})
     )
 
 
 async def _replay_as_read(
-    connection, channel: AbstractChannel, namespace: str, row, actor: Actor, done: Replayed
+    connection: asyncpg.Connection,
+    channel: AbstractChannel,
+    namespace: str,
+    row: asyncpg.Record,
+    actor: Actor,
+    done: Replayed,
 ) -> bool:
     """Publishes `row` in the transaction that marks it replayed; False,
     nothing published, when the row changed since it was read."""
@@ -377,7 +384,9 @@ async def _replay_as_read(
     return True
 
 
-async def _mark_replayed(connection, row, actor: Actor, bulk_action_id: int | None = None) -> int | None:
+async def _mark_replayed(
+    connection: asyncpg.Connection, row: asyncpg.Record, actor: Actor, bulk_action_id: int | None = None
+) -> int | None:
     """Status `replayed`, and one more entry in its replay history, whose id
     names the new retry chain: every replay is one, also of a dead letter
     replayed before (workers/attempts.py). None, nothing changed, when the
@@ -391,7 +400,7 @@ async def _mark_replayed(connection, row, actor: Actor, bulk_action_id: int | No
 
 
 @contextlib.asynccontextmanager
-async def _savepoint(connection, name: str) -> AsyncIterator[None]:
+async def _savepoint(connection: asyncpg.Connection, name: str) -> AsyncIterator[None]:
     """A subtransaction of the connection's transaction, by hand: asyncpg's
     `connection.transaction()` refuses to nest in one begun by hand (a bulk
     runner's held session). Undone on an error, which goes on; a session
@@ -406,7 +415,7 @@ async def _savepoint(connection, name: str) -> AsyncIterator[None]:
     await connection.execute(f"RELEASE SAVEPOINT {name}")
 
 
-async def _publish(channel: AbstractChannel, namespace: str, row, replay_id: int) -> None:
+async def _publish(channel: AbstractChannel, namespace: str, row: asyncpg.Record, replay_id: int) -> None:
     """The replayed event, in a trace of its own linked to its last attempt's
     (docs/design.md, "Traces"): its publish's span is that trace's first child."""
     with tracing.replaying(row, replay_id):
@@ -418,7 +427,7 @@ async def _publish(channel: AbstractChannel, namespace: str, row, replay_id: int
         )
 
 
-async def _lock_open(connection, dead_letter_id: int):
+async def _lock_open(connection: asyncpg.Connection, dead_letter_id: int) -> asyncpg.Record:
     row = await connection.fetchrow(SQL["lock_dead_letter"], dead_letter_id)
     if row is None:
         raise DeadLetterNotFound([dead_letter_id])
@@ -435,7 +444,7 @@ def _status_filter(status: str) -> str | None:
     return status
 
 
-def _replayable(rows, refuse: bool) -> list:
+def _replayable(rows: Sequence[asyncpg.Record], refuse: bool) -> list[asyncpg.Record]:
     """Rows that are events; the others raise NotReplayable when `refuse`
     (explicit ids), else are left dead (`--all`)."""
     unreadable = [row["id"] for row in rows if row["last_error_type"] == UNREADABLE]
@@ -444,7 +453,7 @@ def _replayable(rows, refuse: bool) -> list:
     return [row for row in rows if row["last_error_type"] != UNREADABLE]
 
 
-def _require_all_found(ids: Iterable[int], rows) -> None:
+def _require_all_found(ids: Iterable[int], rows: Iterable[asyncpg.Record]) -> None:
     missing = set(ids) - {row["id"] for row in rows}
     if missing:
         raise DeadLetterNotFound(missing)

@@ -16,10 +16,12 @@ body is not JSON that Postgres can store.
 import getpass
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from typing import Any
 
+import asyncpg
 import orjson
 
 from webhook_ingest.shared import storable_json
@@ -124,7 +126,7 @@ def os_user() -> str:
 
 
 async def record_dead_letter(
-    conn, event: EventMessage, errors: Sequence[dict], timeout: float | None = None
+    conn: asyncpg.Connection, event: EventMessage, errors: Sequence[dict], timeout: float | None = None
 ) -> int | None:
     """One dead letter for `event`, whose failed attempts are `errors`; its
     id. An event that already has an open one keeps it (a redelivery after a
@@ -159,7 +161,7 @@ def storable_payload(body: bytes) -> str | None:
     return body.decode()
 
 
-def jsonb(value) -> str:
+def jsonb(value: object) -> str:
     """Headers and errors as jsonb text, whatever strings they hold: a lone
     surrogate (an undecodable header byte) or NUL becomes U+FFFD."""
     try:
@@ -205,7 +207,7 @@ def parse_id(text: str) -> int | None:
 _JSONB_COLUMNS = ("payload", "headers", "errors", "last_error")
 
 
-def decoded(row) -> dict:
+def decoded(row: asyncpg.Record) -> dict:
     """A row as a dict, jsonb columns parsed (json, not orjson: payloads may
     hold integers wider than 64 bits, which jsonb keeps exactly)."""
     record = dict(row)
@@ -218,7 +220,7 @@ def decoded(row) -> dict:
 # -- acting --------------------------------------------------------------------
 
 
-def rebuilt_event(row, replay_id: int) -> EventMessage:
+def rebuilt_event(row: asyncpg.Record, replay_id: int) -> EventMessage:
     """The event as the ingress queued it, with a new attempt budget: a new
     retry chain, named after the replay (dead_letter_replays.id) that starts it."""
     headers = row["headers"]
@@ -238,7 +240,7 @@ def rebuilt_event(row, replay_id: int) -> EventMessage:
 # -- the JSON shapes of docs/reference.md §2 --------------------------------------------------
 
 
-def summary(row) -> dict:
+def summary(row: Mapping[str, Any]) -> dict:
     """One line of `dlq list --json` / `GET /admin/dead-letters`."""
     return {
         "id": int(row["id"]),
@@ -254,7 +256,7 @@ def summary(row) -> dict:
     }
 
 
-def detail(row) -> dict:
+def detail(row: Mapping[str, Any]) -> dict:
     """`dlq show ID --json` / `GET /admin/dead-letters/{id}`: the summary plus
     everything on-call needs to decide."""
     document = summary(row) | {
@@ -289,7 +291,7 @@ def iso_utc(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat()
 
 
-def to_json(document) -> bytes:
+def to_json(document: object) -> bytes:
     """One JSON document. orjson, unless a payload holds an integer wider than
     64 bits (orjson refuses those; the standard library writes them exactly)."""
     try:

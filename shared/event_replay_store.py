@@ -8,7 +8,7 @@ named SQL of `shared/queries.sql`.
 """
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -248,8 +248,14 @@ class EventReplayJob:
     undone_without_its_step = False  # a publish goes out whether or not its step commits
 
     def __init__(
-        self, replay: EventReplay, actor: Actor, store: EventReplayStore, channel, namespace: str, progress=None
-    ):
+        self,
+        replay: EventReplay,
+        actor: Actor,
+        store: EventReplayStore,
+        channel: Callable[[], AbstractChannel],
+        namespace: str,
+        progress: Callable[[int, int, int, int], None] | None = None,
+    ) -> None:
         self.replay, self.actor = replay, actor
         self.id, self.rate = replay.id, replay.rate or DEFAULT_RATE
         self._store, self._channel, self._namespace, self._progress = store, channel, namespace, progress
@@ -296,7 +302,7 @@ class EventReplayJob:
     async def finish(self, state: str, error: str | None) -> None:
         await self._store.finish(self.id, state, error, self._stepped_at)
 
-    async def audit(self, what: str, acted: list[ReplayItem] | None, **detail) -> None:
+    async def audit(self, what: str, acted: list[ReplayItem] | None, **detail: object) -> None:
         counts = (
             {"total": self.replay.total, "from_item": self.replay.next_item}
             if acted is None
@@ -314,6 +320,6 @@ class EventReplayJob:
         )
 
 
-def _seen(row, stepped_at: datetime | None) -> str | None:
+def _seen(row: asyncpg.Record | None, stepped_at: datetime | None) -> str | None:
     """The replay's state as the runner whose last step was at `stepped_at` sees it (`EventReplayStore.held`)."""
     return None if row is None else TAKEN_OVER if row["stepped_at"] != stepped_at else row["state"]

@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import asyncpg
+
 from webhook_ingest.shared.archived_events import EventFilter
 from webhook_ingest.shared.dead_letters import iso_utc
 from webhook_ingest.shared.message import EventMessage
@@ -45,7 +47,7 @@ class EventReplay:
     in_doubt: bool = False  # a Cancel counted an item published its runner (dead mid-publish) never stepped
 
     @classmethod
-    def from_row(cls, row) -> "EventReplay":
+    def from_row(cls, row: asyncpg.Record) -> "EventReplay":
         record = dict(row)
         record["filter"] = json.loads(record["filter"])
         return cls(**record)
@@ -113,7 +115,7 @@ def filter_json(where: EventFilter) -> dict:
     }
 
 
-def replayed_message(arrival, replay_id: int) -> EventMessage:
+def replayed_message(arrival: asyncpg.Record, replay_id: int) -> EventMessage:
     """The archived arrival as the ingress queued it, under replay `replay_id`'s
     key: attempt 1 of a chain of its own. No route: a routed source's worker
     fans it out to every route that takes it (`replay-R/KEY#ROUTE`)."""

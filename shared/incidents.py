@@ -15,8 +15,10 @@ failure, and read and acted on through `shared.incident_store`.
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 PATTERN_CHARS = 500  # of the masked message kept and fingerprinted: a stack of repeats is one pattern
 
@@ -53,7 +55,7 @@ def mask(message: str) -> str:
     return " ".join(message.split())[:PATTERN_CHARS].rstrip()
 
 
-def incident_document(row) -> dict:
+def incident_document(row: Mapping[str, Any]) -> dict:
     """One incident as `incidents list --json` and `GET /admin/incidents` give it."""
     return {
         "id": int(row["id"]),
@@ -75,7 +77,7 @@ def incident_document(row) -> dict:
     }
 
 
-def event_document(row) -> dict:
+def event_document(row: Mapping[str, Any]) -> dict:
     """One event of an incident."""
     return {
         "key": row["key"],

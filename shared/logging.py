@@ -14,11 +14,12 @@ shared/errors.py): an error or a traceback repeats the URL it was given.
 
 import logging
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import orjson
 import structlog
+from structlog.typing import EventDict, FilteringBoundLogger, Processor
 
 from webhook_ingest.shared import tracing
 from webhook_ingest.shared.errors import redacted
@@ -28,12 +29,13 @@ from webhook_ingest.shared.storable_text import cleaned, storable
 def configure_logging(log_format: str | None = None, level: int = logging.INFO) -> None:
     if log_format is None:
         log_format = "console" if sys.stderr.isatty() else "json"
-    shared_processors = [
+    shared_processors: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         tracing.add_trace_ids,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    processors: list[Processor]
     if log_format == "json":
         processors = [*shared_processors, structlog.processors.format_exc_info, _redact_urls, _json_renderer(bytes)]
         factory: structlog.BytesLoggerFactory | structlog.PrintLoggerFactory
@@ -50,7 +52,7 @@ def configure_logging(log_format: str | None = None, level: int = logging.INFO) 
     )
 
 
-def _route_library_logging(shared_processors: list, renderer, level: int) -> None:
+def _route_library_logging(shared_processors: list[Processor], renderer: Processor, level: int) -> None:
     if isinstance(renderer, structlog.processors.JSONRenderer):
         renderer = _json_renderer(str)  # a logging.Handler writes text
     handler = logging.StreamHandler(sys.stderr)
@@ -77,8 +79,8 @@ def _redact_urls(logger: Any, method_name: str, event_dict: MutableMapping[str, 
     return event_dict
 
 
-def _json_renderer(kind: type):
-    def dumps(event_dict, default=None):
+def _json_renderer(kind: type) -> structlog.processors.JSONRenderer:
+    def dumps(event_dict: EventDict, default: Callable[[Any], Any] | None = None) -> bytes | str:
         try:
             rendered = orjson.dumps(event_dict, default=str)
         except TypeError:  # a lone surrogate (orjson refuses it): a log line never raises into its caller
@@ -88,5 +90,5 @@ def _json_renderer(kind: type):
     return structlog.processors.JSONRenderer(serializer=dumps)
 
 
-def get_logger(name: str | None = None):
+def get_logger(name: str | None = None) -> FilteringBoundLogger:
     return structlog.get_logger(name)

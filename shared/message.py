@@ -28,6 +28,7 @@ from typing import cast
 
 import aio_pika
 import orjson
+from multidict import MultiMapping
 from pamqp.commands import Basic
 from pamqp.common import FieldTable
 
@@ -118,7 +119,7 @@ class EventMessage:
         )
 
 
-def provider_headers(request_headers, also_dropped: frozenset[str] = frozenset()) -> dict[str, str]:
+def provider_headers(request_headers: MultiMapping[str], also_dropped: frozenset[str] = frozenset()) -> dict[str, str]:
     """The headers handed on, lower-case names; a name on several lines is
     one value, the lines joined by ", " (RFC 9110, section 5.3), not its last line.
     `also_dropped` (lower-case names): a source's own credential header."""
@@ -282,5 +283,5 @@ def _received_at(headers: dict) -> float:
     return int(milliseconds) / 1000 if milliseconds is not None else float(headers["x-received-at"])
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -25,10 +25,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.logging import get_logger
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = get_logger(__name__)
 
@@ -65,7 +68,7 @@ class PacedJob(Protocol):
 
     async def finish(self, state: str, error: str | None) -> None: ...
 
-    async def audit(self, what: str, acted: list[Any] | None, **detail) -> None:
+    async def audit(self, what: str, acted: list[Any] | None, **detail: object) -> None:
         """One audit entry; `acted` the items acted on, None when the run starts
         (the job says what it is about to act on)."""
 
@@ -124,7 +127,7 @@ async def _finish(job: PacedJob, acted: list[Any], state: str, error: str | None
     await _audit(job, job.name, acted, state=state)
 
 
-async def _audit(job: PacedJob, what: str, acted: list[Any] | None, **detail) -> None:
+async def _audit(job: PacedJob, what: str, acted: list[Any] | None, **detail: object) -> None:
     with contextlib.suppress(Exception):  # logged instead when Postgres is away
         await job.audit(what, acted, **detail)
         return
@@ -134,7 +137,7 @@ async def _audit(job: PacedJob, what: str, acted: list[Any] | None, **detail) ->
 class PacedRunner:
     """The paced runs this process runs in the background; stopped with it."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._tasks: set[asyncio.Task] = set()
 
     def start(self, job: PacedJob) -> None:
@@ -142,7 +145,7 @@ class PacedRunner:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def stop(self, _app=None) -> None:
+    async def stop(self, _app: "web.Application | None" = None) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -68,7 +68,7 @@ class Hold:
     connection: asyncpg.Connection
     lock: int
 
-    async def in_flight(self, sql: str, *args) -> None:
+    async def in_flight(self, sql: str, *args: object) -> None:
         """`sql` (the mark "item n in flight") committed, the run still held:
         the commit and the next transaction's begin are one query, so the
         session is never outside a transaction (unbounded) while it holds it."""
@@ -101,7 +101,7 @@ class SessionLost(WebhookIngestError):
     """The run's Postgres session ended in the middle of an item: idle or in one statement past its limit
     (HOLD_SECONDS), Postgres restarted, or the connection was cut. Resume it."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(
             f"the run's Postgres session ended mid-item (idle or in one statement past "
             f"{HOLD_SECONDS:g} s, a restart, a cut connection): resume it"
@@ -119,7 +119,7 @@ def _limits() -> str:
 
 
 async def waiting_for_run(
-    connection: asyncpg.Connection, lock: int, sql: str, *args, settled: str | None = None
+    connection: asyncpg.Connection, lock: int, sql: str, *args: object, settled: str | None = None
 ) -> asyncpg.Record | None:
     """`sql`'s row (a statement that writes the run's row: a cancel, a claim),
     once no runner holds the run (its item stepped, or its session ended),

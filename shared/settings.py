@@ -146,7 +146,7 @@ class Settings(BaseSettings):
         mode="before",
     )
     @classmethod
-    def _empty_is_unset(cls, value):
+    def _empty_is_unset(cls, value: object) -> object:
         # Compose and Kubernetes often set a variable to "" to mean "not set".
         return value or None
 

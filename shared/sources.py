@@ -12,11 +12,11 @@ imports handler code.
 import importlib.resources
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from ipaddress import IPv4Network, IPv6Network, ip_network
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -39,6 +39,7 @@ from webhook_ingest.shared.message import MAX_BODY_BYTES
 from webhook_ingest.shared.routes import Route
 
 Network = IPv4Network | IPv6Network
+_Parsed = TypeVar("_Parsed")  # what a parser of a source's field gives
 
 
 def _problem(message: str) -> PydanticCustomError:
@@ -190,7 +191,7 @@ class SourceSection(BaseModel):
         return paths
 
 
-def _parsed(parse, specs):
+def _parsed(parse: Callable[[Sequence[str]], _Parsed], specs: Sequence[str]) -> _Parsed:
     try:
         return parse(specs)
     except event_id.SelectorError as exc:

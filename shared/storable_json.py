@@ -29,6 +29,7 @@ brackets than `MAX_DEPTH`, and numbers are checked by the parser's own hook.
 import json
 import math
 import re
+from typing import NoReturn
 
 MAX_DEPTH = 512
 
@@ -83,7 +84,7 @@ def numeric_accepts(literal: str) -> bool:
     return abs(exponent) < _MAX_EXPONENT_LITERAL and len(fraction or "") - exponent <= _MAX_DISPLAY_SCALE
 
 
-def _refuse_constant(name: str):
+def _refuse_constant(name: str) -> NoReturn:
     raise NotStorable(f"{name} is not JSON")
 
 

@@ -16,7 +16,7 @@ def storable(text: str) -> str:
     return _UNSTORABLE.sub("\ufffd", text)
 
 
-def cleaned(value):
+def cleaned(value: object) -> object:
     """`value` with every string in it (keys too, in dicts, lists and tuples) `storable`."""
     if isinstance(value, str):
         return storable(value)

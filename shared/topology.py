@@ -181,7 +181,7 @@ async def queue_depths(amqp_url: str, names: list[str], connection_name: str) ->
     return list(depths.items())
 
 
-async def _depth(connection, name: str) -> int | None:
+async def _depth(connection: AbstractConnection, name: str) -> int | None:
     try:
         channel = await connection.channel()
         queue = await asyncio.wait_for(channel.declare_queue(name, passive=True), DEPTH_TIMEOUT)

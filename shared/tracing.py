@@ -18,7 +18,7 @@ its children.
 
 import contextlib
 import os
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def trace_ids(event: "EventMessage") -> dict[str, str]:
     return {"trace_id": parts[1], "span_id": parts[2]}
 
 
-def add_trace_ids(logger: Any, method_name: str, event_dict: dict) -> dict:
+def add_trace_ids(logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """structlog processor: the current span's `trace_id` and `span_id` on
     every log line made inside a trace."""
     return event_dict if _on is None else _on.add_trace_ids(event_dict)

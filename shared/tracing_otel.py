@@ -19,12 +19,13 @@ message's own headers.
 import contextlib
 import os
 import warnings
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import aio_pika
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -34,13 +35,14 @@ from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrument
 from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
 from opentelemetry.instrumentation.redis import RedisInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
-from opentelemetry.propagators.textmap import CarrierT, Getter, TextMapPropagator, default_getter
+from opentelemetry.propagators.textmap import CarrierT, Getter, Setter, TextMapPropagator, default_getter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
-from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import Attributes, AttributeValue
 
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.logging import get_logger
@@ -146,7 +148,7 @@ class Tracing:
         }
         return self._tracer.start_as_current_span(REPLAY_SPAN, context=Context(), attributes=attributes)
 
-    def add_trace_ids(self, event_dict: dict) -> dict:
+    def add_trace_ids(self, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         span_context = trace.get_current_span().get_span_context()
         if span_context.is_valid and span_context.trace_flags.sampled:
             event_dict.setdefault("trace_id", format(span_context.trace_id, "032x"))
@@ -165,7 +167,14 @@ class EventRoots(Sampler):
         self._delegate = delegate
 
     def should_sample(
-        self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
     ) -> SamplingResult:
         has_parent = trace.get_current_span(parent_context).get_span_context().is_valid
         if not has_parent and not _starts_a_trace(name, kind, attributes or {}):
@@ -190,7 +199,7 @@ class NoExtract(TextMapPropagator):
     ) -> Context:
         return context if context is not None else Context()
 
-    def inject(self, carrier, context=None, setter=None) -> None:
+    def inject(self, carrier: CarrierT, context: Context | None = None, setter: Setter[CarrierT] | None = None) -> None:
         if setter is None:
             self._inner.inject(carrier, context)
         else:
@@ -201,7 +210,7 @@ class NoExtract(TextMapPropagator):
         return self._inner.fields
 
 
-def _starts_a_trace(name: str, kind: SpanKind | None, attributes) -> bool:
+def _starts_a_trace(name: str, kind: SpanKind | None, attributes: Mapping[str, AttributeValue]) -> bool:
     if kind is SpanKind.SERVER:
         return attributes.get("http.route", "") not in QUIET_ROUTES
     return name == REPLAY_SPAN
@@ -278,7 +287,7 @@ def _instrument(provider: TracerProvider) -> None:
     unwrap(aio_pika.Queue, "consume")  # the consumer side does not fit: see the module's docstring
 
 
-def _server_middleware(provider: TracerProvider):
+def _server_middleware(provider: TracerProvider) -> Middleware:
     """aiohttp-server's middleware, for the ingress's app alone. Its
     instrumentor sets up the middleware's tracer, meters and excluded URLs,
     and would also replace `web.Application` for every app made after it:
