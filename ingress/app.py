@@ -7,21 +7,22 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from webhook_ingest.ingress import health, webhooks
-from webhook_ingest.ingress.admin import setup_admin
+from webhook_ingest.ingress import health
+from webhook_ingest.ingress.admin.api import setup_admin
+from webhook_ingest.ingress.admin.workers import workers_watch_ctx
 from webhook_ingest.ingress.appkeys import publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.archive import archive_ctx
 from webhook_ingest.ingress.database import database_ctx
-from webhook_ingest.ingress.limits import handler_args, setup_limits
-from webhook_ingest.ingress.publisher import Publisher
+from webhook_ingest.ingress.intake import webhooks
+from webhook_ingest.ingress.intake.limits import handler_args, setup_limits
+from webhook_ingest.ingress.publishing.publisher import Publisher
+from webhook_ingest.ingress.publishing.relay import relay_ctx
 from webhook_ingest.ingress.redis_client import done_markers_ctx, redis_ctx
-from webhook_ingest.ingress.relay import relay_ctx
 from webhook_ingest.ingress.server_log import drop_client_protocol_errors
-from webhook_ingest.ingress.workers_watch import workers_watch_ctx
-from webhook_ingest.shared import tracing
-from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.observability import tracing
+from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import Source
+from webhook_ingest.shared.sources.model import Source
 
 log = get_logger(__name__)
 

@@ -4,12 +4,12 @@ import asyncpg
 import redis.asyncio as redis
 from aiohttp import web
 
-from webhook_ingest.ingress.content_bindings import ContentBindings
-from webhook_ingest.ingress.done_markers import DoneMarkers
-from webhook_ingest.ingress.outbox import Outbox
-from webhook_ingest.ingress.publisher import Publisher
+from webhook_ingest.ingress.intake.content_bindings import ContentBindings
+from webhook_ingest.ingress.intake.done_markers import DoneMarkers
+from webhook_ingest.ingress.publishing.outbox import Outbox
+from webhook_ingest.ingress.publishing.publisher import Publisher
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import Source
+from webhook_ingest.shared.sources.model import Source
 
 settings_key = web.AppKey("settings", Settings)
 sources_key = web.AppKey("sources", dict[str, Source])

@@ -5,7 +5,7 @@ event — becomes an arrival row, with its body, headers and event type.
 Never on the request's path: the row is handed to a bounded buffer once
 the event is durably stored (the broker's confirm, or the outbox's
 commit), and one task per process writes the buffer in batches
-(`shared/archive_writer.py`), usually within milliseconds of the answer.
+(`shared/archive/writer.py`), usually within milliseconds of the answer.
 A slow or absent Postgres costs the requests nothing; its rows wait, up to
 MAX_ROWS and MAX_BODY_BYTES per process, then are dropped and counted.
 """
@@ -16,13 +16,14 @@ from collections.abc import AsyncIterator, Mapping
 from aiohttp import web
 
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
-from webhook_ingest.shared import archive, event_type
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
-from webhook_ingest.shared.archive_writer import BatchedWriter
-from webhook_ingest.shared.dead_letters import jsonb
-from webhook_ingest.shared.message import EventMessage
-from webhook_ingest.shared.sources import Source
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
+from webhook_ingest.shared.archive.writer import BatchedWriter
+from webhook_ingest.shared.dead_letters.model import jsonb
+from webhook_ingest.shared.event import types as event_type
+from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.sources.model import Source
 
 MAX_ROWS = 10_000  # about 10 s of a busy process's traffic while Postgres is away
 MAX_BODY_BYTES = 32 * 1024 * 1024

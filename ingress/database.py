@@ -14,7 +14,7 @@ import asyncpg
 from aiohttp import web
 
 from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
-from webhook_ingest.shared.sessions import close_pool
+from webhook_ingest.shared.db.sessions import close_pool
 
 IDLE_SECONDS = 30.0  # the connections an outage's outbox inserts opened are closed soon after
 

@@ -16,7 +16,7 @@ from aiohttp import web
 from webhook_ingest.ingress.appkeys import outbox_key, publisher_key
 from webhook_ingest.ingress.client_address import Network, is_within, parse_address
 from webhook_ingest.ingress.responses import error, json_response
-from webhook_ingest.shared import metrics
+from webhook_ingest.shared.observability import metrics
 
 
 async def healthz(request: web.Request) -> web.Response:

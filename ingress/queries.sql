@@ -1,7 +1,7 @@
--- Named SQL blocks of the ingress (loaded by webhook_ingest.shared.queries).
+-- Named SQL blocks of the ingress (loaded by webhook_ingest.shared.db.queries).
 
 -- name: store_in_outbox
--- One committed insert of a batch, a column per array (shared/group_commit.py):
+-- One committed insert of a batch, a column per array (shared/db/group_commit.py):
 -- each event of the batch is accepted once this returns.
 INSERT INTO outbox (key, source, event_id, payload_sha256, body, amqp_headers)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::bytea[])

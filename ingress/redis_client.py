@@ -15,9 +15,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from webhook_ingest.ingress.appkeys import content_bindings_key, done_markers_key, redis_key, settings_key
-from webhook_ingest.ingress.content_bindings import ContentBindings
-from webhook_ingest.ingress.done_markers import DoneMarkers
-from webhook_ingest.ingress.redis_get import connect_get
+from webhook_ingest.ingress.intake.content_bindings import ContentBindings
+from webhook_ingest.ingress.intake.done_markers import DoneMarkers
+from webhook_ingest.ingress.intake.redis_get import connect_get
 
 TIMEOUT_SECONDS = 0.075  # a command's answer
 CONNECT_TIMEOUT_SECONDS = 0.5  # a new pooled connection: rare, and slower on a busy machine
@@ -42,7 +42,7 @@ async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def done_markers_ctx(app: web.Application) -> AsyncIterator[None]:
     """The duplicate lookup: GETs pipelined on a connection of its own when
-    the URL allows (`ingress.redis_get`), else through the shared client; the
+    the URL allows (`ingress.intake.redis_get`), else through the shared client; the
     content bindings' script through the shared client."""
     settings = app[settings_key]
     pipeline = connect_get(settings.redis_urls[0], TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS)

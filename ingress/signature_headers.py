@@ -15,7 +15,7 @@ from aiohttp import web
 
 from webhook_ingest.ingress.appkeys import sources_key
 from webhook_ingest.shared.signatures import SIGNATURE_HEADERS
-from webhook_ingest.shared.sources import Source
+from webhook_ingest.shared.sources.model import Source
 
 HIDDEN = "(hidden: a signature header)"
 ASKED = "show"

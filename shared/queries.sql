@@ -1,8 +1,8 @@
--- Named SQL blocks of the `shared` package (loaded by shared.queries.load_queries).
+-- Named SQL blocks of the `shared` package (loaded by shared.db.queries.load_queries).
 
 -- dead letters ---------------------------------------------------------------
--- Written by workers (shared.dead_letters.record_dead_letter), read and
--- acted on through shared.dead_letter_store by `webhook-ingest dlq …`, the
+-- Written by workers (shared.dead_letters.model.record_dead_letter), read and
+-- acted on through shared.dead_letters.store by `webhook-ingest dlq …`, the
 -- admin HTTP API and the console.
 
 -- name: insert_dead_letter
@@ -120,14 +120,14 @@ FOR UPDATE
 
 -- name: insert_replay
 -- One more entry in the dead letter's replay history; its id names the
--- replay's retry chain (workers/attempts.py).
+-- replay's retry chain (workers/claim/attempts.py).
 INSERT INTO dead_letter_replays (dead_letter_id, actor, bulk_action_id)
 VALUES ($1, $2, $3)
 RETURNING id
 
 -- name: forget_handed_on
 -- A discarded dead letter's event starts afresh if the provider sends it
--- again: its key forgets the attempt handed on (workers/attempts.py), when
+-- again: its key forgets the attempt handed on (workers/claim/attempts.py), when
 -- that record is of the discarded payload. Fence rows locked in key order,
 -- as the workers' statements lock them (workers/queries.sql, extend_leases).
 WITH doomed AS (
@@ -273,7 +273,7 @@ WHERE b.id = $1 FOR UPDATE OF b
 
 -- the event archive --------------------------------------------------------
 -- Written in batches behind the requests' and the workers' backs
--- (shared/archive_writer.py) through shared.archive_store; its tables are
+-- (shared/archive/writer.py) through shared.archive.store; its tables are
 -- made and dropped by event_archive_keep (migration 0008). Each side names
 -- a row by (source, key, received_at, arrival), the receive time in integer
 -- milliseconds and the arrival's id as the message carries them (0017).
@@ -420,7 +420,7 @@ WHERE event_archive.source = acted.source AND event_archive.key = acted.event_ke
   AND event_archive.replay_of < $2
 
 -- name: archive_unsettled
--- The settling sweep's page (shared/archive_settling.py): rows still
+-- The settling sweep's page (shared/archive/settling.py): rows still
 -- queued or retrying, received more than $1 seconds ago and after the row
 -- named ($2 received_at, $6 source, $7 key, $8 arrival: the last page's
 -- last; NULL: from the oldest), in that order, at most $3 (read from the
@@ -502,7 +502,7 @@ LEFT JOIN LATERAL (
           SELECT * FROM dead_letters WHERE route IS NOT NULL AND left(key, -(length(route) + 1)) = a.key) d
     WHERE d.event_id = a.event_id AND d.payload_sha256 = a.payload_sha256 AND d.status IN ('dead', 'discarded')
     ORDER BY d.status = 'dead' DESC, d.id DESC LIMIT 1) dead ON true
--- each key's rows oldest first (shared/archive_settling.py's guess reads them so); each row once, with the
+-- each key's rows oldest first (shared/archive/settling.py's guess reads them so); each row once, with the
 -- completion that names its arrival first, else one naming none, else another's
 ORDER BY a.source, a.key, a.received_at, a.arrival, done.arrival IS NOT DISTINCT FROM a.arrival DESC,
          done.arrival IS NULL DESC
@@ -594,7 +594,7 @@ SELECT source, coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_parti
                          WHERE isleaf), 0)::int8 AS bytes
 FROM unnest($1::text[], $2::text[]) AS archived(source, source_table)
 
--- searching the event archive (shared/archived_events.py: the filter, the
+-- searching the event archive (shared/archive/search.py: the filter, the
 -- documents). A `queued` row whose key's lease is held is shown `processing`:
 -- for a source with routes (the statement's last two arguments: the sources
 -- file's sources and their route names, SourceRoutes), a lease on one of its
@@ -765,9 +765,9 @@ SELECT to_regclass('outbox') IS NOT NULL
 SELECT count(*) FROM outbox
 
 -- incidents ------------------------------------------------------------------
--- Written by workers (shared.incident_store.record_failure) in the
+-- Written by workers (shared.incidents.store.record_failure) in the
 -- transaction that records the failure; read and acted on through
--- shared.incident_store by `webhook-ingest incidents …`, the admin API and
+-- shared.incidents.store by `webhook-ingest incidents …`, the admin API and
 -- the console (docs/oncall.md, "Incidents").
 
 -- name: count_failure_in_incident
@@ -892,7 +892,7 @@ WHERE id = $1
 -- sent later to a target configured then.
 UPDATE incident_changes SET notified_at = now() WHERE id = ANY($1::bigint[])
 
--- paused sources (shared/pauses.py) -------------------------------------------
+-- paused sources (shared/sources/pauses.py) -------------------------------------------
 
 -- name: paused_sources
 SELECT source, paused_at, paused_by FROM source_pauses ORDER BY source
@@ -911,7 +911,7 @@ DELETE FROM source_pauses WHERE source = $1 AND $2::text IS NOT NULL RETURNING s
 -- commit nor a statement connection for long (adversary round 6, R6-5).
 SELECT set_config('lock_timeout', $1, true)
 
--- replays by selection (shared/event_replay_store.py) -------------------------
+-- replays by selection (shared/replays/store.py) -------------------------
 -- The selection is search_archive's filter ($1-$8, the same WHERE), the
 -- events it matches by key: one arrival per key (the oldest matched), never
 -- an ignored arrival (never queued), a conflicting one (its payload never
@@ -1024,7 +1024,7 @@ UPDATE event_replays SET state = $2, error = $3, finished_at = now()
 WHERE id = $1 AND state = 'running' AND stepped_at = $4
 
 -- name: cancel_event_replay
--- Under the run's lock (shared/run_locks.py: no runner is mid-item). An item
+-- Under the run's lock (shared/runs/locks.py: no runner is mid-item). An item
 -- marked in flight and not stepped (its runner died, or its publish failed,
 -- once it may have been sent) is counted published and handled, and marked
 -- in doubt: what a cancel reports published is all that can have gone out.
@@ -1086,7 +1086,7 @@ WHERE i.key = $1
 ORDER BY r.id DESC
 LIMIT $2
 
--- pruning the frozen selections of ended replays (shared/archive_upkeep.py) ----
+-- pruning the frozen selections of ended replays (shared/archive/upkeep.py) ----
 -- An item of a replay that ended (`done` or `cancelled`: never claimed
 -- again) a while ago goes once no arrival of its key is archived: then its
 -- event has no page, the one place an ended replay's items show (its

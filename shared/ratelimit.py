@@ -40,7 +40,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.service_errors import REDIS_ERRORS
 
 log = get_logger(__name__)

@@ -1,6 +1,6 @@
 """A key's name in Redis and its completion marker — written by the workers
-(`workers/idempotency.py`), read by the ingress's duplicate fast path
-(`ingress/done_markers.py`): one format, said here once.
+(`workers/claim/idempotency.py`), read by the ingress's duplicate fast path
+(`ingress/intake/done_markers.py`): one format, said here once.
 
 `NS:key:<idempotency key>` holds the Redlock value while a worker holds the
 key, then `done:<payload_sha256>` once it completed.

@@ -3,7 +3,7 @@
 A caller catches these to tell "the service is away" (wait, answer 503, say
 so in one line) from a bug in our own code, which should still crash loudly.
 The workers' narrower test of an outage *during* a handler is
-`workers/outage.py`.
+`workers/failures/outage.py`.
 """
 
 import asyncio

@@ -3,7 +3,7 @@ each worker process keeps a row in `worker_heartbeats` (who it is, last
 seen, what it holds, degraded or not) and adds its outcomes to
 `worker_minutes`, in one statement every `beat_seconds`
 (workers/heartbeat.py). The ingress reads them for the console's overview
-and its gauges (ingress/workers_watch.py); the admin API lists them.
+and its gauges (ingress/admin/workers.py); the admin API lists them.
 
 A worker is *silent* when its last beat is older than SILENT_AFTER_BEATS of
 its own intervals and it did not say it stopped: stopped or paused
@@ -17,8 +17,8 @@ from datetime import datetime
 
 import asyncpg
 
-from webhook_ingest.shared.dead_letters import SQL
-from webhook_ingest.shared.sessions import one_of
+from webhook_ingest.shared.db.sessions import one_of
+from webhook_ingest.shared.dead_letters.model import SQL
 
 SILENT_AFTER_BEATS = 3
 FORGET_SECONDS = 3600.0  # a worker stopped or silent this long leaves the list (and the gauge)

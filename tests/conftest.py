@@ -21,7 +21,7 @@ from hypothesis import settings as hypothesis_settings
 
 from tests.support import broker, polling_connections
 from tests.support.processes import Fleet
-from webhook_ingest.migrate import migrate
+from webhook_ingest.cli.migrate import migrate
 from webhook_ingest.shared.settings import Settings
 
 SERVER_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -6,7 +6,7 @@ The handler API is imported from here::
 
     async def handle(event: Event, ctx: Context) -> None: ...
 
-`webhook_ingest.cli` is the composition root that wires the subpackages
+`webhook_ingest.cli.main` is the composition root that wires the subpackages
 `ingress`, `workers` and `shared` together.
 """
 

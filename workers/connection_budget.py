@@ -4,11 +4,11 @@ split over its four pools (docs/design.md, "The claim path owns its resources").
 The split keeps what the claim path cannot do without: two connections for
 short statements (leases, completion checks, the completions of handlers
 that never query: each shared by the runs that ask at once,
-workers/coalesced.py), one for lease renewals (a whole worker's in one
-statement, workers/renewals.py) and one for bookkeeping, which never takes
+workers/claim/coalesced.py), one for lease renewals (a whole worker's in one
+statement, workers/claim/renewals.py) and one for bookkeeping, which never takes
 a claim connection. Handler transactions get the rest: they are what a
 bigger budget buys. A run waiting for a transaction connection keeps its
-lease and lock renewed meanwhile (workers/lease.py), so a small pool adds
+lease and lock renewed meanwhile (workers/claim/lease.py), so a small pool adds
 waiting, never a lost key.
 """
 

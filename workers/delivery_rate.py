@@ -11,7 +11,7 @@ process that ask at once are answered by one Redis call, so a backlog of
 waiting runs costs about one call per process per turn, not one per run.
 A run waits rather than fails: being early is not the event's fault, and
 a retry would spend an attempt. `forward` never queries `ctx.db`, so a
-waiting run holds no Postgres connection (workers/handler_db.py); its
+waiting run holds no Postgres connection (workers/claim/handler_db.py); its
 key's lock and lease are kept alive as for any run.
 
 `burst` defaults to 1: a downstream that states a rate means it evenly.
@@ -29,7 +29,8 @@ from collections.abc import Mapping
 import redis.asyncio as redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from webhook_ingest.shared import metrics, ratelimit
+from webhook_ingest.shared import ratelimit
+from webhook_ingest.shared.observability import metrics
 from webhook_ingest.shared.ratelimit import LocalBuckets, RateLimiter
 
 

@@ -1,5 +1,5 @@
 """An event of a source with routes becomes one message per route that takes
-it (docs/design.md, "Routes"; shared/routes.py).
+it (docs/design.md, "Routes"; shared/sources/routes.py).
 
 The worker that receives the event publishes them to the events queue,
 each confirmed by the broker, and only then acks the event: a worker killed
@@ -11,10 +11,10 @@ copies by each key's own exactly-once steps, never run twice.
 import json
 from dataclasses import replace
 
-from webhook_ingest.shared import payloads
-from webhook_ingest.shared.message import EventMessage
-from webhook_ingest.shared.routes import route_key
-from webhook_ingest.shared.sources import Source
+from webhook_ingest.shared.event import payloads
+from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.sources.routes import route_key
 
 
 def route_messages(source: Source, event: EventMessage) -> list[EventMessage]:

@@ -5,7 +5,7 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from webhook_ingest.shared import metrics
+from webhook_ingest.shared.observability import metrics
 
 
 @asynccontextmanager

@@ -1,4 +1,4 @@
-"""A worker's side of paused sources (shared/pauses.py; docs/reference.md §8.3).
+"""A worker's side of paused sources (shared/sources/pauses.py; docs/reference.md §8.3).
 
 `PausedSources` reads which sources are paused every second, so a pause or
 a resume reaches every worker within about that. A delivery of a paused
@@ -16,13 +16,13 @@ from collections.abc import Iterable
 import asyncpg
 from aio_pika.abc import AbstractChannel
 
-from webhook_ingest.shared import topology
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.db.sessions import raise_if_cancelled
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.message import from_amqp
-from webhook_ingest.shared.pauses import PauseStore
-from webhook_ingest.shared.sessions import raise_if_cancelled
-from webhook_ingest.workers.retry import FailurePolicy
+from webhook_ingest.shared.event.message import from_amqp
+from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.sources.pauses import PauseStore
+from webhook_ingest.workers.claim.retry import FailurePolicy
 
 log = get_logger(__name__)
 

@@ -32,12 +32,14 @@ from functools import partial
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
-from webhook_ingest.shared import backoff, metrics, topology
-from webhook_ingest.shared.dead_letters import UNREADABLE, record_dead_letter
+from webhook_ingest.shared import backoff
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.dead_letters.model import UNREADABLE, record_dead_letter
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.message import EventMessage, from_amqp
-from webhook_ingest.workers.completions import CompletionStore
+from webhook_ingest.shared.event.message import EventMessage, from_amqp
+from webhook_ingest.shared.observability import metrics
+from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.workers.claim.completions import CompletionStore
 
 log = get_logger(__name__)
 
@@ -139,7 +141,7 @@ def _error(attempt: int, kind: str, text: str) -> dict:
 
 
 def _hands_on(event: EventMessage, errors: list[dict], routed_sources: frozenset[str]) -> bool:
-    """Whether the dead letter hands the event's attempt on (`workers.attempts`):
+    """Whether the dead letter hands the event's attempt on (`workers.claim.attempts`):
     not an unreadable message's, nor a routed source's own event's — that
     event is only ever fanned out, and its key, `KEY#ROUTE` when its id ends
     so, may be a route's, whose next attempt it would turn into a copy."""
@@ -153,7 +155,7 @@ async def _record_until_stored(pool, event: EventMessage, errors: list[dict], ha
     by key, payload and event id).
 
     An event's attempt that ends here is handed on to its dead letter, as
-    one a handler failed (`workers.attempts`): a copy of it (the provider
+    one a handler failed (`workers.claim.attempts`): a copy of it (the provider
     sending the event again) is then a duplicate while the dead letter is
     open, instead of a new round of crashes up to the delivery limit."""
     pauses = backoff.pauses(0.5, MAX_RETRY_DELAY)

@@ -15,8 +15,8 @@ WHERE pg_try_advisory_xact_lock(hashtextextended(key, 0))
 -- each of the distinct keys $1 whose lease is free or ran out; $2: the
 -- lease's length in ms. One autocommit statement, before the turn's
 -- transaction, so the lease outlives its holder's session
--- (workers/lease.py). Returns the keys granted, with their tokens and the
--- last attempt handed on (workers/attempts.py).
+-- (workers/claim/lease.py). Returns the keys granted, with their tokens and the
+-- last attempt handed on (workers/claim/attempts.py).
 INSERT INTO key_fences (key, token, lease_until)
 SELECT key, nextval('fencing_tokens'), clock_timestamp() + $2 * interval '1 millisecond'
 FROM unnest($1::text[]) AS batch(key) ORDER BY key
@@ -56,7 +56,7 @@ UPDATE key_fences SET lease_until = NULL
 FROM ours WHERE key_fences.key = ours.key
 
 -- name: record_handed_on
--- Attempt $3 of chain $2 (workers/attempts.py), payload $4, of arrival $5
+-- Attempt $3 of chain $2 (workers/claim/attempts.py), payload $4, of arrival $5
 -- (0: none; migration 0023) was handed on: its retry message is confirmed
 -- or its dead letter committed. Only ever moves forward. A key without a
 -- fence row (a message the delivery limit stopped before any run took a
@@ -154,7 +154,7 @@ SELECT now() - $1::interval
 -- The outer condition is repeated on purpose: when a row changed while the
 -- DELETE waited for its lock, Postgres re-checks only the outer WHERE on the
 -- new version (a fence a worker just refreshed must survive).
--- The keys' attempt records (workers/attempts.py) go with their completions:
+-- The keys' attempt records (workers/claim/attempts.py) go with their completions:
 -- a copy after the retention window is processed again, not taken for a
 -- copy of an attempt of the forgotten chain. Their fence rows are locked in
 -- key order (extend_leases). What went is returned: the archive's rows of

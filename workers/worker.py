@@ -19,34 +19,37 @@ import asyncpg
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
-from webhook_ingest.shared import amqp, backoff, metrics, pooler, schema, topology, tracing
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
+from webhook_ingest.shared import backoff
+from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.broker import amqp, topology
+from webhook_ingest.shared.db import pooler, schema
+from webhook_ingest.shared.db.sessions import close_pool
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.incident_store import IncidentStore
-from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.message import EventMessage, from_amqp
-from webhook_ingest.shared.sessions import close_pool
+from webhook_ingest.shared.event.message import EventMessage, from_amqp
+from webhook_ingest.shared.incidents.store import IncidentStore
+from webhook_ingest.shared.observability import metrics, tracing
+from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import Source
+from webhook_ingest.shared.sources.model import Source
 from webhook_ingest.shared.worker_heartbeats import Figures, HeartbeatStore
 from webhook_ingest.workers import connection_budget
 from webhook_ingest.workers.acks import OpenDeliveries
-from webhook_ingest.workers.archive_notes import ArchiveNotes
-from webhook_ingest.workers.batch import BatchProcessor
-from webhook_ingest.workers.completions import CompletionStore
-from webhook_ingest.workers.copies import CopiesInFlight
+from webhook_ingest.workers.claim.archive_notes import ArchiveNotes
+from webhook_ingest.workers.claim.batch import BatchProcessor
+from webhook_ingest.workers.claim.completions import CompletionStore
+from webhook_ingest.workers.claim.copies import CopiesInFlight
+from webhook_ingest.workers.claim.idempotency import IdempotencyStore
+from webhook_ingest.workers.claim.processor import DEFER_SECONDS, Processor
+from webhook_ingest.workers.claim.retry import FailurePolicy
+from webhook_ingest.workers.claim.states import Outcome
 from webhook_ingest.workers.delivery_rate import shared_buckets
+from webhook_ingest.workers.failures.incident_counts import IncidentCounts
+from webhook_ingest.workers.failures.notifications import Notifier, targets_from
+from webhook_ingest.workers.failures.outage import OutageGate, outage_kind
 from webhook_ingest.workers.fan_out import route_messages
 from webhook_ingest.workers.heartbeat import Heartbeat
-from webhook_ingest.workers.idempotency import IdempotencyStore
-from webhook_ingest.workers.incident_counts import IncidentCounts
-from webhook_ingest.workers.notifications import Notifier, targets_from
-from webhook_ingest.workers.outage import OutageGate, outage_kind
 from webhook_ingest.workers.pauses import Parking, PausedSources, keep_pauses
-from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
-from webhook_ingest.workers.retry import FailurePolicy
-from webhook_ingest.workers.states import Outcome
 
 log = get_logger(__name__)
 
@@ -86,7 +89,7 @@ class Worker:
 
     async def run(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
-            # four pools, so that nothing short waits behind something long (workers.completions),
+            # four pools, so that nothing short waits behind something long (workers.claim.completions),
             # and no bookkeeping in the claim path's way; together within the budget (workers.connection_budget)
             sizes = self.pool_sizes
             # TransactionPooler (a ConfigError): not retried
@@ -335,7 +338,7 @@ class Worker:
     async def _unknown_source(self, message: AbstractIncomingMessage, event: EventMessage) -> None:
         """Sources files out of step (a rolling deploy): the event waits in a
         delay queue for a worker that knows its source (a route's message: its
-        route, shared/routes.py) — no requeue loop, no
+        route, shared/sources/routes.py) — no requeue loop, no
         delivery spent. Past `UNKNOWN_SOURCE_PATIENCE` it is a dead letter
         on-call sees (and replays once the sources file is fixed), counted
         from the first time a worker did not know the source — not from the
@@ -390,7 +393,7 @@ class Worker:
         return Outcome.DEAD if settled.dead else None
 
     async def _follow(self, leader, message: AbstractIncomingMessage, event: EventMessage) -> None:
-        """A copy of an event this process is working on (`workers.copies`)."""
+        """A copy of an event this process is working on (`workers.claim.copies`)."""
         started = time.perf_counter()
         if await self._copies.completed_for(leader, event):
             await self._deliveries.ack(message)

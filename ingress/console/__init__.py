@@ -33,8 +33,8 @@ from webhook_ingest.ingress.console.sessions import ConsoleSessions, console_ses
 from webhook_ingest.ingress.console.sources import add_source_routes
 from webhook_ingest.ingress.console.vendor import HTMX_FILE
 from webhook_ingest.ingress.console.views import add_routes, bulk_runner_key
-from webhook_ingest.shared import replay_keys
-from webhook_ingest.shared.dead_letters import iso_utc
+from webhook_ingest.shared.dead_letters.model import iso_utc
+from webhook_ingest.shared.replays import keys as replay_keys
 from webhook_ingest.shared.settings import Settings
 
 HERE = Path(__file__).parent

@@ -1,6 +1,6 @@
 """Running a confirmed bulk action on dead letters: the frozen ids, one by
 one, paced, through the machinery replays of archived events share
-(`shared/paced_runs.py`: pacing, cancellation, resuming, the audit entries).
+(`shared/runs/paced.py`: pacing, cancellation, resuming, the audit entries).
 
 Each is replayed or discarded only while it is still open
 (`replay_if_open`): one that someone else replayed or discarded meanwhile,
@@ -12,10 +12,10 @@ acted on when it ends.
 import contextlib
 from collections.abc import AsyncIterator
 
-from webhook_ingest.shared.bulk_actions import BulkAction
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore, HeldBulk
-from webhook_ingest.shared.dead_letters import Actor, ChangedMeanwhile, DeadLetterNotFound, NotReplayable
-from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, PacedRunner
+from webhook_ingest.shared.dead_letters.bulk import BulkAction
+from webhook_ingest.shared.dead_letters.model import Actor, ChangedMeanwhile, DeadLetterNotFound, NotReplayable
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore, HeldBulk
+from webhook_ingest.shared.runs.paced import DEFAULT_RATE, MAX_RATE, PacedRunner
 
 __all__ = ["DEFAULT_RATE", "MAX_RATE", "BulkRunner"]
 

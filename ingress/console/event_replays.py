@@ -2,8 +2,8 @@
 §8.1, §8 "Replaying archived events"): from the Events page's search, the
 selection is frozen and counted, the operator confirms with a rate, then
 watches its progress and may cancel — the dead letters' bulk action's steps,
-on the store and runner the admin API uses (`shared/event_replay_store.py`,
-`ingress/admin_event_replays.py`).
+on the store and runner the admin API uses (`shared/replays/store.py`,
+`ingress/admin/event_replays.py`).
 
     POST /console/event-replays              the search's filter: freeze, then its page
     GET  /console/event-replays/{id}         count, confirm, progress (htmx: the progress alone)
@@ -13,16 +13,16 @@ on the store and runner the admin API uses (`shared/event_replay_store.py`,
 
 from aiohttp import web
 
-from webhook_ingest.ingress.admin_event_replays import parse_rate, start
+from webhook_ingest.ingress.admin.event_replays import parse_rate, start
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.console.event_search import event_search
 from webhook_ingest.ingress.console.rendering import leave_message, message_page, render
 from webhook_ingest.ingress.console.views import actor
-from webhook_ingest.shared.archived_events import SourceRoutes
-from webhook_ingest.shared.dead_letters import parse_id
-from webhook_ingest.shared.event_replay_store import EventReplayStore
-from webhook_ingest.shared.paced_runs import DEFAULT_RATE, MAX_RATE, MIN_RATE
-from webhook_ingest.shared.run_locks import RunBusy
+from webhook_ingest.shared.archive.search import SourceRoutes
+from webhook_ingest.shared.dead_letters.model import parse_id
+from webhook_ingest.shared.replays.store import EventReplayStore
+from webhook_ingest.shared.runs.locks import RunBusy
+from webhook_ingest.shared.runs.paced import DEFAULT_RATE, MAX_RATE, MIN_RATE
 
 routes = web.RouteTableDef()
 LABELS = {

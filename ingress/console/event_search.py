@@ -1,6 +1,6 @@
 """The Events page's search (docs/reference.md §8.1): its query string — or
 a form posted with the same fields — to the event archive's filter, read by
-the parser the admin API and the CLI use (shared/archived_events.py), the
+the parser the admin API and the CLI use (shared/archive/search.py), the
 page cursor, the form's values as typed, and what was wrong in words for
 the page. A filter with a problem is not applied at all: the page says
 what is wrong rather than showing (or acting on) more than was asked.
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from webhook_ingest.ingress.console.filters import query_string
-from webhook_ingest.shared.archived_events import Cursor, EventFilter, InvalidFilter, filter_and_problems
+from webhook_ingest.shared.archive.search import Cursor, EventFilter, InvalidFilter, filter_and_problems
 
 # the admin API's query parameters, in the form's order
 FIELDS = ("source", "status", "type", "since", "until", "key", "event_id", "payload")

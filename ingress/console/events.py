@@ -1,6 +1,6 @@
 """The console's event archive (docs/reference.md §8.1): the Events page
 searches it as the admin API does (the same filter, store and statements:
-shared/archived_events.py, shared/archive_store.py), newest first, a page
+shared/archive/search.py, shared/archive/store.py), newest first, a page
 at a time; an event's page shows every arrival of its key — the event, its
 copies, its conflicts — with its body and headers, what became of it, its
 attempts' errors and replays (from its dead letters) and links to them.
@@ -18,15 +18,14 @@ import asyncpg
 from aiohttp import web
 
 from webhook_ingest.ingress import signature_headers
-from webhook_ingest.ingress.admin import dead_letters_key
+from webhook_ingest.ingress.admin.api import dead_letters_key
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.console.event_search import LABELS, EventSearch, event_search
 from webhook_ingest.ingress.console.rendering import message_page, render
 from webhook_ingest.ingress.console.security import role_key
 from webhook_ingest.ingress.tokens import may_change
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.archived_events import (
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.search import (
     COUNT_CAP,
     STATUSES,
     Cursor,
@@ -35,8 +34,9 @@ from webhook_ingest.shared.archived_events import (
     route_completions,
     route_names,
 )
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.event_replay_store import EventReplayStore
+from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.replays.store import EventReplayStore
 
 PAGE_SIZE = 50
 SHOWN_DEAD_LETTERS = 10  # an event's latest dead letters whose attempts and replays its page lists

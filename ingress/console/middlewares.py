@@ -18,12 +18,12 @@ from webhook_ingest.ingress.console.security import (
     same_origin,
     session_role,
 )
-from webhook_ingest.ingress.limits import read_form_within
+from webhook_ingest.ingress.intake.limits import read_form_within
+from webhook_ingest.ingress.intake.slots import slots_key
 from webhook_ingest.ingress.responses import Rejected
-from webhook_ingest.ingress.slots import slots_key
 from webhook_ingest.ingress.tokens import may_change
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.logging import get_logger
+from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 
 log = get_logger(__name__)
@@ -41,7 +41,7 @@ CONTENT_SECURITY_POLICY = (
 @web.middleware
 async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A slot of the process's and of the client's, as a webhook takes
-    (ingress/slots.py), and a POST's form read whole before anything else
+    (ingress/intake/slots.py), and a POST's form read whole before anything else
     looks at it (limits.read_form_within): the sign-in page is as public as
     the webhooks and must not let a slow client hold the process."""
     try:

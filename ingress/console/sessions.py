@@ -28,8 +28,8 @@ from aiohttp import web
 from aiohttp_session import AbstractStorage, Session
 from cryptography.fernet import Fernet, InvalidToken
 
-from webhook_ingest.shared.queries import load_queries
-from webhook_ingest.shared.sessions import pooled
+from webhook_ingest.shared.db.queries import load_queries
+from webhook_ingest.shared.db.sessions import pooled
 
 QUERIES = load_queries("webhook_ingest.ingress")
 STATEMENT_SECONDS = 5.0

@@ -8,7 +8,7 @@ import math
 from aiohttp import web
 
 from webhook_ingest.ingress import signature_headers
-from webhook_ingest.ingress.admin import dead_letters_key
+from webhook_ingest.ingress.admin.api import dead_letters_key
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.archive import arrivals_key
 from webhook_ingest.ingress.console.bulk import DEFAULT_RATE, MAX_RATE, BulkRunner
@@ -18,11 +18,10 @@ from webhook_ingest.ingress.console.incidents import LISTED
 from webhook_ingest.ingress.console.overview import overview
 from webhook_ingest.ingress.console.rendering import leave_message, message_page, render
 from webhook_ingest.ingress.console.security import form_field, role_key, session_role, sign_in, sign_out
-from webhook_ingest.ingress.limits import sign_in_throttle_key
+from webhook_ingest.ingress.intake.limits import sign_in_throttle_key
 from webhook_ingest.ingress.tokens import may_change, role_of
-from webhook_ingest.shared import bulk_actions
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import (
+from webhook_ingest.shared.dead_letters import bulk as bulk_actions
+from webhook_ingest.shared.dead_letters.model import (
     STATUSES,
     Actor,
     ChangedMeanwhile,
@@ -33,9 +32,10 @@ from webhook_ingest.shared.dead_letters import (
     detail,
     parse_id,
 )
-from webhook_ingest.shared.incident_store import IncidentStore
-from webhook_ingest.shared.logging import get_logger
-from webhook_ingest.shared.run_locks import RunBusy
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.incidents.store import IncidentStore
+from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.runs.locks import RunBusy
 from webhook_ingest.shared.worker_heartbeats import HeartbeatStore
 
 log = get_logger(__name__)
@@ -70,7 +70,7 @@ async def login_page(request: web.Request) -> web.Response:
 @routes.post("/login")
 async def login(request: web.Request) -> web.Response:
     """Throttled per client address before the token is even looked at
-    (ingress/limits.py: a few at once, then a few a minute)."""
+    (ingress/intake/limits.py: a few at once, then a few a minute)."""
     wait = await request.config_dict[sign_in_throttle_key].retry_after(request.remote)
     if wait > 0:
         seconds = math.ceil(wait)

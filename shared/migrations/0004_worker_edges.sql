@@ -7,7 +7,7 @@ ALTER TABLE processed_events ADD COLUMN message_id text;
 
 -- The key's lease: held from before the handler's transaction until its
 -- completion commits (or it is released, or runs out), whether or not the
--- holder's session lives on (workers/lease.py).
+-- holder's session lives on (workers/claim/lease.py).
 ALTER TABLE key_fences ADD COLUMN lease_until timestamptz;
 
 -- A dead letter closed because its event completed after all (another copy's

@@ -1,5 +1,5 @@
 -- Incidents: failures grouped by source, handler and error fingerprint
--- (shared/incidents.py; docs/oncall.md, "Incidents").
+-- (shared/incidents/model.py; docs/oncall.md, "Incidents").
 
 -- One row per (source, handler, fingerprint), for ever: a new failure after
 -- it was resolved reopens it (`opened_at` is when this episode began).
@@ -40,7 +40,7 @@ CREATE TABLE incident_events (
 CREATE INDEX incident_events_dead_letter_id ON incident_events (dead_letter_id) WHERE dead_letter_id IS NOT NULL;
 
 -- Each state change, in the transaction that made it: the incident's
--- history, and what notifications are sent from (workers/notifications.py):
+-- history, and what notifications are sent from (workers/failures/notifications.py):
 -- a worker claims a change for a while (`claimed_until`), sends it to each
 -- target not yet in `notified_targets`, and records each as it succeeds;
 -- `notified_at` once all have. Acknowledgements are not notified.

@@ -6,7 +6,7 @@
 -- the admin API, `webhook-ingest events replay --show`). Items are handled
 -- in order, so progress is a cursor: every item below `next_item` was
 -- published or skipped. Its id names the replay's idempotency keys,
--- `replay-ID/KEY` (shared/replay_keys.py): every replay is a new set of keys.
+-- `replay-ID/KEY` (shared/replays/keys.py): every replay is a new set of keys.
 CREATE TABLE event_replays (
     id           bigserial PRIMARY KEY,
     filter       jsonb NOT NULL DEFAULT '{}',

@@ -1,4 +1,4 @@
--- The archive's settling sweep (shared/archive_settling.py, run by every
+-- The archive's settling sweep (shared/archive/settling.py, run by every
 -- process's upkeep): rows still `queued` or `retrying`, oldest first. Only
 -- those rows have an entry, so the index stays as small as the pipeline's
 -- backlog, and a sweep reads no settled row.

@@ -1,4 +1,4 @@
--- The item a paced run has in flight (shared/run_locks.py; docs/design.md,
+-- The item a paced run has in flight (shared/runs/locks.py; docs/design.md,
 -- "A replay by selection"): its runner commits "item n in flight" here
 -- before each publish, then publishes and steps its run's progress in a
 -- second transaction. A runner that dies mid-publish loses its step, not

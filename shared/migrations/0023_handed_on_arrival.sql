@@ -1,4 +1,4 @@
--- Which arrival's message a key's last attempt handed on (workers/attempts.py)
+-- Which arrival's message a key's last attempt handed on (workers/claim/attempts.py)
 -- carried (0017's id; NULL: recorded before this, by the previous release's
 -- workers, or of a message without an arrival id). A twin message of that
 -- same arrival (the outbox's row beside a publish confirmed late, a

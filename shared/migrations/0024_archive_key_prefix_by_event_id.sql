@@ -1,4 +1,4 @@
--- A key is SOURCE:EVENT_ID (shared/event_id.py, idempotency_key), so a key
+-- A key is SOURCE:EVENT_ID (shared/event/ids.py, idempotency_key), so a key
 -- prefix that names its source ("stripe:evt_1") is that source's event id
 -- prefix ("evt_1"), which 0019's event id index serves within the source's
 -- tables; one without a ':' names no event id and matches whole sources,

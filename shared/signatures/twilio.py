@@ -22,8 +22,8 @@ import hmac
 from collections.abc import Mapping, Sequence
 from urllib.parse import parse_qs
 
-from webhook_ingest.shared import payloads
-from webhook_ingest.shared.payloads import Form
+from webhook_ingest.shared.event import payloads
+from webhook_ingest.shared.event.payloads import Form
 from webhook_ingest.shared.signatures import parts, public_url
 from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions, Verified
 from webhook_ingest.shared.signatures.errors import InvalidSignature

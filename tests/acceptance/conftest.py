@@ -6,7 +6,7 @@ import pytest
 from tests.support import downstream as downstream_server
 from tests.support import private_postgres
 from tests.support.handlers import EFFECTS_TABLES
-from webhook_ingest.migrate import migrate
+from webhook_ingest.cli.migrate import migrate
 
 
 @pytest.fixture

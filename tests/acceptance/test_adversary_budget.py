@@ -10,7 +10,7 @@ from tests.support import pgbouncer
 from tests.support.events import make_event, publish_events
 from tests.support.exactly_once import write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
-from webhook_ingest.shared.pooler import TransactionPooler, refuse_transaction_pooling
+from webhook_ingest.shared.db.pooler import TransactionPooler, refuse_transaction_pooling
 
 limited_role = test_connection_refusals.limited_role  # a login role whose connection limit the test sets
 WARM_SERVERS = 3  # server sessions idle in the pooler, as in front of any deployment under traffic

@@ -15,13 +15,13 @@ from tests.support.archive import archived_event, seed_archive
 from tests.support.event_replays import claimed_replay, replay_job
 from tests.support.ingress import console_login, queued_events, running_ingress
 from tests.support.processes import wait_until
-from webhook_ingest.dlq import confirm_channel
-from webhook_ingest.shared import run_locks
-from webhook_ingest.shared.dead_letters import Actor
-from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
-from webhook_ingest.shared.paced_runs import run
+from webhook_ingest.cli.dlq import confirm_channel
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.replays.store import EventReplayJob, EventReplayStore
+from webhook_ingest.shared.runs import locks as run_locks
+from webhook_ingest.shared.runs.paced import run
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 TOKEN = "s3cret-admin-token-of-the-replay-adversary"
 AN_HOUR_AGO = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)

@@ -18,8 +18,8 @@ from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
-from webhook_ingest.shared import topology
-from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.handlers"
@@ -61,7 +61,7 @@ async def test_a_retry_waiting_behind_a_stale_copy_of_its_earlier_attempt_is_not
     `record_handed_on` leaves). A copy of attempt 1 — the provider sending
     the event again, the outbox relay republishing the event whose given-up
     publish the broker confirmed late, a redelivery — reaches the worker
-    just before the retry. The copy leads (workers/copies.py), is found
+    just before the retry. The copy leads (workers/claim/copies.py), is found
     stale (`attempt_already_handed_on`) and settled DUPLICATE; the retry,
     waiting behind it with the same payload, is then acked as a duplicate
     of it without running. Nothing carries the event on: it must still end

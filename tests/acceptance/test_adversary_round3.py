@@ -19,7 +19,7 @@ from tests.support.broker import amqp_port
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import recorded_runs, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
-from webhook_ingest.shared import topology
+from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.redis_keys import DONE_PREFIX, key_prefix
 
 pytestmark = pytest.mark.usefixtures("effects_tables")

@@ -11,7 +11,7 @@ import pytest
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import recorded_runs, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
-from webhook_ingest.shared import topology
+from webhook_ingest.shared.broker import topology
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 ADVERSARY = "tests.support.adversary_handlers"

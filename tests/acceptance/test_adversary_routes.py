@@ -17,15 +17,15 @@ from tests.support.dead_letters import failure
 from tests.support.events import make_event, publish_events
 from tests.support.ingress import running_ingress
 from tests.support.processes import count_rows, wait_for_output, wait_until
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.redis_keys import key_prefix
-from webhook_ingest.shared.routes import route_key
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
+from webhook_ingest.shared.sources.routes import route_key
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ async def test_discarding_a_routes_dead_letter_marks_the_events_archived_arrival
         store = ArchiveStore(connection)
         await store.keep({"acme": timedelta(days=7)})
         await store.write_arrivals([archive.arrival_row(event, "invoice.paid", "{}", archive.QUEUED)])
-        # what workers/archive_notes.py writes for the route's dead letter: the event's own row
+        # what workers/claim/archive_notes.py writes for the route's dead letter: the event's own row
         await store.write_outcomes([archive.outcome_row(event, archive.DEAD, event.received_at, "route audit: boom")])
         dead_letter_id = await record_dead_letter(connection, audit, [failure(1)])
         await DeadLetterStore(connection).discard([dead_letter_id])

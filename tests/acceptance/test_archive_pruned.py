@@ -20,12 +20,12 @@ from tests.acceptance.test_archive_outcomes import arrivals_written, post, sourc
 from tests.acceptance.test_archive_twin_processes import _hold_archive_writes, _lose_the_batch, _outcome_batch_waiting
 from tests.support.ingress import running_ingress
 from tests.support.processes import wait_for_output, wait_until
-from webhook_ingest.cli import main
-from webhook_ingest.shared import archive_upkeep
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.archive import upkeep as archive_upkeep
+from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
 from webhook_ingest.shared.redis_keys import key_prefix
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 

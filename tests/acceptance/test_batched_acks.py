@@ -18,7 +18,7 @@ from tests.support.exactly_once import (
 )
 from tests.support.processes import count_rows, wait_until
 from tests.support.tcpproxy import TcpProxy
-from webhook_ingest.shared import topology
+from webhook_ingest.shared.broker import topology
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.handlers"

@@ -1,4 +1,4 @@
-"""The worker's group commit (`workers.batch`) with real worker processes:
+"""The worker's group commit (`workers.claim.batch`) with real worker processes:
 a failure inside a shared transaction costs the others nothing and leaves
 no effect behind; copies inside one batch complete once."""
 

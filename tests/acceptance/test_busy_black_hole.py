@@ -1,7 +1,7 @@
 """A black hole is no slow loop (issue 35, item 1).
 
 A worker's keeper counts an unanswered confirmation as a black hole only
-if its loop was not slow meanwhile (`workers.lease`). A worker whose own
+if its loop was not slow meanwhile (`workers.claim.lease`). A worker whose own
 handlers keep its loop late at every step — calls whose answers stream in
 and are worked on without Postgres — never looks idle when its path to
 Postgres drops every packet: its leases run out in Postgres while its

@@ -35,7 +35,7 @@ ROUTED = Options(seed=SEED, events=100, duration=10, drain_timeout=60, stall_sec
 # arrival got its own id (migration 0017). Left queued (2): a worker's outcome
 # batch waiting for its cut Postgres died with it when it was SIGKILLed, until
 # the archive's sweep settled such rows from the completions and dead letters
-# (shared/archive_settling.py; the local run's ingress sweeps every 2 s).
+# (shared/archive/settling.py; the local run's ingress sweeps every 2 s).
 
 _runs: dict[str, Result] = {}
 

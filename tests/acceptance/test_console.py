@@ -23,9 +23,9 @@ from tests.support.dead_letters import seed_dead_letters
 from tests.support.heartbeats import seed_workers
 from tests.support.ingress import queued_events
 from tests.support.processes import wait_until
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.routes import route_key
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.sources.routes import route_key
 
 pytestmark = pytest.mark.browser
 

@@ -17,10 +17,10 @@ from tests.support.exactly_once import effects_by_key, metered_worker, write_sou
 from tests.support.ingress import queued_events
 from tests.support.processes import count_rows, outcomes, wait_for_output, wait_until
 from tests.support.replay_handlers import REPLAY_RUNS_TABLE
-from webhook_ingest.dlq import confirm_channel
-from webhook_ingest.shared import topology
-from webhook_ingest.shared.event_replay_store import EventReplayStore
-from webhook_ingest.shared.paced_runs import run
+from webhook_ingest.cli.dlq import confirm_channel
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.replays.store import EventReplayStore
+from webhook_ingest.shared.runs.paced import run
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 KEYS = [f"acme:evt_{n}" for n in (1, 2, 3)]

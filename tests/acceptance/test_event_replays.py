@@ -18,12 +18,12 @@ from tests.support.exactly_once import effects_by_key, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.replay_handlers import REPLAY_RUNS_TABLE
 from tests.support.tcpproxy import free_port
-from webhook_ingest.cli import main
-from webhook_ingest.shared import topology
-from webhook_ingest.shared.archived_events import parse_filter
-from webhook_ingest.shared.dead_letters import Actor
-from webhook_ingest.shared.event_replay_store import EventReplayStore
-from webhook_ingest.shared.event_replays import replayed_message
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.archive.search import parse_filter
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.replays.model import replayed_message
+from webhook_ingest.shared.replays.store import EventReplayStore
 
 # alone: two workers running ctx.db handlers hold up to ~55 Postgres connections here; beside
 # another such test the shared server's 100 ran out ("too many clients already") twice in a row.

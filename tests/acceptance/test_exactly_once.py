@@ -31,7 +31,8 @@ from tests.support.exactly_once import (
 from tests.support.processes import count_rows, outcomes, wait_for_output, wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.tcpproxy import TcpProxy, free_port
-from webhook_ingest.shared import signatures, topology
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.broker import topology
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 

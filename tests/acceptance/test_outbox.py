@@ -19,8 +19,9 @@ from tests.support.events import make_event, queue_depth
 from tests.support.exactly_once import SECRET, assert_each_once, metered_worker, until_completed, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
-from webhook_ingest.ingress.outbox import QUERIES, outbox_columns, outbox_row
-from webhook_ingest.shared import signatures, topology
+from webhook_ingest.ingress.publishing.outbox import QUERIES, outbox_columns, outbox_row
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.broker import topology
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 

@@ -22,7 +22,7 @@ import pytest
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import effects_by_key, until_completed, write_sources
 from tests.support.processes import Process, count_rows, wait_for_output, wait_until
-from webhook_ingest.shared import topology
+from webhook_ingest.shared.broker import topology
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("effects_tables")]
 

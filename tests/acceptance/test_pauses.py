@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.processes import count_rows, wait_for_output, wait_until
-from webhook_ingest.cli import main
-from webhook_ingest.shared import topology
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.broker import topology
 
 pytestmark = pytest.mark.slow
 

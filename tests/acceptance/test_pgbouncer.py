@@ -1,7 +1,7 @@
 """PgBouncer in front of Postgres (issue 35, requirement 4): in session mode
 the workers run as without it; in transaction mode a worker and an ingress
 refuse to start, with the reason in one line, rather than fail later
-(shared/pooler.py says what such a pooler would break)."""
+(shared/db/pooler.py says what such a pooler would break)."""
 
 import asyncpg
 

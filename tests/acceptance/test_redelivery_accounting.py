@@ -15,8 +15,8 @@ import pytest
 from tests.support.events import make_event, publish_events
 from tests.support.exactly_once import effects_by_key, metered_worker, until_every_message_handled, write_sources
 from tests.support.processes import count_rows, outcomes, wait_until
-from webhook_ingest.shared import topology
-from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 

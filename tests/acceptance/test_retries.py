@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.events import make_event, publish_events
 from tests.support.processes import count_rows, wait_until
 from tests.support.tcpproxy import free_port
-from webhook_ingest.shared import topology
-from webhook_ingest.shared.sources import load_sources
-from webhook_ingest.workers.retry import FailurePolicy
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.sources.model import load_sources
+from webhook_ingest.workers.claim.retry import FailurePolicy
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ import pytest
 from tests.acceptance.test_retries import dlq_json, webhook_ingest
 from tests.support.events import make_event, publish_events
 from tests.support.processes import count_rows, wait_for_output, wait_until
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 pytestmark = pytest.mark.slow
 

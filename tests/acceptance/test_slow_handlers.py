@@ -16,7 +16,7 @@ from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import effects_by_key, until_completed, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
-from webhook_ingest.shared import topology
+from webhook_ingest.shared.broker import topology
 
 EVENTS = 300
 
@@ -82,7 +82,7 @@ async def test_a_ctx_db_handler_keeps_its_lease_when_postgres_is_a_round_trip_aw
     each worker's ~150 runs renew their leases together every second, which
     one statement each on two connections cannot do in time (they queued
     past their deadlines and runs ended LockLost, deferred, ran again);
-    renewed together (workers/renewals.py), they keep their leases."""
+    renewed together (workers/claim/renewals.py), they keep their leases."""
     url, posts = downstream.url, downstream.posts
     sources = write_sources(tmp_path / "s.toml", "tests.support.handlers:call_then_record", url=url + "?latency=3")
     with TcpProxy("127.0.0.1", 5432, latency=0.02) as postgres:

@@ -9,7 +9,7 @@ import pytest
 from tests.support.events import make_event, publish_events
 from tests.support.exactly_once import recorded_runs, write_sources
 from tests.support.processes import wait_until
-from webhook_ingest.shared import schema
+from webhook_ingest.shared.db import schema
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 

@@ -27,8 +27,8 @@ from tests.bench.cpu import cpu_seconds
 from tests.bench.deployment import scratch_database
 from tests.bench.httpload import BODY_BYTES
 from tests.support.events import make_event
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.store import ArchiveStore
 
 EVENTS, WARM_UP, ROUNDS = 10_000, 1_000, 2
 BATCH = int(os.environ.get("BENCH_ARCHIVE_BATCH", "100"))  # rows a statement: the writers' batches at the rate

@@ -29,9 +29,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from tests.bench.deployment import scratch_database
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import SQL, STATEMENT_SECONDS, ArchiveStore
-from webhook_ingest.shared.archived_events import COUNT_CAP, DEFAULT_LIMIT, NO_ROUTES, Cursor, EventFilter, SourceRoutes
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.search import COUNT_CAP, DEFAULT_LIMIT, NO_ROUTES, Cursor, EventFilter, SourceRoutes
+from webhook_ingest.shared.archive.store import SQL, STATEMENT_SECONDS, ArchiveStore
 
 ROWS = int(os.environ.get("BENCH_SEARCH_ROWS", "1000000"))  # fewer: a quick try of the bench itself
 BATCH = 100_000

@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from tests.bench.deployment import scratch_database
-from webhook_ingest.shared.archive_store import SQL, ArchiveStore
+from webhook_ingest.shared.archive.store import SQL, ArchiveStore
 
 SOURCES = ["s1", "s2", "s3", "s4"]
 DAYS = 11

@@ -2,7 +2,7 @@
 sources file, ingress and worker processes; everything removed at the end.
 
 The processes are the ones `webhook-ingest run` starts by default, with the
-same arguments (`webhook_ingest.layout`), so the bench measures what a new
+same arguments (`webhook_ingest.cli.layout`), so the bench measures what a new
 user gets. BENCH_INGRESS_PROCESSES, BENCH_WORKERS and BENCH_CONCURRENCY
 override the layout, only to compare candidates for the defaults."""
 
@@ -23,9 +23,9 @@ from tests.bench.handler import EFFECTS_TABLE
 from tests.support.broker import ctl_command
 from tests.support.processes import Fleet, Process, wait_for_output
 from tests.support.tcpproxy import free_port
-from webhook_ingest import layout
-from webhook_ingest.migrate import migrate
-from webhook_ingest.shared import topology
+from webhook_ingest.cli import layout
+from webhook_ingest.cli.migrate import migrate
+from webhook_ingest.shared.broker import topology
 
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

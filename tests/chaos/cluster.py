@@ -32,8 +32,9 @@ from tests.support.handlers import EFFECTS_TABLES
 from tests.support.processes import Fleet, count_rows, wait_for_output, wait_until
 from tests.support.rabbit_cluster import RabbitCluster
 from tests.support.redis_server import RedisServer
-from webhook_ingest.migrate import migrate
-from webhook_ingest.shared import amqp, signatures, topology
+from webhook_ingest.cli.migrate import migrate
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.broker import amqp, topology
 
 SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 

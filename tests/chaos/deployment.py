@@ -32,22 +32,22 @@ from tests.support.broker import ctl_command
 from tests.support.processes import ROOT, Fleet, Process, wait_for_output
 from tests.support.redis_server import RedisServer
 from tests.support.tcpproxy import TcpProxy, free_port
-from webhook_ingest import layout
-from webhook_ingest.ingress.publisher import probe_queue
-from webhook_ingest.migrate import migrate
-from webhook_ingest.shared import topology
+from webhook_ingest.cli import layout
+from webhook_ingest.cli.migrate import migrate
+from webhook_ingest.ingress.publishing.publisher import probe_queue
+from webhook_ingest.shared.broker import topology
 
 AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 SERVER_URL = os.environ.get("CHAOS_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 SOURCE, SECRET = "chaos", "chaos-secret"
 PRUNE_WINDOW = "1s"  # the smallest `prune --older-than` accepts
-# The ingress's archive sweep (shared/archive_upkeep.py) every 2 s past a 5 s
+# The ingress's archive sweep (shared/archive/upkeep.py) every 2 s past a 5 s
 # grace instead of every minute past a minute: what a killed worker's lost
 # outcome batch left unsettled is settled by the deployment's own process
 # within seconds of the drain, not two minutes (run.py waits for it).
 SETTLE_SECONDS = 7.0
 SWEEP_PRELUDE = (
-    "from webhook_ingest.shared import archive_upkeep\n"
+    "from webhook_ingest.shared.archive import upkeep as archive_upkeep\n"
     "archive_upkeep.SETTLE_GRACE_SECONDS, archive_upkeep.SETTLE_EVERY_SECONDS = 5.0, 2.0\n"
 )
 

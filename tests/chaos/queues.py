@@ -9,7 +9,7 @@ import contextlib
 import aio_pika
 
 from tests.support.broker import ctl_command
-from webhook_ingest.ingress.publisher import probe_queue
+from webhook_ingest.ingress.publishing.publisher import probe_queue
 
 
 async def held_by_rabbitmqctl(namespace: str) -> dict[str, int] | None:
@@ -56,7 +56,7 @@ async def ready_by_passive_declare(amqp_url: str, names: list[str]) -> dict[str,
     return ready
 
 
-# What names a message left behind: the pipeline's headers (shared/message.py), then the broker's.
+# What names a message left behind: the pipeline's headers (shared/event/message.py), then the broker's.
 _NAMING_HEADERS = (
     "x-attempt",
     "x-arrival",

@@ -29,7 +29,7 @@ from tests.chaos.plan import Plan, make_plan
 from tests.chaos.queues import held_by_rabbitmqctl, peek, ready_by_passive_declare
 from tests.chaos.report import render
 from tests.chaos.traffic import Sent, send_all
-from webhook_ingest import layout
+from webhook_ingest.cli import layout
 
 POLL_SECONDS = 2.0
 

@@ -346,7 +346,7 @@ def registered_metric_names() -> set[str]:
     """Every series name the code's registry can expose."""
     import prometheus_client
 
-    import webhook_ingest.shared.metrics  # noqa: F401  (registers the metrics)
+    import webhook_ingest.shared.observability.metrics  # noqa: F401  (registers the metrics)
 
     suffixes = {
         "counter": ("_total", "_created"),

@@ -206,7 +206,7 @@ def test_the_reference_headings_have_the_anchors_the_contents_list_uses():
 
 
 def test_the_sources_table_has_every_field_of_the_model():
-    from webhook_ingest.shared.sources import SourceSection
+    from webhook_ingest.shared.sources.model import SourceSection
 
     section = REFERENCE.read_text().split("### Sources file", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE))

@@ -78,4 +78,4 @@ def test_the_wheel_holds_every_module_and_data_file(wheel: zipfile.ZipFile):
 
 def test_the_wheel_has_the_console_script(wheel: zipfile.ZipFile):
     [entry_points] = [name for name in wheel.namelist() if name.endswith(".dist-info/entry_points.txt")]
-    assert "webhook-ingest = webhook_ingest.cli:main" in wheel.read(entry_points).decode()
+    assert "webhook-ingest = webhook_ingest.cli.main:main" in wheel.read(entry_points).decode()

@@ -5,7 +5,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from webhook_ingest.shared.archive_store import ArchiveStore
+from webhook_ingest.shared.archive.store import ArchiveStore
 
 ARCHIVED_SOURCES = ("acme", "routed")
 

@@ -25,7 +25,7 @@ from tests.support.signing import PROVIDERS
 from webhook_ingest.ingress.console.security import COOKIE_NAME
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.signatures import SCHEMES
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 OPERATOR = "operator-token-for-the-fuzzing-tests-0123456789"
 

@@ -21,11 +21,12 @@ from tests.support.logs import captured_logs
 from tests.support.signing import PROVIDERS, TWILIO_URL
 from tests.support.tcpproxy import free_port
 from webhook_ingest.ingress.console.security import COOKIE_NAME
-from webhook_ingest.ingress.failure_budget import FAILURES_BURST
-from webhook_ingest.shared import payloads, signatures
+from webhook_ingest.ingress.intake.failure_budget import FAILURES_BURST
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.event import payloads
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.signatures import twilio
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 OPERATOR = "operator-token-for-the-adversary-tests-0123456789"
 SECRET = "adversary-secret"

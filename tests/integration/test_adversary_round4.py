@@ -8,7 +8,7 @@ import json
 from tests.support.ingress import queued_events, running_ingress
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 SECRET = "round4-secret"
 

@@ -6,8 +6,8 @@ import asyncpg
 import pytest
 
 from tests.support.events import make_event
+from webhook_ingest.workers.claim.retry import FailurePolicy, describe_failure
 from webhook_ingest.workers.handlers import PermanentError
-from webhook_ingest.workers.retry import FailurePolicy, describe_failure
 
 
 @pytest.fixture

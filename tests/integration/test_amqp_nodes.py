@@ -10,7 +10,7 @@ import pytest
 from tests.support.broker import amqp_port
 from tests.support.processes import wait_until
 from tests.support.tcpproxy import TcpProxy
-from webhook_ingest.shared import amqp
+from webhook_ingest.shared.broker import amqp
 
 QUICK = "?reconnect_interval=0.2"
 

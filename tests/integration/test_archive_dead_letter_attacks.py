@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 from tests.support.archive import arrival_of, arrived, ran, statuses
 from tests.support.dead_letters import failure
-from webhook_ingest.cli import main
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.shared.message import new_arrival
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
+from webhook_ingest.shared.event.message import new_arrival
 
 ROUTES = {"routed": ["billing", "audit"]}
 
@@ -36,7 +36,7 @@ def _run(arrival, route: str = "", replay_of: int = 0, attempt: int = 1):
 
 
 def _noted(run):
-    """The worker's note of a run: a route's on its event's own row, route kept (workers/archive_notes.py)."""
+    """The worker's note of a run: a route's on its event's own row, route kept (workers/claim/archive_notes.py)."""
     return dataclasses.replace(run, key=run.key.removesuffix(f"#{run.route}")) if run.route else run
 
 

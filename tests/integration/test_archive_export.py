@@ -20,10 +20,10 @@ import pytest
 from click.testing import CliRunner
 
 from tests.support.events import make_event
-from webhook_ingest.cli import main
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.archived_events import EventFilter
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.search import EventFilter
+from webhook_ingest.shared.archive.store import ArchiveStore
 
 CLI = os.path.join(os.path.dirname(sys.executable), "webhook-ingest")
 NOW = datetime.now(UTC).replace(microsecond=0)

@@ -18,7 +18,7 @@ from tests.support.signing import PROVIDER_SECRETS
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.redis_keys import done_marker, key_prefix
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 PROVIDERS = {  # source: (scheme, extra headers, body, the type the archive should say)
     "stripe": ("stripe", {}, {"id": "evt_1", "type": "invoice.paid", "customer": "cus_1"}, "invoice.paid"),

@@ -10,9 +10,9 @@ from datetime import timedelta
 import asyncpg
 
 from tests.support.events import make_event
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.archived_events import EventFilter
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.search import EventFilter
+from webhook_ingest.shared.archive.store import ArchiveStore
 
 
 async def test_a_payload_search_planned_in_parallel_answers(settings):

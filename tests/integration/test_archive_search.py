@@ -17,13 +17,13 @@ from click.testing import CliRunner
 from tests.support.dead_letters import failure
 from tests.support.events import make_event
 from tests.support.ingress import console_login, running_ingress
-from webhook_ingest.cli import main
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.shared.message import new_arrival
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
+from webhook_ingest.shared.event.message import new_arrival
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 TOKEN = "s3cret-admin-token-of-the-archive-search-tests"
 VIEWER = "s3cret-viewer-token-of-the-archive-search-tests"

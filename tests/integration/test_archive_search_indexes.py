@@ -16,9 +16,9 @@ import asyncpg
 import pytest
 
 from tests.support.events import make_event
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import SQL, ArchiveStore
-from webhook_ingest.shared.archived_events import COUNT_CAP, EventFilter, SourceRoutes
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.search import COUNT_CAP, EventFilter, SourceRoutes
+from webhook_ingest.shared.archive.store import SQL, ArchiveStore
 
 EVENT_ID, TYPE = "event_archive_event_id_prefix", "event_archive_type"
 STATUS, UNSETTLED = "event_archive_status", "event_archive_unsettled"

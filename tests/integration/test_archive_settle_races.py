@@ -1,5 +1,5 @@
 """The settling sweep against what changes a row between its page's read and
-its settle (ArchiveStore.settle: two statements, shared/archive_settling.py
+its settle (ArchiveStore.settle: two statements, shared/archive/settling.py
 deciding in between). Real Postgres; on-call's replay is the real
 `dlq replay`, run at that moment."""
 
@@ -11,9 +11,10 @@ from click.testing import CliRunner
 
 from tests.support.archive import arrival_of, arrived, statuses
 from tests.support.dead_letters import failure
-from webhook_ingest.cli import main
-from webhook_ingest.shared import archive, archive_settling
-from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive import settling as archive_settling
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
 
 ROUTES: dict[str, list[str]] = {}
 

@@ -1,4 +1,4 @@
-"""The archive's settling sweep in real Postgres (shared/archive_settling.py,
+"""The archive's settling sweep in real Postgres (shared/archive/settling.py,
 ArchiveStore.settle): rows a killed worker's lost outcome batch left
 `queued` or `retrying`, brought up to what processed_events and
 dead_letters recorded of their event; rows still on their way left alone."""
@@ -14,14 +14,15 @@ from tests.support.archive import arrival_of, arrived, ran, statuses
 from tests.support.dead_letters import failure
 from tests.support.ingress import queued_events
 from tests.support.processes import wait_until
-from webhook_ingest.cli import main
-from webhook_ingest.shared import archive, archive_upkeep
-from webhook_ingest.shared.archive_store import SQL, ArchiveStore
-from webhook_ingest.shared.archive_upkeep import ArchiveUpkeep
-from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.shared.message import new_arrival
-from webhook_ingest.shared.sources import parse_source
-from webhook_ingest.workers.completions import CompletionStore
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive import upkeep as archive_upkeep
+from webhook_ingest.shared.archive.store import SQL, ArchiveStore
+from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
+from webhook_ingest.shared.event.message import new_arrival
+from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.workers.claim.completions import CompletionStore
 
 ROUTES = {"routed": ["billing", "audit"]}
 

@@ -9,10 +9,10 @@ import time
 
 from tests.support.archive import arrival_of, arrived, ran, statuses
 from tests.support.dead_letters import failure
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.shared.message import new_arrival
-from webhook_ingest.workers.completions import CompletionStore
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
+from webhook_ingest.shared.event.message import new_arrival
+from webhook_ingest.workers.claim.completions import CompletionStore
 
 ROUTES = {"routed": ["billing", "audit"]}
 

@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import running_ingress
-from webhook_ingest.cli import main
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import os_user
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.dead_letters.model import os_user
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 OPERATOR = "operator-token-for-the-audit-tests"
 VIEWER = "viewer-token-for-the-audit-tests"

@@ -11,8 +11,8 @@ from tests.support.processes import Process, wait_for_output
 
 WRITERS = """
 import asyncio
-from webhook_ingest.ingress import publisher
-from webhook_ingest.shared import coalesced_writes
+from webhook_ingest.ingress.publishing import publisher
+from webhook_ingest.shared.broker import coalesced_writes
 
 
 class SlowlyClosing(coalesced_writes.CoalescingWriter):

@@ -11,8 +11,8 @@ import pytest
 from tests.support.broker import amqp_port
 from tests.support.events import make_event, queue_depth
 from tests.support.tcpproxy import TcpProxy
-from webhook_ingest.shared import topology
-from webhook_ingest.workers.retry import FailurePolicy
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.workers.claim.retry import FailurePolicy
 
 GUARD_SECONDS = 60  # only so that a regression fails instead of hanging the suite
 
@@ -65,7 +65,7 @@ async def test_a_retry_publish_the_broker_takes_late_is_published_once(settings,
 
 async def test_dlq_replay_against_a_broker_that_hangs_after_connecting_is_one_error(settings, monkeypatch):
     """The replay command's channel and queue check waited for ever once connected."""
-    from webhook_ingest import dlq
+    from webhook_ingest.cli import dlq
 
     with TcpProxy("127.0.0.1", amqp_port()) as proxy:
         connect = dlq.amqp.connect

@@ -23,9 +23,9 @@ from tests.support.bulk_actions import (
     died_after_its_first_act,
 )
 from tests.support.dead_letters import seed_dead_letters
-from webhook_ingest.shared import paced_runs
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import SQL, Actor
+from webhook_ingest.shared.dead_letters.model import SQL, Actor
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.runs import paced as paced_runs
 
 OPERATOR_A = Actor("operator", "console", "alice")
 OPERATOR_B = Actor("operator", "console", "bob")

@@ -13,11 +13,11 @@ import asyncpg
 from tests.support.bulk_actions import DiesAfterItsFirstAct, cancel_from_the_console
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import running_ingress
-from webhook_ingest.shared import paced_runs
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.runs import paced as paced_runs
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 TOKEN = "operator-token-of-the-bulk-cancel-audit-tests"
 

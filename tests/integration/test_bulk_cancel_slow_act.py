@@ -1,5 +1,5 @@
 """A Cancel behind a dead-letter bulk runner whose act outlasts its hold of
-the action (docs/reference.md §8.1 "Bulk"; shared/dead_letter_store.py
+the action (docs/reference.md §8.1 "Bulk"; shared/dead_letters/store.py
 cancel_bulk: "nothing is acted on after this returns"). The runner's held
 session sits idle in its transaction while the act waits: past
 run_locks.HOLD_SECONDS the server ends it, its lock goes, and a Cancel
@@ -16,9 +16,10 @@ import asyncpg
 
 from tests.support.dead_letters import seed_dead_letters
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
-from webhook_ingest.shared import paced_runs, run_locks
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.runs import locks as run_locks
+from webhook_ingest.shared.runs import paced as paced_runs
 
 HOLD_SECONDS = 1.0  # the server's limit on the runner's held session, short for a fast test
 

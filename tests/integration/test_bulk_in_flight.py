@@ -1,6 +1,6 @@
 """A dead-letter bulk action whose runner died with a dead letter in flight
 (its act done, its step not committed): what a Cancel, or a Resume, reports
-of it (docs/reference.md §8.1 "Bulk"; shared/run_locks.py). The act's writes
+of it (docs/reference.md §8.1 "Bulk"; shared/runs/locks.py). The act's writes
 commit with its step, so they die with the runner too: a discard is left
 undone, and the Cancel says so, exactly; a replay's publish cannot be
 undone, so the Cancel counts it done and in doubt (an upper bound). The
@@ -16,11 +16,11 @@ from tests.support.bulk_actions import cancel_from_the_console, connected_publis
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import running_ingress
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
-from webhook_ingest.shared import paced_runs
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.runs import paced as paced_runs
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 TOKEN = "operator-token-of-the-bulk-in-flight-tests"
 

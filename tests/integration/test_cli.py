@@ -267,7 +267,7 @@ async def test_run_kills_a_child_still_running_after_its_grace_and_says_so(fleet
         "1",
         "--workers",
         "1",
-        prelude="from webhook_ingest import supervisor\nsupervisor.KILL_AFTER = 0.5",
+        prelude="from webhook_ingest.cli import supervisor\nsupervisor.KILL_AFTER = 0.5",
     )
     stopped: list[int] = []
     try:

@@ -15,10 +15,10 @@ from click.testing import CliRunner
 
 from tests.support.dead_letters import failure
 from tests.support.events import make_event
-from webhook_ingest.cli import main
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
 from webhook_ingest.shared.settings import Settings
 
 CLIPBOARD, TITLE, CLEAR, C1_CSI = "\x1b]52;c;Y3VybCBldmlsLnNo\x07", "\x1b]0;owned\x1b\\", "\x1b[2J", "\x9b31m"

@@ -20,12 +20,12 @@ from tests.support.archive import archived_event, minutes_ago, seed_archive
 from tests.support.dead_letters import failure
 from tests.support.ingress import running_ingress
 from tests.support.processes import wait_until
-from webhook_ingest.cli import main
+from webhook_ingest.cli.main import main
 from webhook_ingest.ingress.console import events as console_events
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 OPERATOR = "operator-token-for-the-event-page-tests"
 INJECTED = "<script>alert('x')</script>"

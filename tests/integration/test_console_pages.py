@@ -15,13 +15,14 @@ from tests.support.dead_letters import seed_dead_letters
 from tests.support.heartbeats import seed_workers
 from tests.support.ingress import running_ingress
 from tests.support.processes import count_rows, wait_until
-from webhook_ingest.cli import main
+from webhook_ingest.cli.main import main
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
-from webhook_ingest.shared import paced_runs, run_locks
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.runs import locks as run_locks
+from webhook_ingest.shared.runs import paced as paced_runs
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 OPERATOR = "operator-token-for-the-page-tests"
 
@@ -178,7 +179,7 @@ async def test_a_bulk_cancel_that_cannot_take_the_action_in_time_says_so_and_cha
     console_settings, monkeypatch
 ):
     """The Cancel waits for the dead letter in flight at most WAIT_SECONDS
-    (shared/run_locks.py): past it, a message, and the action as it was."""
+    (shared/runs/locks.py): past it, a message, and the action as it was."""
     monkeypatch.setattr(run_locks, "WAIT_SECONDS", 0.5)  # a fast test
     database = console_settings.database_url
     ids = await seed_dead_letters(database, "acme", 2)

@@ -18,7 +18,7 @@ from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import running_ingress, status_lines_once_answered
 from webhook_ingest.ingress.console.security import COOKIE_NAME
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 OPERATOR = "operator-token-for-the-session-tests-0123456789"
 ROTATED = "a-rotated-operator-token-for-the-session-tests"

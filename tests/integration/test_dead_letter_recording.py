@@ -6,8 +6,8 @@ import asyncpg
 import pytest
 
 from tests.support.events import make_event
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 
 UNSTORABLE_BODIES = [
     b'{"id":"e1","t":"\\ud83d"}',  # half an emoji

@@ -21,17 +21,18 @@ from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import count_rows, wait_until
 from tests.support.tcpproxy import TcpProxy
-from webhook_ingest.cli import main
-from webhook_ingest.shared import metrics, topology
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.shared.message import to_amqp
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.event.message import to_amqp
+from webhook_ingest.shared.observability import metrics
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources, parse_source
-from webhook_ingest.workers.completions import CompletionStore
+from webhook_ingest.shared.sources.model import load_sources, parse_source
+from webhook_ingest.workers.claim.completions import CompletionStore
+from webhook_ingest.workers.claim.retry import FailurePolicy, describe_failure
+from webhook_ingest.workers.claim.states import Outcome
 from webhook_ingest.workers.poison import drain_poison_queue, stop_draining
-from webhook_ingest.workers.retry import FailurePolicy, describe_failure
-from webhook_ingest.workers.states import Outcome
 
 TOKEN = "s3cret-admin-token-of-the-dead-letter-tests"
 

@@ -13,8 +13,8 @@ from tests.support.signing import PROVIDER_SECRETS
 from tests.support.tcpproxy import TcpProxy, free_port
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
-from webhook_ingest.workers.idempotency import IdempotencyStore
+from webhook_ingest.shared.sources.model import load_sources
+from webhook_ingest.workers.claim.idempotency import IdempotencyStore
 
 SECRET = PROVIDER_SECRETS["hmac-sha256"]
 

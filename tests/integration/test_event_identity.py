@@ -27,7 +27,7 @@ from tests.support.ingress import queued_events, running_ingress
 from tests.support.signing import PROVIDERS, TWILIO_URL
 from tests.support.tcpproxy import free_port
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 from webhook_ingest.workers.fan_out import route_messages
 
 SVIX_SECRET = PROVIDERS["standard-webhooks"].source_secret

@@ -18,9 +18,9 @@ import asyncpg
 from tests.support.archive import archived_event, minutes_ago, seed_archive
 from tests.support.event_replays import SlowArrivalRead, claimed_replay, replay_job
 from tests.support.ingress import queued_events
-from webhook_ingest.dlq import confirm_channel
-from webhook_ingest.shared import run_locks
-from webhook_ingest.shared.paced_runs import run
+from webhook_ingest.cli.dlq import confirm_channel
+from webhook_ingest.shared.runs import locks as run_locks
+from webhook_ingest.shared.runs.paced import run
 
 HOLD_SECONDS = 1.0  # the server's limit on the runner's held session, short for a fast test
 

@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from tests.support.archive import archived_event, minutes_ago, seed_archive
 from tests.support.event_replays import DiesAfterItsFirstPublish, claimed_replay, replay_job
 from tests.support.ingress import console_login, queued_events, running_ingress
-from webhook_ingest.cli import main
-from webhook_ingest.dlq import confirm_channel
-from webhook_ingest.shared.paced_runs import run
+from webhook_ingest.cli.dlq import confirm_channel
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.runs.paced import run
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 TOKEN = "s3cret-admin-token-of-the-in-doubt-tests"
 

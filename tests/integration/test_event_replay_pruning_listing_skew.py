@@ -17,10 +17,10 @@ import asyncpg
 
 from tests.support.archive import archived_event, seed_archive
 from tests.support.pruning import DAY, MIDNIGHT
-from webhook_ingest.shared import event_replay_store
-from webhook_ingest.shared.archived_events import parse_filter
-from webhook_ingest.shared.dead_letters import Actor
-from webhook_ingest.shared.event_replay_store import EventReplayStore
+from webhook_ingest.shared.archive.search import parse_filter
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.replays import store as event_replay_store
+from webhook_ingest.shared.replays.store import EventReplayStore
 
 
 async def test_listing_stays_cheap_when_one_replay_holds_every_item_left(database, monkeypatch):

@@ -20,15 +20,16 @@ from tests.support.dead_letters import failure
 from tests.support.events import publish_events
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import wait_until
-from webhook_ingest.cli import main
-from webhook_ingest.shared import archive, run_locks
-from webhook_ingest.shared.archived_events import parse_filter
-from webhook_ingest.shared.dead_letters import Actor, record_dead_letter
-from webhook_ingest.shared.event_replay_store import EventReplayStore
-from webhook_ingest.shared.event_replays import replayed_message
-from webhook_ingest.shared.replay_keys import parse, replay_key
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.search import parse_filter
+from webhook_ingest.shared.dead_letters.model import Actor, record_dead_letter
+from webhook_ingest.shared.replays.keys import parse, replay_key
+from webhook_ingest.shared.replays.model import replayed_message
+from webhook_ingest.shared.replays.store import EventReplayStore
+from webhook_ingest.shared.runs import locks as run_locks
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 TOKEN = "s3cret-admin-token-of-the-event-replay-tests"
 VIEWER = "s3cret-viewer-token-of-the-event-replay-tests"
@@ -232,7 +233,7 @@ async def test_a_cancel_that_cannot_take_the_run_in_time_is_refused_and_changes_
     admin_settings, window, monkeypatch
 ):
     """A Cancel waits for the item in flight (the runner holds the run's row
-    from its state read to its step: shared/run_locks.py), at most
+    from its state read to its step: shared/runs/locks.py), at most
     WAIT_SECONDS; past it a 503 run_busy, the replay as it was. A Resume
     meanwhile is 409 not_waiting: the row's holder runs it."""
     monkeypatch.setattr(run_locks, "WAIT_SECONDS", 0.5)  # a fast test

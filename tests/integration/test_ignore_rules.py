@@ -14,7 +14,7 @@ from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import wait_until
 from tests.support.signing import PROVIDER_SECRETS
 from webhook_ingest.shared import signatures
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 SECRET = PROVIDER_SECRETS["stripe"]
 IGNORED_LINE = re.compile(r'^webhook_ingress_ignored_total\{rule="(?P<rule>[^"]*)",source="stripe"\} (?P<n>\S+)$', re.M)

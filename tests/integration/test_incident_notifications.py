@@ -15,10 +15,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.support.events import make_event
-from webhook_ingest.shared.incident_store import IncidentStore
-from webhook_ingest.shared.sources import parse_source
-from webhook_ingest.workers.notifications import Notifier, signed_webhook, slack
-from webhook_ingest.workers.retry import FailurePolicy
+from webhook_ingest.shared.incidents.store import IncidentStore
+from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.workers.claim.retry import FailurePolicy
+from webhook_ingest.workers.failures.notifications import Notifier, signed_webhook, slack
 
 SECRET = "whsec_" + base64.b64encode(b"notification-secret-0123456789").decode()
 

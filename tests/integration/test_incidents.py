@@ -13,14 +13,14 @@ from click.testing import CliRunner
 from tests.support.events import make_event
 from tests.support.ingress import running_ingress
 from tests.support.processes import wait_until
-from webhook_ingest.cli import main
-from webhook_ingest.shared import topology
-from webhook_ingest.shared.incident_store import IncidentNotFound, IncidentStore
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.incidents.store import IncidentNotFound, IncidentStore
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources, parse_source
-from webhook_ingest.workers.incident_counts import IncidentCounts
-from webhook_ingest.workers.retry import FailurePolicy
-from webhook_ingest.workers.states import Outcome
+from webhook_ingest.shared.sources.model import load_sources, parse_source
+from webhook_ingest.workers.claim.retry import FailurePolicy
+from webhook_ingest.workers.claim.states import Outcome
+from webhook_ingest.workers.failures.incident_counts import IncidentCounts
 
 OPERATOR = "operator-token-for-the-incident-tests-0123"
 VIEWER = "viewer-token-for-the-incident-tests-012345"

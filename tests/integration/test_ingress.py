@@ -14,7 +14,7 @@ from tests.support.processes import wait_until
 from tests.support.signing import PROVIDER_SECRETS
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import signatures
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 SECRETS = PROVIDER_SECRETS
 ID_HEADERS = {"github": "X-GitHub-Delivery", "shopify": "X-Shopify-Webhook-Id", "hmac-sha256": "X-Event-ID"}

@@ -12,11 +12,12 @@ import pytest
 from tests.support.events import make_event
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.processes import wait_until
-from webhook_ingest.ingress.outbox import QUERIES as OUTBOX_SQL
-from webhook_ingest.ingress.outbox import outbox_columns, outbox_row
-from webhook_ingest.shared import signatures, topology
-from webhook_ingest.shared.message import from_amqp
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.ingress.publishing.outbox import QUERIES as OUTBOX_SQL
+from webhook_ingest.ingress.publishing.outbox import outbox_columns, outbox_row
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.event.message import from_amqp
+from webhook_ingest.shared.sources.model import load_sources
 
 SECRET = "edge-secret"
 

@@ -12,9 +12,10 @@ import pytest
 from tests.support.exactly_once import until_completed
 from tests.support.ingress import queued_events, running_ingress
 from tests.support.signing import PROVIDERS, SQUARE_URL, TWILIO_URL, ed25519_pair
-from webhook_ingest.shared import payloads, signatures
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.event import payloads
 from webhook_ingest.shared.signatures import twilio
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 SCHEMES = ["standard-webhooks-v1a", "slack", "gitlab", "twilio", "square", "basic-auth", "api-key"]
 JSON = "application/json"

@@ -15,9 +15,9 @@ import asyncpg
 import pytest
 
 from tests.support.processes import wait_until
-from webhook_ingest.shared.queries import load_queries
-from webhook_ingest.workers.completions import CompletionStore
-from webhook_ingest.workers.lease import Lease
+from webhook_ingest.shared.db.queries import load_queries
+from webhook_ingest.workers.claim.completions import CompletionStore
+from webhook_ingest.workers.claim.lease import Lease
 
 SQL = load_queries("webhook_ingest.shared")
 TTL_MS = 60_000  # a renewal's own limit is a third of it: longer than the deadlock check (1 s)

@@ -8,7 +8,7 @@ import asyncpg
 
 from tests.integration.test_cli import webhook_ingest
 from tests.support.pg_gatekeeper import PostgresGatekeeper
-from webhook_ingest.preflight import service_problems
+from webhook_ingest.cli.preflight import service_problems
 from webhook_ingest.shared.settings import Settings
 
 

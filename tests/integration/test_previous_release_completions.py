@@ -10,8 +10,8 @@ import asyncpg
 import pytest
 
 from tests.support.events import make_event
-from webhook_ingest.shared.message import new_arrival
-from webhook_ingest.workers.completions import CompletionStore
+from webhook_ingest.shared.event.message import new_arrival
+from webhook_ingest.workers.claim.completions import CompletionStore
 
 PREVIOUS_COMPLETE_EVENT = """
 WITH fence AS (

@@ -19,14 +19,14 @@ import redis.asyncio as redis
 from tests.conftest import REDIS_URL
 from tests.support.events import make_event
 from tests.support.processes import wait_until
-from webhook_ingest.shared.queries import load_queries
-from webhook_ingest.shared.sources import load_sources
-from webhook_ingest.workers import processor as processor_module
-from webhook_ingest.workers.completions import CompletionStore
-from webhook_ingest.workers.idempotency import IdempotencyStore
-from webhook_ingest.workers.lease import CONFIRM_MARGIN, Keeper, LockLost, cancelled_when_lost
-from webhook_ingest.workers.processor import Processor
-from webhook_ingest.workers.states import Outcome
+from webhook_ingest.shared.db.queries import load_queries
+from webhook_ingest.shared.sources.model import load_sources
+from webhook_ingest.workers.claim import processor as processor_module
+from webhook_ingest.workers.claim.completions import CompletionStore
+from webhook_ingest.workers.claim.idempotency import IdempotencyStore
+from webhook_ingest.workers.claim.lease import CONFIRM_MARGIN, Keeper, LockLost, cancelled_when_lost
+from webhook_ingest.workers.claim.processor import Processor
+from webhook_ingest.workers.claim.states import Outcome
 from webhook_ingest.workers.worker import Worker
 
 WORKERS_SQL = load_queries("webhook_ingest.workers")

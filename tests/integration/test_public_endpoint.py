@@ -13,13 +13,13 @@ import redis.asyncio as redis
 
 from tests.support.ingress import queued_events, running_ingress, status_lines_once_answered
 from tests.support.tcpproxy import free_port
-from webhook_ingest.ingress.failure_budget import FAILURES_BURST
-from webhook_ingest.ingress.limits import sign_in_throttle_key
+from webhook_ingest.ingress.intake.failure_budget import FAILURES_BURST
+from webhook_ingest.ingress.intake.limits import sign_in_throttle_key
 from webhook_ingest.shared import signatures
-from webhook_ingest.shared.metrics import ingress_rate_limit_local
+from webhook_ingest.shared.observability.metrics import ingress_rate_limit_local
 from webhook_ingest.shared.ratelimit import RateLimiter
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 SECRET = "public-endpoint-secret"
 

@@ -1,5 +1,5 @@
-"""The ingress publisher's edges (ingress/publisher.py, ingress/patience.py,
-shared/coalesced_writes.py) against the real broker: a live request's
+"""The ingress publisher's edges (ingress/publishing/publisher.py, ingress/publishing/patience.py,
+shared/broker/coalesced_writes.py) against the real broker: a live request's
 learnt patience, suspicion and its probe, and what the connection does
 with the frames it has not sent yet."""
 
@@ -16,11 +16,11 @@ from tests.support.events import make_event
 from tests.support.ingress import queued_events
 from tests.support.processes import wait_until
 from tests.support.tcpproxy import TcpProxy
-from webhook_ingest.ingress import patience
-from webhook_ingest.ingress.done_markers import DoneMarkers
-from webhook_ingest.ingress.publisher import GivenUp, Publisher
-from webhook_ingest.ingress.redis_get import connect_get
-from webhook_ingest.shared.coalesced_writes import CoalescingTransports
+from webhook_ingest.ingress.intake.done_markers import DoneMarkers
+from webhook_ingest.ingress.intake.redis_get import connect_get
+from webhook_ingest.ingress.publishing import patience
+from webhook_ingest.ingress.publishing.publisher import GivenUp, Publisher
+from webhook_ingest.shared.broker.coalesced_writes import CoalescingTransports
 from webhook_ingest.shared.redis_keys import done_marker, key_prefix
 
 
@@ -189,7 +189,7 @@ async def tls_in_front_of_the_broker(tmp_path):
 
 
 async def test_an_amqps_url_publishes_through_the_coalescing_transport(settings, tmp_path):
-    """`amqps://` goes through shared/coalesced_writes.py's factory (TLS from
+    """`amqps://` goes through shared/broker/coalesced_writes.py's factory (TLS from
     aiormq's own context provider: the URL's cafile, hostname checked) and a
     live publish is confirmed."""
     async with tls_in_front_of_the_broker(tmp_path) as (port, cafile):
@@ -213,7 +213,7 @@ async def test_an_amqps_url_publishes_through_the_coalescing_transport(settings,
 
 async def test_gets_unsent_when_their_connection_closes_fail_and_never_answer_duplicate(settings, redis_cleanup):
     """The GET pipeline's commands of one loop iteration wait for its end
-    (ingress/redis_get.py); a connection that closes before then fails
+    (ingress/intake/redis_get.py); a connection that closes before then fails
     them, each lookup takes the normal path (False), and lookups on the next
     connection are each answered with their own key's marker."""
     import redis.asyncio as redis

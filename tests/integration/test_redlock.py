@@ -6,7 +6,7 @@ import pytest
 import redis.asyncio as redis
 
 from tests.support.redis_server import RedisServer
-from webhook_ingest.workers.redlock import Redlock
+from webhook_ingest.workers.claim.redlock import Redlock
 
 
 @pytest.fixture

@@ -19,16 +19,16 @@ from click.testing import CliRunner
 
 from tests.support.archive import archived_event, arrived, minutes_ago, ran
 from tests.support.ingress import console_login, running_ingress
-from webhook_ingest.cli import main
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.archived_events import parse_filter
-from webhook_ingest.shared.dead_letters import Actor
-from webhook_ingest.shared.event_replay_store import EventReplayStore
-from webhook_ingest.shared.replay_keys import replay_key
-from webhook_ingest.shared.routes import route_key
+from webhook_ingest.cli.main import main
+from webhook_ingest.shared.archive.search import parse_filter
+from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.replays.keys import replay_key
+from webhook_ingest.shared.replays.store import EventReplayStore
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
-from webhook_ingest.workers.completions import CompletionStore
+from webhook_ingest.shared.sources.model import load_sources
+from webhook_ingest.shared.sources.routes import route_key
+from webhook_ingest.workers.claim.completions import CompletionStore
 
 TOKEN = "operator-token-for-the-routed-event-page-tests"
 SOURCES = (

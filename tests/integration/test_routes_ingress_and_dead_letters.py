@@ -20,14 +20,14 @@ from tests.integration.test_ignore_rules import SECRET, archived, stripe_event
 from tests.support.dead_letters import failure, seed_dead_letters
 from tests.support.events import make_event
 from tests.support.ingress import queued_events, running_ingress
-from webhook_ingest.cli import main
+from webhook_ingest.cli.main import main
 from webhook_ingest.ingress.console.events import event_path
-from webhook_ingest.shared import topology
-from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.shared.message import from_amqp
-from webhook_ingest.shared.routes import route_key
-from webhook_ingest.shared.sources import load_sources
-from webhook_ingest.workers.completions import CompletionStore
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
+from webhook_ingest.shared.event.message import from_amqp
+from webhook_ingest.shared.sources.model import load_sources
+from webhook_ingest.shared.sources.routes import route_key
+from webhook_ingest.workers.claim.completions import CompletionStore
 
 
 async def route_dead_letter(database_url: str) -> int:

@@ -16,9 +16,9 @@ import pytest
 from tests.support.archive import archived_event, minutes_ago, seed_archive
 from tests.support.dead_letters import failure
 from tests.support.ingress import console_login, running_ingress
-from webhook_ingest.shared.dead_letters import record_dead_letter
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 OPERATOR = "operator-token-of-the-signature-headers-tests"
 VIEWER = "viewer-token-of-the-signature-headers-tests"

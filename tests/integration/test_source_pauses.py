@@ -7,7 +7,7 @@ import asyncpg
 from tests.integration.test_console_sessions import csrf_of, signed_in
 from tests.support.ingress import running_ingress
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared.sources.model import load_sources
 
 OPERATOR = "operator-token-for-the-session-tests-0123456789"
 VIEWER = "viewer-token-for-the-pause-tests-0123456789"

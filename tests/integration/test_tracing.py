@@ -22,10 +22,11 @@ from tests.support.ingress import running_ingress
 from tests.support.logs import captured_logs as our_logs
 from tests.support.processes import wait_until
 from tests.support.tcpproxy import TcpProxy
-from webhook_ingest.shared import signatures, tracing
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import Actor
-from webhook_ingest.shared.sources import load_sources
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.observability import tracing
+from webhook_ingest.shared.sources.model import load_sources
 from webhook_ingest.workers.handlers import PermanentError
 from webhook_ingest.workers.worker import Worker
 

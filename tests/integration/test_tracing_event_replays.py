@@ -11,10 +11,10 @@ from tests.integration import test_tracing as traced
 from tests.integration.test_tracing import by_name, children_of, post, running_worker, until_committed
 from tests.support.ingress import running_ingress
 from tests.support.processes import wait_until
-from webhook_ingest.shared import paced_runs
-from webhook_ingest.shared.archived_events import parse_filter
-from webhook_ingest.shared.dead_letters import Actor
-from webhook_ingest.shared.event_replay_store import EventReplayJob, EventReplayStore
+from webhook_ingest.shared.archive.search import parse_filter
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.replays.store import EventReplayJob, EventReplayStore
+from webhook_ingest.shared.runs import paced as paced_runs
 
 sources, exported = traced.sources, traced.exported  # its fixtures
 

@@ -112,13 +112,13 @@ def test_without_an_otel_variable_no_process_imports_opentelemetry_tracing(servi
     whether or not it is.)"""
     script = textwrap.dedent("""
         import sys
-        from webhook_ingest.cli import main
-        from webhook_ingest import dlq, incidents
+        from webhook_ingest.cli.main import main
+        from webhook_ingest.cli import dlq, incidents
         from webhook_ingest.ingress.app import create_app
-        from webhook_ingest.shared import tracing
+        from webhook_ingest.shared.observability import tracing
         from webhook_ingest.shared.settings import Settings
-        from webhook_ingest.shared.sources import load_sources
-        from webhook_ingest.workers.batch import BatchProcessor
+        from webhook_ingest.shared.sources.model import load_sources
+        from webhook_ingest.workers.claim.batch import BatchProcessor
         from webhook_ingest.workers.worker import Worker
 
         settings = Settings()
@@ -127,7 +127,7 @@ def test_without_an_otel_variable_no_process_imports_opentelemetry_tracing(servi
         create_app(settings, sources)
         Worker(settings, sources)
         tracing_modules = ("opentelemetry.sdk.trace", "opentelemetry.instrumentation", "opentelemetry.exporter",
-                           "opentelemetry.propagate", "webhook_ingest.shared.tracing_otel")
+                           "opentelemetry.propagate", "webhook_ingest.shared.observability.tracing_otel")
         loaded = sorted(name for name in sys.modules if name.startswith(tracing_modules))
         assert not loaded, loaded
         print("no opentelemetry")

@@ -1,7 +1,7 @@
-"""Redis masters in memory, behind the client calls `workers/redlock.py` makes.
+"""Redis masters in memory, behind the client calls `workers/claim/redlock.py` makes.
 
 The real `IdempotencyStore` and `Redlock` run on top (the simulation
-patches `workers.idempotency._client` to hand out these clients), so the
+patches `workers.claim.idempotency._client` to hand out these clients), so the
 claim, the quorum, the lock's validity, degraded mode and the done markers
 are the product's code. Each master keeps values with an expiry in virtual
 time. Its calls are await points with a seeded latency; the faults a plan
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import redis.exceptions
 
-from webhook_ingest.workers.idempotency import SOCKET_TIMEOUT
-from webhook_ingest.workers.redlock import _SCRIPTS
+from webhook_ingest.workers.claim.idempotency import SOCKET_TIMEOUT
+from webhook_ingest.workers.claim.redlock import _SCRIPTS
 
 
 @dataclass

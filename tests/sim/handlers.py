@@ -3,7 +3,7 @@
 `external` stands for a handler like `forward`: it waits on the outside
 world and never touches `ctx.db`. `transactional` writes a row through
 `ctx.db` and waits too. `inbox` does the same and is batchable, so it
-takes the batch path (`workers/batch.py`). How long each takes and whether
+takes the batch path (`workers/claim/batch.py`). How long each takes and whether
 it fails is the plan's (`tests.sim.plan.behaviour`); the simulation
 records every run (`Simulation.handle`).
 """

@@ -18,7 +18,7 @@
   are at least once by design (docs/design.md, "One next attempt per
   failed attempt": findings B4 and B6). A batchable handler may run twice:
   once in a batch that rolled back (another event's failure, a refused
-  completion) and once alone, by design (`workers/batch.py`).
+  completion) and once alone, by design (`workers/claim/batch.py`).
 - **A run repeated only for a reason** (issue 35, item 5): once a
   handler ran for a key without failing on its own (it returned, or was
   cancelled or rolled back by the worker: its call to the outside world
@@ -29,7 +29,7 @@
   stop's grace that ended), Postgres was away from it meanwhile (a stall,
   down or failing: a lease it cannot confirm in time is given up, by
   design), or, for a batchable handler, the first run's batch rolled back
-  (it then runs alone, by design: `workers/batch.py`). A pause or a
+  (it then runs alone, by design: `workers/claim/batch.py`). A pause or a
   loaded loop is never a reason: the lease in Postgres decides, and no one
   else took it (docs/design.md, "Exclusion").
 - **Every message acked exactly once**: the broker refuses an ack for a

@@ -18,10 +18,11 @@ the message's attempt handed on.
 from datetime import timedelta
 
 from tests.sim.broker import Envelope
-from webhook_ingest.shared import replay_keys, topology
-from webhook_ingest.shared import routes as route_rules
-from webhook_ingest.shared.message import from_amqp, to_amqp
-from webhook_ingest.workers.attempts import HandedOn
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.event.message import from_amqp, to_amqp
+from webhook_ingest.shared.replays import keys as replay_keys
+from webhook_ingest.shared.sources import routes as route_rules
+from webhook_ingest.workers.claim.attempts import HandedOn
 
 
 def replay(sim) -> None:
@@ -37,7 +38,7 @@ def bulk_replay(sim) -> None:
 
 
 def event_replay(sim) -> None:
-    """A replay by selection (shared/replay_keys.py): every event accepted so
+    """A replay by selection (shared/replays/keys.py): every event accepted so
     far, each under its own new key `replay-R/KEY`, published at once beside
     the traffic, its copies and retries."""
     replay_id = next(sim.event_replay_ids)

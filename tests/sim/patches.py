@@ -3,13 +3,13 @@ for the length of one run, and nothing else.
 
 - `time` in the worker modules (and the in-memory store) reads the
   virtual clock: leases, lock validity, Redis degraded mode, metrics;
-- `uuid` in `workers.redlock` and `shared.message` counts instead of
+- `uuid` in `workers.claim.redlock` and `shared.event.message` counts instead of
   drawing (lock values, message ids): the same seed, the same trace;
 - the I/O constructors `Worker.run()` calls: `asyncpg.create_pool` (the
   simulated pools, sized by the worker's own code), `CompletionStore` (the
   simulated server's client on those pools), `idempotency._client` (the
   simulated Redis masters), `amqp.connect_robust` (the simulated broker);
-  `record_dead_letter` in `workers.retry` (the dead-letter insert),
+  `record_dead_letter` in `workers.claim.retry` (the dead-letter insert),
   `record_failure` wherever the worker counts a failure in its incident
   (the simulated server's: an incident row locked until its transaction
   ends, with the real lock timeout), and `PausedSources` (no source is
@@ -39,29 +39,29 @@ import structlog
 from tests.sim import handlers
 from tests.sim.loop import PROCESS, VirtualTime
 from tests.sim.postgres import Client, Pool, SimSession
-from webhook_ingest.shared.message import EventMessage
+from webhook_ingest.shared.event.message import EventMessage
 
 TIMED_MODULES = (
-    "webhook_ingest.workers.lease",
-    "webhook_ingest.workers.redlock",
-    "webhook_ingest.workers.idempotency",
-    "webhook_ingest.workers.completions",
+    "webhook_ingest.workers.claim.lease",
+    "webhook_ingest.workers.claim.redlock",
+    "webhook_ingest.workers.claim.idempotency",
+    "webhook_ingest.workers.claim.completions",
     "webhook_ingest.workers.worker",
-    "webhook_ingest.workers.processor",
-    "webhook_ingest.workers.batch",
+    "webhook_ingest.workers.claim.processor",
+    "webhook_ingest.workers.claim.batch",
     "tests.support.in_memory",
 )
 LOGGING_MODULES = (
-    "processor",
-    "batch",
+    "claim.processor",
+    "claim.batch",
     "worker",
-    "copies",
+    "claim.copies",
     "acks",
-    "retry",
-    "lease",
-    "idempotency",
-    "completions",
-    "outage",
+    "claim.retry",
+    "claim.lease",
+    "claim.idempotency",
+    "claim.completions",
+    "failures.outage",
 )
 MESSAGE: ContextVar[EventMessage | None] = ContextVar("sim_message", default=None)
 
@@ -101,7 +101,7 @@ class _NothingPaused:
 @contextlib.contextmanager
 def patched(sim):
     worker = importlib.import_module("webhook_ingest.workers.worker")
-    processor = importlib.import_module("webhook_ingest.workers.processor")
+    processor = importlib.import_module("webhook_ingest.workers.claim.processor")
     counter = itertools.count(1)
     counting_uuid = SimpleNamespace(uuid4=lambda: uuid.UUID(int=next(counter)))
     virtual = VirtualTime(sim.loop)
@@ -123,9 +123,9 @@ def patched(sim):
             module = importlib.import_module(name)
             if hasattr(module, "time"):
                 stack.enter_context(mock.patch.object(module, "time", virtual))
-        stack.enter_context(mock.patch("webhook_ingest.workers.redlock.uuid", counting_uuid))
+        stack.enter_context(mock.patch("webhook_ingest.workers.claim.redlock.uuid", counting_uuid))
         stack.enter_context(
-            mock.patch("webhook_ingest.shared.message.new_message_id", lambda: counting_uuid.uuid4().hex)
+            mock.patch("webhook_ingest.shared.event.message.new_message_id", lambda: counting_uuid.uuid4().hex)
         )
         stack.enter_context(mock.patch.object(worker, "asyncpg", _Asyncpg(sim)))
         stack.enter_context(
@@ -137,18 +137,20 @@ def patched(sim):
                 ),
             )
         )
-        stack.enter_context(mock.patch("webhook_ingest.workers.idempotency._client", sim.redis_client))
-        stack.enter_context(mock.patch("webhook_ingest.shared.amqp.connect_robust", connect_robust))
+        stack.enter_context(mock.patch("webhook_ingest.workers.claim.idempotency._client", sim.redis_client))
+        stack.enter_context(mock.patch("webhook_ingest.shared.broker.amqp.connect_robust", connect_robust))
         stack.enter_context(
-            mock.patch("webhook_ingest.workers.retry.record_dead_letter", sim.server.record_dead_letter)
+            mock.patch("webhook_ingest.workers.claim.retry.record_dead_letter", sim.server.record_dead_letter)
         )
-        for module in ("webhook_ingest.workers.retry", "webhook_ingest.workers.incident_counts"):
+        for module in ("webhook_ingest.workers.claim.retry", "webhook_ingest.workers.failures.incident_counts"):
             if importlib.util.find_spec(module) is not None and hasattr(
                 importlib.import_module(module), "record_failure"
             ):
                 stack.enter_context(mock.patch(f"{module}.record_failure", sim.server.record_failure))
-        if importlib.util.find_spec("webhook_ingest.workers.loop_lag") is not None:
-            stack.enter_context(mock.patch("webhook_ingest.workers.loop_lag.of_running_loop", _lag_per_process(sim)))
+        if importlib.util.find_spec("webhook_ingest.workers.claim.loop_lag") is not None:
+            stack.enter_context(
+                mock.patch("webhook_ingest.workers.claim.loop_lag.of_running_loop", _lag_per_process(sim))
+            )
         stack.enter_context(mock.patch.object(worker, "PausedSources", _NothingPaused))
         stack.enter_context(mock.patch.object(worker.schema, "require_migrations", _schema_current))
         stack.enter_context(mock.patch.object(worker.pooler, "refuse_transaction_pooling", _no_pooler))
@@ -164,7 +166,7 @@ def _lag_per_process(sim):
     """`loop_lag.of_running_loop` for processes that share one simulated
     loop: each process its own monitor, ticking in its own context (so its
     pauses and lag are its own), and silent once the process is dead."""
-    from webhook_ingest.workers import loop_lag
+    from webhook_ingest.workers.claim import loop_lag
 
     class ProcessLag(loop_lag.LoopLag):
         def _tick(self) -> None:

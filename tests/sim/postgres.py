@@ -19,7 +19,7 @@ store is simulated without a change here:
   statement ran, or after it did (its reply lost);
 - a method whose contract is not to raise keeps it: `release_leases`
   swallows the failure, `record_handed_on` tries again until it commits
-  (as `workers/completions.py` does).
+  (as `workers/claim/completions.py` does).
 
 Deadlocks: a statement that locks several fence rows (`LOCKS`) locks them
 one at a time, as the real SQL does — in key order if its text sorts them
@@ -43,7 +43,7 @@ matters), at the cost of never reading the old version during that window.
 The handler's own writes through `ctx.db` are rows of a `sim_effects`
 table (`Session.execute`), undone with their transaction; what commits is
 counted per key (`Ledger.effects_committed`). Dead letters are rows here
-too, with the statement `shared/dead_letters.record_dead_letter` makes.
+too, with the statement `shared/dead_letters/model.record_dead_letter` makes.
 """
 
 import asyncio
@@ -60,11 +60,11 @@ import asyncpg
 from tests.sim.loop import PROCESS
 from tests.sim.network import Killed
 from tests.support import in_memory
-from webhook_ingest.shared import incident_store
 from webhook_ingest.shared.backoff import pauses
-from webhook_ingest.shared.message import EventMessage
-from webhook_ingest.workers import completions
-from webhook_ingest.workers.lease import Lease
+from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.incidents import store as incident_store
+from webhook_ingest.workers.claim import completions
+from webhook_ingest.workers.claim.lease import Lease
 
 SWALLOWS = {"release_leases"}  # best effort: a lease not released runs out by itself
 RETRIES = {"record_handed_on"}  # returns only once committed, waiting while Postgres is away
@@ -514,7 +514,7 @@ class Server:
     # -- dead letters -------------------------------------------------------------
 
     async def record_dead_letter(self, connection, event: EventMessage, errors, timeout: float | None = None):
-        """shared/dead_letters.record_dead_letter: one open dead letter per
+        """shared/dead_letters/model.record_dead_letter: one open dead letter per
         event, none for an event completed with this payload."""
 
         async def insert() -> int | None:
@@ -523,7 +523,7 @@ class Server:
         return await self.statement("record_dead_letter", insert, (event,), None, timeout)
 
     async def record_failure(self, connection, failure, timeout: float | None = None) -> int:
-        """shared/incident_store.record_failure: the failure counted in its
+        """shared/incidents/store.record_failure: the failure counted in its
         incident's row (one per source, handler and error type), locked until
         the caller's transaction ends, waiting for it at most
         INCIDENT_LOCK_TIMEOUT (its `SET LOCAL lock_timeout`)."""

@@ -38,11 +38,13 @@ from tests.sim.network import Killed, Network
 from tests.sim.patches import MESSAGE, patched
 from tests.sim.plan import ACTION_KINDS, Plan, behaviour
 from tests.sim.postgres import Server
-from webhook_ingest.shared import event_id, replay_keys, topology
-from webhook_ingest.shared import routes as route_rules
-from webhook_ingest.shared.message import EventMessage, to_amqp
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.event import ids as event_id
+from webhook_ingest.shared.event.message import EventMessage, to_amqp
+from webhook_ingest.shared.replays import keys as replay_keys
 from webhook_ingest.shared.settings import WORKER_CONNECTIONS
-from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.shared.sources import routes as route_rules
+from webhook_ingest.shared.sources.model import parse_source
 from webhook_ingest.workers.handlers import PermanentError
 from webhook_ingest.workers.worker import Worker
 

@@ -11,10 +11,10 @@ import asyncpg
 import orjson
 
 from tests.support.events import make_event
-from webhook_ingest.shared import archive
-from webhook_ingest.shared.archive_store import ArchiveStore
-from webhook_ingest.shared.message import EventMessage, new_arrival
-from webhook_ingest.workers.completions import CompletionStore
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.event.message import EventMessage, new_arrival
+from webhook_ingest.workers.claim.completions import CompletionStore
 
 
 def archived_event(

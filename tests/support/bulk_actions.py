@@ -11,11 +11,11 @@ from aiohttp.test_utils import TestClient
 from tests.support.ingress import console_login
 from tests.support.processes import wait_until
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
-from webhook_ingest.ingress.publisher import Publisher
-from webhook_ingest.shared import paced_runs
-from webhook_ingest.shared.bulk_actions import BulkAction
-from webhook_ingest.shared.dead_letter_store import DeadLetterStore
-from webhook_ingest.shared.dead_letters import Actor
+from webhook_ingest.ingress.publishing.publisher import Publisher
+from webhook_ingest.shared.dead_letters.bulk import BulkAction
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.runs import paced as paced_runs
 from webhook_ingest.shared.settings import Settings
 
 

@@ -6,8 +6,8 @@ import dataclasses
 import asyncpg
 
 from tests.support.events import make_event
-from webhook_ingest.shared.dead_letters import record_dead_letter
-from webhook_ingest.workers.retry import describe_failure
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
+from webhook_ingest.workers.claim.retry import describe_failure
 
 
 def failure(attempt: int, text: str = "receiver answered 500") -> dict:

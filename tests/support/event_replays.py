@@ -4,9 +4,9 @@ that dies after publishing, a read of the item's arrival that is slow)."""
 
 import asyncio
 
-from webhook_ingest.shared.archived_events import parse_filter
-from webhook_ingest.shared.dead_letters import Actor
-from webhook_ingest.shared.event_replay_store import EventReplay, EventReplayJob, EventReplayStore
+from webhook_ingest.shared.archive.search import parse_filter
+from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.replays.store import EventReplay, EventReplayJob, EventReplayStore
 
 
 async def claimed_replay(store: EventReplayStore, source: str) -> EventReplay:

@@ -6,8 +6,9 @@ import time
 import aio_pika
 import orjson
 
-from webhook_ingest.shared import event_id, topology
-from webhook_ingest.shared.message import EventMessage, to_amqp
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.event import ids as event_id
+from webhook_ingest.shared.event.message import EventMessage, to_amqp
 
 
 def make_event(source: str, event_key_id: str, extra: dict | None = None) -> EventMessage:

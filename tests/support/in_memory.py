@@ -2,7 +2,7 @@
 processor's state machine — as procrastinate tests its manager against an
 `InMemoryConnector`.
 
-`InMemoryCompletions` has `CompletionStore`'s methods (workers/completions.py)
+`InMemoryCompletions` has `CompletionStore`'s methods (workers/claim/completions.py)
 and the meaning of their statements (workers/queries.sql), on dicts: each
 key's fence (lease, fencing token, last attempt handed on), its turn (held
 by one session until its transaction ends), its completion, the conflicts,
@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from types import SimpleNamespace
 
-from webhook_ingest.shared.message import EventMessage
-from webhook_ingest.shared.sources import Source
-from webhook_ingest.workers.attempts import HandedOn
-from webhook_ingest.workers.completions import PRUNE_BATCH, Settled
-from webhook_ingest.workers.idempotency import Claim
-from webhook_ingest.workers.lease import Lease
-from webhook_ingest.workers.redlock import Lock
-from webhook_ingest.workers.retry import retry_decision
-from webhook_ingest.workers.states import ClaimState, Outcome
+from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.workers.claim.attempts import HandedOn
+from webhook_ingest.workers.claim.completions import PRUNE_BATCH, Settled
+from webhook_ingest.workers.claim.idempotency import Claim
+from webhook_ingest.workers.claim.lease import Lease
+from webhook_ingest.workers.claim.redlock import Lock
+from webhook_ingest.workers.claim.retry import retry_decision
+from webhook_ingest.workers.claim.states import ClaimState, Outcome
 
 
 class Session:

@@ -8,8 +8,8 @@ import aio_pika
 from aiohttp.test_utils import TestClient, TestServer
 
 from webhook_ingest.ingress.app import create_app
-from webhook_ingest.shared import topology
-from webhook_ingest.shared.message import EventMessage, from_amqp
+from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.event.message import EventMessage, from_amqp
 
 
 @contextlib.asynccontextmanager

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # `webhook-ingest ARGS` after a prelude: `python -c` puts ARGS in sys.argv[1:].
-MAIN_AFTER_PRELUDE = "\nfrom webhook_ingest.cli import main\nmain(prog_name='webhook-ingest')\n"
+MAIN_AFTER_PRELUDE = "\nfrom webhook_ingest.cli.main import main\nmain(prog_name='webhook-ingest')\n"
 
 
 class Process:

@@ -1,11 +1,11 @@
 """The calendar of the tests that prune ended replays' items
-(shared/archive_upkeep.py; docs/design.md, "A replay by selection"): events
+(shared/archive/upkeep.py; docs/design.md, "A replay by selection"): events
 archived yesterday, whose day a 7-day retention drops a week on, while
 today's stay; and the one source they come from."""
 
 from datetime import UTC, datetime, time, timedelta
 
-from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.shared.sources.model import parse_source
 
 NOW = datetime.now(UTC)
 MIDNIGHT = datetime.combine(NOW.date(), time(), UTC)

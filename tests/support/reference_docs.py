@@ -1,7 +1,7 @@
 """The parts of docs/reference.md that are generated from the code, so they
 cannot drift from it: the command table from the click commands themselves,
 the environment table from the settings model, the metrics table from
-shared/metrics.py.
+shared/observability/metrics.py.
 
 `make docs` (``python -m tests.support.reference_docs``) rewrites the blocks
 between their BEGIN/END markers; tests/deploy/test_reference.py fails while
@@ -15,8 +15,8 @@ from pathlib import Path
 import click
 from prometheus_client.metrics import MetricWrapperBase
 
-from webhook_ingest.cli import main as cli
-from webhook_ingest.shared import metrics
+from webhook_ingest.cli.main import main as cli
+from webhook_ingest.shared.observability import metrics
 from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES, Settings
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"

@@ -21,7 +21,7 @@ def _deployment(name: str) -> dict:
 
 
 def _ingress_processes_per_pod(deployment: dict) -> int:
-    """`--processes auto`: one per core of the container's CPU limit, at most 4 (webhook_ingest/layout.py)."""
+    """`--processes auto`: one per core of the container's CPU limit, at most 4 (webhook_ingest/cli/layout.py)."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
     requested = args[args.index("--processes") + 1] if "--processes" in args else "1"

@@ -1,4 +1,4 @@
-"""shared/amqp_table.py writes the bytes pamqp writes: the message format
+"""shared/event/amqp_table.py writes the bytes pamqp writes: the message format
 does not change with it."""
 
 import time
@@ -9,8 +9,8 @@ from pamqp import encode
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from webhook_ingest.shared import amqp_table
-from webhook_ingest.shared.message import EventMessage, amqp_headers, new_arrival, new_message_id
+from webhook_ingest.shared.event import amqp_table
+from webhook_ingest.shared.event.message import EventMessage, amqp_headers, new_arrival, new_message_id
 
 names = st.text(min_size=1, max_size=140)  # past 128 bytes pamqp cuts the name
 values = st.recursive(

@@ -1,4 +1,4 @@
-"""The event archive's pure parts (shared/archive.py, shared/event_type.py):
+"""The event archive's pure parts (shared/archive/model.py, shared/event/types.py):
 a source's retention and event type in the sources file, its tables' names,
 the days it keeps, the rows each side writes."""
 
@@ -11,10 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.events import make_event
-from webhook_ingest.shared import archive, event_type
+from webhook_ingest.shared.archive import model as archive
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.message import from_amqp, new_arrival, to_amqp
-from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.shared.event import types as event_type
+from webhook_ingest.shared.event.message import from_amqp, new_arrival, to_amqp
+from webhook_ingest.shared.sources.model import parse_source
 
 SECRETS = {
     "stripe": "whsec_x",

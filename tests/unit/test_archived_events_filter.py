@@ -1,5 +1,5 @@
 """The event archive's search filter from a query string
-(shared/archived_events.py), shared by the admin API, the CLI and the
+(shared/archive/search.py), shared by the admin API, the CLI and the
 console: whatever the input, a filter Postgres can run and a list of what
 was wrong, never an exception and never a value Postgres would refuse."""
 
@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_ingest.shared.archived_events import FIELDS, InvalidFilter, filter_and_problems, parse_filter
+from webhook_ingest.shared.archive.search import FIELDS, InvalidFilter, filter_and_problems, parse_filter
 
 NAMES = ("source", "status", "type", "since", "until", "key", "event_id", "payload")
 

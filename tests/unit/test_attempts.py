@@ -1,12 +1,12 @@
-"""Which message is a copy of an attempt already handed on (workers/attempts.py)."""
+"""Which message is a copy of an attempt already handed on (workers/claim/attempts.py)."""
 
 from dataclasses import replace
 
 import pytest
 
 from tests.unit.test_message import event, over_the_wire
-from webhook_ingest.shared.message import from_amqp, to_amqp
-from webhook_ingest.workers.attempts import HandedOn, already_handed_on
+from webhook_ingest.shared.event.message import from_amqp, to_amqp
+from webhook_ingest.workers.claim.attempts import HandedOn, already_handed_on
 
 SAME = event(1.0).payload_sha256
 

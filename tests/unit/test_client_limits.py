@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from webhook_ingest.ingress.client_address import client_of, forwarded_for, parse_address, resolve_client
+from webhook_ingest.ingress.intake.slots import Slots
 from webhook_ingest.ingress.responses import Rejected
-from webhook_ingest.ingress.slots import Slots
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.ratelimit import LocalBuckets
 from webhook_ingest.shared.settings import load_settings

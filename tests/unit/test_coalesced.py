@@ -1,4 +1,4 @@
-"""workers/coalesced.py: many runs' leases, completion checks and lone
+"""workers/claim/coalesced.py: many runs' leases, completion checks and lone
 completions share statements, and each run hears what its own statement
 would have said."""
 
@@ -7,7 +7,7 @@ import contextlib
 
 from tests.support.events import make_event
 from tests.support.in_memory import InMemoryCompletions
-from webhook_ingest.workers.coalesced import CoalescedStatements
+from webhook_ingest.workers.claim.coalesced import CoalescedStatements
 
 
 class CountedCompletions(InMemoryCompletions):

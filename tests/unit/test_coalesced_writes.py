@@ -1,11 +1,11 @@
 """Writes of one event-loop iteration leave in one send, in order
-(shared/coalesced_writes.py for AMQP, ingress/redis_get.py for the
+(shared/broker/coalesced_writes.py for AMQP, ingress/intake/redis_get.py for the
 duplicate lookup's GETs)."""
 
 import asyncio
 
-from webhook_ingest.ingress.redis_get import _Connection
-from webhook_ingest.shared.coalesced_writes import CoalescingWriter
+from webhook_ingest.ingress.intake.redis_get import _Connection
+from webhook_ingest.shared.broker.coalesced_writes import CoalescingWriter
 
 
 class Transport(asyncio.Transport):

@@ -22,7 +22,7 @@ from webhook_ingest.ingress.console.filters import (
 )
 from webhook_ingest.ingress.console.security import csrf_matches, same_origin
 from webhook_ingest.ingress.tokens import OPERATOR, VIEWER, role_of
-from webhook_ingest.shared.dead_letters import DeadLetterFilter
+from webhook_ingest.shared.dead_letters.model import DeadLetterFilter
 from webhook_ingest.shared.settings import Settings
 
 STATIC = Path(__file__).resolve().parents[2] / "ingress" / "console" / "static"
@@ -126,7 +126,7 @@ def test_the_vendored_htmx_is_the_pinned_file():
 
 
 def test_make_run_says_where_the_console_is_or_how_to_turn_it_on():
-    from webhook_ingest.cli import console_line
+    from webhook_ingest.cli.main import console_line
 
     on = console_line(Settings(WEBHOOK_INGEST_ADMIN_TOKEN=OPERATOR_TOKEN), "127.0.0.1", 8080)
     assert on.startswith("console: http://127.0.0.1:8080/console/")

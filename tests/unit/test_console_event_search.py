@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from webhook_ingest.ingress.console.event_search import FIELDS, event_search
-from webhook_ingest.shared.archived_events import Cursor
+from webhook_ingest.shared.archive.search import Cursor
 
 
 @given(st.dictionaries(st.sampled_from((*FIELDS, "cursor", "other")), st.text(max_size=300)))

@@ -1,4 +1,4 @@
-"""A webhook body's Content-Encoding, decoded in bounded steps (ingress/content_encoding.py)."""
+"""A webhook body's Content-Encoding, decoded in bounded steps (ingress/intake/content_encoding.py)."""
 
 import gzip
 import itertools
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_ingest.ingress.content_encoding import UndecodableBody, decoder_for
+from webhook_ingest.ingress.intake.content_encoding import UndecodableBody, decoder_for
 
 ENCODERS = {
     "gzip": gzip.compress,

@@ -1,4 +1,4 @@
-"""workers.copies: a copy is settled with its leader only when the leader settled the same payload
+"""workers.claim.copies: a copy is settled with its leader only when the leader settled the same payload
 and, unless it completed the event, the same attempt of the same chain."""
 
 import asyncio
@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from tests.support.events import make_event
-from webhook_ingest.workers.copies import CopiesInFlight
-from webhook_ingest.workers.states import Outcome
+from webhook_ingest.workers.claim.copies import CopiesInFlight
+from webhook_ingest.workers.claim.states import Outcome
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.support.events import make_event
-from webhook_ingest.dlq import age, parse_duration, render_table
-from webhook_ingest.shared.dead_letters import describe_error, parse_id, storable_payload
-from webhook_ingest.shared.message import from_amqp, to_amqp
-from webhook_ingest.shared.sources import parse_source
-from webhook_ingest.workers.retry import TRACEBACK_LINES, describe_failure
+from webhook_ingest.cli.dlq import age, parse_duration, render_table
+from webhook_ingest.shared.dead_letters.model import describe_error, parse_id, storable_payload
+from webhook_ingest.shared.event.message import from_amqp, to_amqp
+from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.workers.claim.retry import TRACEBACK_LINES, describe_failure
 
 
 def test_attempt_errors_and_deliveries_travel_in_the_message():

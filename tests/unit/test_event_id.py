@@ -1,4 +1,4 @@
-"""shared.event_id: selectors, canonical JSON, content hashes (docs/reference.md §5)."""
+"""shared.event.ids: selectors, canonical JSON, content hashes (docs/reference.md §5)."""
 
 import hashlib
 import json
@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from webhook_ingest.shared import event_id, signatures
-from webhook_ingest.shared.event_id import (
+from webhook_ingest.shared import signatures
+from webhook_ingest.shared.event import ids as event_id
+from webhook_ingest.shared.event.ids import (
     DEFAULT_EVENT_ID,
     SelectorError,
     canonical_json,

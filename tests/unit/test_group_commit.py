@@ -1,4 +1,4 @@
-"""shared/group_commit.py: items submitted while a write runs are written
+"""shared/db/group_commit.py: items submitted while a write runs are written
 together, each caller learns its own batch's outcome, and nothing waits
 for company."""
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from webhook_ingest.shared.group_commit import GroupCommit
+from webhook_ingest.shared.db.group_commit import GroupCommit
 
 
 class Store:

@@ -1,4 +1,4 @@
-"""Adversary round 5: the lazy `ctx.db` transaction (workers/handler_db.py)
+"""Adversary round 5: the lazy `ctx.db` transaction (workers/claim/handler_db.py)
 against the processor, on the in-memory stores (tests/support/in_memory.py)."""
 
 import asyncio
@@ -9,9 +9,9 @@ import pytest
 
 from tests.support.events import make_event
 from tests.support.in_memory import InMemoryClaims, InMemoryCompletions, RecordingFailures
-from webhook_ingest.shared.sources import parse_source
-from webhook_ingest.workers.processor import Processor
-from webhook_ingest.workers.states import Outcome
+from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.workers.claim.processor import Processor
+from webhook_ingest.workers.claim.states import Outcome
 
 RUNS: list[str] = []
 
@@ -49,7 +49,7 @@ async def query_first(event, ctx):
 class SilentServer(InMemoryCompletions):
     """Postgres gone silent (a partition, a stopped server) as asyncpg meets
     it: a statement is never answered, and a rollback after a cancelled one
-    waits for the cancellation's answer (shared/sessions.py) unless the
+    waits for the cancellation's answer (shared/db/sessions.py) unless the
     session was closed (terminate), when it fails at once."""
 
     def __init__(self) -> None:

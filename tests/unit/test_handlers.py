@@ -6,7 +6,7 @@ import pytest
 
 from tests.support.handlers import counted_inbox
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.shared.sources.model import parse_source
 from webhook_ingest.workers.handlers import load_handlers
 from webhook_ingest.workers.handlers.forward import handle as forward
 from webhook_ingest.workers.handlers.inbox import handle as inbox

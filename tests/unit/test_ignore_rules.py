@@ -1,4 +1,4 @@
-"""A source's `ignore` rules (shared/ignore_rules.py): which events they
+"""A source's `ignore` rules (shared/sources/ignore_rules.py): which events they
 match, the rule they name, and the one line a bad rule stops start-up with."""
 
 import fnmatch
@@ -9,10 +9,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from webhook_ingest.shared import event_id, ignore_rules
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.ignore_rules import IgnoreRuleError
-from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.shared.event import ids as event_id
+from webhook_ingest.shared.sources import ignore_rules
+from webhook_ingest.shared.sources.ignore_rules import IgnoreRuleError
+from webhook_ingest.shared.sources.model import parse_source
 
 BODY_TYPE = event_id.parse_selectors(["body:type"])
 GLOB_TEXT = st.text(alphabet="ab.*?[]!-/", max_size=8)

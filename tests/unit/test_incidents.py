@@ -1,11 +1,11 @@
-"""The fingerprint that groups failures into incidents (shared/incidents.py)."""
+"""The fingerprint that groups failures into incidents (shared/incidents/model.py)."""
 
 import re
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_ingest.shared.incidents import PATTERN_CHARS, Fingerprint, mask
+from webhook_ingest.shared.incidents.model import PATTERN_CHARS, Fingerprint, mask
 
 words = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)
 

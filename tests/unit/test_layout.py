@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_ingest import layout
+from webhook_ingest.cli import layout
 
 
 def test_several_ingress_processes_share_the_port_and_one_does_not_ask_to():

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import frame, header
 
-from webhook_ingest.shared.message import EventMessage, amqp_properties, from_amqp, to_amqp, utf8_text
+from webhook_ingest.shared.event.message import EventMessage, amqp_properties, from_amqp, to_amqp, utf8_text
 
 # 2001-09-09 .. 2100-01-01 in milliseconds since the epoch (unix seconds as a
 # float keep microseconds exact until about 2242)

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.unit.test_message import over_the_wire, received_ms
-from webhook_ingest.ingress.outbox import decode_message, encode_message
-from webhook_ingest.shared.message import EventMessage, from_amqp, to_amqp
+from webhook_ingest.ingress.publishing.outbox import decode_message, encode_message
+from webhook_ingest.shared.event.message import EventMessage, from_amqp, to_amqp
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 header_names = st.text("abcdefghijklmnopqrstuvwxyz-0123456789", min_size=1, max_size=30)

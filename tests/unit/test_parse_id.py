@@ -1,11 +1,11 @@
-"""shared/dead_letters.parse_id: any user text is an id or None, never an
+"""shared/dead_letters/model.parse_id: any user text is an id or None, never an
 error (issue 21, item 7: a 5,000-digit id or `limit` was a 500 — Python's
 int() refuses more than 4,300 digits)."""
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_ingest.shared.dead_letters import MAX_ID, parse_id
+from webhook_ingest.shared.dead_letters.model import MAX_ID, parse_id
 
 
 def test_a_five_thousand_digit_id_is_no_id():

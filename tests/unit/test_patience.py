@@ -1,4 +1,4 @@
-"""How long a live request waits for its confirm (ingress/patience.py): it
+"""How long a live request waits for its confirm (ingress/publishing/patience.py): it
 follows the slowest confirm of the last window or two, within its bounds;
 and what it bounds is the broker's silence, not one request's wait."""
 
@@ -8,7 +8,7 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_ingest.ingress.patience import FACTOR, LONGEST, SHORTEST, WINDOW, Patience, until_done_or_silent
+from webhook_ingest.ingress.publishing.patience import FACTOR, LONGEST, SHORTEST, WINDOW, Patience, until_done_or_silent
 
 
 class Clock:

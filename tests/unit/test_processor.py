@@ -11,11 +11,11 @@ import pytest
 
 from tests.support.events import make_event
 from tests.support.in_memory import InMemoryClaims, InMemoryCompletions, RecordingFailures, Session
-from webhook_ingest.shared.sources import parse_source
-from webhook_ingest.workers.batch import BatchProcessor
+from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.workers.claim.batch import BatchProcessor
+from webhook_ingest.workers.claim.processor import DEFER_SECONDS, Processor
+from webhook_ingest.workers.claim.states import Outcome
 from webhook_ingest.workers.handlers import PermanentError
-from webhook_ingest.workers.processor import DEFER_SECONDS, Processor
-from webhook_ingest.workers.states import Outcome
 
 RUNS: list[str] = []
 CANCELLED: list[str] = []

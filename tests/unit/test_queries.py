@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.repository import ROOT
-from webhook_ingest.shared.queries import load_queries, parse_queries
+from webhook_ingest.shared.db.queries import load_queries, parse_queries
 
 PACKAGES = {"ingress": "webhook_ingest.ingress", "workers": "webhook_ingest.workers", "shared": "webhook_ingest.shared"}
 PRODUCT = ("ingress", "workers", "shared", "webhook_ingest")
@@ -22,7 +22,7 @@ def product_files() -> list[Path]:
 
 def _loaded_in(module: str) -> dict[str, str]:
     """{variable: package} for the `X = load_queries(...)` of a product module
-    (`shared.dead_letters` is shared/dead_letters.py, `dlq` webhook_ingest/dlq.py)."""
+    (`shared.dead_letters.model` is shared/dead_letters/model.py, `dlq` webhook_ingest/cli/dlq.py)."""
     parts = module.split(".")
     folder = ROOT if parts[0] in PACKAGES else ROOT / "webhook_ingest"
     path = folder.joinpath(*parts).with_suffix(".py")

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_ingest.ingress.redis_get import GetPipeline, RedisReplyError, ReplyParser
+from webhook_ingest.ingress.intake.redis_get import GetPipeline, RedisReplyError, ReplyParser
 
 REPLIES = st.one_of(
     st.none(),

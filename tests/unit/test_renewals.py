@@ -1,4 +1,4 @@
-"""workers/renewals.py: a worker's many leases and locks are renewed in a few
+"""workers/claim/renewals.py: a worker's many leases and locks are renewed in a few
 round trips, and each run hears only its own answer (issue 20: 256 runs'
 renewals, one statement each on two connections, queued past their
 deadlines and ended runs LockLost with nothing failing)."""
@@ -6,7 +6,7 @@ deadlines and ended runs LockLost with nothing failing)."""
 import asyncio
 
 from tests.support.in_memory import InMemoryClaims, InMemoryCompletions, Session
-from webhook_ingest.workers.renewals import LeaseRenewals, LockRenewals
+from webhook_ingest.workers.claim.renewals import LeaseRenewals, LockRenewals
 
 
 class CountedCompletions(InMemoryCompletions):

@@ -1,4 +1,4 @@
-"""A replay by selection's keys (shared/replay_keys.py; docs/design.md, "A
+"""A replay by selection's keys (shared/replays/keys.py; docs/design.md, "A
 replay by selection"): one per (event, replay), never an original key, split
 back into one (replay, key) only; and what `event.replay` says of a run."""
 
@@ -9,12 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.events import make_event
-from webhook_ingest.shared import event_id
-from webhook_ingest.shared.event_replays import replayed_message
-from webhook_ingest.shared.message import from_amqp, to_amqp
-from webhook_ingest.shared.replay_keys import parse, replay_key
-from webhook_ingest.shared.routes import route_key
-from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.shared.event import ids as event_id
+from webhook_ingest.shared.event.message import from_amqp, to_amqp
+from webhook_ingest.shared.replays.keys import parse, replay_key
+from webhook_ingest.shared.replays.model import replayed_message
+from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.shared.sources.routes import route_key
 from webhook_ingest.workers.fan_out import route_messages
 from webhook_ingest.workers.handlers import Replay, replay_of
 

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from tests.support.events import make_event
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.message import from_amqp, to_amqp
-from webhook_ingest.shared.routes import NAME, derived_name, route_key
-from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.shared.event.message import from_amqp, to_amqp
+from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.shared.sources.routes import NAME, derived_name, route_key
 from webhook_ingest.workers.fan_out import route_messages
 from webhook_ingest.workers.handlers import load_handlers
 from webhook_ingest.workers.handlers.inbox import handle as inbox

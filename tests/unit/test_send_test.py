@@ -4,10 +4,10 @@ import pytest
 from multidict import CIMultiDict
 
 from tests.support.signing import PROVIDERS
-from webhook_ingest.send_test import sample_body, signed_request
+from webhook_ingest.cli.send_test import sample_body, signed_request
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.sources import parse_source
+from webhook_ingest.shared.sources.model import parse_source
 
 SIGNABLE = [scheme for scheme in signatures.SCHEMES if scheme != "standard-webhooks-v1a"]
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from webhook_ingest.shared import topology
+from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.sources import SourceSection, load_sources, parse_source, resolve_secret
+from webhook_ingest.shared.sources.model import SourceSection, load_sources, parse_source, resolve_secret
 
 VALID = """
 [sources.shop]

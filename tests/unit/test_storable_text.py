@@ -9,7 +9,7 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_ingest.shared.logging import configure_logging
+from webhook_ingest.shared.observability.logging import configure_logging
 from webhook_ingest.shared.storable_text import cleaned, storable
 
 # Every code point, lone surrogates and NUL included.

@@ -1,4 +1,4 @@
-"""shared/tracing.py without services: which variables turn tracing on,
+"""shared/observability/tracing.py without services: which variables turn tracing on,
 what an event's message carries of its trace, and what tracing off costs
 (nothing made: the same do-nothing every time)."""
 
@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.events import make_event
-from webhook_ingest import shared
-from webhook_ingest.ingress.outbox import decode_message, encode_message
-from webhook_ingest.shared import tracing
+from webhook_ingest.ingress.publishing.outbox import decode_message, encode_message
+from webhook_ingest.shared import observability
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.logging import configure_logging
-from webhook_ingest.shared.message import from_amqp, to_amqp
+from webhook_ingest.shared.event.message import from_amqp, to_amqp
+from webhook_ingest.shared.observability import tracing
+from webhook_ingest.shared.observability.logging import configure_logging
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 TRACED = {"traceparent": TRACEPARENT, "tracestate": "vendor=opaque"}
@@ -124,8 +124,8 @@ def test_tracing_asked_for_without_opentelemetry_installed_is_one_line(monkeypat
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
     for name in ["opentelemetry", *(name for name in sys.modules if name.startswith("opentelemetry."))]:
         monkeypatch.setitem(sys.modules, name, None)  # what an install without the extra finds
-    monkeypatch.delitem(sys.modules, "webhook_ingest.shared.tracing_otel", raising=False)
-    monkeypatch.delattr(shared, "tracing_otel", raising=False)
+    monkeypatch.delitem(sys.modules, "webhook_ingest.shared.observability.tracing_otel", raising=False)
+    monkeypatch.delattr(observability, "tracing_otel", raising=False)
     with pytest.raises(ConfigError, match=r"pip install 'webhook-ingest\[otel\]'"):
         tracing.start("ingress")
     assert tracing._on is None

@@ -22,11 +22,12 @@ from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from webhook_ingest.shared import payloads, replay_keys
 from webhook_ingest.shared.errors import ConfigError
+from webhook_ingest.shared.event import payloads
+from webhook_ingest.shared.replays import keys as replay_keys
 
 if TYPE_CHECKING:  # the handler API stays light to import
-    from webhook_ingest.shared.sources import Source
+    from webhook_ingest.shared.sources.model import Source
 
 BUILTINS = ("forward", "inbox")
 
@@ -45,7 +46,7 @@ class Replay:
 
 
 def replay_of(key: str, replay_of_dead_letter: int) -> Replay | None:
-    """A run's `event.replay` from its key (`replay-R/KEY`: shared/replay_keys.py)
+    """A run's `event.replay` from its key (`replay-R/KEY`: shared/replays/keys.py)
     and its chain (`x-replay-of`); None for the event's own run."""
     parsed = replay_keys.parse(key)
     if parsed is None and not replay_of_dead_letter:
@@ -68,7 +69,7 @@ class Event:
 
     @cached_property
     def payload(self) -> Any:
-        """The body parsed on first use: a url-encoded form as a dict (shared/payloads.py),
+        """The body parsed on first use: a url-encoded form as a dict (shared/event/payloads.py),
         anything else as JSON (stdlib json: exact big integers)."""
         if payloads.is_form(self.headers.get("content-type")):
             return payloads.parse_form(self.body)

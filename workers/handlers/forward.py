@@ -14,7 +14,7 @@ deduplicate too. 2xx is success; a 4xx other than 408/429 can
 never succeed (PermanentError); anything else is retried.
 
 `headers` in its options are sent with every POST, a value `env:NAME` or
-`file:/path` read as a source's secrets are (shared/sources.py), once per
+`file:/path` read as a source's secrets are (shared/sources/model.py), once per
 process: the way to send a credential. A URL's own credentials still work,
 and every error text says the URL redacted (shared/errors.py).
 """
@@ -23,8 +23,8 @@ import functools
 
 import aiohttp
 
-from webhook_ingest.shared import payloads
 from webhook_ingest.shared.errors import redacted
+from webhook_ingest.shared.event import payloads
 from webhook_ingest.workers.delivery_rate import wait_for_turn
 from webhook_ingest.workers.handlers import Event, HandlerContext, PermanentError
 
@@ -89,7 +89,7 @@ def sent_headers(options: dict) -> dict[str, str]:
 
 @functools.cache  # a file: secret is read once per process, as a source's are
 def _resolved(headers: tuple[tuple[str, str], ...]) -> dict[str, str]:
-    from webhook_ingest.shared.sources import resolve_secret
+    from webhook_ingest.shared.sources.model import resolve_secret
 
     resolved = {}
     for name, value in headers:

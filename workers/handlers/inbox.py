@@ -2,8 +2,8 @@
 
 import json
 
-from webhook_ingest.shared import payloads
-from webhook_ingest.shared.queries import load_queries
+from webhook_ingest.shared.db.queries import load_queries
+from webhook_ingest.shared.event import payloads
 from webhook_ingest.workers.handlers import Event, HandlerContext
 
 _INSERT = load_queries("webhook_ingest.workers")["insert_inbox"]
@@ -22,5 +22,5 @@ def _payload_json(event: Event) -> str:
 
 
 # Its only effect goes through ctx.db: the worker may run many events'
-# inbox inserts in one transaction (`workers.batch`).
+# inbox inserts in one transaction (`workers.claim.batch`).
 handle.batchable = True  # type: ignore[attr-defined]  # a function attribute, read with getattr

@@ -1,0 +1,12 @@
+"""webhook_ingest.ingress.intake: what each of its modules holds.
+
+- webhooks          `POST /webhooks/{source}`: verify, identify, publish, then answer.
+- content_encoding  A webhook body's `Content-Encoding`, decoded here and not by aiohttp.
+- content_bindings  Signed content bound to the ids it came with, one per type (docs/reference.md §5, "An identity …
+- limits            What an endpoint facing the internet needs besides signatures
+- failure_budget    A budget per client for requests that fail verification.
+- slots             How many webhook requests one ingress process works on, and how many of them one client may hold …
+- done_markers      The duplicate fast path (docs/reference.md §6, `200 {"status":"duplicate"}`).
+- redis_get         GETs pipelined on one connection to one Redis, for the duplicate lookup that every webhook …
+- refusals          Log lines about clients refused before anything was spent on them.
+"""

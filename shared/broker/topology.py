@@ -1,0 +1,192 @@
+"""Broker names and declarations (docs/reference.md §9), shared by ingress and workers.
+
+Everything goes through the default exchange, addressed by queue name, so
+there is no exchange to keep in step. All queues are quorum queues: they are
+replicated and `at-least-once` dead-lettering (which needs `reject-publish`
+overflow) means a message moving between them is never dropped.
+
+- `NS.events`: the main queue. Its delivery limit stops a message that keeps
+  killing its worker; such a message is dead-lettered to `NS.dead`.
+- `NS.retry.<delay>s`: one queue per delay (a per-message TTL in a single
+  queue would block at its head); expired messages return to `NS.events`.
+- `NS.dead`: poison messages, drained into the `dead_letters` table.
+- `NS.paused.<source>`: a paused source's events, parked until it is
+  resumed; then moved back to `NS.events`, oldest first (workers/pauses.py).
+"""
+
+import asyncio
+import contextlib
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
+from pamqp.commands import Basic
+
+from webhook_ingest.shared.broker import amqp
+
+DEPTH_TIMEOUT = 3.0  # seconds, to connect and to ask for one queue's depth
+PUBLISH_TIMEOUT = 5.0  # seconds; a publish with no limit could hold a request or a message for ever
+_QUORUM = {"x-queue-type": "quorum"}
+_SAFE_DEAD_LETTERING = {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+
+
+def events_queue(namespace: str) -> str:
+    return f"{namespace}.events"
+
+
+def dead_queue(namespace: str) -> str:
+    return f"{namespace}.dead"
+
+
+def retry_queue(namespace: str, delay_seconds: float) -> str:
+    return f"{namespace}.retry.{delay_label(delay_seconds)}"
+
+
+def paused_queue(namespace: str, source: str) -> str:
+    return f"{namespace}.paused.{source}"
+
+
+def delay_label(delay_seconds: float) -> str:
+    """10 -> '10s', 0.5 -> '0.5s': the queue's name says its delay, every
+    digit of it (the shortest text that reads back as the same float), so
+    two delays that share a queue share its TTL. Up to six significant
+    digits below 10^6 s, the same as the `:g` names of earlier releases."""
+    text = repr(float(delay_seconds))
+    return f"{text.removesuffix('.0')}s"
+
+
+async def declare_events_queue(channel: AbstractChannel, namespace: str, delivery_limit: int) -> AbstractQueue:
+    await declare_dead_queue(channel, namespace)
+    return await channel.declare_queue(
+        events_queue(namespace),
+        durable=True,
+        arguments={
+            **_QUORUM,
+            **_SAFE_DEAD_LETTERING,
+            "x-delivery-limit": delivery_limit,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dead_queue(namespace),
+        },
+    )
+
+
+async def ensure_events_queue(connection: AbstractConnection, namespace: str, delivery_limit: int) -> None:
+    """The events queue exists afterwards; one that exists is left as it is.
+
+    Declared with its arguments, an existing queue created with others (a
+    WEBHOOK_INGEST_DELIVERY_LIMIT changed since) fails with PRECONDITION_FAILED,
+    and a publisher that insisted would never publish again. So only a queue
+    that does not exist is declared, each step on a channel of its own (a
+    failed declare closes its channel)."""
+    probe = await connection.channel()
+    try:
+        await probe.declare_queue(events_queue(namespace), passive=True)
+    except aio_pika.exceptions.ChannelNotFoundEntity:  # it also closed the probe channel
+        declaring = await connection.channel()
+        try:
+            await declare_events_queue(declaring, namespace, delivery_limit)
+        finally:
+            await declaring.close()
+    else:
+        await probe.close()
+
+
+async def declare_events_queue_to_consume(
+    connection: AbstractConnection, channel: AbstractChannel, namespace: str, delivery_limit: int
+) -> tuple[AbstractQueue, bool]:
+    """The events queue on `channel`, to consume from, and whether it has our
+    arguments. Declared with them, as every worker does — unless it exists
+    with others (a WEBHOOK_INGEST_DELIVERY_LIMIT changed since it was
+    created): the broker refuses such a declaration (PRECONDITION_FAILED,
+    closing the channel), and a worker that insisted would never consume;
+    then it is used as it is, declared passively. Tried first on a channel
+    of its own, as in `ensure_events_queue`."""
+    probe = await connection.channel()
+    try:
+        await declare_events_queue(probe, namespace, delivery_limit)
+    except aio_pika.exceptions.ChannelPreconditionFailed:
+        await declare_dead_queue(channel, namespace)
+        return await channel.declare_queue(events_queue(namespace), passive=True), False
+    finally:
+        with contextlib.suppress(Exception):  # a probe channel the broker may have closed
+            await probe.close()
+    return await declare_events_queue(channel, namespace, delivery_limit), True
+
+
+async def declare_dead_queue(channel: AbstractChannel, namespace: str) -> AbstractQueue:
+    return await channel.declare_queue(dead_queue(namespace), durable=True, arguments=dict(_QUORUM))
+
+
+async def declare_paused_queue(channel: AbstractChannel, namespace: str, source: str) -> AbstractQueue:
+    return await channel.declare_queue(paused_queue(namespace, source), durable=True, arguments=dict(_QUORUM))
+
+
+async def declare_retry_queue(channel: AbstractChannel, namespace: str, delay_seconds: float) -> AbstractQueue:
+    return await channel.declare_queue(
+        retry_queue(namespace, delay_seconds),
+        durable=True,
+        arguments={
+            **_QUORUM,
+            **_SAFE_DEAD_LETTERING,
+            "x-message-ttl": int(delay_seconds * 1000),
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": events_queue(namespace),
+        },
+    )
+
+
+async def publish(
+    channel: AbstractChannel, message: aio_pika.Message, queue_name: str, timeout: float = PUBLISH_TIMEOUT
+) -> None:
+    """Publish through the default exchange; with a confirm-mode channel this
+    returns only once the broker has the message, and raises otherwise —
+    asyncio.TimeoutError after `timeout` seconds in all. The limit covers the
+    whole call: aio-pika's own `timeout` starts only once a robust channel
+    has its connection back, and it waits for that without a limit."""
+    async with asyncio.timeout(timeout):  # the only limit: aio-pika's would be a second timer per publish
+        await channel.default_exchange.publish(message, routing_key=queue_name, mandatory=True)
+
+
+async def publish_properties(
+    channel: AbstractChannel,
+    body: bytes,
+    properties: Basic.Properties,
+    queue_name: str,
+    timeout: float = PUBLISH_TIMEOUT,
+) -> None:
+    """`publish` without aio-pika's message and exchange: the same frames
+    through the channel's aiormq channel, with the same guarantees — once
+    the broker confirmed; a return (unroutable, mandatory) or a nack raises;
+    one time limit over the whole call, the wait for a reconnecting robust
+    connection included (`get_underlay_channel`)."""
+    async with asyncio.timeout(timeout):
+        if channel.is_closed:  # as aio-pika's exchange refuses it
+            raise aiormq.exceptions.ChannelInvalidStateError(f"{channel!r} closed")
+        underlay = await channel.get_underlay_channel()
+        await underlay.basic_publish(body, routing_key=queue_name, properties=properties, mandatory=True)
+
+
+async def queue_depths(amqp_url: str, names: list[str], connection_name: str) -> list[tuple[str, int | None]]:
+    """Each queue's ready messages; None when the broker is away or the queue
+    does not exist yet. A connection of its own: a passive declare of a
+    missing queue closes its channel, which must never be the ingress's."""
+    depths: dict[str, int | None] = dict.fromkeys(names)
+    with contextlib.suppress(Exception):  # the broker away: every depth n/a
+        connection = await amqp.connect(
+            amqp_url, timeout=DEPTH_TIMEOUT, client_properties={"connection_name": connection_name}
+        )
+        async with connection:
+            for name in names:
+                depths[name] = await _depth(connection, name)
+    return list(depths.items())
+
+
+async def _depth(connection: AbstractConnection, name: str) -> int | None:
+    try:
+        channel = await connection.channel()
+        queue = await asyncio.wait_for(channel.declare_queue(name, passive=True), DEPTH_TIMEOUT)
+    except (aio_pika.exceptions.ChannelClosed, asyncio.TimeoutError):
+        return None
+    count = queue.declaration_result.message_count
+    await channel.close()
+    return count

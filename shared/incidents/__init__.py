@@ -1,0 +1,5 @@
+"""webhook_ingest.shared.incidents: what each of its modules holds.
+
+- model  Incidents: failures grouped by what went wrong (docs/oncall.md, "Incidents").
+- store  The incident store: the workers' one write (`record_failure`), and reading incidents and acting …
+"""

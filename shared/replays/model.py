@@ -1,0 +1,135 @@
+"""Replays of archived events by selection (docs/reference.md §8, "Replaying
+archived events"): "replay every invoice.paid of stripe received between
+14:00 and 15:10".
+
+A replay is asked with the archive search's filter (`shared/archive/search.py`).
+A dry run counts the events it would take; preparing freezes them — the keys
+the filter matches at that moment, one arrival each, in the order received
+(`event_replay_items`) — and only those are ever published, never an event
+that arrives after. It is then run, paced, by the shared machinery of the
+dead letters' bulk actions (`shared/runs/paced.py`): cancellable from any
+process, resumable, audited. Replay R publishes each event under the key
+`replay-R/KEY` (`shared/replays/keys.py`), which is what makes it run once
+per replay. The rows are read and written by `EventReplayStore`.
+"""
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import asyncpg
+
+from webhook_ingest.shared.archive.search import EventFilter
+from webhook_ingest.shared.dead_letters.model import iso_utc
+from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.replays.keys import replay_key
+
+STATES = ("prepared", "running", "done", "failed", "cancelled")
+STALLED_SECONDS = 30.0  # and two intervals with no step: its process died (claim_event_replay takes it back)
+
+
+@dataclass(frozen=True)
+class EventReplay:
+    id: int
+    filter: dict
+    total: int
+    state: str
+    rate: float | None
+    next_item: int
+    published: int
+    skipped: int
+    error: str | None
+    created_by: str
+    created_at: datetime
+    started_at: datetime | None
+    stepped_at: datetime | None
+    finished_at: datetime | None
+    in_doubt: bool = False  # a Cancel counted an item published its runner (dead mid-publish) never stepped
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> "EventReplay":
+        record = dict(row)
+        record["filter"] = json.loads(record["filter"])
+        return cls(**record)
+
+    @property
+    def handled(self) -> int:
+        return self.next_item - 1
+
+    @property
+    def resumable(self) -> bool:
+        """Stopped with the reason (`failed`), or `running` with no step for
+        STALLED_SECONDS and two intervals: the process running it died."""
+        if self.state == "failed":
+            return True
+        if self.state != "running" or self.stepped_at is None or not self.rate:
+            return False
+        return (datetime.now(UTC) - self.stepped_at).total_seconds() > STALLED_SECONDS + 2 / self.rate
+
+    def document(self) -> dict:
+        """`events replay --show --json` / `GET /admin/events/replay/{id}`."""
+        return {
+            "id": self.id,
+            "state": self.state,
+            "filter": self.filter,
+            "total": self.total,
+            "handled": self.handled,
+            "published": self.published,
+            "in_doubt": int(self.in_doubt),
+            "skipped": self.skipped,
+            "rate": self.rate,
+            "error": self.error,
+            "created_by": self.created_by,
+            "created_at": iso_utc(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+        }
+
+
+@dataclass(frozen=True)
+class ReplayItem:
+    """One frozen event of a replay: its number, and its arrival in the archive."""
+
+    item: int
+    source: str
+    key: str
+    received_at: datetime
+
+
+def filter_json(where: EventFilter) -> dict:
+    """The filter as asked, for the replay's row and the audit log."""
+    names = {
+        "source": "source",
+        "status": "status",
+        "event_type": "type",
+        "since": "since",
+        "until": "until",
+        "key": "key",
+        "event_id": "event_id",
+        "payload": "payload",
+    }
+    return {
+        label: iso_utc(value) if isinstance(value, datetime) else value
+        for name, label in names.items()
+        if (value := getattr(where, name)) is not None
+    }
+
+
+def replayed_message(arrival: asyncpg.Record, replay_id: int) -> EventMessage:
+    """The archived arrival as the ingress queued it, under replay `replay_id`'s
+    key: attempt 1 of a chain of its own. No route: a routed source's worker
+    fans it out to every route that takes it (`replay-R/KEY#ROUTE`)."""
+    headers = arrival["headers"]
+    return EventMessage(
+        key=replay_key(arrival["key"], replay_id),
+        source=arrival["source"],
+        event_id=arrival["event_id"],
+        payload_sha256=arrival["payload_sha256"],
+        received_at=arrival["received_at"].timestamp(),
+        body=bytes(arrival["body"]),
+        headers=json.loads(headers) if isinstance(headers, str) else dict(headers or {}),
+    )
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else iso_utc(moment)

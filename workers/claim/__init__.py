@@ -1,0 +1,18 @@
+"""webhook_ingest.workers.claim: what each of its modules holds.
+
+- processor      One message, one pass through the idempotency state machine.
+- batch          Many events, few round trips
+- states         The idempotency model as plain code: what a key's claim can say, and what became of an event.
+- copies         Copies of an event that reach a worker while it is still working on the first one wait for it …
+- attempts       One failed attempt leads to at most one next attempt, whatever the broker does.
+- lease          The key's lease in Postgres, and keeping a lock or a lease alive.
+- redlock        Redlock over independent Redis masters, written here on redis.asyncio.
+- renewals       A worker's lease and lock renewals, a few round trips at a time.
+- coalesced      A worker's short statements, many runs' in one.
+- completions    The workers' Postgres
+- handler_db     `ctx.db`: the handler's transaction, opened at its first use.
+- idempotency    The Redis side of idempotency: claim a key, remember its completion.
+- retry          What a failed attempt becomes: a delayed retry through RabbitMQ, or a dead letter.
+- archive_notes  A worker's part of the event archive (docs/design.md, "The archive")
+- loop_lag       How long the event loop stood still: tells a busy loop from a black hole.
+"""
