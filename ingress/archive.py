@@ -20,7 +20,7 @@ from webhook_ingest.shared.archive import model as archive
 from webhook_ingest.shared.archive.store import ArchiveStore
 from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
 from webhook_ingest.shared.archive.writer import BatchedWriter
-from webhook_ingest.shared.dead_letters.model import jsonb
+from webhook_ingest.shared.db.values import jsonb
 from webhook_ingest.shared.event import types as event_type
 from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.sources.model import Source

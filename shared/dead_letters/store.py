@@ -22,9 +22,10 @@ from aio_pika.abc import AbstractChannel
 from webhook_ingest.shared.archive import store as archive_store
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.db.sessions import one_of, raise_if_cancelled
+from webhook_ingest.shared.db.statements import SQL
+from webhook_ingest.shared.db.values import jsonb
 from webhook_ingest.shared.dead_letters.bulk import BulkAction
 from webhook_ingest.shared.dead_letters.model import (
-    SQL,
     STATUSES,
     UNKNOWN_ACTOR,
     UNREADABLE,
@@ -37,7 +38,6 @@ from webhook_ingest.shared.dead_letters.model import (
     Replayed,
     ReplayInterrupted,
     decoded,
-    jsonb,
     rebuilt_event,
 )
 from webhook_ingest.shared.errors import describe

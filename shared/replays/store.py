@@ -18,7 +18,9 @@ from aio_pika.abc import AbstractChannel
 from webhook_ingest.shared.archive.search import NO_ROUTES, EventFilter, SourceRoutes
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.db.sessions import one_of
-from webhook_ingest.shared.dead_letters.model import SQL, Actor, jsonb
+from webhook_ingest.shared.db.statements import SQL
+from webhook_ingest.shared.db.values import jsonb
+from webhook_ingest.shared.dead_letters.model import Actor
 from webhook_ingest.shared.event.message import to_amqp
 from webhook_ingest.shared.observability import tracing
 from webhook_ingest.shared.replays.model import EventReplay, ReplayItem, filter_json, replayed_message

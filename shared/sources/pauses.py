@@ -11,7 +11,8 @@ import contextlib
 import asyncpg
 
 from webhook_ingest.shared.db.sessions import one_of
-from webhook_ingest.shared.dead_letters.model import SQL, Actor
+from webhook_ingest.shared.db.statements import SQL
+from webhook_ingest.shared.dead_letters.model import Actor
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 
 ACQUIRE_TIMEOUT = 5.0

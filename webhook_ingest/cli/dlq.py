@@ -19,6 +19,7 @@ import orjson
 from webhook_ingest.cli.common import ENV_HELP, fail, run_or_fail, traced
 from webhook_ingest.cli.terminal import echo
 from webhook_ingest.shared.broker import amqp, topology
+from webhook_ingest.shared.db.values import to_json
 from webhook_ingest.shared.dead_letters.model import (
     STATUSES,
     Actor,
@@ -28,7 +29,6 @@ from webhook_ingest.shared.dead_letters.model import (
     detail,
     parse_id,
     summary,
-    to_json,
 )
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.errors import BrokerUnavailable, ConfigError, ServiceUnavailable, one_line
