@@ -17,8 +17,8 @@ from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import recorded_runs, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from webhook_ingest.cli import layout
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.broker import topology
-from webhook_ingest.shared.dead_letters.model import Actor
 from webhook_ingest.shared.event.message import to_amqp
 from webhook_ingest.shared.sources.pauses import PauseStore
 from webhook_ingest.workers import connection_budget

@@ -20,7 +20,7 @@ from tests.support.event_replays import claimed_replay, replay_job
 from tests.support.pruning import A_WEEK_ON, SOURCES, YESTERDAY
 from webhook_ingest.shared.archive.store import ArchiveStore
 from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.replays.store import EventReplayStore
 from webhook_ingest.shared.runs import paced as paced_runs
 
