@@ -159,7 +159,7 @@ class EventReplayStore:
         """The replays, oldest first, at most `limit`, that ended (`done`,
         `cancelled`) more than `ended_seconds` ago with items left that a
         pass of `prune` has still to read: none begun, one under way, or one
-        over that began more than `again_seconds` ago (`shared/archive/upkeep.py`)."""
+        over that began more than `again_seconds` ago (`shared/upkeep.py`)."""
         async with self._connection() as connection:
             rows = await connection.fetch(
                 SQL["event_replays_to_prune"], ended_seconds, limit, again_seconds, timeout=PRUNE_SECONDS
