@@ -1086,7 +1086,7 @@ WHERE i.key = $1
 ORDER BY r.id DESC
 LIMIT $2
 
--- pruning the frozen selections of ended replays (shared/archive/upkeep.py) ----
+-- pruning the frozen selections of ended replays (shared/upkeep.py) ----
 -- An item of a replay that ended (`done` or `cancelled`: never claimed
 -- again) a while ago goes once no arrival of its key is archived: then its
 -- event has no page, the one place an ended replay's items show (its

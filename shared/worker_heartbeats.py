@@ -18,7 +18,7 @@ from datetime import datetime
 import asyncpg
 
 from webhook_ingest.shared.db.sessions import one_of
-from webhook_ingest.shared.dead_letters.model import SQL
+from webhook_ingest.shared.db.statements import SQL
 
 SILENT_AFTER_BEATS = 3
 FORGET_SECONDS = 3600.0  # a worker stopped or silent this long leaves the list (and the gauge)

@@ -33,16 +33,16 @@ from webhook_ingest.ingress.intake.failure_budget import failure_budget_key
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.ingress.tokens import may_change, role_of
 from webhook_ingest.shared.archive.search import InvalidFilter, parse_text
+from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.db.values import to_json
 from webhook_ingest.shared.dead_letters.model import (
     STATUSES,
-    Actor,
     DeadLetterNotFound,
     NotReplayable,
     ReplayInterrupted,
     detail,
     parse_id,
     summary,
-    to_json,
 )
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.errors import describe

@@ -22,7 +22,7 @@ from webhook_ingest.ingress.admin.api import json_document, parse_path_id, role_
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.shared.archive.search import InvalidFilter, SourceRoutes, parse_filter
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.replays.model import EventReplay
 from webhook_ingest.shared.replays.store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.runs.locks import RunBusy

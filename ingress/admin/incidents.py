@@ -16,7 +16,8 @@ from aiohttp import web
 from webhook_ingest.ingress.admin.api import dead_letters_key, json_document, parse_path_id, role_key
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
 from webhook_ingest.ingress.responses import error
-from webhook_ingest.shared.dead_letters.model import Actor, ReplayInterrupted, parse_id
+from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.dead_letters.model import ReplayInterrupted, parse_id
 from webhook_ingest.shared.incidents.model import event_document, incident_document
 from webhook_ingest.shared.incidents.store import STATES, IncidentNotFound, IncidentStore
 from webhook_ingest.shared.observability.logging import get_logger

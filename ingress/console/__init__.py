@@ -33,7 +33,7 @@ from webhook_ingest.ingress.console.sessions import ConsoleSessions, console_ses
 from webhook_ingest.ingress.console.sources import add_source_routes
 from webhook_ingest.ingress.console.vendor import HTMX_FILE
 from webhook_ingest.ingress.console.views import add_routes, bulk_runner_key
-from webhook_ingest.shared.dead_letters.model import iso_utc
+from webhook_ingest.shared.db.values import iso_utc
 from webhook_ingest.shared.replays import keys as replay_keys
 from webhook_ingest.shared.settings import Settings
 

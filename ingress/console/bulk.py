@@ -12,8 +12,9 @@ acted on when it ends.
 import contextlib
 from collections.abc import AsyncIterator
 
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.dead_letters.bulk import BulkAction
-from webhook_ingest.shared.dead_letters.model import Actor, ChangedMeanwhile, DeadLetterNotFound, NotReplayable
+from webhook_ingest.shared.dead_letters.model import ChangedMeanwhile, DeadLetterNotFound, NotReplayable
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore, HeldBulk
 from webhook_ingest.shared.runs.paced import DEFAULT_RATE, MAX_RATE, PacedRunner
 
@@ -98,7 +99,7 @@ class _DeadLetterJob:
 
     async def audit(self, what: str, acted: list[int] | None, **detail) -> None:
         ids = self.action.remaining if acted is None else acted
-        await self._store.record_audit(
+        await self._store.audit_log.record(
             self.actor,
             what,
             ids,

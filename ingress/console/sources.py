@@ -8,7 +8,7 @@ from webhook_ingest.ingress.admin.sources import source_states
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.console.rendering import leave_message, render
 from webhook_ingest.ingress.console.security import role_key
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.sources.pauses import PauseStore
 
 routes = web.RouteTableDef()

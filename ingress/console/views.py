@@ -20,10 +20,10 @@ from webhook_ingest.ingress.console.rendering import leave_message, message_page
 from webhook_ingest.ingress.console.security import form_field, role_key, session_role, sign_in, sign_out
 from webhook_ingest.ingress.intake.limits import sign_in_throttle_key
 from webhook_ingest.ingress.tokens import may_change, role_of
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.dead_letters import bulk as bulk_actions
 from webhook_ingest.shared.dead_letters.model import (
     STATUSES,
-    Actor,
     ChangedMeanwhile,
     DeadLetterNotFound,
     NotReplayable,
@@ -165,7 +165,7 @@ async def dead_letter_page(request: web.Request) -> web.Response:
             request, 404, "No such dead letter", f"There is no dead letter with id {dead_letter_id}."
         )
     history = await store(request).replays_of(dead_letter_id)
-    audit = await store(request).audit(dead_letter_id=dead_letter_id, limit=50)
+    audit = await store(request).audit_log.entries(dead_letter_id=dead_letter_id, limit=50)
     document = detail(row)
     headers = signature_headers.hide(document["headers"], signature_headers.hidden_names(request))
     return await render(
@@ -192,7 +192,7 @@ def _pretty(document: dict) -> str:
 @routes.get("/audit")
 async def audit_page(request: web.Request) -> web.Response:
     before, problems = parse_before(request.query)
-    entries = await store(request).audit(before=before, limit=PAGE_SIZE + 1)
+    entries = await store(request).audit_log.entries(before=before, limit=PAGE_SIZE + 1)
     older = str(entries[PAGE_SIZE - 1]["id"]) if len(entries) > PAGE_SIZE else None
     return await render(request, "audit.html", {"entries": entries[:PAGE_SIZE], "older": older, "problems": problems})
 

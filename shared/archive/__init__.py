@@ -4,6 +4,5 @@
 - store     The event archive's Postgres
 - writer    Rows written behind their callers' backs, in batches
 - settling  Settling the event archive from what Postgres itself recorded (docs/design.md, "The archive")
-- upkeep    The event archive's tables, kept
 - search    Searching the event archive
 """

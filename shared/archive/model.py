@@ -22,10 +22,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from webhook_ingest.shared.event.message import EventMessage
 
-DEFAULT_RETENTION = timedelta(days=7)
 DAYS_AHEAD = 3  # days created in advance: the upkeep may miss that many before a row finds no day
-_DURATION = re.compile(r"(\d{1,6})([smhd])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _NAME_CHARS = re.compile(r"[^a-z0-9]+")
 
 # Statuses a row stores (`processing` is not stored: a queued row whose key's lease is held).
@@ -39,14 +36,6 @@ QUEUED, RETRYING, PROCESSED, DEAD, DISCARDED, CONFLICT, DUPLICATE, IGNORED = (
     "duplicate",
     "ignored",
 )
-
-
-def parse_retention(text: str) -> timedelta:
-    """`30d`, `12h`, `90m`, `3600s`; `0d` is "not archived". ValueError otherwise."""
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"{text!r} is not a duration such as 30d, 12h or 0d (not archived)")
-    return timedelta(seconds=int(match[1]) * _UNIT_SECONDS[match[2]])
 
 
 def source_table(source: str) -> str:

@@ -20,7 +20,7 @@ import orjson
 
 from webhook_ingest.shared import storable_json
 from webhook_ingest.shared.archive import model as archive
-from webhook_ingest.shared.dead_letters.model import iso_utc
+from webhook_ingest.shared.db.values import iso_utc
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.sources.model import Source
 

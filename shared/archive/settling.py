@@ -6,7 +6,7 @@ A worker writes what became of each arrival in batches behind its back
 worker killed while a batch waited for Postgres (cut, or slow) takes the
 batch with it: the event completed or went dead, durably, and its row says
 `queued` (or `retrying`) for ever. The archive's upkeep sweeps such rows
-(shared/archive/upkeep.py): a row still unsettled past a grace whose event
+(shared/upkeep.py): a row still unsettled past a grace whose event
 Postgres recorded an end of, as long ago, is brought up to that end.
 
 What an end says of one arrival:

@@ -13,24 +13,20 @@ those bytes. `payload` (jsonb) is only the readable copy, NULL when the
 body is not JSON that Postgres can store.
 """
 
-import getpass
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-import orjson
 
 from webhook_ingest.shared import storable_json
-from webhook_ingest.shared.db.queries import load_queries
+from webhook_ingest.shared.db.statements import SQL
+from webhook_ingest.shared.db.values import iso_utc, jsonb
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.event.message import EventMessage
-from webhook_ingest.shared.storable_text import cleaned
 
-SQL = load_queries("webhook_ingest.shared")
 STATUSES = ("dead", "replayed", "discarded", "completed")  # completed: by another delivery, after all
 MAX_ID = 2**63 - 1  # bigserial
 MAX_ID_DIGITS = len(str(MAX_ID))
@@ -90,38 +86,6 @@ class Replayed:
     skipped: list[int]
 
 
-# -- who acts ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who replays or discards, for the audit log: a token's role
-    (`operator`, `viewer`) through the `console` or the `admin-api`, or
-    `cli` with the OS user who ran the command."""
-
-    role: str
-    via: str
-    name: str | None = None
-
-    @classmethod
-    def cli(cls) -> "Actor":
-        return cls("cli", "cli", os_user())
-
-    def __str__(self) -> str:
-        return f"{self.role}:{self.name}" if self.name else f"{self.role} ({self.via})"
-
-
-UNKNOWN_ACTOR = Actor("unknown", "unknown")
-
-
-def os_user() -> str:
-    """The login name; a container without a passwd entry has only a uid."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return f"uid {os.getuid()}"
-
-
 # -- recording -----------------------------------------------------------------
 
 
@@ -159,16 +123,6 @@ def storable_payload(body: bytes) -> str | None:
     except ValueError:
         return None
     return body.decode()
-
-
-def jsonb(value: object) -> str:
-    """Headers and errors as jsonb text, whatever strings they hold: a lone
-    surrogate (an undecodable header byte) or NUL becomes U+FFFD."""
-    try:
-        text = orjson.dumps(value, default=str)
-    except TypeError:  # orjson refuses lone surrogates
-        text = orjson.dumps(cleaned(value), default=str)
-    return text.replace(b"\\u0000", b"\\ufffd").decode()
 
 
 # -- reading -------------------------------------------------------------------
@@ -285,16 +239,3 @@ def _error_entry(error: dict) -> dict:
         if error.get(optional):
             entry[optional] = error[optional]
     return entry
-
-
-def iso_utc(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat()
-
-
-def to_json(document: object) -> bytes:
-    """One JSON document. orjson, unless a payload holds an integer wider than
-    64 bits (orjson refuses those; the standard library writes them exactly)."""
-    try:
-        return orjson.dumps(document)
-    except orjson.JSONEncodeError:
-        return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()

@@ -1,6 +1,7 @@
-"""The dead-letter store: reading dead letters and acting on them, the audit
-log, and the console's bulk actions — one object the admin API, the console
-and `webhook-ingest dlq` share (docs/reference.md §8).
+"""The dead-letter store: reading dead letters and acting on them (each act
+in the audit log, `shared/audit/log.py`, in the act's transaction), and the
+console's bulk actions — one object the admin API, the console and
+`webhook-ingest dlq` share (docs/reference.md §8).
 
 It talks to Postgres through one asyncpg pool (each call takes a connection
 of its own) or one connection (the CLI), with the named SQL of
@@ -11,7 +12,6 @@ stays there beside it.
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -20,15 +20,15 @@ import orjson
 from aio_pika.abc import AbstractChannel
 
 from webhook_ingest.shared.archive import store as archive_store
+from webhook_ingest.shared.audit.actor import UNKNOWN_ACTOR, Actor
+from webhook_ingest.shared.audit.log import AuditLog, record_audit
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.db.sessions import one_of, raise_if_cancelled
+from webhook_ingest.shared.db.statements import SQL
 from webhook_ingest.shared.dead_letters.bulk import BulkAction
 from webhook_ingest.shared.dead_letters.model import (
-    SQL,
     STATUSES,
-    UNKNOWN_ACTOR,
     UNREADABLE,
-    Actor,
     ChangedMeanwhile,
     DeadLetterFilter,
     DeadLetterNotFound,
@@ -37,7 +37,6 @@ from webhook_ingest.shared.dead_letters.model import (
     Replayed,
     ReplayInterrupted,
     decoded,
-    jsonb,
     rebuilt_event,
 )
 from webhook_ingest.shared.errors import describe
@@ -55,6 +54,7 @@ GAUGE_REFRESH_SECONDS = 15.0
 class DeadLetterStore:
     def __init__(self, database: asyncpg.Pool | asyncpg.Connection):
         self._database = database  # a pool (ingress, workers), or the CLI's one connection
+        self.audit_log = AuditLog(database)  # where its acts are recorded (also a bulk action's runner's)
 
     def _connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
         return one_of(self._database, ACQUIRE_TIMEOUT)
@@ -111,12 +111,6 @@ class DeadLetterStore:
         async with self._connection() as connection:
             return [dict(row) for row in await connection.fetch(SQL["replays_of"], dead_letter_id)]
 
-    async def audit(self, dead_letter_id: int | None = None, before: int | None = None, limit: int = 100) -> list[dict]:
-        """The audit log, newest first; only entries naming `dead_letter_id` when given."""
-        async with self._connection() as connection:
-            rows = await connection.fetch(SQL["list_audit"], dead_letter_id, before, limit)
-        return [dict(row) | {"detail": json.loads(row["detail"])} for row in rows]
-
     async def overview(self) -> tuple[dict[str, int], int, int | None]:
         """The console's overview from Postgres: outcomes in the last hour,
         open dead letters, the outbox's backlog (None: no outbox table)."""
@@ -140,10 +134,6 @@ class DeadLetterStore:
 
     # -- acting ----------------------------------------------------------------
 
-    async def record_audit(self, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None) -> int:
-        async with self._connection() as connection:
-            return await _record_audit(connection, actor, action, ids, detail)
-
     async def discard(self, ids: Sequence[int], actor: Actor = UNKNOWN_ACTOR) -> list[int]:
         """Marks them discarded (kept for audit); all or nothing: an unknown id
         raises DeadLetterNotFound and changes nothing."""
@@ -152,7 +142,7 @@ class DeadLetterStore:
             _require_all_found(ids, discarded)
             await connection.execute(SQL["forget_handed_on"], list(ids))
             await archive_store.discarded(connection, list(ids))
-            await _record_audit(connection, actor, "discard", [row["id"] for row in discarded])
+            await record_audit(connection, actor, "discard", [row["id"] for row in discarded])
         return [row["id"] for row in discarded]
 
     async def replay_if_open(
@@ -184,7 +174,7 @@ class DeadLetterStore:
             except Exception as exc:  # any broker failure: nothing was replayed
                 raise ReplayInterrupted([], exc) from exc
             if bulk_action_id is None:
-                await _record_audit(connection, actor, "replay", [dead_letter_id])
+                await record_audit(connection, actor, "replay", [dead_letter_id])
 
     async def discard_if_open(
         self,
@@ -200,7 +190,7 @@ class DeadLetterStore:
             await connection.execute(SQL["forget_handed_on"], [dead_letter_id])
             await archive_store.discarded(connection, [dead_letter_id])
             if bulk_action_id is None:
-                await _record_audit(connection, actor, "discard", [dead_letter_id])
+                await record_audit(connection, actor, "discard", [dead_letter_id])
 
     @contextlib.asynccontextmanager
     async def _acting(self, held: asyncpg.Connection | None) -> AsyncIterator[asyncpg.Connection]:
@@ -252,7 +242,7 @@ class DeadLetterStore:
                     (done.replayed if replayed else done.skipped).append(row["id"])
             finally:
                 if done.replayed:  # also what a replay that stopped half way did
-                    await _record_audit(
+                    await record_audit(
                         connection, actor, "replay", done.replayed, {"skipped": done.skipped} if done.skipped else None
                     )
         return done
@@ -311,7 +301,7 @@ class DeadLetterStore:
         if cancelled and actor is not None:
             action = await self.bulk_action(bulk_action_id)
             assert action is not None
-            await self.record_audit(
+            await self.audit_log.record(
                 actor,
                 f"bulk_{action.action}_cancelled",
                 action.done,
@@ -355,14 +345,6 @@ class HeldBulk:
         return await self.hold.connection.fetchval(
             SQL["bulk_action_acted_apart"], self.bulk_action_id, dead_letter_id, action
         )
-
-
-async def _record_audit(
-    connection: asyncpg.Connection, actor: Actor, action: str, ids: Sequence[int], detail: dict | None = None
-) -> int:
-    return await connection.fetchval(
-        SQL["insert_audit"], actor.role, actor.name, actor.via, action, list(ids), jsonb(detail or {})
-    )
 
 
 async def _replay_as_read(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from webhook_ingest.shared.db.sessions import one_of, raise_if_cancelled
-from webhook_ingest.shared.dead_letters.model import SQL
+from webhook_ingest.shared.db.statements import SQL
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.incidents.model import Fingerprint
 from webhook_ingest.shared.observability import metrics

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from webhook_ingest.shared.archive.search import EventFilter
-from webhook_ingest.shared.dead_letters.model import iso_utc
+from webhook_ingest.shared.db.values import iso_utc
 from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.replays.keys import replay_key
 

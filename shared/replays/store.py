@@ -16,9 +16,12 @@ import asyncpg
 from aio_pika.abc import AbstractChannel
 
 from webhook_ingest.shared.archive.search import NO_ROUTES, EventFilter, SourceRoutes
+from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.audit.log import AuditLog
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.db.sessions import one_of
-from webhook_ingest.shared.dead_letters.model import SQL, Actor, jsonb
+from webhook_ingest.shared.db.statements import SQL
+from webhook_ingest.shared.db.values import jsonb
 from webhook_ingest.shared.event.message import to_amqp
 from webhook_ingest.shared.observability import tracing
 from webhook_ingest.shared.replays.model import EventReplay, ReplayItem, filter_json, replayed_message
@@ -35,6 +38,7 @@ PRUNE_SECONDS = 10.0  # one statement of the items' pruning (archive_upkeep.PRUN
 class EventReplayStore:
     def __init__(self, database: asyncpg.Pool | asyncpg.Connection):
         self._database = database
+        self.audit_log = AuditLog(database)  # where its starts, ends and cancels are recorded
 
     def _connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
         return one_of(self._database, ACQUIRE_TIMEOUT)
@@ -116,9 +120,10 @@ class EventReplayStore:
         if actor is not None:
             cancelled = await self.get(replay_id)
             assert cancelled is not None
-            await self.record_audit(
+            await self.audit_log.record(
                 actor,
                 "events_replay_cancelled",
+                (),
                 {
                     "event_replay_id": replay_id,
                     "handled": cancelled.handled,
@@ -154,7 +159,7 @@ class EventReplayStore:
         """The replays, oldest first, at most `limit`, that ended (`done`,
         `cancelled`) more than `ended_seconds` ago with items left that a
         pass of `prune` has still to read: none begun, one under way, or one
-        over that began more than `again_seconds` ago (`shared/archive/upkeep.py`)."""
+        over that began more than `again_seconds` ago (`shared/upkeep.py`)."""
         async with self._connection() as connection:
             rows = await connection.fetch(
                 SQL["event_replays_to_prune"], ended_seconds, limit, again_seconds, timeout=PRUNE_SECONDS
@@ -204,10 +209,6 @@ class EventReplayStore:
     async def finish(self, replay_id: int, state: str, error: str | None, stepped_at: datetime | None) -> None:
         async with self._connection() as connection:
             await connection.execute(SQL["finish_event_replay"], replay_id, state, error, stepped_at)
-
-    async def record_audit(self, actor: Actor, action: str, detail: dict) -> None:
-        async with self._connection() as connection:
-            await connection.execute(SQL["insert_audit"], actor.role, actor.name, actor.via, action, [], jsonb(detail))
 
 
 @dataclass(frozen=True)
@@ -314,9 +315,10 @@ class EventReplayJob:
                 "in_doubt": self._doubted,
             }
         )
-        await self._store.record_audit(
+        await self._store.audit_log.record(
             self.actor,
             what,
+            (),
             {"event_replay_id": self.id, "rate": self.rate, "filter": self.replay.filter} | counts | detail,
         )
 

@@ -113,7 +113,7 @@ async def _steps(job: PacedJob, acted: list[Any]) -> str:
         if done and job.undone_without_its_step:
             acted.append(item)  # its act committed with its step, as the hold ended
     # No item left: still this runner's run? One frozen past a Cancel or a takeover (a suspended VM) may
-    # find none because an ended replay's items were pruned meanwhile (shared/archive/upkeep.py).
+    # find none because an ended replay's items were pruned meanwhile (shared/upkeep.py).
     async with job.holding() as seen:
         if seen != "running":
             return TAKEN_OVER if seen == TAKEN_OVER else "cancelled"

@@ -4,4 +4,5 @@
 - routes        A source's routes (docs/reference.md §3 `routes`; why: docs/design.md, "Routes")
 - ignore_rules  A source's `ignore` rules (docs/reference.md §3)
 - pauses        Paused sources (docs/reference.md §8.3)
+- retention     A source's `retention` (docs/reference.md §3): how long the archive keeps its events.
 """

@@ -10,9 +10,10 @@ import contextlib
 
 import asyncpg
 
+from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.audit.log import record_audit
 from webhook_ingest.shared.db.sessions import one_of
-from webhook_ingest.shared.dead_letters.model import SQL, Actor
-from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.db.statements import SQL
 
 ACQUIRE_TIMEOUT = 5.0
 
@@ -41,5 +42,5 @@ class PauseStore:
         async with self._connection() as connection, connection.transaction():
             changed = await connection.fetchval(statement, source, str(actor)) is not None
             if changed:
-                await DeadLetterStore(connection).record_audit(actor, action, [], {"source": source})
+                await record_audit(connection, actor, action, [], {"source": source})
         return changed

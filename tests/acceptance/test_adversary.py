@@ -24,8 +24,9 @@ from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import recorded_runs, until_completed, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.broker import topology
-from webhook_ingest.shared.dead_letters.model import Actor, record_dead_letter
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 
 pytestmark = pytest.mark.usefixtures("effects_tables")

@@ -16,7 +16,7 @@ from tests.support.event_replays import claimed_replay, replay_job
 from tests.support.ingress import console_login, queued_events, running_ingress
 from tests.support.processes import wait_until
 from webhook_ingest.cli.dlq import confirm_channel
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.replays.store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.runs import locks as run_locks
 from webhook_ingest.shared.runs.paced import run

@@ -17,8 +17,8 @@ from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import recorded_runs, write_sources
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from webhook_ingest.cli import layout
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.broker import topology
-from webhook_ingest.shared.dead_letters.model import Actor
 from webhook_ingest.shared.event.message import to_amqp
 from webhook_ingest.shared.sources.pauses import PauseStore
 from webhook_ingest.workers import connection_budget
@@ -41,7 +41,7 @@ async def _dead_letter_errors(database_url: str) -> list[str]:
 
 async def test_a_permanent_failure_quoting_a_nul_is_dead_lettered_after_one_run(settings, fleet, tmp_path):
     """§8: a PermanentError is a dead letter at once, its error kept — and
-    shared/dead_letters/model.py's `jsonb` keeps any string an error holds ("a lone
+    shared/db/values.py's `jsonb` keeps any string an error holds ("a lone
     surrogate or NUL becomes U+FFFD"), so that a dead letter can always be
     recorded. Finding R6-1: the incident's count (fee867c), in the same
     transaction, wrote the message as text, which Postgres refused; the dead

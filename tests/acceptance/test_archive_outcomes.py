@@ -15,11 +15,11 @@ from tests.support.ingress import running_ingress
 from tests.support.processes import wait_for_output, wait_until
 from webhook_ingest.ingress.intake import webhooks
 from webhook_ingest.shared import signatures
-from webhook_ingest.shared.archive import upkeep as archive_upkeep
+from webhook_ingest.shared import upkeep as archive_upkeep
 from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.sources.model import load_sources
+from webhook_ingest.shared.upkeep import ArchiveUpkeep
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 

@@ -21,11 +21,11 @@ from tests.acceptance.test_archive_twin_processes import _hold_archive_writes, _
 from tests.support.ingress import running_ingress
 from tests.support.processes import wait_for_output, wait_until
 from webhook_ingest.cli.main import main
-from webhook_ingest.shared.archive import upkeep as archive_upkeep
+from webhook_ingest.shared import upkeep as archive_upkeep
 from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
 from webhook_ingest.shared.redis_keys import key_prefix
 from webhook_ingest.shared.sources.model import load_sources
+from webhook_ingest.shared.upkeep import ArchiveUpkeep
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 

@@ -14,12 +14,12 @@ import pytest
 
 from tests.support.events import make_event, publish_events
 from tests.support.processes import wait_until
+from webhook_ingest.shared import upkeep as archive_upkeep
 from webhook_ingest.shared.archive import model as archive
-from webhook_ingest.shared.archive import upkeep as archive_upkeep
 from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
 from webhook_ingest.shared.event.message import new_arrival
 from webhook_ingest.shared.sources.model import load_sources
+from webhook_ingest.shared.upkeep import ArchiveUpkeep
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
 

@@ -20,8 +20,8 @@ from tests.support.replay_handlers import REPLAY_RUNS_TABLE
 from tests.support.tcpproxy import free_port
 from webhook_ingest.cli.main import main
 from webhook_ingest.shared.archive.search import parse_filter
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.broker import topology
-from webhook_ingest.shared.dead_letters.model import Actor
 from webhook_ingest.shared.replays.model import replayed_message
 from webhook_ingest.shared.replays.store import EventReplayStore
 

@@ -23,7 +23,7 @@ import asyncpg
 
 from tests.bench.deployment import scratch_database
 from webhook_ingest.shared.archive.store import SETTLE_NAMED_PAGE, SQL, ArchiveStore
-from webhook_ingest.shared.archive.upkeep import SETTLE_NAMED_LOOKBACK_SECONDS
+from webhook_ingest.shared.upkeep import SETTLE_NAMED_LOOKBACK_SECONDS
 
 SOURCES = ["s1", "s2", "s3", "s4"]
 DAYS = 11

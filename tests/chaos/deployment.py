@@ -41,13 +41,13 @@ AMQP_URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 SERVER_URL = os.environ.get("CHAOS_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 SOURCE, SECRET = "chaos", "chaos-secret"
 PRUNE_WINDOW = "1s"  # the smallest `prune --older-than` accepts
-# The ingress's archive sweep (shared/archive/upkeep.py) every 2 s past a 5 s
+# The ingress's archive sweep (shared/upkeep.py) every 2 s past a 5 s
 # grace instead of every minute past a minute: what a killed worker's lost
 # outcome batch left unsettled is settled by the deployment's own process
 # within seconds of the drain, not two minutes (run.py waits for it).
 SETTLE_SECONDS = 7.0
 SWEEP_PRELUDE = (
-    "from webhook_ingest.shared.archive import upkeep as archive_upkeep\n"
+    "from webhook_ingest.shared import upkeep as archive_upkeep\n"
     "archive_upkeep.SETTLE_GRACE_SECONDS, archive_upkeep.SETTLE_EVERY_SECONDS = 5.0, 2.0\n"
 )
 

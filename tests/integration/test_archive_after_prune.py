@@ -15,12 +15,12 @@ from datetime import timedelta
 
 from tests.support.archive import arrival_of, arrived, ran, statuses
 from tests.support.dead_letters import failure
+from webhook_ingest.shared import upkeep as archive_upkeep
 from webhook_ingest.shared.archive import model as archive
-from webhook_ingest.shared.archive import upkeep as archive_upkeep
-from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
 from webhook_ingest.shared.dead_letters.model import record_dead_letter
 from webhook_ingest.shared.replays.keys import replay_key
 from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.shared.upkeep import ArchiveUpkeep
 from webhook_ingest.workers.claim.completions import CompletionStore
 
 ROUTES = {"routed": ["billing", "audit"]}

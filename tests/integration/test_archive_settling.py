@@ -15,13 +15,13 @@ from tests.support.dead_letters import failure
 from tests.support.ingress import queued_events
 from tests.support.processes import wait_until
 from webhook_ingest.cli.main import main
+from webhook_ingest.shared import upkeep as archive_upkeep
 from webhook_ingest.shared.archive import model as archive
-from webhook_ingest.shared.archive import upkeep as archive_upkeep
 from webhook_ingest.shared.archive.store import SQL, ArchiveStore
-from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
 from webhook_ingest.shared.dead_letters.model import record_dead_letter
 from webhook_ingest.shared.event.message import new_arrival
 from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.shared.upkeep import ArchiveUpkeep
 from webhook_ingest.workers.claim.completions import CompletionStore
 
 ROUTES = {"routed": ["billing", "audit"]}

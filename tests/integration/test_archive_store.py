@@ -1,5 +1,5 @@
 """The event archive in real Postgres (shared/archive/store.py, writer.py,
-upkeep.py): each source's days made and dropped whole, what each
+shared/upkeep.py): each source's days made and dropped whole, what each
 side writes, rows refused or waiting for Postgres."""
 
 import asyncio
@@ -14,10 +14,10 @@ from tests.support.processes import wait_until
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared.archive import model as archive
 from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
 from webhook_ingest.shared.archive.writer import BatchedWriter
 from webhook_ingest.shared.observability import metrics
 from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.shared.upkeep import ArchiveUpkeep
 
 NOW = datetime.now(UTC)
 DAY = timedelta(days=1)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import running_ingress
 from webhook_ingest.cli.main import main
-from webhook_ingest.shared.dead_letters.model import os_user
+from webhook_ingest.shared.audit.actor import os_user
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources.model import load_sources
@@ -32,7 +32,7 @@ async def audit_and_history(database_url: str, dead_letter_id: int) -> tuple[lis
     connection = await asyncpg.connect(database_url)
     try:
         store = DeadLetterStore(connection)
-        return await store.audit(), await store.replays_of(dead_letter_id)
+        return await store.audit_log.entries(), await store.replays_of(dead_letter_id)
     finally:
         await connection.close()
 

@@ -23,7 +23,8 @@ from tests.support.bulk_actions import (
     died_after_its_first_act,
 )
 from tests.support.dead_letters import seed_dead_letters
-from webhook_ingest.shared.dead_letters.model import SQL, Actor
+from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.db.statements import SQL
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.runs import paced as paced_runs
 

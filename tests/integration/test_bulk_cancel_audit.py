@@ -13,7 +13,7 @@ import asyncpg
 from tests.support.bulk_actions import DiesAfterItsFirstAct, cancel_from_the_console
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import running_ingress
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.runs import paced as paced_runs
 from webhook_ingest.shared.settings import Settings

@@ -16,7 +16,7 @@ import asyncpg
 
 from tests.support.dead_letters import seed_dead_letters
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.runs import locks as run_locks
 from webhook_ingest.shared.runs import paced as paced_runs

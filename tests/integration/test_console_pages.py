@@ -17,7 +17,7 @@ from tests.support.ingress import running_ingress
 from tests.support.processes import count_rows, wait_until
 from webhook_ingest.cli.main import main
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.runs import locks as run_locks
 from webhook_ingest.shared.runs import paced as paced_runs

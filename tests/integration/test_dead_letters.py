@@ -295,7 +295,7 @@ async def test_two_replays_at_once_publish_each_dead_letter_once(settings, servi
                 lambda: _lock_waiters(settings.database_url, 2), timeout=15, message="both replays waiting on a row"
             )
         outputs = [await asyncio.wait_for(replay.communicate(), 30) for replay in replays]
-        audit = await DeadLetterStore(holder).audit()
+        audit = await DeadLetterStore(holder).audit_log.entries()
     finally:
         await holder.close()
     assert [replay.returncode for replay in replays] == [0, 0], outputs

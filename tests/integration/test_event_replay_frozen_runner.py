@@ -19,10 +19,10 @@ from tests.support.archive import archived_event, seed_archive
 from tests.support.event_replays import claimed_replay, replay_job
 from tests.support.pruning import A_WEEK_ON, SOURCES, YESTERDAY
 from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.replays.store import EventReplayStore
 from webhook_ingest.shared.runs import paced as paced_runs
+from webhook_ingest.shared.upkeep import ArchiveUpkeep
 
 
 @pytest.fixture

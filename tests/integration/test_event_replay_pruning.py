@@ -14,12 +14,12 @@ import pytest
 from tests.support.archive import archived_event, seed_archive
 from tests.support.processes import wait_until
 from tests.support.pruning import A_WEEK_ON, MIDNIGHT, SOURCES, YESTERDAY
-from webhook_ingest.shared.archive import upkeep as archive_upkeep
+from webhook_ingest.shared import upkeep as archive_upkeep
 from webhook_ingest.shared.archive.search import parse_filter
 from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.replays.store import EventReplayStore
+from webhook_ingest.shared.upkeep import ArchiveUpkeep
 
 TODAY = MIDNIGHT + timedelta(milliseconds=10)  # a day still kept
 RETENTION = {"acme": timedelta(days=7)}

@@ -17,12 +17,12 @@ import asyncpg
 
 from tests.support.archive import archived_event, seed_archive
 from tests.support.pruning import A_WEEK_ON, DAY, MIDNIGHT, SOURCES, TOMORROW, YESTERDAY
-from webhook_ingest.shared.archive import upkeep as archive_upkeep
+from webhook_ingest.shared import upkeep as archive_upkeep
 from webhook_ingest.shared.archive.search import parse_filter
 from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.replays.store import EventReplayStore
+from webhook_ingest.shared.upkeep import ArchiveUpkeep
 
 
 async def test_items_whose_events_left_the_archive_go_though_the_replay_s_first_key_arrives_again(database):

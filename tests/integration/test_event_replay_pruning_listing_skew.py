@@ -18,7 +18,7 @@ import asyncpg
 from tests.support.archive import archived_event, seed_archive
 from tests.support.pruning import DAY, MIDNIGHT
 from webhook_ingest.shared.archive.search import parse_filter
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.replays import store as event_replay_store
 from webhook_ingest.shared.replays.store import EventReplayStore
 

@@ -18,9 +18,9 @@ from tests.support.archive import archived_event, seed_archive
 from tests.support.pruning import A_WEEK_ON, DAY, MIDNIGHT, SOURCES, TOMORROW, YESTERDAY
 from webhook_ingest.shared.archive.search import parse_filter
 from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.replays.store import EventReplayStore
+from webhook_ingest.shared.upkeep import ArchiveUpkeep
 
 HOLD = """
 CREATE FUNCTION test_hold_pass_upsert() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -23,7 +23,8 @@ from tests.support.processes import wait_until
 from webhook_ingest.cli.main import main
 from webhook_ingest.shared.archive import model as archive
 from webhook_ingest.shared.archive.search import parse_filter
-from webhook_ingest.shared.dead_letters.model import Actor, record_dead_letter
+from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.dead_letters.model import record_dead_letter
 from webhook_ingest.shared.replays.keys import parse, replay_key
 from webhook_ingest.shared.replays.model import replayed_message
 from webhook_ingest.shared.replays.store import EventReplayStore

@@ -22,7 +22,7 @@ from tests.support.ingress import console_login, running_ingress
 from webhook_ingest.cli.main import main
 from webhook_ingest.shared.archive.search import parse_filter
 from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.replays.keys import replay_key
 from webhook_ingest.shared.replays.store import EventReplayStore
 from webhook_ingest.shared.settings import Settings

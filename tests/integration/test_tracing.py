@@ -23,7 +23,7 @@ from tests.support.logs import captured_logs as our_logs
 from tests.support.processes import wait_until
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.shared import signatures
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.observability import tracing
 from webhook_ingest.shared.sources.model import load_sources

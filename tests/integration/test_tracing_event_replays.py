@@ -12,7 +12,7 @@ from tests.integration.test_tracing import by_name, children_of, post, running_w
 from tests.support.ingress import running_ingress
 from tests.support.processes import wait_until
 from webhook_ingest.shared.archive.search import parse_filter
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.replays.store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.runs import paced as paced_runs
 

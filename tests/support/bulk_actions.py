@@ -12,8 +12,8 @@ from tests.support.ingress import console_login
 from tests.support.processes import wait_until
 from webhook_ingest.ingress.console.bulk import _DeadLetterJob
 from webhook_ingest.ingress.publishing.publisher import Publisher
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.dead_letters.bulk import BulkAction
-from webhook_ingest.shared.dead_letters.model import Actor
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.runs import paced as paced_runs
 from webhook_ingest.shared.settings import Settings

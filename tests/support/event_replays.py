@@ -5,7 +5,7 @@ that dies after publishing, a read of the item's arrival that is slow)."""
 import asyncio
 
 from webhook_ingest.shared.archive.search import parse_filter
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.replays.store import EventReplay, EventReplayJob, EventReplayStore
 
 

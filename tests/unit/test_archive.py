@@ -16,6 +16,7 @@ from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.event import types as event_type
 from webhook_ingest.shared.event.message import from_amqp, new_arrival, to_amqp
 from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.shared.sources.retention import parse_retention
 
 SECRETS = {
     "stripe": "whsec_x",
@@ -58,7 +59,7 @@ def test_a_retention_that_is_not_a_duration_stops_start_up_naming_the_field(valu
 @given(st.integers(0, 999_999), st.sampled_from("smhd"))
 def test_a_retention_is_a_number_and_a_unit(number, unit):
     seconds = {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
-    assert archive.parse_retention(f"{number}{unit}") == timedelta(seconds=number * seconds)
+    assert parse_retention(f"{number}{unit}") == timedelta(seconds=number * seconds)
 
 
 # -- tables and days -----------------------------------------------------------------

@@ -18,17 +18,17 @@ import orjson
 
 from webhook_ingest.cli.common import ENV_HELP, fail, run_or_fail, traced
 from webhook_ingest.cli.terminal import echo
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.broker import amqp, topology
+from webhook_ingest.shared.db.values import to_json
 from webhook_ingest.shared.dead_letters.model import (
     STATUSES,
-    Actor,
     DeadLetterNotFound,
     Replayed,
     describe_error,
     detail,
     parse_id,
     summary,
-    to_json,
 )
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.errors import BrokerUnavailable, ConfigError, ServiceUnavailable, one_line

@@ -22,7 +22,7 @@ from webhook_ingest.cli.dlq import _echo_json, _settings, confirm_channel, datab
 from webhook_ingest.cli.events import cli_filter, events, filter_options, source_routes
 from webhook_ingest.cli.terminal import echo
 from webhook_ingest.shared.archive.search import EventFilter, InvalidFilter
-from webhook_ingest.shared.dead_letters.model import Actor
+from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.replays.model import EventReplay
 from webhook_ingest.shared.replays.store import EventReplayJob, EventReplayStore

@@ -12,7 +12,8 @@ import click
 from webhook_ingest.cli.common import ENV_HELP, fail, run_or_fail, traced
 from webhook_ingest.cli.dlq import _echo_json, _settings, age, confirm_channel, database, trimmed
 from webhook_ingest.cli.terminal import echo
-from webhook_ingest.shared.dead_letters.model import Actor, Replayed, parse_id
+from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.dead_letters.model import Replayed, parse_id
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.incidents.model import event_document, incident_document

@@ -21,12 +21,12 @@ from dataclasses import replace
 
 from webhook_ingest.shared.archive import model as archive
 from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.archive.upkeep import ArchiveUpkeep
 from webhook_ingest.shared.archive.writer import BatchedWriter
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.replays import keys as replay_keys
 from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.upkeep import ArchiveUpkeep
 from webhook_ingest.workers.claim.states import Outcome
 
 MAX_ROWS = 50_000  # small rows (no body): minutes of a busy worker while Postgres is away

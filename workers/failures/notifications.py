@@ -23,7 +23,7 @@ import asyncpg
 import orjson
 
 from webhook_ingest.shared.db.sessions import pooled, raise_if_cancelled
-from webhook_ingest.shared.dead_letters.model import SQL
+from webhook_ingest.shared.db.statements import SQL
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.incidents.model import incident_document
 from webhook_ingest.shared.observability.logging import get_logger

@@ -1,4 +1,9 @@
-"""The event archive's tables, kept: each source's days made ahead and
+"""The upkeep every process runs: the event archive's tables kept, its rows
+settled, and the frozen selections of ended replays pruned. Above both the
+archive and the replays (a replay by selection reads the archive; the
+archive knows nothing of replays), so neither imports the other back.
+
+The event archive's tables, kept: each source's days made ahead and
 dropped whole past its `retention`, and the size on disk of each source in
 `webhook_archive_bytes` (docs/design.md, "The archive"), which the console's
 overview shows as last read (`sizes`): no query of its own per page view.
