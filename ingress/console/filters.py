@@ -70,7 +70,7 @@ def _text(query: Mapping[str, str], name: str) -> str | None:
     value = query.get(name)
     if not isinstance(value, str):
         return None
-    value = value.strip().replace("\x00", "")
+    value = value.replace("\x00", "").strip()  # NULs first: the strip must see what is left
     return value or None
 
 
