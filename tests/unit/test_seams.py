@@ -48,15 +48,32 @@ LAYER = {name: index for index, (names, _) in enumerate(LAYERS) for name in name
 SHARED = ROOT / "shared"
 
 
+# The package-dir mapping (pyproject.toml): each top-level folder's package.
+FOLDERS = {
+    "webhook_ingest": "webhook_ingest",
+    "ingress": "webhook_ingest.ingress",
+    "shared": "webhook_ingest.shared",
+    "workers": "webhook_ingest.workers",
+}
+
+
+def package_of(path: Path) -> list[str]:
+    """The dotted package a module's file is in, as parts."""
+    folder, *rest = path.relative_to(ROOT).parts
+    return [*FOLDERS[folder].split("."), *rest[:-1]]
+
+
 def imported_modules(path: Path) -> set[str]:
     """The `webhook_ingest…` names a module imports, at its top or inside a
-    function; `from webhook_ingest.shared import upkeep` names both
-    `webhook_ingest.shared` and `webhook_ingest.shared.upkeep`."""
+    function, relative imports resolved; `from webhook_ingest.shared import
+    upkeep` names both `webhook_ingest.shared` and `webhook_ingest.shared.upkeep`."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            base = package_of(path)[: len(package_of(path)) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
     return {name for name in names if name.split(".")[0] == "webhook_ingest"}
