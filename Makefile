@@ -42,15 +42,21 @@ test-fast: install  ## pure-logic tests only, no services
 
 # mypy checks the package as it is installed: a throw-away tree where
 # webhook_ingest/ingress is ingress/ and so on (the package-dir mapping).
-lint: install  ## ruff (rules and format) and mypy (a few seconds)
+# It also checks the claim path's stand-ins against their ports
+# (workers/claim/ports.py): TYPED_TESTS, whose imports of tests/ it follows;
+# test_ports then checks what mypy does not, their parameters' names.
+TYPED_TESTS := tests.support.in_memory tests.sim.postgres tests.sim.fake_redis
+lint: install  ## ruff (rules and format), mypy, the stand-ins against their ports (a few seconds)
 	$(BIN)/ruff check --quiet .
 	$(BIN)/ruff format --check --quiet .
 	@tree=$$(mktemp -d) && mkdir $$tree/webhook_ingest \
 	  && ln -s $(CURDIR)/webhook_ingest/* $$tree/webhook_ingest/ \
 	  && for folder in ingress workers shared; do ln -s $(CURDIR)/$$folder $$tree/webhook_ingest/$$folder; done \
+	  && ln -s $(CURDIR)/tests $$tree/tests \
 	  && cd $$tree && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
-	     --cache-dir $(CURDIR)/build/mypy-cache -p webhook_ingest; \
+	     --cache-dir $(CURDIR)/build/mypy-cache -p webhook_ingest $(foreach module,$(TYPED_TESTS),-m $(module)); \
 	  status=$$?; rm -rf $$tree; exit $$status
+	$(BIN)/pytest -q -p no:randomly tests/unit/test_ports.py
 
 docs: install  ## rewrite the generated tables of docs/reference.md from the code
 	$(BIN)/python -m tests.support.reference_docs

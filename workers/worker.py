@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 import aio_pika
 import asyncpg
@@ -40,6 +41,7 @@ from webhook_ingest.workers.claim.batch import BatchProcessor
 from webhook_ingest.workers.claim.completions import CompletionStore
 from webhook_ingest.workers.claim.copies import CopiesInFlight
 from webhook_ingest.workers.claim.idempotency import IdempotencyStore
+from webhook_ingest.workers.claim.ports import WorkerCompletionsPort
 from webhook_ingest.workers.claim.processor import DEFER_SECONDS, Processor
 from webhook_ingest.workers.claim.retry import FailurePolicy
 from webhook_ingest.workers.claim.states import Outcome
@@ -144,7 +146,8 @@ class Worker:
         self.failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace, self.incident_counts)
         self.paused = PausedSources(self.pool)
         await _wait_for("postgres", self.paused.refresh)  # a paused source is never run, from the first message
-        self.completions = CompletionStore(self.pool, self.renewals, self.transactions)
+        # the simulation swaps CompletionStore for its own (tests/sim/patches.py): the port is what this asks
+        self.completions: WorkerCompletionsPort[Any] = CompletionStore(self.pool, self.renewals, self.transactions)
         self.archive = ArchiveNotes(ArchiveStore(self.bookkeeping), self.sources)
         self.processor = Processor(
             self.sources,

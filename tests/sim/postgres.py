@@ -388,7 +388,8 @@ class Server:
             self._waits_for.pop(holder, None)
 
     def _cycle(self, holder: object) -> str:
-        names, waiter = [], self._waits_for.get(holder)
+        names: list[str] = []
+        waiter = self._waits_for.get(holder)
         while waiter is not None and waiter is not holder and len(names) < 10:
             names.append(getattr(waiter, "name", "a transaction"))
             waiter = self._waits_for.get(waiter)

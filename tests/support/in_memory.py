@@ -11,6 +11,10 @@ transaction are undone when the transaction ends in an exception, as a
 rollback would. `InMemoryClaims` stands for `IdempotencyStore` (Redis: a
 lock or a done marker per key), `RecordingFailures` for `FailurePolicy`
 (the retry decision is the real, pure one; nothing is published).
+
+Each implements its port (workers/claim/ports.py): the assignments at the
+end of this file make mypy (`make lint`) check every method's signature
+against the port's, so a stand-in that drifts from its store fails lint.
 """
 
 import asyncio
@@ -21,7 +25,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.sources.model import Source
@@ -38,7 +42,7 @@ class Session:
     """Stands for a pooled asyncpg connection (what a handler gets as `ctx.db`)."""
 
     def __init__(self) -> None:
-        self.undo: list[Callable[[], None]] | None = None  # inside a transaction: how to roll it back
+        self.undo: list[Callable[[], object]] | None = None  # inside a transaction: how to roll it back
         self.terminated = False
         self.statements: list[str] = []  # what a handler sent through ctx.db
 
@@ -99,20 +103,20 @@ class InMemoryCompletions:
         yield Session()
 
     @contextlib.asynccontextmanager
-    async def transaction(self, session: Session) -> AsyncIterator[None]:
-        session.undo = []
+    async def transaction(self, connection: Session) -> AsyncIterator[None]:
+        connection.undo = []
         try:
             yield
         except BaseException:
-            for undo in reversed(session.undo):
+            for undo in reversed(connection.undo):
                 undo()
             raise
         finally:
-            session.undo = None
-            for key in [key for key, holder in self.turns.items() if holder is session]:
+            connection.undo = None
+            for key in [key for key, holder in self.turns.items() if holder is connection]:
                 del self.turns[key]  # a transaction-scoped advisory lock
 
-    def _write(self, session: Session | None, undo: Callable[[], None]) -> None:
+    def _write(self, session: Session | None, undo: Callable[[], object]) -> None:
         if session is not None and session.undo is not None:
             session.undo.append(undo)
 
@@ -123,7 +127,7 @@ class InMemoryCompletions:
         fence = self.fences[key] = Fence(next(self._tokens), time.monotonic() + seconds, updated_at=time.time())
         return fence
 
-    async def take_leases(self, session: Session, keys: list[str], ttl_ms: int) -> dict[str, Lease]:
+    async def take_leases(self, connection: Session, keys: list[str], ttl_ms: int) -> dict[str, Lease]:
         sent_at = time.monotonic()
         granted = {}
         for key in sorted(keys):
@@ -159,46 +163,46 @@ class InMemoryCompletions:
 
     # -- in the handler's transaction ------------------------------------------
 
-    async def take_turn(self, session: Session, key: str) -> bool:
-        holder = self.turns.setdefault(key, session)
-        return holder is session
+    async def take_turn(self, connection: Session, key: str) -> bool:
+        holder = self.turns.setdefault(key, connection)
+        return holder is connection
 
-    async def take_turns(self, session: Session, keys: list[str]) -> set[str]:
-        return {key for key in keys if await self.take_turn(session, key)}
+    async def take_turns(self, connection: Session, keys: list[str]) -> set[str]:
+        return {key for key in keys if await self.take_turn(connection, key)}
 
-    async def completed_keys(self, session: Session, keys: list[str]) -> dict[str, str]:
+    async def completed_keys(self, connection: Session, keys: list[str]) -> dict[str, str]:
         return {key: self.completions[key].payload_sha256 for key in keys if key in self.completions}
 
-    async def check_completed(self, session: Session, keys: list[str]) -> dict[str, str]:
-        return await self.completed_keys(session, keys)
+    async def check_completed(self, connection: Session, keys: list[str]) -> dict[str, str]:
+        return await self.completed_keys(connection, keys)
 
-    async def complete_event(self, session: Session, message: EventMessage, token: int) -> bool:
+    async def complete_event(self, connection: Session, message: EventMessage, token: int) -> bool:
         """Refused unless `token` is current; the fence's lease ends even when
         the key is completed already (the statement's CTEs run either way)."""
         fence = self.fences.get(message.key)
         if fence is None or fence.token != token:
             return False
         lease_until, fence.lease_until = fence.lease_until, None
-        self._write(session, lambda: setattr(fence, "lease_until", lease_until))
+        self._write(connection, lambda: setattr(fence, "lease_until", lease_until))
         dead_letter = (message.key, message.payload_sha256)
         if dead_letter in self.open_dead_letters:
             self.open_dead_letters.discard(dead_letter)
-            self._write(session, lambda: self.open_dead_letters.add(dead_letter))
+            self._write(connection, lambda: self.open_dead_letters.add(dead_letter))
         if message.key in self.completions:
             return False
         self.completions[message.key] = Completion(
             message.payload_sha256, message.message_id or None, token, time.time(), message.arrival or None
         )
-        self._write(session, lambda: self.completions.pop(message.key))
+        self._write(connection, lambda: self.completions.pop(message.key))
         return True
 
-    async def complete_events(self, session: Session, completions: Sequence[tuple[EventMessage, int]]) -> int:
-        return sum([await self.complete_event(session, message, token) for message, token in completions])
+    async def complete_events(self, connection: Session, completions: Sequence[tuple[EventMessage, int]]) -> int:
+        return sum([await self.complete_event(connection, message, token) for message, token in completions])
 
     # -- on a connection of their own ------------------------------------------
 
-    async def complete_alone(self, session: Session, completions: Sequence[tuple[EventMessage, int]]) -> set[str]:
-        return {message.key for message, token in completions if await self.complete_event(session, message, token)}
+    async def complete_alone(self, connection: Session, completions: Sequence[tuple[EventMessage, int]]) -> set[str]:
+        return {message.key for message, token in completions if await self.complete_event(connection, message, token)}
 
     async def completed_sha256(self, key: str, connection: Session | None = None) -> str | None:
         completion = self.completions.get(key)
@@ -236,27 +240,36 @@ class InMemoryCompletions:
         return len(old)
 
 
+@dataclass
+class LockTtl:
+    """What the claim path reads of `Redlock`: its TTL (a test may shorten it)."""
+
+    ttl_ms: int
+
+
 class InMemoryClaims:
     """IdempotencyStore without Redis: a lock or a done marker per key."""
 
     def __init__(self, lock_ttl_ms: int = 3000) -> None:
-        self.redlock = SimpleNamespace(ttl_ms=lock_ttl_ms)
+        self.redlock = LockTtl(lock_ttl_ms)
         self.locks: dict[str, Lock] = {}
         self.done: dict[str, str] = {}
         self.unavailable = False  # no quorum: degraded mode
 
-    async def claim(self, key: str) -> Claim:
+    async def claim(self, idempotency_key: str) -> Claim:
         if self.unavailable:
             return Claim(ClaimState.UNAVAILABLE)
-        if key in self.done:
-            return Claim(ClaimState.COMPLETED, completed_sha256=self.done[key])
-        if key in self.locks:
+        if idempotency_key in self.done:
+            return Claim(ClaimState.COMPLETED, completed_sha256=self.done[idempotency_key])
+        if idempotency_key in self.locks:
             return Claim(ClaimState.BUSY)
-        lock = self.locks[key] = Lock(key, uuid.uuid4().hex, time.monotonic() + self.redlock.ttl_ms / 1000)
+        lock = self.locks[idempotency_key] = Lock(
+            idempotency_key, uuid.uuid4().hex, time.monotonic() + self.redlock.ttl_ms / 1000
+        )
         return Claim(ClaimState.ACQUIRED, lock=lock)
 
-    async def claim_many(self, keys: list[str]) -> list[Claim]:
-        return [await self.claim(key) for key in keys]
+    async def claim_many(self, idempotency_keys: list[str]) -> list[Claim]:
+        return [await self.claim(key) for key in idempotency_keys]
 
     async def extend_many(self, locks: list[Lock]) -> list[Lock | None]:
         return [lock if self.locks.get(lock.key) == lock else None for lock in locks]
@@ -265,11 +278,11 @@ class InMemoryClaims:
         if self.locks.get(lock.key) == lock:
             del self.locks[lock.key]
 
-    async def complete(self, key: str, payload_sha256: str) -> None:
+    async def complete(self, idempotency_key: str, payload_sha256: str) -> None:
         if self.unavailable:
             return  # Redis is away: the marker is best effort
-        self.locks.pop(key, None)
-        self.done[key] = payload_sha256
+        self.locks.pop(idempotency_key, None)
+        self.done[idempotency_key] = payload_sha256
 
     async def complete_many(self, completions: list[tuple[str, str]]) -> None:
         for key, payload_sha256 in completions:
@@ -294,5 +307,21 @@ class RecordingFailures:
 def handed_on(message: EventMessage) -> HandedOn:
     """What `record_handed_on` writes for `message`: the fields HandedOn has
     (its payload hash since adversary finding B3)."""
-    written = {"replay_of": message.replay_of, "attempt": message.attempt, "payload_sha256": message.payload_sha256}
+    written: dict[str, Any] = {
+        "replay_of": message.replay_of,
+        "attempt": message.attempt,
+        "payload_sha256": message.payload_sha256,
+    }
     return HandedOn(**{name: value for name, value in written.items() if name in HandedOn.__dataclass_fields__})
+
+
+if TYPE_CHECKING:  # mypy's check that the stand-ins still implement the claim path's ports
+    from webhook_ingest.workers.claim.ports import (
+        FailurePolicyPort,
+        IdempotencyStorePort,
+        WorkerCompletionsPort,
+    )
+
+    _completions: WorkerCompletionsPort[Session] = InMemoryCompletions()
+    _claims: IdempotencyStorePort = InMemoryClaims()
+    _failures: FailurePolicyPort = RecordingFailures()

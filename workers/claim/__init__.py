@@ -10,6 +10,7 @@
 - renewals       A worker's lease and lock renewals, a few round trips at a time.
 - coalesced      A worker's short statements, many runs' in one.
 - completions    The workers' Postgres
+- ports          The claim path's stores as Protocols, implemented by the real stores and the tests' stand-ins.
 - handler_db     `ctx.db`: the handler's transaction, opened at its first use.
 - idempotency    The Redis side of idempotency: claim a key, remember its completion.
 - retry          What a failed attempt becomes: a delayed retry through RabbitMQ, or a dead letter.

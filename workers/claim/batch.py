@@ -24,15 +24,17 @@ mode) go through `Processor` alone from the start.
 
 import asyncio
 import contextlib
+from typing import Any
 
 import asyncpg
 
 from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.observability import tracing
 from webhook_ingest.workers.claim.attempts import already_handed_on
-from webhook_ingest.workers.claim.completions import LOCK_CONFLICTS, CompletionStore
-from webhook_ingest.workers.claim.idempotency import IdempotencyStore, quietly
+from webhook_ingest.workers.claim.completions import LOCK_CONFLICTS
+from webhook_ingest.workers.claim.idempotency import quietly
 from webhook_ingest.workers.claim.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
+from webhook_ingest.workers.claim.ports import CompletionStorePort, IdempotencyStorePort
 from webhook_ingest.workers.claim.processor import HandlerFailed, Processor
 from webhook_ingest.workers.claim.redlock import Lock
 from webhook_ingest.workers.claim.states import ClaimState, Outcome
@@ -44,7 +46,7 @@ class _RollBack(Exception):
 
 
 class BatchProcessor:
-    def __init__(self, processor: Processor, store: IdempotencyStore, completions: CompletionStore):
+    def __init__(self, processor: Processor, store: IdempotencyStorePort, completions: CompletionStorePort[Any]):
         self._processor = processor
         self._store = store
         self._completions = completions

@@ -22,11 +22,12 @@ statement (each would read the other's insert as its own).
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 from webhook_ingest.shared.db.group_commit import GroupCommit
 from webhook_ingest.shared.event.message import EventMessage
-from webhook_ingest.workers.claim.completions import CompletionStore
 from webhook_ingest.workers.claim.lease import Lease
+from webhook_ingest.workers.claim.ports import CompletionStorePort
 
 WRITERS = (
     2  # per kind of statement; they share the short-statement pool (2 to 4 connections, workers/connection_budget.py)
@@ -37,7 +38,7 @@ Completion = tuple[EventMessage, int]  # a message, and the fencing token it com
 
 
 class CoalescedStatements:
-    def __init__(self, completions: CompletionStore, ttl_ms: int):
+    def __init__(self, completions: CompletionStorePort[Any], ttl_ms: int):
         self._completions = completions
         self._ttl_ms = ttl_ms
         self._leases: GroupCommit[str, Lease | None] = GroupCommit(self._take_leases, WRITERS, MAX_BATCH)

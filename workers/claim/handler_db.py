@@ -29,6 +29,7 @@ from typing import Any
 import asyncpg
 
 from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.workers.claim.ports import CompletionStorePort
 from webhook_ingest.workers.failures.outage import when_let_in
 
 log = get_logger(__name__)
@@ -59,8 +60,10 @@ class HandlerReturned(RuntimeError):
 
 
 class HandlerTransaction:
-    def __init__(self, completions: Any, key: str, complete_alone: Callable[[Any, int], Awaitable[bool]]):
-        self._completions = completions  # CompletionStore, or the in-memory one in tests
+    def __init__(
+        self, completions: CompletionStorePort[Any], key: str, complete_alone: Callable[[Any, int], Awaitable[bool]]
+    ):
+        self._completions = completions  # CompletionStore, or a stand-in (workers/claim/ports.py)
         self._complete_alone = complete_alone  # the completion without ctx.db (workers/claim/coalesced.py)
         self._key = key
         self._opening = asyncio.Lock()

@@ -31,7 +31,7 @@ worker waits for the service and runs the message again, no attempt used.
 import asyncio
 import contextlib
 from datetime import UTC, datetime
-from typing import assert_never
+from typing import Any, assert_never
 
 import asyncpg
 
@@ -42,13 +42,12 @@ from webhook_ingest.shared.sources.model import Source
 from webhook_ingest.workers.claim.archive_notes import NO_NOTES, ArchiveNotes
 from webhook_ingest.workers.claim.attempts import already_handed_on
 from webhook_ingest.workers.claim.coalesced import CoalescedStatements
-from webhook_ingest.workers.claim.completions import CompletionStore
 from webhook_ingest.workers.claim.handler_db import HandlerTransaction
-from webhook_ingest.workers.claim.idempotency import Claim, IdempotencyStore, quietly
+from webhook_ingest.workers.claim.idempotency import Claim, quietly
 from webhook_ingest.workers.claim.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
+from webhook_ingest.workers.claim.ports import CompletionStorePort, FailurePolicyPort, IdempotencyStorePort
 from webhook_ingest.workers.claim.redlock import Lock
 from webhook_ingest.workers.claim.renewals import LeaseRenewals, LockRenewals
-from webhook_ingest.workers.claim.retry import FailurePolicy
 from webhook_ingest.workers.claim.states import ClaimState, Outcome, classify_completed
 from webhook_ingest.workers.failures.outage import found_in_chain, outage_kind
 from webhook_ingest.workers.handlers import Event, HandlerContext, handler_key, load_handlers, replay_of
@@ -90,9 +89,9 @@ class Processor:
     def __init__(
         self,
         sources: dict[str, Source],
-        store: IdempotencyStore,
-        completions: CompletionStore,
-        failures: FailurePolicy,
+        store: IdempotencyStorePort,
+        completions: CompletionStorePort[Any],
+        failures: FailurePolicyPort,
         archive: ArchiveNotes = NO_NOTES,
         renewal_writers: int = 2,
     ):

@@ -16,11 +16,11 @@ still hold our value.
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 from webhook_ingest.shared.db.group_commit import GroupCommit
-from webhook_ingest.workers.claim.completions import CompletionStore
-from webhook_ingest.workers.claim.idempotency import IdempotencyStore
 from webhook_ingest.workers.claim.lease import Lease
+from webhook_ingest.workers.claim.ports import CompletionStorePort, IdempotencyStorePort
 from webhook_ingest.workers.claim.redlock import Lock
 
 WRITERS = 2  # Redis script calls at once; the lease renewals' follow the renewal pool's connections
@@ -28,7 +28,7 @@ MAX_BATCH = 1000
 
 
 class LeaseRenewals:
-    def __init__(self, completions: CompletionStore, ttl_ms: int, writers: int = WRITERS):
+    def __init__(self, completions: CompletionStorePort[Any], ttl_ms: int, writers: int = WRITERS):
         """`writers`: the renewal pool's connections, so that no renewal waits
         for a connection (its wait counts against its deadline)."""
         self._completions = completions
@@ -45,7 +45,7 @@ class LeaseRenewals:
 
 
 class LockRenewals:
-    def __init__(self, store: IdempotencyStore):
+    def __init__(self, store: IdempotencyStorePort):
         self._store = store
         self._batches: GroupCommit[Lock, bool] = GroupCommit(self._extend, WRITERS, MAX_BATCH)
 
