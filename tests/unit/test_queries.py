@@ -1,5 +1,7 @@
-"""Named SQL: every query the product code asks for exists, and every query a
-queries.sql defines is asked for somewhere (no dead SQL)."""
+"""Named SQL: every queries.sql of the product (and shared/worker_heartbeats.sql)
+parses, no name is defined in two of them, every query the product code asks
+for exists in the file it loads, and every query a file defines is asked for
+somewhere (no dead SQL)."""
 
 import re
 from pathlib import Path
@@ -9,11 +11,28 @@ import pytest
 from tests.support.repository import ROOT
 from webhook_ingest.shared.db.queries import load_queries, parse_queries
 
-PACKAGES = {"ingress": "webhook_ingest.ingress", "workers": "webhook_ingest.workers", "shared": "webhook_ingest.shared"}
 PRODUCT = ("ingress", "workers", "shared", "webhook_ingest")
-_LOADED = re.compile(r'^(\w+) = load_queries\("webhook_ingest\.(\w+)"\)', re.MULTILINE)
-_LOADED_ONE = re.compile(r'load_queries\("webhook_ingest\.(\w+)"\)\["(\w+)"\]')
+# `X = load_queries("webhook_ingest.shared.archive")`, or with a file name: `(..., "worker_heartbeats.sql")`
+_ARGS = r'load_queries\("webhook_ingest\.([\w.]+)"(?:, "([\w.]+)")?\)'
+_LOADED = re.compile(rf"^(\w+) = {_ARGS}", re.MULTILINE)
+_LOADED_ONE = re.compile(rf'{_ARGS}\["(\w+)"\]')
 _IMPORTED = re.compile(r"^from webhook_ingest\.([\w.]+) import ([^\n(]+|\([^)]*\))", re.MULTILINE)
+
+
+def sql_file(package: str, filename: str = "") -> str:
+    """The file `load_queries(package, filename)` reads, from the repository's root."""
+    return "/".join([*package.split("."), filename or "queries.sql"])
+
+
+def sql_files() -> dict[str, tuple[str, str]]:
+    """{file: (package, filename)} for every file of named blocks in the product."""
+    paths = [path for folder in PRODUCT for path in (ROOT / folder).rglob("*.sql") if "migrations" not in path.parts]
+    files = {}
+    for path in sorted(paths):
+        relative = path.relative_to(ROOT)
+        package = ".".join(["webhook_ingest", *relative.parent.parts])
+        files[relative.as_posix()] = (package, "" if path.name == "queries.sql" else path.name)
+    return files
 
 
 def product_files() -> list[Path]:
@@ -21,24 +40,28 @@ def product_files() -> list[Path]:
 
 
 def _loaded_in(module: str) -> dict[str, str]:
-    """{variable: package} for the `X = load_queries(...)` of a product module
+    """{variable: file} for the `X = load_queries(...)` of a product module
     (`shared.dead_letters.model` is shared/dead_letters/model.py, `dlq` webhook_ingest/cli/dlq.py)."""
     parts = module.split(".")
-    folder = ROOT if parts[0] in PACKAGES else ROOT / "webhook_ingest"
+    folder = ROOT if parts[0] in ("ingress", "workers", "shared") else ROOT / "webhook_ingest"
     path = folder.joinpath(*parts).with_suffix(".py")
-    return dict(_LOADED.findall(path.read_text())) if path.exists() else {}
+    return _loaded(path.read_text()) if path.exists() else {}
+
+
+def _loaded(text: str) -> dict[str, str]:
+    return {variable: sql_file(package, filename) for variable, package, filename in _LOADED.findall(text)}
 
 
 def used_queries(path: Path) -> set[tuple[str, str]]:
-    """(package, name) of every query this file asks for by a literal name."""
+    """(file, name) of every query this file asks for by a literal name."""
     text = path.read_text()
-    variables = dict(_LOADED.findall(text))
+    variables = _loaded(text)
     for module, names in _IMPORTED.findall(text):
         imported = {name.strip() for name in names.strip("()").split(",")}
-        variables |= {name: package for name, package in _loaded_in(module).items() if name in imported}
-    used = set(_LOADED_ONE.findall(text))
-    for variable, package in variables.items():
-        used |= {(package, name) for name in re.findall(rf'\b{variable}\["(\w+)"\]', text)}
+        variables |= {name: file for name, file in _loaded_in(module).items() if name in imported}
+    used = {(sql_file(package, filename), name) for package, filename, name in _LOADED_ONE.findall(text)}
+    for variable, file in variables.items():
+        used |= {(file, name) for name in re.findall(rf'\b{variable}\["(\w+)"\]', text)}
     return used
 
 
@@ -52,7 +75,25 @@ def test_the_parser_keeps_each_named_block_and_refuses_a_name_twice():
 
 def test_every_query_asked_for_exists_and_every_defined_one_is_used():
     used = set().union(*(used_queries(path) for path in product_files()))
-    defined = {(folder, name) for folder, package in PACKAGES.items() for name in load_queries(package)}
-    assert sorted(used - defined) == [], "asked for, not in queries.sql"
-    assert sorted(defined - used) == [], "in queries.sql, never asked for"
-    assert {package for package, _ in used} == set(PACKAGES)  # the scan found each file's queries
+    files = sql_files()
+    defined = {(file, name) for file, (package, filename) in files.items() for name in _load(package, filename)}
+    assert sorted(used - defined) == [], "asked for, not in the file its module loads"
+    assert sorted(defined - used) == [], "in a queries.sql, never asked for"
+    assert {file for file, _ in used} == set(files)  # the scan found each file's queries
+
+
+def _load(package: str, filename: str) -> dict[str, str]:
+    return load_queries(package, filename) if filename else load_queries(package)
+
+
+def test_every_file_parses_and_no_name_is_defined_in_two_files():
+    files = sql_files()
+    assert {"shared/archive/queries.sql", "shared/dead_letters/queries.sql", "workers/queries.sql"} <= set(files)
+    seen: dict[str, str] = {}
+    for file, (package, filename) in files.items():
+        queries = _load(package, filename)
+        assert queries, f"{file} defines no named statement"
+        assert all(queries.values()), f"{file} has a name with no statement"
+        twice = {name: seen[name] for name in queries if name in seen}
+        assert twice == {}, f"{file} defines names another file does"
+        seen |= dict.fromkeys(queries, file)
