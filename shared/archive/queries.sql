@@ -332,6 +332,27 @@ FROM unnest($1::text[], $2::text[]) AS archived(source, source_table)
 -- the others, on KEY. `held` is read per queued row only (docs/design.md,
 -- "Routes").
 
+-- fragment: archive_filter
+-- The archive's filter, as search_archive, export_archive, count_archive
+-- and a replay by selection (shared/replays/queries.sql) read it, after
+-- `held` (a row's `processing`: its key's lease): $1 source, $2 status
+-- (also 'processing'), $3 event type, $4 received at or after, $5 received
+-- before, $6 key prefix, $7 event id prefix, $8 payload containment
+-- (jsonb); NULL: no filter. Each statement adds its own conditions after
+-- it (search_archive's next page, the replays' only replayable rows).
+WHERE ($1::text IS NULL OR a.source = $1)
+  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
+                                  WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
+                                  ELSE a.status = $2 END)
+  AND ($3::text IS NULL OR a.event_type = $3)
+  AND ($4::timestamptz IS NULL OR a.received_at >= $4)
+  AND ($5::timestamptz IS NULL OR a.received_at < $5)
+  AND ($6::text IS NULL OR starts_with(a.key, $6))
+  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
+  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR starts_with(a.event_id, substr($6, strpos($6, ':') + 1)))
+  AND ($7::text IS NULL OR starts_with(a.event_id, $7))
+  AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
+
 -- name: search_archive
 -- One page, newest first: $1 source, $2 status (also 'processing'), $3
 -- event type, $4 received at or after, $5 received before, $6 key prefix,
@@ -355,18 +376,7 @@ CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($14:
                                               AND key_fences.lease_until > clock_timestamp()))
     ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
     END AS processing) held
-WHERE ($1::text IS NULL OR a.source = $1)
-  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
-                                  WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
-                                  ELSE a.status = $2 END)
-  AND ($3::text IS NULL OR a.event_type = $3)
-  AND ($4::timestamptz IS NULL OR a.received_at >= $4)
-  AND ($5::timestamptz IS NULL OR a.received_at < $5)
-  AND ($6::text IS NULL OR starts_with(a.key, $6))
-  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
-  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR starts_with(a.event_id, substr($6, strpos($6, ':') + 1)))
-  AND ($7::text IS NULL OR starts_with(a.event_id, $7))
-  AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
+{{archive_filter}}
   AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key, a.arrival) < ($9, $10::text, $11::text, $12::int8))
 ORDER BY a.received_at DESC, a.source DESC, a.key DESC, a.arrival DESC
 LIMIT $13
@@ -385,18 +395,7 @@ CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($14:
                                               AND key_fences.lease_until > clock_timestamp()))
     ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
     END AS processing) held
-WHERE ($1::text IS NULL OR a.source = $1)
-  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
-                                  WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
-                                  ELSE a.status = $2 END)
-  AND ($3::text IS NULL OR a.event_type = $3)
-  AND ($4::timestamptz IS NULL OR a.received_at >= $4)
-  AND ($5::timestamptz IS NULL OR a.received_at < $5)
-  AND ($6::text IS NULL OR starts_with(a.key, $6))
-  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
-  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR starts_with(a.event_id, substr($6, strpos($6, ':') + 1)))
-  AND ($7::text IS NULL OR starts_with(a.event_id, $7))
-  AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
+{{archive_filter}}
   AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key, a.arrival) < ($9, $10::text, $11::text, $12::int8))
 ORDER BY a.received_at DESC, a.source DESC, a.key DESC, a.arrival DESC
 LIMIT $13
@@ -413,18 +412,7 @@ SELECT count(*) FROM (
                                                   AND key_fences.lease_until > clock_timestamp()))
         ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
         END AS processing) held
-    WHERE ($1::text IS NULL OR a.source = $1)
-      AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
-                                      WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
-                                      ELSE a.status = $2 END)
-      AND ($3::text IS NULL OR a.event_type = $3)
-      AND ($4::timestamptz IS NULL OR a.received_at >= $4)
-      AND ($5::timestamptz IS NULL OR a.received_at < $5)
-      AND ($6::text IS NULL OR starts_with(a.key, $6))
-      AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
-      AND ($6::text IS NULL OR strpos($6, ':') = 0 OR starts_with(a.event_id, substr($6, strpos($6, ':') + 1)))
-      AND ($7::text IS NULL OR starts_with(a.event_id, $7))
-      AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
+    {{archive_filter}}
     LIMIT $9
 ) capped
 

@@ -1,7 +1,8 @@
 -- Named SQL of shared/replays/ (loaded by shared.db.queries.load_queries).
 
 -- replays by selection (shared/replays/store.py) -------------------------
--- The selection is search_archive's filter ($1-$8, the same WHERE), the
+-- The selection is the archive's filter ($1-$8: archive_filter, a fragment of
+-- shared/archive/queries.sql, as search_archive's WHERE), the
 -- events it matches by key: one arrival per key (the oldest matched), never
 -- an ignored arrival (never queued), a conflicting one (its payload never
 -- ran) or one whose body the archive lacks.
@@ -17,18 +18,7 @@ CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($9::
                                               AND key_fences.lease_until > clock_timestamp()))
     ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
     END AS processing) held
-WHERE ($1::text IS NULL OR a.source = $1)
-  AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
-                                  WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
-                                  ELSE a.status = $2 END)
-  AND ($3::text IS NULL OR a.event_type = $3)
-  AND ($4::timestamptz IS NULL OR a.received_at >= $4)
-  AND ($5::timestamptz IS NULL OR a.received_at < $5)
-  AND ($6::text IS NULL OR starts_with(a.key, $6))
-  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
-  AND ($6::text IS NULL OR strpos($6, ':') = 0 OR starts_with(a.event_id, substr($6, strpos($6, ':') + 1)))
-  AND ($7::text IS NULL OR starts_with(a.event_id, $7))
-  AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
+{{archive_filter}}
   AND a.status NOT IN ('ignored', 'conflict') AND a.body IS NOT NULL
 
 -- name: insert_event_replay
@@ -44,18 +34,7 @@ WITH selected AS (
                                                   AND key_fences.lease_until > clock_timestamp()))
         ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
         END AS processing) held
-    WHERE ($1::text IS NULL OR a.source = $1)
-      AND ($2::text IS NULL OR CASE $2 WHEN 'processing' THEN a.status = 'queued' AND held.processing
-                                      WHEN 'queued' THEN a.status = 'queued' AND NOT held.processing
-                                      ELSE a.status = $2 END)
-      AND ($3::text IS NULL OR a.event_type = $3)
-      AND ($4::timestamptz IS NULL OR a.received_at >= $4)
-      AND ($5::timestamptz IS NULL OR a.received_at < $5)
-      AND ($6::text IS NULL OR starts_with(a.key, $6))
-      AND ($6::text IS NULL OR strpos($6, ':') = 0 OR a.source = split_part($6, ':', 1))
-      AND ($6::text IS NULL OR strpos($6, ':') = 0 OR starts_with(a.event_id, substr($6, strpos($6, ':') + 1)))
-      AND ($7::text IS NULL OR starts_with(a.event_id, $7))
-      AND ($8::jsonb IS NULL OR event_archive_payload(a.body) @> $8)
+    {{archive_filter}}
       AND a.status NOT IN ('ignored', 'conflict') AND a.body IS NOT NULL
     ORDER BY a.key, a.received_at
 ), replay AS (

@@ -28,7 +28,7 @@ from webhook_ingest.shared.replays.model import EventReplay, ReplayItem, filter_
 from webhook_ingest.shared.runs.locks import EVENT_REPLAYS, Hold, RunBusy, holding, run_lock, waiting_for_run
 from webhook_ingest.shared.runs.paced import DEFAULT_RATE, TAKEN_OVER
 
-SQL = load_queries("webhook_ingest.shared.replays")
+SQL = load_queries("webhook_ingest.shared.replays", fragments_from=["webhook_ingest.shared.archive"])
 
 ACQUIRE_TIMEOUT = 5.0
 STATEMENT_SECONDS = 60.0  # freezing a large window reads it whole

@@ -12,9 +12,11 @@ from tests.support.repository import ROOT
 from webhook_ingest.shared.db.queries import load_queries, parse_queries
 
 PRODUCT = ("ingress", "workers", "shared", "webhook_ingest")
-# `X = load_queries("webhook_ingest.shared.archive")`, or with a file name: `(..., "worker_heartbeats.sql")`
-_ARGS = r'load_queries\("webhook_ingest\.([\w.]+)"(?:, "([\w.]+)")?\)'
+# `X = load_queries("webhook_ingest.shared.archive")`, or with a file name: `(..., "worker_heartbeats.sql")`,
+# or with another package's fragments: `(..., fragments_from=["webhook_ingest.shared.archive"])`
+_ARGS = r'load_queries\("webhook_ingest\.([\w.]+)"(?:, "([\w.]+)")?(?:, fragments_from=\[[^\]]*\])?\)'
 _LOADED = re.compile(rf"^(\w+) = {_ARGS}", re.MULTILINE)
+_CALL = re.compile(r'load_queries\("(webhook_ingest\.[\w.]+)"(?:, "([\w.]+)")?(?:, fragments_from=\[([^\]]*)\])?\)')
 _LOADED_ONE = re.compile(rf'{_ARGS}\["(\w+)"\]')
 _IMPORTED = re.compile(r"^from webhook_ingest\.([\w.]+) import ([^\n(]+|\([^)]*\))", re.MULTILINE)
 
@@ -33,6 +35,23 @@ def sql_files() -> dict[str, tuple[str, str]]:
         package = ".".join(["webhook_ingest", *relative.parent.parts])
         files[relative.as_posix()] = (package, "" if path.name == "queries.sql" else path.name)
     return files
+
+
+def fragment_sources() -> dict[str, list[str]]:
+    """{file: the packages whose fragments it may use} from every `load_queries(...)` of the product."""
+    sources: dict[str, list[str]] = {}
+    for path in product_files():
+        for package, filename, others in _CALL.findall(path.read_text()):
+            sources[sql_file(package.removeprefix("webhook_ingest."), filename)] = re.findall(r'"([\w.]+)"', others)
+    return sources
+
+
+def _load(file: str) -> dict[str, str]:
+    package, filename = sql_files()[file]
+    fragments_from = fragment_sources().get(file, [])
+    if filename:
+        return load_queries(package, filename, fragments_from=fragments_from)
+    return load_queries(package, fragments_from=fragments_from)
 
 
 def product_files() -> list[Path]:
@@ -73,25 +92,41 @@ def test_the_parser_keeps_each_named_block_and_refuses_a_name_twice():
         parse_queries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
 
 
+def test_a_fragment_is_expanded_where_it_is_named_as_the_line_is_indented():
+    text = (
+        "-- fragment: f\n-- What f keeps.\nWHERE a = $1\n  AND b = $2\n\n"
+        "-- name: q\nSELECT 1 FROM t\n{{f}}\n\n-- name: r\nSELECT (SELECT 1 FROM t\n    {{f}}\n      AND c)\n"
+    )
+    assert parse_queries(text) == {
+        "q": "SELECT 1 FROM t\nWHERE a = $1\n  AND b = $2",
+        "r": "SELECT (SELECT 1 FROM t\n    WHERE a = $1\n      AND b = $2\n      AND c)",
+    }  # a fragment is no statement of its own
+    assert parse_queries("-- name: q\nSELECT 1\n{{g}}\n", {"g": "WHERE x"}) == {"q": "SELECT 1\nWHERE x"}
+    with pytest.raises(ValueError, match="fragment 'g' is not defined"):
+        parse_queries("-- name: q\nSELECT 1\n{{g}}\n")
+    with pytest.raises(ValueError, match="not on a line of its own"):
+        parse_queries("-- fragment: f\nWHERE a\n-- name: q\nSELECT 1 {{f}}\n")
+    with pytest.raises(ValueError, match="'f' refers to another fragment"):
+        parse_queries("-- fragment: g\nWHERE a\n-- fragment: f\n{{g}}\n-- name: q\nSELECT 1\n")
+    with pytest.raises(ValueError, match="'f' is defined twice"):
+        parse_queries("-- fragment: f\nWHERE a\n-- name: f\nSELECT 1\n")
+
+
 def test_every_query_asked_for_exists_and_every_defined_one_is_used():
     used = set().union(*(used_queries(path) for path in product_files()))
     files = sql_files()
-    defined = {(file, name) for file, (package, filename) in files.items() for name in _load(package, filename)}
+    defined = {(file, name) for file in files for name in _load(file)}
     assert sorted(used - defined) == [], "asked for, not in the file its module loads"
     assert sorted(defined - used) == [], "in a queries.sql, never asked for"
     assert {file for file, _ in used} == set(files)  # the scan found each file's queries
-
-
-def _load(package: str, filename: str) -> dict[str, str]:
-    return load_queries(package, filename) if filename else load_queries(package)
 
 
 def test_every_file_parses_and_no_name_is_defined_in_two_files():
     files = sql_files()
     assert {"shared/archive/queries.sql", "shared/dead_letters/queries.sql", "workers/queries.sql"} <= set(files)
     seen: dict[str, str] = {}
-    for file, (package, filename) in files.items():
-        queries = _load(package, filename)
+    for file in files:
+        queries = _load(file)
         assert queries, f"{file} defines no named statement"
         assert all(queries.values()), f"{file} has a name with no statement"
         twice = {name: seen[name] for name in queries if name in seen}
