@@ -1,7 +1,9 @@
 """Named SQL: every queries.sql of the product (and shared/worker_heartbeats.sql)
 parses, no name is defined in two of them, every query the product code asks
 for exists in the file it loads, and every query a file defines is asked for
-somewhere (no dead SQL)."""
+somewhere (no dead SQL); every fragment a statement refers to is defined, in
+its file or one it names in `fragments_from` (of its own layer or a lower
+one), and every fragment defined is used."""
 
 import re
 from pathlib import Path
@@ -9,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.repository import ROOT
-from webhook_ingest.shared.db.queries import load_queries, parse_queries
+from tests.unit.test_seams import LAYER
+from webhook_ingest.shared.db.queries import REFERENCE, load_queries, parse_blocks, parse_queries
 
 PRODUCT = ("ingress", "workers", "shared", "webhook_ingest")
 # `X = load_queries("webhook_ingest.shared.archive")`, or with a file name: `(..., "worker_heartbeats.sql")`,
@@ -110,6 +113,35 @@ def test_a_fragment_is_expanded_where_it_is_named_as_the_line_is_indented():
         parse_queries("-- fragment: g\nWHERE a\n-- fragment: f\n{{g}}\n-- name: q\nSELECT 1\n")
     with pytest.raises(ValueError, match="'f' is defined twice"):
         parse_queries("-- fragment: f\nWHERE a\n-- name: f\nSELECT 1\n")
+
+
+def test_every_fragment_used_is_defined_within_reach_and_every_one_defined_is_used():
+    files = sql_files()
+    texts = {file: (ROOT / file).read_text() for file in files}
+    defined = {(file, name) for file, text in texts.items() for name in parse_blocks(text)[1]}
+    used = set()
+    for file, text in texts.items():
+        reach = [file] + [
+            sql_file(package.removeprefix("webhook_ingest.")) for package in fragment_sources().get(file, [])
+        ]
+        for name in {match[1] for match in REFERENCE.findall(text)}:
+            where = [other for other in reach if (other, name) in defined]
+            assert where, f"{file} refers to fragment {name!r}, defined in none of {reach}"
+            used.add((where[-1], name))
+    assert sorted(defined - used) == [], "a fragment no statement refers to"
+    assert ("shared/archive/queries.sql", "archive_filter") in used
+
+
+def test_a_file_takes_fragments_only_from_its_own_layer_or_a_lower_one():
+    def unit(file: str) -> str:
+        parts = file.split("/")
+        return parts[1].removesuffix(".sql") if parts[0] == "shared" else parts[0]
+
+    for file, packages in fragment_sources().items():
+        for package in packages:
+            other = sql_file(package.removeprefix("webhook_ingest."))
+            assert unit(file) in LAYER and unit(other) in LAYER, (file, other)
+            assert LAYER[unit(other)] <= LAYER[unit(file)], f"{file} takes fragments of {other}, a higher layer"
 
 
 def test_every_query_asked_for_exists_and_every_defined_one_is_used():
