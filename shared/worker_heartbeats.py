@@ -17,8 +17,10 @@ from datetime import datetime
 
 import asyncpg
 
+from webhook_ingest.shared.db.queries import load_queries
 from webhook_ingest.shared.db.sessions import one_of
-from webhook_ingest.shared.db.statements import SQL
+
+SQL = load_queries("webhook_ingest.shared", "worker_heartbeats.sql")
 
 SILENT_AFTER_BEATS = 3
 FORGET_SECONDS = 3600.0  # a worker stopped or silent this long leaves the list (and the gauge)

@@ -1,5 +1,5 @@
 """The event archive's Postgres: the one module that runs its statements
-(named blocks of `shared/queries.sql`), for the ingress, the workers and
+(named blocks of `shared/archive/queries.sql`), for the ingress, the workers and
 on-call's tools alike.
 
 Its writes are batches from `shared/archive/writer.py`, never a request's
@@ -21,7 +21,7 @@ from webhook_ingest.shared.archive.search import NO_ROUTES, Cursor, EventFilter,
 from webhook_ingest.shared.db.queries import load_queries
 from webhook_ingest.shared.db.sessions import pooled
 
-SQL = load_queries("webhook_ingest.shared")
+SQL = load_queries("webhook_ingest.shared.archive")
 STATEMENT_SECONDS = 10.0  # a batch's statement, or one source's tables
 EXPORT_PAGE = 500  # rows a statement of `export`: its memory, and few round trips
 SETTLE_PAGE = 500  # rows the settling sweep reads a statement

@@ -2,7 +2,6 @@
 
 - sessions      Postgres sessions that a silent server cannot hold
 - queries       Named SQL blocks loaded from a package's `queries.sql`.
-- statements    The named statements of `shared/queries.sql`, loaded once: `SQL[name]`.
 - values        Values as Postgres stores them and the JSON documents show them: jsonb, UTC instants, JSON.
 - schema        The schema this release needs: every migration it ships (`shared/migrations/`) applied.
 - group_commit  Many callers, one write per batch

@@ -5,7 +5,7 @@ console's bulk actions — one object the admin API, the console and
 
 It talks to Postgres through one asyncpg pool (each call takes a connection
 of its own) or one connection (the CLI), with the named SQL of
-`shared/queries.sql`. What the rows mean (statuses, errors, the JSON shapes)
+`shared/dead_letters/queries.sql`. What the rows mean (statuses, errors, the JSON shapes)
 is `shared/dead_letters/model.py`; the workers' one write, recording a dead letter,
 stays there beside it.
 """
@@ -24,9 +24,9 @@ from webhook_ingest.shared.audit.actor import UNKNOWN_ACTOR, Actor
 from webhook_ingest.shared.audit.log import AuditLog, record_audit
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.db.sessions import one_of, raise_if_cancelled
-from webhook_ingest.shared.db.statements import SQL
 from webhook_ingest.shared.dead_letters.bulk import BulkAction
 from webhook_ingest.shared.dead_letters.model import (
+    SQL,
     STATUSES,
     UNREADABLE,
     ChangedMeanwhile,

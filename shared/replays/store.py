@@ -4,7 +4,7 @@ job `shared/runs/paced.py` drives — one object the admin API, the console
 and `webhook-ingest events replay` share.
 
 Over one asyncpg pool (the ingress) or one connection (the CLI), with the
-named SQL of `shared/queries.sql`.
+named SQL of `shared/replays/queries.sql`.
 """
 
 import contextlib
@@ -19,14 +19,16 @@ from webhook_ingest.shared.archive.search import NO_ROUTES, EventFilter, SourceR
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.audit.log import AuditLog
 from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.db.queries import load_queries
 from webhook_ingest.shared.db.sessions import one_of
-from webhook_ingest.shared.db.statements import SQL
 from webhook_ingest.shared.db.values import jsonb
 from webhook_ingest.shared.event.message import to_amqp
 from webhook_ingest.shared.observability import tracing
 from webhook_ingest.shared.replays.model import EventReplay, ReplayItem, filter_json, replayed_message
 from webhook_ingest.shared.runs.locks import EVENT_REPLAYS, Hold, RunBusy, holding, run_lock, waiting_for_run
 from webhook_ingest.shared.runs.paced import DEFAULT_RATE, TAKEN_OVER
+
+SQL = load_queries("webhook_ingest.shared.replays", fragments_from=["webhook_ingest.shared.archive"])
 
 ACQUIRE_TIMEOUT = 5.0
 STATEMENT_SECONDS = 60.0  # freezing a large window reads it whole

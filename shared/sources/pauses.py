@@ -12,8 +12,10 @@ import asyncpg
 
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.audit.log import record_audit
+from webhook_ingest.shared.db.queries import load_queries
 from webhook_ingest.shared.db.sessions import one_of
-from webhook_ingest.shared.db.statements import SQL
+
+SQL = load_queries("webhook_ingest.shared.sources")
 
 ACQUIRE_TIMEOUT = 5.0
 

@@ -99,7 +99,7 @@ async def test_replaying_an_earlier_dead_letter_again_runs_the_event_again(setti
     ends in dead letter 2. The receiver is fixed (or on-call wants one more
     try) and on-call replays dead letter 1 again by its id — which `dlq
     replay ID` allows whatever the row's status ("an explicit id is the
-    operator's decision", shared/queries.sql), and says it replayed. §8: a
+    operator's decision", shared/dead_letters/queries.sql), and says it replayed. §8: a
     replay puts the event back with a fresh attempt budget; it must run
     again. It is acked as a duplicate instead: its chain (replay_of = 1) is
     lower than the recorded one (1 as well, attempt 3 handed on), so its

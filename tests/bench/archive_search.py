@@ -12,7 +12,7 @@ each archived key's runs, KEY#ROUTE for theirs, KEY for the others', half
 the queued events' leases held (one route's), so `processing` and `queued`
 read the leases as over a real backlog. Then the statements the admin API
 runs (ArchiveStore.search and .count: the named queries of
-shared/queries.sql, as prepared statements, as the API runs them, given
+shared/archive/queries.sql, as prepared statements, as the API runs them, given
 the sources file's routes; the status searches also without), each RUNS
 times: median and max, against the goal, and EXPLAIN's
 plan for any that misses it. The database is dropped at the end, whatever

@@ -24,7 +24,7 @@ from tests.support.bulk_actions import (
 )
 from tests.support.dead_letters import seed_dead_letters
 from webhook_ingest.shared.audit.actor import Actor
-from webhook_ingest.shared.db.statements import SQL
+from webhook_ingest.shared.dead_letters.model import SQL
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.runs import paced as paced_runs
 

@@ -19,7 +19,7 @@ from webhook_ingest.shared.db.queries import load_queries
 from webhook_ingest.workers.claim.completions import CompletionStore
 from webhook_ingest.workers.claim.lease import Lease
 
-SQL = load_queries("webhook_ingest.shared")
+SQL = load_queries("webhook_ingest.shared.dead_letters")
 TTL_MS = 60_000  # a renewal's own limit is a third of it: longer than the deadlock check (1 s)
 GATE = 4242
 GATE_TRIGGER = f"""

@@ -23,9 +23,9 @@ import asyncpg
 import orjson
 
 from webhook_ingest.shared.db.sessions import pooled, raise_if_cancelled
-from webhook_ingest.shared.db.statements import SQL
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.incidents.model import incident_document
+from webhook_ingest.shared.incidents.store import SQL
 from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.signatures import sign
