@@ -22,6 +22,7 @@ _LOADED = re.compile(rf"^(\w+) = {_ARGS}", re.MULTILINE)
 _CALL = re.compile(r'load_queries\("(webhook_ingest\.[\w.]+)"(?:, "([\w.]+)")?(?:, fragments_from=\[([^\]]*)\])?\)')
 _LOADED_ONE = re.compile(rf'{_ARGS}\["(\w+)"\]')
 _IMPORTED = re.compile(r"^from webhook_ingest\.([\w.]+) import ([^\n(]+|\([^)]*\))", re.MULTILINE)
+_IMPORTED_RELATIVE = re.compile(r"^\s*from (\.+)([\w.]*) import ([^\n(]+|\([^)]*\))", re.MULTILINE)
 
 
 def sql_file(package: str, filename: str = "") -> str:
@@ -74,11 +75,23 @@ def _loaded(text: str) -> dict[str, str]:
     return {variable: sql_file(package, filename) for variable, package, filename in _LOADED.findall(text)}
 
 
+def _relative_imports(path: Path, text: str) -> list[tuple[str, str]]:
+    """(module, names) of the file's relative imports, the module named as `_loaded_in` takes it."""
+    package = list(path.relative_to(ROOT).parent.parts)
+    if package[:1] == ["webhook_ingest"]:
+        package = package[1:]
+    found = []
+    for dots, module, names in _IMPORTED_RELATIVE.findall(text):
+        base = package[: len(package) - len(dots) + 1]
+        found.append((".".join([*base, *([module] if module else [])]), names))
+    return found
+
+
 def used_queries(path: Path) -> set[tuple[str, str]]:
     """(file, name) of every query this file asks for by a literal name."""
     text = path.read_text()
     variables = _loaded(text)
-    for module, names in _IMPORTED.findall(text):
+    for module, names in [*_IMPORTED.findall(text), *_relative_imports(path, text)]:
         imported = {name.strip() for name in names.strip("()").split(",")}
         variables |= {name: file for name, file in _loaded_in(module).items() if name in imported}
     used = {(sql_file(package, filename), name) for package, filename, name in _LOADED_ONE.findall(text)}
