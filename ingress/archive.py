@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.shared.archive import model as archive
 from webhook_ingest.shared.archive.store import ArchiveStore
 from webhook_ingest.shared.archive.writer import BatchedWriter
@@ -24,6 +23,8 @@ from webhook_ingest.shared.event import types as event_type
 from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.sources.model import Source
 from webhook_ingest.shared.upkeep import ArchiveUpkeep
+
+from .appkeys import database_pool_key, sources_key
 
 MAX_ROWS = 10_000  # about 10 s of a busy process's traffic while Postgres is away
 MAX_BODY_BYTES = 32 * 1024 * 1024

@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator
 import asyncpg
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
 from webhook_ingest.shared.db.sessions import close_pool
+
+from .appkeys import database_pool_key, settings_key
 
 IDLE_SECONDS = 30.0  # the connections an outage's outbox inserts opened are closed soon after
 

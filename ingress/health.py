@@ -13,10 +13,11 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import outbox_key, publisher_key
-from webhook_ingest.ingress.client_address import Network, is_within, parse_address
-from webhook_ingest.ingress.responses import error, json_response
 from webhook_ingest.shared.observability import metrics
+
+from .appkeys import outbox_key, publisher_key
+from .client_address import Network, is_within, parse_address
+from .responses import error, json_response
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -1,8 +1,9 @@
 """The console's sign-in throttle, on the rate limiter every process shares
 (shared/ratelimit.py, which also serves a source's `rate_limit`)."""
 
-from webhook_ingest.ingress.client_address import client_key
 from webhook_ingest.shared.ratelimit import RateLimiter
+
+from .client_address import client_key
 
 
 class SignInThrottle:

@@ -13,9 +13,10 @@ from typing import Any
 
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import sources_key
 from webhook_ingest.shared.signatures import SIGNATURE_HEADERS
 from webhook_ingest.shared.sources.model import Source
+
+from .appkeys import sources_key
 
 HIDDEN = "(hidden: a signature header)"
 ASKED = "show"

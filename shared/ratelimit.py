@@ -39,9 +39,10 @@ from prometheus_client import Gauge
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.shared.service_errors import REDIS_ERRORS
+
+from .errors import describe
+from .service_errors import REDIS_ERRORS
 
 log = get_logger(__name__)
 

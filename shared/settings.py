@@ -10,7 +10,7 @@ from ipaddress import IPv4Network, IPv6Network, ip_network
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from webhook_ingest.shared.errors import ConfigError
+from .errors import ConfigError
 
 ENVIRONMENT_VARIABLES = (
     ("AMQP_URL", "RabbitMQ URL; the nodes of a cluster comma-separated, tried in turn"),

@@ -34,8 +34,6 @@ from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources.model import Source
 from webhook_ingest.shared.worker_heartbeats import Figures, HeartbeatStore
-from webhook_ingest.workers import connection_budget
-from webhook_ingest.workers.acks import OpenDeliveries
 from webhook_ingest.workers.claim.archive_notes import ArchiveNotes
 from webhook_ingest.workers.claim.batch import BatchProcessor
 from webhook_ingest.workers.claim.completions import CompletionStore
@@ -45,13 +43,16 @@ from webhook_ingest.workers.claim.ports import WorkerCompletionsPort
 from webhook_ingest.workers.claim.processor import DEFER_SECONDS, Processor
 from webhook_ingest.workers.claim.retry import FailurePolicy
 from webhook_ingest.workers.claim.states import Outcome
-from webhook_ingest.workers.delivery_rate import shared_buckets
 from webhook_ingest.workers.failures.incident_counts import IncidentCounts
 from webhook_ingest.workers.failures.notifications import Notifier, targets_from
 from webhook_ingest.workers.failures.outage import OutageGate, outage_kind
-from webhook_ingest.workers.fan_out import route_messages
-from webhook_ingest.workers.heartbeat import Heartbeat
-from webhook_ingest.workers.pauses import Parking, PausedSources, keep_pauses
+
+from . import connection_budget
+from .acks import OpenDeliveries
+from .delivery_rate import shared_buckets
+from .fan_out import route_messages
+from .heartbeat import Heartbeat
+from .pauses import Parking, PausedSources, keep_pauses
 
 log = get_logger(__name__)
 
@@ -199,7 +200,7 @@ class Worker:
         return queue
 
     async def _start_side_tasks(self) -> list[asyncio.Task]:
-        from webhook_ingest.workers.poison import drain_poison_queue
+        from .poison import drain_poison_queue
 
         self.archive.start()
         # A channel of its own: its deliveries must never sit below a batch's

@@ -61,7 +61,7 @@ role_key = web.RequestKey("admin_role", str)
 
 
 def setup_admin(app: web.Application, settings: Settings) -> None:
-    from webhook_ingest.ingress.admin.event_replays import setup_event_replays  # it imports this module
+    from .event_replays import setup_event_replays  # it imports this module
 
     app.cleanup_ctx.append(admin_ctx)
     setup_event_replays(app)
@@ -75,11 +75,11 @@ def admin_app() -> web.Application:
     admin.router.add_get("/dead-letters/{id}", show_route)
     admin.router.add_post("/dead-letters/{id}/replay", replay_route)
     admin.router.add_post("/dead-letters/{id}/discard", discard_route)
-    from webhook_ingest.ingress.admin.event_replays import add_event_replay_routes  # they import this module
-    from webhook_ingest.ingress.admin.events import add_event_routes
-    from webhook_ingest.ingress.admin.incidents import add_incident_routes
-    from webhook_ingest.ingress.admin.sources import add_source_routes
-    from webhook_ingest.ingress.admin.workers import add_worker_routes
+    from .event_replays import add_event_replay_routes  # they import this module
+    from .events import add_event_routes
+    from .incidents import add_incident_routes
+    from .sources import add_source_routes
+    from .workers import add_worker_routes
 
     add_event_replay_routes(admin)  # before add_event_routes: its /events/{key} would take /events/replay/7
     add_event_routes(admin)

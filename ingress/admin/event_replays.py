@@ -18,7 +18,6 @@ import json
 
 from aiohttp import web
 
-from webhook_ingest.ingress.admin.api import json_document, parse_path_id, role_key
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.shared.archive.search import InvalidFilter, SourceRoutes, parse_filter
@@ -27,6 +26,8 @@ from webhook_ingest.shared.replays.model import EventReplay
 from webhook_ingest.shared.replays.store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.runs.locks import RunBusy
 from webhook_ingest.shared.runs.paced import DEFAULT_RATE, MAX_RATE, MIN_RATE, PacedRunner
+
+from .api import json_document, parse_path_id, role_key
 
 event_replay_runner_key = web.AppKey("event_replay_runner", PacedRunner)
 _FILTER_NAMES = ("source", "status", "type", "since", "until", "key", "event_id", "payload")

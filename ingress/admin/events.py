@@ -12,7 +12,6 @@ hidden unless the operator token asks (ingress/signature_headers.py).
 from aiohttp import web
 
 from webhook_ingest.ingress import signature_headers
-from webhook_ingest.ingress.admin.api import json_document, role_key
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.ingress.tokens import may_change
@@ -27,6 +26,8 @@ from webhook_ingest.shared.archive.search import (
     route_names,
 )
 from webhook_ingest.shared.archive.store import ArchiveStore
+
+from .api import json_document, role_key
 
 
 def add_event_routes(admin: web.Application) -> None:

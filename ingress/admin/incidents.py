@@ -13,7 +13,6 @@ expected failures (ingress/admin/api.py) apply.
 
 from aiohttp import web
 
-from webhook_ingest.ingress.admin.api import dead_letters_key, json_document, parse_path_id, role_key
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.shared.audit.actor import Actor
@@ -21,6 +20,8 @@ from webhook_ingest.shared.dead_letters.model import ReplayInterrupted, parse_id
 from webhook_ingest.shared.incidents.model import event_document, incident_document
 from webhook_ingest.shared.incidents.store import STATES, IncidentNotFound, IncidentStore
 from webhook_ingest.shared.observability.logging import get_logger
+
+from .api import dead_letters_key, json_document, parse_path_id, role_key
 
 log = get_logger(__name__)
 MAX_LIMIT = 1000

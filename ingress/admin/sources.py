@@ -7,12 +7,13 @@ POST /admin/sources/{name}/resume
 
 from aiohttp import web
 
-from webhook_ingest.ingress.admin.api import json_document, role_key
 from webhook_ingest.ingress.appkeys import database_pool_key, settings_key, sources_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.sources.pauses import PauseStore
+
+from .api import json_document, role_key
 
 
 def add_source_routes(admin: web.Application) -> None:

@@ -12,13 +12,14 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from webhook_ingest.ingress.admin.api import json_document
 from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
 from webhook_ingest.shared.db.sessions import raise_if_cancelled
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.observability import metrics
 from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.worker_heartbeats import HeartbeatStore
+
+from .api import json_document
 
 log = get_logger(__name__)
 

@@ -22,20 +22,21 @@ from aiohttp.web_exceptions import NotAppKeyWarning
 from aiohttp_session import session_middleware
 
 from webhook_ingest.ingress.appkeys import database_pool_key
-from webhook_ingest.ingress.console import middlewares
-from webhook_ingest.ingress.console.bulk import BulkRunner
-from webhook_ingest.ingress.console.event_replays import add_event_replay_routes
-from webhook_ingest.ingress.console.events import add_event_routes, event_path
-from webhook_ingest.ingress.console.incidents import add_incident_routes
-from webhook_ingest.ingress.console.rendering import human_bytes
-from webhook_ingest.ingress.console.security import cookie_storage
-from webhook_ingest.ingress.console.sessions import ConsoleSessions, console_sessions_key
-from webhook_ingest.ingress.console.sources import add_source_routes
-from webhook_ingest.ingress.console.vendor import HTMX_FILE
-from webhook_ingest.ingress.console.views import add_routes, bulk_runner_key
 from webhook_ingest.shared.db.values import iso_utc
 from webhook_ingest.shared.replays import keys as replay_keys
 from webhook_ingest.shared.settings import Settings
+
+from . import middlewares
+from .bulk import BulkRunner
+from .event_replays import add_event_replay_routes
+from .events import add_event_routes, event_path
+from .incidents import add_incident_routes
+from .rendering import human_bytes
+from .security import cookie_storage
+from .sessions import ConsoleSessions, console_sessions_key
+from .sources import add_source_routes
+from .vendor import HTMX_FILE
+from .views import add_routes, bulk_runner_key
 
 HERE = Path(__file__).parent
 # aiohttp-session keeps its storage under plain string request keys; it

@@ -9,8 +9,9 @@ what is wrong rather than showing (or acting on) more than was asked.
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from webhook_ingest.ingress.console.filters import query_string
 from webhook_ingest.shared.archive.search import Cursor, EventFilter, InvalidFilter, filter_and_problems
+
+from .filters import query_string
 
 # the admin API's query parameters, in the form's order
 FIELDS = ("source", "status", "type", "since", "until", "key", "event_id", "payload")

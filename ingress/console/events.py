@@ -20,9 +20,6 @@ from aiohttp import web
 from webhook_ingest.ingress import signature_headers
 from webhook_ingest.ingress.admin.api import dead_letters_key
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
-from webhook_ingest.ingress.console.event_search import LABELS, EventSearch, event_search
-from webhook_ingest.ingress.console.rendering import message_page, render
-from webhook_ingest.ingress.console.security import role_key
 from webhook_ingest.ingress.tokens import may_change
 from webhook_ingest.shared.archive import model as archive
 from webhook_ingest.shared.archive.search import (
@@ -37,6 +34,10 @@ from webhook_ingest.shared.archive.search import (
 from webhook_ingest.shared.archive.store import ArchiveStore
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.replays.store import EventReplayStore
+
+from .event_search import LABELS, EventSearch, event_search
+from .rendering import message_page, render
+from .security import role_key
 
 PAGE_SIZE = 50
 SHOWN_DEAD_LETTERS = 10  # an event's latest dead letters whose attempts and replays its page lists

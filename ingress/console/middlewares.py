@@ -8,8 +8,16 @@ clear message, never a 500.
 from aiohttp import web
 from aiohttp_session import get_session
 
-from webhook_ingest.ingress.console.rendering import message_page
-from webhook_ingest.ingress.console.security import (
+from webhook_ingest.ingress.intake.limits import read_form_within
+from webhook_ingest.ingress.intake.slots import slots_key
+from webhook_ingest.ingress.responses import Rejected
+from webhook_ingest.ingress.tokens import may_change
+from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
+
+from .rendering import message_page
+from .security import (
     Handler,
     csrf_matches,
     had_session,
@@ -18,13 +26,6 @@ from webhook_ingest.ingress.console.security import (
     same_origin,
     session_role,
 )
-from webhook_ingest.ingress.intake.limits import read_form_within
-from webhook_ingest.ingress.intake.slots import slots_key
-from webhook_ingest.ingress.responses import Rejected
-from webhook_ingest.ingress.tokens import may_change
-from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 
 log = get_logger(__name__)
 

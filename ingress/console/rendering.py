@@ -6,8 +6,9 @@ import aiohttp_jinja2
 from aiohttp import web
 from aiohttp_session import get_session
 
-from webhook_ingest.ingress.console.security import csrf_token, role_key
 from webhook_ingest.ingress.tokens import may_change
+
+from .security import csrf_token, role_key
 
 
 async def render(

@@ -24,9 +24,10 @@ from aiohttp_session import Session, get_session, new_session
 
 from webhook_ingest.ingress.appkeys import settings_key
 from webhook_ingest.ingress.client_address import forwarded_proto, is_within, parse_address
-from webhook_ingest.ingress.console.sessions import SessionCookies, console_sessions_key
 from webhook_ingest.ingress.tokens import OPERATOR, VIEWER
 from webhook_ingest.shared.settings import Settings
+
+from .sessions import SessionCookies, console_sessions_key
 
 COOKIE_NAME = "webhook_ingest_console"
 CSRF_FIELD = "csrf_token"

@@ -6,10 +6,11 @@ from aiohttp import web
 
 from webhook_ingest.ingress.admin.sources import source_states
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
-from webhook_ingest.ingress.console.rendering import leave_message, render
-from webhook_ingest.ingress.console.security import role_key
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.sources.pauses import PauseStore
+
+from .rendering import leave_message, render
+from .security import role_key
 
 routes = web.RouteTableDef()
 

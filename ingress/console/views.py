@@ -11,13 +11,6 @@ from webhook_ingest.ingress import signature_headers
 from webhook_ingest.ingress.admin.api import dead_letters_key
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.archive import arrivals_key
-from webhook_ingest.ingress.console.bulk import DEFAULT_RATE, MAX_RATE, BulkRunner
-from webhook_ingest.ingress.console.events import json_text
-from webhook_ingest.ingress.console.filters import form_values, parse_before, parse_filter, query_string
-from webhook_ingest.ingress.console.incidents import LISTED
-from webhook_ingest.ingress.console.overview import overview
-from webhook_ingest.ingress.console.rendering import leave_message, message_page, render
-from webhook_ingest.ingress.console.security import form_field, role_key, session_role, sign_in, sign_out
 from webhook_ingest.ingress.intake.limits import sign_in_throttle_key
 from webhook_ingest.ingress.tokens import may_change, role_of
 from webhook_ingest.shared.audit.actor import Actor
@@ -37,6 +30,14 @@ from webhook_ingest.shared.incidents.store import IncidentStore
 from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.runs.locks import RunBusy
 from webhook_ingest.shared.worker_heartbeats import HeartbeatStore
+
+from .bulk import DEFAULT_RATE, MAX_RATE, BulkRunner
+from .events import json_text
+from .filters import form_values, parse_before, parse_filter, query_string
+from .incidents import LISTED
+from .overview import overview
+from .rendering import leave_message, message_page, render
+from .security import form_field, role_key, session_role, sign_in, sign_out
 
 log = get_logger(__name__)
 PAGE_SIZE = 50

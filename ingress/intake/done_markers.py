@@ -14,11 +14,12 @@ not one per request.
 import time
 from collections.abc import Awaitable, Callable
 
-from webhook_ingest.ingress.intake.redis_get import RedisReplyError
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.redis_keys import done_marker, key_prefix
 from webhook_ingest.shared.service_errors import REDIS_ERRORS
+
+from .redis_get import RedisReplyError
 
 log = get_logger(__name__)
 

@@ -30,9 +30,10 @@ import math
 from aiohttp import web
 
 from webhook_ingest.ingress.client_address import client_key
-from webhook_ingest.ingress.intake.refusals import RefusalLog
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.shared.ratelimit import LocalBuckets
+
+from .refusals import RefusalLog
 
 FAILURES_BURST = 20
 FAILURES_PER_SECOND = 1.0

@@ -20,10 +20,6 @@ from aiohttp import hdrs, web
 
 from webhook_ingest.ingress.appkeys import settings_key
 from webhook_ingest.ingress.client_address import is_within, parse_address, setup_client_address
-from webhook_ingest.ingress.intake.content_encoding import UndecodableBody, decoder_for
-from webhook_ingest.ingress.intake.failure_budget import FailureBudget, failure_budget_key
-from webhook_ingest.ingress.intake.refusals import RefusalLog, refusal_log_key
-from webhook_ingest.ingress.intake.slots import PROMPT_BODY_SECONDS, Slot, Slots, slots_key
 from webhook_ingest.ingress.ratelimit import SignInThrottle
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.shared import ratelimit
@@ -32,6 +28,11 @@ from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.ratelimit import RateLimiter
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources.model import Source
+
+from .content_encoding import UndecodableBody, decoder_for
+from .failure_budget import FailureBudget, failure_budget_key
+from .refusals import RefusalLog, refusal_log_key
+from .slots import PROMPT_BODY_SECONDS, Slot, Slots, slots_key
 
 log = get_logger(__name__)
 T = TypeVar("T")

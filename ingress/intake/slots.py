@@ -24,8 +24,9 @@ from collections.abc import Iterator
 from aiohttp import web
 
 from webhook_ingest.ingress.client_address import client_key
-from webhook_ingest.ingress.intake.refusals import RefusalLog
 from webhook_ingest.ingress.responses import Rejected, error
+
+from .refusals import RefusalLog
 
 # Over the internet a body sent with its headers is all there within a round
 # trip or two; one still arriving after this is slow, and counts.

@@ -29,9 +29,6 @@ from webhook_ingest.ingress.appkeys import (
     sources_key,
 )
 from webhook_ingest.ingress.archive import arrivals_key
-from webhook_ingest.ingress.intake.failure_budget import failure_budget_key
-from webhook_ingest.ingress.intake.limits import check_client_address, check_rate_limit, read_body_within
-from webhook_ingest.ingress.intake.slots import Slot, slots_key
 from webhook_ingest.ingress.publishing.outbox import OutboxUnavailable
 from webhook_ingest.ingress.publishing.publisher import GivenUp, Publisher
 from webhook_ingest.ingress.responses import Rejected, error, json_response
@@ -52,6 +49,10 @@ from webhook_ingest.shared.observability import metrics, tracing
 from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.signatures import SignatureError, Verified
 from webhook_ingest.shared.sources.model import Source
+
+from .failure_budget import failure_budget_key
+from .limits import check_client_address, check_rate_limit, read_body_within
+from .slots import Slot, slots_key
 
 log = get_logger(__name__)
 

@@ -20,7 +20,6 @@ from collections.abc import Awaitable
 import aio_pika
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 
-from webhook_ingest.ingress.publishing.patience import Patience, until_done_or_silent
 from webhook_ingest.shared.broker import amqp, topology
 from webhook_ingest.shared.errors import BrokerUnavailable, describe
 from webhook_ingest.shared.event.message import EventMessage, amqp_properties, to_amqp
@@ -28,6 +27,8 @@ from webhook_ingest.shared.observability import metrics, tracing
 from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.service_errors import BROKER_ERRORS
 from webhook_ingest.shared.settings import mask_url
+
+from .patience import Patience, until_done_or_silent
 
 log = get_logger(__name__)
 

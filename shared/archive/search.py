@@ -19,10 +19,11 @@ import asyncpg
 import orjson
 
 from webhook_ingest.shared import storable_json
-from webhook_ingest.shared.archive import model as archive
 from webhook_ingest.shared.db.values import iso_utc
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.sources.model import Source
+
+from . import model as archive
 
 STATUSES = (
     archive.QUEUED,

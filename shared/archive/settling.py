@@ -39,7 +39,7 @@ yet run, and its outcome then steps over the sweep's.
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from webhook_ingest.shared.archive.model import CONFLICT, DEAD, DISCARDED, DUPLICATE, PROCESSED
+from .model import CONFLICT, DEAD, DISCARDED, DUPLICATE, PROCESSED
 
 End = tuple[str, int, datetime | None]  # status, attempts, completed_at
 # An end this recent may still have its outcome batch on its way: the sweep

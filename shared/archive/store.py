@@ -14,12 +14,13 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from webhook_ingest.shared.archive import model as archive
-from webhook_ingest.shared.archive import search as archived_events
-from webhook_ingest.shared.archive import settling as archive_settling
-from webhook_ingest.shared.archive.search import NO_ROUTES, Cursor, EventFilter, SourceRoutes
 from webhook_ingest.shared.db.queries import load_queries
 from webhook_ingest.shared.db.sessions import pooled
+
+from . import model as archive
+from . import search as archived_events
+from . import settling as archive_settling
+from .search import NO_ROUTES, Cursor, EventFilter, SourceRoutes
 
 SQL = load_queries("webhook_ingest.shared.archive")
 STATEMENT_SECONDS = 10.0  # a batch's statement, or one source's tables

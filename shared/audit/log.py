@@ -11,10 +11,11 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.db.queries import load_queries
 from webhook_ingest.shared.db.sessions import one_of
 from webhook_ingest.shared.db.values import jsonb
+
+from .actor import Actor
 
 SQL = load_queries("webhook_ingest.shared.audit")
 ACQUIRE_TIMEOUT = 5.0

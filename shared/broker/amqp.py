@@ -19,7 +19,7 @@ from aio_pika.abc import AbstractConnection, AbstractRobustConnection
 from aio_pika.robust_connection import RobustConnection
 from yarl import URL
 
-from webhook_ingest.shared.broker.coalesced_writes import CoalescingTransports
+from .coalesced_writes import CoalescingTransports
 
 # The rotation below wraps aio-pika's private reconnect step; fail at import,
 # not silently at the first outage, if an upgrade renames it.

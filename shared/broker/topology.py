@@ -22,7 +22,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractQueue
 from pamqp.commands import Basic
 
-from webhook_ingest.shared.broker import amqp
+from . import amqp
 
 DEPTH_TIMEOUT = 3.0  # seconds, to connect and to ask for one queue's depth
 PUBLISH_TIMEOUT = 5.0  # seconds; a publish with no limit could hold a request or a message for ever

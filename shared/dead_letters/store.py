@@ -24,8 +24,14 @@ from webhook_ingest.shared.audit.actor import UNKNOWN_ACTOR, Actor
 from webhook_ingest.shared.audit.log import AuditLog, record_audit
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.db.sessions import one_of, raise_if_cancelled
-from webhook_ingest.shared.dead_letters.bulk import BulkAction
-from webhook_ingest.shared.dead_letters.model import (
+from webhook_ingest.shared.errors import describe
+from webhook_ingest.shared.event.message import to_amqp
+from webhook_ingest.shared.observability import metrics, tracing
+from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.runs.locks import BULK_ACTIONS, Hold, RunBusy, holding, run_lock, waiting_for_run
+
+from .bulk import BulkAction
+from .model import (
     SQL,
     STATUSES,
     UNREADABLE,
@@ -39,11 +45,6 @@ from webhook_ingest.shared.dead_letters.model import (
     decoded,
     rebuilt_event,
 )
-from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.event.message import to_amqp
-from webhook_ingest.shared.observability import metrics, tracing
-from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.shared.runs.locks import BULK_ACTIONS, Hold, RunBusy, holding, run_lock, waiting_for_run
 
 log = get_logger(__name__)
 REPLAY_PUBLISH_TIMEOUT = 10.0

@@ -32,7 +32,7 @@ from multidict import MultiMapping
 from pamqp.commands import Basic
 from pamqp.common import FieldTable
 
-from webhook_ingest.shared.event import amqp_table
+from . import amqp_table
 
 # What one AMQP content header frame must hold (RabbitMQ's frame_max is
 # 128 KiB, and a message whose headers do not fit makes the broker close the

@@ -11,8 +11,8 @@ below; a scheme without one has no type unless the source names where it is.
 
 from collections.abc import Mapping, Sequence
 
-from webhook_ingest.shared.event import ids as event_id
-from webhook_ingest.shared.event.message import utf8_text
+from . import ids as event_id
+from .message import utf8_text
 
 MAX_EVENT_TYPE_CHARS = 200  # a type is a short name; a longer value is cut, never refused
 

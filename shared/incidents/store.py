@@ -16,10 +16,11 @@ import asyncpg
 from webhook_ingest.shared.db.queries import load_queries
 from webhook_ingest.shared.db.sessions import one_of, raise_if_cancelled
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.incidents.model import Fingerprint
 from webhook_ingest.shared.observability import metrics
 from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.storable_text import storable
+
+from .model import Fingerprint
 
 SQL = load_queries("webhook_ingest.shared.incidents")
 

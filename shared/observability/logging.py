@@ -22,8 +22,9 @@ import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor
 
 from webhook_ingest.shared.errors import redacted
-from webhook_ingest.shared.observability import tracing
 from webhook_ingest.shared.storable_text import cleaned, storable
+
+from . import tracing
 
 
 def configure_logging(log_format: str | None = None, level: int = logging.INFO) -> None:

@@ -47,7 +47,7 @@ def start(role: str, exporter: Any = None) -> bool:
     global _on
     if _on is None and (exporter is not None or wanted()):
         try:
-            from webhook_ingest.shared.observability import tracing_otel
+            from . import tracing_otel
 
             _on = tracing_otel.Tracing(role, exporter)
         except ImportError as exc:  # installed without the `otel` extra

@@ -22,7 +22,8 @@ import asyncpg
 from webhook_ingest.shared.archive.search import EventFilter
 from webhook_ingest.shared.db.values import iso_utc
 from webhook_ingest.shared.event.message import EventMessage
-from webhook_ingest.shared.replays.keys import replay_key
+
+from .keys import replay_key
 
 STATES = ("prepared", "running", "done", "failed", "cancelled")
 STALLED_SECONDS = 30.0  # and two intervals with no step: its process died (claim_event_replay takes it back)

@@ -24,9 +24,10 @@ from webhook_ingest.shared.db.sessions import one_of
 from webhook_ingest.shared.db.values import jsonb
 from webhook_ingest.shared.event.message import to_amqp
 from webhook_ingest.shared.observability import tracing
-from webhook_ingest.shared.replays.model import EventReplay, ReplayItem, filter_json, replayed_message
 from webhook_ingest.shared.runs.locks import EVENT_REPLAYS, Hold, RunBusy, holding, run_lock, waiting_for_run
 from webhook_ingest.shared.runs.paced import DEFAULT_RATE, TAKEN_OVER
+
+from .model import EventReplay, ReplayItem, filter_json, replayed_message
 
 SQL = load_queries("webhook_ingest.shared.replays", fragments_from=["webhook_ingest.shared.archive"])
 

@@ -18,15 +18,15 @@ headers a provider would send, for `send-test` and the tests.
 - `schemes`: the names, each with its signature headers; `build_verifier` / `sign`
 """
 
-from webhook_ingest.shared.signatures.contract import BODY_ONLY, Verified, Verifier
-from webhook_ingest.shared.signatures.errors import (
+from .contract import BODY_ONLY, Verified, Verifier
+from .errors import (
     InvalidSignature,
     MissingSignature,
     SchemeConfigError,
     SignatureError,
     StaleTimestamp,
 )
-from webhook_ingest.shared.signatures.schemes import (
+from .schemes import (
     SCHEMES,
     SIGNATURE_HEADERS,
     URL_SIGNING_SCHEMES,

@@ -5,10 +5,10 @@ import hmac
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from webhook_ingest.shared.signatures import parts
-from webhook_ingest.shared.signatures.contract import BODY_ONLY, SignOptions, SourceOptions, Verified
-from webhook_ingest.shared.signatures.errors import InvalidSignature
-from webhook_ingest.shared.signatures.parts import BASE64, HEX
+from . import parts
+from .contract import BODY_ONLY, SignOptions, SourceOptions, Verified
+from .errors import InvalidSignature
+from .parts import BASE64, HEX
 
 DEFAULT_HEADER = "X-Signature"
 

@@ -9,9 +9,9 @@ handlers or stored (`credential_header`; `Authorization` is dropped anyway).
 import base64
 from collections.abc import Mapping, Sequence
 
-from webhook_ingest.shared.signatures import parts
-from webhook_ingest.shared.signatures.contract import BODY_ONLY, SignOptions, SourceOptions, Verified
-from webhook_ingest.shared.signatures.errors import InvalidSignature, SchemeConfigError
+from . import parts
+from .contract import BODY_ONLY, SignOptions, SourceOptions, Verified
+from .errors import InvalidSignature, SchemeConfigError
 
 GITLAB_HEADER = "X-Gitlab-Token"
 AUTHORIZATION = "Authorization"

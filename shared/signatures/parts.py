@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from webhook_ingest.shared.signatures.errors import (
+from .errors import (
     InvalidSignature,
     MissingSignature,
     SchemeConfigError,

@@ -8,7 +8,7 @@ at the provider.
 
 from urllib.parse import urlsplit
 
-from webhook_ingest.shared.signatures.errors import SchemeConfigError
+from .errors import SchemeConfigError
 
 
 def checked(public_url: str | None, scheme: str, *, query_allowed: bool) -> str:

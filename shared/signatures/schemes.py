@@ -4,9 +4,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
-from webhook_ingest.shared.signatures import body, credentials, slack, square, standard, stripe, twilio
-from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions, Verifier
-from webhook_ingest.shared.signatures.errors import SchemeConfigError
+from . import body, credentials, slack, square, standard, stripe, twilio
+from .contract import SignOptions, SourceOptions, Verifier
+from .errors import SchemeConfigError
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,10 @@ with the app's signing secret; stale past the source's tolerance (300 s, Slack's
 
 from collections.abc import Mapping, Sequence
 
-from webhook_ingest.shared.signatures import parts
-from webhook_ingest.shared.signatures.contract import BODY_ONLY, SignOptions, SourceOptions, Verified
-from webhook_ingest.shared.signatures.errors import InvalidSignature
-from webhook_ingest.shared.signatures.parts import HEX
+from . import parts
+from .contract import BODY_ONLY, SignOptions, SourceOptions, Verified
+from .errors import InvalidSignature
+from .parts import HEX
 
 SIGNATURE_HEADER = "X-Slack-Signature"
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"

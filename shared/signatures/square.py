@@ -7,9 +7,9 @@ and fed it at start-up, so a request costs one HMAC over the body per key.
 
 from collections.abc import Mapping, Sequence
 
-from webhook_ingest.shared.signatures import parts, public_url
-from webhook_ingest.shared.signatures.contract import BODY_ONLY, SignOptions, SourceOptions, Verified
-from webhook_ingest.shared.signatures.parts import BASE64
+from . import parts, public_url
+from .contract import BODY_ONLY, SignOptions, SourceOptions, Verified
+from .parts import BASE64
 
 HEADER = "x-square-hmacsha256-signature"
 

@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from cryptography.exceptions import InvalidSignature as BadEd25519Signature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from webhook_ingest.shared.signatures import parts
-from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions, Verified
-from webhook_ingest.shared.signatures.errors import InvalidSignature, MissingSignature, SchemeConfigError
-from webhook_ingest.shared.signatures.parts import BASE64
+from . import parts
+from .contract import SignOptions, SourceOptions, Verified
+from .errors import InvalidSignature, MissingSignature, SchemeConfigError
+from .parts import BASE64
 
 PREFIXES = ("webhook-", "svix-")
 SECRET_PREFIX = "whsec_"

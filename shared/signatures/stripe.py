@@ -3,10 +3,10 @@ string; other schemes in the header (v0) are ignored."""
 
 from collections.abc import Mapping, Sequence
 
-from webhook_ingest.shared.signatures import parts
-from webhook_ingest.shared.signatures.contract import BODY_ONLY, SignOptions, SourceOptions, Verified
-from webhook_ingest.shared.signatures.errors import InvalidSignature
-from webhook_ingest.shared.signatures.parts import HEX
+from . import parts
+from .contract import BODY_ONLY, SignOptions, SourceOptions, Verified
+from .errors import InvalidSignature
+from .parts import HEX
 
 HEADER = "Stripe-Signature"
 

@@ -24,10 +24,11 @@ from urllib.parse import parse_qs
 
 from webhook_ingest.shared.event import payloads
 from webhook_ingest.shared.event.payloads import Form
-from webhook_ingest.shared.signatures import parts, public_url
-from webhook_ingest.shared.signatures.contract import SignOptions, SourceOptions, Verified
-from webhook_ingest.shared.signatures.errors import InvalidSignature
-from webhook_ingest.shared.signatures.parts import BASE64
+
+from . import parts, public_url
+from .contract import SignOptions, SourceOptions, Verified
+from .errors import InvalidSignature
+from .parts import BASE64
 
 SIGNATURE_HEADER = "X-Twilio-Signature"
 SETTINGS_HEADER = "X-Twilio-Webhooks-Signature-Settings"

@@ -35,10 +35,11 @@ from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.event import ids as event_id
 from webhook_ingest.shared.event.message import MAX_BODY_BYTES
 from webhook_ingest.shared.event.types import default_selectors as default_event_type
-from webhook_ingest.shared.sources import ignore_rules
-from webhook_ingest.shared.sources import routes as route_rules
-from webhook_ingest.shared.sources.retention import DEFAULT_RETENTION, parse_retention
-from webhook_ingest.shared.sources.routes import Route
+
+from . import ignore_rules
+from . import routes as route_rules
+from .retention import DEFAULT_RETENTION, parse_retention
+from .routes import Route
 
 Network = IPv4Network | IPv6Network
 _Parsed = TypeVar("_Parsed")  # what a parser of a source's field gives

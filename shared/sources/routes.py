@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook_ingest.shared.event import ids as event_id
-from webhook_ingest.shared.sources import ignore_rules
+
+from . import ignore_rules
 
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 SEPARATOR = "#"

@@ -5,10 +5,11 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn
 
-from webhook_ingest.cli.terminal import echo
 from webhook_ingest.shared.errors import ConfigError, WebhookIngestError
 from webhook_ingest.shared.observability import tracing
 from webhook_ingest.shared.settings import ENVIRONMENT_VARIABLES
+
+from .terminal import echo
 
 ENV_HELP = "\b\nEnvironment:\n" + "\n".join(
     f"  {name:<30} {meaning}"

@@ -16,8 +16,6 @@ import asyncpg
 import click
 import orjson
 
-from webhook_ingest.cli.common import ENV_HELP, fail, run_or_fail, traced
-from webhook_ingest.cli.terminal import echo
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.broker import amqp, topology
 from webhook_ingest.shared.db.values import to_json
@@ -36,6 +34,9 @@ from webhook_ingest.shared.observability.logging import configure_logging
 from webhook_ingest.shared.service_errors import BROKER_ERRORS, POSTGRES_ERRORS
 from webhook_ingest.shared.settings import Settings, load_settings
 from webhook_ingest.workers.claim.completions import CompletionStore
+
+from .common import ENV_HELP, fail, run_or_fail, traced
+from .terminal import echo
 
 CONNECT_TIMEOUT = 10.0
 _DURATION = re.compile(r"^(\d+)([smhd])$")

@@ -15,9 +15,6 @@ from typing import BinaryIO
 
 import click
 
-from webhook_ingest.cli.common import ENV_HELP, fail, run_or_fail
-from webhook_ingest.cli.dlq import _echo_json, _indented_json, _settings, age, database, trimmed
-from webhook_ingest.cli.terminal import echo, one_line
 from webhook_ingest.shared.archive.search import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -35,6 +32,10 @@ from webhook_ingest.shared.archive.store import ArchiveStore
 from webhook_ingest.shared.errors import ConfigError, WebhookIngestError
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources.model import Source, load_sources
+
+from .common import ENV_HELP, fail, run_or_fail
+from .dlq import _echo_json, _indented_json, _settings, age, database, trimmed
+from .terminal import echo, one_line
 
 FILTER_OPTIONS = [
     click.option("--source", default=None, help="only this source"),
@@ -248,4 +249,4 @@ def _table(rows: list[dict], now: datetime) -> str:
     return "\n".join(lines)
 
 
-from webhook_ingest.cli import events_replay  # noqa: E402,F401 - registers `events replay` (its own module)
+from . import events_replay  # noqa: E402,F401 - registers `events replay` (its own module)

@@ -17,10 +17,6 @@ import sys
 
 import click
 
-from webhook_ingest.cli.common import ENV_HELP, fail, run_or_fail
-from webhook_ingest.cli.dlq import _echo_json, _settings, confirm_channel, database
-from webhook_ingest.cli.events import cli_filter, events, filter_options, source_routes
-from webhook_ingest.cli.terminal import echo
 from webhook_ingest.shared.archive.search import EventFilter, InvalidFilter
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.errors import WebhookIngestError
@@ -28,6 +24,11 @@ from webhook_ingest.shared.replays.model import EventReplay
 from webhook_ingest.shared.replays.store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.runs.paced import DEFAULT_RATE, MAX_RATE, MIN_RATE, run
 from webhook_ingest.shared.settings import Settings
+
+from .common import ENV_HELP, fail, run_or_fail
+from .dlq import _echo_json, _settings, confirm_channel, database
+from .events import cli_filter, events, filter_options, source_routes
+from .terminal import echo
 
 
 class NoSuchReplay(WebhookIngestError):

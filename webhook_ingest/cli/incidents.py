@@ -9,9 +9,6 @@ from typing import Any
 
 import click
 
-from webhook_ingest.cli.common import ENV_HELP, fail, run_or_fail, traced
-from webhook_ingest.cli.dlq import _echo_json, _settings, age, confirm_channel, database, trimmed
-from webhook_ingest.cli.terminal import echo
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.dead_letters.model import Replayed, parse_id
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
@@ -19,6 +16,10 @@ from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.incidents.model import event_document, incident_document
 from webhook_ingest.shared.incidents.store import STATES, IncidentNotFound, IncidentStore
 from webhook_ingest.shared.settings import Settings
+
+from .common import ENV_HELP, fail, run_or_fail, traced
+from .dlq import _echo_json, _settings, age, confirm_channel, database, trimmed
+from .terminal import echo
 
 _IDS_MAY_LOOK_LIKE_OPTIONS = {"ignore_unknown_options": True}
 

@@ -8,13 +8,14 @@ from typing import ClassVar
 
 import click
 
-from webhook_ingest.cli import layout, ports
-from webhook_ingest.cli.common import ENV_HELP, fail, traced
-from webhook_ingest.cli.terminal import echo
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.observability.logging import configure_logging, get_logger
 from webhook_ingest.shared.settings import Settings, load_settings
 from webhook_ingest.shared.sources.model import Source, load_sources
+
+from . import layout, ports
+from .common import ENV_HELP, fail, traced
+from .terminal import echo
 
 log = get_logger("webhook_ingest")
 POOLER_CHECK_SECONDS = 5.0  # the ingress's look for a transaction pooler, at start
@@ -103,8 +104,9 @@ def _migrate_or_fail(settings: Settings) -> None:
     """Migrate and say what was applied, or one line on stderr and exit 2."""
     import asyncpg
 
-    from webhook_ingest.cli.migrate import migrate as run_migrations
     from webhook_ingest.shared.errors import WebhookIngestError, describe, one_line
+
+    from .migrate import migrate as run_migrations
 
     where = settings.masked()["database_url"]
     try:
@@ -193,7 +195,7 @@ def send_test_command(source_name: str, url: str, duplicates: int) -> None:
     """Sign a sample event with SOURCE's secret and send it; one line per request."""
     import aiohttp
 
-    from webhook_ingest.cli.send_test import send_test
+    from .send_test import send_test
 
     _, sources = configured()
     if source_name not in sources:
@@ -311,7 +313,7 @@ def run(
 
     The defaults are the configuration `make bench` measured fastest
     (docs/performance.md); the options override it."""
-    from webhook_ingest.cli.preflight import service_problems
+    from .preflight import service_problems
 
     settings, sources = configured()
     _port_free_or_fail(host, port)
@@ -338,7 +340,7 @@ def run(
 
 
 def _supervise(commands: dict[str, list[str]]) -> None:
-    from webhook_ingest.cli.supervisor import Supervisor
+    from .supervisor import Supervisor
 
     install_uvloop()
     asyncio.run(Supervisor(commands).run())

@@ -10,15 +10,16 @@ import asyncio
 
 import click
 
-from webhook_ingest.cli.common import ENV_HELP, fail, run_or_fail
-from webhook_ingest.cli.dlq import _settings, database
-from webhook_ingest.cli.terminal import echo
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources.model import load_sources
 from webhook_ingest.shared.sources.pauses import PauseStore
+
+from .common import ENV_HELP, fail, run_or_fail
+from .dlq import _settings, database
+from .terminal import echo
 
 
 @click.group(epilog=ENV_HELP)

@@ -9,8 +9,9 @@ import asyncio
 import signal
 import sys
 
-from webhook_ingest.cli import layout
 from webhook_ingest.shared.observability.logging import get_logger
+
+from . import layout
 
 log = get_logger(__name__)
 RESTART_PAUSE = 1.0

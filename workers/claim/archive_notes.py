@@ -27,7 +27,8 @@ from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.replays import keys as replay_keys
 from webhook_ingest.shared.sources.model import Source
 from webhook_ingest.shared.upkeep import ArchiveUpkeep
-from webhook_ingest.workers.claim.states import Outcome
+
+from .states import Outcome
 
 MAX_ROWS = 50_000  # small rows (no body): minutes of a busy worker while Postgres is away
 FLUSH_SECONDS = 2.0

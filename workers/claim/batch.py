@@ -30,15 +30,16 @@ import asyncpg
 
 from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.observability import tracing
-from webhook_ingest.workers.claim.attempts import already_handed_on
-from webhook_ingest.workers.claim.completions import LOCK_CONFLICTS
-from webhook_ingest.workers.claim.idempotency import quietly
-from webhook_ingest.workers.claim.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
-from webhook_ingest.workers.claim.ports import CompletionStorePort, IdempotencyStorePort
-from webhook_ingest.workers.claim.processor import HandlerFailed, Processor
-from webhook_ingest.workers.claim.redlock import Lock
-from webhook_ingest.workers.claim.states import ClaimState, Outcome
 from webhook_ingest.workers.failures.outage import found_in_chain
+
+from .attempts import already_handed_on
+from .completions import LOCK_CONFLICTS
+from .idempotency import quietly
+from .lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
+from .ports import CompletionStorePort, IdempotencyStorePort
+from .processor import HandlerFailed, Processor
+from .redlock import Lock
+from .states import ClaimState, Outcome
 
 
 class _RollBack(Exception):

@@ -26,8 +26,9 @@ from typing import Any
 
 from webhook_ingest.shared.db.group_commit import GroupCommit
 from webhook_ingest.shared.event.message import EventMessage
-from webhook_ingest.workers.claim.lease import Lease
-from webhook_ingest.workers.claim.ports import CompletionStorePort
+
+from .lease import Lease
+from .ports import CompletionStorePort
 
 WRITERS = (
     2  # per kind of statement; they share the short-statement pool (2 to 4 connections, workers/connection_budget.py)

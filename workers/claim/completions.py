@@ -31,9 +31,10 @@ from webhook_ingest.shared.db.sessions import closed_if_left_by
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.workers.claim.attempts import HandedOn
-from webhook_ingest.workers.claim.lease import Lease
 from webhook_ingest.workers.failures.outage import POSTGRES_LOST
+
+from .attempts import HandedOn
+from .lease import Lease
 
 log = get_logger(__name__)
 SQL = load_queries("webhook_ingest.workers")

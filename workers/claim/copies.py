@@ -25,7 +25,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from webhook_ingest.shared.event.message import EventMessage
-from webhook_ingest.workers.claim.states import Outcome
+
+from .states import Outcome
 
 # The leader settled the event for its copies too: completed, or carried on
 # by the retry message it published, or recorded as a dead letter. A copy

@@ -29,8 +29,9 @@ from typing import Any
 import asyncpg
 
 from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.workers.claim.ports import CompletionStorePort
 from webhook_ingest.workers.failures.outage import when_let_in
+
+from .ports import CompletionStorePort
 
 log = get_logger(__name__)
 _QUERIES = frozenset(

@@ -20,8 +20,9 @@ from webhook_ingest.shared.observability import metrics
 from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.redis_keys import DONE_PREFIX, done_marker, key_prefix
 from webhook_ingest.shared.service_errors import REDIS_ERRORS
-from webhook_ingest.workers.claim.redlock import AcquireResult, Lock, Redlock
-from webhook_ingest.workers.claim.states import ClaimState
+
+from .redlock import AcquireResult, Lock, Redlock
+from .states import ClaimState
 
 log = get_logger(__name__)
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 from webhook_ingest.shared.observability import metrics
 from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.workers.claim import loop_lag
-from webhook_ingest.workers.claim.attempts import HandedOn
+
+from . import loop_lag
+from .attempts import HandedOn
 
 log = get_logger(__name__)
 RENEW_RETRY_SECONDS = 0.2

@@ -26,11 +26,12 @@ from typing import Protocol, TypeVar
 
 from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.sources.model import Source
-from webhook_ingest.workers.claim.completions import Settled
-from webhook_ingest.workers.claim.idempotency import Claim
-from webhook_ingest.workers.claim.lease import Lease
-from webhook_ingest.workers.claim.redlock import Lock
-from webhook_ingest.workers.claim.states import Outcome
+
+from .completions import Settled
+from .idempotency import Claim
+from .lease import Lease
+from .redlock import Lock
+from .states import Outcome
 
 ConnectionT = TypeVar("ConnectionT")
 

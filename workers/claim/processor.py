@@ -39,18 +39,19 @@ from webhook_ingest.shared.event.message import EventMessage
 from webhook_ingest.shared.observability import tracing
 from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.sources.model import Source
-from webhook_ingest.workers.claim.archive_notes import NO_NOTES, ArchiveNotes
-from webhook_ingest.workers.claim.attempts import already_handed_on
-from webhook_ingest.workers.claim.coalesced import CoalescedStatements
-from webhook_ingest.workers.claim.handler_db import HandlerTransaction
-from webhook_ingest.workers.claim.idempotency import Claim, quietly
-from webhook_ingest.workers.claim.lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
-from webhook_ingest.workers.claim.ports import CompletionStorePort, FailurePolicyPort, IdempotencyStorePort
-from webhook_ingest.workers.claim.redlock import Lock
-from webhook_ingest.workers.claim.renewals import LeaseRenewals, LockRenewals
-from webhook_ingest.workers.claim.states import ClaimState, Outcome, classify_completed
 from webhook_ingest.workers.failures.outage import found_in_chain, outage_kind
 from webhook_ingest.workers.handlers import Event, HandlerContext, handler_key, load_handlers, replay_of
+
+from .archive_notes import NO_NOTES, ArchiveNotes
+from .attempts import already_handed_on
+from .coalesced import CoalescedStatements
+from .handler_db import HandlerTransaction
+from .idempotency import Claim, quietly
+from .lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
+from .ports import CompletionStorePort, FailurePolicyPort, IdempotencyStorePort
+from .redlock import Lock
+from .renewals import LeaseRenewals, LockRenewals
+from .states import ClaimState, Outcome, classify_completed
 
 READ_ONLY = asyncpg.ReadOnlySQLTransactionError
 log = get_logger(__name__)

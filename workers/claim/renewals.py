@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from webhook_ingest.shared.db.group_commit import GroupCommit
-from webhook_ingest.workers.claim.lease import Lease
-from webhook_ingest.workers.claim.ports import CompletionStorePort, IdempotencyStorePort
-from webhook_ingest.workers.claim.redlock import Lock
+
+from .lease import Lease
+from .ports import CompletionStorePort, IdempotencyStorePort
+from .redlock import Lock
 
 WRITERS = 2  # Redis script calls at once; the lease renewals' follow the renewal pool's connections
 MAX_BATCH = 1000

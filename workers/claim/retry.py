@@ -22,10 +22,11 @@ from webhook_ingest.shared.incidents.store import Failure, record_failure
 from webhook_ingest.shared.observability import tracing
 from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.sources.model import Source
-from webhook_ingest.workers.claim.states import Outcome
 from webhook_ingest.workers.failures.incident_counts import IncidentCounts
 from webhook_ingest.workers.failures.outage import BROKER_LOST, POSTGRES_LOST
 from webhook_ingest.workers.handlers import PermanentError
+
+from .states import Outcome
 
 log = get_logger(__name__)
 

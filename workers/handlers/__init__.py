@@ -128,7 +128,7 @@ def _check_forward_options(source: str, where: str, options: Mapping[str, Any]) 
 
 
 def _check_forward_headers(headers: Any) -> None:
-    from webhook_ingest.workers.handlers.forward import OWN_HEADERS, sent_headers
+    from .forward import OWN_HEADERS, sent_headers
 
     if not isinstance(headers, dict) or not all(isinstance(value, str) for value in headers.values()):
         raise ValueError("headers: a table of header names and string values (a value may be env:NAME or file:/path)")
@@ -142,11 +142,11 @@ def load_handler(reference: str) -> Handler:
     """A built-in name (`inbox`, `forward`) or `module:function`; ConfigError
     saying why when it names no callable."""
     if reference == "inbox":
-        from webhook_ingest.workers.handlers import inbox
+        from . import inbox
 
         return inbox.handle
     if reference == "forward":
-        from webhook_ingest.workers.handlers import forward
+        from . import forward
 
         return forward.handle
     return _imported(reference)

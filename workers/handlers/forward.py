@@ -26,7 +26,8 @@ import aiohttp
 from webhook_ingest.shared.errors import redacted
 from webhook_ingest.shared.event import payloads
 from webhook_ingest.workers.delivery_rate import wait_for_turn
-from webhook_ingest.workers.handlers import Event, HandlerContext, PermanentError
+
+from . import Event, HandlerContext, PermanentError
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 _RETRYABLE_CLIENT_ERRORS = frozenset({408, 429})

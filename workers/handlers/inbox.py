@@ -4,7 +4,8 @@ import json
 
 from webhook_ingest.shared.db.queries import load_queries
 from webhook_ingest.shared.event import payloads
-from webhook_ingest.workers.handlers import Event, HandlerContext
+
+from . import Event, HandlerContext
 
 _INSERT = load_queries("webhook_ingest.workers")["insert_inbox"]
 
