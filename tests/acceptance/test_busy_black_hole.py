@@ -32,7 +32,7 @@ from tests.support.tcpproxy import TcpProxy
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("effects_tables")]
 
 EVENTS = 8
-HANDLER = "tests.support.adversary_handlers:busy_external"
+HANDLER = "tests.support.handlers:busy_external"
 CALL_SECONDS = 12  # each call: four TTLs (3 s), long enough for another worker to take its key
 BUSY_MS = 8  # of the loop every 20 ms, each call: with 8 in flight the loop is late at every step
 

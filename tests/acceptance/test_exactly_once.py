@@ -1,6 +1,8 @@
-"""Exactly-once effects with real worker processes (docs/reference.md §7): copies racing
-across processes, a worker killed with SIGKILL, Redis flushed or unreachable,
-Postgres cut, a paused lock holder, a graceful stop.
+"""Exactly-once effect (docs/reference.md §7.1) with real worker processes: copies
+racing across processes, a worker killed with SIGKILL, Redis flushed or
+unreachable, Postgres cut, a paused lock holder, a graceful stop; another
+payload after a retried completion is a conflict, and a resend after prune
+forgot the key is processed again.
 
 Handlers come from tests.support.handlers; most write a row to `effects`,
 which has no unique key, so a second run of one event is a second row.
@@ -16,6 +18,7 @@ import aiohttp
 import asyncpg
 import orjson
 import pytest
+import redis.asyncio as redis
 
 from tests.support.events import make_event, publish_events, queue_depth
 from tests.support.exactly_once import (
@@ -28,13 +31,18 @@ from tests.support.exactly_once import (
     until_every_message_handled,
     write_sources,
 )
+from tests.support.outcomes import fetchrow as _fetchrow
+from tests.support.outcomes import settled_quietly as _settled_quietly
+from tests.support.outcomes import where_is as _where_is
 from tests.support.processes import count_rows, outcomes, wait_for_output, wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.tcpproxy import TcpProxy, free_port
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.broker import topology
+from webhook_ingest.shared.redis_keys import DONE_PREFIX, key_prefix
 
 pytestmark = pytest.mark.usefixtures("effects_tables")
+HANDLERS = "tests.support.handlers"
 
 
 async def test_copies_sent_concurrently_through_the_ingress_complete_once(settings, fleet, tmp_path):
@@ -400,3 +408,107 @@ def _alive(pid: int) -> bool:
             return "zombie" not in status.read()
     except FileNotFoundError:
         return False
+
+
+async def _until_redis_forgot(settings, key: str) -> None:
+    """Until the key's done marker (WEBHOOK_INGEST_DONE_TTL, 1 s here) was
+    written and has expired: Redis forgot the key."""
+    client = redis.from_url(settings.redis_urls[0])
+    name = key_prefix(settings.namespace) + key
+
+    async def marked() -> bool:
+        return (await client.get(name) or b"").startswith(DONE_PREFIX.encode())
+
+    async def forgotten() -> bool:
+        return not await client.exists(name)
+
+    try:
+        await wait_until(marked, 10, message="the done marker")
+        await wait_until(forgotten, 10, message="the done marker expired")
+    finally:
+        await client.aclose()
+
+
+async def _cli(service_env: dict, *args: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "webhook_ingest",
+        *args,
+        env={**os.environ, **service_env},
+        stdout=asyncio.subprocess.DEVNULL,
+    )
+    assert await asyncio.wait_for(process.wait(), 60) == 0
+
+
+async def test_a_conflicting_payload_after_a_retried_completion_is_recorded_as_a_conflict(settings, fleet, tmp_path):
+    """An event fails its first attempt and completes on its second
+    (key_fences: chain 0, attempt 1 handed on). Redis forgets the key (its
+    done marker lives WEBHOOK_INGEST_DONE_TTL: a day by default, 1 s here).
+    Then the provider sends the same key with another payload. §5: that is
+    a conflict — not processed again, logged with both hashes, counted
+    `conflict` and recorded in event_conflicts for operators. Without a
+    failed attempt before the completion it is (test_exactly_once); with
+    one, the attempt check runs before the completion check, and the
+    conflicting payload is acked as a copy of attempt 1, unrecorded."""
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:inbox_failing_odd_ids_once"),
+        "WEBHOOK_INGEST_DONE_TTL": "1",
+    }
+    worker = fleet.worker("--concurrency", "4", env=env)
+    await wait_for_output(worker, "worker_consuming")
+    first = make_event("acme", "evt_1", {"amount": 100})  # odd: its first attempt fails
+    await publish_events(settings.amqp_url, settings.namespace, [first])
+    await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 30, message="the completion")
+    assert (await _fetchrow(settings.database_url, "SELECT attempts FROM processed_events"))["attempts"] == 2
+    await _until_redis_forgot(settings, first.key)
+
+    tampered = make_event("acme", "evt_1", {"amount": 999})
+    await publish_events(settings.amqp_url, settings.namespace, [tampered])
+    await _settled_quietly(settings, 1)
+
+    assert await _where_is(settings.database_url, first.key) == {
+        "completed": 1,
+        "open_dead_letters": 0,
+        "conflicts": 1,
+    }, "attempt_already_handed_on" in worker.output()
+    assert "payload_conflict" in worker.output()
+
+
+async def test_after_prune_forgot_a_retried_completion_a_resend_is_processed_again(
+    settings, service_env, fleet, tmp_path
+):
+    """operations.md, Retention and pruning: "a manual resend from a
+    provider's dashboard of an event whose record was pruned is processed
+    again". The event completed on its second attempt 31 days ago (attempt 1
+    handed on); a copy came 20 days ago (Redis had forgotten the key: a
+    duplicate found in Postgres — which took the key's lease and so touched
+    its fence row). `prune --older-than 30d` deletes the completion but not
+    the fence row, which keeps the attempt record. The provider's manual
+    resend today is acked as a copy of attempt 1 and never processed."""
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", f"{HANDLERS}:inbox_failing_odd_ids_once"),
+        "WEBHOOK_INGEST_DONE_TTL": "1",
+    }
+    worker = fleet.worker("--concurrency", "4", env=env)
+    await wait_for_output(worker, "worker_consuming")
+    event = make_event("acme", "evt_3")  # odd: its first attempt fails, its second completes
+    await publish_events(settings.amqp_url, settings.namespace, [event])
+    await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 30, message="the completion")
+    await _until_redis_forgot(settings, event.key)
+    await publish_events(settings.amqp_url, settings.namespace, [event])  # the copy of "20 days ago"
+    await _settled_quietly(settings, 1)
+    connection = await asyncpg.connect(settings.database_url)
+    try:  # time passes
+        await connection.execute("UPDATE processed_events SET completed_at = now() - interval '31 days'")
+        await connection.execute("UPDATE key_fences SET updated_at = now() - interval '20 days'")
+    finally:
+        await connection.close()
+    await _cli(service_env, "prune", "--older-than", "30d")
+    assert await count_rows(settings.database_url, "processed_events") == 0
+
+    await publish_events(settings.amqp_url, settings.namespace, [event])  # the manual resend
+    await _settled_quietly(settings)
+    assert await count_rows(settings.database_url, "processed_events") == 1, (
+        "attempt_already_handed_on" in worker.output()
+    )

@@ -1,7 +1,7 @@
 """Adversary, round 4, where one component suffices: the ingress app (the
 real aiohttp app on the real broker and Postgres) at its edges. The
 findings that need worker processes are in
-tests/acceptance/test_adversary_round4.py."""
+tests/acceptance/test_retries_and_dead_letters.py and test_degraded.py."""
 
 import json
 

@@ -129,7 +129,7 @@ def test_stop_during_a_burst_of_new_connections_leaves_no_socket_open(service):
     being accepted or served it was at — accepted but not served yet, its
     upstream connection being made — and none is left to the garbage
     collector (its ResourceWarning fails whichever later test collects it:
-    test_adversary_round6 did, 'loop is closed'). Many short rounds: each
+    an acceptance test of round 6 did, 'loop is closed'). Many short rounds: each
     stops at another point of its burst."""
     leaks = []
     with warnings.catch_warnings(record=True) as caught:  # all of them: the collector runs when it likes

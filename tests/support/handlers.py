@@ -1,7 +1,12 @@
 """Handlers the acceptance tests configure as `tests.support.handlers:NAME`.
 
-Each records what it did in tables the test creates (`effects`, `runs`), so
-the test can count effects and see overlaps through Postgres.
+Each records what it did in tables the test creates (`effects`, `runs`,
+`runs_started`: the `effects_tables` fixture), so the test can count effects
+and see overlaps through Postgres. Those after "External effects" record
+through a connection of their own, outside the completion transaction, as an
+external side effect (an HTTP call) would be; those after "Refusals quoting
+undecodable text" are receivers whose refusal quotes a NUL or a lone
+surrogate.
 """
 
 import asyncio
@@ -141,3 +146,171 @@ async def writes_calls_then_fails_some(event, ctx):
     await forward(event, ctx)
     if int(event.event_id.rsplit("_", 1)[1]) % 4 == 0:
         raise PermanentError("the downstream's answer says never")
+
+
+# External effects (recorded on a connection of their own).
+
+
+async def long_external(event, ctx):
+    """An external effect of `seconds` (default 5) that touches `ctx.db` only
+    at its end: its start goes to `runs_started`, its interval to `runs` —
+    also when it is cancelled, as an effect that stopped then."""
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        await connection.execute("INSERT INTO runs_started (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+        started = time.time()
+        try:
+            await asyncio.sleep(float(ctx.options.get("seconds", 5)))
+        finally:  # also when cancelled: the effect stopped then, and its interval ends there
+            await connection.execute(
+                "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+                event.key,
+                os.getpid(),
+                started,
+                time.time(),
+            )
+    finally:
+        await connection.close()
+    await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+
+
+async def failing_external(event, ctx):
+    """An external effect that always fails after `seconds` (default 0): each
+    run is a row in `runs` (`started` is the attempt number, `ended` the
+    time it started), then it raises."""
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        await connection.execute(
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+            event.key,
+            os.getpid(),
+            float(event.attempt),
+            time.time(),
+        )
+    finally:
+        await connection.close()
+    await asyncio.sleep(float(ctx.options.get("seconds", 0)))
+    raise RuntimeError(f"the receiver is down (attempt {event.attempt})")
+
+
+async def fails_until_dead_lettered(event, ctx):
+    """A receiver that is down until the event's first dead letter is
+    recorded (on-call would look then), and up again from that moment."""
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        dead = await connection.fetchval("SELECT count(*) FROM dead_letters WHERE key = $1", event.key)
+        await connection.execute(
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+            event.key,
+            os.getpid(),
+            float(event.attempt),
+            time.time(),
+        )
+    finally:
+        await connection.close()
+    await asyncio.sleep(float(ctx.options.get("seconds", 0)))
+    if not dead:
+        raise RuntimeError(f"the receiver is down (attempt {event.attempt})")
+    await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+
+
+async def cancelled_by_a_library_once(event, ctx):
+    """Attempt 1 awaits a future that another task cancelled (a shared
+    in-flight call its owner gave up on, as client libraries that
+    deduplicate requests do): `CancelledError` reaches the handler although
+    its own task was never cancelled. Each run is a row in `runs`
+    (`started`: the attempt); later attempts write the effect."""
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        await connection.execute(
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+            event.key,
+            os.getpid(),
+            float(event.attempt),
+            time.time(),
+        )
+    finally:
+        await connection.close()
+    if event.attempt == 1:
+        shared_call = asyncio.get_running_loop().create_future()
+        shared_call.cancel()
+        await shared_call
+    await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+
+
+async def kills_its_worker_recorded(event, ctx):
+    """A poison event: each run is a row in `runs` (`started`: the attempt),
+    committed on a connection of its own; then it takes its worker down, as
+    a segfault or the OOM killer would."""
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        await connection.execute(
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+            event.key,
+            os.getpid(),
+            float(event.attempt),
+            time.time(),
+        )
+    finally:
+        await connection.close()
+    os._exit(137)
+
+
+async def busy_external(event, ctx):
+    """A `seconds`-long (default 12) external call whose answer streams in
+    and is worked on as it comes: `busy_ms` (default 3) of the loop's time
+    every 20 ms, without Postgres; then a write through `ctx.db`. A few of
+    them in flight keep the worker's loop late at every step (a loaded
+    loop). Its start is a line `start key pid` in the file `intervals`, its
+    call a line `key pid started ended` — also when it is cancelled."""
+    path = ctx.options["intervals"]
+    with open(path, "a") as intervals:
+        intervals.write(f"start {event.key} {os.getpid()}\n")
+    started = time.time()
+    try:
+        while time.time() < started + float(ctx.options.get("seconds", 12)):
+            await asyncio.sleep(0.02)
+            time.sleep(float(ctx.options.get("busy_ms", 3)) / 1000)  # parsing what came in
+    finally:
+        with open(path, "a") as intervals:
+            intervals.write(f"{event.key} {os.getpid()} {started} {time.time()}\n")
+    await ctx.db.execute("INSERT INTO effects (key, pid) VALUES ($1, $2)", event.key, os.getpid())
+
+
+# Refusals quoting undecodable text; each run is a row in `runs` (`started`: the attempt).
+
+# What a receiver's answer can hold once decoded: a NUL (a binary body), or a
+# lone surrogate (bytes read with errors="surrogateescape", as os and
+# subprocess hand them over).
+NUL_ANSWER = "name\x00 is not a valid contact"
+SURROGATE_ANSWER = b"caf\xe9 is not a valid contact".decode("utf-8", "surrogateescape")
+
+
+async def _record_run(event, ctx) -> None:
+    connection = await asyncpg.connect(ctx.options["database_url"])
+    try:
+        await connection.execute(
+            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
+            event.key,
+            os.getpid(),
+            float(event.attempt),
+            time.time(),
+        )
+    finally:
+        await connection.close()
+
+
+async def refused_quoting_a_nul(event, ctx):
+    """The receiver refuses the event for good; the error quotes its answer."""
+    await _record_run(event, ctx)
+    raise PermanentError(f"the CRM refused it: {NUL_ANSWER}")
+
+
+async def refused_quoting_a_lone_surrogate(event, ctx):
+    await _record_run(event, ctx)
+    raise PermanentError(f"the CRM refused it: {SURROGATE_ANSWER}")
+
+
+async def inbox_alone(event, ctx):
+    """`inbox`, not batchable: it runs alone, as `forward` and most handlers do."""
+    await inbox(event, ctx)
