@@ -123,7 +123,8 @@ async def test_a_run_repeated_after_a_prune_is_archived_as_a_second_run(
             await wait_until(
                 lambda: connection.fetchval(
                     "SELECT count(*) FROM event_archive WHERE key = 'acme:evt_2' AND status = 'processed'"
-                    " AND body IS NOT NULL AND arrival = (SELECT arrival FROM processed_events WHERE key = 'acme:evt_2')"
+                    " AND body IS NOT NULL"
+                    " AND arrival = (SELECT arrival FROM processed_events WHERE key = 'acme:evt_2')"
                 ),
                 60,
                 message="the second run archived",

@@ -100,7 +100,8 @@ async def main() -> None:
     for name, runs in taken.items():
         median = statistics.median(runs)
         print(
-            f"| {name:<40} | {median:>12.1f} | {', '.join(f'{run:.1f}' for run in runs):<20} | {median - every:>+14.1f} |"
+            f"| {name:<40} | {median:>12.1f} | {', '.join(f'{run:.1f}' for run in runs):<20}"
+            f" | {median - every:>+14.1f} |"
         )
     print("\nbytes on disk per event, each index (every index kept):")
     for index, size in sizes.items():

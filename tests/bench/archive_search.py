@@ -209,14 +209,16 @@ async def measure(connection: asyncpg.Connection, now: datetime) -> None:
                 median, most, runs, result = await timed(run)
             except TimeoutError:
                 print(
-                    f"| {name:<58} | {'> ' + str(STATEMENT_SECONDS):>9} | {'timeout':>8} | {1:>4} | {'-':>6} | {'MISSED':<12} |"
+                    f"| {name:<58} | {'> ' + str(STATEMENT_SECONDS):>9} | {'timeout':>8} | {1:>4}"
+                    f" | {'-':>6} | {'MISSED':<12} |"
                 )
                 missed.append((name, await plan(connection, query, case_where, case_after, case_routes, analyze=False)))
                 continue
             size = len(result) if isinstance(result, list) else result
             ok = most < GOAL_MS
             print(
-                f"| {name:<58} | {median:>9.1f} | {most:>8.1f} | {runs:>4} | {size:>6} | {'ok' if ok else 'MISSED':<12} |"
+                f"| {name:<58} | {median:>9.1f} | {most:>8.1f} | {runs:>4} | {size:>6}"
+                f" | {'ok' if ok else 'MISSED':<12} |"
             )
             if not ok:
                 missed.append((name, await plan(connection, query, case_where, case_after, case_routes)))

@@ -63,7 +63,8 @@ def ingress(settings, tmp_path, monkeypatch) -> Iterator[IngressThread]:
     path = tmp_path / "sources.toml"
     path.write_text(
         "\n".join(
-            f'[sources.{scheme}]\nscheme = "{scheme}"\nhandler = "inbox"\nsecrets = ["{PROVIDERS[scheme].source_secret}"]\n'
+            f'[sources.{scheme}]\nscheme = "{scheme}"\nhandler = "inbox"\n'
+            f'secrets = ["{PROVIDERS[scheme].source_secret}"]\n'
             + "".join(f'{name} = "{value}"\n' for name, value in PROVIDERS[scheme].options.items())
             for scheme in SCHEMES
         )

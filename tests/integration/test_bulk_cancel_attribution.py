@@ -47,7 +47,8 @@ async def test_a_cancel_does_not_count_a_dead_letter_another_operator_discarded_
         audit = [
             (row["name"], row["action"], row["dead_letter_ids"])
             for row in await pool.fetch(
-                "SELECT name, action, dead_letter_ids FROM audit_log WHERE action IN ('discard', 'bulk_discard_cancelled')"
+                "SELECT name, action, dead_letter_ids FROM audit_log"
+                " WHERE action IN ('discard', 'bulk_discard_cancelled')"
                 " ORDER BY id"
             )
         ]

@@ -62,7 +62,8 @@ async def replays_of_a_window(database: str, connection, olds: int = 2) -> dict[
         handled = replay.total if ended else replay.total // 2
         await connection.execute(
             "UPDATE event_replays SET state = $2, next_item = $3 + 1, published = $3 - 1, skipped = 1, rate = 10,"
-            " started_at = now() - interval '3 days', stepped_at = now() - $4::interval, finished_at = now() - $5::interval"
+            " started_at = now() - interval '3 days', stepped_at = now() - $4::interval,"
+            " finished_at = now() - $5::interval"
             " WHERE id = $1",
             replay.id,
             state,

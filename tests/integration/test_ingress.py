@@ -23,7 +23,8 @@ ID_HEADERS = {"github": "X-GitHub-Delivery", "shopify": "X-Shopify-Webhook-Id", 
 @pytest.fixture
 def sources(tmp_path):
     sections = [
-        f'[sources.{scheme.replace("-", "_")}]\nscheme = "{scheme}"\nsecrets = ["old-{scheme}", "{secret}"]\nhandler = "inbox"\n'
+        f'[sources.{scheme.replace("-", "_")}]\nscheme = "{scheme}"\n'
+        f'secrets = ["old-{scheme}", "{secret}"]\nhandler = "inbox"\n'
         for scheme, secret in SECRETS.items()
     ]
     sections.append(

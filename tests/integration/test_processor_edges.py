@@ -231,7 +231,7 @@ async def _kept_through_a_stall(keeper: Keeper, stall: float) -> None:
     (a GC pause, SIGSTOP), then until it is renewed past the stall or lost."""
     task = asyncio.create_task(keeper.keep())
     await asyncio.sleep(0)
-    time.sleep(stall)  # blocks the loop: no renewal, no timer runs meanwhile
+    time.sleep(stall)  # noqa: ASYNC251 - blocks the loop: no renewal, no timer runs meanwhile
     woke = time.monotonic()
     was_valid_until = keeper.valid_until
 

@@ -136,7 +136,7 @@ async def tls_in_front_of_the_broker(tmp_path):
     """A TLS listener on loopback that forwards to the shared broker's plain
     port, with a self-signed certificate for `localhost`: (port, cafile)."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
+    subprocess.run(  # noqa: ASYNC221 - the test's setup, before anything runs on the loop
         [
             "openssl",
             "req",

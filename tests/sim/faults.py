@@ -58,7 +58,7 @@ def apply(sim, step: Step) -> None:
 
 
 def _process_fault(sim, step: Step, now: float) -> None:
-    """A fault of one worker process: killed, crashed at an await point, stopped, paused, lagging, its broker dropped."""
+    """A fault of one worker process: killed, crashed at an await point, stopped, paused, lagging, broker dropped."""
     if step.kind == "kill":
         sim.kill(step.target, restart_after=step.detail)
         return
