@@ -1,4 +1,6 @@
-"""Hypothesis against the real ingress, as an attacker without a secret would
+"""ingress/app: the whole app's pre-authentication routes under Hypothesis.
+
+Hypothesis against the real ingress, as an attacker without a secret would
 send: any method, path, headers (bytes that are not UTF-8, junk encodings,
 forwarding headers, a session cookie and CSRF token of its own) and body to
 every pre-authentication route. No answer is a 5xx, and aiohttp logs no
