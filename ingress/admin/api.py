@@ -34,7 +34,6 @@ from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.ingress.tokens import may_change, role_of
 from webhook_ingest.shared.archive.search import InvalidFilter, parse_text
 from webhook_ingest.shared.audit.actor import Actor
-from webhook_ingest.shared.db.values import to_json
 from webhook_ingest.shared.dead_letters.model import (
     STATUSES,
     DeadLetterNotFound,
@@ -50,19 +49,19 @@ from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 from webhook_ingest.shared.settings import Settings
 
-log = get_logger(__name__)
+from .common import BadId, dead_letters_key, json_document, parse_path_id, role_key
+from .event_replays import add_event_replay_routes, setup_event_replays
+from .events import add_event_routes
+from .incidents import add_incident_routes
+from .sources import add_source_routes
+from .workers import add_worker_routes
 
-dead_letters_key = web.AppKey("dead_letters", DeadLetterStore)
+log = get_logger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-role_key = web.RequestKey("admin_role", str)
-
-
 def setup_admin(app: web.Application, settings: Settings) -> None:
-    from .event_replays import setup_event_replays  # it imports this module
-
     app.cleanup_ctx.append(admin_ctx)
     setup_event_replays(app)
     if settings.admin_token:
@@ -75,12 +74,6 @@ def admin_app() -> web.Application:
     admin.router.add_get("/dead-letters/{id}", show_route)
     admin.router.add_post("/dead-letters/{id}/replay", replay_route)
     admin.router.add_post("/dead-letters/{id}/discard", discard_route)
-    from .event_replays import add_event_replay_routes  # they import this module
-    from .events import add_event_routes
-    from .incidents import add_incident_routes
-    from .sources import add_source_routes
-    from .workers import add_worker_routes
-
     add_event_replay_routes(admin)  # before add_event_routes: its /events/{key} would take /events/replay/7
     add_event_routes(admin)
     add_incident_routes(admin)
@@ -155,10 +148,6 @@ async def discard_route(request: web.Request) -> web.Response:
 # -- the pieces every route shares -------------------------------------------------
 
 
-class _BadId(Exception):
-    pass
-
-
 @web.middleware
 async def bearer_token(request: web.Request, handler: Handler) -> web.StreamResponse:
     """401 without a token of ours, which spends the client's failure budget
@@ -186,7 +175,7 @@ async def bearer_token(request: web.Request, handler: Handler) -> web.StreamResp
 async def expected_failures(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except _BadId:
+    except BadId:
         return error(400, "invalid_id")
     except DeadLetterNotFound:
         return error(404, "not_found")
@@ -201,14 +190,6 @@ def _actor(request: web.Request) -> Actor:
     return Actor(request[role_key], "admin-api")
 
 
-def parse_path_id(request: web.Request) -> int:
-    """The `{id}` of the path; 400 `invalid_id` (by the middleware) when it is none."""
-    parsed = parse_id(request.match_info["id"])
-    if parsed is None:
-        raise _BadId()
-    return parsed
-
-
 def _store(request: web.Request) -> DeadLetterStore:
     return request.config_dict[dead_letters_key]
 
@@ -217,7 +198,3 @@ async def _summary_of(request: web.Request, dead_letter_id: int) -> web.Response
     row = await _store(request).get(dead_letter_id)
     assert row is not None, "just replayed or discarded, and dead letters are never deleted"
     return json_document(200, summary(row))
-
-
-def json_document(status: int, document: object) -> web.Response:
-    return web.Response(status=status, body=to_json(document), content_type="application/json")

@@ -27,7 +27,7 @@ from webhook_ingest.shared.replays.store import EventReplayJob, EventReplayStore
 from webhook_ingest.shared.runs.locks import RunBusy
 from webhook_ingest.shared.runs.paced import DEFAULT_RATE, MAX_RATE, MIN_RATE, PacedRunner
 
-from .api import json_document, parse_path_id, role_key
+from .common import json_document, parse_path_id, role_key
 
 event_replay_runner_key = web.AppKey("event_replay_runner", PacedRunner)
 _FILTER_NAMES = ("source", "status", "type", "since", "until", "key", "event_id", "payload")

@@ -27,7 +27,7 @@ from webhook_ingest.shared.archive.search import (
 )
 from webhook_ingest.shared.archive.store import ArchiveStore
 
-from .api import json_document, role_key
+from .common import json_document, role_key
 
 
 def add_event_routes(admin: web.Application) -> None:

@@ -21,7 +21,7 @@ from webhook_ingest.shared.incidents.model import event_document, incident_docum
 from webhook_ingest.shared.incidents.store import STATES, IncidentNotFound, IncidentStore
 from webhook_ingest.shared.observability.logging import get_logger
 
-from .api import dead_letters_key, json_document, parse_path_id, role_key
+from .common import dead_letters_key, json_document, parse_path_id, role_key
 
 log = get_logger(__name__)
 MAX_LIMIT = 1000

@@ -13,7 +13,7 @@ from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.sources.pauses import PauseStore
 
-from .api import json_document, role_key
+from .common import json_document, role_key
 
 
 def add_source_routes(admin: web.Application) -> None:

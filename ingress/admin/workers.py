@@ -19,7 +19,7 @@ from webhook_ingest.shared.observability import metrics
 from webhook_ingest.shared.observability.logging import get_logger
 from webhook_ingest.shared.worker_heartbeats import HeartbeatStore
 
-from .api import json_document
+from .common import json_document
 
 log = get_logger(__name__)
 

@@ -18,7 +18,7 @@ import asyncpg
 from aiohttp import web
 
 from webhook_ingest.ingress import signature_headers
-from webhook_ingest.ingress.admin.api import dead_letters_key
+from webhook_ingest.ingress.admin.common import dead_letters_key
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.tokens import may_change
 from webhook_ingest.shared.archive import model as archive

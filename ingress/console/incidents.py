@@ -7,7 +7,7 @@ like "all matching" on the dead-letters page."""
 
 from aiohttp import web
 
-from webhook_ingest.ingress.admin.api import dead_letters_key
+from webhook_ingest.ingress.admin.common import dead_letters_key
 from webhook_ingest.ingress.appkeys import database_pool_key
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.dead_letters import bulk as bulk_actions

@@ -8,7 +8,7 @@ import math
 from aiohttp import web
 
 from webhook_ingest.ingress import signature_headers
-from webhook_ingest.ingress.admin.api import dead_letters_key
+from webhook_ingest.ingress.admin.common import dead_letters_key
 from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
 from webhook_ingest.ingress.archive import arrivals_key
 from webhook_ingest.ingress.intake.limits import sign_in_throttle_key

@@ -19,12 +19,13 @@ from typing import Any
 
 import orjson
 import structlog
-from structlog.typing import EventDict, FilteringBoundLogger, Processor
+from structlog.typing import EventDict, Processor
 
 from webhook_ingest.shared.errors import redacted
 from webhook_ingest.shared.storable_text import cleaned, storable
 
 from . import tracing
+from .loggers import get_logger as get_logger  # re-exported: the package imports it from here
 
 
 def configure_logging(log_format: str | None = None, level: int = logging.INFO) -> None:
@@ -89,7 +90,3 @@ def _json_renderer(kind: type) -> structlog.processors.JSONRenderer:
         return rendered if kind is bytes else rendered.decode()
 
     return structlog.processors.JSONRenderer(serializer=dumps)
-
-
-def get_logger(name: str | None = None) -> FilteringBoundLogger:
-    return structlog.get_logger(name)

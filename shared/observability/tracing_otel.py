@@ -47,7 +47,7 @@ from opentelemetry.util.types import Attributes, AttributeValue
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.event.message import EventMessage
 
-from .logging import get_logger
+from .loggers import get_logger
 
 log = get_logger(__name__)
 T = TypeVar("T")

@@ -18,65 +18,30 @@ import click
 from webhook_ingest.shared.archive.search import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
-    STATUSES,
     Cursor,
     EventFilter,
     InvalidFilter,
-    SourceRoutes,
     exported,
     page,
-    parse_filter,
     route_names,
 )
 from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.errors import ConfigError, WebhookIngestError
+from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources.model import Source, load_sources
 
 from .common import ENV_HELP, fail, run_or_fail
 from .dlq import _echo_json, _indented_json, _settings, age, database, trimmed
+from .event_filters import cli_filter, filter_options, readable_sources, source_routes
+from .events_replay import replay
 from .terminal import echo, one_line
-
-FILTER_OPTIONS = [
-    click.option("--source", default=None, help="only this source"),
-    click.option("--status", default=None, type=click.Choice(STATUSES), help="only this status"),
-    click.option("--type", "event_type", default=None, help="only this event type (exact)"),
-    click.option("--since", default=None, help="received at or after this ISO 8601 time (UTC without an offset)"),
-    click.option("--until", default=None, help="received before this ISO 8601 time"),
-    click.option("--key", default=None, help="keys starting with this (SOURCE:EVENT_ID)"),
-    click.option("--event-id", default=None, help="event ids starting with this"),
-    click.option(
-        "--payload", default=None, help='bodies containing this JSON object, e.g. \'{"customer": "cus_123"}\''
-    ),
-]
-
-
-def filter_options(command):
-    """The archive search's filters (list, export, replay): the admin API's, as options."""
-    for option in reversed(FILTER_OPTIONS):
-        command = option(command)
-    return command
-
-
-def cli_filter(source, status, event_type, since, until, key, event_id, payload) -> EventFilter:
-    """The options' filter; raises InvalidFilter naming the field."""
-    return parse_filter(
-        {
-            "source": source,
-            "status": status,
-            "type": event_type,
-            "since": since,
-            "until": until,
-            "key": key,
-            "event_id": event_id,
-            "payload": payload,
-        }
-    )
 
 
 @click.group(epilog=ENV_HELP)
 def events() -> None:
     """The event archive: every accepted event, whatever became of it."""
+
+
+events.add_command(replay)  # `events replay`: its own module
 
 
 @events.command("list", epilog=ENV_HELP)
@@ -206,27 +171,11 @@ async def _page(settings: Settings, where: EventFilter, after: Cursor | None, li
 def _route_names(settings: Settings, key: str) -> list[str]:
     """The routes of the key's source, from the sources file."""
     return route_names(
-        _sources(settings, "each route's completion is not shown (nor `processing` while a route runs the event)"), key
+        readable_sources(
+            settings, "each route's completion is not shown (nor `processing` while a route runs the event)"
+        ),
+        key,
     )
-
-
-def source_routes(settings: Settings) -> SourceRoutes:
-    """Every route of the sources file: a routed event is `processing` while
-    one of its routes holds its lease (KEY#ROUTE)."""
-    return SourceRoutes.of(
-        _sources(settings, "an event of a source with routes shows `queued`, not `processing`, while its routes run it")
-    )
-
-
-def _sources(settings: Settings, without_them: str) -> dict[str, Source]:
-    """The sources file's sources, for their routes; none, and a warning that
-    says `without_them`, when the file cannot be read here (a secret it names
-    unset in this shell: these commands need only DATABASE_URL)."""
-    try:
-        return load_sources(settings.sources_path)
-    except ConfigError as exc:
-        echo(f"warning: {exc}; {without_them}", err=True)
-        return {}
 
 
 async def _event(settings: Settings, key: str, routes: list[str]) -> dict:
@@ -247,6 +196,3 @@ def _table(rows: list[dict], now: datetime) -> str:
             f"{trimmed(row['event_type'] or '-', 20):<20} {row['attempts']:>8}  {detail}"
         )
     return "\n".join(lines)
-
-
-from . import events_replay  # noqa: E402,F401 - registers `events replay` (its own module)

@@ -27,7 +27,7 @@ from webhook_ingest.shared.settings import Settings
 
 from .common import ENV_HELP, fail, run_or_fail
 from .dlq import _echo_json, _settings, confirm_channel, database
-from .events import cli_filter, events, filter_options, source_routes
+from .event_filters import cli_filter, filter_options, source_routes
 from .terminal import echo
 
 
@@ -35,7 +35,7 @@ class NoSuchReplay(WebhookIngestError):
     pass
 
 
-@events.command("replay", epilog=ENV_HELP)
+@click.command("replay", epilog=ENV_HELP)
 @filter_options
 @click.option("--dry-run", is_flag=True, help="only count the events a replay would take")
 @click.option(

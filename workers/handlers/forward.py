@@ -27,7 +27,7 @@ from webhook_ingest.shared.errors import redacted
 from webhook_ingest.shared.event import payloads
 from webhook_ingest.workers.delivery_rate import wait_for_turn
 
-from . import Event, HandlerContext, PermanentError
+from .interface import Event, HandlerContext, PermanentError
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 _RETRYABLE_CLIENT_ERRORS = frozenset({408, 429})

@@ -5,7 +5,7 @@ import json
 from webhook_ingest.shared.db.queries import load_queries
 from webhook_ingest.shared.event import payloads
 
-from . import Event, HandlerContext
+from .interface import Event, HandlerContext
 
 _INSERT = load_queries("webhook_ingest.workers")["insert_inbox"]
 
