@@ -178,17 +178,7 @@ async def failing_external(event, ctx):
     """An external effect that always fails after `seconds` (default 0): each
     run is a row in `runs` (`started` is the attempt number, `ended` the
     time it started), then it raises."""
-    connection = await asyncpg.connect(ctx.options["database_url"])
-    try:
-        await connection.execute(
-            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
-            event.key,
-            os.getpid(),
-            float(event.attempt),
-            time.time(),
-        )
-    finally:
-        await connection.close()
+    await _record_run(event, ctx)
     await asyncio.sleep(float(ctx.options.get("seconds", 0)))
     raise RuntimeError(f"the receiver is down (attempt {event.attempt})")
 
@@ -220,17 +210,7 @@ async def cancelled_by_a_library_once(event, ctx):
     deduplicate requests do): `CancelledError` reaches the handler although
     its own task was never cancelled. Each run is a row in `runs`
     (`started`: the attempt); later attempts write the effect."""
-    connection = await asyncpg.connect(ctx.options["database_url"])
-    try:
-        await connection.execute(
-            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
-            event.key,
-            os.getpid(),
-            float(event.attempt),
-            time.time(),
-        )
-    finally:
-        await connection.close()
+    await _record_run(event, ctx)
     if event.attempt == 1:
         shared_call = asyncio.get_running_loop().create_future()
         shared_call.cancel()
@@ -242,17 +222,7 @@ async def kills_its_worker_recorded(event, ctx):
     """A poison event: each run is a row in `runs` (`started`: the attempt),
     committed on a connection of its own; then it takes its worker down, as
     a segfault or the OOM killer would."""
-    connection = await asyncpg.connect(ctx.options["database_url"])
-    try:
-        await connection.execute(
-            "INSERT INTO runs (key, pid, started, ended) VALUES ($1, $2, $3, $4)",
-            event.key,
-            os.getpid(),
-            float(event.attempt),
-            time.time(),
-        )
-    finally:
-        await connection.close()
+    await _record_run(event, ctx)
     os._exit(137)
 
 
@@ -287,6 +257,7 @@ SURROGATE_ANSWER = b"caf\xe9 is not a valid contact".decode("utf-8", "surrogatee
 
 
 async def _record_run(event, ctx) -> None:
+    """The run as a row of `runs` (`started`: the attempt), committed on a connection of its own."""
     connection = await asyncpg.connect(ctx.options["database_url"])
     try:
         await connection.execute(
