@@ -84,22 +84,23 @@ WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued'
                  AND p.event_id = archived.event_id AND p.arrival = archived.arrival
                  AND p.completed_at > now() - make_interval(secs => $13))))))
 
--- name: archive_discarded
--- The arrivals whose dead letters ($1) on-call discarded, in the discard's
--- transaction: the one each names, and every other arrival of its event and
--- payload archived `dead` — a copy that ran and died while the dead letter
--- was open, which stands for it too (one open dead letter per event) —
--- unless a dead letter of the event not being discarded is still open (a
--- route's, or a newer one when this one was closed already): the copy is
--- that one's. A route's dead letter (key KEY#ROUTE) is of the arrival kept
--- under the event's own key KEY (docs/design.md, "Routes").
+-- fragment: dead_letters_acted_on
+-- The dead letters ($1) on-call replays or discards, each with the key its
+-- arrival is archived under: a route's dead letter (key KEY#ROUTE) is of the
+-- arrival kept under the event's own key KEY (docs/design.md, "Routes").
 WITH acted AS (
     SELECT d.id, d.source, d.event_id, d.payload_sha256, d.received_at, d.arrival,
            CASE WHEN d.route IS NULL THEN d.key ELSE left(d.key, -(length(d.route) + 1)) END AS event_key
     FROM dead_letters d WHERE d.id = ANY($1::bigint[])
 )
-UPDATE event_archive SET status = 'discarded'
-FROM acted
+
+-- fragment: arrivals_a_dead_letter_holds
+-- The arrivals an acted-on dead letter stands for: the one it names, and
+-- every other arrival of its event and payload archived `dead` — a copy
+-- that ran and died while the dead letter was open, which stands for it too
+-- (one open dead letter per event) — unless a dead letter of the event not
+-- acted on is still open (a route's, or a newer one when this one was
+-- closed already): the copy is that one's.
 WHERE event_archive.source = acted.source AND event_archive.key = acted.event_key
   AND ((event_archive.received_at = acted.received_at AND event_archive.arrival = acted.arrival)
        OR (event_archive.status = 'dead' AND event_archive.event_id = acted.event_id
@@ -112,40 +113,29 @@ WHERE event_archive.source = acted.source AND event_archive.key = acted.event_ke
                WHERE other.status = 'dead' AND other.id <> ALL($1::bigint[])
                  AND other.event_id = acted.event_id AND other.payload_sha256 = acted.payload_sha256)))
 
+-- name: archive_discarded
+-- The arrivals the dead letters $1 hold, `discarded` in the discard's
+-- transaction.
+{{dead_letters_acted_on}}
+UPDATE event_archive SET status = 'discarded'
+FROM acted
+{{arrivals_a_dead_letter_holds}}
+
 -- name: archive_replayed
--- The arrival of dead letter $1, replayed as chain $2 (dead_letter_replays.id)
--- in the replay's transaction: `queued` again in that chain at attempt 0,
--- which its outcomes step on from (and the sweep, reading only queued and
--- retrying rows, settles it should they be lost). So is every other arrival
--- of its event and payload archived `dead`, its attempts kept: a copy that
--- ran and died while the dead letter was open, which stands for it too (one
--- open dead letter per event) — unless another dead letter of the event is
--- still open (a route's, or a newer one when this one was closed already):
--- the copy is that one's. The replay runs the arrival named, and the sweep
--- settles the others from its end, copies of its run (`duplicate`) or
--- `dead` again. A route's dead letter is of the arrival kept under the
--- event's own key, as for a discard.
-WITH acted AS (
-    SELECT d.id, d.source, d.event_id, d.payload_sha256, d.received_at, d.arrival,
-           CASE WHEN d.route IS NULL THEN d.key ELSE left(d.key, -(length(d.route) + 1)) END AS event_key
-    FROM dead_letters d WHERE d.id = $1
-)
+-- The arrivals the dead letter $1 (an array of one) holds, replayed as chain
+-- $2 (dead_letter_replays.id), in the replay's transaction: `queued` again
+-- in that chain, which their outcomes step on from (and the sweep, reading
+-- only queued and retrying rows, settles them should they be lost). The
+-- arrival it names starts again at attempt 0; a copy keeps its attempts.
+-- The replay runs the arrival named, and the sweep settles the copies from
+-- its end: copies of its run (`duplicate`), or `dead` again.
+{{dead_letters_acted_on}}
 UPDATE event_archive
 SET status = 'queued', replay_of = $2,
     attempts = CASE WHEN event_archive.received_at = acted.received_at AND event_archive.arrival = acted.arrival
                     THEN 0 ELSE event_archive.attempts END
 FROM acted
-WHERE event_archive.source = acted.source AND event_archive.key = acted.event_key
-  AND ((event_archive.received_at = acted.received_at AND event_archive.arrival = acted.arrival)
-       OR (event_archive.status = 'dead' AND event_archive.event_id = acted.event_id
-           AND event_archive.payload_sha256 = acted.payload_sha256
-           AND NOT EXISTS (
-               SELECT FROM (SELECT * FROM dead_letters WHERE key = acted.event_key
-                            UNION ALL
-                            SELECT * FROM dead_letters
-                            WHERE route IS NOT NULL AND left(key, -(length(route) + 1)) = acted.event_key) other
-               WHERE other.status = 'dead' AND other.id <> acted.id
-                 AND other.event_id = acted.event_id AND other.payload_sha256 = acted.payload_sha256)))
+{{arrivals_a_dead_letter_holds}}
   AND event_archive.replay_of < $2
 
 -- name: archive_unsettled

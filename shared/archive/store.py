@@ -296,4 +296,4 @@ async def replayed(connection: asyncpg.Connection, dead_letter_id: int, replay_i
     """The arrival of this dead letter is queued again, in chain `replay_id`:
     in the replay's own transaction, so the replay's outcome — or, were it
     lost with its worker, the settling sweep — writes over it."""
-    await connection.execute(SQL["archive_replayed"], dead_letter_id, replay_id)
+    await connection.execute(SQL["archive_replayed"], [dead_letter_id], replay_id)
