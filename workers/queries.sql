@@ -99,7 +99,7 @@ VALUES ($1, $2, $3, $4, $5)
 
 -- name: insert_inbox
 -- Idempotent on its own: a copy that arrives after `prune` forgot the key is
--- processed again (docs/design.md, "Retention"), and keeps the first row.
+-- processed again (docs/reference.md §2, `prune`), and keeps the first row.
 INSERT INTO inbox (key, source, event_id, payload, received_at)
 VALUES ($1, $2, $3, $4::jsonb, $5)
 ON CONFLICT (key) DO NOTHING
