@@ -71,3 +71,13 @@ def test_the_citations_are_found():
 def test_a_heading_a_citation_may_name_is_unique():
     repeated = [heading for heading, count in Counter(design_headings()).items() if count > 1]
     assert not repeated, repeated
+
+
+def test_every_section_names_a_package():
+    """design.md's `##` sections are `PATH: concept`, PATH a package of the
+    repository or a module of it (without `.py`): one section per package."""
+    sections = [line[3:] for line in DESIGN.read_text().splitlines() if line.startswith("## ")]
+    assert len(sections) > 10
+    paths = [ROOT / section.partition(":")[0] for section in sections]
+    missing = [str(path) for path in paths if not path.is_dir() and not path.with_suffix(".py").is_file()]
+    assert not missing, missing
