@@ -31,7 +31,7 @@ RETURNING key, token, replay_of, attempt, payload_sha256
 -- locks several fence rows locks them in key order first, as take_leases
 -- does (a SELECT ... ORDER BY key FOR UPDATE: its LockRows sits above the
 -- Sort), so two never wait for each other's rows (docs/design.md,
--- "Exclusion"). A row whose token changed while we waited for it is
+-- "One lock order"). A row whose token changed while we waited for it is
 -- checked again and left out.
 WITH ours AS (
     SELECT key_fences.key FROM key_fences
@@ -99,7 +99,7 @@ VALUES ($1, $2, $3, $4, $5)
 
 -- name: insert_inbox
 -- Idempotent on its own: a copy that arrives after `prune` forgot the key is
--- processed again (docs/design.md, "Retention"), and keeps the first row.
+-- processed again (docs/reference.md §2, `prune`), and keeps the first row.
 INSERT INTO inbox (key, source, event_id, payload, received_at)
 VALUES ($1, $2, $3, $4::jsonb, $5)
 ON CONFLICT (key) DO NOTHING

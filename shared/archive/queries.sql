@@ -87,7 +87,7 @@ WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued'
 -- fragment: dead_letters_acted_on
 -- The dead letters ($1) on-call replays or discards, each with the key its
 -- arrival is archived under: a route's dead letter (key KEY#ROUTE) is of the
--- arrival kept under the event's own key KEY (docs/design.md, "Routes").
+-- arrival kept under the event's own key KEY (docs/design.md, "A routed event in the archive").
 WITH acted AS (
     SELECT d.id, d.source, d.event_id, d.payload_sha256, d.received_at, d.arrival,
            CASE WHEN d.route IS NULL THEN d.key ELSE left(d.key, -(length(d.route) + 1)) END AS event_key
@@ -229,7 +229,7 @@ ORDER BY a.source, a.key, a.received_at, a.arrival, done.arrival IS NOT DISTINCT
 -- name: archive_settle_named
 -- The arrivals the completions of a window name (processed_events.arrival)
 -- still archived `duplicate` or `conflict`, made `processed`: the arrival's
--- own run is its end (docs/design.md, "The archive"). Such a row is a note
+-- own run is its end (docs/design.md, "The settling sweep"). Such a row is a note
 -- written of it before its run — by `prune`, settling it a copy of the
 -- completion it deleted while its message was still on its way, or a twin
 -- that still found another payload's completion — whose run's own note

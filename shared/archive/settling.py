@@ -1,5 +1,5 @@
 """Settling the event archive from what Postgres itself recorded
-(docs/design.md, "The archive"): the decision, as plain code.
+(docs/design.md, "The settling sweep"): the decision, as plain code.
 
 A worker writes what became of each arrival in batches behind its back
 (workers/claim/archive_notes.py), after the commit and the ack they describe. A

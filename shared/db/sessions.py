@@ -1,5 +1,6 @@
 """Postgres sessions that a silent server cannot hold: what the ingress, the
-workers and the dead-letter store share (docs/design.md, "Exclusion").
+workers and the dead-letter store share (docs/design.md, "Sessions a silent
+server cannot hold").
 
 A server gone without a word — a failover that drops the old primary's
 traffic, a partition past its keepalives — answers nothing and closes

@@ -1,5 +1,5 @@
 -- The item a paced run has in flight (shared/runs/locks.py; docs/design.md,
--- "A replay by selection"): its runner commits "item n in flight" here
+-- "Paced runs"): its runner commits "item n in flight" here
 -- before each publish, then publishes and steps its run's progress in a
 -- second transaction. A runner that dies mid-publish loses its step, not
 -- this mark: a Cancel then finds item n in flight and not stepped, counts

@@ -3,7 +3,7 @@
 -- first): after its receive time alone, rows of that same millisecond past
 -- the page's end were skipped, and a burst stamped with one millisecond
 -- could hide a lost outcome from every round (docs/design.md, "The
--- archive"). 0018's index of the unsettled rows is made again on that
+-- settling sweep"). 0018's index of the unsettled rows is made again on that
 -- whole name, so the page is still read from it, in order, a page first;
 -- it keeps serving searches by status (its first column is unchanged).
 --

@@ -1,5 +1,5 @@
 -- Where the archive's upkeep is in its walk over an ended replay's items
--- (shared/upkeep.py; docs/design.md, "A replay by selection").
+-- (shared/upkeep.py; docs/design.md, "Replay items pruned").
 -- Each pruning statement reads the replay's next page of items from
 -- `next_item`, deletes those whose event left the archive, skips the ones
 -- still archived and moves `next_item` past the page, so an archived item

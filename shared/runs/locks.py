@@ -16,8 +16,8 @@ A session lock, because the item is two transactions: the first marks
 second publishes and records the step. A runner that dies mid-publish takes
 its step's transaction with it, but not its mark: the Cancel that waited
 for it (its session's end lets the lock go) finds item n in flight and not
-stepped, and says the item may have been published (docs/design.md, "A
-replay by selection"). A Cancel and a claim take the same lock
+stepped, and says the item may have been published (docs/design.md, "Paced
+runs"). A Cancel and a claim take the same lock
 (`waiting_for_run`) before the row, in the runner's order, so neither can
 slip between the mark's commit and the publish.
 

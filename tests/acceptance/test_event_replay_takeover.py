@@ -1,6 +1,6 @@
 """A replay whose runner died mid-publish, taken over: the item it had in
 flight is published again by its successor, and the handler still runs once
-(docs/design.md, "A replay by selection"). Real worker process, real paced
+(docs/design.md, "Paced runs"). Real worker process, real paced
 runs; the first copy is run and completed before the second is sent, as a
 takeover 30 s later would find it."""
 

@@ -1,5 +1,5 @@
 """How the archive's upkeep reads the arrivals completions name
-(`archive_settle_named`, docs/design.md "The archive"): its plan,
+(`archive_settle_named`, docs/design.md, "The settling sweep"): its plan,
 EXPLAIN ANALYZEd as ArchiveStore.settle_named runs it, on a scratch
 database. `python -m tests.bench.archive_named_plan`; not part of `make bench`.
 

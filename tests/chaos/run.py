@@ -240,7 +240,7 @@ async def archive_settled(database_url: str) -> None:
     `duplicate` or `conflict` while a completion names it, for the sweep's
     grace and a few of its rounds at most: with the workers stopped, such
     a row is a killed worker's lost outcome, which the ingress's upkeep
-    settles (docs/design.md, "The archive"); one still unsettled then is
+    settles (docs/design.md, "The settling sweep"); one still unsettled then is
     judged as it is."""
     deadline = time.monotonic() + SETTLE_SECONDS + 5 * POLL_SECONDS
     while time.monotonic() < deadline:

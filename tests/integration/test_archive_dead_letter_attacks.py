@@ -128,7 +128,7 @@ async def test_a_bulk_replay_of_two_routes_shows_the_route_that_died_again(archi
     3 attempts (a new open dead letter), audit completes at its first:
     billing's `dead` (chain 1) is no step over chain 2, audit's `processed`
     is, and the row says `processed` with billing's dead letter open —
-    docs/design.md, "Routes": `dead` when a route was dead-lettered after
+    docs/design.md, "A routed event in the archive": `dead` when a route was dead-lettered after
     more attempts than the others completed in (the sweep's rule too). Its
     copy, left in chain 1, is settled `dead`."""
     first, copy = await _copies(archive_store, "routed", "evt_rc")
@@ -214,8 +214,8 @@ async def test_discarding_a_closed_dead_letter_leaves_the_open_ones_copies(archi
 
 @pytest.mark.xfail(
     strict=True,
-    reason="documented as left (docs/design.md): a copy's `dead` note still in its worker's batch when the "
-    "replay commits lands after it and says `dead` for good",
+    reason="documented as left (docs/design.md, \"The settling sweep\"): a copy's `dead` note still in its worker's "
+    "batch when the replay commits lands after it and says `dead` for good",
 )
 async def test_a_copy_whose_dead_note_lands_after_the_replay(archive_store, settings):
     """The copy found the dead letter open and died into it; its `dead` note

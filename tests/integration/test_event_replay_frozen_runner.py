@@ -1,6 +1,6 @@
 """A runner frozen (a suspended VM, a CLI stopped by Ctrl-Z) longer than a
 day while its replay was cancelled: the archive's upkeep pruned the items
-it had still to read (docs/design.md, "A replay by selection": an ended
+it had still to read (docs/design.md, "Replay items pruned": an ended
 replay's items go once their events left the archive, a day after its
 end). Waking, it found no item left and ended its run `done`: nothing
 published and the replay's row untouched (finish_event_replay is the

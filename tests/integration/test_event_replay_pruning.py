@@ -1,6 +1,6 @@
 """The frozen selections of ended replays, pruned by the archive's upkeep
-(docs/reference.md §8, "Replaying archived events"; docs/design.md, "A
-replay by selection"): an item of a `done` or `cancelled` replay goes once
+(docs/reference.md §8, "Replaying archived events"; docs/design.md, "Replay
+items pruned"): an item of a `done` or `cancelled` replay goes once
 no arrival of its event is archived (its event's page is gone) and the
 replay ended a day ago; a replay that can still run keeps every item, and
 what a replay's page and an event's page show is unchanged. Real Postgres."""

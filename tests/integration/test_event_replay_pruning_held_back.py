@@ -1,6 +1,6 @@
 """An ended replay's items whose events left the archive, once held back
 by its oldest item's key arriving again and again (attacker review of
-2a0ce2d). design.md ("A replay by selection") says the items "last while
+2a0ce2d). design.md ("Replay items pruned") says the items "last while
 their events are archived"; the upkeep took only replays whose oldest item
 left was gone and stopped at the first still archived, so one key archived
 again on every kept day — a provider resending one event id, a source

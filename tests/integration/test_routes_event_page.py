@@ -1,5 +1,5 @@
 """A routed event's archived page (docs/reference.md §2 `events show`, §8
-admin API, §8.1 console; docs/design.md "Routes"): each route completes
+admin API, §8.1 console; docs/design.md, "A routed event in the archive"): each route completes
 under its own key, KEY#ROUTE, so the page shows each of the source's
 routes with its completion — and never takes the completion of event
 `evt#billing` (a plain event whose id ends in a route name, same key) for

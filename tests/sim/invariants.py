@@ -31,7 +31,7 @@
   design), or, for a batchable handler, the first run's batch rolled back
   (it then runs alone, by design: `workers/claim/batch.py`). A pause or a
   loaded loop is never a reason: the lease in Postgres decides, and no one
-  else took it (docs/design.md, "Exclusion").
+  else took it (docs/design.md, "A lock that cannot be kept").
 - **Every message acked exactly once**: the broker refuses an ack for a
   delivery it does not hold (a second ack, or a `multiple` ack that
   covered a delivery still being worked on), as RabbitMQ does by closing

@@ -82,7 +82,7 @@ def redis_forgets(seed: int = 54) -> Plan:
 
 
 def pause_within_margin(seed: int = 33, pause_at: float = 3.15) -> Plan:
-    """The lease's margin at work (docs/design.md, "Exclusion"): worker 1 is
+    """The lease's margin at work (docs/design.md, "A lock that cannot be kept"): worker 1 is
     stopped at first, so the event goes to worker 0; worker 0's Postgres
     stalls under its 6 s handler, so its lease cannot be renewed and runs
     out on the server 3 s after it was taken; worker 0 is then paused for

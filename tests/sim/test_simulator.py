@@ -145,7 +145,7 @@ def test_a_plan_the_simulator_once_failed_passes(path):
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "finding B4 (docs/design.md, One next attempt per failed attempt): a worker stopped while its failed "
+        'finding B4 (docs/design.md, "One next attempt per failed attempt"): a worker stopped while its failed '
         "attempt's retry waits for a blocked broker's confirm is cancelled at its grace's end, and the attempt "
         "runs again; attempts are at least once by design, only the strict invariant refuses it"
     ),
@@ -158,7 +158,7 @@ def test_a_stop_while_a_retry_waits_for_its_confirm_does_not_run_the_attempt_aga
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "finding B6 (docs/design.md, One next attempt per failed attempt): a holder cut from Postgres after its "
+        'finding B6 (docs/design.md, "One next attempt per failed attempt"): a holder cut from Postgres after its '
         "failed attempt's retry was confirmed can neither record it handed on nor keep its lease; a copy on "
         "another worker runs the attempt again"
     ),

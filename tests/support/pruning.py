@@ -1,5 +1,5 @@
 """The calendar of the tests that prune ended replays' items
-(shared/upkeep.py; docs/design.md, "A replay by selection"): events
+(shared/upkeep.py; docs/design.md, "Replay items pruned"): events
 archived yesterday, whose day a 7-day retention drops a week on, while
 today's stay; and the one source they come from."""
 

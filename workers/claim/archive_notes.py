@@ -91,7 +91,8 @@ class ArchiveNotes:
             return
         if replay_keys.parse(message.key) is not None:  # a replay's run: the event's arrival stays as it ended
             return
-        if message.route:  # a route's run: the event's one row shows it (docs/design.md, "Routes")
+        # a route's run: the event's one row shows it (docs/design.md, "A routed event in the archive")
+        if message.route:
             message = replace(message, key=message.key.removesuffix(f"#{message.route}"))
             error = None if error is None else f"route {message.route}: {error}"[:ERROR_CHARS]
         self._writer.add(archive.outcome_row(message, status, time.time(), error))

@@ -43,7 +43,7 @@ PRUNE_BATCH = 5000
 # gone without a word (a failover that drops the old primary's traffic, a
 # partition past the server's keepalives), and asyncpg's cancellation, and a
 # pool's release after it, would wait for its answer for ever
-# (docs/design.md, "Exclusion").
+# (docs/design.md, "Sessions a silent server cannot hold").
 TIMED_OUT = (asyncio.TimeoutError,)
 # Our own statements outside a handler's transaction (whose statements the
 # lease timer bounds) are answered within this, or their session is closed.

@@ -68,7 +68,7 @@ class Keeper:
     while it stays slow. Then the
     handler's work must not complete under it (`check`,
     `cancelled_when_lost`), and the event runs again later. Why asking is
-    safe: docs/design.md, "Exclusion".
+    safe: docs/design.md, "A lock that cannot be kept".
     """
 
     def __init__(
@@ -241,7 +241,8 @@ class Keeper:
 def cancelled_when_lost(keeper: Keeper, connection):
     """The block's task is cancelled as soon as `keeper` is lost, and the
     block raises LockLost: a handler still calling the outside world stops
-    before another worker can take the key (docs/design.md, "Exclusion").
+    before another worker can take the key (docs/design.md, "A lock that
+    cannot be kept").
     A handler that swallows the cancellation still gets LockLost here.
 
     `connection`, whose transaction holds the key's turn, is then closed

@@ -6,7 +6,7 @@ since that confirmation was due: an answer that came back while the loop
 was busy with every run that woke with it (a pause, SIGSTOP), or while
 every step ran slow (a loaded host: late on every tick, a little each
 time), is not a black-holed server's silence (`workers.claim.lease`, docs/design.md,
-"Exclusion"). One monitor per event loop, started by the first keeper.
+"A lock that cannot be kept"). One monitor per event loop, started by the first keeper.
 """
 
 import asyncio
