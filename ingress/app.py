@@ -10,7 +10,7 @@ from aiohttp import web
 from webhook_ingest.ingress.admin.api import setup_admin
 from webhook_ingest.ingress.admin.workers import workers_watch_ctx
 from webhook_ingest.ingress.intake.limits import handler_args, setup_limits
-from webhook_ingest.ingress.publishing.publisher import Publisher
+from webhook_ingest.ingress.publishing.publisher import Publisher, publisher_key
 from webhook_ingest.ingress.publishing.relay import relay_ctx
 from webhook_ingest.shared.observability import tracing
 from webhook_ingest.shared.observability.logging import get_logger
@@ -18,7 +18,7 @@ from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources.model import Source
 
 from . import health
-from .appkeys import publisher_key, settings_key, sources_key
+from .appkeys import settings_key, sources_key
 from .archive import archive_ctx
 from .database import database_ctx
 from .intake import webhooks

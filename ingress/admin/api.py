@@ -28,8 +28,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from webhook_ingest.ingress import signature_headers
-from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
+from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
 from webhook_ingest.ingress.intake.failure_budget import failure_budget_key
+from webhook_ingest.ingress.publishing.publisher import publisher_key
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.ingress.tokens import may_change, role_of
 from webhook_ingest.shared.archive.search import InvalidFilter, parse_text

@@ -18,7 +18,8 @@ import json
 
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.appkeys import database_pool_key, settings_key, sources_key
+from webhook_ingest.ingress.publishing.publisher import publisher_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.shared.archive.search import InvalidFilter, SourceRoutes, parse_filter
 from webhook_ingest.shared.audit.actor import Actor

@@ -13,7 +13,8 @@ expected failures (ingress/admin/api.py) apply.
 
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
+from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
+from webhook_ingest.ingress.publishing.publisher import publisher_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.dead_letters.model import ReplayInterrupted, parse_id

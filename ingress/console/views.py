@@ -9,9 +9,10 @@ from aiohttp import web
 
 from webhook_ingest.ingress import signature_headers
 from webhook_ingest.ingress.admin.common import dead_letters_key
-from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.appkeys import database_pool_key, settings_key, sources_key
 from webhook_ingest.ingress.archive import arrivals_key
 from webhook_ingest.ingress.intake.limits import sign_in_throttle_key
+from webhook_ingest.ingress.publishing.publisher import publisher_key
 from webhook_ingest.ingress.tokens import may_change, role_of
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.dead_letters import bulk as bulk_actions

@@ -15,6 +15,7 @@ turns to the outbox at once, and one commit per event would fall behind.
 import asyncio
 
 import asyncpg
+from aiohttp import web
 from pamqp import decode, encode
 
 from webhook_ingest.shared.db.group_commit import GroupCommit
@@ -86,3 +87,6 @@ def encode_message(event: EventMessage) -> tuple[bytes, bytes]:
 def decode_message(body: bytes, amqp_headers: bytes) -> EventMessage:
     _, headers = decode.field_table(amqp_headers)
     return from_amqp(body, headers)
+
+
+outbox_key = web.AppKey("outbox", Outbox)

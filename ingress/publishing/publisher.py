@@ -19,6 +19,7 @@ from collections.abc import Awaitable
 
 import aio_pika
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
+from aiohttp import web
 
 from webhook_ingest.shared.broker import amqp, topology
 from webhook_ingest.shared.errors import BrokerUnavailable, describe
@@ -275,3 +276,6 @@ def _ignore_outcome(publishing: asyncio.Future) -> None:
     asyncio does not log it as never retrieved."""
     if not publishing.cancelled():
         publishing.exception()
+
+
+publisher_key = web.AppKey("publisher", Publisher)
