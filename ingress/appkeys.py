@@ -7,7 +7,7 @@ import redis.asyncio as redis
 from aiohttp import web
 
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.sources import Source
 
 settings_key = web.AppKey("settings", Settings)
 sources_key = web.AppKey("sources", dict[str, Source])

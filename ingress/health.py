@@ -13,8 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-from webhook_ingest.ingress.publishing.outbox import outbox_key
-from webhook_ingest.ingress.publishing.publisher import publisher_key
+from webhook_ingest.ingress.publishing import outbox_key, publisher_key
 from webhook_ingest.shared.observability import metrics
 
 from .client_address import Network, is_within, parse_address

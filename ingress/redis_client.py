@@ -14,9 +14,13 @@ from aiohttp import web
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from webhook_ingest.ingress.intake.content_bindings import ContentBindings, content_bindings_key
-from webhook_ingest.ingress.intake.done_markers import DoneMarkers, done_markers_key
-from webhook_ingest.ingress.intake.redis_get import connect_get
+from webhook_ingest.ingress.intake import (
+    ContentBindings,
+    DoneMarkers,
+    connect_get,
+    content_bindings_key,
+    done_markers_key,
+)
 
 from .appkeys import redis_key, settings_key
 

@@ -39,7 +39,7 @@ import redis.asyncio as redis
 from aiohttp import web
 
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger
 from webhook_ingest.shared.service_errors import REDIS_ERRORS
 
 log = get_logger(__name__)

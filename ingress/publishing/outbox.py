@@ -18,11 +18,9 @@ import asyncpg
 from aiohttp import web
 from pamqp import decode, encode
 
-from webhook_ingest.shared.db.group_commit import GroupCommit
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.sessions import pooled
+from webhook_ingest.shared.db import GroupCommit, load_queries, pooled
 from webhook_ingest.shared.errors import ServiceUnavailable, describe
-from webhook_ingest.shared.event.message import EventMessage, from_amqp, to_amqp
+from webhook_ingest.shared.event import EventMessage, from_amqp, to_amqp
 from webhook_ingest.shared.observability import tracing
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 

@@ -22,11 +22,10 @@ import aiohttp
 import asyncpg
 import orjson
 
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.sessions import pooled, raise_if_cancelled
+from webhook_ingest.shared.db import load_queries, pooled, raise_if_cancelled
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.incidents.model import incident_document
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.incidents import incident_document
+from webhook_ingest.shared.observability import get_logger
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.signatures import sign
 
