@@ -7,21 +7,17 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from webhook_ingest.ingress.admin.api import setup_admin
-from webhook_ingest.ingress.admin.workers import workers_watch_ctx
-from webhook_ingest.ingress.intake.limits import handler_args, setup_limits
-from webhook_ingest.ingress.publishing.publisher import Publisher
-from webhook_ingest.ingress.publishing.relay import relay_ctx
-from webhook_ingest.shared.observability import tracing
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.ingress.admin import setup_admin, workers_watch_ctx
+from webhook_ingest.ingress.intake import handler_args, setup_limits, webhooks
+from webhook_ingest.ingress.publishing import Publisher, publisher_key, relay_ctx
+from webhook_ingest.shared.observability import get_logger, tracing
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.sources import Source
 
 from . import health
-from .appkeys import publisher_key, settings_key, sources_key
+from .appkeys import settings_key, sources_key
 from .archive import archive_ctx
 from .database import database_ctx
-from .intake import webhooks
 from .redis_client import done_markers_ctx, redis_ctx
 from .server_log import drop_client_protocol_errors
 
@@ -47,7 +43,7 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
     app.cleanup_ctx.append(done_markers_ctx)
     setup_admin(app, settings)
     if settings.admin_token:  # the console (jinja2, aiohttp-session, cryptography) is imported only where it is on
-        from .console import setup_console
+        from webhook_ingest.ingress.console import setup_console
 
         setup_console(app, settings)
     app.router.add_post("/webhooks/{source}", webhooks.receive_webhook)

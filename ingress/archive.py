@@ -15,13 +15,12 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
+from webhook_ingest.shared.archive import ArchiveStore, BatchedWriter
 from webhook_ingest.shared.archive import model as archive
-from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.archive.writer import BatchedWriter
-from webhook_ingest.shared.db.values import jsonb
+from webhook_ingest.shared.db import jsonb
+from webhook_ingest.shared.event import EventMessage
 from webhook_ingest.shared.event import types as event_type
-from webhook_ingest.shared.event.message import EventMessage
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.sources import Source
 from webhook_ingest.shared.upkeep import ArchiveUpkeep
 
 from .appkeys import database_pool_key, sources_key

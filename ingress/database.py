@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 from aiohttp import web
 
-from webhook_ingest.shared.db.sessions import close_pool
+from webhook_ingest.shared.db import close_pool
 
 from .appkeys import database_pool_key, settings_key
 

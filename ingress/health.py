@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
+from webhook_ingest.ingress.publishing import outbox_key, publisher_key
 from webhook_ingest.shared.observability import metrics
 
-from .appkeys import outbox_key, publisher_key
 from .client_address import Network, is_within, parse_address
 from .responses import error, json_response
 

@@ -14,11 +14,15 @@ from aiohttp import web
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from webhook_ingest.ingress.intake.content_bindings import ContentBindings
-from webhook_ingest.ingress.intake.done_markers import DoneMarkers
-from webhook_ingest.ingress.intake.redis_get import connect_get
+from webhook_ingest.ingress.intake import (
+    ContentBindings,
+    DoneMarkers,
+    connect_get,
+    content_bindings_key,
+    done_markers_key,
+)
 
-from .appkeys import content_bindings_key, done_markers_key, redis_key, settings_key
+from .appkeys import redis_key, settings_key
 
 TIMEOUT_SECONDS = 0.075  # a command's answer
 CONNECT_TIMEOUT_SECONDS = 0.5  # a new pooled connection: rare, and slower on a busy machine

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from webhook_ingest.shared.signatures import SIGNATURE_HEADERS
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.sources import Source
 
 from .appkeys import sources_key
 

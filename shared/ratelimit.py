@@ -39,7 +39,7 @@ from prometheus_client import Gauge
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger
 
 from .errors import describe
 from .service_errors import REDIS_ERRORS

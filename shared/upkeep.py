@@ -50,17 +50,15 @@ can still run (prepared, running, failed) is never read.
 import asyncio
 import time
 
-from webhook_ingest.shared.archive.search import Cursor
-from webhook_ingest.shared.archive.store import ArchiveStore, NamedCursor
-from webhook_ingest.shared.db.sessions import raise_if_cancelled
-from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.shared.replays.store import EventReplayStore
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.archive import ArchiveStore, Cursor, NamedCursor
+from webhook_ingest.shared.archive import settling as archive_settling
+from webhook_ingest.shared.db import raise_if_cancelled
+from webhook_ingest.shared.observability import get_logger, metrics
+from webhook_ingest.shared.replays import EventReplayStore
+from webhook_ingest.shared.sources import Source
 
-from .archive import settling as archive_settling
 from .backoff import pauses
 from .errors import describe
-from .observability import metrics
 
 log = get_logger(__name__)
 

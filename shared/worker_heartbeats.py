@@ -17,8 +17,7 @@ from datetime import datetime
 
 import asyncpg
 
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.sessions import one_of
+from webhook_ingest.shared.db import load_queries, one_of
 
 SQL = load_queries("webhook_ingest.shared", "worker_heartbeats.sql")
 

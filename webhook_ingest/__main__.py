@@ -1,3 +1,3 @@
-from webhook_ingest.cli.main import main
+from webhook_ingest.cli import main
 
-main()
+main.main()

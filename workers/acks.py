@@ -28,7 +28,7 @@ from typing import cast
 from aio_pika.abc import AbstractIncomingMessage
 from aiormq.abc import AbstractChannel
 
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger
 
 log = get_logger(__name__)
 

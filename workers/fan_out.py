@@ -11,10 +11,8 @@ copies by each key's own exactly-once steps, never run twice.
 import json
 from dataclasses import replace
 
-from webhook_ingest.shared.event import payloads
-from webhook_ingest.shared.event.message import EventMessage
-from webhook_ingest.shared.sources.model import Source
-from webhook_ingest.shared.sources.routes import route_key
+from webhook_ingest.shared.event import EventMessage, payloads
+from webhook_ingest.shared.sources import Source, route_key
 
 
 def route_messages(source: Source, event: EventMessage) -> list[EventMessage]:

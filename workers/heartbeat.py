@@ -19,10 +19,9 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from webhook_ingest.shared.db.sessions import raise_if_cancelled
+from webhook_ingest.shared.db import raise_if_cancelled
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability import metrics
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger, metrics
 from webhook_ingest.shared.worker_heartbeats import Counts, Figures, HeartbeatStore, Identity
 
 log = get_logger(__name__)

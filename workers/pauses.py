@@ -17,12 +17,12 @@ import asyncpg
 from aio_pika.abc import AbstractChannel
 
 from webhook_ingest.shared.broker import topology
-from webhook_ingest.shared.db.sessions import raise_if_cancelled
+from webhook_ingest.shared.db import raise_if_cancelled
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.event.message import from_amqp
-from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.shared.sources.pauses import PauseStore
-from webhook_ingest.workers.claim.retry import FailurePolicy
+from webhook_ingest.shared.event import from_amqp
+from webhook_ingest.shared.observability import get_logger
+from webhook_ingest.shared.sources import PauseStore
+from webhook_ingest.workers.claim import FailurePolicy
 
 log = get_logger(__name__)
 

@@ -34,12 +34,11 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 
 from webhook_ingest.shared import backoff
 from webhook_ingest.shared.broker import topology
-from webhook_ingest.shared.dead_letters.model import UNREADABLE, record_dead_letter
+from webhook_ingest.shared.dead_letters import UNREADABLE, record_dead_letter
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.event.message import EventMessage, from_amqp
-from webhook_ingest.shared.observability import metrics
-from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.workers.claim.completions import CompletionStore
+from webhook_ingest.shared.event import EventMessage, from_amqp
+from webhook_ingest.shared.observability import get_logger, metrics
+from webhook_ingest.workers.claim import CompletionStore
 
 log = get_logger(__name__)
 

@@ -21,31 +21,30 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage
 
 from webhook_ingest.shared import backoff
-from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.archive import ArchiveStore
 from webhook_ingest.shared.broker import amqp, topology
-from webhook_ingest.shared.db import pooler, schema
-from webhook_ingest.shared.db.sessions import close_pool
-from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.db import close_pool, pooler, schema
+from webhook_ingest.shared.dead_letters import DeadLetterStore
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.event.message import EventMessage, from_amqp
-from webhook_ingest.shared.incidents.store import IncidentStore
-from webhook_ingest.shared.observability import metrics, tracing
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.event import EventMessage, from_amqp
+from webhook_ingest.shared.incidents import IncidentStore
+from webhook_ingest.shared.observability import get_logger, metrics, tracing
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.sources import Source
 from webhook_ingest.shared.worker_heartbeats import Figures, HeartbeatStore
-from webhook_ingest.workers.claim.archive_notes import ArchiveNotes
-from webhook_ingest.workers.claim.batch import BatchProcessor
-from webhook_ingest.workers.claim.completions import CompletionStore
-from webhook_ingest.workers.claim.copies import CopiesInFlight
-from webhook_ingest.workers.claim.idempotency import IdempotencyStore
-from webhook_ingest.workers.claim.ports import WorkerCompletionsPort
-from webhook_ingest.workers.claim.processor import DEFER_SECONDS, Processor
-from webhook_ingest.workers.claim.retry import FailurePolicy
-from webhook_ingest.workers.claim.states import Outcome
-from webhook_ingest.workers.failures.incident_counts import IncidentCounts
-from webhook_ingest.workers.failures.notifications import Notifier, targets_from
-from webhook_ingest.workers.failures.outage import OutageGate, outage_kind
+from webhook_ingest.workers.claim import (
+    DEFER_SECONDS,
+    ArchiveNotes,
+    BatchProcessor,
+    CompletionStore,
+    CopiesInFlight,
+    FailurePolicy,
+    IdempotencyStore,
+    Outcome,
+    Processor,
+    WorkerCompletionsPort,
+)
+from webhook_ingest.workers.failures import IncidentCounts, Notifier, OutageGate, outage_kind, targets_from
 
 from . import connection_budget
 from .acks import OpenDeliveries

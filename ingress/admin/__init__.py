@@ -7,3 +7,11 @@
 - sources        The admin API's paused sources (docs/reference.md §8.3).
 - workers        The workers as the ingress sees them (docs/design.md, "Workers report themselves")
 """
+
+from .api import setup_admin
+from .common import dead_letters_key
+from .event_replays import parse_rate, start
+from .sources import source_states
+from .workers import workers_watch_ctx
+
+__all__ = ["dead_letters_key", "parse_rate", "setup_admin", "source_states", "start", "workers_watch_ctx"]

@@ -28,24 +28,25 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from webhook_ingest.ingress import signature_headers
-from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
-from webhook_ingest.ingress.intake.failure_budget import failure_budget_key
+from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
+from webhook_ingest.ingress.intake import failure_budget_key
+from webhook_ingest.ingress.publishing import publisher_key
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.ingress.tokens import may_change, role_of
-from webhook_ingest.shared.archive.search import InvalidFilter, parse_text
-from webhook_ingest.shared.audit.actor import Actor
-from webhook_ingest.shared.dead_letters.model import (
+from webhook_ingest.shared.archive import InvalidFilter, parse_text
+from webhook_ingest.shared.audit import Actor
+from webhook_ingest.shared.dead_letters import (
     STATUSES,
     DeadLetterNotFound,
+    DeadLetterStore,
     NotReplayable,
     ReplayInterrupted,
     detail,
     parse_id,
     summary,
 )
-from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 from webhook_ingest.shared.settings import Settings
 

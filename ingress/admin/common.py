@@ -5,9 +5,8 @@ this one, never `api.py`."""
 
 from aiohttp import web
 
-from webhook_ingest.shared.db.values import to_json
-from webhook_ingest.shared.dead_letters.model import parse_id
-from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.db import to_json
+from webhook_ingest.shared.dead_letters import DeadLetterStore, parse_id
 
 dead_letters_key = web.AppKey("dead_letters", DeadLetterStore)
 role_key = web.RequestKey("admin_role", str)

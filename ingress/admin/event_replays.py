@@ -18,14 +18,13 @@ import json
 
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.appkeys import database_pool_key, settings_key, sources_key
+from webhook_ingest.ingress.publishing import publisher_key
 from webhook_ingest.ingress.responses import error
-from webhook_ingest.shared.archive.search import InvalidFilter, SourceRoutes, parse_filter
-from webhook_ingest.shared.audit.actor import Actor
-from webhook_ingest.shared.replays.model import EventReplay
-from webhook_ingest.shared.replays.store import EventReplayJob, EventReplayStore
-from webhook_ingest.shared.runs.locks import RunBusy
-from webhook_ingest.shared.runs.paced import DEFAULT_RATE, MAX_RATE, MIN_RATE, PacedRunner
+from webhook_ingest.shared.archive import InvalidFilter, SourceRoutes, parse_filter
+from webhook_ingest.shared.audit import Actor
+from webhook_ingest.shared.replays import EventReplay, EventReplayJob, EventReplayStore
+from webhook_ingest.shared.runs import DEFAULT_RATE, MAX_RATE, MIN_RATE, PacedRunner, RunBusy
 
 from .common import json_document, parse_path_id, role_key
 

@@ -15,7 +15,8 @@ from webhook_ingest.ingress import signature_headers
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.ingress.tokens import may_change
-from webhook_ingest.shared.archive.search import (
+from webhook_ingest.shared.archive import (
+    ArchiveStore,
     Cursor,
     InvalidFilter,
     SourceRoutes,
@@ -25,7 +26,6 @@ from webhook_ingest.shared.archive.search import (
     parse_text,
     route_names,
 )
-from webhook_ingest.shared.archive.store import ArchiveStore
 
 from .common import json_document, role_key
 

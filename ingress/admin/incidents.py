@@ -13,13 +13,13 @@ expected failures (ingress/admin/api.py) apply.
 
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key
+from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
+from webhook_ingest.ingress.publishing import publisher_key
 from webhook_ingest.ingress.responses import error
-from webhook_ingest.shared.audit.actor import Actor
-from webhook_ingest.shared.dead_letters.model import ReplayInterrupted, parse_id
-from webhook_ingest.shared.incidents.model import event_document, incident_document
-from webhook_ingest.shared.incidents.store import STATES, IncidentNotFound, IncidentStore
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.audit import Actor
+from webhook_ingest.shared.dead_letters import ReplayInterrupted, parse_id
+from webhook_ingest.shared.incidents import STATES, IncidentNotFound, IncidentStore, event_document, incident_document
+from webhook_ingest.shared.observability import get_logger
 
 from .common import dead_letters_key, json_document, parse_path_id, role_key
 

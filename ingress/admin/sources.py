@@ -9,9 +9,9 @@ from aiohttp import web
 
 from webhook_ingest.ingress.appkeys import database_pool_key, settings_key, sources_key
 from webhook_ingest.ingress.responses import error
-from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.audit import Actor
 from webhook_ingest.shared.broker import topology
-from webhook_ingest.shared.sources.pauses import PauseStore
+from webhook_ingest.shared.sources import PauseStore
 
 from .common import json_document, role_key
 

@@ -13,10 +13,9 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from webhook_ingest.ingress.appkeys import database_pool_key, settings_key
-from webhook_ingest.shared.db.sessions import raise_if_cancelled
+from webhook_ingest.shared.db import raise_if_cancelled
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability import metrics
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger, metrics
 from webhook_ingest.shared.worker_heartbeats import HeartbeatStore
 
 from .common import json_document

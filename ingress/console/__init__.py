@@ -22,7 +22,7 @@ from aiohttp.web_exceptions import NotAppKeyWarning
 from aiohttp_session import session_middleware
 
 from webhook_ingest.ingress.appkeys import database_pool_key
-from webhook_ingest.shared.db.values import iso_utc
+from webhook_ingest.shared.db import iso_utc
 from webhook_ingest.shared.replays import keys as replay_keys
 from webhook_ingest.shared.settings import Settings
 
@@ -37,6 +37,8 @@ from .sessions import ConsoleSessions, console_sessions_key
 from .sources import add_source_routes
 from .vendor import HTMX_FILE
 from .views import add_routes, bulk_runner_key
+
+__all__ = ["setup_console"]
 
 HERE = Path(__file__).parent
 # aiohttp-session keeps its storage under plain string request keys; it

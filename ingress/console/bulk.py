@@ -12,11 +12,16 @@ acted on when it ends.
 import contextlib
 from collections.abc import AsyncIterator
 
-from webhook_ingest.shared.audit.actor import Actor
-from webhook_ingest.shared.dead_letters.bulk import BulkAction
-from webhook_ingest.shared.dead_letters.model import ChangedMeanwhile, DeadLetterNotFound, NotReplayable
-from webhook_ingest.shared.dead_letters.store import DeadLetterStore, HeldBulk
-from webhook_ingest.shared.runs.paced import DEFAULT_RATE, MAX_RATE, PacedRunner
+from webhook_ingest.shared.audit import Actor
+from webhook_ingest.shared.dead_letters import (
+    BulkAction,
+    ChangedMeanwhile,
+    DeadLetterNotFound,
+    DeadLetterStore,
+    HeldBulk,
+    NotReplayable,
+)
+from webhook_ingest.shared.runs import DEFAULT_RATE, MAX_RATE, PacedRunner
 
 __all__ = ["DEFAULT_RATE", "MAX_RATE", "BulkRunner"]
 

@@ -13,13 +13,12 @@ on the store and runner the admin API uses (`shared/replays/store.py`,
 
 from aiohttp import web
 
-from webhook_ingest.ingress.admin.event_replays import parse_rate, start
+from webhook_ingest.ingress.admin import parse_rate, start
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
-from webhook_ingest.shared.archive.search import SourceRoutes
-from webhook_ingest.shared.dead_letters.model import parse_id
-from webhook_ingest.shared.replays.store import EventReplayStore
-from webhook_ingest.shared.runs.locks import RunBusy
-from webhook_ingest.shared.runs.paced import DEFAULT_RATE, MAX_RATE, MIN_RATE
+from webhook_ingest.shared.archive import SourceRoutes
+from webhook_ingest.shared.dead_letters import parse_id
+from webhook_ingest.shared.replays import EventReplayStore
+from webhook_ingest.shared.runs import DEFAULT_RATE, MAX_RATE, MIN_RATE, RunBusy
 
 from .event_search import event_search
 from .rendering import leave_message, message_page, render

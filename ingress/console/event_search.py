@@ -9,7 +9,7 @@ what is wrong rather than showing (or acting on) more than was asked.
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from webhook_ingest.shared.archive.search import Cursor, EventFilter, InvalidFilter, filter_and_problems
+from webhook_ingest.shared.archive import Cursor, EventFilter, InvalidFilter, filter_and_problems
 
 from .filters import query_string
 

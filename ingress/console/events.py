@@ -18,22 +18,22 @@ import asyncpg
 from aiohttp import web
 
 from webhook_ingest.ingress import signature_headers
-from webhook_ingest.ingress.admin.common import dead_letters_key
+from webhook_ingest.ingress.admin import dead_letters_key
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.tokens import may_change
-from webhook_ingest.shared.archive import model as archive
-from webhook_ingest.shared.archive.search import (
+from webhook_ingest.shared.archive import (
     COUNT_CAP,
     STATUSES,
+    ArchiveStore,
     Cursor,
     SourceRoutes,
     completion,
     route_completions,
     route_names,
 )
-from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.dead_letters.store import DeadLetterStore
-from webhook_ingest.shared.replays.store import EventReplayStore
+from webhook_ingest.shared.archive import model as archive
+from webhook_ingest.shared.dead_letters import DeadLetterStore
+from webhook_ingest.shared.replays import EventReplayStore
 
 from .event_search import LABELS, EventSearch, event_search
 from .rendering import message_page, render

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from urllib.parse import urlencode
 
-from webhook_ingest.shared.dead_letters.model import MAX_ID, STATUSES, DeadLetterFilter, parse_id
+from webhook_ingest.shared.dead_letters import MAX_ID, STATUSES, DeadLetterFilter, parse_id
 
 MAX_TEXT = 200
 MAX_NAME = 200

@@ -7,12 +7,12 @@ like "all matching" on the dead-letters page."""
 
 from aiohttp import web
 
-from webhook_ingest.ingress.admin.common import dead_letters_key
+from webhook_ingest.ingress.admin import dead_letters_key
 from webhook_ingest.ingress.appkeys import database_pool_key
-from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.audit import Actor
 from webhook_ingest.shared.dead_letters import bulk as bulk_actions
-from webhook_ingest.shared.dead_letters.model import parse_id
-from webhook_ingest.shared.incidents.store import IncidentNotFound, IncidentStore
+from webhook_ingest.shared.dead_letters import parse_id
+from webhook_ingest.shared.incidents import IncidentNotFound, IncidentStore
 
 from .rendering import leave_message, message_page, render
 from .security import role_key

@@ -8,12 +8,11 @@ clear message, never a 500.
 from aiohttp import web
 from aiohttp_session import get_session
 
-from webhook_ingest.ingress.intake.limits import read_form_within
-from webhook_ingest.ingress.intake.slots import slots_key
+from webhook_ingest.ingress.intake import read_form_within, slots_key
 from webhook_ingest.ingress.responses import Rejected
 from webhook_ingest.ingress.tokens import may_change
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 
 from .rendering import message_page

@@ -13,10 +13,9 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from webhook_ingest.shared.broker import topology
-from webhook_ingest.shared.broker.topology import queue_depths
-from webhook_ingest.shared.dead_letters.store import DeadLetterStore
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.broker import queue_depths, topology
+from webhook_ingest.shared.dead_letters import DeadLetterStore
+from webhook_ingest.shared.sources import Source
 from webhook_ingest.shared.worker_heartbeats import SILENT_AFTER_BEATS, HeartbeatStore
 
 from .outcome_chart import Chart, chart

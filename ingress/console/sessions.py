@@ -28,8 +28,7 @@ from aiohttp import web
 from aiohttp_session import AbstractStorage, Session
 from cryptography.fernet import Fernet, InvalidToken
 
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.sessions import pooled
+from webhook_ingest.shared.db import load_queries, pooled
 
 QUERIES = load_queries("webhook_ingest.ingress")
 STATEMENT_SECONDS = 5.0

@@ -4,10 +4,10 @@ Pause and Resume — audited, reaching every worker within about a second."""
 
 from aiohttp import web
 
-from webhook_ingest.ingress.admin.sources import source_states
+from webhook_ingest.ingress.admin import source_states
 from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
-from webhook_ingest.shared.audit.actor import Actor
-from webhook_ingest.shared.sources.pauses import PauseStore
+from webhook_ingest.shared.audit import Actor
+from webhook_ingest.shared.sources import PauseStore
 
 from .rendering import leave_message, render
 from .security import role_key

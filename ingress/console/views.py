@@ -8,27 +8,28 @@ import math
 from aiohttp import web
 
 from webhook_ingest.ingress import signature_headers
-from webhook_ingest.ingress.admin.common import dead_letters_key
-from webhook_ingest.ingress.appkeys import database_pool_key, publisher_key, settings_key, sources_key
+from webhook_ingest.ingress.admin import dead_letters_key
+from webhook_ingest.ingress.appkeys import database_pool_key, settings_key, sources_key
 from webhook_ingest.ingress.archive import arrivals_key
-from webhook_ingest.ingress.intake.limits import sign_in_throttle_key
+from webhook_ingest.ingress.intake import sign_in_throttle_key
+from webhook_ingest.ingress.publishing import publisher_key
 from webhook_ingest.ingress.tokens import may_change, role_of
-from webhook_ingest.shared.audit.actor import Actor
-from webhook_ingest.shared.dead_letters import bulk as bulk_actions
-from webhook_ingest.shared.dead_letters.model import (
+from webhook_ingest.shared.audit import Actor
+from webhook_ingest.shared.dead_letters import (
     STATUSES,
     ChangedMeanwhile,
     DeadLetterNotFound,
+    DeadLetterStore,
     NotReplayable,
     ReplayInterrupted,
     describe_error,
     detail,
     parse_id,
 )
-from webhook_ingest.shared.dead_letters.store import DeadLetterStore
-from webhook_ingest.shared.incidents.store import IncidentStore
-from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.shared.runs.locks import RunBusy
+from webhook_ingest.shared.dead_letters import bulk as bulk_actions
+from webhook_ingest.shared.incidents import IncidentStore
+from webhook_ingest.shared.observability import get_logger
+from webhook_ingest.shared.runs import RunBusy
 from webhook_ingest.shared.worker_heartbeats import HeartbeatStore
 
 from .bulk import DEFAULT_RATE, MAX_RATE, BulkRunner

@@ -10,3 +10,25 @@
 - redis_get         GETs pipelined on one connection to one Redis, for the duplicate lookup that every webhook …
 - refusals          Log lines about clients refused before anything was spent on them.
 """
+
+from .content_bindings import ContentBindings, content_bindings_key
+from .done_markers import DoneMarkers, done_markers_key
+from .failure_budget import failure_budget_key
+from .limits import handler_args, read_form_within, setup_limits, sign_in_throttle_key
+from .redis_get import connect_get
+from .slots import slots_key
+
+__all__ = [
+    "ContentBindings",
+    "DoneMarkers",
+    "connect_get",
+    "content_bindings_key",
+    "done_markers_key",
+    "failure_budget_key",
+    "handler_args",
+    "read_form_within",
+    "setup_limits",
+    "sign_in_throttle_key",
+    "slots_key",
+    "webhooks",
+]

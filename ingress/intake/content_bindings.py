@@ -36,9 +36,10 @@ import time
 
 import orjson
 import redis.asyncio as redis
+from aiohttp import web
 
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger
 from webhook_ingest.shared.service_errors import REDIS_ERRORS
 
 log = get_logger(__name__)
@@ -108,3 +109,6 @@ class ContentBindings:
             return None
         self._skip_until = 0.0
         return orjson.loads(bound)[0] if isinstance(bound, bytes) else None
+
+
+content_bindings_key = web.AppKey("content_bindings", ContentBindings)

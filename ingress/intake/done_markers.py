@@ -14,8 +14,10 @@ not one per request.
 import time
 from collections.abc import Awaitable, Callable
 
+from aiohttp import web
+
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger
 from webhook_ingest.shared.redis_keys import done_marker, key_prefix
 from webhook_ingest.shared.service_errors import REDIS_ERRORS
 
@@ -49,3 +51,6 @@ class DoneMarkers:
 
 def _expected(payload_sha256: str) -> bytes:
     return done_marker(payload_sha256).encode()
+
+
+done_markers_key = web.AppKey("done_markers", DoneMarkers)

@@ -23,11 +23,10 @@ from webhook_ingest.ingress.client_address import is_within, parse_address, setu
 from webhook_ingest.ingress.ratelimit import SignInThrottle
 from webhook_ingest.ingress.responses import Rejected, error
 from webhook_ingest.shared import ratelimit
-from webhook_ingest.shared.observability import metrics
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger, metrics
 from webhook_ingest.shared.ratelimit import RateLimiter
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.sources import Source
 
 from .content_encoding import UndecodableBody, decoder_for
 from .failure_budget import FailureBudget, failure_budget_key

@@ -12,7 +12,7 @@ every refusal.
 from aiohttp import web
 
 from webhook_ingest.ingress.client_address import client_key
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger
 from webhook_ingest.shared.ratelimit import LocalBuckets
 
 log = get_logger(__name__)

@@ -21,35 +21,29 @@ import time
 
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import (
-    content_bindings_key,
-    done_markers_key,
-    outbox_key,
-    publisher_key,
-    sources_key,
-)
+from webhook_ingest.ingress.appkeys import sources_key
 from webhook_ingest.ingress.archive import arrivals_key
-from webhook_ingest.ingress.publishing.outbox import OutboxUnavailable
-from webhook_ingest.ingress.publishing.publisher import GivenUp, Publisher
+from webhook_ingest.ingress.publishing import GivenUp, OutboxUnavailable, Publisher, outbox_key, publisher_key
 from webhook_ingest.ingress.responses import Rejected, error, json_response
 from webhook_ingest.shared import storable_json
 from webhook_ingest.shared.errors import BrokerUnavailable
-from webhook_ingest.shared.event import ids as event_id
-from webhook_ingest.shared.event import payloads
-from webhook_ingest.shared.event import types as event_type
-from webhook_ingest.shared.event.message import (
+from webhook_ingest.shared.event import (
     MAX_EVENT_ID_BYTES,
     EventMessage,
     headers_fit,
     new_arrival,
+    payloads,
     provider_headers,
     utf8_text,
 )
-from webhook_ingest.shared.observability import metrics, tracing
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.event import ids as event_id
+from webhook_ingest.shared.event import types as event_type
+from webhook_ingest.shared.observability import get_logger, metrics, tracing
 from webhook_ingest.shared.signatures import SignatureError, Verified
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.sources import Source
 
+from .content_bindings import content_bindings_key
+from .done_markers import done_markers_key
 from .failure_budget import failure_budget_key
 from .limits import check_client_address, check_rate_limit, read_body_within
 from .slots import Slot, slots_key

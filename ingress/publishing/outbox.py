@@ -15,13 +15,12 @@ turns to the outbox at once, and one commit per event would fall behind.
 import asyncio
 
 import asyncpg
+from aiohttp import web
 from pamqp import decode, encode
 
-from webhook_ingest.shared.db.group_commit import GroupCommit
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.sessions import pooled
+from webhook_ingest.shared.db import GroupCommit, load_queries, pooled
 from webhook_ingest.shared.errors import ServiceUnavailable, describe
-from webhook_ingest.shared.event.message import EventMessage, from_amqp, to_amqp
+from webhook_ingest.shared.event import EventMessage, from_amqp, to_amqp
 from webhook_ingest.shared.observability import tracing
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 
@@ -86,3 +85,6 @@ def encode_message(event: EventMessage) -> tuple[bytes, bytes]:
 def decode_message(body: bytes, amqp_headers: bytes) -> EventMessage:
     _, headers = decode.field_table(amqp_headers)
     return from_amqp(body, headers)
+
+
+outbox_key = web.AppKey("outbox", Outbox)

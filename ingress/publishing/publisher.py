@@ -19,12 +19,12 @@ from collections.abc import Awaitable
 
 import aio_pika
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
+from aiohttp import web
 
 from webhook_ingest.shared.broker import amqp, topology
 from webhook_ingest.shared.errors import BrokerUnavailable, describe
-from webhook_ingest.shared.event.message import EventMessage, amqp_properties, to_amqp
-from webhook_ingest.shared.observability import metrics, tracing
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.event import EventMessage, amqp_properties, to_amqp
+from webhook_ingest.shared.observability import get_logger, metrics, tracing
 from webhook_ingest.shared.service_errors import BROKER_ERRORS
 from webhook_ingest.shared.settings import mask_url
 
@@ -275,3 +275,6 @@ def _ignore_outcome(publishing: asyncio.Future) -> None:
     asyncio does not log it as never retrieved."""
     if not publishing.cancelled():
         publishing.exception()
+
+
+publisher_key = web.AppKey("publisher", Publisher)

@@ -26,15 +26,14 @@ from collections.abc import AsyncIterator
 import asyncpg
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import database_pool_key, outbox_key, publisher_key
-from webhook_ingest.shared.db.sessions import pooled, raise_if_cancelled
+from webhook_ingest.ingress.appkeys import database_pool_key
+from webhook_ingest.shared.db import pooled, raise_if_cancelled
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability import metrics, tracing
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger, metrics, tracing
 from webhook_ingest.shared.service_errors import POSTGRES_ERRORS
 
-from .outbox import QUERIES, TIMEOUT_SECONDS, Outbox, decode_message
-from .publisher import BrokerUnavailable, Publisher
+from .outbox import QUERIES, TIMEOUT_SECONDS, Outbox, decode_message, outbox_key
+from .publisher import BrokerUnavailable, Publisher, publisher_key
 
 log = get_logger(__name__)
 

@@ -20,7 +20,7 @@ import hashlib
 import re
 from datetime import UTC, date, datetime, timedelta
 
-from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.event import EventMessage
 
 DAYS_AHEAD = 3  # days created in advance: the upkeep may miss that many before a row finds no day
 _NAME_CHARS = re.compile(r"[^a-z0-9]+")

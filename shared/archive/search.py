@@ -19,9 +19,9 @@ import asyncpg
 import orjson
 
 from webhook_ingest.shared import storable_json
-from webhook_ingest.shared.db.values import iso_utc
+from webhook_ingest.shared.db import iso_utc
 from webhook_ingest.shared.errors import WebhookIngestError
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.sources import Source
 
 from . import model as archive
 

@@ -14,8 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.sessions import pooled
+from webhook_ingest.shared.db import load_queries, pooled
 
 from . import model as archive
 from . import search as archived_events

@@ -11,9 +11,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.sessions import one_of
-from webhook_ingest.shared.db.values import jsonb
+from webhook_ingest.shared.db import jsonb, load_queries, one_of
 
 from .actor import Actor
 

@@ -4,3 +4,43 @@
 - store  The dead-letter store
 - bulk   Bulk actions on dead letters ("Replay all matching" / "Discard all matching").
 """
+
+from .bulk import BulkAction
+from .model import (
+    MAX_ID,
+    STATUSES,
+    UNREADABLE,
+    ChangedMeanwhile,
+    DeadLetterFilter,
+    DeadLetterNotFound,
+    NotReplayable,
+    Replayed,
+    ReplayInterrupted,
+    describe_error,
+    detail,
+    parse_id,
+    record_dead_letter,
+    summary,
+)
+from .store import DeadLetterStore, HeldBulk
+
+__all__ = [
+    "MAX_ID",
+    "STATUSES",
+    "UNREADABLE",
+    "BulkAction",
+    "ChangedMeanwhile",
+    "DeadLetterFilter",
+    "DeadLetterNotFound",
+    "DeadLetterStore",
+    "HeldBulk",
+    "NotReplayable",
+    "ReplayInterrupted",
+    "Replayed",
+    "bulk",
+    "describe_error",
+    "detail",
+    "parse_id",
+    "record_dead_letter",
+    "summary",
+]

@@ -22,10 +22,9 @@ from typing import Any
 import asyncpg
 
 from webhook_ingest.shared import storable_json
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.values import iso_utc, jsonb
+from webhook_ingest.shared.db import iso_utc, jsonb, load_queries
 from webhook_ingest.shared.errors import WebhookIngestError
-from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.event import EventMessage
 
 SQL = load_queries("webhook_ingest.shared.dead_letters")
 

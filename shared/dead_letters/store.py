@@ -20,15 +20,13 @@ import orjson
 from aio_pika.abc import AbstractChannel
 
 from webhook_ingest.shared.archive import store as archive_store
-from webhook_ingest.shared.audit.actor import UNKNOWN_ACTOR, Actor
-from webhook_ingest.shared.audit.log import AuditLog, record_audit
+from webhook_ingest.shared.audit import UNKNOWN_ACTOR, Actor, AuditLog, record_audit
 from webhook_ingest.shared.broker import topology
-from webhook_ingest.shared.db.sessions import one_of, raise_if_cancelled
+from webhook_ingest.shared.db import one_of, raise_if_cancelled
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.event.message import to_amqp
-from webhook_ingest.shared.observability import metrics, tracing
-from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.shared.runs.locks import BULK_ACTIONS, Hold, RunBusy, holding, run_lock, waiting_for_run
+from webhook_ingest.shared.event import to_amqp
+from webhook_ingest.shared.observability import get_logger, metrics, tracing
+from webhook_ingest.shared.runs import BULK_ACTIONS, Hold, RunBusy, holding, run_lock, waiting_for_run
 
 from .bulk import BulkAction
 from .model import (

@@ -13,11 +13,9 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.sessions import one_of, raise_if_cancelled
+from webhook_ingest.shared.db import load_queries, one_of, raise_if_cancelled
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability import metrics
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger, metrics
 from webhook_ingest.shared.storable_text import storable
 
 from .model import Fingerprint

@@ -6,3 +6,8 @@
 - tracing_otel  Tracing on: the OpenTelemetry SDK and instrumentations behind `shared/observability/tracing.py` …
 - metrics       Every Prometheus metric the pipeline exports, in one place.
 """
+
+from .loggers import get_logger
+from .logging import configure_logging
+
+__all__ = ["configure_logging", "get_logger", "metrics", "tracing"]

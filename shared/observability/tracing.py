@@ -22,7 +22,7 @@ from collections.abc import Coroutine, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from webhook_ingest.shared.event.message import EventMessage
+    from webhook_ingest.shared.event import EventMessage
 
 T = TypeVar("T")
 OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")

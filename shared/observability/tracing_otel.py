@@ -45,7 +45,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.event import EventMessage
 
 from .loggers import get_logger
 

@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from webhook_ingest.shared.archive.search import EventFilter
-from webhook_ingest.shared.db.values import iso_utc
-from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.archive import EventFilter
+from webhook_ingest.shared.db import iso_utc
+from webhook_ingest.shared.event import EventMessage
 
 from .keys import replay_key
 

@@ -15,17 +15,22 @@ from datetime import datetime
 import asyncpg
 from aio_pika.abc import AbstractChannel
 
-from webhook_ingest.shared.archive.search import NO_ROUTES, EventFilter, SourceRoutes
-from webhook_ingest.shared.audit.actor import Actor
-from webhook_ingest.shared.audit.log import AuditLog
+from webhook_ingest.shared.archive import NO_ROUTES, EventFilter, SourceRoutes
+from webhook_ingest.shared.audit import Actor, AuditLog
 from webhook_ingest.shared.broker import topology
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.sessions import one_of
-from webhook_ingest.shared.db.values import jsonb
-from webhook_ingest.shared.event.message import to_amqp
+from webhook_ingest.shared.db import jsonb, load_queries, one_of
+from webhook_ingest.shared.event import to_amqp
 from webhook_ingest.shared.observability import tracing
-from webhook_ingest.shared.runs.locks import EVENT_REPLAYS, Hold, RunBusy, holding, run_lock, waiting_for_run
-from webhook_ingest.shared.runs.paced import DEFAULT_RATE, TAKEN_OVER
+from webhook_ingest.shared.runs import (
+    DEFAULT_RATE,
+    EVENT_REPLAYS,
+    TAKEN_OVER,
+    Hold,
+    RunBusy,
+    holding,
+    run_lock,
+    waiting_for_run,
+)
 
 from .model import EventReplay, ReplayItem, filter_json, replayed_message
 

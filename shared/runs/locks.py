@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from webhook_ingest.shared.db.sessions import terminate
+from webhook_ingest.shared.db import terminate
 from webhook_ingest.shared.errors import WebhookIngestError
 
 HOLD_SECONDS = 20.0  # a publish's limit (10 s) and a pooled connection's (5 s), with room

@@ -28,7 +28,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger
 
 if TYPE_CHECKING:
     from aiohttp import web

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from webhook_ingest.shared.event.payloads import Form
+from webhook_ingest.shared.event import Form
 
 
 @dataclass(frozen=True, slots=True)

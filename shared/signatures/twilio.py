@@ -22,8 +22,7 @@ import hmac
 from collections.abc import Mapping, Sequence
 from urllib.parse import parse_qs
 
-from webhook_ingest.shared.event import payloads
-from webhook_ingest.shared.event.payloads import Form
+from webhook_ingest.shared.event import Form, payloads
 
 from . import parts, public_url
 from .contract import SignOptions, SourceOptions, Verified

@@ -6,3 +6,23 @@
 - pauses        Paused sources (docs/reference.md §8.3)
 - retention     A source's `retention` (docs/reference.md §3): how long the archive keeps its events.
 """
+
+from typing import TYPE_CHECKING, Any
+
+from .model import Source, load_sources, resolve_secret
+from .routes import route_key
+
+__all__ = ["PauseStore", "Source", "load_sources", "resolve_secret", "route_key"]
+
+if TYPE_CHECKING:
+    from .pauses import PauseStore
+
+
+def __getattr__(name: str) -> Any:
+    """The pause store (and the audit log and Postgres below it) loads on first use: the CLI
+    and the handler API read the sources file from here, and stay light."""
+    if name == "PauseStore":
+        from . import pauses
+
+        return getattr(pauses, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

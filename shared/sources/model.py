@@ -32,9 +32,9 @@ from pydantic_core import PydanticCustomError
 
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.errors import ConfigError
+from webhook_ingest.shared.event import MAX_BODY_BYTES
+from webhook_ingest.shared.event import default_selectors as default_event_type
 from webhook_ingest.shared.event import ids as event_id
-from webhook_ingest.shared.event.message import MAX_BODY_BYTES
-from webhook_ingest.shared.event.types import default_selectors as default_event_type
 
 from . import ignore_rules
 from . import routes as route_rules

@@ -10,10 +10,8 @@ import contextlib
 
 import asyncpg
 
-from webhook_ingest.shared.audit.actor import Actor
-from webhook_ingest.shared.audit.log import record_audit
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.sessions import one_of
+from webhook_ingest.shared.audit import Actor, record_audit
+from webhook_ingest.shared.db import load_queries, one_of
 
 SQL = load_queries("webhook_ingest.shared.sources")
 

@@ -6,6 +6,7 @@ layer and those below, with no cycle between them."""
 
 import ast
 import graphlib
+import importlib
 import re
 from pathlib import Path
 
@@ -257,3 +258,129 @@ def test_the_cycle_check_sees_a_cycle():
     cycle = cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
     assert cycle is not None and cycle[0] == cycle[-1] and set(cycle) == {"a", "b", "c"}
     assert cycle_in({"a": {"b"}, "b": set()}) is None
+
+
+# -- one import rule: relative inside a package, its public names from outside ---
+
+
+def concept_packages() -> set[str]:
+    """The packages one level below a top-level folder (shared/archive/,
+    workers/claim/, ingress/intake/, webhook_ingest/cli/ …): each one concept,
+    whose `__init__.py` maps its modules and lists in `__all__` what the rest
+    of the code may use of it."""
+    return {
+        name
+        for name, path in module_files().items()
+        if path.name == "__init__.py" and len(path.relative_to(ROOT).parts) == 3
+    }
+
+
+def public_names(path: Path) -> set[str]:
+    """A package's `__all__`, as its `__init__.py` states it."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def _package_of(module: str, packages: set[str]) -> str | None:
+    return next((package for package in packages if module == package or module.startswith(f"{package}.")), None)
+
+
+def _import_breaks(node: ast.Import, where: str, own: str | None, packages: set[str]) -> list[str]:
+    breaks = []
+    for alias in node.names:
+        package = _package_of(alias.name, packages)
+        if package and package != own and alias.name != package:
+            breaks.append(
+                f"{where}{node.lineno}: `import {alias.name}` reaches into {package}: use `from {package} import NAME`"
+            )
+    return breaks
+
+
+def _from_breaks(path: Path, node: ast.ImportFrom, where: str, own: str | None, packages: set[str]) -> list[str]:
+    files = module_files()
+    module = (statement_names(path, node) or ("", set()))[0]
+    breaks = []
+    for alias in node.names:
+        full = f"{module}.{alias.name}"
+        target = full if full in files else module
+        package = _package_of(target, packages)
+        written = f"`from {'.' * node.level}{node.module or ''} import {alias.name}`"
+        if package is None or full == package:
+            continue  # not a package's, or the package itself (`from webhook_ingest.shared import signatures`)
+        if package == own and path.name != "__init__.py":
+            if node.level == 0 or target == module == own:
+                breaks.append(
+                    f"{where}{node.lineno}: {written} inside {own}: import from a module of your own package,"
+                    f" relatively (`from .{target.split('.')[-1] if target != own else 'MODULE'} import …`)"
+                )
+        elif package != own and not (module == package and alias.name in public_names(files[package])):
+            breaks.append(
+                f"{where}{node.lineno}: {written} reaches into {package}: use `from {package} import"
+                f" {alias.name}`, the name re-exported by {files[package].relative_to(ROOT)} and listed in its __all__"
+            )
+    return breaks
+
+
+def rule_breaks(name: str, path: Path, source: str) -> list[str]:
+    """Where a module's imports (at its top, in functions, under TYPE_CHECKING)
+    break the rule: a package's modules import each other relatively, never
+    through its own `__init__`; any other module imports a package's names
+    from the package itself, and only those of its `__all__` (a relative
+    import that climbs out of a package is a crossing too)."""
+    packages = concept_packages()
+    own = _package_of(name, packages)
+    where = f"{path.relative_to(ROOT)}:"
+    breaks = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            breaks += _import_breaks(node, where, own, packages)
+        elif isinstance(node, ast.ImportFrom):
+            breaks += _from_breaks(path, node, where, own, packages)
+    return breaks
+
+
+def test_a_package_is_entered_only_through_its_public_names():
+    """The import rule of CONTRIBUTING.md: the structure of the code is then
+    the graph of its imports, package to package."""
+    breaks = [
+        line for name, path in sorted(module_files().items()) for line in rule_breaks(name, path, path.read_text())
+    ]
+    assert not breaks, f"{len(breaks)} imports break the import rule:\n" + "\n".join(breaks)
+
+
+@pytest.mark.parametrize("package", sorted(concept_packages()))
+def test_each_public_name_is_there(package):
+    """A name of `__all__` is bound by the `__init__`, or is a module of the
+    package (a namespace such as `metrics`), which `from P import m` loads on
+    demand: the `__init__` does not import it, so its cost falls only on the
+    processes that use it."""
+    module = importlib.import_module(package)
+    missing = {name for name in public_names(module_files()[package]) if not hasattr(module, name)}
+    assert (
+        sorted(
+            missing
+            - module_files().keys()
+            - {name.rpartition(".")[2] for name in module_files() if name.startswith(f"{package}.")}
+        )
+        == []
+    )
+
+
+def test_the_import_rule_sees_a_crossing():
+    app = ROOT / "ingress" / "app.py"
+    source = (
+        "from webhook_ingest.shared.archive.store import ArchiveStore\n"
+        "from ..shared.archive.search import Cursor\n"
+        "from webhook_ingest.shared.signatures import SignatureError\n"
+        "def f():\n    import webhook_ingest.workers.claim.processor\n"
+    )
+    breaks = rule_breaks("webhook_ingest.ingress.app", app, source)
+    assert [line.split(": ")[0] for line in breaks] == ["ingress/app.py:1", "ingress/app.py:2", "ingress/app.py:5"]
+    assert "use `from webhook_ingest.shared.archive import ArchiveStore`" in breaks[0]
+    inner = ROOT / "shared" / "archive" / "store.py"
+    assert rule_breaks("webhook_ingest.shared.archive.store", inner, "from webhook_ingest.shared.archive import X\n")
+    assert not rule_breaks("webhook_ingest.shared.archive.store", inner, "from .model import X\n")

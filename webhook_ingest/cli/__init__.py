@@ -15,3 +15,5 @@
 - events         `webhook-ingest events …`
 - events_replay  `webhook-ingest events replay …`
 """
+
+__all__ = ["main"]

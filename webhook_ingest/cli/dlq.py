@@ -16,24 +16,24 @@ import asyncpg
 import click
 import orjson
 
-from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.audit import Actor
 from webhook_ingest.shared.broker import amqp, topology
-from webhook_ingest.shared.db.values import to_json
-from webhook_ingest.shared.dead_letters.model import (
+from webhook_ingest.shared.db import to_json
+from webhook_ingest.shared.dead_letters import (
     STATUSES,
     DeadLetterNotFound,
+    DeadLetterStore,
     Replayed,
     describe_error,
     detail,
     parse_id,
     summary,
 )
-from webhook_ingest.shared.dead_letters.store import DeadLetterStore
 from webhook_ingest.shared.errors import BrokerUnavailable, ConfigError, ServiceUnavailable, one_line
-from webhook_ingest.shared.observability.logging import configure_logging
+from webhook_ingest.shared.observability import configure_logging
 from webhook_ingest.shared.service_errors import BROKER_ERRORS, POSTGRES_ERRORS
 from webhook_ingest.shared.settings import Settings, load_settings
-from webhook_ingest.workers.claim.completions import CompletionStore
+from webhook_ingest.workers.claim import CompletionStore
 
 from .common import ENV_HELP, fail, run_or_fail, traced
 from .terminal import echo

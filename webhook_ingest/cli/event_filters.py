@@ -5,10 +5,10 @@ imports the other's module for them."""
 
 import click
 
-from webhook_ingest.shared.archive.search import STATUSES, EventFilter, SourceRoutes, parse_filter
+from webhook_ingest.shared.archive import STATUSES, EventFilter, SourceRoutes, parse_filter
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources.model import Source, load_sources
+from webhook_ingest.shared.sources import Source, load_sources
 
 from .terminal import echo
 

@@ -15,9 +15,10 @@ from typing import BinaryIO
 
 import click
 
-from webhook_ingest.shared.archive.search import (
+from webhook_ingest.shared.archive import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
+    ArchiveStore,
     Cursor,
     EventFilter,
     InvalidFilter,
@@ -25,7 +26,6 @@ from webhook_ingest.shared.archive.search import (
     page,
     route_names,
 )
-from webhook_ingest.shared.archive.store import ArchiveStore
 from webhook_ingest.shared.errors import WebhookIngestError
 from webhook_ingest.shared.settings import Settings
 

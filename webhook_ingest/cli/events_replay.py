@@ -17,12 +17,11 @@ import sys
 
 import click
 
-from webhook_ingest.shared.archive.search import EventFilter, InvalidFilter
-from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.archive import EventFilter, InvalidFilter
+from webhook_ingest.shared.audit import Actor
 from webhook_ingest.shared.errors import WebhookIngestError
-from webhook_ingest.shared.replays.model import EventReplay
-from webhook_ingest.shared.replays.store import EventReplayJob, EventReplayStore
-from webhook_ingest.shared.runs.paced import DEFAULT_RATE, MAX_RATE, MIN_RATE, run
+from webhook_ingest.shared.replays import EventReplay, EventReplayJob, EventReplayStore
+from webhook_ingest.shared.runs import DEFAULT_RATE, MAX_RATE, MIN_RATE, run
 from webhook_ingest.shared.settings import Settings
 
 from .common import ENV_HELP, fail, run_or_fail

@@ -9,12 +9,10 @@ from typing import Any
 
 import click
 
-from webhook_ingest.shared.audit.actor import Actor
-from webhook_ingest.shared.dead_letters.model import Replayed, parse_id
-from webhook_ingest.shared.dead_letters.store import DeadLetterStore
+from webhook_ingest.shared.audit import Actor
+from webhook_ingest.shared.dead_letters import DeadLetterStore, Replayed, parse_id
 from webhook_ingest.shared.errors import WebhookIngestError
-from webhook_ingest.shared.incidents.model import event_document, incident_document
-from webhook_ingest.shared.incidents.store import STATES, IncidentNotFound, IncidentStore
+from webhook_ingest.shared.incidents import STATES, IncidentNotFound, IncidentStore, event_document, incident_document
 from webhook_ingest.shared.settings import Settings
 
 from .common import ENV_HELP, fail, run_or_fail, traced

@@ -9,9 +9,9 @@ from typing import ClassVar
 import click
 
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.observability.logging import configure_logging, get_logger
+from webhook_ingest.shared.observability import configure_logging, get_logger
 from webhook_ingest.shared.settings import Settings, load_settings
-from webhook_ingest.shared.sources.model import Source, load_sources
+from webhook_ingest.shared.sources import Source, load_sources
 
 from . import layout, ports
 from .common import ENV_HELP, fail, traced
@@ -166,7 +166,7 @@ def _no_transaction_pooler_or_fail(settings: Settings) -> None:
     the broker) and cannot tell."""
     import asyncpg
 
-    from webhook_ingest.shared.db.pooler import refuse_transaction_pooling
+    from webhook_ingest.shared.db import refuse_transaction_pooling
     from webhook_ingest.shared.errors import describe
 
     try:
@@ -240,8 +240,7 @@ def worker(concurrency: int, metrics_port: int | None, grace_seconds: float) -> 
     traced("worker")
     install_uvloop()
     log.info("worker_starting", concurrency=concurrency, sources=sorted(sources), **settings.masked())
-    from webhook_ingest.shared.db.pooler import TransactionPooler
-    from webhook_ingest.shared.db.schema import SchemaBehind
+    from webhook_ingest.shared.db import SchemaBehind, TransactionPooler
 
     try:
         asyncio.run(_run_worker(settings, sources, concurrency, metrics_port, grace_seconds))

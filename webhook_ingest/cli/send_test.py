@@ -11,7 +11,7 @@ import orjson
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.event import payloads
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.sources import Source
 
 # Headers that carry the event id for schemes whose default selector reads a header (hmac-sha256,
 # basic-auth and api-key read the sample body's `id` first).

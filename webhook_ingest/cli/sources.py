@@ -10,12 +10,11 @@ import asyncio
 
 import click
 
-from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.audit import Actor
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.settings import Settings
-from webhook_ingest.shared.sources.model import load_sources
-from webhook_ingest.shared.sources.pauses import PauseStore
+from webhook_ingest.shared.sources import PauseStore, load_sources
 
 from .common import ENV_HELP, fail, run_or_fail
 from .dlq import _settings, database

@@ -9,7 +9,7 @@ import asyncio
 import signal
 import sys
 
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger
 
 from . import layout
 

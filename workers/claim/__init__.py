@@ -17,3 +17,26 @@
 - archive_notes  A worker's part of the event archive (docs/design.md, "The archive")
 - loop_lag       How long the event loop stood still: tells a busy loop from a black hole.
 """
+
+from .archive_notes import ArchiveNotes
+from .batch import BatchProcessor
+from .completions import CompletionStore
+from .copies import CopiesInFlight
+from .idempotency import IdempotencyStore
+from .ports import WorkerCompletionsPort
+from .processor import DEFER_SECONDS, Processor
+from .retry import FailurePolicy
+from .states import Outcome
+
+__all__ = [
+    "DEFER_SECONDS",
+    "ArchiveNotes",
+    "BatchProcessor",
+    "CompletionStore",
+    "CopiesInFlight",
+    "FailurePolicy",
+    "IdempotencyStore",
+    "Outcome",
+    "Processor",
+    "WorkerCompletionsPort",
+]

@@ -19,13 +19,12 @@ import asyncio
 import time
 from dataclasses import replace
 
+from webhook_ingest.shared.archive import ArchiveStore, BatchedWriter
 from webhook_ingest.shared.archive import model as archive
-from webhook_ingest.shared.archive.store import ArchiveStore
-from webhook_ingest.shared.archive.writer import BatchedWriter
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.event import EventMessage
 from webhook_ingest.shared.replays import keys as replay_keys
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.sources import Source
 from webhook_ingest.shared.upkeep import ArchiveUpkeep
 
 from .states import Outcome

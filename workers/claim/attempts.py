@@ -24,7 +24,7 @@ The record is written by `CompletionStore.record_handed_on` (`workers.claim.comp
 
 from dataclasses import dataclass
 
-from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.event import EventMessage
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ from typing import Any
 
 import asyncpg
 
-from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.event import EventMessage
 from webhook_ingest.shared.observability import tracing
-from webhook_ingest.workers.failures.outage import found_in_chain
+from webhook_ingest.workers.failures import found_in_chain
 
 from .attempts import already_handed_on
 from .completions import LOCK_CONFLICTS

@@ -24,8 +24,8 @@ statement (each would read the other's insert as its own).
 from collections.abc import Sequence
 from typing import Any
 
-from webhook_ingest.shared.db.group_commit import GroupCommit
-from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.db import GroupCommit
+from webhook_ingest.shared.event import EventMessage
 
 from .lease import Lease
 from .ports import CompletionStorePort

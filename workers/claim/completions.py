@@ -24,14 +24,13 @@ from typing import NamedTuple
 
 import asyncpg
 
-from webhook_ingest.shared.archive.store import ArchiveStore
+from webhook_ingest.shared.archive import ArchiveStore
 from webhook_ingest.shared.backoff import pauses
-from webhook_ingest.shared.db.queries import load_queries
-from webhook_ingest.shared.db.sessions import closed_if_left_by
+from webhook_ingest.shared.db import closed_if_left_by, load_queries
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.event.message import EventMessage
-from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.workers.failures.outage import POSTGRES_LOST
+from webhook_ingest.shared.event import EventMessage
+from webhook_ingest.shared.observability import get_logger
+from webhook_ingest.workers.failures import POSTGRES_LOST
 
 from .attempts import HandedOn
 from .lease import Lease

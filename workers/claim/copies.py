@@ -24,7 +24,7 @@ as its own leader's copy, the only message carrying the event was acked
 import asyncio
 from dataclasses import dataclass, field
 
-from webhook_ingest.shared.event.message import EventMessage
+from webhook_ingest.shared.event import EventMessage
 
 from .states import Outcome
 

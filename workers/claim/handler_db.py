@@ -28,8 +28,8 @@ from typing import Any
 
 import asyncpg
 
-from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.workers.failures.outage import when_let_in
+from webhook_ingest.shared.observability import get_logger
+from webhook_ingest.workers.failures import when_let_in
 
 from .ports import CompletionStorePort
 

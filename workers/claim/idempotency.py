@@ -16,8 +16,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability import metrics
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger, metrics
 from webhook_ingest.shared.redis_keys import DONE_PREFIX, done_marker, key_prefix
 from webhook_ingest.shared.service_errors import REDIS_ERRORS
 

@@ -21,8 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from webhook_ingest.shared.observability import metrics
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger, metrics
 
 from . import loop_lag
 from .attempts import HandedOn

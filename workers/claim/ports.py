@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, TypeVar
 
-from webhook_ingest.shared.event.message import EventMessage
-from webhook_ingest.shared.sources.model import Source
+from webhook_ingest.shared.event import EventMessage
+from webhook_ingest.shared.sources import Source
 
 from .completions import Settled
 from .idempotency import Claim

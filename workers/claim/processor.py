@@ -35,11 +35,10 @@ from typing import Any, assert_never
 
 import asyncpg
 
-from webhook_ingest.shared.event.message import EventMessage
-from webhook_ingest.shared.observability import tracing
-from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.shared.sources.model import Source
-from webhook_ingest.workers.failures.outage import found_in_chain, outage_kind
+from webhook_ingest.shared.event import EventMessage
+from webhook_ingest.shared.observability import get_logger, tracing
+from webhook_ingest.shared.sources import Source
+from webhook_ingest.workers.failures import found_in_chain, outage_kind
 from webhook_ingest.workers.handlers import Event, HandlerContext, handler_key, load_handlers, replay_of
 
 from .archive_notes import NO_NOTES, ArchiveNotes

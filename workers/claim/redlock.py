@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as redis
 
-from webhook_ingest.shared.db.queries import parse_queries
+from webhook_ingest.shared.db import parse_queries
 from webhook_ingest.shared.service_errors import REDIS_ERRORS
 
 _SCRIPTS = parse_queries(importlib.resources.files("webhook_ingest.workers").joinpath("redlock.lua").read_text())

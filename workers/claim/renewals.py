@@ -18,7 +18,7 @@ still hold our value.
 from collections.abc import Sequence
 from typing import Any
 
-from webhook_ingest.shared.db.group_commit import GroupCommit
+from webhook_ingest.shared.db import GroupCommit
 
 from .lease import Lease
 from .ports import CompletionStorePort, IdempotencyStorePort

@@ -15,15 +15,13 @@ import asyncpg
 
 from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.broker import topology
-from webhook_ingest.shared.dead_letters.model import record_dead_letter
+from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.errors import describe, redacted
-from webhook_ingest.shared.event.message import EventMessage, to_amqp
-from webhook_ingest.shared.incidents.store import Failure, record_failure
-from webhook_ingest.shared.observability import tracing
-from webhook_ingest.shared.observability.logging import get_logger
-from webhook_ingest.shared.sources.model import Source
-from webhook_ingest.workers.failures.incident_counts import IncidentCounts
-from webhook_ingest.workers.failures.outage import BROKER_LOST, POSTGRES_LOST
+from webhook_ingest.shared.event import EventMessage, to_amqp
+from webhook_ingest.shared.incidents import Failure, record_failure
+from webhook_ingest.shared.observability import get_logger, tracing
+from webhook_ingest.shared.sources import Source
+from webhook_ingest.workers.failures import BROKER_LOST, POSTGRES_LOST, IncidentCounts
 from webhook_ingest.workers.handlers import PermanentError
 
 from .states import Outcome

@@ -4,3 +4,19 @@
 - incident_counts  Retries counted in their incidents behind the runs' backs.
 - notifications    Notifications of incidents (docs/oncall.md, "Incidents")
 """
+
+from .incident_counts import IncidentCounts
+from .notifications import Notifier, targets_from
+from .outage import BROKER_LOST, POSTGRES_LOST, OutageGate, found_in_chain, outage_kind, when_let_in
+
+__all__ = [
+    "BROKER_LOST",
+    "POSTGRES_LOST",
+    "IncidentCounts",
+    "Notifier",
+    "OutageGate",
+    "found_in_chain",
+    "outage_kind",
+    "targets_from",
+    "when_let_in",
+]

@@ -19,12 +19,12 @@ from collections import deque
 
 import asyncpg
 
-from webhook_ingest.shared.archive.writer import is_outage
+from webhook_ingest.shared.archive import is_outage
 from webhook_ingest.shared.backoff import pauses
-from webhook_ingest.shared.db.sessions import pooled
+from webhook_ingest.shared.db import pooled
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.incidents.store import Failure, record_failure
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.incidents import Failure, record_failure
+from webhook_ingest.shared.observability import get_logger
 
 log = get_logger(__name__)
 

@@ -22,15 +22,17 @@ import aiohttp
 import asyncpg
 import orjson
 
-from webhook_ingest.shared.db.sessions import pooled, raise_if_cancelled
+from webhook_ingest.shared.db import load_queries, pooled, raise_if_cancelled
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.incidents.model import incident_document
-from webhook_ingest.shared.incidents.store import SQL
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.incidents import incident_document
+from webhook_ingest.shared.observability import get_logger
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.signatures import sign
 
 log = get_logger(__name__)
+# The incidents' changes, which this notifier claims and marks: in shared/incidents/queries.sql,
+# beside the statements that write them.
+SQL = load_queries("webhook_ingest.shared.incidents")
 
 BATCH = 20
 CLAIM_SECONDS = 60.0

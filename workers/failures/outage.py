@@ -17,8 +17,7 @@ import asyncpg
 
 from webhook_ingest.shared import backoff
 from webhook_ingest.shared.errors import describe
-from webhook_ingest.shared.observability import metrics
-from webhook_ingest.shared.observability.logging import get_logger
+from webhook_ingest.shared.observability import get_logger, metrics
 
 log = get_logger(__name__)
 

@@ -27,8 +27,19 @@ from .interface import PermanentError as PermanentError
 from .interface import Replay as Replay
 from .interface import replay_of as replay_of
 
+__all__ = [
+    "Event",
+    "Handler",
+    "HandlerContext",
+    "PermanentError",
+    "Replay",
+    "handler_key",
+    "load_handlers",
+    "replay_of",
+]
+
 if TYPE_CHECKING:  # the handler API stays light to import
-    from webhook_ingest.shared.sources.model import Source
+    from webhook_ingest.shared.sources import Source
 
 BUILTINS = ("forward", "inbox")
 

@@ -90,7 +90,7 @@ def sent_headers(options: dict) -> dict[str, str]:
 
 @functools.cache  # a file: secret is read once per process, as a source's are
 def _resolved(headers: tuple[tuple[str, str], ...]) -> dict[str, str]:
-    from webhook_ingest.shared.sources.model import resolve_secret
+    from webhook_ingest.shared.sources import resolve_secret
 
     resolved = {}
     for name, value in headers:

@@ -2,7 +2,7 @@
 
 import json
 
-from webhook_ingest.shared.db.queries import load_queries
+from webhook_ingest.shared.db import load_queries
 from webhook_ingest.shared.event import payloads
 
 from .interface import Event, HandlerContext
