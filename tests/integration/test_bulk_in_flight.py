@@ -5,7 +5,7 @@ commit with its step, so they die with the runner too: a discard is left
 undone, and the Cancel says so, exactly; a replay's publish cannot be
 undone, so the Cancel counts it done and in doubt (an upper bound). The
 previous release's runner, whose discard commits apart from its step:
-tests/integration/test_bulk_cancel_attribution.py. Real Postgres, the real
+tests/integration/shared/dead_letters/test_bulk.py. Real Postgres, the real
 paced run, a real broker for the replay; the runner's death is its held
 session's end."""
 

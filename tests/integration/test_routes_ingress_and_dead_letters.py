@@ -15,8 +15,8 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
-from tests.integration.test_console_pages import console_settings, signed_in  # noqa: F401 - a fixture
-from tests.integration.test_ignore_rules import SECRET, archived, stripe_event
+from tests.integration.ingress.console.test_views import console_settings, signed_in  # noqa: F401 - a fixture
+from tests.integration.shared.sources.test_ignore_rules import SECRET, archived, stripe_event
 from tests.support.dead_letters import failure, seed_dead_letters
 from tests.support.events import make_event
 from tests.support.ingress import queued_events, running_ingress

@@ -7,8 +7,14 @@ import aio_pika
 import asyncpg
 from opentelemetry.trace import SpanKind
 
-from tests.integration import test_tracing as traced
-from tests.integration.test_tracing import by_name, children_of, post, running_worker, until_committed
+from tests.integration.shared.observability import test_tracing as traced
+from tests.integration.shared.observability.test_tracing import (
+    by_name,
+    children_of,
+    post,
+    running_worker,
+    until_committed,
+)
 from tests.support.ingress import running_ingress
 from tests.support.processes import wait_until
 from webhook_ingest.shared.archive.search import parse_filter
