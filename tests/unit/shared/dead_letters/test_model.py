@@ -4,10 +4,12 @@ retry delays, the CLI's parsing and rendering. No services."""
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.support.events import make_event
 from webhook_ingest.cli.dlq import age, parse_duration, render_table
-from webhook_ingest.shared.dead_letters.model import describe_error, parse_id, storable_payload
+from webhook_ingest.shared.dead_letters.model import MAX_ID, describe_error, parse_id, storable_payload
 from webhook_ingest.shared.event.message import from_amqp, to_amqp
 from webhook_ingest.shared.sources.model import parse_source
 from webhook_ingest.workers.claim.retry import TRACEBACK_LINES, describe_failure
@@ -104,3 +106,24 @@ def test_the_table_has_one_line_per_dead_letter_and_trims_long_cells():
     header, line = render_table(rows, now).splitlines()
     assert header.split() == ["ID", "STATUS", "SOURCE", "KEY", "ATTEMPTS", "AGE", "LAST", "ERROR"]
     assert line.split() == ["7", "replayed", "acme", "acme:" + "k" * 42 + "…", "5", "3h", "E:", "m", "n"]
+
+
+# shared/dead_letters/model.parse_id: any user text is an id or None, never an
+# error (issue 21, item 7: a 5,000-digit id or `limit` was a 500 — Python's
+# int() refuses more than 4,300 digits).
+
+
+def test_a_five_thousand_digit_id_is_no_id():
+    assert parse_id("9" * 5000) is None
+    assert parse_id("0" * 4999 + "7") is None  # too long to be one of ours, whatever its value
+
+
+@given(st.text(alphabet="0123456789", min_size=1, max_size=6000))
+def test_digits_of_any_length_are_an_id_in_range_or_none(text):
+    parsed = parse_id(text)
+    assert parsed is None or 0 <= parsed <= MAX_ID
+
+
+@given(st.text(max_size=50))
+def test_any_text_is_an_id_or_none(text):
+    assert parse_id(text) is None or isinstance(parse_id(text), int)
