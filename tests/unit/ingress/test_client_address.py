@@ -1,9 +1,11 @@
-"""Who the client is behind proxies, and the rate-limit bucket, as pure logic."""
+"""Who the client is behind proxies (ingress/client_address.py), as pure
+logic: the hops and the forwarding headers, the key the per-client bounds
+count by, the protocol the proxies recorded."""
 
 from ipaddress import IPv6Address, ip_address, ip_network
 
 import pytest
-from hypothesis import assume, example, given, settings
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -15,10 +17,7 @@ from webhook_ingest.ingress.client_address import (
     parse_address,
     resolve_client,
 )
-from webhook_ingest.ingress.intake.slots import Slots
-from webhook_ingest.ingress.responses import Rejected
 from webhook_ingest.shared.errors import ConfigError
-from webhook_ingest.shared.ratelimit import LocalBuckets
 from webhook_ingest.shared.settings import load_settings
 
 TRUSTED = (ip_network("10.0.0.0/8"), ip_network("fd00::/8"))
@@ -71,33 +70,6 @@ def test_a_junk_hop_ends_the_walk_at_the_last_trusted_address(peer, proxies):
 def test_no_peer_address_is_no_client():
     assert resolve_client(None, ["203.0.113.9"], TRUSTED) is None
     assert parse_address("::ffff:127.0.0.1") == ip_address("127.0.0.1")
-
-
-@settings(max_examples=300)
-@given(
-    per_second=st.floats(0.5, 1000),
-    burst=st.integers(1, 50),
-    gaps=st.lists(st.floats(0, 0.5), min_size=1, max_size=200),
-)
-def test_the_bucket_never_admits_more_than_burst_plus_rate_times_time(per_second, burst, gaps):
-    buckets, now, admitted = LocalBuckets(), 1000.0, []
-    for gap in gaps:
-        now += gap
-        if buckets.retry_after("k", per_second, burst, now) == 0:
-            admitted.append(now)
-    for i, start in enumerate(admitted):
-        for j in range(i, len(admitted)):
-            assert j - i + 1 <= burst + per_second * (admitted[j] - start) + 1e-6
-
-
-@given(per_second=st.floats(0.5, 1000), burst=st.integers(1, 50))
-def test_a_burst_is_admitted_at_once_and_retry_after_is_exact(per_second, burst):
-    buckets = LocalBuckets()
-    assert [buckets.retry_after("k", per_second, burst, 5.0) for _ in range(burst)] == [0.0] * burst
-    wait = buckets.retry_after("k", per_second, burst, 5.0)
-    assert wait > 0
-    assert buckets.retry_after("other", per_second, burst, 5.0) == 0.0  # keys are independent
-    assert buckets.retry_after("k", per_second, burst, 5.0 + wait + 1e-9) == 0.0
 
 
 # -- the forwarding header, as the two kinds of proxy write it ------------------------------------------------------
@@ -200,65 +172,6 @@ def test_the_client_address_header_is_one_of_two_and_read_case_insensitively(mon
     monkeypatch.setenv("WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER", "X-Real-IP")
     with pytest.raises(ConfigError, match="WEBHOOK_INGEST_CLIENT_ADDRESS_HEADER"):
         load_settings()
-
-
-@given(per_second=st.floats(0.5, 1000), burst=st.integers(1, 50), gaps=st.lists(st.floats(0, 0.5), max_size=60))
-def test_waiting_time_is_what_the_next_request_would_get_and_spends_nothing(per_second, burst, gaps):
-    buckets, now = LocalBuckets(), 1000.0
-    for gap in gaps:
-        now += gap
-        peeked = buckets.wait("k", per_second, burst, now)
-        assert buckets.wait("k", per_second, burst, now) == peeked  # nothing spent
-        assert buckets.retry_after("k", per_second, burst, now) == peeked
-
-
-@given(
-    limit=st.integers(1, 6),
-    per_client=st.integers(1, 4),
-    steps=st.lists(
-        st.tuples(st.sampled_from(["enter", "slow", "arrive", "leave"]), st.sampled_from("abc")), max_size=40
-    ),
-)
-def test_slots_bound_the_process_and_each_clients_slow_bodies(limit, per_client, steps):
-    slots, held = Slots(limit, per_client), []  # held: (client, slot, its context, its body slow)
-    for action, client in steps:
-        mine = [entry for entry in held if entry[0] == client]
-        if action == "enter":
-            _enter(slots, client, held, limit)
-        elif mine and action == "slow" and not mine[0][3]:
-            _slow(mine, per_client)
-        elif mine and action == "arrive":
-            mine[0][1].body_arrived()
-            mine[0][3] = False
-        elif mine and action == "leave":
-            held.remove(mine[0])
-            mine[0][2].__exit__(None, None, None)
-    for _, _, context, _ in held:
-        context.__exit__(None, None, None)
-    assert (slots._in_flight, slots._bodies_arriving) == (0, {})  # all given back, no client left behind
-
-
-def _enter(slots, client, held, limit) -> None:
-    """A request of `client` takes a slot: 503 only when the process holds `limit`."""
-    context = slots.taken(client)
-    try:
-        held.append([client, context.__enter__(), context, False])
-    except Rejected as refused:
-        assert refused.response.status == 503 and len(held) >= limit
-    else:
-        assert len(held) <= limit
-
-
-def _slow(mine, per_client) -> None:
-    """One of the client's bodies turns slow: 429 only when `per_client` of its bodies are slow already."""
-    slow = sum(1 for entry in mine if entry[3])
-    try:
-        mine[0][1].body_slow()
-    except Rejected as refused:
-        assert refused.response.status == 429 and slow >= per_client
-    else:
-        assert slow < per_client
-        mine[0][3] = True
 
 
 # What the per-client bounds count by (ingress/client_address.client_key): an
