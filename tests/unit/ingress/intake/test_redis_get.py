@@ -1,5 +1,6 @@
-"""The duplicate lookup's RESP reply parser: the same replies whatever the
-chunks the socket delivers them in; a GET's timeout."""
+"""The duplicate lookup's Redis client (ingress/intake/redis_get.py): its
+RESP reply parser, the same replies whatever the chunks the socket delivers
+them in; a GET's timeout; the GETs of one event-loop iteration in one send."""
 
 import asyncio
 
@@ -7,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook_ingest.ingress.intake.redis_get import GetPipeline, RedisReplyError, ReplyParser
+from tests.unit.shared.broker.test_coalesced_writes import Transport  # a transport that records each send
+from webhook_ingest.ingress.intake.redis_get import GetPipeline, RedisReplyError, ReplyParser, _Connection
 
 REPLIES = st.one_of(
     st.none(),
@@ -80,3 +82,14 @@ async def test_a_get_unanswered_in_time_fails_and_its_late_reply_answers_no_othe
         server.close()
         await server.wait_closed()
         await asyncio.wait_for(served.wait(), 5)
+
+
+async def test_redis_commands_of_one_iteration_leave_in_one_send():
+    transport = Transport()
+    connection = _Connection()
+    connection.connection_made(transport)
+    replies = [connection.send(b"GET", key) for key in (b"a", b"b")]
+    await asyncio.sleep(0)
+    assert transport.sent == [b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n"]
+    connection.data_received(b"$-1\r\n$1\r\nx\r\n")
+    assert [await reply for reply in replies] == [None, b"x"]

@@ -1,10 +1,9 @@
 """Writes of one event-loop iteration leave in one send, in order
-(shared/broker/coalesced_writes.py for AMQP, ingress/intake/redis_get.py for the
-duplicate lookup's GETs)."""
+(shared/broker/coalesced_writes.py, for AMQP; the duplicate lookup's GETs
+do the same: ingress/intake/test_redis_get.py)."""
 
 import asyncio
 
-from webhook_ingest.ingress.intake.redis_get import _Connection
 from webhook_ingest.shared.broker.coalesced_writes import CoalescingWriter
 
 
@@ -77,14 +76,3 @@ async def test_nothing_is_written_to_a_closing_connection():
     await asyncio.sleep(0)
     assert transport.sent == []
     writer.close()
-
-
-async def test_redis_commands_of_one_iteration_leave_in_one_send():
-    transport = Transport()
-    connection = _Connection()
-    connection.connection_made(transport)
-    replies = [connection.send(b"GET", key) for key in (b"a", b"b")]
-    await asyncio.sleep(0)
-    assert transport.sent == [b"*2\r\n$3\r\nGET\r\n$1\r\na\r\n*2\r\n$3\r\nGET\r\n$1\r\nb\r\n"]
-    connection.data_received(b"$-1\r\n$1\r\nx\r\n")
-    assert [await reply for reply in replies] == [None, b"x"]
