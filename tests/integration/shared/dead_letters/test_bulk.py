@@ -335,7 +335,7 @@ async def test_nothing_is_acted_on_after_a_cancel_behind_a_bulk_runner_whose_act
 # undone, and the Cancel says so, exactly; a replay's publish cannot be
 # undone, so the Cancel counts it done and in doubt (an upper bound). The
 # previous release's runner, whose discard commits apart from its step:
-# tests/integration/shared/dead_letters/test_bulk.py. Real Postgres, the real
+# the first tests of this file. Real Postgres, the real
 # paced run, a real broker for the replay; the runner's death is its held
 # session's end.
 
