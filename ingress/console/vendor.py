@@ -1,7 +1,7 @@
 """Scripts the console serves from `static/`, pinned: nothing is loaded
 from another host. To upgrade htmx: `npm pack htmx.org@VERSION`, copy
 `package/dist/htmx.min.js` to `static/htmx-VERSION.min.js`, and put the
-version and the file's sha256 here (tests/unit/test_console_vendor.py checks it).
+version and the file's sha256 here (tests/unit/ingress/console/test_vendor.py checks it).
 """
 
 HTMX_VERSION = "2.0.11"  # npm: htmx.org, licence 0BSD (static/htmx-LICENSE.txt)

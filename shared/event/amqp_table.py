@@ -12,7 +12,7 @@ integers, unix milliseconds and nested tables directly, any other value (a
 float, a bool, a list) and a name longer than AMQP's 128 bytes (which
 pamqp cuts) by pamqp itself, and the other properties by pamqp's own
 encoder of their type. The bytes are the same
-(tests/unit/test_amqp_table.py checks them against pamqp's), so the
+(tests/unit/shared/event/test_amqp_table.py checks them against pamqp's), so the
 message format does not change: a worker of any release reads them.
 """
 

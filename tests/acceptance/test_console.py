@@ -229,7 +229,7 @@ async def test_on_call_searches_the_archive_and_opens_an_event(start_console, op
 
 async def test_a_routed_events_page_shows_each_routes_completion(start_console, open_page, service_env, tmp_path):
     """Each route completes under KEY#ROUTE: the page lists every route of
-    the source with its completion, or a dash (tests/integration/test_routes_event_page.py)."""
+    the source with its completion, or a dash (tests/integration/shared/sources/test_routes.py)."""
     sources = tmp_path / "sources.toml"
     sources.write_text(
         '[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\n'

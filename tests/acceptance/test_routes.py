@@ -23,7 +23,7 @@ import pytest
 import redis.asyncio as redis
 
 from tests.acceptance.test_retries import dlq_json, webhook_ingest
-from tests.integration.test_ignore_rules import SECRET, stripe_event
+from tests.integration.shared.sources.test_ignore_rules import SECRET, stripe_event
 from tests.support.dead_letters import failure
 from tests.support.events import make_event, publish_events
 from tests.support.ingress import running_ingress
@@ -251,7 +251,7 @@ async def test_a_routed_events_archived_page_lists_its_routes_dead_letters(datab
     """R3: the page's dead letters were those keyed KEY, and a route's is
     KEY#ROUTE (seen against 8450e20: none listed). Each route's completion,
     under its own key, is the page's `completions` (given the source's
-    routes): tests/integration/test_routes_event_page.py."""
+    routes): tests/integration/shared/sources/test_routes.py."""
     event = make_event("acme", "evt_s", {"type": "invoice.paid"})
     event = replace(event, received_at=round(event.received_at, 3))
     audit = replace(event, key=route_key(event.key, "audit"), route="audit")

@@ -1,8 +1,9 @@
 """The ingress as an attacker without a secret or a token reaches it (issue 21):
 its sources and settings, requests written byte for byte, the console's
-sign-in form, aiohttp's error log. Shared by tests/integration/test_client_address.py,
-test_console_security.py, test_content_encoding.py, test_health.py,
-test_payloads.py, test_refusals.py and test_server_log.py."""
+sign-in form, aiohttp's error log. Shared by tests/integration/: ingress/
+test_client_address.py, test_health.py and test_server_log.py,
+ingress/console/test_security.py, ingress/intake/test_content_encoding.py
+and test_refusals.py, shared/event/test_payloads.py."""
 
 import asyncio
 import logging

@@ -15,7 +15,7 @@ PROVIDER_SECRETS = {
 }
 
 
-# --- every scheme, as a provider would use it (tests/unit/test_signatures*.py) ---
+# --- every scheme, as a provider would use it (tests/unit/shared/signatures/) ---
 
 
 def ed25519_pair(seed_byte: int) -> tuple[str, str]:
