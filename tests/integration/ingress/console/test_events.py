@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.support.archive import archived_event, minutes_ago, seed_archive
+from tests.support.console import signed_in
 from tests.support.dead_letters import failure
 from tests.support.ingress import running_ingress
 from tests.support.processes import wait_until
@@ -35,16 +36,6 @@ INJECTED = "<script>alert('x')</script>"
 def console_settings(settings, monkeypatch) -> Settings:
     monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", OPERATOR)
     return Settings()
-
-
-def csrf_of(page: str) -> str:
-    return re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
-
-
-async def signed_in(client) -> None:
-    login = await (await client.get("/console/login")).text()
-    response = await client.post("/console/login", data={"csrf_token": csrf_of(login), "token": OPERATOR})
-    assert response.status == 200
 
 
 def keys_listed(page: str) -> list[str]:
@@ -91,7 +82,7 @@ async def stripe(console_settings):
 
 async def test_the_search_filters_as_the_admin_api_does(console_settings, stripe):
     async with running_ingress(console_settings, load_sources(None)) as client:
-        await signed_in(client)
+        await signed_in(client, OPERATOR)
         home = await page_of(client, "/console/")
         assert re.search(r'<nav aria-label="Console">\s*<a href="/console/events"', home)  # the first link
 
@@ -128,7 +119,7 @@ async def test_pages_follow_one_another_and_the_count_stops_at_its_cap(console_s
     )
     monkeypatch.setattr(console_events, "COUNT_CAP", 100)
     async with running_ingress(console_settings, load_sources(None)) as client:
-        await signed_in(client)
+        await signed_in(client, OPERATOR)
         seen, path, pages = [], "/console/events?source=acme", 0
         while path:
             page = await page_of(client, html.unescape(path))
@@ -158,7 +149,7 @@ async def test_pages_follow_one_another_and_the_count_stops_at_its_cap(console_s
 )
 async def test_bad_filter_input_is_a_message_in_the_page_never_a_500(console_settings, stripe, params, problem):
     async with running_ingress(console_settings, load_sources(None)) as client:
-        await signed_in(client)
+        await signed_in(client, OPERATOR)
         query = "&".join(f"{name}={_quote(value)}" for name, value in params.items())
         page = await page_of(client, f"/console/events?{query}", status=400)
     assert problem in html.unescape(page)
@@ -167,7 +158,7 @@ async def test_bad_filter_input_is_a_message_in_the_page_never_a_500(console_set
 
 async def test_a_bad_page_link_or_key_is_a_message(console_settings, stripe):
     async with running_ingress(console_settings, load_sources(None)) as client:
-        await signed_in(client)
+        await signed_in(client, OPERATOR)
         page = await page_of(client, "/console/events?cursor=not-a-cursor")
         assert "The page link is not valid; showing the newest events." in page and len(keys_listed(page)) == 6
         for key in ("stripe:nope", "%00", "%ED%A0%80", "x" * 3000):
@@ -180,7 +171,7 @@ async def test_an_events_page_shows_its_body_headers_copies_conflicts_attempts_a
 ):
     dead_letter = stripe["dead_letter"]
     async with running_ingress(console_settings, load_sources(None)) as client:
-        await signed_in(client)
+        await signed_in(client, OPERATOR)
         listed = await page_of(client, "/console/events", {"key": "stripe:evt_1"})
         assert 'href="/console/events/stripe:evt_1"' in listed
         page = html.unescape(await page_of(client, "/console/events/stripe:evt_1"))
@@ -222,7 +213,7 @@ async def test_what_a_body_or_a_header_holds_is_shown_escaped(console_settings):
         ],
     )
     async with running_ingress(console_settings, load_sources(None)) as client:
-        await signed_in(client)
+        await signed_in(client, OPERATOR)
         listed = await page_of(client, "/console/events", {"source": "acme"})
         assert "<i>id</i>" not in listed and "acme:&lt;i&gt;id&lt;/i&gt;" in listed
         pages = {name: await page_of(client, f"/console/events/acme:{name}") for name in ("json", "text", "bytes")}
@@ -236,7 +227,7 @@ async def test_what_a_body_or_a_header_holds_is_shown_escaped(console_settings):
 
 async def test_the_overview_shows_each_archived_sources_size_as_the_gauge_reads_it(console_settings):
     async with running_ingress(console_settings, load_sources(None)) as client:  # demo: retention 7d
-        await signed_in(client)
+        await signed_in(client, OPERATOR)
 
         async def measured() -> bool:
             figures = await page_of(client, "/console/", params=None)
@@ -256,7 +247,7 @@ async def test_a_key_with_many_arrivals_shows_the_first_and_counts_them_all(cons
     monkeypatch.setattr(console_events, "SHOWN_ARRIVALS", 2)
     monkeypatch.setattr(console_events, "SHOWN_COPY_TIMES", 0)
     async with running_ingress(console_settings, load_sources(None)) as client:
-        await signed_in(client)
+        await signed_in(client, OPERATOR)
         page = await page_of(client, "/console/events/stripe:evt_1")
     assert "The first 2 of 3 arrivals:" in page and "<dt>Copies</dt><dd>1: , …</dd>" in page
     assert page.count("<tr><td>20") == 2  # the arrivals table holds the first two

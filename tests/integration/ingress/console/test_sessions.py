@@ -5,7 +5,6 @@ webhooks'. The real ingress app against the real services."""
 
 import asyncio
 import base64
-import re
 from collections import Counter
 
 import asyncpg
@@ -14,6 +13,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from tests.support.console import signed_in
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.ingress import running_ingress, status_lines_once_answered
 from webhook_ingest.ingress.console.security import COOKIE_NAME
@@ -28,18 +28,6 @@ def settings_with(monkeypatch, **env: str) -> Settings:
     for name, value in {"WEBHOOK_INGEST_ADMIN_TOKEN": OPERATOR, **env}.items():
         monkeypatch.setenv(name, value)
     return Settings()
-
-
-def csrf_of(page: str) -> str:
-    return re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
-
-
-async def signed_in(client, token: str = OPERATOR) -> str:
-    """Signs the client's cookie jar in; the session's CSRF token."""
-    login = await (await client.get("/console/login")).text()
-    response = await client.post("/console/login", data={"csrf_token": csrf_of(login), "token": token})
-    assert response.status == 200 and "Overview" in await response.text()
-    return csrf_of(await (await client.get("/console/dead-letters")).text())
 
 
 def session_cookie(client) -> str:
@@ -80,7 +68,7 @@ async def test_two_ingress_processes_share_a_session(settings, monkeypatch):
         running_ingress(console, load_sources(None)) as first,
         running_ingress(console, load_sources(None)) as second,
     ):
-        await signed_in(first)
+        await signed_in(first, OPERATOR)
         second.session.cookie_jar.update_cookies({COOKIE_NAME: session_cookie(first)})
         page = await second.get("/console/dead-letters", allow_redirects=False)
         assert page.status == 200 and "Dead letters" in await page.text()
@@ -93,7 +81,7 @@ async def test_a_copied_cookie_can_do_nothing_after_sign_out(settings, monkeypat
         running_ingress(console, load_sources(None)) as browser,
         running_ingress(console, load_sources(None)) as thief,
     ):
-        csrf = await signed_in(browser)
+        csrf = await signed_in(browser, OPERATOR)
         stolen = session_cookie(browser)
         thief.session.cookie_jar.update_cookies({COOKIE_NAME: stolen})
         signed_out = await browser.post("/console/logout", data={"csrf_token": csrf})
@@ -110,7 +98,7 @@ async def test_a_copied_cookie_can_do_nothing_after_sign_out(settings, monkeypat
 async def test_rotating_the_operator_token_ends_its_sessions(settings, monkeypatch):
     console = settings_with(monkeypatch)
     async with running_ingress(console, load_sources(None)) as before:
-        await signed_in(before)
+        await signed_in(before, OPERATOR)
         cookie = session_cookie(before)
     rotated = settings_with(monkeypatch, WEBHOOK_INGEST_ADMIN_TOKEN=ROTATED)
     async with running_ingress(rotated, load_sources(None)) as after:

@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
+from tests.support.console import csrf_of, signed_in
 from tests.support.dead_letters import seed_dead_letters
 from tests.support.heartbeats import seed_workers
 from tests.support.ingress import running_ingress
@@ -33,18 +34,6 @@ def console_settings(settings, monkeypatch) -> Settings:
     return Settings()
 
 
-def csrf_of(page: str) -> str:
-    return re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
-
-
-async def signed_in(client) -> str:
-    """Signs the client's cookie jar in as the operator; the session's CSRF token."""
-    login = await (await client.get("/console/login")).text()
-    response = await client.post("/console/login", data={"csrf_token": csrf_of(login), "token": OPERATOR})
-    assert response.status == 200 and "Overview" in await response.text()
-    return csrf_of(await (await client.get("/console/dead-letters")).text())
-
-
 async def test_the_console_is_absent_without_an_operator_token(settings):
     async with running_ingress(settings, load_sources(None)) as client:
         for path in ("/console/", "/console/login", "/console/static/console.css"):
@@ -54,7 +43,7 @@ async def test_the_console_is_absent_without_an_operator_token(settings):
 async def test_bad_input_is_a_message_in_the_page_never_a_500(console_settings):
     [dead] = await seed_dead_letters(console_settings.database_url, "acme", 1)
     async with running_ingress(console_settings, load_sources(None)) as client:
-        csrf = await signed_in(client)
+        csrf = await signed_in(client, OPERATOR)
         for path, status, text in (
             ("/console/dead-letters/999999", 404, "There is no dead letter with id 999999."),
             ("/console/dead-letters/-1", 400, "Dead-letter ids are positive whole numbers"),
@@ -87,7 +76,7 @@ async def test_a_bulk_discard_acts_on_the_frozen_set_and_skips_what_changed_mean
     first, second, third = await seed_dead_letters(database, "acme", 3)
     [other] = await seed_dead_letters(database, "other", 1, start=10)
     async with running_ingress(console_settings, load_sources(None)) as client:
-        csrf = await signed_in(client)
+        csrf = await signed_in(client, OPERATOR)
         prepared = await client.post("/console/bulk", data={"csrf_token": csrf, "action": "discard", "source": "acme"})
         assert "3</strong> open dead letters match" in await prepared.text()
         bulk_path = prepared.url.path
@@ -187,7 +176,7 @@ async def test_a_bulk_cancel_that_cannot_take_the_action_in_time_says_so_and_cha
     try:
         bulk_action_id = await DeadLetterStore(holder).prepare_bulk("discard", ids, {}, Actor.cli())
         async with running_ingress(console_settings, load_sources(None)) as client:
-            csrf = await signed_in(client)
+            csrf = await signed_in(client, OPERATOR)
             async with holder.transaction():  # a runner in the middle of a dead letter
                 await holder.execute("SELECT FROM console_bulk_actions WHERE id = $1 FOR UPDATE", bulk_action_id)
                 busy = await client.post(f"/console/bulk/{bulk_action_id}/cancel", data={"csrf_token": csrf})
@@ -203,7 +192,7 @@ async def test_a_bulk_cancel_that_cannot_take_the_action_in_time_says_so_and_cha
 async def test_the_overview_shows_the_open_dead_letters_and_the_last_hour(console_settings):
     await seed_dead_letters(console_settings.database_url, "acme", 2)
     async with running_ingress(console_settings, load_sources(None)) as client:
-        await signed_in(client)
+        await signed_in(client, OPERATOR)
         figures = await (await client.get("/console/", headers={"HX-Request": "true"})).text()
     assert '<a href="/console/dead-letters">2</a>' in figures
     assert '<td>dead</td><td class="number">2</td>' in figures
@@ -243,7 +232,7 @@ async def test_the_overview_shows_each_worker_and_the_last_hour_per_minute(conso
     one named as such, and the hour's outcomes as a chart with its table."""
     ids = await seed_workers(console_settings.database_url)
     async with running_ingress(console_settings, load_sources(None)) as client:
-        await signed_in(client)
+        await signed_in(client, OPERATOR)
         figures = await (await client.get("/console/", headers={"HX-Request": "true"})).text()
     rows = {
         state: re.search(rf"<code>{re.escape(worker_id)}</code>.*?</tr>", figures, re.S)[0]

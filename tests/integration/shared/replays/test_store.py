@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.support.archive import archived_event, minutes_ago, seed_archive
+from tests.support.console import csrf_of
 from tests.support.dead_letters import failure
 from tests.support.event_replays import DiesAfterItsFirstPublish, SlowArrivalRead, claimed_replay, replay_job
 from tests.support.events import publish_events
@@ -274,10 +275,6 @@ async def test_a_cancel_that_cannot_take_the_run_in_time_is_refused_and_changes_
 
 
 # -- the console: the Events page's search, counted and frozen, confirmed, watched, cancelled ----------
-
-
-def csrf_of(page: str) -> str:
-    return re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
 
 
 async def test_the_console_replays_an_events_search_after_showing_its_frozen_count(admin_settings, window):
