@@ -4,6 +4,7 @@
 - types       An event's type, when its provider names one
 - message     The event message on the broker: defined once, used by both sides.
 - amqp_table  A message's AMQP properties encoded as pamqp encodes them, byte for byte, at a fraction of its …
+- ordered     Where an event stands in its ordering key's lane: the holder's view of the row it runs.
 - payloads    What a handler's `event.payload` is, in one place.
 """
 

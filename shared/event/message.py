@@ -33,6 +33,7 @@ from pamqp.commands import Basic
 from pamqp.common import FieldTable
 
 from . import amqp_table
+from .ordered import OrderedStep
 
 # What one AMQP content header frame must hold (RabbitMQ's frame_max is
 # 128 KiB, and a message whose headers do not fit makes the broker close the
@@ -107,6 +108,9 @@ class EventMessage:
     # The accepted request this message carries (new_arrival(); 0: queued
     # before arrivals had ids): its row of the event archive.
     arrival: int = 0
+    # Its row of an ordering key's lane (shared/event/ordered.py), when the
+    # worker holding the lane runs it; never on the wire: None from the broker.
+    ordered: OrderedStep | None = None
 
     def next_attempt(self, error: dict) -> "EventMessage":
         return replace(self, attempt=self.attempt + 1, errors=(*self.errors, error))
