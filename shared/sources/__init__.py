@@ -2,6 +2,7 @@
 
 - model         The sources file (docs/reference.md §3): one section per webhook provider endpoint.
 - routes        A source's routes (docs/reference.md §3 `routes`; why: docs/design.md, "Routes")
+- ordering      A source's or a route's `ordering`: which events of it run one after another, in lanes.
 - ignore_rules  A source's `ignore` rules (docs/reference.md §3)
 - pauses        Paused sources (docs/reference.md §8.3)
 - retention     A source's `retention` (docs/reference.md §3): how long the archive keeps its events.
