@@ -1,0 +1,48 @@
+"""webhook_ingest.shared.ordering: ordering keys' rows in Postgres (issue 38;
+design: /work/notes/ordering/design.md), the statements several sides run.
+
+- model  What the rows are to Python: OrderedRow in, Accepted out, the reads' shapes.
+- store  The insert (ingress, replays by selection), a dead letter's replay in place and discard, the reads.
+
+Code outside this package imports these names from the package itself.
+"""
+
+from .model import (
+    Accepted,
+    BlockedLane,
+    LaneRow,
+    LaneState,
+    OrderedRow,
+    Waiting,
+    event_of,
+    lane_value,
+    ordered_row,
+)
+from .store import (
+    LANE_ROWS,
+    blocked_lanes,
+    discard_ordered,
+    insert_ordered,
+    lane_state,
+    replay_in_place,
+    waiting_by_source,
+)
+
+__all__ = [
+    "LANE_ROWS",
+    "Accepted",
+    "BlockedLane",
+    "LaneRow",
+    "LaneState",
+    "OrderedRow",
+    "Waiting",
+    "blocked_lanes",
+    "discard_ordered",
+    "event_of",
+    "insert_ordered",
+    "lane_state",
+    "lane_value",
+    "ordered_row",
+    "replay_in_place",
+    "waiting_by_source",
+]
