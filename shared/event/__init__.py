@@ -10,6 +10,7 @@
 
 from typing import TYPE_CHECKING, Any
 
+from .ordered import OrderedStep
 from .payloads import Form
 
 __all__ = [
@@ -17,6 +18,8 @@ __all__ = [
     "MAX_EVENT_ID_BYTES",
     "EventMessage",
     "Form",
+    "OrderedStep",
+    "amqp_headers",
     "amqp_properties",
     "default_selectors",
     "from_amqp",
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
         MAX_BODY_BYTES,
         MAX_EVENT_ID_BYTES,
         EventMessage,
+        amqp_headers,
         amqp_properties,
         from_amqp,
         headers_fit,
@@ -53,6 +57,7 @@ def __getattr__(name: str) -> Any:
         "EventMessage",
         "MAX_BODY_BYTES",
         "MAX_EVENT_ID_BYTES",
+        "amqp_headers",
         "amqp_properties",
         "from_amqp",
         "headers_fit",

@@ -1,5 +1,5 @@
-"""Where an event stands in its ordering key's lane (issue 38; design:
-/work/notes/ordering/design.md): what the worker holding the lane knows of
+"""Where an event stands in its ordering key's lane (docs/design.md,
+"Ordering keys"): what the worker holding the lane knows of
 the row it runs. Set on the `EventMessage` the runner builds from an
 `ordered_events` row, never on the wire: a wake-up carries only the lane.
 

@@ -1,5 +1,4 @@
--- Ordering keys (issue 38; /work/notes/ordering/design.md until docs/design.md
--- has its section): an ordered source's accepted event is a row of
+-- Ordering keys (docs/design.md, "Ordering keys"): an ordered source's accepted event is a row of
 -- `ordered_events`, numbered per lane (one ordering key of one source or
 -- route, `SOURCE[#ROUTE]:VALUE`) by the ingress's commit that bumps the
 -- lane's counter in `ordering_keys`. One worker at a time holds a lane (a

@@ -1,5 +1,5 @@
-"""webhook_ingest.shared.ordering: ordering keys' rows in Postgres (issue 38;
-design: /work/notes/ordering/design.md), the statements several sides run.
+"""webhook_ingest.shared.ordering: ordering keys' rows in Postgres (docs/design.md,
+"Ordering keys"), the statements several sides run.
 
 - model  What the rows are to Python: OrderedRow in, Accepted out, the reads' shapes.
 - store  The insert (ingress, replays by selection), a dead letter's replay in place and discard, the reads.

@@ -1,5 +1,5 @@
-"""Ordering keys' rows as Python sees them (issue 38; design:
-/work/notes/ordering/design.md): what the insert takes (`OrderedRow`) and
+"""Ordering keys' rows as Python sees them (docs/design.md,
+"Ordering keys"): what the insert takes (`OrderedRow`) and
 answers (`Accepted`), and what the reads give (`BlockedLane`, `LaneState`,
 `Waiting`). A lane is `SOURCE[#ROUTE]:VALUE` (shared/sources/ordering.py):
 a source has no ':' or '#', a route no ':', so it splits one way.
@@ -16,7 +16,7 @@ from decimal import Decimal
 
 from pamqp import decode, encode
 
-from webhook_ingest.shared.event.message import EventMessage, amqp_headers, from_amqp
+from webhook_ingest.shared.event import EventMessage, amqp_headers, from_amqp
 
 ROUTE_SEPARATOR = "#"
 VALUE_SEPARATOR = ":"

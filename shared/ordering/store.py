@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from webhook_ingest.shared.db.queries import load_queries
+from webhook_ingest.shared.db import load_queries
 
 from .model import Accepted, BlockedLane, LaneRow, LaneState, OrderedRow, Waiting, lane_value
 

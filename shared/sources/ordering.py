@@ -1,5 +1,5 @@
-"""A source's or a route's `ordering` (issue 38; design:
-/work/notes/ordering/design.md): which events of it run one after another.
+"""A source's or a route's `ordering` (docs/design.md,
+"Ordering keys"): which events of it run one after another.
 
     [sources.stripe.ordering]
     key = "body:data.object.id"   # a selector, or a list: the first that resolves

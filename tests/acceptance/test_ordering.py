@@ -1,4 +1,4 @@
-"""Ordering keys (issue 38; design: /work/notes/ordering/design.md), end to
+"""Ordering keys (docs/design.md, "Ordering keys"), end to
 end with real ingress and worker processes: the events of one key's value
 (a lane) run one after another in the order they were accepted.
 
