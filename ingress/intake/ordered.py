@@ -61,14 +61,17 @@ def laned(source: Source, event: EventMessage, payload: object) -> Laned:
     """Where `event` of `source` goes: rows of its lanes, and the event to
     publish for what is not ordered. `payload` is what the ingress read (the
     routes' filters and the keys read it)."""
+    if source.ordering is None and not any(route.ordering for route in source.routes):
+        return Laned((), event)  # today's way, for every source without ordering
     if not source.routes:
         row = _row(source, source.ordering, "", event, payload)
         return Laned((row,), None) if row is not None else Laned((), event)
     rows: list[OrderedRow] = []
     unordered = False
     for route in source.routes_taking(event.headers, payload):
-        routed = replace(event, key=route_key(event.key, route.name), route=route.name)
-        row = _row(source, source.ordering_for(route.name), route.name, routed, payload)
+        rule = source.ordering_for(route.name)
+        routed = replace(event, key=route_key(event.key, route.name), route=route.name) if rule else event
+        row = _row(source, rule, route.name, routed, payload)
         if row is None:
             unordered = True
         else:

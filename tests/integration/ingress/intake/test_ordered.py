@@ -4,8 +4,10 @@ against the real ingress app, Postgres and RabbitMQ."""
 
 import asyncio
 import re
+import time
 
 import aio_pika
+import aiohttp
 import asyncpg
 import orjson
 import pytest
@@ -261,3 +263,49 @@ async def test_a_routed_event_is_a_row_per_ordered_route_and_one_message_for_the
     }
     fanned_out = [m.key for key in sorted(queued) for m in route_messages(sources["routed"], queued[key])]
     assert fanned_out == ["routed:evt_1#audit", "routed:evt_2#audit"]  # the ordered routes run in their lanes only
+
+
+async def test_three_ingress_processes_sequence_one_lane_in_acceptance_order(settings, fleet, tmp_path):
+    """3 processes x 3 senders, each sending one after another on one lane: the seqs are dense, and a
+    request answered before another was sent is always earlier in the lane, whichever process took them."""
+    path = tmp_path / "sources.toml"
+    path.write_text(SOURCES)
+    urls = [fleet.ingress(env={"WEBHOOK_INGEST_SOURCES": str(path)})[1] for _ in range(3)]
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(until_ready(session, url) for url in urls))
+        spans = await asyncio.gather(*(send(session, urls[n % 3], f"s{n}", 15) for n in range(9)))
+    requests = [request for sender in spans for request in sender]
+    seqs = {key: seq for lane, seq, key, _ in await lane_rows(settings.database_url) if lane == "ordered:hot"}
+    assert sorted(seqs.values()) == list(range(1, len(requests) + 1))
+    inverted = [
+        (earlier[0], later[0])
+        for earlier in requests
+        for later in requests
+        if earlier[2] < later[1] and seqs[earlier[0]] > seqs[later[0]]
+    ]
+    assert inverted == []
+
+
+async def until_ready(session: aiohttp.ClientSession, url: str) -> None:
+    async def ready() -> bool:
+        try:
+            async with session.get(f"{url}/readyz") as response:
+                return response.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await wait_until(ready, 60, interval=0.1, message=f"{url} ready")
+
+
+async def send(session: aiohttp.ClientSession, url: str, sender: str, count: int) -> list[tuple[str, float, float]]:
+    """Each event sent once the previous one was answered: (key, sent, answered) for each."""
+    sent = []
+    for n in range(count):
+        body = orjson.dumps({"id": f"{sender}_{n}", "object": "hot"})
+        started = time.monotonic()
+        async with session.post(
+            f"{url}/webhooks/ordered", data=body, headers=signatures.sign("hmac-sha256", body, SECRET)
+        ) as response:
+            assert response.status == 200, await response.text()
+        sent.append((f"ordered:{sender}_{n}", started, time.monotonic()))
+    return sent
