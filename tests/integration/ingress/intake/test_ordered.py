@@ -27,6 +27,7 @@ scheme = "hmac-sha256"
 secrets = ["{SECRET}"]
 handler = "inbox"
 ordering = {{ key = "body:object", by = "body:created" }}
+ignore = {{ type = "ping" }}
 
 [sources.plain]
 scheme = "hmac-sha256"
@@ -230,6 +231,25 @@ async def test_with_postgres_cut_an_ordered_source_answers_503_and_writes_nothin
         ("ordered:o1", 2, "ordered:evt_5", None),  # dense: the 503's seq was never taken
     ]
     assert [event.key for event in await queued_events(settings.amqp_url, settings.namespace)] == ["plain:evt_4"]
+
+
+async def test_ignored_events_write_no_row_and_a_copy_is_a_row_of_its_own(settings, sources):
+    """The ignore rules come first, as for any source; a copy is not deduplicated at the door
+    (the runner's per-event claim makes it a duplicate in its turn)."""
+    async with running_ingress(settings, sources) as client:
+        assert await post(client, "ordered", "evt_0", type="ping", object="o1") == (
+            200,
+            {"status": "ignored", "key": "ordered:evt_0", "rule": "type=ping"},
+        )
+        for _ in range(2):
+            assert await post(client, "ordered", "evt_1", object="o1") == (
+                200,
+                {"status": "accepted", "key": "ordered:evt_1"},
+            )
+    assert await lane_rows(settings.database_url) == [
+        ("ordered:o1", 1, "ordered:evt_1", None),
+        ("ordered:o1", 2, "ordered:evt_1", None),
+    ]
 
 
 async def test_an_event_whose_key_resolves_to_nothing_takes_the_unordered_path_and_is_counted(settings, sources):
