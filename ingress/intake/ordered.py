@@ -120,9 +120,8 @@ class OrderedIntake:
 
     async def _insert(self, batch: list[Rows]) -> list[list[Accepted]]:
         rows = [row for rows in batch for row in rows]
-        async with asyncio.timeout(2 * TIMEOUT_SECONDS), pooled(self._pool, TIMEOUT_SECONDS) as connection:
-            async with asyncio.timeout(TIMEOUT_SECONDS):  # a connection cut mid-statement: closed, not reused
-                accepted = await insert_ordered(connection, rows)
+        async with pooled(self._pool, TIMEOUT_SECONDS) as connection, asyncio.timeout(TIMEOUT_SECONDS):
+            accepted = await insert_ordered(connection, rows)  # cut short: the connection is closed, not reused
         answers, start = [], 0
         for item in batch:
             answers.append(accepted[start : start + len(item)])
