@@ -106,6 +106,17 @@ outbox_oldest_age = Gauge(
     "webhook_outbox_oldest_age_seconds",
     "Age of the oldest event in the outbox (0 when it is empty).",
 )
+ordering_unkeyed = Counter(
+    "webhook_ordering_unkeyed_total",
+    "Events of an ordered source (a route's run, for a routed one) whose ordering key resolved to nothing: "
+    "accepted and run unordered, as a source without ordering, by source.",
+    ["source"],
+)
+ordering_wake_ups_failed = Counter(
+    "webhook_ordering_wake_ups_failed_total",
+    "Wake-ups of an ordering lane the ingress could not publish (its events are stored; a worker's watchdog "
+    "finds the lane within a second).",
+)
 dead_letter_record_failures = Counter(
     "webhook_dead_letter_record_failures_total",
     "Failed attempts to record a poison message as a dead letter (it waits unacked in NS.dead meanwhile).",
