@@ -7,7 +7,6 @@ The runner (package B) is stubbed: the dead row and its block are written
 here as B's dead-letter step writes them."""
 
 import asyncio
-import dataclasses
 
 import aio_pika
 import asyncpg
@@ -16,44 +15,12 @@ from click.testing import CliRunner
 
 from tests.support.events import make_event
 from tests.support.ingress import queued_events
+from tests.support.ordering_lanes import LANE, block_lane, mark_dead
 from webhook_ingest.cli.main import main
 from webhook_ingest.shared.audit import Actor
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.dead_letters import ChangedMeanwhile, DeadLetterStore, record_dead_letter
 from webhook_ingest.shared.ordering import blocked_lanes, insert_ordered, lane_state, ordered_row
-
-LANE = "acme:obj_1"
-
-
-async def block_lane(database_url: str, lane: str = LANE, versions: int = 3) -> int:
-    """`versions` events in `lane`, the first dead and blocking the lane (as
-    B's dead-letter step leaves it): its dead letter's id."""
-    connection = await asyncpg.connect(database_url)
-    try:
-        events = [make_event("acme", f"evt_{lane}_{n}") for n in range(versions)]
-        await insert_ordered(connection, [ordered_row(event, lane, None) for event in events])
-        dead = dataclasses.replace(events[0], attempt=2)
-        dead_letter_id = await record_dead_letter(connection, dead, [{"type": "RuntimeError", "attempt": 2}])
-        await mark_dead(connection, lane, 1, dead_letter_id, block=True)
-        return dead_letter_id
-    finally:
-        await connection.close()
-
-
-async def mark_dead(connection: asyncpg.Connection, lane: str, seq: int, dead_letter_id: int, block: bool) -> None:
-    await connection.execute(
-        "UPDATE ordered_events SET state = 'dead', dead_letter_id = $3, attempt = 2 WHERE lane = $1 AND seq = $2",
-        lane,
-        seq,
-        dead_letter_id,
-    )
-    await connection.execute(
-        "UPDATE ordering_keys SET pending = pending - 1, blocked_by = CASE WHEN $3 THEN $2::bigint END,"
-        " blocked_since = CASE WHEN $3 THEN now() - interval '20 minutes' END WHERE lane = $1",
-        lane,
-        dead_letter_id,
-        block,
-    )
 
 
 async def lane_rows(database_url: str, lane: str = LANE) -> list[tuple]:
