@@ -37,7 +37,7 @@ from webhook_ingest.shared.db import one_of, raise_if_cancelled
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.event import to_amqp
 from webhook_ingest.shared.observability import get_logger, metrics, tracing
-from webhook_ingest.shared.ordering import discard_ordered, replay_in_place
+from webhook_ingest.shared.ordering import discard_ordered, lane_value, replay_in_place
 from webhook_ingest.shared.runs import BULK_ACTIONS, Hold, RunBusy, holding, run_lock, waiting_for_run
 
 from .bulk import BulkAction
@@ -87,6 +87,13 @@ class DeadLetterStore:
         async with self._connection() as connection:
             row = await connection.fetchrow(SQL["get_dead_letter"], dead_letter_id)
         return None if row is None else decoded(row)
+
+    async def ordering_block(self, dead_letter_id: int) -> dict | None:
+        """The ordering lane the dead letter blocks (`lane`, `value`, `waiting`:
+        events behind it, `blocked_since`); None when it blocks none."""
+        async with self._connection() as connection:
+            row = await connection.fetchrow(SQL["ordering_block"], dead_letter_id)
+        return None if row is None else dict(row) | {"value": lane_value(row["lane"])}
 
     async def count_open(self) -> int:
         async with self._connection() as connection:  # bounded: the workers' gauge shares their pool
