@@ -17,10 +17,12 @@ from tests.support.events import make_event
 from tests.support.ingress import queued_events
 from tests.support.ordering_lanes import LANE, block_lane, mark_dead
 from webhook_ingest.cli.main import main
+from webhook_ingest.ingress.console.bulk import _DeadLetterJob
 from webhook_ingest.shared.audit import Actor
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.dead_letters import ChangedMeanwhile, DeadLetterStore, record_dead_letter
 from webhook_ingest.shared.ordering import blocked_lanes, insert_ordered, lane_state, ordered_row
+from webhook_ingest.shared.runs import paced as paced_runs
 
 
 async def lane_rows(database_url: str, lane: str = LANE) -> list[tuple]:
@@ -188,3 +190,45 @@ async def _blocked(database_url: str):
         return await blocked_lanes(connection, None, 100)
     finally:
         await connection.close()
+
+
+class _Publisher:
+    """The ingress's publisher, as a bulk runner sees it."""
+
+    def __init__(self, channel):
+        self.channel, self.ready = channel, True
+
+
+async def test_bulk_replay_and_discard_of_ordered_dead_letters_act_in_place_with_their_steps(settings, wake_ups):
+    replayed = [await block_lane(settings.database_url, f"acme:obj_r{n}") for n in range(2)]
+    discarded = [await block_lane(settings.database_url, f"acme:obj_d{n}") for n in range(2)]
+    woken: list[str] = []
+
+    async def wake(lanes):
+        woken.extend(lanes)
+
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
+    connection = await aio_pika.connect(settings.amqp_url)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        await topology.declare_events_queue(channel, settings.namespace, settings.delivery_limit)
+        store = DeadLetterStore(pool, wake)
+        for action, ids in (("replay", replayed), ("discard", discarded)):
+            claimed = await store.claim_bulk(await store.prepare_bulk(action, ids, {}, Actor.cli()), 1000)
+            assert claimed is not None
+            job = _DeadLetterJob(claimed, Actor.cli(), store, _Publisher(channel), settings.namespace)
+            assert await paced_runs.run(job) == "done"
+            assert (await store.bulk_action(claimed.id)).done == ids
+    finally:
+        await connection.close()
+        await pool.close()
+
+    for n, dead_letter_id in enumerate(replayed):
+        [replay_id] = await replay_ids(settings.database_url, dead_letter_id)
+        rows = await lane_rows(settings.database_url, f"acme:obj_r{n}")
+        assert rows[0] == (1, "pending", 1, replay_id, None) and rows[-1] == (3, None)
+    for n in range(2):
+        assert (await lane_rows(settings.database_url, f"acme:obj_d{n}"))[-1] == (2, None)
+    assert await queued_events(settings.amqp_url, settings.namespace) == []
+    assert sorted(await wake_ups()) == ["acme:obj_r0", "acme:obj_r1"]
+    assert sorted(woken) == ["acme:obj_d0", "acme:obj_d1"]
