@@ -121,8 +121,8 @@ def _event(rng: random.Random, obj: str, version: int) -> PlannedEvent:
 
 @dataclass(frozen=True)
 class Timing:
-    sent: float  # wall clock when the answered attempt went out
-    answered: float
+    sent: float  # wall clock when its first attempt went out (an attempt that timed out may have been accepted)
+    answered: float  # when the last attempt was answered
 
 
 async def send_groups(
@@ -131,7 +131,7 @@ async def send_groups(
     """Each object's groups in order: a group at its planned time, but never
     before every answer of the group before it came back (a 503 retried a
     few times, as a provider does). Returns what came back and, per event
-    id, when its answered request was sent and answered."""
+    id, when its first attempt was sent and its last answered."""
     sent, timings = Sent(), {}
     limit = asyncio.Semaphore(connections)
     started = time.monotonic()
@@ -152,9 +152,9 @@ async def send_groups(
 
 
 async def _post(session, url: str, secret: str, request: Request, sent: Sent) -> Timing:
+    first = time.time()
     for attempt in range(PROVIDER_RETRIES + 1):
         headers = signatures.sign("hmac-sha256", request.body, secret) | {"Content-Type": "application/json"}
-        at = time.time()
         try:
             async with session.post(url, data=request.body, headers=headers) as response:
                 status, body = response.status, await response.json(content_type=None)
@@ -164,7 +164,7 @@ async def _post(session, url: str, secret: str, request: Request, sent: Sent) ->
             break
         await asyncio.sleep(0.5 * (attempt + 1))
     record_answer(sent, request, status, body)
-    return Timing(at, time.time())
+    return Timing(first, time.time())
 
 
 # -- the handler ------------------------------------------------------------------

@@ -3,9 +3,13 @@ a function of its seed, and `check_order` flags every inversion the design
 forbids and allows only what it states (an external call of a holder
 stopped past its lease)."""
 
+import asyncio
 import json
+import time
 from collections import Counter
+from itertools import pairwise
 
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,8 +24,10 @@ from tests.chaos.ordering import (
     accepted_versions,
     check_order,
     make_ordered_plan,
+    send_groups,
 )
 from tests.chaos.traffic import Sent
+from tests.support.tcpproxy import free_port
 
 NOT_STOPPED = Observed().stopped_at
 
@@ -180,10 +186,47 @@ def test_a_seed_gives_one_plan_of_every_version_of_every_object_in_groups_in_ord
     assert Counter(event.kind for event in ordered.plan.events) == {"ordered": 50}
 
 
-def test_only_accepted_versions_are_judged_with_their_answered_attempts_timing():
+def test_only_accepted_versions_are_judged_each_with_its_timing():
     ordered = make_ordered_plan(1, events=10, duration=5)
     [first, second, *_] = [r.event_id for group in ordered.groups["obj_0000"] for r in group]
     sent = Sent()
     sent.accepted[first] = f"chaos:{first}"
     timings = {first: Timing(1.0, 1.2), second: Timing(2.0, 2.1)}  # the second answered, not 200
     assert accepted_versions(ordered, sent, timings) == [Version("obj_0000", 1, f"chaos:{first}", 1.0, 1.2)]
+
+
+async def test_a_group_goes_only_once_every_answer_of_the_one_before_came_back_and_a_503_is_retried():
+    """The sender keeps the plan's promise: a version sent after the previous
+    group's answers; its timing from the first attempt (a 503 retried)."""
+    received: list[tuple[int, float]] = []
+    in_flight = Counter()
+
+    async def answer(request: web.Request) -> web.Response:
+        payload = json.loads(await request.read())
+        received.append((payload["version"], time.time()))
+        in_flight[payload["version"]] += 1
+        if in_flight[payload["version"]] == 1 and payload["version"] == 2:
+            return web.json_response({"error": "unavailable"}, status=503)
+        await asyncio.sleep(0.05)
+        return web.json_response({"status": "accepted", "key": f"chaos:{payload['id']}"})
+
+    app = web.Application()
+    app.router.add_post("/webhooks/chaos", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        ordered = make_ordered_plan(3, events=10, duration=0.5)
+        groups = ordered.groups["obj_0000"]
+        sent, timings = await send_groups(f"http://127.0.0.1:{port}", "chaos", "secret", ordered)
+    finally:
+        await runner.cleanup()
+    assert len(sent.accepted) == VERSIONS
+    assert in_flight[2] == 2  # the 503 was tried again
+    by_version = {version: at for version, at in received}
+    for before, after in pairwise(groups):
+        answered = max(timings[r.event_id].answered for r in before)
+        assert all(by_version[json.loads(r.body)["version"]] >= answered for r in after)
+    second = next(r.event_id for group in groups for r in group if json.loads(r.body)["version"] == 2)
+    assert timings[second].sent < min(at for version, at in received if version == 2) + 0.01  # the first attempt's
