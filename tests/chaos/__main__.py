@@ -47,14 +47,15 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         help="a local run's source has these routes (comma-separated names), each event run once"
         " per route; '' for one handler (default: %(default)s)",
     )
-    parser.add_argument(
+    ordering = parser.add_mutually_exclusive_group()
+    ordering.add_argument(
         "--ordering",
         action="store_true",
         help="versions of objects (10 each, events/10 objects) to a source ordered by object, sent after the"
         " previous version's 200 or together; checks each object's order (tests/chaos/ordering.py); no routes,"
         " no replays",
     )
-    parser.add_argument(
+    ordering.add_argument(
         "--ordering-off",
         action="store_true",
         help="--ordering's plan and checks with the source not ordered: a baseline whose order checks should fail",
@@ -70,6 +71,9 @@ def main(argv: list[str]) -> int:
     ordered = arguments.ordering or arguments.ordering_off
     if ordered and arguments.url:
         print("--ordering needs a local run (its source and handler are the run's own)", file=sys.stderr)
+        return 2
+    if ordered and arguments.routes not in ("", ",".join(DEFAULT_ROUTES)):
+        print("--ordering runs a source without routes: --routes cannot be given with it", file=sys.stderr)
         return 2
     options = Options(
         seed=arguments.seed if arguments.seed is not None else random.randrange(1_000_000),

@@ -9,10 +9,12 @@ import time
 from collections import Counter
 from itertools import pairwise
 
+import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.chaos.__main__ import main as chaos_main
 from tests.chaos.checks import Observed, Verdict
 from tests.chaos.downstream import Call
 from tests.chaos.ordering import (
@@ -230,3 +232,11 @@ async def test_a_group_goes_only_once_every_answer_of_the_one_before_came_back_a
         assert all(by_version[json.loads(r.body)["version"]] >= answered for r in after)
     second = next(r.event_id for group in groups for r in group if json.loads(r.body)["version"] == 2)
     assert timings[second].sent < min(at for version, at in received if version == 2) + 0.01  # the first attempt's
+
+
+def test_the_command_refuses_what_an_ordering_run_would_not_honour(capsys):
+    assert chaos_main(["--ordering", "--url", "http://127.0.0.1:1"]) == 2
+    assert chaos_main(["--ordering", "--routes", "a,b"]) == 2
+    assert "--routes cannot be given with it" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        chaos_main(["--ordering", "--ordering-off"])
