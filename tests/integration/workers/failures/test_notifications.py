@@ -118,7 +118,6 @@ async def test_each_change_but_acknowledgement_is_sent_once_to_each_target(setti
     assert ids[0] == ids[1] and len(set(ids)) == 3  # the retried one keeps its id: a receiver can tell
 
 
-@pytest.mark.xfail(strict=True, reason="one incident's due changes are sent at once: the receiver's order is a race")
 async def test_an_incidents_changes_reach_a_receiver_in_the_order_they_happened(settings, pool, receivers):
     """An incident resolved and reopened before the notifier's next round:
     a receiver that applies what it gets in turn must end with the incident
@@ -139,7 +138,6 @@ async def test_an_incidents_changes_reach_a_receiver_in_the_order_they_happened(
     assert types == ["incident.opened", "incident.resolved", "incident.reopened"]
 
 
-@pytest.mark.xfail(strict=True, reason="a change waiting out its retry does not hold back its incident's later ones")
 async def test_a_change_that_failed_holds_back_its_incidents_later_changes(settings, pool, receivers):
     """The receiver refuses `resolved` once: `reopened` must not overtake it
     while it waits for its retry; once the retry is due both go, in order."""
