@@ -64,6 +64,11 @@ TURN_RECHECKS = (0.02, 0.05, 0.1, 0.2)  # seconds: a turn held in Postgres, befo
 _RELEASED_BY_DONE_MARKER = (Outcome.PROCESSED, Outcome.CONFLICT)
 
 
+def _stale(message: EventMessage) -> bool:
+    """An ordered row older (`by`) than its lane's last processed, under `stale = "skip"`."""
+    return message.ordered is not None and message.ordered.stale
+
+
 class CompletionRefused(Exception):
     """Our fencing token is not the key's current one, or the key completed meanwhile."""
 
@@ -139,6 +144,15 @@ class Processor:
             case _:
                 assert_never(claim.state)
 
+    async def run_ordered(self, message: EventMessage) -> Outcome:
+        """A row of an ordering key's lane (`message.ordered`), run by the
+        lane's holder: no Redis claim (the lane's lease keeps other workers off
+        its rows; a copy elsewhere still meets the key's lease, turn and
+        fence), then `_run`, whose completion advances the lane
+        (docs/design.md, "Ordering keys")."""
+        assert message.ordered is not None
+        return await self._run(message)
+
     async def _claim_when_free(self, key: str) -> Claim:
         """Claims again a few times while the key is in flight elsewhere.
 
@@ -198,7 +212,7 @@ class Processor:
             if lease is not None:
                 await self._completions.release_leases([lease])
         await quietly(self._store.complete(message.key, message.payload_sha256))
-        return Outcome.PROCESSED
+        return Outcome.STALE if _stale(message) else Outcome.PROCESSED
 
     async def _complete(self, message: EventMessage, lease: Lease, lease_keeper: Keeper) -> None:
         """The handler (cancelled if the lease is lost meanwhile) and the
@@ -210,7 +224,8 @@ class Processor:
         with contextlib.ExitStack() as committing:  # the commit's span ends after the transaction's COMMIT
             async with handler_db:
                 with cancelled_when_lost(lease_keeper, handler_db):  # inside: a lost lease closes, never rolls back
-                    await self.call_handler(handler_db, message)
+                    if not _stale(message):  # a stale ordered row completes unrun
+                        await self.call_handler(handler_db, message)
                     lease_keeper.check()
                     committing.enter_context(tracing.span("commit", message))
                     if not await handler_db.complete(message, lease.token):
