@@ -109,6 +109,7 @@ class Processor:
         self._lock_renewals = LockRenewals(store)
         self._lease_renewals = LeaseRenewals(completions, store.redlock.ttl_ms, renewal_writers)
         self._statements = CoalescedStatements(completions, store.redlock.ttl_ms)
+        self._background: set[asyncio.Task] = set()  # ordered rows' done markers
 
     def runs(self, message: EventMessage) -> bool:
         """Whether a handler here runs `message`: its source's, or its route's
@@ -211,8 +212,16 @@ class Processor:
         finally:
             if lease is not None:
                 await self._completions.release_leases([lease])
-        await quietly(self._store.complete(message.key, message.payload_sha256))
+        if message.ordered is None:
+            await quietly(self._store.complete(message.key, message.payload_sha256))
+        else:  # the lane's next row need not wait for Redis (a hint only: the lane lease keeps others off)
+            self._in_background(quietly(self._store.complete(message.key, message.payload_sha256)))
         return Outcome.STALE if _stale(message) else Outcome.PROCESSED
+
+    def _in_background(self, coroutine) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _complete(self, message: EventMessage, lease: Lease, lease_keeper: Keeper) -> None:
         """The handler (cancelled if the lease is lost meanwhile) and the

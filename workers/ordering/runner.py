@@ -214,14 +214,15 @@ class LaneRunner:
                 return True  # taken by another, or gone: nothing of ours to let go
             if page.due_in is not None and page.due_in > 0:  # held: let go until its hold is over
                 return await self._store.release(lane, token, page.due_in) or True
-            if not page.rows:
+            if page.rows:
+                let_go = await self._run_page(lane, token, source, route, page, skip_stale, keeper)
+                if let_go is not None:
+                    return let_go
+            if len(page.rows) < PAGE_ROWS and not self._must_stop(source, keeper):  # all there was: let go if idle
                 idle = await self._store.release_if_idle(lane, token)
                 if idle.released or not idle.ours:
                     return True
-                continue  # an insert committed meanwhile
-            let_go = await self._run_page(lane, token, source, route, page, skip_stale, keeper)
-            if let_go is not None:
-                return let_go
+                # an insert committed meanwhile: the next page
         return False
 
     async def _run_page(
