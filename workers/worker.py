@@ -194,11 +194,12 @@ class Worker:
         """Ordering keys' lanes (workers/ordering/): their rows run through a
         Processor of their own, whose failures are retried in place."""
         lane_store = LaneStore(self.pool)
+        ordered_failures = OrderedFailurePolicy(lane_store, self.failures, self.incident_counts)
         self.ordered_processor = Processor(
             self.sources,
             self.store,
             self.completions,
-            OrderedFailurePolicy(lane_store, self.failures, self.incident_counts),
+            ordered_failures,
             self.archive,
             renewal_writers=self.pool_sizes.renewals,
         )
@@ -212,6 +213,8 @@ class Worker:
             ttl_ms=self.store.redlock.ttl_ms,
             settled=self._settled,
             until_done=self._until_done,
+            dead_unrun=ordered_failures.dead_unrun,
+            delivery_limit=self.settings.delivery_limit,
         )
 
     async def _consume_wake_ups(self):

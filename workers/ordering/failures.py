@@ -71,6 +71,20 @@ class OrderedFailurePolicy:
             self._counts.note(failure_of(event, handler, error))
         return Outcome.RETRIED
 
+    async def dead_unrun(self, event: EventMessage, source: Source, error: dict) -> Outcome:
+        """A row not run at all (its worker died running it past the delivery limit): its dead letter, as `fail`'s."""
+        step = event.ordered
+        assert step is not None
+        block = blocks(source, event.route)
+
+        async def kept_dead(connection, dead_letter_id: int) -> None:
+            errors = (*event.errors, error)
+            await mark_dead(connection, step.lane, step.token, step.seq, event.attempt, dead_letter_id, block, errors)
+
+        handler = source.handler_for(event.route)[0]
+        dead_letter_id = await self._policy.dead_letter(event, error, handler=handler, beside=kept_dead)
+        return Outcome.DEAD if dead_letter_id is not None else Outcome.DUPLICATE
+
     async def delay(self, event: EventMessage, delay_seconds: float) -> None:
         """The lane let go for `delay_seconds`, no attempt used; best effort: a lease not let go runs out."""
         step = event.ordered

@@ -10,18 +10,28 @@
 -- fencing token: granted while the lane has rows pending, is not blocked,
 -- its lease is free or ran out, and its `ready_at` (a retry's delay, a hold)
 -- has come — all read on the locked row, by Postgres's clock. Returns the
--- token, and whether the previous lease ran out rather than being released.
+-- token, and whether the previous lease ran out rather than being released:
+-- then its head (the row its holder was running, likely) counts one more
+-- delivery, so a head that kills its worker every time ends a dead letter
+-- past the delivery limit (workers/ordering/runner.py). Lane row, then its row.
 WITH old AS (
     SELECT lane, holder, lease_until FROM ordering_keys WHERE lane = $1 FOR UPDATE
+), taken AS (
+    UPDATE ordering_keys
+    SET token = nextval('fencing_tokens'), holder = $2,
+        lease_until = clock_timestamp() + $3 * interval '1 millisecond', ready_at = NULL, updated_at = now()
+    FROM old
+    WHERE ordering_keys.lane = old.lane AND pending > 0 AND blocked_by IS NULL
+      AND (ordering_keys.lease_until IS NULL OR ordering_keys.lease_until < clock_timestamp())
+      AND (ready_at IS NULL OR ready_at <= clock_timestamp())
+    RETURNING ordering_keys.token, old.holder IS NOT NULL AND old.lease_until IS NOT NULL AS expired
+), head AS (
+    UPDATE ordered_events SET deliveries = deliveries + 1
+    WHERE lane = $1 AND state = 'pending' AND EXISTS (SELECT FROM taken WHERE expired)
+      AND seq = (SELECT seq FROM ordered_events WHERE lane = $1 AND state = 'pending'
+                 ORDER BY by_value NULLS LAST, seq LIMIT 1)
 )
-UPDATE ordering_keys
-SET token = nextval('fencing_tokens'), holder = $2, lease_until = clock_timestamp() + $3 * interval '1 millisecond',
-    ready_at = NULL, updated_at = now()
-FROM old
-WHERE ordering_keys.lane = old.lane AND pending > 0 AND blocked_by IS NULL
-  AND (ordering_keys.lease_until IS NULL OR ordering_keys.lease_until < clock_timestamp())
-  AND (ready_at IS NULL OR ready_at <= clock_timestamp())
-RETURNING ordering_keys.token, old.holder IS NOT NULL AND old.lease_until IS NOT NULL AS expired
+SELECT token, expired FROM taken
 
 -- name: extend_lanes
 -- Our lanes' leases ($1 lanes, $2 tokens) run $3 ms longer while still ours;

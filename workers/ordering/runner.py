@@ -41,6 +41,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from webhook_ingest.shared.errors import describe
@@ -65,6 +66,9 @@ _FINISHED_HERE = (Outcome.DUPLICATE, Outcome.CONFLICT)
 
 Settled = Callable[[EventMessage, Outcome, float], None]
 UntilDone = Callable[[Callable[[EventMessage], Awaitable[Outcome]], EventMessage], Coroutine[Any, Any, Outcome]]
+
+
+DeadUnrun = Callable[[EventMessage, Source, dict], Awaitable[Outcome]]
 
 
 class Paused(Protocol):
@@ -96,6 +100,8 @@ class LaneRunner:
         ttl_ms: int,
         settled: Settled,
         until_done: UntilDone | None = None,
+        dead_unrun: DeadUnrun | None = None,
+        delivery_limit: int | None = None,
     ):
         self._store = store
         self._run = run  # Processor.run_ordered (the ordered rows' Processor)
@@ -106,6 +112,8 @@ class LaneRunner:
         self._ttl_ms = ttl_ms
         self._settled = settled
         self._until_done = until_done or _just_run
+        self._dead_unrun = dead_unrun  # OrderedFailurePolicy.dead_unrun
+        self._delivery_limit = delivery_limit
         self._renewals = LaneRenewals(store, ttl_ms)
         self._holding: dict[str, asyncio.Task] = {}
         self._armed: dict[str, asyncio.TimerHandle] = {}
@@ -232,7 +240,10 @@ class LaneRunner:
         for row in page.rows:
             if self._must_stop(source, keeper):
                 return False
-            outcome = await self._run_row(lane, token, row, _is_stale(row, page, skip_stale), keeper)
+            if self._poisoned(row):
+                outcome: Outcome | None = await self._dead_unrun_row(lane, token, row, source)
+            else:
+                outcome = await self._run_row(lane, token, row, _is_stale(row, page, skip_stale), keeper)
             if outcome is None:
                 return False  # the lane was lost while it ran
             if outcome in _GOES_ON or (outcome is Outcome.DEAD and not blocks(source, route)):
@@ -243,6 +254,27 @@ class LaneRunner:
                 return True
             return False  # a retry, a deferral, a blocking dead letter: let go (again: harmless)
         return None
+
+    def _poisoned(self, row: PendingRow) -> bool:
+        """A head whose holders died running it more than the delivery limit (take_lane counts them)."""
+        return (
+            self._dead_unrun is not None and self._delivery_limit is not None and row.deliveries > self._delivery_limit
+        )
+
+    async def _dead_unrun_row(self, lane: str, token: int, row: PendingRow, source: Source) -> Outcome:
+        assert self._dead_unrun is not None
+        message = _message(lane, token, row, stale=False)
+        started = time.perf_counter()
+        error = {
+            "attempt": message.attempt,
+            "at": datetime.now(UTC).isoformat(),
+            "type": "DeliveryLimitExceeded",
+            "message": f"its lane's holder died running it more than {self._delivery_limit} times",
+        }
+        log.error("ordered_row_poisoned", lane=lane, seq=row.seq, deliveries=row.deliveries)
+        outcome = await self._dead_unrun(message, source, error)
+        self._settled(message, outcome, started)
+        return outcome
 
     def _must_stop(self, source: Source, keeper: Keeper) -> bool:
         return self._stopping or keeper.lost or source.name in self._paused

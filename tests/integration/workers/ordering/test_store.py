@@ -209,3 +209,17 @@ async def test_page_reads_rows_in_by_order_and_the_hold(conn, lanes):
     held = await lanes.page("acme:a", taken.token, 32, 2.0)
     assert held.due_in is not None and 1.5 < held.due_in <= 2.0
     assert not (await lanes.page("acme:a", taken.token + 1, 32, 0)).ours
+
+
+async def test_a_lease_that_ran_out_counts_a_delivery_of_the_head_a_release_does_not(conn, lanes):
+    await add(conn, "acme:a", "e1", "e2")
+    first = await lanes.take("acme:a", "w1", 100)
+    assert first is not None
+    await asyncio.sleep(0.15)
+    second = await lanes.take("acme:a", "w2", 100)  # ran out: the head counts one
+    assert second is not None and second.expired
+    await lanes.release("acme:a", second.token)
+    third = await lanes.take("acme:a", "w3", TTL_MS)  # released: not counted
+    assert third is not None and not third.expired
+    rows = await conn.fetch("SELECT seq, deliveries FROM ordered_events ORDER BY seq")
+    assert [(row["seq"], row["deliveries"]) for row in rows] == [(1, 1), (2, 0)]

@@ -229,3 +229,24 @@ async def test_the_watchdog_arms_a_timer_at_the_wait_it_is_told(sources):
     await asyncio.sleep(0.2)
     await until_idle(made)
     assert rows.ran == [("acme:a", 1)]
+
+
+async def test_a_head_past_the_delivery_limit_is_dead_lettered_unrun(sources):
+    lanes = InMemoryLanes()
+    poisoned = pending(1)
+    lanes.add("acme:a", PendingRow(1, None, poisoned.body, poisoned.amqp_headers, 1, 0, (), 3), pending(2))
+    rows = Rows(lanes)
+    dead: list[tuple[int, str]] = []
+
+    async def dead_unrun(message, source, error):
+        dead.append((message.ordered.seq, error["type"]))
+        lanes.lanes["acme:a"].rows.pop(0)  # skipped (on_dead_letter = "skip" would go on; block lets go)
+        return Outcome.DEAD
+
+    made = LaneRunner(
+        lanes, rows.run, sources, set(), "w1", 8, 3000, lambda *_: None, dead_unrun=dead_unrun, delivery_limit=2
+    )
+    made.offer("acme:a")
+    await until_idle(made)
+    assert dead == [(1, "DeliveryLimitExceeded")]
+    assert rows.ran == []  # blocks (the default): the lane let go, row 2 waits
