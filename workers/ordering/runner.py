@@ -42,6 +42,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Protocol
 
 from webhook_ingest.shared.errors import describe
@@ -65,7 +66,7 @@ _GOES_ON = (Outcome.PROCESSED, Outcome.STALE)
 _FINISHED_HERE = (Outcome.DUPLICATE, Outcome.CONFLICT)
 
 Settled = Callable[[EventMessage, Outcome, float], None]
-UntilDone = Callable[[Callable[[EventMessage], Awaitable[Outcome]], EventMessage], Coroutine[Any, Any, Outcome]]
+UntilDone = Callable[[Callable[[Any], Awaitable[Any]], Any], Coroutine[Any, Any, Any]]
 
 
 DeadUnrun = Callable[[EventMessage, Source, dict], Awaitable[Outcome]]
@@ -77,7 +78,7 @@ class Paused(Protocol):
     def __contains__(self, source: str, /) -> bool: ...
 
 
-async def _just_run(process: Callable[[EventMessage], Awaitable[Outcome]], work: EventMessage) -> Outcome:
+async def _just_run(process: Callable[[Any], Awaitable[Any]], work: Any) -> Any:
     return await process(work)
 
 
@@ -217,7 +218,7 @@ class LaneRunner:
         hold = rule.hold_seconds if rule is not None else 0.0
         skip_stale = rule is not None and rule.stale == "skip"
         while not self._must_stop(source, keeper):
-            page = await self._store.page(lane, token, PAGE_ROWS, hold)
+            page: Page = await self._waiting_out_outages(lambda: self._store.page(lane, token, PAGE_ROWS, hold))
             if not page.ours:
                 return True  # taken by another, or gone: nothing of ours to let go
             if page.due_in is not None and page.due_in > 0:  # held: let go until its hold is over
@@ -227,7 +228,7 @@ class LaneRunner:
                 if let_go is not None:
                     return let_go
             if len(page.rows) < PAGE_ROWS and not self._must_stop(source, keeper):  # all there was: let go if idle
-                idle = await self._store.release_if_idle(lane, token)
+                idle = await self._waiting_out_outages(lambda: self._store.release_if_idle(lane, token))
                 if idle.released or not idle.ours:
                     return True
                 # an insert committed meanwhile: the next page
@@ -249,11 +250,16 @@ class LaneRunner:
             if outcome in _GOES_ON or (outcome is Outcome.DEAD and not blocks(source, route)):
                 continue
             if outcome in _FINISHED_HERE:
-                if await self._store.finish(lane, token, row.seq):
+                if await self._waiting_out_outages(partial(self._store.finish, lane, token, row.seq)):
                     continue
                 return True
             return False  # a retry, a deferral, a blocking dead letter: let go (again: harmless)
         return None
+
+    async def _waiting_out_outages(self, statement: Callable[[], Awaitable[Any]]) -> Any:
+        """A lane statement, sent again once Postgres is back (the worker's outage gate):
+        a lane crashed by an outage would let its lease run out, counting a delivery on its head."""
+        return await self._until_done(lambda _: statement(), None)
 
     def _poisoned(self, row: PendingRow) -> bool:
         """A head whose holders died running it more than the delivery limit (take_lane counts them)."""
