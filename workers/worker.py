@@ -215,6 +215,7 @@ class Worker:
             until_done=self._until_done,
             dead_unrun=ordered_failures.dead_unrun,
             delivery_limit=self.settings.delivery_limit,
+            pages=self.ordered_processor,
         )
 
     async def _consume_wake_ups(self):

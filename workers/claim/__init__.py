@@ -23,7 +23,7 @@ from .batch import BatchProcessor
 from .completions import CompletionStore
 from .copies import CopiesInFlight
 from .idempotency import IdempotencyStore
-from .lease import Keeper, kept_alive
+from .lease import Keeper, Lease, kept_alive
 from .ports import WorkerCompletionsPort
 from .processor import DEFER_SECONDS, Processor
 from .retry import FailurePolicy, describe_failure, failure_of, retry_decision
@@ -38,6 +38,7 @@ __all__ = [
     "FailurePolicy",
     "IdempotencyStore",
     "Keeper",
+    "Lease",
     "Outcome",
     "Processor",
     "WorkerCompletionsPort",

@@ -154,6 +154,23 @@ class Processor:
         assert message.ordered is not None
         return await self._run(message)
 
+    async def run_leased(self, message: EventMessage, lease: Lease, completed_sha256: str | None) -> Outcome:
+        """`run_ordered` for a row whose lease its page took (`lease_rows`)."""
+        assert message.ordered is not None
+        return await self._run(message, lease, completed_sha256)
+
+    async def lease_rows(self, keys: list[str]) -> tuple[dict[str, Lease], dict[str, str]]:
+        """The leases granted among `keys` (distinct) in one statement, and
+        which of those keys are completed, read in the next statement (its
+        snapshot follows the grants: "Exclusion")."""
+        async with self._completions.statement() as connection:
+            leases = await self._completions.take_leases(connection, keys, self._store.redlock.ttl_ms)
+            completed = await self._completions.check_completed(connection, list(leases)) if leases else {}
+        return leases, completed
+
+    async def release_leases(self, leases: list[Lease]) -> None:
+        await self._completions.release_leases(leases)
+
     async def _claim_when_free(self, key: str) -> Claim:
         """Claims again a few times while the key is in flight elsewhere.
 
@@ -186,22 +203,30 @@ class Processor:
                 await quietly(self._store.release(lock))
         return outcome
 
-    async def _run(self, message: EventMessage) -> Outcome:
+    async def _run(
+        self, message: EventMessage, leased: Lease | None = None, completed_sha256: str | None = None
+    ) -> Outcome:
         """Step 2 and 3, under a Redis lock already kept alive (or none).
         What follows a failure (dead letter, conflict row, deferral) runs
         with no connection held, so a full pool never waits on itself. The
-        lease is kept until a failed attempt is handed on (`workers.claim.attempts`)."""
-        lease = None
+        lease is kept until a failed attempt is handed on (`workers.claim.attempts`).
+        `leased`: the key's lease taken already (an ordered page's, `lease_rows`),
+        with the completion check its statement read after the grant."""
+        lease = leased
         try:
             async with contextlib.AsyncExitStack() as keeping:
                 try:
                     with tracing.span("lease", message):
-                        lease = await self._take_lease(message.key)
+                        if lease is None:
+                            lease = await self._take_lease(message.key)
                         if already_handed_on(message, lease.handed_on):
                             raise AttemptHandedOn()
                         lease_keeper = self.lease_keeper([lease])
                         await keeping.enter_async_context(kept_alive([lease_keeper]))
-                        await self._check_not_completed(message.key)
+                        if leased is None:
+                            await self._check_not_completed(message.key)
+                        elif completed_sha256 is not None:
+                            raise AlreadyCompleted(completed_sha256)
                     await self._complete(message, lease, lease_keeper)
                     lease = None  # ended by the completion
                 except Exception as exc:

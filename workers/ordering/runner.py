@@ -50,7 +50,7 @@ from webhook_ingest.shared.event import EventMessage, OrderedStep
 from webhook_ingest.shared.observability import get_logger, tracing
 from webhook_ingest.shared.ordering import event_of
 from webhook_ingest.shared.sources import Source
-from webhook_ingest.workers.claim import Keeper, Outcome, kept_alive
+from webhook_ingest.workers.claim import Keeper, Lease, Outcome, kept_alive
 
 from .failures import blocks
 from .renewals import LaneRenewals
@@ -70,6 +70,15 @@ UntilDone = Callable[[Callable[[Any], Awaitable[Any]], Any], Coroutine[Any, Any,
 
 
 DeadUnrun = Callable[[EventMessage, Source, dict], Awaitable[Outcome]]
+
+
+class PageLeases(Protocol):
+    """What the runner asks of the rows' Processor to lease a page's rows at once (Processor's methods)."""
+
+    async def lease_rows(self, keys: list[str]) -> tuple[dict[str, Lease], dict[str, str]]: ...
+    async def run_leased(self, message: EventMessage, lease: Lease, completed_sha256: str | None) -> Outcome: ...
+    async def release_leases(self, leases: list[Lease]) -> None: ...
+    def lease_keeper(self, leases: list[Lease]) -> Keeper: ...
 
 
 class Paused(Protocol):
@@ -103,6 +112,7 @@ class LaneRunner:
         until_done: UntilDone | None = None,
         dead_unrun: DeadUnrun | None = None,
         delivery_limit: int | None = None,
+        pages: PageLeases | None = None,
     ):
         self._store = store
         self._run = run  # Processor.run_ordered (the ordered rows' Processor)
@@ -113,6 +123,7 @@ class LaneRunner:
         self._ttl_ms = ttl_ms
         self._settled = settled
         self._until_done = until_done or _just_run
+        self._pages = pages  # the rows' Processor: a page's leases in one statement
         self._dead_unrun = dead_unrun  # OrderedFailurePolicy.dead_unrun
         self._delivery_limit = delivery_limit
         self._renewals = LaneRenewals(store, ttl_ms)
@@ -237,24 +248,57 @@ class LaneRunner:
     async def _run_page(
         self, lane: str, token: int, source: Source, route: str, page: Page, skip_stale: bool, keeper: Keeper
     ) -> bool | None:
-        """The page's rows in order; None: go on with the next page, else as `_drain`."""
-        for row in page.rows:
-            if self._must_stop(source, keeper):
-                return False
-            if self._poisoned(row):
-                outcome: Outcome | None = await self._dead_unrun_row(lane, token, row, source)
-            else:
-                outcome = await self._run_row(lane, token, row, _is_stale(row, page, skip_stale), keeper)
-            if outcome is None:
-                return False  # the lane was lost while it ran
-            if outcome in _GOES_ON or (outcome is Outcome.DEAD and not blocks(source, route)):
-                continue
-            if outcome in _FINISHED_HERE:
-                if await self._waiting_out_outages(partial(self._store.finish, lane, token, row.seq)):
-                    continue
-                return True
-            return False  # a retry, a deferral, a blocking dead letter: let go (again: harmless)
+        """The page's rows in order; None: go on with the next page, else as `_drain`.
+        With `pages`, the rows' leases are taken for the whole page in one
+        statement (and their completions read in one more), renewed while
+        they wait their turn; those not used are given back at the end."""
+        messages = [_message(lane, token, row, _is_stale(row, page, skip_stale)) for row in page.rows]
+        leases: dict[str, Lease] = {}
+        completed: dict[str, str] = {}
+        pages = self._pages
+        if pages is not None and len(messages) > 1:  # a lone row's lease and check are shared across lanes instead
+            keys = list(dict.fromkeys(message.key for message in messages))
+            leases, completed = await self._waiting_out_outages(partial(pages.lease_rows, keys))
+        waiting = list(leases.values())
+        async with contextlib.AsyncExitStack() as keeping:
+            if pages is not None and waiting:
+                await keeping.enter_async_context(kept_alive([pages.lease_keeper(waiting)]))
+                keeping.push_async_callback(self._give_back, waiting)
+            for row, message in zip(page.rows, messages):
+                if self._must_stop(source, keeper):
+                    return False
+                lease = leases.pop(message.key, None)
+                if lease is not None:
+                    waiting.remove(lease)  # its run keeps it from now on
+                if self._poisoned(row):
+                    if lease is not None:
+                        waiting.append(lease)  # not run: given back
+                    outcome: Outcome | None = await self._dead_unrun_row(message, row, source)
+                else:
+                    outcome = await self._run_row(message, keeper, lease, completed.get(message.key))
+                let_go = await self._after(outcome, lane, token, row.seq, source, route)
+                if let_go is not None:
+                    return let_go
         return None
+
+    async def _after(
+        self, outcome: Outcome | None, lane: str, token: int, seq: int, source: Source, route: str
+    ) -> bool | None:
+        """What a row's outcome means for its lane: None, go on; else as `_drain`."""
+        if outcome is None:
+            return False  # the lane was lost while it ran
+        if outcome in _GOES_ON or (outcome is Outcome.DEAD and not blocks(source, route)):
+            return None
+        if outcome in _FINISHED_HERE:
+            if await self._waiting_out_outages(partial(self._store.finish, lane, token, seq)):
+                return None
+            return True
+        return False  # a retry, a deferral, a blocking dead letter: let go (again: harmless)
+
+    async def _give_back(self, leases: list[Lease]) -> None:
+        if leases and self._pages is not None:
+            with contextlib.suppress(Exception):  # best effort: a lease not given back runs out
+                await self._pages.release_leases(list(leases))
 
     async def _waiting_out_outages(self, statement: Callable[[], Awaitable[Any]]) -> Any:
         """A lane statement, sent again once Postgres is back (the worker's outage gate):
@@ -267,9 +311,10 @@ class LaneRunner:
             self._dead_unrun is not None and self._delivery_limit is not None and row.deliveries > self._delivery_limit
         )
 
-    async def _dead_unrun_row(self, lane: str, token: int, row: PendingRow, source: Source) -> Outcome:
-        assert self._dead_unrun is not None
-        message = _message(lane, token, row, stale=False)
+    async def _dead_unrun_row(self, message: EventMessage, row: PendingRow, source: Source) -> Outcome:
+        assert self._dead_unrun is not None and message.ordered is not None
+        lane = message.ordered.lane
+        message = replace(message, ordered=replace(message.ordered, stale=False))
         started = time.perf_counter()
         error = {
             "attempt": message.attempt,
@@ -285,13 +330,23 @@ class LaneRunner:
     def _must_stop(self, source: Source, keeper: Keeper) -> bool:
         return self._stopping or keeper.lost or source.name in self._paused
 
-    async def _run_row(self, lane: str, token: int, row: PendingRow, stale: bool, keeper: Keeper) -> Outcome | None:
-        """One row through the per-event claim, cancelled if the lane is lost meanwhile; its outcome
-        (None: cancelled so)."""
-        message = _message(lane, token, row, stale)
+    async def _run_row(
+        self, message: EventMessage, keeper: Keeper, lease: Lease | None = None, completed_sha256: str | None = None
+    ) -> Outcome | None:
+        """One row through the per-event claim (under its page's lease when
+        given; a run again after an outage takes its own), cancelled if the
+        lane is lost meanwhile; its outcome (None: cancelled so)."""
+        assert message.ordered is not None
         started = time.perf_counter()
+        leased = [lease] if lease is not None else []
+
+        async def run(message: EventMessage) -> Outcome:
+            if leased and self._pages is not None:
+                return await self._pages.run_leased(message, leased.pop(), completed_sha256)
+            return await self._run(message)
+
         running: asyncio.Future[Outcome] = asyncio.ensure_future(
-            tracing.within(message, self._until_done(self._run, message))
+            tracing.within(message, self._until_done(run, message))
         )
 
         def cancel() -> None:
@@ -306,7 +361,7 @@ class LaneRunner:
                 with contextlib.suppress(BaseException):
                     await running
                 raise
-            log.warning("lane_lost_row_cancelled", lane=lane, seq=row.seq)
+            log.warning("lane_lost_row_cancelled", lane=message.ordered.lane, seq=message.ordered.seq)
             return None
         finally:
             unregister()
