@@ -166,8 +166,9 @@ class Worker:
             "postgres": OutageGate(self._probe_postgres, "postgres"),
             "rabbitmq": OutageGate(self._probe_broker, "rabbitmq"),
         }
+        wake_ups = await self._declare_wake_ups()  # before the side tasks: none of their basic.gets beside it
         side_tasks = await self._start_side_tasks()
-        wake_ups, wake_up_tag = await self._consume_wake_ups()
+        wake_up_tag = await wake_ups.consume(self._on_wake_up)
         consumer_tag = await queue.consume(self._on_message)
         self.ready = True
         log.info(
@@ -218,14 +219,13 @@ class Worker:
             pages=self.ordered_processor,
         )
 
-    async def _consume_wake_ups(self):
-        """NS.ordering's wake-ups, on a channel of their own (never below a
-        batch's `multiple` ack), each acked at once: the lane's rows are in
-        Postgres, a wake-up is a hint."""
+    async def _declare_wake_ups(self):
+        """NS.ordering, whose wake-ups are consumed on a channel of their own
+        (never below a batch's `multiple` ack), each acked at once: the
+        lane's rows are in Postgres, a wake-up is a hint."""
         channel = await self.connection.channel()
         await channel.set_qos(prefetch_count=WAKE_UP_PREFETCH)
-        queue = await topology.declare_ordering_queue(channel, self.settings.namespace)
-        return queue, await queue.consume(self._on_wake_up)
+        return await topology.declare_ordering_queue(channel, self.settings.namespace)
 
     async def _on_wake_up(self, message: AbstractIncomingMessage) -> None:
         lane = topology.woken_lane(message)
