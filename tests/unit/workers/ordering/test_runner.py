@@ -250,3 +250,57 @@ async def test_a_head_past_the_delivery_limit_is_dead_lettered_unrun(sources):
     await until_idle(made)
     assert dead == [(1, "DeliveryLimitExceeded")]
     assert rows.ran == []  # blocks (the default): the lane let go, row 2 waits
+
+
+class PagedRows(Rows):
+    """Rows whose page's leases are taken at once (Processor.lease_rows and its friends)."""
+
+    def __init__(self, lanes: InMemoryLanes):
+        super().__init__(lanes)
+        self.leased: list[list[str]] = []
+        self.given_back: list[str] = []
+        self.ran_leased: list[int] = []
+
+    async def lease_rows(self, keys):
+        from webhook_ingest.workers.claim import Lease
+
+        self.leased.append(keys)
+        return {key: Lease(key, 1, 0.0) for key in keys}, {}
+
+    async def run_leased(self, message, lease, completed_sha256):
+        self.ran_leased.append(message.ordered.seq)
+        return await self.run(message)
+
+    async def release_leases(self, leases):
+        self.given_back.extend(lease.key for lease in leases)
+
+    def lease_keeper(self, leases):
+        from webhook_ingest.workers.claim import Keeper
+
+        async def renew():
+            return True
+
+        return Keeper("page", renew, 3.0)
+
+
+async def test_a_pages_rows_run_under_the_leases_taken_for_the_page(sources):
+    lanes = InMemoryLanes()
+    lanes.add("acme:a", *(pending(seq) for seq in range(1, 4)))
+    rows = PagedRows(lanes)
+    made = LaneRunner(lanes, rows.run, sources, set(), "w1", 8, 3000, lambda *_: None, pages=rows)
+    made.offer("acme:a")
+    await until_idle(made)
+    assert rows.leased == [["acme:acme:a-1", "acme:acme:a-2", "acme:acme:a-3"]]
+    assert rows.ran_leased == [1, 2, 3] and rows.given_back == []
+
+
+async def test_a_page_stopped_early_gives_its_unused_leases_back(sources):
+    lanes = InMemoryLanes()
+    lanes.add("acme:a", *(pending(seq) for seq in range(1, 4)))
+    rows = PagedRows(lanes)
+    rows.outcomes[("acme:a", 1)] = Outcome.RETRIED
+    made = LaneRunner(lanes, rows.run, sources, set(), "w1", 8, 3000, lambda *_: None, pages=rows)
+    made.offer("acme:a")
+    await until_idle(made)
+    assert rows.ran_leased == [1]
+    assert sorted(rows.given_back) == ["acme:acme:a-2", "acme:acme:a-3"]
