@@ -2,17 +2,15 @@
 end with real ingress and worker processes: the events of one key's value
 (a lane) run one after another in the order they were accepted.
 
-Every test here is a strict xfail until its package lands (A: configuration
-and intake; B: the runner): it fails now because the pipeline ignores a
-source's `ordering` (events run as they come, overtaking each other), and
-the suite says so once it passes. Each asserts the ordering behaviour
-itself, not only what unordered runs would also give.
+Each asserts the ordering behaviour itself, not only what unordered runs
+would also give: without a source's `ordering` the same sends overtake
+each other.
 
 Runs are recorded by tests.support.ordering_handlers:record_version: each
 run's start through a connection of its own (`version_starts`), its effect
 through ctx.db (`version_runs`). A lane's versions sent one after another
 begin with one that runs 1 s (`descending`), so that run as they come
-(today), the next one begins before it ends, every time.
+(unordered), the next one begins before it ends, every time.
 """
 
 import asyncio
@@ -44,8 +42,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ordering_tables")]
 
 SECRET = "acme-secret"
 HANDLER = "tests.support.ordering_handlers:record_version"
-A = "issue 38, package A (configuration and intake): an ordered source's events run unordered today"
-B = "issue 38, package B (the runner): no worker holds a lane today, events run as they come"
 
 
 @pytest.fixture
@@ -179,7 +175,6 @@ def out_of_order(runs: list[asyncpg.Record], versions: list[int]) -> list[str]:
 # -- A: configuration and intake ------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=A)
 async def test_twenty_versions_of_a_lane_run_in_order_among_fifty_interleaved_lanes(settings, fleet, tmp_path):
     base_url, _ = await deployment(settings, fleet, tmp_path)
     lanes = {f"obj_{n}": descending(f"obj_{n}", 20) for n in range(50)}
@@ -190,7 +185,6 @@ async def test_twenty_versions_of_a_lane_run_in_order_among_fifty_interleaved_la
     assert {lane: found for lane, found in problems.items() if found} == {}
 
 
-@pytest.mark.xfail(strict=True, reason=A)
 async def test_a_slow_head_delays_its_own_lane_and_no_other(settings, fleet, tmp_path):
     base_url, _ = await deployment(settings, fleet, tmp_path)
     assert await send_lane(base_url, "slow", [1], sleep=4) == [200]
@@ -204,7 +198,6 @@ async def test_a_slow_head_delays_its_own_lane_and_no_other(settings, fleet, tmp
     assert [lane for lane in others if ran[lane][-1]["ended"] > head_ended] == []
 
 
-@pytest.mark.xfail(strict=True, reason=A)
 async def test_an_ordered_source_accepts_and_runs_with_the_broker_stopped(settings, fleet, tmp_path):
     """Its events wait in Postgres, not in the outbox; the workers' watchdog
     finds their lanes with no wake-up."""
@@ -222,7 +215,6 @@ async def test_an_ordered_source_accepts_and_runs_with_the_broker_stopped(settin
         broker_proxy.restore()
 
 
-@pytest.mark.xfail(strict=True, reason=A)
 async def test_an_event_whose_key_resolves_to_nothing_runs_unordered_and_is_counted(settings, fleet, tmp_path):
     base_url, _ = await deployment(settings, fleet, tmp_path)
     assert await send_lane(base_url, "a", [1, 2, 3]) == [200, 200, 200]
@@ -238,7 +230,6 @@ async def test_an_event_whose_key_resolves_to_nothing_runs_unordered_and_is_coun
 # -- B: the runner ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=B)
 async def test_a_failure_retries_in_place_and_its_lane_waits(settings, fleet, tmp_path):
     base_url, _ = await deployment(settings, fleet, tmp_path)
     assert await send_lane(base_url, "a", [1], fail_attempts=1) == [200]
@@ -250,7 +241,6 @@ async def test_a_failure_retries_in_place_and_its_lane_waits(settings, fleet, tm
     assert [(row["version"], row["attempt"]) for row in starts] == [(1, 1), (1, 2), (2, 1), (3, 1), (4, 1)]
 
 
-@pytest.mark.xfail(strict=True, reason=B)
 async def test_a_holder_killed_mid_handler_leaves_its_lane_to_another_within_the_lease(settings, fleet, tmp_path):
     """SIGKILL: the lane resumes within the lease's TTL (3 s) + 1.1 s; one effect each, in order."""
     base_url, workers = await deployment(settings, fleet, tmp_path)
@@ -267,7 +257,6 @@ async def test_a_holder_killed_mid_handler_leaves_its_lane_to_another_within_the
     assert again["started"] - killed_at <= settings.lock_ttl + 1.1
 
 
-@pytest.mark.xfail(strict=True, reason=B)
 @pytest.mark.parametrize("stopped_seconds", [2.5, 3.5], ids=["within-the-lease", "past-the-lease"])
 async def test_a_holder_stopped_mid_handler_leaves_the_effects_in_order(settings, fleet, tmp_path, stopped_seconds):
     """SIGSTOP for less and for more than the lease (3 s): ctx.db effects in
@@ -287,7 +276,6 @@ async def test_a_holder_stopped_mid_handler_leaves_the_effects_in_order(settings
     assert out_of_order(ran["a"], [1, 2, 3, 4, 5, 6]) == []
 
 
-@pytest.mark.xfail(strict=True, reason=B)
 async def test_the_namespaces_redis_keys_deleted_mid_stream_change_nothing(settings, fleet, tmp_path):
     """A Redis flush (here: this test's keys only; the machine's Redis is shared)."""
     base_url, _ = await deployment(settings, fleet, tmp_path)
@@ -307,7 +295,6 @@ async def test_the_namespaces_redis_keys_deleted_mid_stream_change_nothing(setti
     assert {lane: out_of_order(ran[lane], list(range(1, 11))) for lane in lanes} == {lane: [] for lane in lanes}
 
 
-@pytest.mark.xfail(strict=True, reason=B)
 async def test_pause_and_resume_keep_each_lanes_order(settings, fleet, tmp_path):
     base_url, _ = await deployment(settings, fleet, tmp_path)
     await _change_pause(settings.database_url, pause=True)
@@ -322,7 +309,6 @@ async def test_pause_and_resume_keep_each_lanes_order(settings, fleet, tmp_path)
     assert {lane: out_of_order(ran[lane], [1, 2, 3, 4, 5]) for lane in lanes} == {lane: [] for lane in lanes}
 
 
-@pytest.mark.xfail(strict=True, reason=B)
 async def test_versions_sent_in_reverse_within_the_hold_run_in_by_order(settings, fleet, tmp_path):
     base_url, _ = await deployment(settings, fleet, tmp_path, ordering='by = "body:version"\nhold = "2s"')
     assert await send_lane(base_url, "a", [2, 1]) == [200, 200]  # 1 accepted after 2, within 2 s
@@ -331,7 +317,6 @@ async def test_versions_sent_in_reverse_within_the_hold_run_in_by_order(settings
     assert out_of_order(ran["a"], [1, 2]) == []
 
 
-@pytest.mark.xfail(strict=True, reason=B)
 async def test_under_stale_skip_an_older_event_completes_unrun_and_is_archived_stale(settings, fleet, tmp_path):
     base_url, _ = await deployment(settings, fleet, tmp_path, ordering='by = "body:version"\nstale = "skip"')
     assert await send_lane(base_url, "a", [2]) == [200]
@@ -347,7 +332,6 @@ async def test_under_stale_skip_an_older_event_completes_unrun_and_is_archived_s
     assert await count_rows(settings.database_url, "version_starts") == 1  # version 2's only
 
 
-@pytest.mark.xfail(strict=True, reason=B)
 async def test_a_lane_waiting_on_its_hold_costs_no_cpu_beyond_idle(settings, fleet, tmp_path):
     """One worker; its CPU over 1.8 s idle, then over 1.8 s while an event waits out a 2 s hold."""
     base_url, [worker] = await deployment(
@@ -424,7 +408,6 @@ def cli(*args: str):
     return result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason=B)
 async def test_a_dead_letter_blocks_its_lane_until_discarded_then_the_rest_run_in_order(settings, fleet, tmp_path):
     base_url, _ = await deployment(settings, fleet, tmp_path)
     assert await send_lane(base_url, "a", [1], fail_attempts=99) == [200]  # dies after max_attempts
@@ -450,7 +433,6 @@ async def test_a_dead_letter_blocks_its_lane_until_discarded_then_the_rest_run_i
     assert out_of_order((await runs_by_lane(settings.database_url))["a"], [2, 3]) == []
 
 
-@pytest.mark.xfail(strict=True, reason=B)
 async def test_a_replayed_dead_letter_runs_again_first_in_its_place(settings, fleet, tmp_path):
     base_url, _ = await deployment(settings, fleet, tmp_path)
     assert await send_lane(base_url, "a", [1], fail_attempts=99) == [200]
