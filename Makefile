@@ -20,12 +20,14 @@ run: install  ## migrate, then the ingress on :8080 and 2 workers (Ctrl-C stops)
 migrate: install
 	$(BIN)/webhook-ingest migrate
 
-# Three test processes (each its own RabbitMQ node, namespaces and template
+# Four test processes (each its own RabbitMQ node, namespaces and template
 # database) on 2 cores: most tests wait on processes, timers and networks,
-# so a third cuts the wall time by about a third while the tests' summed
-# durations stay the same (build/test-results/). A fourth would crowd a
-# stock Postgres's 100 connections. Tests that hold a request rate or many
-# connections run after, alone.
+# so the tests' summed durations stay about the same as processes are added
+# while the wall time falls (build/test-results/). Tests are handed out one
+# at a time to whichever process is free (worksteal), not a file per
+# process: the longest acceptance files run over two minutes. Tests that
+# hold a request rate or many Postgres connections run after, alone; the
+# parallel part peaked near 40 of a stock Postgres's 100 at three.
 #
 # Compiled modules are kept under build/pycache even where the environment
 # sets PYTHONDONTWRITEBYTECODE (this machine's does): otherwise every
@@ -37,7 +39,7 @@ TEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache
 RESULTS := build/test-results
 
 test: install lint  ## lint, then the whole suite against the local Redis and Postgres and a private RabbitMQ node
-	$(TEST_ENV) $(BIN)/pytest -q -n 3 --dist loadfile -m "not alone" --junitxml=$(RESULTS)/parallel.xml
+	$(TEST_ENV) $(BIN)/pytest -q -n 4 --dist worksteal -m "not alone" --junitxml=$(RESULTS)/parallel.xml
 	$(TEST_ENV) $(BIN)/pytest -q -m alone --junitxml=$(RESULTS)/alone.xml
 
 test-fast: install  ## pure-logic tests only, no services
@@ -68,11 +70,11 @@ format: install  ## sort imports and format the code as `make lint` checks it
 	$(BIN)/ruff check --select I --fix --quiet .
 	$(BIN)/ruff format --quiet .
 
-# BENCH_ARGS passes options (python -m tests.bench --help): --phase slow, --peers (the Celery stack beside ours).
+# BENCH_ARGS passes options (python -m tests.bench --help): --phase slow, --phase ordering, --peers (the Celery stack beside ours).
 bench: install  ## throughput/latency figures and ratios against the raw broker and the durable floor
 	$(BIN)/python -m tests.bench $(BENCH_ARGS)
 
-# SEED=N reproduces a run; CHAOS_ARGS passes more options (python -m tests.chaos --help).
+# SEED=N reproduces a run; CHAOS_ARGS passes more options (python -m tests.chaos --help), e.g. --ordering.
 chaos: install  ## a seeded fault run: kills, cuts, pauses, a CPU hog, flushes, prunes, replays; checks every event and call (a few minutes)
 	$(BIN)/python -m tests.chaos $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
 

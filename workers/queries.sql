@@ -214,7 +214,7 @@ WITH doomed AS (
 DELETE FROM processed_events
 WHERE key IN (SELECT key FROM doomed)
   AND completed_at < $1
-RETURNING key, source, event_id, payload_sha256, attempts, completed_at, arrival
+RETURNING key, source, event_id, payload_sha256, attempts, completed_at, arrival, stale
 
 -- name: prune_key_fences
 -- Rows locked in key order (extend_leases), each checked again once locked.

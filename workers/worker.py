@@ -557,7 +557,8 @@ def unknown_source_error(event: EventMessage, waited: float) -> dict:
 
 
 _COUNTED_OUTCOMES = {
-    o.value for o in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)
+    o.value
+    for o in (Outcome.PROCESSED, Outcome.STALE, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)
 }
 
 

@@ -98,10 +98,15 @@ FROM incidents WHERE state <> 'resolved'
 -- Up to $1 changes to notify, oldest first, claimed by this worker for $2
 -- seconds (another worker takes them over after that); acknowledgements
 -- are not notified. `reopened`: an earlier change opened the incident.
+-- A change waits while an earlier one of its incident is claimed or waits
+-- out a retry: a receiver gets an incident's changes in order.
 UPDATE incident_changes c
 SET claimed_until = clock_timestamp() + make_interval(secs => $2), attempts = c.attempts + 1
-FROM (SELECT id FROM incident_changes
+FROM (SELECT id FROM incident_changes n
       WHERE notified_at IS NULL AND state <> 'acknowledged' AND claimed_until < clock_timestamp()
+        AND NOT EXISTS (SELECT FROM incident_changes p
+                        WHERE p.incident_id = n.incident_id AND p.id < n.id AND p.notified_at IS NULL
+                          AND p.state <> 'acknowledged' AND p.claimed_until >= clock_timestamp())
       ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) due
 WHERE c.id = due.id
 RETURNING c.id, c.incident_id, c.state, c.actor, c.at, c.notified_targets, c.attempts,

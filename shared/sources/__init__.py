@@ -11,9 +11,10 @@
 from typing import TYPE_CHECKING, Any
 
 from .model import Source, load_sources, resolve_secret
+from .ordering import OrderingRule
 from .routes import route_key
 
-__all__ = ["PauseStore", "Source", "load_sources", "resolve_secret", "route_key"]
+__all__ = ["OrderingRule", "PauseStore", "Source", "load_sources", "resolve_secret", "route_key"]
 
 if TYPE_CHECKING:
     from .pauses import PauseStore

@@ -27,14 +27,17 @@ import asyncpg
 import orjson
 import pytest
 import redis.asyncio as redis
+from click.testing import CliRunner
 
 from tests.conftest import REDIS_URL
 from tests.support.broker import amqp_port
 from tests.support.ordering_handlers import ORDERING_TABLES
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
+from webhook_ingest.cli.main import main
 from webhook_ingest.shared import signatures
 from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.ordering import BlockedLane, blocked_lanes
 from webhook_ingest.shared.sources.pauses import PauseStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ordering_tables")]
@@ -394,3 +397,71 @@ def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- C: on-call -------------------------------------------------------------------------
+# A dead letter blocks its lane (on_dead_letter = "block"): the lane's later
+# events wait until on-call replays it (it runs again first) or discards it.
+
+
+async def until_blocked(database_url: str, lane: str, not_by: int | None = None, timeout: float = 30) -> BlockedLane:
+    """`lane` blocked (by a dead letter other than `not_by`), as `ordering blocked` lists it."""
+
+    async def blocked() -> BlockedLane | None:
+        connection = await asyncpg.connect(database_url)
+        try:
+            found = [b for b in await blocked_lanes(connection, "acme", 100) if b.lane == lane]
+        finally:
+            await connection.close()
+        return found[0] if found and found[0].dead_letter_id != not_by else None
+
+    return await wait_until(blocked, timeout, interval=0.2, message=f"{lane} blocked")
+
+
+def cli(*args: str):
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.xfail(strict=True, reason=B)
+async def test_a_dead_letter_blocks_its_lane_until_discarded_then_the_rest_run_in_order(settings, fleet, tmp_path):
+    base_url, _ = await deployment(settings, fleet, tmp_path)
+    assert await send_lane(base_url, "a", [1], fail_attempts=99) == [200]  # dies after max_attempts
+    assert await send_lane(base_url, "a", [2, 3]) == [200, 200]
+    assert await send_lane(base_url, "b", [1]) == [200]
+    blocked = await until_blocked(settings.database_url, "acme:a")
+    await until_runs(settings.database_url, 1)
+    await asyncio.sleep(1.0)
+    assert {
+        lane: [run["version"] for run in runs] for lane, runs in (await runs_by_lane(settings.database_url)).items()
+    } == {"b": [1]}  # lane a waits behind its dead letter; lane b does not
+    assert blocked.waiting == 2
+    listed = [
+        orjson.loads(line) for line in (await asyncio.to_thread(cli, "ordering", "blocked", "--json")).splitlines()
+    ]
+    assert [(lane["lane"], lane["dead_letter_id"], lane["waiting"]) for lane in listed] == [
+        ("acme:a", blocked.dead_letter_id, 2)
+    ]
+    assert listed[0]["age_seconds"] >= 0
+
+    await asyncio.to_thread(cli, "dlq", "discard", str(blocked.dead_letter_id))
+    await until_runs(settings.database_url, 3)
+    assert out_of_order((await runs_by_lane(settings.database_url))["a"], [2, 3]) == []
+
+
+@pytest.mark.xfail(strict=True, reason=B)
+async def test_a_replayed_dead_letter_runs_again_first_in_its_place(settings, fleet, tmp_path):
+    base_url, _ = await deployment(settings, fleet, tmp_path)
+    assert await send_lane(base_url, "a", [1], fail_attempts=99) == [200]
+    assert await send_lane(base_url, "a", [2, 3]) == [200, 200]
+    first = await until_blocked(settings.database_url, "acme:a")
+    starts_before = await count_rows(settings.database_url, "version_starts")
+
+    await asyncio.to_thread(cli, "dlq", "replay", str(first.dead_letter_id))
+    again = await until_blocked(settings.database_url, "acme:a", not_by=first.dead_letter_id)  # it failed again
+    starts = await fetch(settings.database_url, "SELECT version, attempt FROM version_starts ORDER BY started")
+    later = [(row["version"], row["attempt"]) for row in starts][starts_before:]
+    assert later and all(version == 1 for version, _ in later)  # it ran again, and nothing behind it did
+    assert later[0] == (1, 1) and again.waiting == 2
+    assert await count_rows(settings.database_url, "version_runs") == 0

@@ -11,10 +11,17 @@ mid-send leaves its claim to run out, and another worker sends it — so a
 receiver may, in that one case, get a change twice: the JSON webhook's
 `webhook-id` (`incident_change_<id>`) lets it tell. Sending never holds a
 connection, a message or a handler: it runs beside processing.
+
+One incident's changes reach each receiver in the order they happened
+(`resolved` before `reopened`: a receiver applying them in turn ends with
+the incident's state): they are sent one after another, oldest first, and
+a change waiting out a retry holds back its incident's later ones. Other
+incidents' changes go at once.
 """
 
 import asyncio
 import time
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -142,8 +149,18 @@ class Notifier:
         if not self._targets:
             await self._execute(SQL["nothing_to_notify"], [change.id for change, _, _ in claimed])
             return len(claimed)
-        await asyncio.gather(*(self._send(session, change, done, attempts) for change, done, attempts in claimed))
+        by_incident: dict[int, list[tuple[Change, list[str], int]]] = defaultdict(list)
+        for claim in sorted(claimed, key=lambda claim: claim[0].id):
+            by_incident[claim[0].incident["id"]].append(claim)
+        await asyncio.gather(*(self._send_in_turn(session, claims) for claims in by_incident.values()))
         return len(claimed)
+
+    async def _send_in_turn(self, session: aiohttp.ClientSession, claims: list[tuple[Change, list[str], int]]) -> None:
+        """One incident's changes, oldest first; after one that failed, the later ones stay
+        claimed and are claimed again behind it (claim_incident_changes)."""
+        for change, done, attempts in claims:
+            if not await self._send(session, change, done, attempts):
+                return
 
     async def _claim(self) -> list[tuple[Change, list[str], int]]:
         async with pooled(self._pool, 5) as connection:
@@ -169,7 +186,8 @@ class Notifier:
             for row in rows
         ]
 
-    async def _send(self, session: aiohttp.ClientSession, change: Change, done: list[str], attempts: int) -> None:
+    async def _send(self, session: aiohttp.ClientSession, change: Change, done: list[str], attempts: int) -> bool:
+        """Sends the change to each target it has not reached; whether all have it now."""
         for name, send in self._targets.items():
             if name in done:
                 continue
@@ -185,9 +203,10 @@ class Notifier:
                     retry_in=backoff,
                 )
                 await self._execute(SQL["notification_failed"], change.id, backoff, f"{name}: {describe(exc)}")
-                return
+                return False
             await self._execute(SQL["notified_target"], change.id, name, len(self._targets))
             log.info("incident_notified", change_id=change.id, kind=change.kind, target=name)
+        return True
 
     async def _execute(self, statement: str, *args) -> None:
         async with pooled(self._pool, 5) as connection:

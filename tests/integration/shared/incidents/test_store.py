@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
+from tests.support.console import csrf_of, signed_in
 from tests.support.events import make_event
 from tests.support.ingress import running_ingress
 from tests.support.processes import wait_until
@@ -223,12 +224,10 @@ async def test_the_admin_api_serves_incidents_to_the_operator_and_reads_to_the_v
 async def test_the_console_puts_open_incidents_first_and_discards_one_through_a_bulk_action(
     settings, pool, monkeypatch
 ):
-    from tests.integration.ingress.console.test_sessions import csrf_of, signed_in
-
     incident_id = await two_dead_letters_in_one_incident(settings, pool)
-    monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", "operator-token-for-the-session-tests-0123456789")
+    monkeypatch.setenv("WEBHOOK_INGEST_ADMIN_TOKEN", OPERATOR)
     async with running_ingress(Settings(), load_sources(None)) as client:
-        csrf = await signed_in(client)
+        csrf = await signed_in(client, OPERATOR)
         home = await (await client.get("/console/")).text()
         assert home.index("Incidents") < home.index("Open dead letters")
         assert f'href="/console/incidents/{incident_id}"' in home and "order &lt;n&gt; refused" in home

@@ -4,7 +4,7 @@ sources are 404, every change is audited."""
 
 import asyncpg
 
-from tests.integration.ingress.console.test_sessions import csrf_of, signed_in
+from tests.support.console import csrf_of, signed_in
 from tests.support.ingress import running_ingress
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources.model import load_sources
@@ -27,7 +27,7 @@ async def test_the_admin_api_and_the_console_pause_and_resume_a_source(settings,
         [state] = await (await client.get("/admin/sources", headers=viewer)).json()
         assert (state["name"], state["paused"], state["paused_by"]) == (name, True, "operator (admin-api)")
 
-        csrf = await signed_in(client)
+        csrf = await signed_in(client, OPERATOR)
         page = await (await client.get("/console/sources")).text()
         assert "<strong>paused</strong> by operator (admin-api)" in page and ">Resume</button>" in page
         resumed = await client.post(f"/console/sources/{name}/resume", data={"csrf_token": csrf})

@@ -18,9 +18,10 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
-from tests.integration.ingress.console.test_views import console_settings, signed_in  # noqa: F401 - a fixture
+from tests.integration.ingress.console.test_views import OPERATOR, console_settings  # noqa: F401 - a fixture
 from tests.integration.shared.sources.test_ignore_rules import SECRET, archived, stripe_event
 from tests.support.archive import archived_event, arrived, minutes_ago, ran
+from tests.support.console import signed_in
 from tests.support.dead_letters import failure, seed_dead_letters
 from tests.support.events import make_event
 from tests.support.ingress import console_login, queued_events, running_ingress
@@ -303,7 +304,7 @@ async def test_a_routes_dead_letter_shows_its_route_and_its_replay_runs_it_alone
     assert "route:" not in await asyncio.to_thread(dlq, "show", str(plain))
 
     async with running_ingress(console_settings, load_sources(None)) as client:
-        await signed_in(client)
+        await signed_in(client, OPERATOR)
         page = await (await client.get(f"/console/dead-letters/{dead_letter_id}")).text()
     assert "<dt>Route</dt><dd><code>billing</code>" in page
     assert f'href="{event_path("acme:evt_r")}"' in page

@@ -4,6 +4,7 @@ none for an acknowledgement, a failing receiver tried again without the
 others getting a second copy, the JSON webhook verified with the Standard
 Webhooks library."""
 
+import asyncio
 import base64
 
 import aiohttp
@@ -24,14 +25,20 @@ SECRET = "whsec_" + base64.b64encode(b"notification-secret-0123456789").decode()
 
 
 class Receiver:
-    """An HTTP endpoint that records each POST, answering `statuses` in turn (then 200)."""
+    """An HTTP endpoint that records each POST, answering `statuses` in turn
+    (then 200); `slow` types are recorded 0.3 s after they arrive, as a
+    receiver that takes its time to process them does."""
 
-    def __init__(self, *statuses: int):
+    def __init__(self, *statuses: int, slow: tuple[str, ...] = ()):
         self.statuses = list(statuses)
+        self.slow = slow
         self.received: list[tuple[dict, bytes]] = []
 
     async def handle(self, request: web.Request) -> web.Response:
-        self.received.append((dict(request.headers), await request.read()))
+        body = await request.read()
+        if orjson.loads(body).get("type") in self.slow:
+            await asyncio.sleep(0.3)
+        self.received.append((dict(request.headers), body))
         return web.Response(status=self.statuses.pop(0) if self.statuses else 200)
 
 
@@ -39,8 +46,8 @@ class Receiver:
 async def receivers():
     started = []
 
-    async def start(*statuses: int) -> tuple[Receiver, str]:
-        receiver = Receiver(*statuses)
+    async def start(*statuses: int, slow: tuple[str, ...] = ()) -> tuple[Receiver, str]:
+        receiver = Receiver(*statuses, slow=slow)
         app = web.Application()
         app.router.add_post("/hook", receiver.handle)
         server = TestServer(app)
@@ -109,6 +116,49 @@ async def test_each_change_but_acknowledgement_is_sent_once_to_each_target(setti
     assert documents[0]["data"]["id"] == incident["id"] and documents[0]["data"]["error_type"] == "RuntimeError"
     ids = [headers["webhook-id"] for headers, _ in webhook_receiver.received]
     assert ids[0] == ids[1] and len(set(ids)) == 3  # the retried one keeps its id: a receiver can tell
+
+
+async def test_an_incidents_changes_reach_a_receiver_in_the_order_they_happened(settings, pool, receivers):
+    """An incident resolved and reopened before the notifier's next round:
+    a receiver that applies what it gets in turn must end with the incident
+    open, so it must get `resolved` before `reopened` — even when it takes
+    longer over the first."""
+    webhook_receiver, webhook_url = await receivers(slow=("incident.resolved",))
+    notifier = Notifier(pool, {"webhook": signed_webhook(webhook_url, SECRET)})
+    store = IncidentStore(pool)
+    async with aiohttp.ClientSession() as session:
+        await fail_once(settings, pool, "evt_1", "downstream answered 503")
+        assert await notifier.send_due(session) == 1
+        [incident] = await store.newest_first()
+        await store.resolve(incident["id"], "operator:alice")
+        await fail_once(settings, pool, "evt_2", "downstream answered 502")  # reopens it
+        assert await notifier.send_due(session) == 2
+    verifier = standardwebhooks.Webhook(SECRET)
+    types = [verifier.verify(body, headers)["type"] for headers, body in webhook_receiver.received]
+    assert types == ["incident.opened", "incident.resolved", "incident.reopened"]
+
+
+async def test_a_change_that_failed_holds_back_its_incidents_later_changes(settings, pool, receivers):
+    """The receiver refuses `resolved` once: `reopened` must not overtake it
+    while it waits for its retry; once the retry is due both go, in order."""
+    webhook_receiver, webhook_url = await receivers(200, 500)
+    notifier = Notifier(pool, {"webhook": signed_webhook(webhook_url, SECRET)})
+    store = IncidentStore(pool)
+    async with aiohttp.ClientSession() as session:
+        await fail_once(settings, pool, "evt_1", "downstream answered 503")
+        assert await notifier.send_due(session) == 1
+        [incident] = await store.newest_first()
+        await store.resolve(incident["id"], "operator:alice")
+        assert await notifier.send_due(session) == 1  # refused: waits out its backoff
+        await fail_once(settings, pool, "evt_2", "downstream answered 502")  # reopens it
+        await notifier.send_due(session)  # the reopening waits behind the resolution
+        async with pool.acquire() as connection:  # the backoff over
+            await connection.execute("UPDATE incident_changes SET claimed_until = '-infinity'")
+        assert await notifier.send_due(session) == 2
+        assert await notifier.send_due(session) == 0
+    verifier = standardwebhooks.Webhook(SECRET)
+    types = [verifier.verify(body, headers)["type"] for headers, body in webhook_receiver.received]
+    assert types == ["incident.opened", "incident.resolved", "incident.resolved", "incident.reopened"]
 
 
 async def test_an_error_text_reaches_slack_as_text_not_markup(settings, pool, receivers):
