@@ -329,3 +329,26 @@ async def send(session: aiohttp.ClientSession, url: str, sender: str, count: int
             assert response.status == 200, await response.text()
         sent.append((f"ordered:{sender}_{n}", started, time.monotonic()))
     return sent
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a `by` read from a numeric string numeric cannot hold fails the insert of the whole group "
+    "commit: every request sharing it is answered 503",
+)
+async def test_a_by_value_numeric_cannot_hold_fails_no_other_request(settings, sources):
+    """`by = "body:created"` reads a numeric string as its number
+    (`by_number`); storable_json refuses such a JSON number (1e-20000: more
+    than 16383 digits after the point), not a string. Decimal("1e-20000") is
+    finite, so it reaches the insert, which asyncpg cannot encode: the one
+    statement of up to 100 requests fails, and each is answered 503 — every
+    ordered source's request in flight, again at each of the sender's retries
+    of that one event. An unreadable `by` is NULL (after the lane's dated
+    rows, never stale), as for any other."""
+    async with running_ingress(settings, sources) as client:
+        answers = await asyncio.gather(
+            post(client, "ordered", "evt_odd", object="o1", created="1e-20000"),
+            *(post(client, "ordered", f"evt_{n}", object=f"o{n % 7}", created=n) for n in range(40)),
+        )
+    statuses = [status for status, _ in answers]
+    assert statuses == [200] * 41, {status: statuses.count(status) for status in statuses}

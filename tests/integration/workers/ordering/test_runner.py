@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections import defaultdict
+from dataclasses import replace
 from decimal import Decimal
 
 import aio_pika
@@ -307,3 +308,69 @@ async def test_a_lane_waiting_on_its_hold_costs_no_cpu_beyond_idle(settings, fle
     assert await count_rows(settings.database_url, "version_starts") == 0  # still held
     assert holding <= idle + 0.05, (idle, holding)
     await until_runs(settings.database_url, 1, timeout=10)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a wake-up offered to a runner at its capacity is dropped: the lanes past --concurrency "
+    "are taken only by the watchdog, `capacity` lanes a second",
+)
+async def test_a_burst_over_more_lanes_than_the_concurrency_runs_without_waiting_on_the_watchdog(
+    settings, fleet, tmp_path, tables
+):
+    """Forty lanes of one short event each, accepted at once, on a worker of
+    --concurrency 4: run unordered, ~0.1 s of handlers. Each lane's wake-up
+    reaches the worker while its four slots are busy; a slot that frees up
+    takes nothing until the watchdog's next look (1 s), which arms at most
+    the free slots: ~4 lanes a second, ~10 s for the burst."""
+    env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", settings.database_url)}
+    worker = fleet.worker("--concurrency", "4", env=env)
+    await wait_for_output(worker, "worker_consuming")
+    async with Feeder(settings) as feeder:
+        sent = time.time()
+        await asyncio.gather(*(feeder.send(f"obj_{n}", 1, sleep=0.01) for n in range(40)))
+    await until_runs(settings.database_url, 40, timeout=60)
+    [last] = await fetch(settings.database_url, "SELECT max(ended) AS ended FROM version_runs")
+    assert last["ended"] - sent < 3.0, f"40 lanes of one 10 ms event took {last['ended'] - sent:.1f} s"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a lane of a route the worker's sources file lacks is taken and crashes each second, "
+    "for ever: no delivery counted, no dead letter, unlike such a route's message",
+)
+async def test_a_lane_of_a_route_the_worker_does_not_know_is_not_run_in_a_crash_loop(settings, fleet, tmp_path, tables):
+    """Rows wait in `acme#billing:o1`; the sources file has no route
+    `billing` (removed while its lane held rows, or not in this worker's
+    file yet). A message for such a route waits in a delay queue, then is a
+    dead letter after UNKNOWN_SOURCE_PATIENCE (worker._unknown_source). The
+    runner offers the lane (its source is known), takes it and runs the row:
+    Processor.call_handler's handler_for raises KeyError, not a handler's
+    failure, so `lane_crashed` (a stack trace), the lane released (no
+    delivery counted), and the watchdog takes it again a second later."""
+    path = tmp_path / "s.toml"
+    path.write_text(
+        f"""
+[sources.acme]
+scheme = "hmac-sha256"
+secrets = ["s"]
+
+[[sources.acme.routes]]
+name = "audit"
+handler = "{HANDLER}"
+handler_options = {{ database_url = "{settings.database_url}" }}
+ordering = {{ key = "body:object" }}
+"""
+    )
+    event = make_event("acme", "evt_b1", {"object": "o1", "version": 1})
+    routed = replace(event, key=f"{event.key}#billing", route="billing")
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        await insert_ordered(connection, [ordered_row(routed, "acme#billing:o1", None)])
+    finally:
+        await connection.close()
+    worker = fleet.worker("--concurrency", "4", env={"WEBHOOK_INGEST_SOURCES": str(path)})
+    await wait_for_output(worker, "worker_consuming")
+    await asyncio.sleep(4)
+    crashes = worker.output().count("lane_crashed")
+    assert crashes <= 1, f"{crashes} lane_crashed in 4 s"

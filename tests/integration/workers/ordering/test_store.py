@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from tests.support.events import make_event
+from webhook_ingest.shared.dead_letters import record_dead_letter
 from webhook_ingest.shared.event import OrderedStep
 from webhook_ingest.shared.ordering import insert_ordered, ordered_row
 from webhook_ingest.workers.claim import CompletionStore
@@ -223,3 +224,40 @@ async def test_a_lease_that_ran_out_counts_a_delivery_of_the_head_a_release_does
     assert third is not None and not third.expired
     rows = await conn.fetch("SELECT seq, deliveries FROM ordered_events ORDER BY seq")
     assert [(row["seq"], row["deliveries"]) for row in rows] == [(1, 1), (2, 0)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="mark_dead is not fenced by the lane's token: a holder that lost its lane blocks it, "
+    "and the new holder's completion closes the blocking dead letter",
+)
+async def test_a_dead_letter_of_a_holder_that_lost_its_lane_leaves_no_block_nobody_can_lift(conn, lanes):
+    """w1 runs e1's last attempt, stops past its lease (SIGSTOP, a GC pause);
+    w2 takes the lane over and runs e1 again (same attempt: nothing moved
+    it). w1 wakes, its downstream call timed out meanwhile: e1's dead letter,
+    and `dead` marks e1's row (attempt matches) and blocks the lane, though
+    w1's token is no longer the lane's. w2's run of e1 succeeds: its
+    completion (fenced by the key's and the lane's tokens, both w2's) finds
+    the row dead, leaves it, and closes the dead letter as `completed`. The
+    lane stays blocked by a dead letter that is not open: the console's
+    Replay/Discard refuse it (ChangedMeanwhile), w2 goes on running e2 past
+    the block, and once idle the lane takes nothing more, ever."""
+    from webhook_ingest.workers.ordering.store import mark_dead
+
+    completions = CompletionStore(conn)
+    _, (e1, _) = await add(conn, "acme:a", "e1", "e2")
+    old = await lanes.take("acme:a", "w1", 1)
+    await asyncio.sleep(0.05)
+    new = await lanes.take("acme:a", "w2", TTL_MS)
+    assert old is not None and new is not None
+    lease = (await completions.take_leases(conn, [e1.key], TTL_MS))[e1.key]  # w2's run of e1
+    errors = [{"type": "TimeoutError"}]
+    async with conn.transaction():  # w1's dead letter (OrderedFailurePolicy.fail, `beside`)
+        dead_letter_id = await record_dead_letter(conn, e1, errors)
+        await mark_dead(conn, "acme:a", old.token, 1, 1, dead_letter_id, True, errors)
+    message = replace(e1, ordered=OrderedStep("acme:a", 1, new.token, None))
+    async with conn.transaction():
+        assert await completions.complete_event(conn, message, lease.token)
+    lane = await lane_row(conn, "acme:a")
+    status = await conn.fetchval("SELECT status FROM dead_letters WHERE id = $1", dead_letter_id)
+    assert lane["blocked_by"] is None or status == "dead", (lane["blocked_by"], status)
