@@ -130,6 +130,10 @@ class LaneRunner:
         self._holding: dict[str, asyncio.Task] = {}
         self._armed: dict[str, asyncio.TimerHandle] = {}
         self._stopping = False
+        # A lane turned away when full, or a look cut at the free slots: more lanes may wait, so
+        # a slot that frees up looks again at once, not at the watchdog's next round.
+        self._backlog = False
+        self._looking: asyncio.Task | None = None
 
     def held(self) -> int:
         """Lanes held, or being taken (the heartbeat's `keys_held`)."""
@@ -144,14 +148,34 @@ class LaneRunner:
         timer = self._armed.pop(lane, None)
         if timer is not None:
             timer.cancel()
-        if self._stopping or lane in self._holding or len(self._holding) >= self._capacity:
+        if self._stopping or lane in self._holding:
+            return
+        if len(self._holding) >= self._capacity:
+            self._backlog = True
             return
         source, _ = source_and_route(lane)
         if source not in self._sources or source in self._paused:
             return
         task = asyncio.create_task(self._hold(lane), name=f"lane-{lane}")
         self._holding[lane] = task
-        task.add_done_callback(lambda _: self._holding.pop(lane, None))
+        task.add_done_callback(lambda _: self._freed(lane))
+
+    def _freed(self, lane: str) -> None:
+        self._holding.pop(lane, None)
+        if self._backlog and not self._stopping and (self._looking is None or self._looking.done()):
+            self._looking = asyncio.create_task(self._look_now(), name="lanes-look-now")
+
+    async def _look_now(self) -> None:
+        """Looks until the free slots are armed or nothing more waits (each look one statement)."""
+        try:
+            while self._backlog and not self._stopping and self._free() > 0:
+                if not await self.look():
+                    return
+        except Exception as exc:  # noqa: BLE001 - Postgres away: the watchdog's next round
+            log.info("ordering_watchdog_failed", error=describe(exc))
+
+    def _free(self) -> int:
+        return self._capacity - len(self._holding) - len(self._armed)
 
     # -- the watchdog ---------------------------------------------------------
 
@@ -166,10 +190,15 @@ class LaneRunner:
 
     async def look(self, within: float = WATCH_SECONDS) -> int:
         """One look: how many lanes it armed a timer for."""
-        free = self._capacity - len(self._holding) - len(self._armed)
+        free = self._free()
+        if free <= 0:
+            self._backlog = True
+            return 0
         sources = [name for name in self._sources if name not in self._paused]
         armed = 0
-        for lane, wait in await self._store.runnable(sources, free, within):
+        runnable = await self._store.runnable(sources, free, within)
+        self._backlog = len(runnable) >= free
+        for lane, wait in runnable:
             if lane in self._holding or lane in self._armed or self._stopping:
                 continue
             delay = wait + random.uniform(0, JITTER_SECONDS)
