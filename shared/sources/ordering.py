@@ -92,8 +92,18 @@ def by_number(value: object) -> Decimal | None:
         return _iso_seconds(value.strip())
 
 
+# Postgres's numeric holds far more, but a value asyncpg cannot encode would fail the whole
+# group commit its request shares: a `by` is a time or a version, never a thousand digits.
+MAX_BY_DIGITS = 1000
+
+
 def _finite(number: Decimal) -> Decimal | None:
-    return number if number.is_finite() else None
+    """The number, if it is one a lane can be ordered by; else None (read as no `by`)."""
+    if not number.is_finite():
+        return None
+    if len(number.as_tuple().digits) > MAX_BY_DIGITS or abs(number.adjusted()) > MAX_BY_DIGITS:
+        return None
+    return number
 
 
 def _iso_seconds(text: str) -> Decimal | None:

@@ -331,11 +331,6 @@ async def send(session: aiohttp.ClientSession, url: str, sender: str, count: int
     return sent
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a `by` read from a numeric string numeric cannot hold fails the insert of the whole group "
-    "commit: every request sharing it is answered 503",
-)
 async def test_a_by_value_numeric_cannot_hold_fails_no_other_request(settings, sources):
     """`by = "body:created"` reads a numeric string as its number
     (`by_number`); storable_json refuses such a JSON number (1e-20000: more

@@ -139,3 +139,10 @@ def test_by_value_reads_the_selected_value():
     assert ordering.by_value({}, {}) is None
     assert rule().by_value({}, {"created": 1}) is None  # no `by`
     assert rule(by="header:X-Sent-At").by_value({"x-sent-at": "2023-11-14T22:13:20Z"}, {}) == Decimal(1700000000)
+
+
+@pytest.mark.parametrize("text", ["1e-20000", "1e20000", "9" * 1001])
+def test_a_by_no_time_or_version_could_be_is_read_as_none(text):
+    """A numeric string Postgres's numeric (or asyncpg) cannot take would
+    fail every request of its group commit: read as no `by`, as unreadable."""
+    assert by_number(text) is None
