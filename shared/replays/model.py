@@ -141,22 +141,23 @@ def replayed_message(arrival: asyncpg.Record, replay_id: int) -> EventMessage:
     )
 
 
-def ordered_parts(source: Source | None, message: EventMessage) -> tuple[list[OrderedRow], bool]:
+def ordered_parts(source: Source | None, message: EventMessage) -> tuple[list[OrderedRow], EventMessage | None]:
     """A replayed event's rows in its ordered lanes — the source's own, or each
-    route that takes it and has an ordering whose key resolves — and whether
-    it is still to be published for the rest (an unordered source or route,
-    a key that resolves to nothing). `source` None: not in the sources file,
-    published as it is (the CLI refuses a selection of a source with lanes
-    it cannot read)."""
+    route that takes it and has an ordering whose key resolves — and the
+    message still to publish for the rest (an unordered source or route, a
+    key that resolves to nothing), None when nothing is: as the ingress does,
+    it names the routes whose rows were written (`laned_routes`), which the
+    fan-out skips. `source` None: not in the sources file, published as it
+    is (the CLI refuses a selection of a source with lanes it cannot read)."""
     if source is None:
-        return [], True
+        return [], message
     payload = _payload(message.body)
     if not source.routes:
         rule = source.ordering
         lane = None if rule is None else rule.lane(source.name, "", message.headers, payload)
         if rule is None or lane is None:
-            return [], True
-        return [ordered_row(message, lane, rule.by_value(message.headers, payload))], False
+            return [], message
+        return [ordered_row(message, lane, rule.by_value(message.headers, payload))], None
     rows, publish = [], False
     for route in source.routes:
         if not route.takes(message.headers, payload):
@@ -168,7 +169,10 @@ def ordered_parts(source: Source | None, message: EventMessage) -> tuple[list[Or
             continue
         routed = replace(message, route=route.name, key=route_key(message.key, route.name))
         rows.append(ordered_row(routed, lane, rule.by_value(message.headers, payload)))
-    return rows, publish or not rows
+    if not rows:
+        return [], message
+    laned = tuple(row.route for row in rows)
+    return rows, replace(message, laned_routes=laned) if publish else None
 
 
 def _payload(body: bytes) -> object:

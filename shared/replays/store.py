@@ -222,15 +222,15 @@ class EventReplayStore:
             if arrival is None or arrival["body"] is None:
                 return False
             message = replayed_message(arrival, replay_id)
-            rows, publish = ordered_parts(None if sources is None else sources.get(message.source), message)
+            rows, to_publish = ordered_parts(None if sources is None else sources.get(message.source), message)
             if rows:
                 accepted = await insert_ordered(connection, rows)
                 if woken is not None:
                     woken.extend(place.lane for place in accepted if place.woke)
-        if publish:
+        if to_publish is not None:
             with tracing.replaying_selection(message.source, message.key, replay_id):  # its own trace, when traced
                 await topology.publish(
-                    channel, to_amqp(message), topology.events_queue(namespace), timeout=PUBLISH_TIMEOUT
+                    channel, to_amqp(to_publish), topology.events_queue(namespace), timeout=PUBLISH_TIMEOUT
                 )
         return True
 

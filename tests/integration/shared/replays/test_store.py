@@ -1033,11 +1033,6 @@ handler = "inbox"
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a replayed event of a routed source is published for its unordered routes without "
-    "laned_routes: the fan-out runs its ordered route too, outside the lane",
-)
 async def test_a_replay_of_a_routed_event_leaves_its_ordered_routes_to_their_lanes(settings, tmp_path):
     """The ingress writes the ordered route's row and publishes one message
     naming it (`x-laned-routes`), so the fan-out skips it (A's interfaces,
