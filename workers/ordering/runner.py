@@ -153,12 +153,21 @@ class LaneRunner:
         if len(self._holding) >= self._capacity:
             self._backlog = True
             return
-        source, _ = source_and_route(lane)
-        if source not in self._sources or source in self._paused:
+        if not self._known_and_running(lane):
             return
         task = asyncio.create_task(self._hold(lane), name=f"lane-{lane}")
         self._holding[lane] = task
         task.add_done_callback(lambda _: self._freed(lane))
+
+    def _known_and_running(self, lane: str) -> bool:
+        """Its source (and route) are in this worker's sources file, and not paused: a lane of a
+        route removed from the file waits, seen in `webhook_ordering_waiting_events`, rather
+        than being taken and failing on a handler this worker does not have."""
+        source_name, route = source_and_route(lane)
+        source = self._sources.get(source_name)
+        if source is None or source_name in self._paused:
+            return False
+        return not route or any(each.name == route for each in source.routes)
 
     def _freed(self, lane: str) -> None:
         self._holding.pop(lane, None)
@@ -199,7 +208,7 @@ class LaneRunner:
         runnable = await self._store.runnable(sources, free, within)
         self._backlog = len(runnable) >= free
         for lane, wait in runnable:
-            if lane in self._holding or lane in self._armed or self._stopping:
+            if lane in self._holding or lane in self._armed or self._stopping or not self._known_and_running(lane):
                 continue
             delay = wait + random.uniform(0, JITTER_SECONDS)
             self._armed[lane] = asyncio.get_running_loop().call_later(delay, self.offer, lane)
