@@ -70,11 +70,11 @@ format: install  ## sort imports and format the code as `make lint` checks it
 	$(BIN)/ruff check --select I --fix --quiet .
 	$(BIN)/ruff format --quiet .
 
-# BENCH_ARGS passes options (python -m tests.bench --help): --phase slow, --peers (the Celery stack beside ours).
+# BENCH_ARGS passes options (python -m tests.bench --help): --phase slow, --phase ordering, --peers (the Celery stack beside ours).
 bench: install  ## throughput/latency figures and ratios against the raw broker and the durable floor
 	$(BIN)/python -m tests.bench $(BENCH_ARGS)
 
-# SEED=N reproduces a run; CHAOS_ARGS passes more options (python -m tests.chaos --help).
+# SEED=N reproduces a run; CHAOS_ARGS passes more options (python -m tests.chaos --help), e.g. --ordering.
 chaos: install  ## a seeded fault run: kills, cuts, pauses, a CPU hog, flushes, prunes, replays; checks every event and call (a few minutes)
 	$(BIN)/python -m tests.chaos $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from webhook_ingest.ingress.admin import setup_admin, workers_watch_ctx
-from webhook_ingest.ingress.intake import handler_args, setup_limits, webhooks
+from webhook_ingest.ingress.intake import handler_args, ordered_intake_ctx, setup_limits, webhooks
 from webhook_ingest.ingress.publishing import Publisher, publisher_key, relay_ctx
 from webhook_ingest.shared.observability import get_logger, tracing
 from webhook_ingest.shared.settings import Settings
@@ -37,6 +37,7 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
     app.cleanup_ctx.append(workers_watch_ctx)
     app.cleanup_ctx.append(_publisher_ctx(connection_name))
     app.cleanup_ctx.append(relay_ctx)
+    app.cleanup_ctx.append(ordered_intake_ctx)  # the pool's and the publisher's: its wake-ups end first
     app.cleanup_ctx.append(archive_ctx)  # after the pool's: its rows are flushed before the pool closes
     app.cleanup_ctx.append(redis_ctx)
     setup_limits(app, settings)

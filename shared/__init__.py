@@ -9,8 +9,8 @@ also those inside functions).
 1. event, settings — what an event is, the process's settings: words the rest speaks
 2. observability, db, broker, signatures — the services' clients (logs, metrics, traces; Postgres;
    RabbitMQ) and the signature checks
-3. audit, runs, ratelimit, incidents, worker_heartbeats — small stores over those: who acted, paced
-   runs and their locks, rate limits, incidents, heartbeats
+3. audit, runs, ratelimit, incidents, worker_heartbeats, ordering — small stores over those: who acted, paced
+   runs and their locks, rate limits, incidents, heartbeats, ordering keys' rows
 4. sources — the sources file: its settings (retention, routes, ignore rules) and its pauses, audited
 5. archive — the event archive: reads a source's routes, knows nothing of who replays or discards
 6. dead_letters, replays — act on archived events: a dead letter's discard or replay writes its archived

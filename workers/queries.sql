@@ -76,16 +76,38 @@ SELECT key, payload_sha256 FROM processed_events WHERE key = ANY($1::text[])
 -- name: complete_event
 -- The completion, in the handler's transaction: inserted only while our
 -- fencing token is the key's current one and the key is not completed
--- yet; it ends our lease in the same commit.
+-- yet; it ends our lease in the same commit. An ordered row's ($9: its lane,
+-- NULL for none; $10: the lane holder's token; $11: its seq; $12: its `by`;
+-- $13: stale, completed unrun) also advances its lane in that commit — row
+-- deleted, `pending - 1`, `last_by` raised unless stale — and only while $10
+-- is the lane's token: else nothing is written (docs/design.md, "Ordering
+-- keys"). The fence row is locked before the lane's ("One lock order").
 WITH fence AS (
-    UPDATE key_fences SET lease_until = NULL WHERE key = $1 AND token = $5 RETURNING token
+    SELECT key FROM key_fences WHERE key = $1 AND token = $5 FOR UPDATE
+), lane_held AS (
+    SELECT lane FROM ordering_keys
+    WHERE $9::text IS NOT NULL AND lane = $9 AND token = $10 AND EXISTS (SELECT FROM fence)
+    FOR UPDATE
+), ended AS (
+    UPDATE key_fences SET lease_until = NULL
+    WHERE key IN (SELECT key FROM fence) AND ($9::text IS NULL OR EXISTS (SELECT FROM lane_held))
+    RETURNING token
+), finished AS (
+    DELETE FROM ordered_events
+    WHERE lane = $9 AND seq = $11 AND state = 'pending' AND EXISTS (SELECT FROM ended)
+    RETURNING lane
+), advanced AS (
+    UPDATE ordering_keys
+    SET pending = pending - 1, updated_at = now(),
+        last_by = CASE WHEN $13::bool OR $12::numeric IS NULL THEN last_by ELSE greatest(last_by, $12::numeric) END
+    WHERE lane IN (SELECT lane FROM finished)
 ), resolved AS (  -- another copy's chain dead-lettered it: that row is closed, not left open
     -- (only this event's: a route's run and an event whose id ends in '#ROUTE' share a key, not an event id)
     UPDATE dead_letters SET status = 'completed', updated_at = now()
-    WHERE key = $1 AND payload_sha256 = $4 AND event_id = $3 AND status = 'dead' AND EXISTS (SELECT FROM fence)
+    WHERE key = $1 AND payload_sha256 = $4 AND event_id = $3 AND status = 'dead' AND EXISTS (SELECT FROM ended)
 )
-INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id, arrival)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM fence
+INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id, arrival, stale)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $13::bool FROM ended
 ON CONFLICT (key) DO NOTHING
 RETURNING key
 
@@ -107,27 +129,48 @@ ON CONFLICT (key) DO NOTHING
 -- name: complete_events
 -- complete_event for a batch: rows whose token is still the key's current
 -- one and not completed yet; ends their leases; returns the keys it
--- inserted. Fence rows locked in key order (extend_leases).
+-- inserted. Fence rows locked in key order (extend_leases), then the lanes
+-- of the ordered ones ($9..$13 as complete_event's, per row; a lane NULL:
+-- not ordered) in lane order: an ordered row completes only while its lane's
+-- token is the holder's, and advances its lane in the same commit.
 WITH batch AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::text[],
-                         $8::bigint[])
-        AS b(key, source, event_id, payload_sha256, fencing_token, attempts, message_id, arrival)
+                         $8::bigint[], $9::text[], $10::bigint[], $11::bigint[], $12::numeric[], $13::bool[])
+        AS b(key, source, event_id, payload_sha256, fencing_token, attempts, message_id, arrival,
+             lane, lane_token, seq, by_value, stale)
 ), locked AS (
     SELECT key_fences.key FROM key_fences JOIN batch
         ON key_fences.key = batch.key AND key_fences.token = batch.fencing_token
     ORDER BY key_fences.key FOR UPDATE OF key_fences
+), lanes_held AS (
+    SELECT ordering_keys.lane FROM ordering_keys JOIN batch
+        ON ordering_keys.lane = batch.lane AND ordering_keys.token = batch.lane_token
+    WHERE batch.key IN (SELECT key FROM locked)
+    ORDER BY ordering_keys.lane FOR UPDATE OF ordering_keys
 ), fence AS (
-    UPDATE key_fences SET lease_until = NULL FROM locked
-    WHERE key_fences.key = locked.key
+    UPDATE key_fences SET lease_until = NULL FROM locked JOIN batch USING (key)
+    WHERE key_fences.key = locked.key AND (batch.lane IS NULL OR batch.lane IN (SELECT lane FROM lanes_held))
     RETURNING key_fences.key
+), finished AS (
+    DELETE FROM ordered_events USING batch
+    WHERE ordered_events.lane = batch.lane AND ordered_events.seq = batch.seq AND ordered_events.state = 'pending'
+      AND batch.key IN (SELECT key FROM fence)
+    RETURNING ordered_events.lane, batch.by_value, batch.stale
+), advanced AS (
+    UPDATE ordering_keys
+    SET pending = pending - steps.rows, updated_at = now(), last_by = coalesce(greatest(last_by, steps.top), last_by)
+    FROM (SELECT lane, count(*) AS rows, max(by_value) FILTER (WHERE NOT stale) AS top FROM finished GROUP BY lane)
+        AS steps
+    WHERE ordering_keys.lane = steps.lane
 ), resolved AS (
     UPDATE dead_letters SET status = 'completed', updated_at = now() FROM batch
     WHERE dead_letters.key = batch.key AND dead_letters.payload_sha256 = batch.payload_sha256
       AND dead_letters.event_id = batch.event_id  -- only this event's (complete_event says why)
       AND dead_letters.status = 'dead' AND batch.key IN (SELECT key FROM fence)
 )
-INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id, arrival)
-SELECT batch.* FROM batch JOIN fence USING (key)
+INSERT INTO processed_events (key, source, event_id, payload_sha256, fencing_token, attempts, message_id, arrival, stale)
+SELECT key, source, event_id, payload_sha256, fencing_token, attempts, message_id, arrival, stale
+FROM batch JOIN fence USING (key)
 ON CONFLICT (key) DO NOTHING
 RETURNING key
 
@@ -171,7 +214,7 @@ WITH doomed AS (
 DELETE FROM processed_events
 WHERE key IN (SELECT key FROM doomed)
   AND completed_at < $1
-RETURNING key, source, event_id, payload_sha256, attempts, completed_at, arrival
+RETURNING key, source, event_id, payload_sha256, attempts, completed_at, arrival, stale
 
 -- name: prune_key_fences
 -- Rows locked in key order (extend_leases), each checked again once locked.

@@ -8,6 +8,7 @@ the rest (unacked, so the broker redelivers them elsewhere), close.
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -51,6 +52,7 @@ from .acks import OpenDeliveries
 from .delivery_rate import shared_buckets
 from .fan_out import route_messages
 from .heartbeat import Heartbeat
+from .ordering import LaneRunner, LaneStore, OrderedFailurePolicy
 from .pauses import Parking, PausedSources, keep_pauses
 
 log = get_logger(__name__)
@@ -60,6 +62,7 @@ PARALLEL_BATCHES = 2  # one in Postgres while the next one's Redis claims are on
 COUNTS_FLUSH_SECONDS = 2.0  # a stopping worker's last incident counts
 UNKNOWN_SOURCE_RETRY = 5.0  # seconds between looks for a worker that knows the source
 UNKNOWN_SOURCE_PATIENCE = 600.0  # seconds since a worker first did not know it, then a dead letter
+WAKE_UP_PREFETCH = 64  # NS.ordering: acked at once, so this only paces the offers
 
 
 class Worker:
@@ -158,11 +161,14 @@ class Worker:
             renewal_writers=self.pool_sizes.renewals,
         )
         self.batch_processor = BatchProcessor(self.processor, self.store, self.completions)
+        self.lanes = self._lane_runner()
         self._gates = {
             "postgres": OutageGate(self._probe_postgres, "postgres"),
             "rabbitmq": OutageGate(self._probe_broker, "rabbitmq"),
         }
+        wake_ups = await self._declare_wake_ups()  # before the side tasks: none of their basic.gets beside it
         side_tasks = await self._start_side_tasks()
+        wake_up_tag = await wake_ups.consume(self._on_wake_up)
         consumer_tag = await queue.consume(self._on_message)
         self.ready = True
         log.info(
@@ -174,8 +180,9 @@ class Worker:
         await self._wait_for_stop(side_tasks)
         self.ready = False
         await queue.cancel(consumer_tag)
+        await wake_ups.cancel(wake_up_tag)
         self._copies.abandon([event for _, event in self._pending])  # never started: redelivered
-        await self._drain_in_flight()
+        await asyncio.gather(self._drain_in_flight(), self.lanes.stop(self.grace_seconds))
         await self.archive.close()  # what the runs settled, written first
         await self.incident_counts.flush(COUNTS_FLUSH_SECONDS)
         for task in side_tasks:
@@ -183,6 +190,48 @@ class Worker:
         await asyncio.gather(*side_tasks, return_exceptions=True)
         if self.heartbeat is not None:
             await self.heartbeat.stopped()
+
+    def _lane_runner(self) -> LaneRunner:
+        """Ordering keys' lanes (workers/ordering/): their rows run through a
+        Processor of their own, whose failures are retried in place."""
+        lane_store = LaneStore(self.pool)
+        ordered_failures = OrderedFailurePolicy(lane_store, self.failures, self.incident_counts)
+        self.ordered_processor = Processor(
+            self.sources,
+            self.store,
+            self.completions,
+            ordered_failures,
+            self.archive,
+            renewal_writers=self.pool_sizes.renewals,
+        )
+        return LaneRunner(
+            lane_store,
+            self.ordered_processor.run_ordered,
+            self.sources,
+            self.paused,
+            holder=f"{self.name}/{os.getpid()}",
+            capacity=self.concurrency,
+            ttl_ms=self.store.redlock.ttl_ms,
+            settled=self._settled,
+            until_done=self._until_done,
+            dead_unrun=ordered_failures.dead_unrun,
+            delivery_limit=self.settings.delivery_limit,
+            pages=self.ordered_processor,
+        )
+
+    async def _declare_wake_ups(self):
+        """NS.ordering, whose wake-ups are consumed on a channel of their own
+        (never below a batch's `multiple` ack), each acked at once: the
+        lane's rows are in Postgres, a wake-up is a hint."""
+        channel = await self.connection.channel()
+        await channel.set_qos(prefetch_count=WAKE_UP_PREFETCH)
+        return await topology.declare_ordering_queue(channel, self.settings.namespace)
+
+    async def _on_wake_up(self, message: AbstractIncomingMessage) -> None:
+        lane = topology.woken_lane(message)
+        await message.ack()
+        if lane is not None:
+            self.lanes.offer(lane)
 
     async def _declare_queues(self, channel):
         namespace = self.settings.namespace
@@ -231,13 +280,14 @@ class Worker:
                 Notifier(self.bookkeeping, targets_from(self.settings)).run_forever(), name="incident-notifier"
             ),
             asyncio.create_task(keep_pauses(self.paused, self.parking), name="pauses"),
+            asyncio.create_task(self.lanes.watch(), name="ordering-watchdog"),
         ]
 
     def _heartbeat_figures(self) -> Figures:
         claim_pools = (self.pool, self.transactions, self.renewals)
         return Figures(
             self._deliveries.open_count(),
-            self._copies.keys_led(),
+            self._copies.keys_led() + self.lanes.held(),
             sum(pool.get_size() - pool.get_idle_size() for pool in claim_pools),
             sum(pool.get_max_size() for pool in claim_pools),
             self.store.degraded,
@@ -508,7 +558,8 @@ def unknown_source_error(event: EventMessage, waited: float) -> dict:
 
 
 _COUNTED_OUTCOMES = {
-    o.value for o in (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)
+    o.value
+    for o in (Outcome.PROCESSED, Outcome.STALE, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.RETRIED, Outcome.DEAD)
 }
 
 

@@ -5,6 +5,9 @@
     POST /admin/dead-letters/{id}/replay
     POST /admin/dead-letters/{id}/discard
 
+(and the routes of events, replays, incidents, sources, workers and
+ordering keys, each in its module)
+
 A sub-application mounted at `/admin/` only when `WEBHOOK_INGEST_ADMIN_TOKEN`
 is set (unset: the routes do not exist, 404). Its middleware does what every
 route needs: the bearer token first (`Authorization: Bearer TOKEN`, else
@@ -23,7 +26,7 @@ empty, so the ingress serves webhooks while Postgres is down.
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
@@ -44,6 +47,7 @@ from webhook_ingest.shared.dead_letters import (
     detail,
     parse_id,
     summary,
+    wake_lanes,
 )
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.observability import get_logger
@@ -54,6 +58,7 @@ from .common import BadId, dead_letters_key, json_document, parse_path_id, role_
 from .event_replays import add_event_replay_routes, setup_event_replays
 from .events import add_event_routes
 from .incidents import add_incident_routes
+from .ordering import add_ordering_routes, ordering_gauges_ctx
 from .sources import add_source_routes
 from .workers import add_worker_routes
 
@@ -64,6 +69,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def setup_admin(app: web.Application, settings: Settings) -> None:
     app.cleanup_ctx.append(admin_ctx)
+    app.cleanup_ctx.append(ordering_gauges_ctx)
     setup_event_replays(app)
     if settings.admin_token:
         app.add_subapp("/admin/", admin_app())
@@ -80,11 +86,16 @@ def admin_app() -> web.Application:
     add_incident_routes(admin)
     add_source_routes(admin)
     add_worker_routes(admin)
+    add_ordering_routes(admin)
     return admin
 
 
 async def admin_ctx(app: web.Application) -> AsyncIterator[None]:
-    store = DeadLetterStore(app[database_pool_key])  # the process's one pool (ingress/database.py owns it)
+    async def wake(lanes: Sequence[str]) -> None:  # ordering lanes a discard freed (docs/design.md, "Ordering keys")
+        publisher = app[publisher_key]
+        await wake_lanes(publisher.channel if publisher.ready else None, app[settings_key].namespace, lanes)
+
+    store = DeadLetterStore(app[database_pool_key], wake)  # the process's one pool (ingress/database.py owns it)
     app[dead_letters_key] = store
     gauge = asyncio.create_task(store.keep_open_gauge(), name="dead-letters-gauge")
     yield

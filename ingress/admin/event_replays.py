@@ -122,7 +122,14 @@ def start(request: web.Request, replay: EventReplay, store: EventReplayStore, ac
             raise ConnectionError("RabbitMQ is unreachable")
         return publisher.channel
 
-    job = EventReplayJob(replay, actor, store, channel, request.config_dict[settings_key].namespace)
+    job = EventReplayJob(
+        replay,
+        actor,
+        store,
+        channel,
+        request.config_dict[settings_key].namespace,
+        sources=request.config_dict[sources_key],  # an ordered source's events go to their lanes
+    )
     request.config_dict[event_replay_runner_key].start(job)
 
 

@@ -31,6 +31,7 @@ from .bulk import BulkRunner
 from .event_replays import add_event_replay_routes
 from .events import add_event_routes, event_path
 from .incidents import add_incident_routes
+from .ordering import add_ordering_routes
 from .rendering import human_bytes
 from .security import cookie_storage
 from .sessions import ConsoleSessions, console_sessions_key
@@ -77,6 +78,7 @@ def console_app(settings: Settings) -> web.Application:
     add_event_replay_routes(console)
     add_incident_routes(console)
     add_source_routes(console)
+    add_ordering_routes(console)
     console.router.add_static("/static/", HERE / "static", append_version=True)
     console[bulk_runner_key] = BulkRunner()
     console.on_shutdown.append(console[bulk_runner_key].stop)

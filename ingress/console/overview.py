@@ -10,7 +10,7 @@ the page says "n/a" — the overview never fails because one service is away.
 """
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 
 from webhook_ingest.shared.broker import queue_depths, topology
@@ -31,6 +31,8 @@ class Overview:
     workers: list[dict] | None  # each worker's last beat (shared/worker_heartbeats.py)
     outcomes_by_minute: Chart | None
     silent_after_beats: int = SILENT_AFTER_BEATS
+    ordering_blocked: tuple[int, float] | None = None  # lanes blocked, oldest block's age (s); None: n/a
+    ordered: bool = False  # a source (or route) has ordering keys: the line is shown
 
 
 async def overview(
@@ -40,11 +42,13 @@ async def overview(
     namespace: str,
     sources: dict[str, Source],
     archive_sizes: Mapping[str, int],
+    ordering: Awaitable[tuple[int, float] | None] | None = None,
 ) -> Overview:
-    queues, database, workers = await asyncio.gather(
+    queues, database, workers, blocked = await asyncio.gather(
         queue_depths(amqp_url, queue_names(namespace, sources), "console-overview"),
         database_figures(store),
         worker_figures(heartbeats),
+        ordering if ordering is not None else _none(),
     )
     archived = sorted(name for name, source in sources.items() if source.retention)
     outcomes, open_dead_letters, outbox_pending = database
@@ -57,7 +61,14 @@ async def overview(
         [(name, archive_sizes.get(name)) for name in archived],
         workers_seen,
         by_minute,
+        ordering_blocked=blocked,
+        ordered=any(source.ordering or any(route.ordering for route in source.routes) for source in sources.values())
+        or bool(blocked and blocked[0]),
     )
+
+
+async def _none() -> None:
+    return None
 
 
 def queue_names(namespace: str, sources: dict[str, Source]) -> list[str]:

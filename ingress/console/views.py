@@ -36,6 +36,7 @@ from .bulk import DEFAULT_RATE, MAX_RATE, BulkRunner
 from .events import json_text
 from .filters import form_values, parse_before, parse_filter, query_string
 from .incidents import LISTED
+from .ordering import blocked_figures
 from .overview import overview
 from .rendering import leave_message, message_page, render
 from .security import form_field, role_key, session_role, sign_in, sign_out
@@ -113,6 +114,7 @@ async def overview_page(request: web.Request) -> web.Response:
         settings.namespace,
         request.config_dict[sources_key],
         arrivals.archive_sizes() if arrivals else {},
+        blocked_figures(request.config_dict[database_pool_key]),
     )
     if request.headers.get("HX-Request"):
         return await render(request, "overview_figures.html", {"overview": figures})
@@ -167,6 +169,7 @@ async def dead_letter_page(request: web.Request) -> web.Response:
             request, 404, "No such dead letter", f"There is no dead letter with id {dead_letter_id}."
         )
     history = await store(request).replays_of(dead_letter_id)
+    ordering_block = await store(request).ordering_block(dead_letter_id)
     audit = await store(request).audit_log.entries(dead_letter_id=dead_letter_id, limit=50)
     document = detail(row)
     headers = signature_headers.hide(document["headers"], signature_headers.hidden_names(request))
@@ -181,6 +184,7 @@ async def dead_letter_page(request: web.Request) -> web.Response:
             "errors": row["errors"],
             "replays": history,
             "audit": audit,
+            "ordering_block": ordering_block,
         },
     )
 

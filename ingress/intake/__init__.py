@@ -1,6 +1,7 @@
 """webhook_ingest.ingress.intake: what each of its modules holds.
 
 - webhooks          `POST /webhooks/{source}`: verify, identify, publish, then answer.
+- ordered           Ordered sources' intake: an event of a source or route with `ordering` becomes a row of its …
 - content_encoding  A webhook body's `Content-Encoding`, decoded here and not by aiohttp.
 - content_bindings  Signed content bound to the ids it came with, one per type (docs/reference.md §5, "An identity …
 - limits            What an endpoint facing the internet needs besides signatures
@@ -15,6 +16,7 @@ from .content_bindings import ContentBindings, content_bindings_key
 from .done_markers import DoneMarkers, done_markers_key
 from .failure_budget import failure_budget_key
 from .limits import handler_args, read_form_within, setup_limits, sign_in_throttle_key
+from .ordered import ordered_intake_ctx
 from .redis_get import connect_get
 from .slots import slots_key
 
@@ -26,6 +28,7 @@ __all__ = [
     "done_markers_key",
     "failure_budget_key",
     "handler_args",
+    "ordered_intake_ctx",
     "read_form_within",
     "setup_limits",
     "sign_in_throttle_key",

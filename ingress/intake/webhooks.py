@@ -13,7 +13,10 @@ with another: ingress/intake/content_bindings.py), then the source's `ignore`
 rules (200 `ignored`, nothing queued), and for a source with routes whether
 any takes it (else 200 `ignored`, rule `no route`).
 A 200 `accepted` is only sent once the event is durably stored: the broker
-confirmed the message, or (RabbitMQ away) the Postgres outbox committed it.
+confirmed the message, or (RabbitMQ away) the Postgres outbox committed it;
+for an ordered source or route, its lane's row committed in Postgres
+(ingress/intake/ordered.py; Postgres away: 503), a routed event's rows
+before the message for its unordered routes.
 """
 
 import functools
@@ -42,6 +45,7 @@ from webhook_ingest.shared.observability import get_logger, metrics, tracing
 from webhook_ingest.shared.signatures import SignatureError, Verified
 from webhook_ingest.shared.sources import Source
 
+from . import ordered
 from .content_bindings import content_bindings_key
 from .done_markers import done_markers_key
 from .failure_budget import failure_budget_key
@@ -105,7 +109,11 @@ async def _queued(request: web.Request, source: Source, body: bytes, verified: V
         log.debug("duplicate", source=source.name, key=event.key)  # completed, same payload: nothing to queue
         request.app[arrivals_key].arrived(event, source, payload, duplicate=True)
         return json_response(200, {"status": "duplicate", "key": event.key})
-    await _store(request.app, event)
+    lanes = ordered.laned(source, event, payload)
+    if lanes.rows:  # first: a 503 here has queued nothing
+        await _store_in_lanes(request.app, event, lanes.rows)
+    if lanes.unordered is not None:
+        await _store(request.app, lanes.unordered)
     request.app[arrivals_key].arrived(event, source, payload)  # written in a batch, after this answer
     log.debug("accepted", source=source.name, key=event.key)
     return json_response(200, {"status": "accepted", "key": event.key})
@@ -159,6 +167,16 @@ def _ignored(request: web.Request, source: Source, event: EventMessage, payload:
     request.app[arrivals_key].ignored(event, source, payload, rule)
     log.debug("ignored", source=source.name, key=event.key, rule=rule)
     return json_response(200, {"status": "ignored", "key": event.key, "rule": rule})
+
+
+async def _store_in_lanes(app: web.Application, event: EventMessage, rows: ordered.Rows) -> None:
+    """An ordered event's rows, committed in Postgres (ingress/intake/ordered.py), else 503:
+    no broker fallback, which could not place the event before later ones of its lane."""
+    try:
+        await app[ordered.ordered_intake_key].store(event, rows)
+    except ordered.OrderedUnavailable as exc:
+        log.warning("unavailable", source=event.source, key=event.key, postgres=str(exc), ordered=True)
+        raise Rejected(error(503, "unavailable", {"Retry-After": RETRY_AFTER_SECONDS})) from exc
 
 
 async def _store(app: web.Application, event: EventMessage) -> None:

@@ -263,6 +263,7 @@ class Publisher:
         try:
             await topology.ensure_events_queue(connection, self._namespace, self._delivery_limit)
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            await topology.declare_ordering_queue(channel, self._namespace)  # wake-ups (ingress/intake/ordered.py)
         except BaseException:
             await amqp.close_within(connection, CLOSE_TIMEOUT)
             raise

@@ -5,7 +5,7 @@ Every accepted arrival of an event is one row of `event_archive`: the
 ingress writes it (body, headers, type; status `queued`, or `duplicate`
 when it answered so, or `ignored` with the `ignore` rule that matched:
 never queued, that row is its end), the workers write what became of it
-(`retrying`, `processed`, `dead`, `conflict`, `duplicate`), a discard of
+(`retrying`, `processed`, `stale`, `dead`, `conflict`, `duplicate`), a discard of
 its dead letter makes it `discarded`. A row is named by (source, key,
 received_at, arrival), which the message carries, so each side writes its
 part without reading first: the arrival's own id (shared/event/message.py), drawn
@@ -26,7 +26,7 @@ DAYS_AHEAD = 3  # days created in advance: the upkeep may miss that many before 
 _NAME_CHARS = re.compile(r"[^a-z0-9]+")
 
 # Statuses a row stores (`processing` is not stored: a queued row whose key's lease is held).
-QUEUED, RETRYING, PROCESSED, DEAD, DISCARDED, CONFLICT, DUPLICATE, IGNORED = (
+QUEUED, RETRYING, PROCESSED, DEAD, DISCARDED, CONFLICT, DUPLICATE, IGNORED, STALE = (
     "queued",
     "retrying",
     "processed",
@@ -35,7 +35,9 @@ QUEUED, RETRYING, PROCESSED, DEAD, DISCARDED, CONFLICT, DUPLICATE, IGNORED = (
     "conflict",
     "duplicate",
     "ignored",
+    "stale",  # an ordered event completed unrun, older than its lane's last (`stale = "skip"`): an end as processed
 )
+ENDS_RUN = (PROCESSED, STALE)  # the completion of the arrival itself: one per run
 
 
 def source_table(source: str) -> str:

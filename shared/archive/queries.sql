@@ -59,7 +59,7 @@ INSERT INTO event_archive AS archived (source, key, received_at, arrival, event_
                                        attempts, last_error, completed_at)
 SELECT source, key, timestamptz 'epoch' + received_ms * interval '1 millisecond', arrival, event_id, payload_sha256,
        status, replay_of, attempts, last_error,
-       CASE WHEN status = 'processed' THEN timestamptz 'epoch' + at_ms * interval '1 millisecond' END
+       CASE WHEN status IN ('processed', 'stale') THEN timestamptz 'epoch' + at_ms * interval '1 millisecond' END
 FROM outcome
 WHERE NOT (status = 'duplicate' AND (EXISTS (  -- a twin's, of the arrival that ran (see above)
     SELECT FROM processed_events p WHERE p.key = outcome.key || coalesce('#' || outcome.route, '')
@@ -77,10 +77,10 @@ WHERE (EXCLUDED.status <> 'duplicate' OR archived.status = 'queued'
        > (archived.replay_of, archived.attempts, event_archive_step(archived.status))
        OR (archived.status IN ('duplicate', 'conflict')
            AND (EXCLUDED.replay_of, EXCLUDED.attempts) = (archived.replay_of, archived.attempts)
-           AND (EXCLUDED.status = 'dead' OR (EXCLUDED.status = 'processed' AND EXISTS (
+           AND (EXCLUDED.status = 'dead' OR (EXCLUDED.status IN ('processed', 'stale') AND EXISTS (
                SELECT FROM outcome JOIN processed_events p ON p.key = outcome.key || coalesce('#' || outcome.route, '')
                WHERE outcome.source = archived.source AND outcome.key = archived.key
-                 AND outcome.arrival = archived.arrival AND outcome.status = 'processed'
+                 AND outcome.arrival = archived.arrival AND outcome.status IN ('processed', 'stale')
                  AND p.event_id = archived.event_id AND p.arrival = archived.arrival
                  AND p.completed_at > now() - make_interval(secs => $13))))))
 
@@ -156,9 +156,10 @@ FROM acted
 -- before 0020: the sweep guesses), else another arrival's.
 SELECT a.source, a.key, a.received_at, a.arrival, a.status, a.attempts, a.replay_of, a.payload_sha256,
        done.payload_sha256 AS completed_sha256, done.attempts AS completed_attempts, done.completed_at,
-       done.arrival AS completed_arrival,
+       done.arrival AS completed_arrival, done.stale AS completed_stale,
        dead.status AS dead_letter, dead.attempts AS dead_attempts, dead.own AS own_dead_letter,
-       EXISTS (SELECT FROM event_archive p WHERE p.source = a.source AND p.key = a.key AND p.status = 'processed')
+       EXISTS (SELECT FROM event_archive p WHERE p.source = a.source AND p.key = a.key
+                                              AND p.status IN ('processed', 'stale'))
            AS processed_already
 FROM (SELECT source, key, received_at, arrival, event_id, status, attempts, replay_of, payload_sha256 FROM event_archive
       WHERE status IN ('queued', 'retrying') AND received_at < now() - make_interval(secs => $1)
@@ -170,7 +171,7 @@ CROSS JOIN LATERAL (
     SELECT a.key || coalesce((SELECT array_agg(a.key || '#' || r.route) FROM unnest($4::text[], $5::text[])
                                   AS r(source, route) WHERE r.source = a.source), '{}') AS keys) named
 LEFT JOIN LATERAL (
-    SELECT p.payload_sha256, p.attempts, p.completed_at, p.arrival FROM processed_events p
+    SELECT p.payload_sha256, p.attempts, p.completed_at, p.arrival, p.stale FROM processed_events p
     WHERE p.key = ANY(named.keys) AND p.event_id = a.event_id AND p.completed_at < now() - make_interval(secs => $1)
     ORDER BY p.arrival IS NOT DISTINCT FROM a.arrival DESC, p.arrival IS NULL DESC
     LIMIT 1) done ON true
@@ -186,7 +187,7 @@ ORDER BY a.received_at, a.source, a.key, a.arrival
 -- archive_unsettled's columns for the rows still queued or retrying of the
 -- events whose completions `prune` is deleting ($1-$7: the key, source,
 -- event id, payload, attempts, completion time and arrival of each, as its
--- DELETE returned them), in its transaction: once the record is gone no
+-- DELETE returned them; $8 whether it is `stale`), in its transaction: once the record is gone no
 -- sweep can say what became of them. Each row with those completions as
 -- the sweep reads processed_events (the one naming this arrival first, else
 -- one naming none, else another's; no grace: this is the last look), the
@@ -199,17 +200,19 @@ ORDER BY a.received_at, a.source, a.key, a.arrival
 -- routes' dead letters are found by the event's key
 -- (dead_letters_route_event_key), as on its page.
 WITH pruned AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::timestamptz[], $7::int8[])
-        AS pruned(key, source, event_id, payload_sha256, attempts, completed_at, arrival)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::timestamptz[], $7::int8[],
+                         $8::bool[])
+        AS pruned(key, source, event_id, payload_sha256, attempts, completed_at, arrival, stale)
     WHERE pruned.key = pruned.source || ':' || pruned.event_id
        OR starts_with(pruned.key, pruned.source || ':' || pruned.event_id || '#')
 )
 SELECT DISTINCT ON (a.source, a.key, a.received_at, a.arrival)
        a.source, a.key, a.received_at, a.arrival, a.status, a.attempts, a.replay_of, a.payload_sha256,
        done.payload_sha256 AS completed_sha256, done.attempts AS completed_attempts, done.completed_at,
-       done.arrival AS completed_arrival,
+       done.arrival AS completed_arrival, done.stale AS completed_stale,
        dead.status AS dead_letter, dead.attempts AS dead_attempts, dead.own AS own_dead_letter,
-       EXISTS (SELECT FROM event_archive p WHERE p.source = a.source AND p.key = a.key AND p.status = 'processed')
+       EXISTS (SELECT FROM event_archive p WHERE p.source = a.source AND p.key = a.key
+                                              AND p.status IN ('processed', 'stale'))
            AS processed_already
 FROM pruned done
 JOIN event_archive a ON a.source = done.source AND a.key = done.source || ':' || done.event_id
@@ -228,7 +231,8 @@ ORDER BY a.source, a.key, a.received_at, a.arrival, done.arrival IS NOT DISTINCT
 
 -- name: archive_settle_named
 -- The arrivals the completions of a window name (processed_events.arrival)
--- still archived `duplicate` or `conflict`, made `processed`: the arrival's
+-- still archived `duplicate` or `conflict`, made `processed` (`stale` for
+-- a stale completion, migration 0028): the arrival's
 -- own run is its end (docs/design.md, "The settling sweep"). Such a row is a note
 -- written of it before its run — by `prune`, settling it a copy of the
 -- completion it deleted while its message was still on its way, or a twin
@@ -249,7 +253,7 @@ ORDER BY a.source, a.key, a.received_at, a.arrival, done.arrival IS NOT DISTINCT
 -- rows settled, the completions read and the last one read (where the next
 -- page starts).
 WITH page AS (
-    SELECT p.key, p.source, p.event_id, p.payload_sha256, p.attempts, p.completed_at, p.arrival
+    SELECT p.key, p.source, p.event_id, p.payload_sha256, p.attempts, p.completed_at, p.arrival, p.stale
     FROM processed_events p
     WHERE p.completed_at >= greatest(coalesce($1::timestamptz, '-infinity'),
                                      now() - make_interval(secs => $3::float8 + $5::float8))
@@ -264,14 +268,15 @@ WITH page AS (
            OR starts_with(page.key, page.source || ':' || page.event_id || '#'))
 ), settled AS (
     UPDATE event_archive AS a
-    SET status = 'processed', attempts = greatest(a.attempts, n.attempts), completed_at = n.completed_at
+    SET status = CASE WHEN n.stale THEN 'stale' ELSE 'processed' END, attempts = greatest(a.attempts, n.attempts),
+        completed_at = n.completed_at
     FROM named n
     WHERE a.source = n.source AND a.key = n.source || ':' || n.event_id AND a.arrival = n.arrival
       AND a.event_id = n.event_id AND a.payload_sha256 = n.payload_sha256
       AND a.status IN ('duplicate', 'conflict')
       AND NOT EXISTS (
           SELECT FROM event_archive o
-          WHERE o.source = a.source AND o.key = a.key AND o.status = 'processed'
+          WHERE o.source = a.source AND o.key = a.key AND o.status IN ('processed', 'stale')
             AND o.completed_at = n.completed_at AND o.arrival <> a.arrival)
       AND NOT EXISTS (
           SELECT FROM (SELECT * FROM dead_letters WHERE key = a.key

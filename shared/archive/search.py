@@ -30,6 +30,7 @@ STATUSES = (
     "processing",
     archive.RETRYING,
     archive.PROCESSED,
+    archive.STALE,
     archive.DEAD,
     archive.DISCARDED,
     archive.CONFLICT,

@@ -15,7 +15,9 @@ What an end says of one arrival:
 - else a completion of its key or of a route's: `conflict` when the
   completed payload is another; else `processed` for the arrival the
   completion names (`processed_events.arrival`: the message that ran
-  carried it) and `duplicate` for the others. A completion that names
+  carried it) — `stale` when the completion is one (`processed_events.stale`:
+  an ordered event older than its lane's last, completed unrun; an end as
+  `processed` is) — and `duplicate` for the others. A completion that names
   none (written before migration 0020, by a previous release's worker, or
   of a message queued before arrivals had ids) leaves a guess: `processed`
   for the oldest arrival of the key not settled yet, when none is archived
@@ -39,7 +41,7 @@ yet run, and its outcome then steps over the sweep's.
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from .model import CONFLICT, DEAD, DISCARDED, DUPLICATE, PROCESSED
+from .model import CONFLICT, DEAD, DISCARDED, DUPLICATE, ENDS_RUN, PROCESSED, STALE
 
 End = tuple[str, int, datetime | None]  # status, attempts, completed_at
 # An end this recent may still have its outcome batch on its way: the sweep
@@ -62,7 +64,7 @@ def settled(rows: Iterable[Mapping]) -> list[tuple]:
         if end is None:
             continue
         status, attempts, completed_at = end
-        if status == PROCESSED:
+        if status in ENDS_RUN:
             processed.add(named)
         writes.append(
             (
@@ -91,7 +93,7 @@ def end_of(row: Mapping, already_processed: bool) -> End | None:
         if row["completed_sha256"] != row["payload_sha256"]:
             return CONFLICT, attempts, None
         if ran(row, already_processed):
-            return PROCESSED, attempts, row["completed_at"]
+            return STALE if row.get("completed_stale") else PROCESSED, attempts, row["completed_at"]
         return DUPLICATE, attempts, None
     if row["dead_letter"] == "discarded":
         return DISCARDED if row["own_dead_letter"] else DEAD, max(attempts, row["dead_attempts"]), None

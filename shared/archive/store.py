@@ -28,7 +28,8 @@ SETTLE_PAGE = 500  # rows the settling sweep reads a statement
 SETTLE_NAMED_PAGE = 2000  # completions `settle_named` reads a statement
 NamedCursor = tuple[datetime, str]  # (completed_at, key) of the last completion `settle_named` read
 # processed_events' columns archive_unsettled_of_pruned reads of each completion prune deletes
-PRUNED_COLUMNS = ("key", "source", "event_id", "payload_sha256", "attempts", "completed_at", "arrival")
+PRUNED_COLUMNS = ("key", "source", "event_id", "payload_sha256", "attempts", "completed_at", "arrival", "stale")
+PRUNED_DEFAULTS = {"stale": False}  # a completion read without it (an older prune statement) is not stale
 LOCK_TIMEOUT = "2s"  # making or dropping a day waits this long for the source's table, then tries later
 
 
@@ -156,7 +157,7 @@ class ArchiveStore:
         async with self._connection() as connection:
             rows = await connection.fetch(
                 SQL["archive_unsettled_of_pruned"],
-                *([row[name] for row in completions] for name in PRUNED_COLUMNS),
+                *([row.get(name, PRUNED_DEFAULTS.get(name)) for row in completions] for name in PRUNED_COLUMNS),
                 timeout=STATEMENT_SECONDS,
             )
             writes = archive_settling.settled(rows)

@@ -12,10 +12,14 @@ overflow) means a message moving between them is never dropped.
 - `NS.dead`: poison messages, drained into the `dead_letters` table.
 - `NS.paused.<source>`: a paused source's events, parked until it is
   resumed; then moved back to `NS.events`, oldest first (workers/pauses.py).
+- `NS.ordering`: wake-ups of ordering keys' lanes (issue 38), each only its
+  lane (`x-lane`), empty body: the events wait in Postgres
+  (shared/ordering/), a wake-up is a hint, acked at once.
 """
 
 import asyncio
 import contextlib
+import os
 
 import aio_pika
 import aiormq
@@ -27,6 +31,7 @@ from . import amqp
 DEPTH_TIMEOUT = 3.0  # seconds, to connect and to ask for one queue's depth
 PUBLISH_TIMEOUT = 5.0  # seconds; a publish with no limit could hold a request or a message for ever
 _QUORUM = {"x-queue-type": "quorum"}
+WAKE_LANE_HEADER = "x-lane"
 _SAFE_DEAD_LETTERING = {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
 
 
@@ -44,6 +49,10 @@ def retry_queue(namespace: str, delay_seconds: float) -> str:
 
 def paused_queue(namespace: str, source: str) -> str:
     return f"{namespace}.paused.{source}"
+
+
+def ordering_queue(namespace: str) -> str:
+    return f"{namespace}.ordering"
 
 
 def delay_label(delay_seconds: float) -> str:
@@ -119,6 +128,26 @@ async def declare_dead_queue(channel: AbstractChannel, namespace: str) -> Abstra
 
 async def declare_paused_queue(channel: AbstractChannel, namespace: str, source: str) -> AbstractQueue:
     return await channel.declare_queue(paused_queue(namespace, source), durable=True, arguments=dict(_QUORUM))
+
+
+async def declare_ordering_queue(channel: AbstractChannel, namespace: str) -> AbstractQueue:
+    return await channel.declare_queue(ordering_queue(namespace), durable=True, arguments=dict(_QUORUM))
+
+
+async def publish_wake(channel: AbstractChannel, namespace: str, lane: str, timeout: float = PUBLISH_TIMEOUT) -> None:
+    """Wakes the workers for `lane`: one message in NS.ordering, its lane in
+    `x-lane`. Raises as `publish` does; a lost wake-up only waits for a
+    worker's watchdog (its next second)."""
+    message = aio_pika.Message(body=b"", headers={WAKE_LANE_HEADER: lane}, message_id=os.urandom(16).hex())
+    await publish(channel, message, ordering_queue(namespace), timeout)
+
+
+def woken_lane(message: aio_pika.abc.AbstractIncomingMessage) -> str | None:
+    """The lane a wake-up names; None for a message that is not one."""
+    lane = (message.headers or {}).get(WAKE_LANE_HEADER)
+    if isinstance(lane, bytes):
+        lane = lane.decode()
+    return lane if isinstance(lane, str) and lane else None
 
 
 async def declare_retry_queue(channel: AbstractChannel, namespace: str, delay_seconds: float) -> AbstractQueue:

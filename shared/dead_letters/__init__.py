@@ -22,7 +22,7 @@ from .model import (
     record_dead_letter,
     summary,
 )
-from .store import DeadLetterStore, HeldBulk
+from .store import DeadLetterStore, HeldBulk, LaneWaker, wake_lanes
 
 __all__ = [
     "MAX_ID",
@@ -34,6 +34,7 @@ __all__ = [
     "DeadLetterNotFound",
     "DeadLetterStore",
     "HeldBulk",
+    "LaneWaker",
     "NotReplayable",
     "ReplayInterrupted",
     "Replayed",
@@ -43,4 +44,5 @@ __all__ = [
     "parse_id",
     "record_dead_letter",
     "summary",
+    "wake_lanes",
 ]

@@ -269,3 +269,16 @@ SELECT to_regclass('outbox') IS NOT NULL
 
 -- name: count_outbox
 SELECT count(*) FROM outbox
+
+-- name: waiting_in_a_lane
+-- Whether the event of dead letter row ($1 source, $2 key) waits in an
+-- ordering lane already (docs/design.md, "Ordering keys"): replayed in
+-- place by an earlier replay, not run yet. Another replay of it is
+-- skipped: published, it could run before the rows its lane holds first.
+SELECT EXISTS (SELECT FROM ordered_events WHERE source = $1 AND key = $2 AND state = 'pending')
+
+-- name: ordering_block
+-- The ordering lane dead letter $1 blocks (docs/design.md, "Ordering
+-- keys"; blocked_by is unique), and how many events wait behind it; none
+-- when it blocks nothing.
+SELECT lane, pending AS waiting, blocked_since FROM ordering_keys WHERE blocked_by = $1

@@ -8,11 +8,22 @@ of its own) or one connection (the CLI), with the named SQL of
 `shared/dead_letters/queries.sql`. What the rows mean (statuses, errors, the JSON shapes)
 is `shared/dead_letters/model.py`; the workers' one write, recording a dead letter,
 stays there beside it.
+
+An ordered source's dead letter (docs/design.md, "Ordering keys") is a row
+of its lane, kept `dead` and, under `on_dead_letter = "block"`, holding the
+lane. Its replay runs it again *in place* (`replay_in_place`: its row
+pending again before everything still waiting, the block cleared, nothing
+published); its discard deletes the row and frees the lane
+(`discard_ordered`). Both run in the act's transaction after the dead
+letter's own row is locked (the lock order of shared/ordering/queries.sql),
+and wake the lanes they freed once the act is done: through the replay's
+channel, or the store's `wake` (the ingress's broker); without one the
+workers' watchdog finds the lane within its second.
 """
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -26,6 +37,7 @@ from webhook_ingest.shared.db import one_of, raise_if_cancelled
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.event import to_amqp
 from webhook_ingest.shared.observability import get_logger, metrics, tracing
+from webhook_ingest.shared.ordering import discard_ordered, lane_value, replay_in_place
 from webhook_ingest.shared.runs import BULK_ACTIONS, Hold, RunBusy, holding, run_lock, waiting_for_run
 
 from .bulk import BulkAction
@@ -49,10 +61,13 @@ REPLAY_PUBLISH_TIMEOUT = 10.0
 ACQUIRE_TIMEOUT = 5.0
 GAUGE_REFRESH_SECONDS = 15.0
 
+LaneWaker = Callable[[Sequence[str]], Awaitable[None]]  # wakes ordering lanes an act freed; never raises
+
 
 class DeadLetterStore:
-    def __init__(self, database: asyncpg.Pool | asyncpg.Connection):
+    def __init__(self, database: asyncpg.Pool | asyncpg.Connection, wake: LaneWaker | None = None):
         self._database = database  # a pool (ingress, workers), or the CLI's one connection
+        self._wake = wake  # lanes a discard freed (a replay wakes through its own channel); None: the watchdog
         self.audit_log = AuditLog(database)  # where its acts are recorded (also a bulk action's runner's)
 
     def _connection(self) -> contextlib.AbstractAsyncContextManager[asyncpg.Connection]:
@@ -72,6 +87,13 @@ class DeadLetterStore:
         async with self._connection() as connection:
             row = await connection.fetchrow(SQL["get_dead_letter"], dead_letter_id)
         return None if row is None else decoded(row)
+
+    async def ordering_block(self, dead_letter_id: int) -> dict | None:
+        """The ordering lane the dead letter blocks (`lane`, `value`, `waiting`:
+        events behind it, `blocked_since`); None when it blocks none."""
+        async with self._connection() as connection:
+            row = await connection.fetchrow(SQL["ordering_block"], dead_letter_id)
+        return None if row is None else dict(row) | {"value": lane_value(row["lane"])}
 
     async def count_open(self) -> int:
         async with self._connection() as connection:  # bounded: the workers' gauge shares their pool
@@ -141,7 +163,9 @@ class DeadLetterStore:
             _require_all_found(ids, discarded)
             await connection.execute(SQL["forget_handed_on"], list(ids))
             await archive_store.discarded(connection, list(ids))
+            freed = await discard_ordered(connection, sorted(ids))
             await record_audit(connection, actor, "discard", [row["id"] for row in discarded])
+        await self._wake_freed(freed)
         return [row["id"] for row in discarded]
 
     async def replay_if_open(
@@ -158,7 +182,8 @@ class DeadLetterStore:
         check to the commit, so two people clicking at once replay it once; the
         second gets ChangedMeanwhile. A single replay is audited here, a bulk
         one by its caller, once for the whole set. `held`: a bulk runner's
-        session holding its action (`_acting`)."""
+        session holding its action (`_acting`). An ordered dead letter is
+        replayed in place, nothing published, and its lane woken after."""
         async with self._acting(held) as connection:
             row = await _lock_open(connection, dead_letter_id)
             if row["last_error_type"] == UNREADABLE:
@@ -168,12 +193,16 @@ class DeadLetterStore:
             replay_id = await _mark_replayed(connection, row, actor, bulk_action_id)
             if replay_id is None:  # cannot happen while we hold the row; said, not assumed
                 raise ChangedMeanwhile(dead_letter_id, "changed")
-            try:
-                await _publish(channel, namespace, row, replay_id)
-            except Exception as exc:  # any broker failure: nothing was replayed
-                raise ReplayInterrupted([], exc) from exc
+            lane = await replay_in_place(connection, dead_letter_id, replay_id)  # an ordered one: in place
+            if lane is None:
+                try:
+                    await _publish(channel, namespace, row, replay_id)
+                except Exception as exc:  # any broker failure: nothing was replayed
+                    raise ReplayInterrupted([], exc) from exc
             if bulk_action_id is None:
                 await record_audit(connection, actor, "replay", [dead_letter_id])
+        if lane is not None:  # a bulk runner's savepoint commits with its step: the watchdog covers a wake too early
+            await wake_lanes(channel, namespace, [lane])
 
     async def discard_if_open(
         self,
@@ -188,8 +217,14 @@ class DeadLetterStore:
             await connection.execute(SQL["set_dead_letter_status"], [dead_letter_id], "discarded")
             await connection.execute(SQL["forget_handed_on"], [dead_letter_id])
             await archive_store.discarded(connection, [dead_letter_id])
+            freed = await discard_ordered(connection, [dead_letter_id])
             if bulk_action_id is None:
                 await record_audit(connection, actor, "discard", [dead_letter_id])
+        await self._wake_freed(freed)
+
+    async def _wake_freed(self, lanes: Sequence[str]) -> None:
+        if lanes and self._wake is not None:
+            await self._wake(lanes)
 
     @contextlib.asynccontextmanager
     async def _acting(self, held: asyncpg.Connection | None) -> AsyncIterator[asyncpg.Connection]:
@@ -355,16 +390,46 @@ async def _replay_as_read(
     done: Replayed,
 ) -> bool:
     """Publishes `row` in the transaction that marks it replayed; False,
-    nothing published, when the row changed since it was read."""
-    async with connection.transaction():
-        replay_id = await _mark_replayed(connection, row, actor)
-        if replay_id is None:
-            return False
-        try:
-            await _publish(channel, namespace, row, replay_id)
-        except Exception as exc:  # any broker failure: report what was done
-            raise ReplayInterrupted(done.replayed, exc) from exc
+    nothing published, when the row changed since it was read, or its event
+    waits in its ordering lane already (an earlier replay's, not run yet)."""
+    try:
+        async with connection.transaction():
+            replay_id = await _mark_replayed(connection, row, actor)
+            if replay_id is None:
+                return False
+            # An ordered dead letter's row pending again in its lane, nothing
+            # published: its lane is woken once this commits.
+            lane = await replay_in_place(connection, row["id"], replay_id)
+            if lane is None and await connection.fetchval(SQL["waiting_in_a_lane"], row["source"], row["key"]):
+                raise _InItsLane
+            if lane is None:
+                try:
+                    await _publish(channel, namespace, row, replay_id)
+                except Exception as exc:  # any broker failure: report what was done
+                    raise ReplayInterrupted(done.replayed, exc) from exc
+    except _InItsLane:  # rolled back: not marked replayed again
+        return False
+    if lane is not None:
+        await wake_lanes(channel, namespace, [lane])
     return True
+
+
+async def wake_lanes(channel: AbstractChannel | None, namespace: str, lanes: Sequence[str]) -> None:
+    """A wake-up for each lane an act freed; one not sent (no broker, no
+    `NS.ordering` yet) is logged: the workers' watchdog finds the lane
+    within its second anyway."""
+    for lane in lanes:
+        try:
+            if channel is None:
+                raise ConnectionError("no broker channel")
+            await topology.publish_wake(channel, namespace, lane)
+        except Exception as exc:  # noqa: BLE001 - a hint lost, never the act's failure
+            raise_if_cancelled()
+            log.info("ordering_wake_not_sent", lane=lane, error=describe(exc))
+
+
+class _InItsLane(Exception):
+    """The event waits in its ordering lane already: nothing to replay."""
 
 
 async def _mark_replayed(

@@ -4,11 +4,13 @@
 - types       An event's type, when its provider names one
 - message     The event message on the broker: defined once, used by both sides.
 - amqp_table  A message's AMQP properties encoded as pamqp encodes them, byte for byte, at a fraction of its …
+- ordered     Where an event stands in its ordering key's lane: the holder's view of the row it runs.
 - payloads    What a handler's `event.payload` is, in one place.
 """
 
 from typing import TYPE_CHECKING, Any
 
+from .ordered import OrderedStep
 from .payloads import Form
 
 __all__ = [
@@ -16,6 +18,8 @@ __all__ = [
     "MAX_EVENT_ID_BYTES",
     "EventMessage",
     "Form",
+    "OrderedStep",
+    "amqp_headers",
     "amqp_properties",
     "default_selectors",
     "from_amqp",
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
         MAX_BODY_BYTES,
         MAX_EVENT_ID_BYTES,
         EventMessage,
+        amqp_headers,
         amqp_properties,
         from_amqp,
         headers_fit,
@@ -52,6 +57,7 @@ def __getattr__(name: str) -> Any:
         "EventMessage",
         "MAX_BODY_BYTES",
         "MAX_EVENT_ID_BYTES",
+        "amqp_headers",
         "amqp_properties",
         "from_amqp",
         "headers_fit",

@@ -33,6 +33,7 @@ from pamqp.commands import Basic
 from pamqp.common import FieldTable
 
 from . import amqp_table
+from .ordered import OrderedStep
 
 # What one AMQP content header frame must hold (RabbitMQ's frame_max is
 # 128 KiB, and a message whose headers do not fit makes the broker close the
@@ -107,6 +108,13 @@ class EventMessage:
     # The accepted request this message carries (new_arrival(); 0: queued
     # before arrivals had ids): its row of the event archive.
     arrival: int = 0
+    # Its row of an ordering key's lane (shared/event/ordered.py), when the
+    # worker holding the lane runs it; never on the wire: None from the broker.
+    ordered: OrderedStep | None = None
+    # A routed event's routes that the ingress wrote to their ordering
+    # lanes instead (shared/ordering/): its fan-out skips them, each runs
+    # only in its lane. Empty from an ingress of an earlier release: all fanned out.
+    laned_routes: tuple[str, ...] = ()
 
     def next_attempt(self, error: dict) -> "EventMessage":
         return replace(self, attempt=self.attempt + 1, errors=(*self.errors, error))
@@ -210,6 +218,7 @@ def amqp_headers(event: EventMessage) -> FieldTable:
         **({"x-replay-of": event.replay_of} if event.replay_of else {}),
         **({"x-route": event.route} if event.route else {}),
         **({"x-arrival": event.arrival} if event.arrival else {}),
+        **({LANED_ROUTES_HEADER: ROUTES_SEPARATOR.join(event.laned_routes)} if event.laned_routes else {}),
         **event.trace_context,
     }
 
@@ -233,7 +242,16 @@ def from_amqp(body: bytes, headers: dict) -> EventMessage:
         trace_context=_trace_context(headers),
         route=_text(headers.get("x-route") or ""),
         arrival=int(headers.get("x-arrival") or 0),
+        laned_routes=_routes(headers.get(LANED_ROUTES_HEADER)),
     )
+
+
+LANED_ROUTES_HEADER = "x-laned-routes"
+ROUTES_SEPARATOR = ","  # never in a route's name (shared/sources/routes.py)
+
+
+def _routes(value: object) -> tuple[str, ...]:
+    return tuple(_text(value).split(ROUTES_SEPARATOR)) if value else ()
 
 
 _TRACE_HEADERS = ("traceparent", "tracestate")

@@ -39,7 +39,7 @@ ingress_request_duration = Histogram(
 )
 events = Counter(
     "webhook_events_total",
-    "Events handled by workers, by outcome (processed, duplicate, conflict, retried, dead).",
+    "Events handled by workers, by outcome (processed, stale, duplicate, conflict, retried, dead).",
     ["source", "outcome"],
 )
 processing_duration = Histogram(
@@ -106,6 +106,17 @@ outbox_oldest_age = Gauge(
     "webhook_outbox_oldest_age_seconds",
     "Age of the oldest event in the outbox (0 when it is empty).",
 )
+ordering_unkeyed = Counter(
+    "webhook_ordering_unkeyed_total",
+    "Events of an ordered source (a route's run, for a routed one) whose ordering key resolved to nothing: "
+    "accepted and run unordered, as a source without ordering, by source.",
+    ["source"],
+)
+ordering_wake_ups_failed = Counter(
+    "webhook_ordering_wake_ups_failed_total",
+    "Wake-ups of an ordering lane the ingress could not publish (its events are stored; a worker's watchdog "
+    "finds the lane within a second).",
+)
 dead_letter_record_failures = Counter(
     "webhook_dead_letter_record_failures_total",
     "Failed attempts to record a poison message as a dead letter (it waits unacked in NS.dead meanwhile).",
@@ -143,3 +154,25 @@ async def endpoint(request: "web.Request") -> "web.Response":
     from aiohttp import web  # here: a worker without --metrics-port starts without aiohttp's server
 
     return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+ordering_blocked_keys = Gauge(
+    "webhook_ordering_blocked_keys",
+    "Ordering keys (lanes) a dead letter blocks, by source: their later events wait for on-call's replay or discard.",
+    ["source"],
+)
+ordering_blocked_oldest = Gauge(
+    "webhook_ordering_blocked_oldest_seconds",
+    "Age of the oldest block of an ordering key, by source (0 when none is blocked).",
+    ["source"],
+)
+ordering_waiting_events = Gauge(
+    "webhook_ordering_waiting_events",
+    "Events of ordered sources accepted and waiting in their lanes (behind a block too; a dead one not), by source.",
+    ["source"],
+)
+ordering_waiting_oldest = Gauge(
+    "webhook_ordering_waiting_oldest_seconds",
+    "Age of the oldest event waiting in an ordering lane, by source (0 when none waits).",
+    ["source"],
+)

@@ -11,17 +11,26 @@ dead letters' bulk actions (`shared/runs/paced.py`): cancellable from any
 process, resumable, audited. Replay R publishes each event under the key
 `replay-R/KEY` (`shared/replays/keys.py`), which is what makes it run once
 per replay. The rows are read and written by `EventReplayStore`.
+
+An ordered source's events (docs/design.md, "Ordering keys") are not
+published: each item is appended to its *live* lane (`ordered_parts`), in
+the item's own transaction, so items go in selection order, each after
+whatever its lane held when it was inserted; under `stale = "skip"` only
+each lane's newest (by `by`) runs, the older ones completed `stale`.
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import asyncpg
+import orjson
 
 from webhook_ingest.shared.archive import EventFilter
 from webhook_ingest.shared.db import iso_utc
 from webhook_ingest.shared.event import EventMessage
+from webhook_ingest.shared.ordering import OrderedRow, ordered_row
+from webhook_ingest.shared.sources import Source, route_key
 
 from .keys import replay_key
 
@@ -130,6 +139,47 @@ def replayed_message(arrival: asyncpg.Record, replay_id: int) -> EventMessage:
         body=bytes(arrival["body"]),
         headers=json.loads(headers) if isinstance(headers, str) else dict(headers or {}),
     )
+
+
+def ordered_parts(source: Source | None, message: EventMessage) -> tuple[list[OrderedRow], EventMessage | None]:
+    """A replayed event's rows in its ordered lanes — the source's own, or each
+    route that takes it and has an ordering whose key resolves — and the
+    message still to publish for the rest (an unordered source or route, a
+    key that resolves to nothing), None when nothing is: as the ingress does,
+    it names the routes whose rows were written (`laned_routes`), which the
+    fan-out skips. `source` None: not in the sources file, published as it
+    is (the CLI refuses a selection of a source with lanes it cannot read)."""
+    if source is None:
+        return [], message
+    payload = _payload(message.body)
+    if not source.routes:
+        rule = source.ordering
+        lane = None if rule is None else rule.lane(source.name, "", message.headers, payload)
+        if rule is None or lane is None:
+            return [], message
+        return [ordered_row(message, lane, rule.by_value(message.headers, payload))], None
+    rows, publish = [], False
+    for route in source.routes:
+        if not route.takes(message.headers, payload):
+            continue
+        rule = source.ordering_for(route.name)
+        lane = None if rule is None else rule.lane(source.name, route.name, message.headers, payload)
+        if rule is None or lane is None:
+            publish = True  # the worker fans the published event out to this route
+            continue
+        routed = replace(message, route=route.name, key=route_key(message.key, route.name))
+        rows.append(ordered_row(routed, lane, rule.by_value(message.headers, payload)))
+    if not rows:
+        return [], message
+    laned = tuple(row.route for row in rows)
+    return rows, replace(message, laned_routes=laned) if publish else None
+
+
+def _payload(body: bytes) -> object:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _iso(moment: datetime | None) -> str | None:

@@ -231,3 +231,9 @@ WITH pass AS (
                                THEN now() ELSE p.pass_started_at END
 )
 SELECT (SELECT count(*) FROM deleted) AS deleted, count(*) AS read FROM judged
+
+-- name: sources_with_lanes
+-- Of the sources $1 (NULL: every source), those with an ordering lane
+-- (docs/design.md, "Ordering keys"): a replay of them needs the sources
+-- file, which says which lane each event goes to.
+SELECT DISTINCT source FROM ordering_keys WHERE $1::text[] IS NULL OR source = ANY($1::text[]) ORDER BY source

@@ -8,7 +8,7 @@ named SQL of `shared/replays/queries.sql`.
 """
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,8 +19,10 @@ from webhook_ingest.shared.archive import NO_ROUTES, EventFilter, SourceRoutes
 from webhook_ingest.shared.audit import Actor, AuditLog
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.db import jsonb, load_queries, one_of
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.event import to_amqp
-from webhook_ingest.shared.observability import tracing
+from webhook_ingest.shared.observability import get_logger, tracing
+from webhook_ingest.shared.ordering import insert_ordered
 from webhook_ingest.shared.runs import (
     DEFAULT_RATE,
     EVENT_REPLAYS,
@@ -31,8 +33,11 @@ from webhook_ingest.shared.runs import (
     run_lock,
     waiting_for_run,
 )
+from webhook_ingest.shared.sources import Source
 
-from .model import EventReplay, ReplayItem, filter_json, replayed_message
+from .model import EventReplay, ReplayItem, filter_json, ordered_parts, replayed_message
+
+log = get_logger(__name__)
 
 SQL = load_queries("webhook_ingest.shared.replays", fragments_from=["webhook_ingest.shared.archive"])
 
@@ -197,6 +202,8 @@ class EventReplayStore:
         replay_id: int,
         item: ReplayItem,
         held: asyncpg.Connection | None = None,
+        sources: Mapping[str, Source] | None = None,
+        woken: list[str] | None = None,
     ) -> bool:
         """Item's event published under the replay's key, confirmed by the
         broker; False, nothing published, when its arrival is no longer
@@ -204,15 +211,34 @@ class EventReplayStore:
         runner's session holding the run, which reads the arrival: a read
         slower than the hold fails on its statement limit, or on the session
         the server ended meanwhile, before any publish; on another session it
-        could be answered after a Cancel took the run and returned."""
+        could be answered after a Cancel took the run and returned.
+
+        An ordered source's event (`sources`, the sources file's) is instead
+        appended to its live lanes in `held`'s transaction, which commits it
+        with the item's step: once per replay, in selection order. The lanes
+        it woke (idle -> busy) are added to `woken`, to wake once that commits."""
         async with contextlib.nullcontext(held) if held is not None else self._connection() as connection:
             arrival = await connection.fetchrow(SQL["event_replay_arrival"], item.source, item.key, item.received_at)
-        if arrival is None or arrival["body"] is None:
-            return False
-        message = replayed_message(arrival, replay_id)
-        with tracing.replaying_selection(message.source, message.key, replay_id):  # its own trace, when traced
-            await topology.publish(channel, to_amqp(message), topology.events_queue(namespace), timeout=PUBLISH_TIMEOUT)
+            if arrival is None or arrival["body"] is None:
+                return False
+            message = replayed_message(arrival, replay_id)
+            rows, to_publish = ordered_parts(None if sources is None else sources.get(message.source), message)
+            if rows:
+                accepted = await insert_ordered(connection, rows)
+                if woken is not None:
+                    woken.extend(place.lane for place in accepted if place.woke)
+        if to_publish is not None:
+            with tracing.replaying_selection(message.source, message.key, replay_id):  # its own trace, when traced
+                await topology.publish(
+                    channel, to_amqp(to_publish), topology.events_queue(namespace), timeout=PUBLISH_TIMEOUT
+                )
         return True
+
+    async def ordered_sources(self, sources: Sequence[str] | None) -> list[str]:
+        """Of `sources` (None: every source), those with ordering lanes in Postgres."""
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["sources_with_lanes"], None if sources is None else list(sources))
+        return [row["source"] for row in rows]
 
     async def finish(self, replay_id: int, state: str, error: str | None, stepped_at: datetime | None) -> None:
         async with self._connection() as connection:
@@ -265,8 +291,11 @@ class EventReplayJob:
         channel: Callable[[], AbstractChannel],
         namespace: str,
         progress: Callable[[int, int, int, int], None] | None = None,
+        sources: Mapping[str, Source] | None = None,
     ) -> None:
         self.replay, self.actor = replay, actor
+        self._sources = sources  # an ordered source's items go to their lanes (`EventReplayStore.publish`)
+        self._woken: list[str] = []  # lanes an item woke, to wake once its step committed
         self.id, self.rate = replay.id, replay.rate or DEFAULT_RATE
         self._store, self._channel, self._namespace, self._progress = store, channel, namespace, progress
         self._published, self._skipped = replay.published, replay.skipped
@@ -285,6 +314,17 @@ class EventReplayJob:
                 yield held.state
             finally:
                 self._held = None
+        woken, self._woken = self._woken, []
+        await self._wake(woken)
+
+    async def _wake(self, lanes: Sequence[str]) -> None:
+        """Wake-ups of lanes an item's insert made busy, now committed; one not
+        sent only waits for the workers' watchdog (its next second)."""
+        for lane in lanes:
+            try:
+                await topology.publish_wake(self._channel(), self._namespace, lane)
+            except Exception as exc:  # noqa: BLE001 - a hint lost, never the item's failure
+                log.info("ordering_wake_not_sent", lane=lane, error=describe(exc))
 
     async def in_flight(self, item: ReplayItem) -> str | None:
         assert self._held is not None, "an item is marked in flight while the row is held"
@@ -292,7 +332,9 @@ class EventReplayJob:
 
     async def act(self, item: ReplayItem) -> bool:
         assert self._held is not None, "an item is published while the row is held"
-        return await self._store.publish(self._channel(), self._namespace, self.id, item, self._held.hold.connection)
+        return await self._store.publish(
+            self._channel(), self._namespace, self.id, item, self._held.hold.connection, self._sources, self._woken
+        )
 
     async def step(self, item: ReplayItem, acted: bool) -> None:
         assert self._held is not None, "a step is written while the row is held"

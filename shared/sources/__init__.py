@@ -2,6 +2,7 @@
 
 - model         The sources file (docs/reference.md §3): one section per webhook provider endpoint.
 - routes        A source's routes (docs/reference.md §3 `routes`; why: docs/design.md, "Routes")
+- ordering      A source's or a route's `ordering`: which events of it run one after another, in lanes.
 - ignore_rules  A source's `ignore` rules (docs/reference.md §3)
 - pauses        Paused sources (docs/reference.md §8.3)
 - retention     A source's `retention` (docs/reference.md §3): how long the archive keeps its events.
@@ -10,9 +11,10 @@
 from typing import TYPE_CHECKING, Any
 
 from .model import Source, load_sources, resolve_secret
+from .ordering import OrderingRule
 from .routes import route_key
 
-__all__ = ["PauseStore", "Source", "load_sources", "resolve_secret", "route_key"]
+__all__ = ["OrderingRule", "PauseStore", "Source", "load_sources", "resolve_secret", "route_key"]
 
 if TYPE_CHECKING:
     from .pauses import PauseStore

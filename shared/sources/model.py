@@ -37,7 +37,9 @@ from webhook_ingest.shared.event import default_selectors as default_event_type
 from webhook_ingest.shared.event import ids as event_id
 
 from . import ignore_rules
+from . import ordering as ordering_rules
 from . import routes as route_rules
+from .ordering import OrderingRule
 from .retention import DEFAULT_RETENTION, parse_retention
 from .routes import Route
 
@@ -107,6 +109,7 @@ class RouteSection(BaseModel):
     handler: str = Field(min_length=1)
     types: list[str] | None = None
     handler_options: dict[str, Any] = {}
+    ordering: dict[str, Any] | None = None  # shared/sources/ordering.py; replaces the source's
 
     @field_validator("types", mode="before")
     @classmethod
@@ -138,6 +141,7 @@ class SourceSection(BaseModel):
     retention: str = "7d"
     event_type: list[str] | None = None
     ignore: dict[str, Any] = {}
+    ordering: dict[str, Any] | None = None  # shared/sources/ordering.py
 
     @field_validator("event_id", "event_type", mode="before")
     @classmethod
@@ -224,6 +228,14 @@ class Source:
     event_type_selectors: tuple = ()
     ignore: ignore_rules.IgnoreRules = field(default_factory=ignore_rules.IgnoreRules)
     routes: tuple[Route, ...] = ()  # empty: the one `handler`
+    ordering: OrderingRule | None = None  # None: its events run in any order
+
+    def ordering_for(self, route: str) -> OrderingRule | None:
+        """The ordering of `route`'s runs ("": the source's own): the route's own, else the source's."""
+        if not route:
+            return self.ordering
+        found = next((r for r in self.routes if r.name == route), None)
+        return found.ordering if found is not None and found.ordering is not None else self.ordering
 
     def handler_for(self, route: str) -> tuple[str, dict[str, Any]]:
         """The handler and its options that run `route` ("": the source's one handler)."""
@@ -311,6 +323,7 @@ def parse_source(name: str, section: Any) -> Source:
         event_type_selectors=event_type,
         ignore=_ignore_rules(name, config.ignore, event_type),
         routes=_routes(name, config.routes or [], event_type),
+        ordering=_ordering(name, config.ordering),
     )
 
 
@@ -338,6 +351,13 @@ def _ignore_rules(name: str, table: dict[str, Any], event_type: tuple) -> ignore
         raise ConfigError(f"source {name!r}: ignore.{exc.where}: {exc}") from None
 
 
+def _ordering(name: str, table: dict[str, Any] | None) -> OrderingRule | None:
+    try:
+        return ordering_rules.parse_optional(table)
+    except ordering_rules.OrderingError as exc:
+        raise ConfigError(f"source {name!r}: {exc.where}: {exc}") from None
+
+
 def _routes(name: str, sections: list[RouteSection], event_type: tuple) -> tuple[Route, ...]:
     entries = [section.model_dump(exclude_unset=True) for section in sections]
     try:
@@ -360,6 +380,7 @@ _EXPECTED = {
     "routes[].types": "must be a list of event type globs",
     "routes[].types[]": "must be an event type glob string",
     "routes[].handler_options": "must be a table",
+    "routes[].ordering": 'must be a table { key = "body:PATH" }',
     "event_id": "must be a list of selector strings",
     "event_id[]": "must be a selector string",
     "tolerance_seconds": "must be a positive number",
@@ -382,6 +403,7 @@ _EXPECTED = {
     "event_type": "must be a list of selector strings",
     "event_type[]": "must be a selector string",
     "ignore": 'must be a table of rules, e.g. { type = ["ping", "charge.*"] }',
+    "ordering": 'must be a table { key = "body:PATH" }',
 }
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from webhook_ingest.shared.event import ids as event_id
 
 from . import ignore_rules
+from . import ordering as ordering_rules
 
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 SEPARATOR = "#"
@@ -44,6 +45,7 @@ class Route:
     handler: str
     handler_options: dict[str, Any] = field(default_factory=dict)
     types: ignore_rules.IgnoreRules = field(default_factory=ignore_rules.IgnoreRules)  # no rules: every event
+    ordering: ordering_rules.OrderingRule | None = None  # None: the source's (Source.ordering_for)
 
     def takes(self, headers: Mapping[str, str], payload: object) -> bool:
         return not self.types.rules or self.types.matching(headers, payload) is not None
@@ -78,13 +80,14 @@ def _route(index: int, entry: Mapping[str, Any], event_type: Sequence[event_id.S
         raise RouteError(
             f"{where}.name", f"{name!r}: 1 to 64 of A-Z a-z 0-9 _ . - (it ends the route's idempotency keys, KEY#NAME)"
         )
+    ordering = _ordering(where, entry.get("ordering"))
     types = entry.get("types")
     if types == []:
         raise RouteError(
             f"{where}.types", "an empty list takes no event: list the types, or leave types out (every event)"
         )
     if types is None:
-        return Route(name, entry["handler"], dict(entry.get("handler_options", {})))
+        return Route(name, entry["handler"], dict(entry.get("handler_options", {})), ordering=ordering)
     try:
         rules = ignore_rules.parse({ignore_rules.TYPE_FIELD: types}, event_type)
     except ignore_rules.IgnoreRuleError as exc:
@@ -92,4 +95,11 @@ def _route(index: int, entry: Mapping[str, Any], event_type: Sequence[event_id.S
         raise RouteError(
             f"{where}.types{at}", str(exc).replace("ignore on a selector such as body:type", "drop types (every event)")
         ) from None
-    return Route(name, entry["handler"], dict(entry.get("handler_options", {})), rules)
+    return Route(name, entry["handler"], dict(entry.get("handler_options", {})), rules, ordering)
+
+
+def _ordering(where: str, table: object) -> ordering_rules.OrderingRule | None:
+    try:
+        return ordering_rules.parse_optional(table)
+    except ordering_rules.OrderingError as exc:
+        raise RouteError(f"{where}.{exc.where}", str(exc)) from None

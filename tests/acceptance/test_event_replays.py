@@ -268,10 +268,10 @@ class _CancelledMidItem(EventReplayStore):
         self._database_url, self.seen = database_url, None
         self.cancelling: asyncio.Task | None = None
 
-    async def publish(self, channel, namespace, replay_id, item, held=None):
+    async def publish(self, channel, namespace, replay_id, item, held=None, sources=None, woken=None):
         cancelling = self.cancelling = asyncio.create_task(self._cancel(replay_id))
         await wait_until(lambda: self._settled(cancelling), 10, message="the cancel answered or waits")
-        published = await super().publish(channel, namespace, replay_id, item, held)
+        published = await super().publish(channel, namespace, replay_id, item, held, sources, woken)
         return published
 
     async def _settled(self, cancelling: asyncio.Task) -> bool:
@@ -292,8 +292,8 @@ class _DiesAfterPublishing(_CancelledMidItem):
     from it) once its publish was confirmed, before its step commits, while
     a Cancel from elsewhere waits for the run's row."""
 
-    async def publish(self, channel, namespace, replay_id, item, held=None):
-        published = await EventReplayStore.publish(self, channel, namespace, replay_id, item, held)
+    async def publish(self, channel, namespace, replay_id, item, held=None, sources=None, woken=None):
+        published = await EventReplayStore.publish(self, channel, namespace, replay_id, item, held, sources, woken)
         cancelling = self.cancelling = asyncio.create_task(self._cancel(replay_id))
         await wait_until(lambda: self._settled(cancelling), 10, message="the cancel waits")
         self._database.terminate()  # its session ends, its transaction (and the row's lock) with it
@@ -322,10 +322,10 @@ class _Stalling(EventReplayStore):
         async with super().held(replay_id, stepped_at) as held:
             yield held
 
-    async def publish(self, channel, namespace, replay_id, item, held=None):
+    async def publish(self, channel, namespace, replay_id, item, held=None, sources=None, woken=None):
         if self._in_publish:
             await self._stall()
-        return await super().publish(channel, namespace, replay_id, item, held)
+        return await super().publish(channel, namespace, replay_id, item, held, sources, woken)
 
 
 async def _taken_over_while_stalled(settings, in_publish: bool) -> tuple[list, list, object]:

@@ -4,7 +4,8 @@ completed events), recovery after a worker's kill -9, the broker blocked
 (tests/bench/broker_blocked.py), handlers that wait on the network
 (tests/bench/slow_handlers.py), the event archive's cost
 (tests/bench/archive_cost.py), and OpenTelemetry tracing's
-(tests/bench/tracing_cost.py, alone only); a table, then one JSON line. Exit 1 on a
+(tests/bench/tracing_cost.py, alone only), ordering keys' cost
+(tests/bench/ordering.py, `--phase ordering`, alone only); a table, then one JSON line. Exit 1 on a
 lost or duplicated effect. `--phase broker-blocked`, `--phase slow` or
 `--phase archive` runs that phase alone, with the archive's floor
 (tests/bench/archive_floor.py; `--phase archive_floor` the floor alone; `--phase tracing` too; `--phase ingress`
@@ -27,6 +28,7 @@ from tests.bench import (
     http_floor,
     httpload,
     ingress_floor,
+    ordering,
     raw_broker,
     raw_pipeline,
     slow_handlers,
@@ -308,6 +310,7 @@ ROWS = [  # (key, label, format)
     *archive_cost.ROWS,
     *archive_floor.ROWS_TABLE,
     *tracing_cost.ROWS,
+    *ordering.ROWS,
     ("lost", "lost events", "{:.0f}"),
     ("duplicated_effects", "duplicated effects", "{:.0f}"),
 ]
@@ -350,6 +353,12 @@ async def tracing_phase_alone() -> int:
     return report(figures)
 
 
+async def ordering_phase_alone() -> int:
+    figures: dict[str, float] = {"nproc": os.cpu_count()}
+    await ordering.measure(figures)
+    return report(figures)
+
+
 def report(figures: dict) -> int:
     print(
         f"\nwebhook-ingest bench — {figures['nproc']} cores, {INGRESS_PROCESSES} ingress processes, "
@@ -387,13 +396,14 @@ if __name__ == "__main__":
             "archive_floor",
             "tracing",
             "ingress",
+            "ordering",
         ],
         default="all",
         help="every phase (the default), every phase but the broker-blocked one, "
         "or the broker-blocked, slow-handler, archive-cost or tracing-cost phases alone "
         "(tracing: only alone; ingress: ingress_cpu_vs_floor alone; archive_search: searching 1,000,000 "
         "archived events, only alone; archive_floor: what Postgres spends to keep an event, the "
-        "pipeline's statements aside)",
+        "pipeline's statements aside; ordering: ordering keys against the same sources unordered, only alone)",
     )
     parser.add_argument(
         "--peers",
@@ -410,6 +420,7 @@ if __name__ == "__main__":
         "archive_floor": archive_floor.main,
         "tracing": tracing_phase_alone,
         "ingress": ingress_floor.main,
+        "ordering": ordering_phase_alone,
     }
     sys.exit(
         asyncio.run(alone[phase]() if phase in alone else main(with_outage=phase == "all", with_peers=arguments.peers))

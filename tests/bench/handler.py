@@ -4,6 +4,8 @@ an event would show as a second row (`duplicated_effects`) instead of a
 failed insert. The slow phases' handlers (tests/bench/slow_handlers.py)
 call a downstream through the built-in `forward` too."""
 
+import asyncio
+
 from webhook_ingest.workers.handlers.forward import handle as forward
 
 EFFECTS_TABLE = "CREATE TABLE bench_effects (key text NOT NULL, payload jsonb NOT NULL)"
@@ -28,4 +30,15 @@ async def call_then_record(event, ctx) -> None:
     """Calls the downstream, then writes: its transaction opens only after
     the network wait."""
     await forward(event, ctx)
+    await record(event, ctx)
+
+
+HOT_KEY_HANDLER_SECONDS = 0.005  # the ordering phase's hot key (tests/bench/ordering.py): 200 events/s alone
+
+
+async def record_after_work(event, ctx) -> None:
+    """5 ms of work (a fast API call), then `record`'s row through
+    `ctx.db`: the handler whose own rate (200 events/s one at a time) a
+    hot ordering key is measured against."""
+    await asyncio.sleep(HOT_KEY_HANDLER_SECONDS)
     await record(event, ctx)

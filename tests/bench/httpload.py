@@ -20,11 +20,16 @@ _CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length: *(\d+)")
 BODY_BYTES = 1024
 
 
-def signed_requests(source: str, secret: str, prefix: str, count: int, copies: int = 1) -> list[bytes]:
-    """`count` unique 1 KiB events (ids `{prefix}{n}`), each `copies` times in a row."""
+def signed_requests(
+    source: str, secret: str, prefix: str, count: int, copies: int = 1, objects: int = 0
+) -> list[bytes]:
+    """`count` unique 1 KiB events (ids `{prefix}{n}`), each `copies` times in a row;
+    with `objects`, event n names object `obj_{n % objects}` (an ordering key's value)."""
     requests = []
     for n in range(count):
         event = {"id": f"{prefix}{n}", "type": "bench.event", "pad": ""}
+        if objects:
+            event["object"] = f"obj_{n % objects}"
         event["pad"] = "x" * (BODY_BYTES - len(orjson.dumps(event)))
         body = orjson.dumps(event)
         headers = signatures.sign("hmac-sha256", body, secret) | {

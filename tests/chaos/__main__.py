@@ -47,6 +47,19 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         help="a local run's source has these routes (comma-separated names), each event run once"
         " per route; '' for one handler (default: %(default)s)",
     )
+    ordering = parser.add_mutually_exclusive_group()
+    ordering.add_argument(
+        "--ordering",
+        action="store_true",
+        help="versions of objects (10 each, events/10 objects) to a source ordered by object, sent after the"
+        " previous version's 200 or together; checks each object's order (tests/chaos/ordering.py); no routes,"
+        " no replays",
+    )
+    ordering.add_argument(
+        "--ordering-off",
+        action="store_true",
+        help="--ordering's plan and checks with the source not ordered: a baseline whose order checks should fail",
+    )
     parser.add_argument("--keep-database", action="store_true", help="leave a local run's database for reading")
     parser.add_argument("--url", help="an operator's ingress: send traffic there instead of a local deployment")
     parser.add_argument("--source", default="chaos", help="with --url: the hmac-sha256 source to post to")
@@ -55,6 +68,13 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     arguments = parse_arguments(argv)
+    ordered = arguments.ordering or arguments.ordering_off
+    if ordered and arguments.url:
+        print("--ordering needs a local run (its source and handler are the run's own)", file=sys.stderr)
+        return 2
+    if ordered and arguments.routes not in ("", ",".join(DEFAULT_ROUTES)):
+        print("--ordering runs a source without routes: --routes cannot be given with it", file=sys.stderr)
+        return 2
     options = Options(
         seed=arguments.seed if arguments.seed is not None else random.randrange(1_000_000),
         events=arguments.events,
@@ -66,7 +86,9 @@ def main(argv: list[str]) -> int:
         work_ms=arguments.work_ms,
         faults=not arguments.no_faults,
         keep_database=arguments.keep_database,
-        routes=tuple(name for name in arguments.routes.split(",") if name),
+        routes=() if ordered else tuple(name for name in arguments.routes.split(",") if name),
+        replays=not ordered,
+        ordering="keys" if arguments.ordering else "off" if arguments.ordering_off else "",
     )
     if arguments.url:
         environment = staging_environment()

@@ -27,6 +27,7 @@ import asyncpg
 import redis.asyncio as redis
 
 from tests.chaos.handler import CHAOS_TABLES
+from tests.chaos.ordering import ORDERING_TABLES
 from tests.chaos.plan import MAX_ATTEMPTS, RETRY_DELAYS, Fault
 from tests.support.broker import ctl_command
 from tests.support.processes import ROOT, Fleet, Process, wait_for_output
@@ -74,6 +75,7 @@ class LocalDeployment:
         keep_database: bool = False,
         routes: tuple[str, ...] = (),
         downstream_url: str = "",
+        ordering: str = "",
     ):
         run_id = uuid.uuid4().hex[:8]
         self.namespace = namespace or f"chaos_{run_id}"
@@ -87,6 +89,9 @@ class LocalDeployment:
         self.degraded_worker = workers - 1
         self.routes = routes  # the source's routes, each running the recorder (docs/reference.md §3); none: one handler
         self.downstream_url = downstream_url  # where the recorder makes its external call (none: no call)
+        # "keys": the ordered recorder on a source ordered by `body:object` (tests/chaos/ordering.py);
+        # "off": the same recorder, the source not ordered (a baseline check_order should fault); "": neither
+        self.ordering = ordering
         self.fleet: Fleet | None = None
         self.slots: list[WorkerSlot] = []
         self.base_url = ""
@@ -107,7 +112,7 @@ class LocalDeployment:
     async def _start_everything(self) -> None:
         if self.owns_database:
             await migrate(self.database_url)
-        await _execute(self.database_url, CHAOS_TABLES)
+        await _execute(self.database_url, CHAOS_TABLES + (ORDERING_TABLES if self.ordering else ""))
         self.redis.start()
         self.fleet = Fleet(self._base_env(), self.log_dir)
         _, self.base_url = self.fleet.ingress(prelude=SWEEP_PRELUDE)
@@ -141,10 +146,12 @@ class LocalDeployment:
             f'[[sources.{SOURCE}.routes]]\nname = "{route}"\nhandler = "tests.chaos.handler:record"\n{options}'
             for route in self.routes
         )
+        handler = "tests.chaos.ordering:record" if self.ordering else "tests.chaos.handler:record"
         sources.write_text(
             f'[sources.{SOURCE}]\nscheme = "hmac-sha256"\nsecrets = ["{SECRET}"]\nevent_id = ["body:id"]\n'
             f"max_attempts = {MAX_ATTEMPTS}\nretry_delays = {list(RETRY_DELAYS)}\n"
-            + (handling if self.routes else f'handler = "tests.chaos.handler:record"\n{options}')
+            + (handling if self.routes else f'handler = "{handler}"\n{options}')
+            + (f'[sources.{SOURCE}.ordering]\nkey = "body:object"\n' if self.ordering == "keys" else "")
         )
         return {
             "AMQP_URL": self.amqp_url,

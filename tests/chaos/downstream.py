@@ -8,7 +8,7 @@ downstream, served by the run's own process, answers after the latency the
 event's payload draws (`chaos.latency_ms`: a slow handler is a slow call),
 and with a 500 to the first call of a key whose payload says
 `chaos.fail_first_call` (a first attempt that fails downstream). It keeps
-every call — key, the caller's pid and attempt, when it came and when it
+every call — key, the caller's pid and attempt, an ordered event's object and version, when it came and when it
 was answered, the status — so the checks can count the successful calls of
 each key: a real downstream took each of them, whether or not its caller
 was still listening (tests/chaos/reruns.py).
@@ -42,6 +42,8 @@ class Call:
     started: float  # wall clock (time.time()), when the request came
     ended: float  # when it was answered
     status: int
+    lane: str = ""  # an ordered run's (tests/chaos/ordering.py): its payload's `object`, and `version`
+    version: int = 0
 
     @property
     def succeeded(self) -> bool:
@@ -70,7 +72,8 @@ class Downstream:
         key = request.headers["Idempotency-Key"]
         self.received[key] += 1
         first = self.received[key] == 1
-        directive = _directive(await request.read())
+        payload = _payload(await request.read())
+        directive = payload.get("chaos") or {}
         await asyncio.sleep(directive.get("latency_ms", 10) / 1000)
         status = 500 if first and directive.get("fail_first_call") else 200
         self.calls.append(
@@ -81,6 +84,8 @@ class Downstream:
                 started,
                 time.time(),
                 status,
+                str(payload.get("object", "")),
+                int(payload.get("version", 0)),
             )
         )
         return web.Response(status=status, text="ok" if status == 200 else "injected failure")
@@ -93,12 +98,12 @@ class Downstream:
         return by_key
 
 
-def _directive(body: bytes) -> dict:
+def _payload(body: bytes) -> dict:
     try:
         payload = json.loads(body)
     except ValueError:
         return {}
-    return (payload.get("chaos") or {}) if isinstance(payload, dict) else {}
+    return payload if isinstance(payload, dict) else {}
 
 
 @asynccontextmanager

@@ -54,7 +54,7 @@ _pools: dict[str, asyncio.Task] = {}
 async def record(event, ctx):
     directive = event.payload.get("chaos") or {}
     runs_database_url = ctx.options.get("runs_database_url") or os.environ["DATABASE_URL"]
-    run_id = await _interval(  # stamped by the run's own clock: the statement may wait for a session
+    run_id = await harness_statement(  # stamped by the run's own clock: the statement may wait for a session
         runs_database_url,
         "INSERT INTO chaos_runs (key, pid, attempt, started) VALUES ($1, $2, $3, to_timestamp($4)) RETURNING id",
         event.key,
@@ -68,7 +68,7 @@ async def record(event, ctx):
         await downstream.call(event, ctx)  # the external call, once the run is going to complete
     finally:
         ended = time.time()
-        await _interval(
+        await harness_statement(
             runs_database_url, "UPDATE chaos_runs SET ended = to_timestamp($2) WHERE id = $1", run_id, ended
         )
     await ctx.db.execute(
@@ -93,7 +93,7 @@ def _fail_if_told(directive: dict, event) -> None:
             raise RuntimeError(f"chaos: retryable failure injected on attempt {attempt}")
 
 
-async def _interval(database_url: str, statement: str, *args):
+async def harness_statement(database_url: str, statement: str, *args):
     """One interval statement, waiting while Postgres refuses the harness a
     session (`too many clients already`: a Postgres shared with other work)."""
     while True:

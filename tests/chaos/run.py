@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.chaos import replays, reruns
+from tests.chaos import ordering, replays, reruns
 from tests.chaos.applied import FullDeployment
 from tests.chaos.checks import Observed, Verdict, connect, judge, judge_runs, observe, resolved, run_keys
 from tests.chaos.deployment import (
@@ -48,6 +48,9 @@ class Options:
     keep_database: bool = False  # a local run's database stays, to be read after a failure
     routes: tuple[str, ...] = ()  # a local run's source has these routes (each event runs once per route)
     replays: bool = True  # an event replay, a dead-letter bulk replay and events failing until one
+    # "keys": versions of objects to a source ordered by object, check_order (tests/chaos/ordering.py);
+    # "off": the same plan and checks, the source not ordered (a baseline: check_order should find faults)
+    ordering: str = ""
 
 
 @dataclass
@@ -59,16 +62,23 @@ class Result:
 async def run_local(
     options: Options, namespace: str | None = None, database_url: str | None = None, log_dir: Path | None = None
 ) -> Result:
-    plan = make_plan(
-        options.seed,
-        options.events,
-        options.duration,
-        faults=options.faults,
-        lock_ttl=options.lock_ttl,
-        replays=options.replays,
-    )
+    ordered = None
+    if options.ordering:
+        ordered = ordering.make_ordered_plan(
+            options.seed, options.events, options.duration, faults=options.faults, lock_ttl=options.lock_ttl
+        )
+        plan = ordered.plan
+    else:
+        plan = make_plan(
+            options.seed,
+            options.events,
+            options.duration,
+            faults=options.faults,
+            lock_ttl=options.lock_ttl,
+            replays=options.replays,
+        )
     async with serving() as downstream:
-        return await _run_local(options, plan, downstream, namespace, database_url, log_dir)
+        return await _run_local(options, plan, downstream, namespace, database_url, log_dir, ordered)
 
 
 async def _run_local(
@@ -78,6 +88,7 @@ async def _run_local(
     namespace: str | None,
     database_url: str | None,
     log_dir: Path | None,
+    ordered: ordering.OrderedPlan | None = None,
 ) -> Result:
     deployment = FullDeployment(
         namespace,
@@ -89,10 +100,14 @@ async def _run_local(
         keep_database=options.keep_database,
         routes=options.routes,
         downstream_url=downstream.url,
+        ordering=options.ordering,
     )
     async with deployment:
         faults = asyncio.create_task(deployment.run_faults(plan.faults))
-        sent = await send_all(deployment.base_url, SOURCE, SECRET, plan.requests)
+        if ordered is not None:
+            sent, timings = await ordering.send_groups(deployment.base_url, SOURCE, SECRET, ordered)
+        else:
+            sent = await send_all(deployment.base_url, SOURCE, SECRET, plan.requests)
         applied = await faults
         deployment.all_restored()
 
@@ -114,9 +129,14 @@ async def _run_local(
                 seen.stopped[fault.pid].append((fault.started, fault.ended))
         verdict = judge(plan.events, sent, seen, deployment.prunes, leftover, options.routes, left)
         more = await judge_calls_and_replays(plan, sent, seen, deployment, downstream, options.routes, verdict)
+        if ordered is not None:
+            effects, blocked = await ordering.observe(deployment.database_url)
+            versions = ordering.accepted_versions(ordered, sent, timings)
+            more += ordering.check_order(versions, effects, downstream.calls, seen.stopped_at, blocked, verdict).lines()
     (deployment.log_dir / "faults.txt").write_text("".join(f"{line}\n" for line in applied))
     kept = f"; database kept: {deployment.database_url}" if deployment.keep_database else ""
     routed = f", {len(options.routes)} routes" if options.routes else ""
+    routed += {"keys": ", ordered by object", "off": ", ordering off (baseline)"}.get(options.ordering, "")
     report = render(
         plan,
         sent,

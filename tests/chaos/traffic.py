@@ -51,10 +51,10 @@ async def _post(session, url: str, secret: str, request: Request, sent: Sent) ->
         if status not in (0, 503) or attempt == PROVIDER_RETRIES:
             break
         await asyncio.sleep(0.5 * (attempt + 1))
-    _record(sent, request, status, body)
+    record_answer(sent, request, status, body)
 
 
-def _record(sent: Sent, request: Request, status: int, body: dict) -> None:
+def record_answer(sent: Sent, request: Request, status: int, body: dict) -> None:
     answer = f"{status} {body.get('status') or body.get('error')}"
     sent.statuses[answer] += 1
     sent.answers.setdefault(request.event_id, Counter())[answer] += 1

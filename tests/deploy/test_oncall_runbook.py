@@ -21,6 +21,7 @@ REQUIRED_ANCHORS = {
     "conflicts",
     "dead-letters-not-recorded",
     "silent-workers",
+    "a-blocked-key-at-night",
 }
 
 
@@ -58,5 +59,7 @@ def test_the_runbook_shows_the_on_call_commands():
         "webhook_events_total",
         "webhook_dead_letters_open",
         "/admin/dead-letters",
+        "ordering blocked",
+        "/admin/ordering/blocked",
     ):
         assert command in text, command

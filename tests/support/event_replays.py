@@ -18,9 +18,11 @@ async def claimed_replay(store: EventReplayStore, source: str) -> EventReplay:
     return claimed
 
 
-def replay_job(claimed: EventReplay, store: EventReplayStore, channel, namespace: str, progress=None) -> EventReplayJob:
-    """The job `paced_runs.run` drives for `claimed`, publishing on `channel`."""
-    return EventReplayJob(claimed, Actor.cli(), store, lambda: channel, namespace, progress=progress)
+def replay_job(
+    claimed: EventReplay, store: EventReplayStore, channel, namespace: str, progress=None, sources=None
+) -> EventReplayJob:
+    """The job `paced_runs.run` drives for `claimed`, publishing on `channel` (`sources`: the sources file's)."""
+    return EventReplayJob(claimed, Actor.cli(), store, lambda: channel, namespace, progress=progress, sources=sources)
 
 
 class DiesAfterItsFirstPublish(EventReplayStore):
@@ -29,8 +31,8 @@ class DiesAfterItsFirstPublish(EventReplayStore):
     its session ends, its step's transaction and its hold of the run with it.
     Its store's database is one connection."""
 
-    async def publish(self, channel, namespace, replay_id, item, held=None):
-        published = await super().publish(channel, namespace, replay_id, item, held)
+    async def publish(self, channel, namespace, replay_id, item, held=None, sources=None, woken=None):
+        published = await super().publish(channel, namespace, replay_id, item, held, sources, woken)
         self._database.terminate()
         return published
 
@@ -45,7 +47,7 @@ class SlowArrivalRead(EventReplayStore):
         super().__init__(database)
         self.reading, self.answered = asyncio.Event(), asyncio.Event()
 
-    async def publish(self, channel, namespace, replay_id, item, held=None):
+    async def publish(self, channel, namespace, replay_id, item, held=None, sources=None, woken=None):
         self.reading.set()
         await self.answered.wait()
-        return await super().publish(channel, namespace, replay_id, item, held)
+        return await super().publish(channel, namespace, replay_id, item, held, sources, woken)

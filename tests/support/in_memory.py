@@ -304,6 +304,113 @@ class RecordingFailures:
         return Outcome.DEAD if retry_decision(event, source, exc) is None else Outcome.RETRIED
 
 
+@dataclass
+class Lane:
+    rows: list[Any] = field(default_factory=list)  # workers.ordering.store.PendingRow, pending, in run order
+    token: int = 0
+    holder: str | None = None
+    lease_until: float | None = None  # time.monotonic()
+    ready_at: float | None = None
+
+
+class InMemoryLanes:
+    """workers/ordering/store.py's LaneStore without Postgres: a lane's lease
+    and token, its pending rows, release_if_idle; `advance` is what a
+    completion does to the lane (workers/queries.sql)."""
+
+    def __init__(self):
+        self.lanes: dict[str, Lane] = {}
+        self._tokens = itertools.count(1)
+        self.released: list[str] = []
+
+    def add(self, lane: str, *rows: Any) -> None:
+        self.lanes.setdefault(lane, Lane()).rows.extend(rows)
+
+    def _ours(self, lane: str, token: int) -> Lane | None:
+        found = self.lanes.get(lane)
+        return found if found is not None and found.token == token and found.lease_until is not None else None
+
+    def advance(self, lane: str, token: int, seq: int) -> bool:
+        """The completion's advance: the row deleted while `token` is the lane's."""
+        found = self._ours(lane, token)
+        if found is None:
+            return False
+        found.rows = [row for row in found.rows if row.seq != seq]
+        return True
+
+    async def take(self, lane: str, holder: str, ttl_ms: int) -> Any:
+        from webhook_ingest.workers.ordering.store import Taken
+
+        found = self.lanes.get(lane)
+        now = time.monotonic()
+        if found is None or not found.rows or (found.lease_until is not None and found.lease_until > now):
+            return None
+        if found.ready_at is not None and found.ready_at > now:
+            return None
+        expired = found.holder is not None
+        found.token, found.holder, found.lease_until, found.ready_at = (
+            next(self._tokens),
+            holder,
+            now + ttl_ms / 1000,
+            None,
+        )
+        return Taken(found.token, expired)
+
+    async def extend(self, lanes: Sequence[tuple[str, int]], ttl_ms: int) -> set[tuple[str, int]]:
+        extended = set()
+        for lane, token in lanes:
+            found = self._ours(lane, token)
+            if found is not None:
+                found.lease_until = time.monotonic() + ttl_ms / 1000
+                extended.add((lane, token))
+        return extended
+
+    async def page(self, lane: str, token: int, size: int, hold_seconds: float) -> Any:
+        from webhook_ingest.workers.ordering.store import Page
+
+        found = self.lanes.get(lane)
+        if found is None:
+            return Page(False, None, None, ())
+        return Page(self._ours(lane, token) is not None, None, None, tuple(found.rows[:size]))
+
+    async def finish(self, lane: str, token: int, seq: int) -> bool:
+        return self.advance(lane, token, seq)
+
+    async def release_if_idle(self, lane: str, token: int) -> Any:
+        from webhook_ingest.workers.ordering.store import Idle
+
+        found = self._ours(lane, token)
+        if found is None:
+            return Idle(False, False)
+        if found.rows:
+            return Idle(True, False)
+        found.holder = found.lease_until = None
+        self.released.append(lane)
+        return Idle(True, True)
+
+    async def release(self, lane: str, token: int, ready_in: float | None = None) -> bool:
+        found = self.lanes.get(lane)
+        if found is None or found.token != token:
+            return False
+        found.holder = found.lease_until = None
+        if ready_in is not None:
+            found.ready_at = time.monotonic() + ready_in
+        self.released.append(lane)
+        return True
+
+    async def runnable(self, sources: Sequence[str], limit: int, within: float = 1.0) -> list[tuple[str, float]]:
+        now = time.monotonic()
+        found = []
+        for name, lane in self.lanes.items():
+            if not lane.rows or name.partition(":")[0].partition("#")[0] not in sources:
+                continue
+            waits = [at - now for at in (lane.lease_until, lane.ready_at) if at is not None]
+            wait = max([0.0, *waits])
+            if wait < within:
+                found.append((name, wait))
+        return found[:limit]
+
+
 def handed_on(message: EventMessage) -> HandedOn:
     """What `record_handed_on` writes for `message`: the fields HandedOn has
     (its payload hash since adversary finding B3)."""

@@ -34,8 +34,9 @@ LAYERS: list[tuple[set[str], str]] = [
         "clients of the services (logs, metrics, traces; Postgres; RabbitMQ) and signature checks",
     ),
     (
-        {"audit", "runs", "ratelimit", "incidents", "worker_heartbeats"},
-        "small stores over those: who acted, paced runs and their locks, limits, incidents, heartbeats",
+        {"audit", "runs", "ratelimit", "incidents", "worker_heartbeats", "ordering"},
+        "small stores over those: who acted, paced runs and their locks, limits, incidents, heartbeats,"
+        " ordering keys' rows",
     ),
     ({"sources"}, "the sources file: its settings (retention, routes, ignore rules) and its pauses, audited"),
     ({"archive"}, "the event archive: reads a source's routes, knows nothing of who replays or discards"),

@@ -19,10 +19,11 @@ import click
 
 from webhook_ingest.shared.archive import EventFilter, InvalidFilter
 from webhook_ingest.shared.audit import Actor
-from webhook_ingest.shared.errors import WebhookIngestError
+from webhook_ingest.shared.errors import ConfigError, WebhookIngestError
 from webhook_ingest.shared.replays import EventReplay, EventReplayJob, EventReplayStore
 from webhook_ingest.shared.runs import DEFAULT_RATE, MAX_RATE, MIN_RATE, run
 from webhook_ingest.shared.settings import Settings
+from webhook_ingest.shared.sources import Source, load_sources
 
 from .common import ENV_HELP, fail, run_or_fail
 from .dlq import _echo_json, _settings, confirm_channel, database
@@ -32,6 +33,10 @@ from .terminal import echo
 
 class NoSuchReplay(WebhookIngestError):
     pass
+
+
+class NeedsTheSourcesFile(WebhookIngestError):
+    """A selected source has ordering lanes, and the sources file (which says each event's lane) cannot be read."""
 
 
 @click.command("replay", epilog=ENV_HELP)
@@ -132,6 +137,7 @@ async def _show_or_cancel(settings: Settings, replay_id: int, cancel: bool) -> E
 async def _claim_and_run(settings: Settings, replay_id: int, rate: float, as_json: bool) -> EventReplay:
     async with database(settings) as connection, confirm_channel(settings) as channel:
         store = EventReplayStore(connection)
+        sources = await _ordering_sources(settings, store, replay_id)
         claimed = await store.claim(replay_id, rate)
         if claimed is None:
             found = await store.get(replay_id)
@@ -141,12 +147,39 @@ async def _claim_and_run(settings: Settings, replay_id: int, rate: float, as_jso
                 else f"replay {replay_id} is {found.state}: not waiting to run"
             )
         job = EventReplayJob(
-            claimed, Actor.cli(), store, lambda: channel, settings.namespace, progress=_Progress(replay_id)
+            claimed,
+            Actor.cli(),
+            store,
+            lambda: channel,
+            settings.namespace,
+            progress=_Progress(replay_id),
+            sources=sources,
         )
         await run(job)
         finished = await store.get(replay_id)
     assert finished is not None
     return finished
+
+
+async def _ordering_sources(settings: Settings, store: EventReplayStore, replay_id: int) -> dict[str, Source]:
+    """The sources file's sources: an ordered source's events go to their
+    lanes, which the file says (docs/design.md, "Ordering keys"). Unreadable
+    here (a secret it names unset in this shell): refused when a selected
+    source has ordering lanes, rather than publishing its events unordered."""
+    try:
+        return load_sources(settings.sources_path)
+    except ConfigError as exc:
+        found = await store.get(replay_id)
+        selected = found.filter.get("source") if found is not None else None
+        ordered = await store.ordered_sources(None if selected is None else [selected])
+        if ordered:
+            raise NeedsTheSourcesFile(
+                f"cannot read the sources file ({exc}), and {', '.join(ordered)} has ordering keys: which lane"
+                f" each event goes to is the file's to say. Run it where the file can be read"
+                f" (--resume {replay_id}), or --cancel {replay_id}"
+            ) from exc
+        echo(f"warning: {exc}; replaying without it (no selected source has ordering keys)", err=True)
+        return {}
 
 
 class _Progress:

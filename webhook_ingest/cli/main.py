@@ -71,6 +71,7 @@ class _Commands(click.Group):
         "incidents": "cli.incidents",  # command: module of webhook_ingest
         "sources": "cli.sources",
         "events": "cli.events",
+        "ordering": "cli.ordering",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

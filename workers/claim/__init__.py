@@ -23,9 +23,10 @@ from .batch import BatchProcessor
 from .completions import CompletionStore
 from .copies import CopiesInFlight
 from .idempotency import IdempotencyStore
+from .lease import Keeper, Lease, kept_alive
 from .ports import WorkerCompletionsPort
 from .processor import DEFER_SECONDS, Processor
-from .retry import FailurePolicy
+from .retry import FailurePolicy, describe_failure, failure_of, retry_decision
 from .states import Outcome
 
 __all__ = [
@@ -36,7 +37,13 @@ __all__ = [
     "CopiesInFlight",
     "FailurePolicy",
     "IdempotencyStore",
+    "Keeper",
+    "Lease",
     "Outcome",
     "Processor",
     "WorkerCompletionsPort",
+    "describe_failure",
+    "failure_of",
+    "kept_alive",
+    "retry_decision",
 ]

@@ -35,6 +35,7 @@ ERROR_CHARS = 2000
 
 SETTLED = {
     Outcome.PROCESSED: archive.PROCESSED,
+    Outcome.STALE: archive.STALE,
     Outcome.DUPLICATE: archive.DUPLICATE,
     Outcome.CONFLICT: archive.CONFLICT,
 }

@@ -206,7 +206,9 @@ class CompletionStore:
 
     async def complete_event(self, connection: asyncpg.Connection, message: EventMessage, token: int) -> bool:
         """The completion row, refused (False) unless `token` is the key's
-        current one and the key is not completed yet; ends the lease."""
+        current one and the key is not completed yet; ends the lease. An
+        ordered row's (`message.ordered`) also advances its lane, and is
+        refused unless the lane's token is still its holder's."""
         return await connection.fetchval(SQL["complete_event"], *completion_row(message, token)) is not None
 
     async def complete_events(
@@ -332,7 +334,10 @@ def _acquired(
 
 
 def completion_row(message: EventMessage, token: int) -> tuple:
-    """complete_event's arguments; the arrival names the archived arrival that ran (shared/archive/settling.py)."""
+    """complete_event's arguments; the arrival names the archived arrival that ran (shared/archive/settling.py);
+    an ordered row's lane, the lane holder's token, its seq, its `by` and whether it completes unrun (stale),
+    so that its completion advances its lane (docs/design.md, "Ordering keys")."""
+    step = message.ordered
     return (
         message.key,
         message.source,
@@ -342,6 +347,11 @@ def completion_row(message: EventMessage, token: int) -> tuple:
         message.attempt,
         message.message_id or None,
         message.arrival or None,
+        None if step is None else step.lane,
+        None if step is None else step.token,
+        None if step is None else step.seq,
+        None if step is None else step.by,
+        step is not None and step.stale,
     )
 
 

@@ -31,8 +31,9 @@ from .states import Outcome
 # The leader settled the event for its copies too: completed, or carried on
 # by the retry message it published, or recorded as a dead letter. A copy
 # run again would start a second retry chain (more attempts, sooner, than
-# the source allows). Not DEFERRED: see the module's last paragraph.
-_SETTLED = (Outcome.PROCESSED, Outcome.DUPLICATE, Outcome.RETRIED, Outcome.DEAD)
+# the source allows). STALE completed it too (unrun, ordering keys). Not
+# DEFERRED: see the module's last paragraph.
+_SETTLED = (Outcome.PROCESSED, Outcome.STALE, Outcome.DUPLICATE, Outcome.RETRIED, Outcome.DEAD)
 
 
 @dataclass
@@ -73,7 +74,7 @@ class CopiesInFlight:
         outcome = await asyncio.shield(leader.outcome)
         if outcome not in _SETTLED or leader.event.payload_sha256 != copy.payload_sha256:
             return False
-        return outcome is Outcome.PROCESSED or _same_attempt(leader.event, copy)
+        return outcome in (Outcome.PROCESSED, Outcome.STALE) or _same_attempt(leader.event, copy)
 
 
 def _same_attempt(leader: EventMessage, copy: EventMessage) -> bool:

@@ -64,6 +64,11 @@ TURN_RECHECKS = (0.02, 0.05, 0.1, 0.2)  # seconds: a turn held in Postgres, befo
 _RELEASED_BY_DONE_MARKER = (Outcome.PROCESSED, Outcome.CONFLICT)
 
 
+def _stale(message: EventMessage) -> bool:
+    """An ordered row older (`by`) than its lane's last processed, under `stale = "skip"`."""
+    return message.ordered is not None and message.ordered.stale
+
+
 class CompletionRefused(Exception):
     """Our fencing token is not the key's current one, or the key completed meanwhile."""
 
@@ -104,6 +109,7 @@ class Processor:
         self._lock_renewals = LockRenewals(store)
         self._lease_renewals = LeaseRenewals(completions, store.redlock.ttl_ms, renewal_writers)
         self._statements = CoalescedStatements(completions, store.redlock.ttl_ms)
+        self._background: set[asyncio.Task] = set()  # ordered rows' done markers
 
     def runs(self, message: EventMessage) -> bool:
         """Whether a handler here runs `message`: its source's, or its route's
@@ -139,6 +145,32 @@ class Processor:
             case _:
                 assert_never(claim.state)
 
+    async def run_ordered(self, message: EventMessage) -> Outcome:
+        """A row of an ordering key's lane (`message.ordered`), run by the
+        lane's holder: no Redis claim (the lane's lease keeps other workers off
+        its rows; a copy elsewhere still meets the key's lease, turn and
+        fence), then `_run`, whose completion advances the lane
+        (docs/design.md, "Ordering keys")."""
+        assert message.ordered is not None
+        return await self._run(message)
+
+    async def run_leased(self, message: EventMessage, lease: Lease, completed_sha256: str | None) -> Outcome:
+        """`run_ordered` for a row whose lease its page took (`lease_rows`)."""
+        assert message.ordered is not None
+        return await self._run(message, lease, completed_sha256)
+
+    async def lease_rows(self, keys: list[str]) -> tuple[dict[str, Lease], dict[str, str]]:
+        """The leases granted among `keys` (distinct) in one statement, and
+        which of those keys are completed, read in the next statement (its
+        snapshot follows the grants: "Exclusion")."""
+        async with self._completions.statement() as connection:
+            leases = await self._completions.take_leases(connection, keys, self._store.redlock.ttl_ms)
+            completed = await self._completions.check_completed(connection, list(leases)) if leases else {}
+        return leases, completed
+
+    async def release_leases(self, leases: list[Lease]) -> None:
+        await self._completions.release_leases(leases)
+
     async def _claim_when_free(self, key: str) -> Claim:
         """Claims again a few times while the key is in flight elsewhere.
 
@@ -171,22 +203,30 @@ class Processor:
                 await quietly(self._store.release(lock))
         return outcome
 
-    async def _run(self, message: EventMessage) -> Outcome:
+    async def _run(
+        self, message: EventMessage, leased: Lease | None = None, completed_sha256: str | None = None
+    ) -> Outcome:
         """Step 2 and 3, under a Redis lock already kept alive (or none).
         What follows a failure (dead letter, conflict row, deferral) runs
         with no connection held, so a full pool never waits on itself. The
-        lease is kept until a failed attempt is handed on (`workers.claim.attempts`)."""
-        lease = None
+        lease is kept until a failed attempt is handed on (`workers.claim.attempts`).
+        `leased`: the key's lease taken already (an ordered page's, `lease_rows`),
+        with the completion check its statement read after the grant."""
+        lease = leased
         try:
             async with contextlib.AsyncExitStack() as keeping:
                 try:
                     with tracing.span("lease", message):
-                        lease = await self._take_lease(message.key)
+                        if lease is None:
+                            lease = await self._take_lease(message.key)
                         if already_handed_on(message, lease.handed_on):
                             raise AttemptHandedOn()
                         lease_keeper = self.lease_keeper([lease])
                         await keeping.enter_async_context(kept_alive([lease_keeper]))
-                        await self._check_not_completed(message.key)
+                        if leased is None:
+                            await self._check_not_completed(message.key)
+                        elif completed_sha256 is not None:
+                            raise AlreadyCompleted(completed_sha256)
                     await self._complete(message, lease, lease_keeper)
                     lease = None  # ended by the completion
                 except Exception as exc:
@@ -197,8 +237,16 @@ class Processor:
         finally:
             if lease is not None:
                 await self._completions.release_leases([lease])
-        await quietly(self._store.complete(message.key, message.payload_sha256))
-        return Outcome.PROCESSED
+        if message.ordered is None:
+            await quietly(self._store.complete(message.key, message.payload_sha256))
+        else:  # the lane's next row need not wait for Redis (a hint only: the lane lease keeps others off)
+            self._in_background(quietly(self._store.complete(message.key, message.payload_sha256)))
+        return Outcome.STALE if _stale(message) else Outcome.PROCESSED
+
+    def _in_background(self, coroutine) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _complete(self, message: EventMessage, lease: Lease, lease_keeper: Keeper) -> None:
         """The handler (cancelled if the lease is lost meanwhile) and the
@@ -210,7 +258,8 @@ class Processor:
         with contextlib.ExitStack() as committing:  # the commit's span ends after the transaction's COMMIT
             async with handler_db:
                 with cancelled_when_lost(lease_keeper, handler_db):  # inside: a lost lease closes, never rolls back
-                    await self.call_handler(handler_db, message)
+                    if not _stale(message):  # a stale ordered row completes unrun
+                        await self.call_handler(handler_db, message)
                     lease_keeper.check()
                     committing.enter_context(tracing.span("commit", message))
                     if not await handler_db.complete(message, lease.token):

@@ -9,6 +9,7 @@ takes such a duplicate for the copy it is (`workers.claim.attempts`).
 
 import asyncio
 import traceback
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import asyncpg
@@ -81,18 +82,27 @@ class FailurePolicy:
         return Outcome.RETRIED
 
     async def dead_letter(
-        self, event: EventMessage, error: dict, permanent: bool = False, handler: str = ""
+        self,
+        event: EventMessage,
+        error: dict,
+        permanent: bool = False,
+        handler: str = "",
+        beside: Callable[[asyncpg.Connection, int], Awaitable[object]] | None = None,
     ) -> int | None:
         """Records the event with its whole error history, counted in its
         incident; returns only once committed, waiting while Postgres is
         away (not running the handler again). A count Postgres refuses
-        does not refuse the dead letter (`_counted_beside`)."""
+        does not refuse the dead letter (`_counted_beside`). `beside`, given
+        the connection and the dead letter's id, writes in the same
+        transaction (an ordered row kept dead, its lane blocked: workers/ordering)."""
         for pause in pauses():
             try:
                 async with self._pool.acquire(timeout=10) as connection, connection.transaction():
                     # bounded: a session that died unseen is dropped by the pool's release
                     dead_letter_id = await record_dead_letter(connection, event, (*event.errors, error), timeout=10)
                     if dead_letter_id is not None:
+                        if beside is not None:
+                            await beside(connection, dead_letter_id)
                         await _counted_beside(connection, failure_of(event, handler, error, dead_letter_id))
                 break
             except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:

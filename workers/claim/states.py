@@ -30,6 +30,7 @@ class Outcome(enum.Enum):
     PARKED = "parked"  # its source is paused: kept in NS.paused.<source> until resumed
     ROUTED = "routed"  # its source has routes: one message per route taking it was queued
     UNROUTED = "unrouted"  # its source has routes and none takes it: nothing to run
+    STALE = "stale"  # ordered, `by` older than its lane's last processed, stale = "skip": completed unrun
 
 
 def classify_completed(completed_sha256: str, payload_sha256: str) -> Outcome:

@@ -1097,3 +1097,62 @@ VALUES ($1, nextval('fencing_tokens'), $2, $3, $4)
 ON CONFLICT (key) DO UPDATE SET replay_of = $2, attempt = $3, payload_sha256 = $4, updated_at = now()
 WHERE key_fences.replay_of < $2 OR (key_fences.replay_of = $2 AND key_fences.attempt < $3)
 """
+
+
+# -- `stale` (migration 0028; docs/design.md, "Ordering keys") ----------------------------
+# An ordered event older than its lane's last, under `stale = "skip"`, is
+# completed without its handler: its completion says `stale`, and so does
+# its arrival's end, as `processed` would.
+
+
+async def stale_run(archive_store, *runs) -> None:
+    await ran(archive_store, *runs)
+    await archive_store._database.execute(
+        "UPDATE processed_events SET stale = true WHERE key = ANY($1::text[])", [run.key for run in runs]
+    )
+
+
+async def test_a_stale_completion_settles_its_arrival_stale_and_its_copies_duplicate(archive_store):
+    first = arrival_of("acme", "evt_s1", 5)
+    copy = dataclasses.replace(first, arrival=new_arrival(), received_at=first.received_at + 1)
+    await arrived(archive_store, first, copy)
+    await stale_run(archive_store, first)
+    await archive_store.settle(0, ROUTES)
+    assert await statuses(archive_store, first.key) == [("stale", 1), ("duplicate", 1)]
+    assert await archive_store.settle(0, ROUTES) == (0, None)
+
+
+async def test_a_workers_stale_note_is_an_end_a_twins_duplicate_does_not_write_over(archive_store):
+    event = arrival_of("acme", "evt_s2", 5)
+    await arrived(archive_store, event)
+    await stale_run(archive_store, event)
+    await archive_store.write_outcomes([archive.outcome_row(event, archive.STALE, time.time())])
+    await archive_store.write_outcomes([archive.outcome_row(event, archive.DUPLICATE, time.time())])
+    assert await statuses(archive_store, event.key) == [("stale", 1)]
+    completed_at = await archive_store._database.fetchval(
+        "SELECT completed_at FROM event_archive WHERE key = $1", event.key
+    )
+    assert completed_at is not None
+    assert await archive_store.settle(0, ROUTES) == (0, None)
+
+
+async def test_prune_settles_a_stale_completion_s_arrival_stale(archive_store):
+    event = arrival_of("acme", "evt_s3", 10)
+    copy = arrival_of("acme", "evt_s3", 9)
+    await arrived(archive_store, event, copy)
+    await stale_run(archive_store, event)
+    await pruned(archive_store)
+    assert await statuses(archive_store, event.key) == [("stale", 1), ("duplicate", 1)]
+
+
+async def test_the_upkeep_makes_a_stale_run_s_arrival_noted_duplicate_stale(archive_store, monkeypatch):
+    """The twin's `duplicate` landed first and the run's own note was lost: the
+    completion naming the arrival settles it `stale`, not `processed`."""
+    event = arrival_of("acme", "evt_s4", 5)
+    await arrived(archive_store, event, status=archive.DUPLICATE)
+    await stale_run(archive_store, event)
+    await archive_store._database.execute(
+        "UPDATE processed_events SET completed_at = now() - interval '10 seconds' WHERE key = $1", event.key
+    )
+    await upkeep_round(archive_store, monkeypatch)
+    assert await statuses(archive_store, event.key) == [("stale", 1)]

@@ -13,6 +13,7 @@ import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
+import aio_pika
 import asyncpg
 import pytest
 from click.testing import CliRunner
@@ -32,10 +33,11 @@ from webhook_ingest.shared.archive import model as archive
 from webhook_ingest.shared.archive.search import parse_filter
 from webhook_ingest.shared.archive.store import ArchiveStore
 from webhook_ingest.shared.audit.actor import Actor
+from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.dead_letters.model import record_dead_letter
 from webhook_ingest.shared.replays import store as event_replay_store
 from webhook_ingest.shared.replays.keys import parse, replay_key
-from webhook_ingest.shared.replays.model import replayed_message
+from webhook_ingest.shared.replays.model import ReplayItem, replayed_message
 from webhook_ingest.shared.replays.store import EventReplayStore
 from webhook_ingest.shared.runs import locks as run_locks
 from webhook_ingest.shared.runs import paced as paced_runs
@@ -43,6 +45,7 @@ from webhook_ingest.shared.runs.paced import run
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources.model import load_sources
 from webhook_ingest.shared.upkeep import ArchiveUpkeep
+from webhook_ingest.workers.fan_out import route_messages
 
 TOKEN = "s3cret-admin-token-of-the-event-replay-tests"
 VIEWER = "s3cret-viewer-token-of-the-event-replay-tests"
@@ -1011,4 +1014,58 @@ async def test_a_statement_of_the_last_pass_does_not_move_the_next_pass_s_positi
     finally:
         for other in (x, b, a):
             await other.close()
+        await connection.close()
+
+
+ROUTED_ORDERED = """
+[sources.routed]
+scheme = "hmac-sha256"
+secrets = ["s"]
+
+[[sources.routed.routes]]
+name = "billing"
+handler = "inbox"
+ordering = { key = "body:object" }
+
+[[sources.routed.routes]]
+name = "audit"
+handler = "inbox"
+"""
+
+
+async def test_a_replay_of_a_routed_event_leaves_its_ordered_routes_to_their_lanes(settings, tmp_path):
+    """The ingress writes the ordered route's row and publishes one message
+    naming it (`x-laned-routes`), so the fan-out skips it (A's interfaces,
+    item 1, asked the same of replays by selection). EventReplayStore.publish
+    inserts the row for `billing` and publishes the replayed message as it is:
+    the worker fans it out to `billing` as well, whose run (the same key,
+    replay-R/KEY#billing) then races the lane — past a block, a hold or
+    earlier rows of the live stream — and the lane's row is the duplicate."""
+    path = tmp_path / "sources.toml"
+    path.write_text(ROUTED_ORDERED)
+    sources = load_sources(str(path))
+    arrival = archived_event("routed", "evt_r1", at(30), "invoice.paid", object="o1")
+    await seed_archive(settings.database_url, [arrival])
+    item = ReplayItem(1, "routed", arrival.key, datetime.fromtimestamp(arrival.received_at, UTC))
+    broker = await aio_pika.connect(settings.amqp_url)
+    async with broker:
+        channel = await broker.channel(publisher_confirms=True)
+        await topology.declare_events_queue(channel, settings.namespace, settings.delivery_limit)
+        connection = await asyncpg.connect(settings.database_url)
+        try:
+            assert await EventReplayStore(connection).publish(channel, settings.namespace, 7, item, sources=sources)
+        finally:
+            await connection.close()
+    lanes = await fetch_all(settings.database_url, "SELECT lane, key FROM ordered_events")
+    assert [(row["lane"], row["key"]) for row in lanes] == [("routed#billing:o1", "replay-7/routed:evt_r1#billing")]
+    [published] = await queued_events(settings.amqp_url, settings.namespace)
+    fanned_out = [message.route for message in route_messages(sources["routed"], published)]
+    assert fanned_out == ["audit"], fanned_out
+
+
+async def fetch_all(database_url: str, sql: str) -> list[asyncpg.Record]:
+    connection = await asyncpg.connect(database_url)
+    try:
+        return await connection.fetch(sql)
+    finally:
         await connection.close()

@@ -5,13 +5,17 @@ goes in once, naming no arrival, and a key completed by either release is
 refused to the other (exactly once across the mixed fleet)."""
 
 import dataclasses
+from datetime import timedelta
 
 import asyncpg
 import pytest
 
 from tests.support.events import make_event
+from webhook_ingest.shared.event import OrderedStep
 from webhook_ingest.shared.event.message import new_arrival
+from webhook_ingest.shared.ordering import insert_ordered, ordered_row
 from webhook_ingest.workers.claim.completions import CompletionStore
+from webhook_ingest.workers.ordering import LaneStore
 
 PREVIOUS_COMPLETE_EVENT = """
 WITH fence AS (
@@ -83,3 +87,29 @@ async def test_a_key_this_release_completed_is_refused_to_the_previous_release(c
     theirs = await completions.take_leases(connection, [event.key], 5000)
     assert await connection.fetchval(PREVIOUS_COMPLETE_EVENT, *previous_row(event, theirs[event.key].token)) is None
     assert await connection.fetchval("SELECT arrival FROM processed_events WHERE key = $1", event.key) == event.arrival
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="prune never deletes an idle lane: ordering_keys keeps a row for every ordering key ever seen",
+)
+async def test_prune_deletes_a_lane_idle_past_the_window(connection):
+    """docs/design.md, "Ordering keys" (the plan's §2): `prune` also deletes
+    idle lanes (pending 0, free, unblocked, untouched within the window).
+    CompletionStore.prune deletes completions and key fences only."""
+    completions, lanes = CompletionStore(connection), LaneStore(connection)
+    event = dataclasses.replace(make_event("acme", "evt_idle"), arrival=new_arrival())
+    await insert_ordered(connection, [ordered_row(event, "acme:sub_1", None)])
+    taken = await lanes.take("acme:sub_1", "w1", 5000)
+    assert taken is not None
+    lease = (await completions.take_leases(connection, [event.key], 5000))[event.key]
+    ordered = dataclasses.replace(event, ordered=OrderedStep("acme:sub_1", 1, taken.token, None))
+    async with connection.transaction():
+        assert await completions.complete_event(connection, ordered, lease.token)
+    assert (await lanes.release_if_idle("acme:sub_1", taken.token)).released
+    await connection.execute("UPDATE processed_events SET completed_at = now() - interval '2 days'")
+    await connection.execute("UPDATE key_fences SET updated_at = now() - interval '2 days'")
+    await connection.execute("UPDATE ordering_keys SET updated_at = now() - interval '2 days'")
+    await completions.prune(timedelta(days=1))
+    assert await connection.fetchval("SELECT count(*) FROM processed_events") == 0  # the completion went
+    assert await connection.fetchval("SELECT count(*) FROM ordering_keys") == 0  # and the idle lane with it

@@ -61,3 +61,8 @@ def test_payloads_postgres_would_refuse_are_problems():
     for text in ('{"a": "\\u0000"}', '{"\\ud800": 1}', '{"a": Infinity}', "[" * 5000, '"text"'):
         assert [p.field for p in filter_and_problems({"payload": text})[1]] == ["payload"], text
     assert filter_and_problems({"payload": '{"customer": "cus_123", "n": 123456789012345678901234}'})[1] == []
+
+
+def test_stale_is_an_archive_status_a_search_may_ask_for():
+    where, problems = filter_and_problems({"status": "stale"})
+    assert problems == [] and where.status == "stale"
