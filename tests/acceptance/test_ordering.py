@@ -14,11 +14,9 @@ begin with one that runs 1 s (`descending`), so that run as they come
 """
 
 import asyncio
-import itertools
 import os
 import signal
 import time
-from collections import defaultdict
 
 import aiohttp
 import asyncpg
@@ -30,13 +28,12 @@ from click.testing import CliRunner
 from tests.conftest import REDIS_URL
 from tests.support.broker import amqp_port
 from tests.support.ordering_handlers import ORDERING_TABLES
+from tests.support.ordering_runs import change_pause, cpu_over, fetch, out_of_order, runs_by_lane, starts_of, until_runs
 from tests.support.processes import count_rows, wait_for_output, wait_until
 from tests.support.tcpproxy import TcpProxy
 from webhook_ingest.cli.main import main
 from webhook_ingest.shared import signatures
-from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.ordering import BlockedLane, blocked_lanes
-from webhook_ingest.shared.sources.pauses import PauseStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ordering_tables")]
 
@@ -137,41 +134,6 @@ async def send_lanes(base_url: str, lanes: dict[str, list[bytes]]) -> list[int]:
     return [status for statuses in answers for status in statuses]
 
 
-async def fetch(database_url: str, sql: str, *args) -> list[asyncpg.Record]:
-    connection = await asyncpg.connect(database_url)
-    try:
-        return await connection.fetch(sql, *args)
-    finally:
-        await connection.close()
-
-
-async def runs_by_lane(database_url: str) -> dict[str, list[asyncpg.Record]]:
-    """Each lane's effects (version_runs), in the order their runs started."""
-    lanes: dict[str, list[asyncpg.Record]] = defaultdict(list)
-    for run in await fetch(database_url, "SELECT * FROM version_runs ORDER BY started"):
-        lanes[run["object"]].append(run)
-    return lanes
-
-
-async def until_runs(database_url: str, count: int, timeout: float = 60) -> None:
-    async def done() -> bool:
-        return await count_rows(database_url, "version_runs") >= count
-
-    await wait_until(done, timeout, interval=0.1, message=f"{count} effects")
-
-
-def out_of_order(runs: list[asyncpg.Record], versions: list[int]) -> list[str]:
-    """What breaks "one after another in the order accepted": versions not
-    run once each in order, or a run that began before the previous one's ended."""
-    problems = []
-    if [run["version"] for run in runs] != versions:
-        problems.append(f"versions ran as {[run['version'] for run in runs]}, sent as {versions}")
-    for earlier, later in itertools.pairwise(runs):
-        if later["started"] < earlier["ended"]:
-            problems.append(f"version {later['version']} began before version {earlier['version']} ended")
-    return problems
-
-
 # -- A: configuration and intake ------------------------------------------------------
 
 
@@ -246,14 +208,14 @@ async def test_a_holder_killed_mid_handler_leaves_its_lane_to_another_within_the
     base_url, workers = await deployment(settings, fleet, tmp_path)
     assert await send_lane(base_url, "a", [1], sleep=5) == [200]
     assert await send_lane(base_url, "a", [2, 3, 4, 5], sleep=0) == [200] * 4
-    [first] = await _starts_of(settings.database_url, 1, count=1)
+    [first] = await starts_of(settings.database_url, 1, count=1)
     holder = next(worker for worker in workers if worker.pid == first["pid"])
     holder.kill()
     killed_at = time.time()
     await until_runs(settings.database_url, 5, timeout=60)
     ran = await runs_by_lane(settings.database_url)
     assert out_of_order(ran["a"], [1, 2, 3, 4, 5]) == []
-    [_, again] = await _starts_of(settings.database_url, 1, count=2)
+    [_, again] = await starts_of(settings.database_url, 1, count=2)
     assert again["started"] - killed_at <= settings.lock_ttl + 1.1
 
 
@@ -264,7 +226,7 @@ async def test_a_holder_stopped_mid_handler_leaves_the_effects_in_order(settings
     base_url, _ = await deployment(settings, fleet, tmp_path)
     assert await send_lane(base_url, "a", [1], sleep=1) == [200]
     assert await send_lane(base_url, "a", [2, 3, 4, 5, 6], sleep=0) == [200] * 5
-    [first] = await _starts_of(settings.database_url, 1, count=1)
+    [first] = await starts_of(settings.database_url, 1, count=1)
     os.kill(first["pid"], signal.SIGSTOP)
     try:
         await asyncio.sleep(stopped_seconds)
@@ -297,13 +259,13 @@ async def test_the_namespaces_redis_keys_deleted_mid_stream_change_nothing(setti
 
 async def test_pause_and_resume_keep_each_lanes_order(settings, fleet, tmp_path):
     base_url, _ = await deployment(settings, fleet, tmp_path)
-    await _change_pause(settings.database_url, pause=True)
+    await change_pause(settings.database_url, pause=True)
     await asyncio.sleep(1.5)  # a pause reaches every worker within about a second (reference §8.3)
     lanes = {f"obj_{n}": descending(f"obj_{n}", 5) for n in range(10)}
     assert set(await send_lanes(base_url, lanes)) == {200}
     await asyncio.sleep(1)
     assert await count_rows(settings.database_url, "version_starts") == 0
-    await _change_pause(settings.database_url, pause=False)
+    await change_pause(settings.database_url, pause=False)
     await until_runs(settings.database_url, 50)
     ran = await runs_by_lane(settings.database_url)
     assert {lane: out_of_order(ran[lane], [1, 2, 3, 4, 5]) for lane in lanes} == {lane: [] for lane in lanes}
@@ -338,49 +300,12 @@ async def test_a_lane_waiting_on_its_hold_costs_no_cpu_beyond_idle(settings, fle
         settings, fleet, tmp_path, ordering='by = "body:version"\nhold = "2s"', workers=1
     )
     await asyncio.sleep(2)  # started up
-    idle = await _cpu_over(worker.pid, 1.8)
+    idle = await cpu_over(worker.pid, 1.8)
     assert await send_lane(base_url, "a", [1]) == [200]
-    holding = await _cpu_over(worker.pid, 1.8)
+    holding = await cpu_over(worker.pid, 1.8)
     assert await count_rows(settings.database_url, "version_starts") == 0  # still held
     assert holding <= idle + 0.05, (idle, holding)
     await until_runs(settings.database_url, 1, timeout=10)
-
-
-async def _starts_of(database_url: str, version: int, count: int) -> list[asyncpg.Record]:
-    """The first `count` starts of `version` of lane a, once there are that many."""
-
-    async def started() -> list[asyncpg.Record] | None:
-        rows = await fetch(
-            database_url,
-            "SELECT pid, started FROM version_starts WHERE object = 'a' AND version = $1 ORDER BY started",
-            version,
-        )
-        return rows[:count] if len(rows) >= count else None
-
-    found = await wait_until(started, 60, message=f"{count} starts of version {version}")
-    return list(found)
-
-
-async def _change_pause(database_url: str, pause: bool) -> None:
-    connection = await asyncpg.connect(database_url)
-    try:
-        store = PauseStore(connection)
-        assert await (store.pause if pause else store.resume)("acme", Actor.cli())
-    finally:
-        await connection.close()
-
-
-async def _cpu_over(pid: int, seconds: float) -> float:
-    """CPU seconds (user + system) process `pid` used over the next `seconds`."""
-    before = _cpu_seconds(pid)
-    await asyncio.sleep(seconds)
-    return _cpu_seconds(pid) - before
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- C: on-call -------------------------------------------------------------------------
