@@ -76,7 +76,7 @@ def parse(entries: Sequence[Mapping[str, Any]], event_type: Sequence[event_id.Se
 def _route(index: int, entry: Mapping[str, Any], event_type: Sequence[event_id.Selector]) -> Route:
     where = f"routes[{index}]"
     name = entry.get("name", derived_name(entry["handler"]))
-    if not NAME.fullmatch(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise RouteError(
             f"{where}.name", f"{name!r}: 1 to 64 of A-Z a-z 0-9 _ . - (it ends the route's idempotency keys, KEY#NAME)"
         )

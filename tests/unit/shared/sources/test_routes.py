@@ -113,7 +113,6 @@ def test_any_routes_table_is_routes_or_one_line_naming_where(tables):
     assert len(set(names)) == len(names) and all(NAME.fullmatch(name) for name in names)
 
 
-@pytest.mark.xfail(strict=True, reason="a route name None passes the type check and raises TypeError in NAME.fullmatch")
 def test_a_route_name_none_is_one_line_naming_it():
     """Found by the property test above on CI's run: a table built in
     Python (TOML has no null) with `name` None; 5 or a list already say
