@@ -66,16 +66,6 @@ def _xdist_controller(config) -> bool:
     return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
 
 
-@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle, which it keeps within each group
-def pytest_collection_modifyitems(config, items):
-    """In `make test`'s test processes (each collects the same order), the
-    acceptance tests — the longest, up to ~35 s each — are handed out
-    first, so the last tests left are short ones and no process waits out
-    a long test alone at the end (worksteal takes from the back)."""
-    if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: not item.nodeid.startswith("tests/acceptance/"))
-
-
 def pytest_unconfigure(config):
     broker.stop()
 
