@@ -327,6 +327,17 @@ FROM unnest($1::text[], $2::text[]) AS archived(source, source_table)
 -- the others, on KEY. `held` is read per queued row only (docs/design.md,
 -- "Routes").
 
+-- fragment: archive_held(sources, routes)
+-- `held.processing` of each archived row `a` (above): $sources and $routes
+-- the sources file's routes (SourceRoutes).
+CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($sources::text[])
+    THEN EXISTS (SELECT FROM unnest($sources::text[], $routes::text[]) AS r(source, route)
+                 WHERE r.source = a.source AND EXISTS (
+                     SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || r.route
+                                              AND key_fences.lease_until > clock_timestamp()))
+    ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
+    END AS processing) held
+
 -- fragment: archive_filter
 -- The archive's filter, as search_archive, export_archive, count_archive
 -- and a replay by selection (shared/replays/queries.sql) read it, after
@@ -364,13 +375,7 @@ WHERE ($1::text IS NULL OR a.source = $1)
 SELECT a.source, a.key, a.received_at, a.arrival, a.event_id, a.event_type, a.payload_sha256, a.attempts,
        a.last_error, a.completed_at, a.replay_of, a.ignore_rule, CASE WHEN held.processing THEN 'processing' ELSE a.status END AS status
 FROM event_archive a
-CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($14::text[])
-    THEN EXISTS (SELECT FROM unnest($14::text[], $15::text[]) AS r(source, route)
-                 WHERE r.source = a.source AND EXISTS (
-                     SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || r.route
-                                              AND key_fences.lease_until > clock_timestamp()))
-    ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
-    END AS processing) held
+{{archive_held($14, $15)}}
 {{archive_filter}}
   AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key, a.arrival) < ($9, $10::text, $11::text, $12::int8))
 ORDER BY a.received_at DESC, a.source DESC, a.key DESC, a.arrival DESC
@@ -383,13 +388,7 @@ SELECT a.source, a.key, a.received_at, a.arrival, a.event_id, a.event_type, a.pa
        a.attempts, a.last_error, a.completed_at, a.replay_of, a.ignore_rule,
        CASE WHEN held.processing THEN 'processing' ELSE a.status END AS status
 FROM event_archive a
-CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($14::text[])
-    THEN EXISTS (SELECT FROM unnest($14::text[], $15::text[]) AS r(source, route)
-                 WHERE r.source = a.source AND EXISTS (
-                     SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || r.route
-                                              AND key_fences.lease_until > clock_timestamp()))
-    ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
-    END AS processing) held
+{{archive_held($14, $15)}}
 {{archive_filter}}
   AND ($9::timestamptz IS NULL OR (a.received_at, a.source, a.key, a.arrival) < ($9, $10::text, $11::text, $12::int8))
 ORDER BY a.received_at DESC, a.source DESC, a.key DESC, a.arrival DESC
@@ -400,13 +399,7 @@ LIMIT $13
 -- the sources file's routes.
 SELECT count(*) FROM (
     SELECT FROM event_archive a
-    CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($10::text[])
-        THEN EXISTS (SELECT FROM unnest($10::text[], $11::text[]) AS r(source, route)
-                     WHERE r.source = a.source AND EXISTS (
-                         SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || r.route
-                                                  AND key_fences.lease_until > clock_timestamp()))
-        ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
-        END AS processing) held
+    {{archive_held($10, $11)}}
     {{archive_filter}}
     LIMIT $9
 ) capped

@@ -33,18 +33,45 @@ around the reference. A fragment is defined in the same file or in the
 one of a lower layer, as its imports); it holds no reference itself, a
 reference to a fragment no one defines is an error at load, and a name is
 defined once among a file's statements and fragments.
+
+A fragment whose parameters differ between its users names them in its
+header, and each reference gives their numbers, in that order:
+
+    -- fragment: held(sources, routes)
+    … a.source = ANY($sources::text[]) …
+
+    -- name: search_archive
+    {{held($14, $15)}}
+
+Each `$name` of the fragment becomes the reference's number, so Postgres
+again receives the text written out; a reference with a different count,
+a `$name` the header does not declare, or a parameter it never uses is an
+error at load.
 """
 
 import importlib.resources
 import re
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
-_HEADER = re.compile(r"^-- (name|fragment): ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
-REFERENCE = re.compile(r"^([ \t]*)\{\{([a-z_][a-z0-9_]*)\}\}[ \t]*$", re.MULTILINE)
+_NAME = r"[a-z_][a-z0-9_]*"
+_HEADER = re.compile(rf"^-- (name|fragment): ({_NAME})(?:\(([^)\n]*)\))?\s*$", re.MULTILINE)
+REFERENCE = re.compile(rf"^([ \t]*)\{{\{{({_NAME})(?:\(([^)\n]*)\))?\}}\}}[ \t]*$", re.MULTILINE)
+_NAMED_PARAMETER = re.compile(rf"\$({_NAME})")
+
+
+class Fragment(NamedTuple):
+    """A fragment's text as written and the names of its parameters, in order."""
+
+    text: str
+    parameters: tuple[str, ...] = ()
+
+    def filled(self, arguments: tuple[str, ...]) -> str:
+        return _NAMED_PARAMETER.sub(lambda named: arguments[self.parameters.index(named[1])], self.text)
 
 
 def load_queries(package: str, filename: str = "queries.sql", *, fragments_from: Iterable[str] = ()) -> dict[str, str]:
-    fragments: dict[str, str] = {}
+    fragments: dict[str, Fragment] = {}
     for other in fragments_from:
         fragments |= parse_blocks(_read(other, "queries.sql"))[1]
     return parse_queries(_read(package, filename), fragments)
@@ -54,7 +81,7 @@ def _read(package: str, filename: str) -> str:
     return importlib.resources.files(package).joinpath(filename).read_text()
 
 
-def parse_queries(text: str, fragments: Mapping[str, str] | None = None) -> dict[str, str]:
+def parse_queries(text: str, fragments: Mapping[str, Fragment] | None = None) -> dict[str, str]:
     """The statements of `text`, its references expanded with its own
     fragments and `fragments` (another file's)."""
     statements, own = parse_blocks(text)
@@ -62,27 +89,54 @@ def parse_queries(text: str, fragments: Mapping[str, str] | None = None) -> dict
     return {name: expand(statement, available) for name, statement in statements.items()}
 
 
-def parse_blocks(text: str) -> tuple[dict[str, str], dict[str, str]]:
+def parse_blocks(text: str) -> tuple[dict[str, str], dict[str, Fragment]]:
     """The statements and the fragments of `text`, as written (unexpanded)."""
     parts = _HEADER.split(text)
     statements: dict[str, str] = {}
-    fragments: dict[str, str] = {}
-    for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3]):
+    fragments: dict[str, Fragment] = {}
+    for kind, name, parameters, body in zip(parts[1::4], parts[2::4], parts[3::4], parts[4::4], strict=True):
         if name in statements or name in fragments:
             raise ValueError(f"query {name!r} is defined twice")
         block = _statement(body)
-        if kind == "fragment" and REFERENCE.search(block):
+        if kind == "name":
+            if parameters is not None:
+                raise ValueError(f"statement {name!r} declares parameters: only a fragment does")
+            statements[name] = block
+            continue
+        if REFERENCE.search(block):
             raise ValueError(f"fragment {name!r} refers to another fragment")
-        (statements if kind == "name" else fragments)[name] = block
+        fragments[name] = _fragment(name, block, parameters)
     return statements, fragments
 
 
-def expand(statement: str, fragments: Mapping[str, str]) -> str:
+def _fragment(name: str, text: str, parameters: str | None) -> Fragment:
+    declared = _arguments(parameters)
+    used = set(_NAMED_PARAMETER.findall(text))
+    if not all(re.fullmatch(_NAME, parameter) for parameter in declared) or len(set(declared)) != len(declared):
+        raise ValueError(f"fragment {name!r} declares its parameters as ({parameters})")
+    if used != set(declared):
+        raise ValueError(f"fragment {name!r} declares ({parameters or ''}) but uses {sorted(used)}")
+    return Fragment(text, declared)
+
+
+def _arguments(listed: str | None) -> tuple[str, ...]:
+    return () if not listed else tuple(part.strip() for part in listed.split(","))
+
+
+def expand(statement: str, fragments: Mapping[str, Fragment]) -> str:
     def fragment(reference: re.Match[str]) -> str:
-        indent, name = reference.groups()
+        indent, name, listed = reference.groups()
         if name not in fragments:
             raise ValueError(f"fragment {name!r} is not defined")
-        return "\n".join(indent + line if line else line for line in fragments[name].splitlines())
+        arguments = _arguments(listed)
+        if len(arguments) != len(fragments[name].parameters) or not all(
+            re.fullmatch(r"\$\d+", argument) for argument in arguments
+        ):
+            raise ValueError(
+                f"fragment {name!r} takes ({', '.join(fragments[name].parameters)}), given ({listed or ''})"
+            )
+        text = fragments[name].filled(arguments)
+        return "\n".join(indent + line if line else line for line in text.splitlines())
 
     expanded = REFERENCE.sub(fragment, statement)
     if "{{" in expanded:

@@ -11,13 +11,7 @@
 -- How many events a replay of the filter ($1-$8) would freeze now: the dry
 -- run; $9, $10 the sources file's routes.
 SELECT count(DISTINCT a.key) FROM event_archive a
-CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($9::text[])
-    THEN EXISTS (SELECT FROM unnest($9::text[], $10::text[]) AS r(source, route)
-                 WHERE r.source = a.source AND EXISTS (
-                     SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || r.route
-                                              AND key_fences.lease_until > clock_timestamp()))
-    ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
-    END AS processing) held
+{{archive_held($9, $10)}}
 {{archive_filter}}
   AND a.status NOT IN ('ignored', 'conflict') AND a.body IS NOT NULL
 
@@ -27,13 +21,7 @@ CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($9::
 -- one statement (one snapshot: what the count said is what is frozen).
 WITH selected AS (
     SELECT DISTINCT ON (a.key) a.source, a.key, a.received_at FROM event_archive a
-    CROSS JOIN LATERAL (SELECT a.status = 'queued' AND CASE WHEN a.source = ANY($11::text[])
-        THEN EXISTS (SELECT FROM unnest($11::text[], $12::text[]) AS r(source, route)
-                     WHERE r.source = a.source AND EXISTS (
-                         SELECT FROM key_fences WHERE key_fences.key = a.key || '#' || r.route
-                                                  AND key_fences.lease_until > clock_timestamp()))
-        ELSE EXISTS (SELECT FROM key_fences WHERE key_fences.key = a.key AND key_fences.lease_until > clock_timestamp())
-        END AS processing) held
+    {{archive_held($11, $12)}}
     {{archive_filter}}
       AND a.status NOT IN ('ignored', 'conflict') AND a.body IS NOT NULL
     ORDER BY a.key, a.received_at

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.repository import ROOT
 from tests.unit.test_seams import LAYER
-from webhook_ingest.shared.db.queries import REFERENCE, load_queries, parse_blocks, parse_queries
+from webhook_ingest.shared.db.queries import REFERENCE, Fragment, load_queries, parse_blocks, parse_queries
 
 PRODUCT = ("ingress", "workers", "shared", "webhook_ingest")
 # `X = load_queries("webhook_ingest.shared.archive")`, or with a file name: `(..., "worker_heartbeats.sql")`,
@@ -117,7 +117,7 @@ def test_a_fragment_is_expanded_where_it_is_named_as_the_line_is_indented():
         "q": "SELECT 1 FROM t\nWHERE a = $1\n  AND b = $2",
         "r": "SELECT (SELECT 1 FROM t\n    WHERE a = $1\n      AND b = $2\n      AND c)",
     }  # a fragment is no statement of its own
-    assert parse_queries("-- name: q\nSELECT 1\n{{g}}\n", {"g": "WHERE x"}) == {"q": "SELECT 1\nWHERE x"}
+    assert parse_queries("-- name: q\nSELECT 1\n{{g}}\n", {"g": Fragment("WHERE x")}) == {"q": "SELECT 1\nWHERE x"}
     with pytest.raises(ValueError, match="fragment 'g' is not defined"):
         parse_queries("-- name: q\nSELECT 1\n{{g}}\n")
     with pytest.raises(ValueError, match="not on a line of its own"):
@@ -126,6 +126,27 @@ def test_a_fragment_is_expanded_where_it_is_named_as_the_line_is_indented():
         parse_queries("-- fragment: g\nWHERE a\n-- fragment: f\n{{g}}\n-- name: q\nSELECT 1\n")
     with pytest.raises(ValueError, match="'f' is defined twice"):
         parse_queries("-- fragment: f\nWHERE a\n-- name: f\nSELECT 1\n")
+
+
+def test_a_fragment_with_parameters_takes_each_reference_s_numbers_in_order():
+    text = (
+        "-- fragment: held(sources, routes)\nJOIN r ON r.s = ANY($sources) AND r.n = ANY($routes) AND x = $1\n\n"
+        "-- name: q\nSELECT 1 FROM a\n{{held($14, $15)}}\n\n-- name: r\nSELECT 1 FROM a\n  {{held($10, $9)}}\n"
+    )
+    assert parse_queries(text) == {
+        "q": "SELECT 1 FROM a\nJOIN r ON r.s = ANY($14) AND r.n = ANY($15) AND x = $1",
+        "r": "SELECT 1 FROM a\n  JOIN r ON r.s = ANY($10) AND r.n = ANY($9) AND x = $1",
+    }
+    with pytest.raises(ValueError, match=r"'held' takes \(sources, routes\), given \(\$14\)"):
+        parse_queries("-- fragment: held(sources, routes)\nAND $sources $routes\n-- name: q\nSELECT 1\n{{held($14)}}\n")
+    with pytest.raises(ValueError, match="'held' takes"):
+        parse_queries("-- fragment: held(sources)\nAND $sources\n-- name: q\nSELECT 1\n{{held(sources)}}\n")
+    with pytest.raises(ValueError, match=r"declares \(sources\) but uses \['routes', 'sources'\]"):
+        parse_queries("-- fragment: held(sources)\nAND $sources $routes\n")
+    with pytest.raises(ValueError, match=r"declares \(sources, routes\) but uses \['sources'\]"):
+        parse_queries("-- fragment: held(sources, routes)\nAND $sources\n")
+    with pytest.raises(ValueError, match="only a fragment does"):
+        parse_queries("-- name: q(a)\nSELECT $a\n")
 
 
 def test_every_fragment_used_is_defined_within_reach_and_every_one_defined_is_used():
