@@ -193,6 +193,19 @@ async def test_the_watchdog_sees_free_lanes_of_its_sources_and_a_lease_ending_wi
     assert await lanes.runnable(["acme"], 0) == []
 
 
+async def test_the_sources_with_rows_are_those_with_a_row_waiting_or_a_lane_blocked(conn, lanes):
+    """What a worker whose file orders no source asks once (the runner's
+    `_watched_sources`): the lanes left when ordering was removed."""
+    assert await lanes.sources_with_rows() == set()
+    await add(conn, "acme:a", "a1")
+    await add(conn, "other:b", "b1")
+    await conn.execute("UPDATE ordered_events SET state = 'dead' WHERE lane = 'other:b'")
+    await conn.execute(
+        "UPDATE ordering_keys SET pending = 0, blocked_by = 9, blocked_since = now() WHERE lane = $1", "other:b"
+    )
+    assert await lanes.sources_with_rows() == {"acme", "other"}
+
+
 async def test_page_reads_rows_in_by_order_and_the_hold(conn, lanes):
     events = [make_event("acme", f"e{n}") for n in range(3)]
     await insert_ordered(
