@@ -227,3 +227,23 @@ WITH doomed AS (
 DELETE FROM key_fences
 WHERE key IN (SELECT key FROM doomed)
   AND updated_at < $1 AND (lease_until IS NULL OR lease_until < now())
+
+-- name: prune_idle_lanes
+-- Ordering keys' lanes idle since $1 (docs/design.md, "Ordering keys"):
+-- nothing pending, no live holder, not blocked, and no row of theirs left
+-- (a dead row a lane skipped keeps it: its seqs go on after that row's).
+-- Locked in lane order (shared/ordering/queries.sql), each checked again
+-- once locked on its own columns: every statement that changes a lane's
+-- rows sets its `updated_at` (an insert, a dead row, a replay in place)
+-- under the same row lock, so an insert that got the lane first leaves it
+-- pending and touched, and one that comes after finds no row and makes the
+-- lane anew — its seqs from 1, with no row left to meet or to run before.
+WITH doomed AS (
+    SELECT lane FROM ordering_keys
+    WHERE pending = 0 AND blocked_by IS NULL AND updated_at < $1 AND (lease_until IS NULL OR lease_until < now())
+      AND NOT EXISTS (SELECT FROM ordered_events WHERE ordered_events.lane = ordering_keys.lane)
+    ORDER BY lane LIMIT $2 FOR UPDATE
+)
+DELETE FROM ordering_keys
+WHERE lane IN (SELECT lane FROM doomed)
+  AND pending = 0 AND blocked_by IS NULL AND updated_at < $1 AND (lease_until IS NULL OR lease_until < now())

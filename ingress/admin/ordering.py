@@ -11,15 +11,17 @@ Replay or Discard (`/admin/dead-letters/{id}/…`).
 The gauges (`webhook_ordering_*`, reference §10) are refreshed every 15 s
 by one task of each ingress process from Postgres, as the dead-letter
 gauge is: a Postgres outage leaves them stale, logged, never a dead task.
+`webhook_ordering_unknown_lanes` reads the ingress's sources file: lanes
+of a source or route it lacks wait for a worker that never comes.
 """
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import asyncpg
 from aiohttp import web
 
-from webhook_ingest.ingress.appkeys import database_pool_key
+from webhook_ingest.ingress.appkeys import database_pool_key, sources_key
 from webhook_ingest.ingress.responses import error
 from webhook_ingest.shared.archive import InvalidFilter, parse_text
 from webhook_ingest.shared.db import one_of, raise_if_cancelled
@@ -31,7 +33,9 @@ from webhook_ingest.shared.ordering import (
     lane_document,
     lane_state,
     waiting_by_source,
+    waiting_lanes,
 )
+from webhook_ingest.shared.sources import Source
 
 from .common import json_document
 
@@ -78,13 +82,16 @@ async def lane_route(request: web.Request) -> web.Response:
 
 
 async def ordering_gauges_ctx(app: web.Application) -> AsyncIterator[None]:
-    task = asyncio.create_task(keep_ordering_gauges(app[database_pool_key]), name="ordering-gauges")
+    sources: dict[str, Source] = app[sources_key]
+    task = asyncio.create_task(keep_ordering_gauges(app[database_pool_key], sources), name="ordering-gauges")
     yield
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
 
-async def keep_ordering_gauges(pool: asyncpg.Pool, every: float = GAUGE_REFRESH_SECONDS) -> None:
+async def keep_ordering_gauges(
+    pool: asyncpg.Pool, sources: Mapping[str, Source], every: float = GAUGE_REFRESH_SECONDS
+) -> None:
     """Forever: the `webhook_ordering_*` gauges follow Postgres (a source with
     nothing left waiting or blocked goes to 0, its series kept)."""
     known: set[str] = set()
@@ -92,16 +99,29 @@ async def keep_ordering_gauges(pool: asyncpg.Pool, every: float = GAUGE_REFRESH_
         try:
             async with one_of(pool, ACQUIRE_TIMEOUT) as connection:
                 by_source = await waiting_by_source(connection)
-            known = set_gauges(by_source, known)
+                by_route = await waiting_lanes(connection)
+            known = set_gauges(by_source, known, unknown_lanes(by_route, sources))
         except Exception as exc:  # noqa: BLE001 - stale gauges, never a dead task
             raise_if_cancelled()
             log.warning("ordering_gauges_stale", error=describe(exc))
         await asyncio.sleep(every)
 
 
-def set_gauges(by_source: dict, known: set[str]) -> set[str]:
-    """The four gauges from `waiting_by_source`; `known`: the sources set
-    before, each not in `by_source` now set to 0. The sources set now."""
+def unknown_lanes(by_route: Mapping[tuple[str, str], int], sources: Mapping[str, Source]) -> dict[str, int]:
+    """Per source: its lanes with rows waiting whose source, or route, `sources` lacks
+    (a worker with this sources file never takes them: workers/ordering/runner.py)."""
+    unknown: dict[str, int] = {}
+    for (name, route), lanes in by_route.items():
+        source = sources.get(name)
+        if source is None or (route and all(each.name != route for each in source.routes)):
+            unknown[name] = unknown.get(name, 0) + lanes
+    return unknown
+
+
+def set_gauges(by_source: dict, known: set[str], unknown: Mapping[str, int] | None = None) -> set[str]:
+    """The five gauges from `waiting_by_source` and `unknown_lanes`; `known`: the
+    sources set before, each not in `by_source` now set to 0. The sources set now."""
+    unknown = unknown or {}
     for source in known - by_source.keys():
         for gauge in _GAUGES:
             gauge.labels(source).set(0)
@@ -110,6 +130,7 @@ def set_gauges(by_source: dict, known: set[str]) -> set[str]:
         metrics.ordering_blocked_oldest.labels(source).set(waiting.blocked_oldest_seconds)
         metrics.ordering_waiting_events.labels(source).set(waiting.waiting)
         metrics.ordering_waiting_oldest.labels(source).set(waiting.oldest_seconds)
+        metrics.ordering_unknown_lanes.labels(source).set(unknown.get(source, 0))
     return known | by_source.keys()
 
 
@@ -118,4 +139,5 @@ _GAUGES = (
     metrics.ordering_blocked_oldest,
     metrics.ordering_waiting_events,
     metrics.ordering_waiting_oldest,
+    metrics.ordering_unknown_lanes,
 )

@@ -4,11 +4,9 @@ broker message, and is answered 200 once the row's insert committed.
 
 - `laned`: what the request stores — one row per lane the event goes to (the
   source's, or each ordered route's that takes it), and the event to publish
-  as today for what is not ordered (a source without `ordering`, its
-  unordered routes, a key that resolves to nothing: counted in
-  `webhook_ordering_unkeyed_total`). A routed event published beside rows
-  names their routes (`EventMessage.laned_routes`): the worker's fan-out
-  skips them, each runs only in its lane.
+  as today for what is not ordered (shared/sources/lanes.py decides, as for
+  a replay by selection); a key that resolves to nothing is counted in
+  `webhook_ordering_unkeyed_total`, and each row carries the request's span.
 - `OrderedIntake`: the inserts of concurrent requests share one statement
   and commit (`GroupCommit`, as the outbox's); a request's rows are in one
   batch, so they commit together or not at all. Per lane the seqs follow
@@ -24,7 +22,6 @@ broker message, and is answered 200 once the row's insert committed.
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
 
 import asyncpg
 from aiohttp import web
@@ -36,9 +33,10 @@ from webhook_ingest.shared.db import GroupCommit, pooled
 from webhook_ingest.shared.errors import ServiceUnavailable, describe
 from webhook_ingest.shared.event import EventMessage
 from webhook_ingest.shared.observability import get_logger, metrics, tracing
-from webhook_ingest.shared.ordering import Accepted, OrderedRow, insert_ordered, ordered_row
+from webhook_ingest.shared.ordering import Accepted, OrderedRow, insert_ordered
 from webhook_ingest.shared.service_errors import BROKER_ERRORS, POSTGRES_ERRORS
-from webhook_ingest.shared.sources import OrderingRule, Source, route_key
+from webhook_ingest.shared.sources import Laned, Source
+from webhook_ingest.shared.sources import laned as lanes_of
 
 log = get_logger(__name__)
 
@@ -51,47 +49,15 @@ class OrderedUnavailable(ServiceUnavailable):
     """The rows' insert did not commit (as far as the ingress knows): the event is not accepted."""
 
 
-@dataclass(frozen=True)
-class Laned:
-    rows: Rows  # to insert, one per lane the event goes to
-    unordered: EventMessage | None  # to publish as today; None: nothing is
-
-
 def laned(source: Source, event: EventMessage, payload: object) -> Laned:
-    """Where `event` of `source` goes: rows of its lanes, and the event to
-    publish for what is not ordered. `payload` is what the ingress read (the
-    routes' filters and the keys read it)."""
-    if source.ordering is None and not any(route.ordering for route in source.routes):
-        return Laned((), event)  # today's way, for every source without ordering
-    if not source.routes:
-        row = _row(source, source.ordering, "", event, payload)
-        return Laned((row,), None) if row is not None else Laned((), event)
-    rows: list[OrderedRow] = []
-    unordered = False
-    for route in source.routes_taking(event.headers, payload):
-        rule = source.ordering_for(route.name)
-        routed = replace(event, key=route_key(event.key, route.name), route=route.name) if rule else event
-        row = _row(source, rule, route.name, routed, payload)
-        if row is None:
-            unordered = True
-        else:
-            rows.append(row)
-    if not unordered:
-        return Laned(tuple(rows), None)
-    return Laned(tuple(rows), replace(event, laned_routes=tuple(row.route for row in rows)))
-
-
-def _row(
-    source: Source, rule: OrderingRule | None, route: str, event: EventMessage, payload: object
-) -> OrderedRow | None:
-    if rule is None:
-        return None
-    lane = rule.lane(source.name, route, event.headers, payload)
-    if lane is None:
+    """Where `event` of `source` goes: rows of its lanes (carrying the request's
+    span), and the event to publish for what is not ordered. `payload` is what
+    the ingress read (the routes' filters and the keys read it)."""
+    found = lanes_of(source, event, payload, tracing.carried)
+    for route in found.unkeyed:
         metrics.ordering_unkeyed.labels(source.name).inc()
         log.debug("ordering_unkeyed", source=source.name, route=route, key=event.key)
-        return None
-    return ordered_row(tracing.carried(event), lane, rule.by_value(event.headers, payload))
+    return found
 
 
 class OrderedIntake:

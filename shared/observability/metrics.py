@@ -171,6 +171,12 @@ ordering_waiting_events = Gauge(
     "Events of ordered sources accepted and waiting in their lanes (behind a block too; a dead one not), by source.",
     ["source"],
 )
+ordering_unknown_lanes = Gauge(
+    "webhook_ordering_unknown_lanes",
+    "Ordering keys (lanes) with events waiting whose source or route the sources file lacks, by source: "
+    "no worker takes them.",
+    ["source"],
+)
 ordering_waiting_oldest = Gauge(
     "webhook_ordering_waiting_oldest_seconds",
     "Age of the oldest event waiting in an ordering lane, by source (0 when none waits).",

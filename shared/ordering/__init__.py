@@ -28,6 +28,7 @@ from .store import (
     lane_state,
     replay_in_place,
     waiting_by_source,
+    waiting_lanes,
 )
 
 __all__ = [
@@ -49,4 +50,5 @@ __all__ = [
     "ordered_row",
     "replay_in_place",
     "waiting_by_source",
+    "waiting_lanes",
 ]

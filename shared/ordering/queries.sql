@@ -132,3 +132,11 @@ SELECT source, coalesce(waiting.waiting, 0) AS waiting, coalesce(waiting.oldest_
     coalesce(blocked.blocked, 0) AS blocked, coalesce(blocked.oldest_seconds, 0) AS blocked_oldest_seconds
 FROM waiting FULL JOIN blocked USING (source)
 ORDER BY source
+
+-- name: waiting_lanes
+-- Per source and route ('': the source's own lanes): how many lanes have
+-- rows waiting. The ingress counts those of a source or route its sources
+-- file lacks: no worker takes them (webhook_ordering_unknown_lanes).
+SELECT source, coalesce(route, '') AS route, count(*) AS lanes
+FROM ordering_keys WHERE pending > 0
+GROUP BY source, route

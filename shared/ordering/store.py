@@ -107,3 +107,9 @@ async def waiting_by_source(conn: asyncpg.Connection) -> dict[str, Waiting]:
         )
         for record in records
     }
+
+
+async def waiting_lanes(conn: asyncpg.Connection) -> dict[tuple[str, str], int]:
+    """Per (source, route; "": the source's own): how many lanes have rows waiting."""
+    records = await conn.fetch(SQL["waiting_lanes"])
+    return {(record["source"], record["route"]): record["lanes"] for record in records}

@@ -20,7 +20,7 @@ each lane's newest (by `by`) runs, the older ones completed `stale`.
 """
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import asyncpg
@@ -29,8 +29,8 @@ import orjson
 from webhook_ingest.shared.archive import EventFilter
 from webhook_ingest.shared.db import iso_utc
 from webhook_ingest.shared.event import EventMessage
-from webhook_ingest.shared.ordering import OrderedRow, ordered_row
-from webhook_ingest.shared.sources import Source, route_key
+from webhook_ingest.shared.ordering import OrderedRow
+from webhook_ingest.shared.sources import Source, laned
 
 from .keys import replay_key
 
@@ -141,38 +141,16 @@ def replayed_message(arrival: asyncpg.Record, replay_id: int) -> EventMessage:
     )
 
 
-def ordered_parts(source: Source | None, message: EventMessage) -> tuple[list[OrderedRow], EventMessage | None]:
-    """A replayed event's rows in its ordered lanes — the source's own, or each
-    route that takes it and has an ordering whose key resolves — and the
-    message still to publish for the rest (an unordered source or route, a
-    key that resolves to nothing), None when nothing is: as the ingress does,
-    it names the routes whose rows were written (`laned_routes`), which the
-    fan-out skips. `source` None: not in the sources file, published as it
-    is (the CLI refuses a selection of a source with lanes it cannot read)."""
+def ordered_parts(source: Source | None, message: EventMessage) -> tuple[tuple[OrderedRow, ...], EventMessage | None]:
+    """A replayed event's rows in its ordered lanes, and the message still to
+    publish for the rest (None: nothing is), as the ingress decides
+    (shared/sources/lanes.py). `source` None: not in the sources file,
+    published as it is (the CLI refuses a selection of a source with lanes it
+    cannot read)."""
     if source is None:
-        return [], message
-    payload = _payload(message.body)
-    if not source.routes:
-        rule = source.ordering
-        lane = None if rule is None else rule.lane(source.name, "", message.headers, payload)
-        if rule is None or lane is None:
-            return [], message
-        return [ordered_row(message, lane, rule.by_value(message.headers, payload))], None
-    rows, publish = [], False
-    for route in source.routes:
-        if not route.takes(message.headers, payload):
-            continue
-        rule = source.ordering_for(route.name)
-        lane = None if rule is None else rule.lane(source.name, route.name, message.headers, payload)
-        if rule is None or lane is None:
-            publish = True  # the worker fans the published event out to this route
-            continue
-        routed = replace(message, route=route.name, key=route_key(message.key, route.name))
-        rows.append(ordered_row(routed, lane, rule.by_value(message.headers, payload)))
-    if not rows:
-        return [], message
-    laned = tuple(row.route for row in rows)
-    return rows, replace(message, laned_routes=laned) if publish else None
+        return (), message
+    found = laned(source, message, _payload(message.body))
+    return found.rows, found.unordered
 
 
 def _payload(body: bytes) -> object:

@@ -230,6 +230,11 @@ class Source:
     routes: tuple[Route, ...] = ()  # empty: the one `handler`
     ordering: OrderingRule | None = None  # None: its events run in any order
 
+    @property
+    def ordered(self) -> bool:
+        """Whether any of its runs keeps an order: its own `ordering`, or a route's."""
+        return self.ordering is not None or any(route.ordering is not None for route in self.routes)
+
     def ordering_for(self, route: str) -> OrderingRule | None:
         """The ordering of `route`'s runs ("": the source's own): the route's own, else the source's."""
         if not route:

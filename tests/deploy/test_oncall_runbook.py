@@ -22,6 +22,7 @@ REQUIRED_ANCHORS = {
     "dead-letters-not-recorded",
     "silent-workers",
     "a-blocked-key-at-night",
+    "ordering-keys-nobody-runs",
 }
 
 

@@ -322,6 +322,7 @@ class InMemoryLanes:
         self.lanes: dict[str, Lane] = {}
         self._tokens = itertools.count(1)
         self.released: list[str] = []
+        self.looks = 0  # the watchdog's statements (runnable, sources_with_rows)
 
     def add(self, lane: str, *rows: Any) -> None:
         self.lanes.setdefault(lane, Lane()).rows.extend(rows)
@@ -408,7 +409,12 @@ class InMemoryLanes:
             wait = max([0.0, *waits])
             if wait < within:
                 found.append((name, wait))
+        self.looks += 1
         return found[:limit]
+
+    async def sources_with_rows(self) -> set[str]:
+        self.looks += 1
+        return {name.partition(":")[0].partition("#")[0] for name, lane in self.lanes.items() if lane.rows}
 
 
 def handed_on(message: EventMessage) -> HandedOn:

@@ -290,8 +290,9 @@ class CompletionStore:
     # -- retention (webhook-ingest prune) --------------------------------------
 
     async def prune(self, window: timedelta, batch_size: int = PRUNE_BATCH) -> int:
-        """Delete `processed_events` completed, and `key_fences` untouched, before
-        now - `window`; batch by batch, each its own short transaction. The
+        """Delete `processed_events` completed, and `key_fences` and idle
+        ordering keys' lanes untouched, before now - `window`; batch by
+        batch, each its own short transaction. The
         archive's rows of a batch's events still unsettled are settled from
         its completions in its transaction (ArchiveStore.settle_pruned).
         Returns how many completion records went."""
@@ -307,6 +308,7 @@ class CompletionStore:
                 if len(forgotten) < batch_size:
                     break
             await _delete_in_batches(connection, SQL["prune_key_fences"], cutoff, batch_size)
+            await _delete_in_batches(connection, SQL["prune_idle_lanes"], cutoff, batch_size)
         return pruned
 
 

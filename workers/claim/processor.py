@@ -283,7 +283,7 @@ class Processor:
                 assert failed.__cause__ is not None
                 outcome = await self._failures.fail(message, self._sources[message.source], failed.__cause__)
                 self._archive.failed(message, outcome, failed.__cause__)
-                if outcome is not Outcome.DUPLICATE:
+                if outcome in (Outcome.RETRIED, Outcome.DEAD):  # not: completed meanwhile, or not ours to settle
                     await self._completions.record_handed_on(message)
                 return outcome
         return None

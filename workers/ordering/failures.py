@@ -13,7 +13,9 @@ token. A deferral (a lease or turn held elsewhere, a refused completion)
 lets the lane go for that long, no attempt used. A dead letter is recorded
 as for any event, and in its transaction the row is kept `dead` with its
 id, no longer pending, and the lane blocked by it (`on_dead_letter =
-"block"`, released) or left to go on (`"skip"`).
+"block"`, released) or left to go on (`"skip"`) — only while the lane's
+token is the runner's: else the dead letter rolls back and the failure is
+the lane's new holder's to settle (a deferral here, no attempt handed on).
 """
 
 import asyncio
@@ -30,6 +32,10 @@ from webhook_ingest.workers.handlers import PermanentError
 from .store import LaneStore, mark_dead
 
 log = get_logger(__name__)
+
+
+class _NotOurs(Exception):
+    """The row's lane is no longer its runner's, or the row moved: its dead letter is not recorded."""
 
 
 def blocks(source: Source, route: str) -> bool:
@@ -51,18 +57,7 @@ class OrderedFailurePolicy:
         retry_in = retry_decision(event, source, exc)
         handler = source.handler_for(event.route)[0]
         if retry_in is None:
-            block = blocks(source, event.route)
-
-            async def kept_dead(connection, dead_letter_id: int) -> None:
-                errors = (*event.errors, error)
-                await mark_dead(
-                    connection, step.lane, step.token, step.seq, event.attempt, dead_letter_id, block, errors
-                )
-
-            dead_letter_id = await self._policy.dead_letter(
-                event, error, permanent=isinstance(exc, PermanentError), handler=handler, beside=kept_dead
-            )
-            return Outcome.DEAD if dead_letter_id is not None else Outcome.DUPLICATE  # None: completed meanwhile
+            return await self._dead(event, source, error, permanent=isinstance(exc, PermanentError))
         await self._waiting_for_postgres(
             lambda: self._store.retry_in_place(step.lane, step.token, step.seq, event.attempt, error, retry_in)
         )
@@ -73,17 +68,32 @@ class OrderedFailurePolicy:
 
     async def dead_unrun(self, event: EventMessage, source: Source, error: dict) -> Outcome:
         """A row not run at all (its worker died running it past the delivery limit): its dead letter, as `fail`'s."""
+        return await self._dead(event, source, error)
+
+    async def _dead(self, event: EventMessage, source: Source, error: dict, permanent: bool = False) -> Outcome:
+        """The row's dead letter, the row kept dead in its transaction; deferred (nothing
+        recorded, nothing handed on) when the row is no longer ours to settle: the lane
+        has another holder, or the row moved (docs/design.md, "Ordering keys")."""
         step = event.ordered
         assert step is not None
         block = blocks(source, event.route)
 
         async def kept_dead(connection, dead_letter_id: int) -> None:
             errors = (*event.errors, error)
-            await mark_dead(connection, step.lane, step.token, step.seq, event.attempt, dead_letter_id, block, errors)
+            if not await mark_dead(
+                connection, step.lane, step.token, step.seq, event.attempt, dead_letter_id, block, errors
+            ):
+                raise _NotOurs()  # the dead letter's transaction rolls back
 
         handler = source.handler_for(event.route)[0]
-        dead_letter_id = await self._policy.dead_letter(event, error, handler=handler, beside=kept_dead)
-        return Outcome.DEAD if dead_letter_id is not None else Outcome.DUPLICATE
+        try:
+            dead_letter_id = await self._policy.dead_letter(
+                event, error, permanent=permanent, handler=handler, beside=kept_dead
+            )
+        except _NotOurs:
+            log.warning("ordered_dead_letter_dropped", lane=step.lane, seq=step.seq, error_type=error["type"])
+            return Outcome.DEFERRED
+        return Outcome.DEAD if dead_letter_id is not None else Outcome.DUPLICATE  # None: completed meanwhile
 
     async def delay(self, event: EventMessage, delay_seconds: float) -> None:
         """The lane let go for `delay_seconds`, no attempt used; best effort: a lease not let go runs out."""

@@ -106,10 +106,14 @@ RETURNING EXISTS (SELECT FROM moved) AS moved
 -- name: dead
 -- Row $3 of lane $1 (attempt $4) is dead letter $5 ($7: its errors): kept,
 -- `dead`, no longer pending; with $6 (on_dead_letter = "block") the lane is
--- blocked by it and released if $2 is still its token; else the lane goes on.
--- In the dead letter's transaction. Returns whether the row was marked.
+-- blocked by it and released; else the lane goes on. Only while $2 is the
+-- lane's token, as the completion's advance: a holder that lost its lane
+-- marks nothing, its dead letter is rolled back (docs/design.md, "Ordering
+-- keys"). In the dead letter's transaction. Returns whether the row is dead
+-- letter $5's (marked now, or by this statement sent again after a commit
+-- whose answer was lost); no row: $2 is not the lane's token.
 WITH lane_row AS (
-    SELECT lane FROM ordering_keys WHERE lane = $1 FOR UPDATE
+    SELECT lane FROM ordering_keys WHERE lane = $1 AND token = $2 FOR UPDATE
 ), marked AS (
     UPDATE ordered_events SET state = 'dead', dead_letter_id = $5, errors = $7::jsonb
     WHERE lane IN (SELECT lane FROM lane_row) AND seq = $3 AND attempt = $4 AND state = 'pending'
@@ -119,10 +123,12 @@ UPDATE ordering_keys
 SET pending = pending - (SELECT count(*) FROM marked), updated_at = now(),
     blocked_by = CASE WHEN $6 AND EXISTS (SELECT FROM marked) THEN $5 ELSE blocked_by END,
     blocked_since = CASE WHEN $6 AND EXISTS (SELECT FROM marked) THEN now() ELSE blocked_since END,
-    holder = CASE WHEN $6 AND token = $2 THEN NULL ELSE holder END,
-    lease_until = CASE WHEN $6 AND token = $2 THEN NULL ELSE lease_until END
+    holder = CASE WHEN $6 AND EXISTS (SELECT FROM marked) THEN NULL ELSE holder END,
+    lease_until = CASE WHEN $6 AND EXISTS (SELECT FROM marked) THEN NULL ELSE lease_until END
 WHERE lane IN (SELECT lane FROM lane_row)
-RETURNING EXISTS (SELECT FROM marked) AS marked
+RETURNING EXISTS (SELECT FROM marked)
+    OR EXISTS (SELECT FROM ordered_events WHERE lane = $1 AND seq = $3 AND state = 'dead' AND dead_letter_id = $5)
+    AS marked
 
 -- name: release_if_idle
 -- Lane $1 let go by the holder of token $2 when nothing is pending, read on

@@ -28,11 +28,12 @@ left (docs/design.md, "Ordering keys").
   after finds it idle and wakes it. A stop, a pause or a lost lane let go
   whatever is pending.
 - **Watchdog.** Each second one indexed statement: lanes of the sources
-  known here and not paused, pending and unblocked, whose lease is free or
+  ordered here (or whose lanes held rows when it started: ordering removed,
+  they drain), not paused, pending and unblocked, whose lease is free or
   ends — and whose `ready_at` comes — within the second, at most the free
   slots; each gets a timer at the wait Postgres computed (+ 0–50 ms
   jitter). A lost wake-up, a killed holder's lane, a retry's delay or a hold
-  costs nothing until then.
+  costs nothing until then. No such source: no statement.
 """
 
 import asyncio
@@ -134,6 +135,7 @@ class LaneRunner:
         # a slot that frees up looks again at once, not at the watchdog's next round.
         self._backlog = False
         self._looking: asyncio.Task | None = None
+        self._watched: frozenset[str] | None = None  # the watchdog's sources, settled at its first look
 
     def held(self) -> int:
         """Lanes held, or being taken (the heartbeat's `keys_held`)."""
@@ -203,7 +205,10 @@ class LaneRunner:
         if free <= 0:
             self._backlog = True
             return 0
-        sources = [name for name in self._sources if name not in self._paused]
+        sources = [name for name in await self._watched_sources() if name not in self._paused]
+        if not sources:
+            self._backlog = False
+            return 0  # no statement: a worker with nothing ordered pays nothing for it
         armed = 0
         runnable = await self._store.runnable(sources, free, within)
         self._backlog = len(runnable) >= free
@@ -214,6 +219,16 @@ class LaneRunner:
             self._armed[lane] = asyncio.get_running_loop().call_later(delay, self.offer, lane)
             armed += 1
         return armed
+
+    async def _watched_sources(self) -> frozenset[str]:
+        """The sources whose lanes the watchdog looks for: those ordered in this worker's file, and
+        those of the others whose lanes held rows at its first look (ordering removed from the file:
+        they still drain); asked once, and only when some source here is not ordered."""
+        if self._watched is None:
+            ordered = {name for name, source in self._sources.items() if source.ordered}
+            left = await self._store.sources_with_rows() if len(ordered) < len(self._sources) else set()
+            self._watched = frozenset(ordered | (left & self._sources.keys()))
+        return self._watched
 
     # -- stopping -------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from decimal import Decimal
 import asyncpg
 
 from webhook_ingest.shared.db import closed_if_left_by, load_queries
+from webhook_ingest.shared.ordering import waiting_by_source
 
 SQL = load_queries("webhook_ingest.workers.ordering")
 STATEMENT_SECONDS = 5.0
@@ -149,6 +150,11 @@ class LaneStore:
         async with self._connection() as connection:
             rows = await connection.fetch(SQL["runnable"], list(sources), limit, within, timeout=STATEMENT_SECONDS)
         return [(row["lane"], row["wait"]) for row in rows]
+
+    async def sources_with_rows(self) -> set[str]:
+        """The sources with rows waiting or a lane blocked (the gauges' reading, shared/ordering)."""
+        async with self._connection() as connection:
+            return set(await waiting_by_source(connection))
 
 
 async def mark_dead(

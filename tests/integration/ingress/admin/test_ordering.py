@@ -115,10 +115,29 @@ async def test_the_ingress_exports_the_ordering_gauges_from_postgres(admin_setti
     assert waiting is not None and float(waiting.group(1)) >= 0
 
 
+async def test_lanes_of_a_source_or_route_the_sources_file_lacks_are_counted(admin_settings):
+    """No worker with this file takes them (workers/ordering/runner.py): they
+    would wait unseen but for `webhook_ordering_unknown_lanes` (alert
+    OrderingLanesUnknown). The demo file has source `demo`, without routes."""
+    for lane in ("gone:k1", "gone:k2", "demo#billing:k3", "demo:k4"):
+        await block_lane(admin_settings.database_url, lane, versions=2)
+    async with running_ingress(admin_settings, load_sources(None)) as client:
+
+        async def exported() -> bool:
+            text = await (await client.get("/metrics")).text()
+            return 'webhook_ordering_unknown_lanes{source="gone"} 2.0' in text
+
+        await wait_until(exported, 10, message="the unknown lanes counted")
+        text = await (await client.get("/metrics")).text()
+    assert 'webhook_ordering_unknown_lanes{source="demo"} 1.0' in text  # its route's lane, not its own
+
+
 def test_a_source_with_nothing_left_goes_to_zero_and_keeps_its_series():
     known = set_gauges({"zeroed": Waiting(3, 10.0, 1, 60.0)}, set())
     assert metrics.ordering_blocked_keys.labels("zeroed")._value.get() == 1
+    metrics.ordering_unknown_lanes.labels("zeroed").set(1)
     assert set_gauges({}, known) == {"zeroed"}
     assert metrics.ordering_blocked_keys.labels("zeroed")._value.get() == 0
+    assert metrics.ordering_unknown_lanes.labels("zeroed")._value.get() == 0
     assert metrics.ordering_waiting_events.labels("zeroed")._value.get() == 0
     assert metrics.ordering_blocked_oldest.labels("zeroed")._value.get() == 0

@@ -1,9 +1,16 @@
-"""Upgrade order (docs/operations.md, "Upgrading"): the previous release's
+"""CompletionStore against real Postgres.
+
+Upgrade order (docs/operations.md, "Upgrading"): the previous release's
 workers still complete events after `migrate` applied 0020. Their
 statements, verbatim as of 5068c52, against this schema: the completion
 goes in once, naming no arrival, and a key completed by either release is
-refused to the other (exactly once across the mixed fleet)."""
+refused to the other (exactly once across the mixed fleet).
 
+`prune` and ordering keys' lanes (docs/design.md, "Ordering keys"): only a
+lane with nothing left goes, and an insert racing it either keeps the lane
+or makes it anew from seq 1, never over a row of the old one."""
+
+import asyncio
 import dataclasses
 from datetime import timedelta
 
@@ -14,7 +21,7 @@ from tests.support.events import make_event
 from webhook_ingest.shared.event import OrderedStep
 from webhook_ingest.shared.event.message import new_arrival
 from webhook_ingest.shared.ordering import insert_ordered, ordered_row
-from webhook_ingest.workers.claim.completions import CompletionStore
+from webhook_ingest.workers.claim.completions import SQL, CompletionStore
 from webhook_ingest.workers.ordering import LaneStore
 
 PREVIOUS_COMPLETE_EVENT = """
@@ -89,10 +96,6 @@ async def test_a_key_this_release_completed_is_refused_to_the_previous_release(c
     assert await connection.fetchval("SELECT arrival FROM processed_events WHERE key = $1", event.key) == event.arrival
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prune never deletes an idle lane: ordering_keys keeps a row for every ordering key ever seen",
-)
 async def test_prune_deletes_a_lane_idle_past_the_window(connection):
     """docs/design.md, "Ordering keys" (the plan's §2): `prune` also deletes
     idle lanes (pending 0, free, unblocked, untouched within the window).
@@ -113,3 +116,102 @@ async def test_prune_deletes_a_lane_idle_past_the_window(connection):
     await completions.prune(timedelta(days=1))
     assert await connection.fetchval("SELECT count(*) FROM processed_events") == 0  # the completion went
     assert await connection.fetchval("SELECT count(*) FROM ordering_keys") == 0  # and the idle lane with it
+
+
+async def _lane(connection, lane: str, *ids: str):
+    events = [dataclasses.replace(make_event("acme", event_id), arrival=new_arrival()) for event_id in ids]
+    return await insert_ordered(connection, [ordered_row(event, lane, None) for event in events])
+
+
+async def _emptied(connection, lane: str) -> None:
+    """The lane's rows gone as its holder's completions take them, nobody holding it."""
+    await connection.execute("DELETE FROM ordered_events WHERE lane = $1", lane)
+    await connection.execute("UPDATE ordering_keys SET pending = 0 WHERE lane = $1", lane)
+
+
+async def test_prune_keeps_a_lane_pending_held_blocked_touched_or_with_a_dead_row_left(connection):
+    """Only a lane with nothing left goes: one with a row pending, a live
+    holder, a block, a skipped dead row (its seqs go on after it) or a
+    change within the window stays, with its counter."""
+    for lane in ("acme:idle", "acme:pending", "acme:held", "acme:blocked", "acme:skipped", "acme:touched"):
+        await _lane(connection, lane, f"evt_{lane[5:]}_1", f"evt_{lane[5:]}_2")
+    for lane in ("acme:idle", "acme:held", "acme:blocked", "acme:touched"):
+        await _emptied(connection, lane)
+    await connection.execute("UPDATE ordered_events SET state = 'dead', dead_letter_id = 7 WHERE lane = 'acme:skipped'")
+    await connection.execute("UPDATE ordering_keys SET pending = 0 WHERE lane = 'acme:skipped'")
+    await connection.execute(
+        "UPDATE ordering_keys SET holder = 'w1', token = 5, lease_until = now() + interval '1 minute'"
+        " WHERE lane = 'acme:held'"
+    )
+    blocked = "UPDATE ordering_keys SET blocked_by = 9, blocked_since = now() WHERE lane = 'acme:blocked'"
+    await connection.execute(blocked)
+    await connection.execute(
+        "UPDATE ordering_keys SET updated_at = now() - interval '2 days' WHERE lane <> $1", "acme:touched"
+    )
+    await CompletionStore(connection).prune(timedelta(days=1))
+    kept = await connection.fetch("SELECT lane, next_seq FROM ordering_keys ORDER BY lane")
+    assert [(row["lane"], row["next_seq"]) for row in kept] == [
+        ("acme:blocked", 2),
+        ("acme:held", 2),
+        ("acme:pending", 2),
+        ("acme:skipped", 2),
+        ("acme:touched", 2),
+    ]
+    [again] = await _lane(connection, "acme:skipped", "evt_skipped_3")
+    assert again.seq == 3  # after the dead rows, not over them
+
+
+async def test_a_pruned_lane_used_again_starts_at_seq_1_and_wakes(connection):
+    await _lane(connection, "acme:sub_1", "evt_a", "evt_b")
+    await _emptied(connection, "acme:sub_1")
+    await connection.execute("UPDATE ordering_keys SET updated_at = now() - interval '2 days'")
+    await CompletionStore(connection).prune(timedelta(days=1))
+    assert await connection.fetchval("SELECT count(*) FROM ordering_keys") == 0
+    [accepted] = await _lane(connection, "acme:sub_1", "evt_c")
+    assert (accepted.seq, accepted.woke) == (1, True)
+
+
+async def test_an_insert_that_locked_the_lane_first_keeps_it_from_the_prune(connection, database):
+    """The ingress's insert holds the idle lane's row (not committed yet)
+    while the prune runs: the prune waits for it, finds the lane pending
+    and touched once it commits, and leaves it; the seqs go on."""
+    await _lane(connection, "acme:sub_1", "evt_a")
+    await _emptied(connection, "acme:sub_1")
+    await connection.execute("UPDATE ordering_keys SET updated_at = now() - interval '2 days'")
+    ingress = await asyncpg.connect(database)
+    try:
+        async with ingress.transaction():
+            [accepted] = await _lane(ingress, "acme:sub_1", "evt_b")
+            pruning = asyncio.ensure_future(CompletionStore(connection).prune(timedelta(days=1)))
+            await asyncio.sleep(0.3)
+            assert not pruning.done()  # waiting for the lane's row
+        await asyncio.wait_for(pruning, 10)
+    finally:
+        await ingress.close()
+    assert accepted.seq == 2
+    lane = await connection.fetchrow("SELECT next_seq, pending FROM ordering_keys WHERE lane = 'acme:sub_1'")
+    assert (lane["next_seq"], lane["pending"]) == (2, 1)
+
+
+async def test_an_insert_after_the_prune_locked_the_lane_makes_it_anew(connection, database):
+    """The prune's statement holds the idle lane's row (its transaction not
+    committed yet) when the ingress's insert comes: the insert waits, then
+    finds no row and makes the lane anew, its first row seq 1 — nothing of
+    the old lane left to meet or to run before."""
+    await _lane(connection, "acme:sub_1", "evt_a")
+    await _emptied(connection, "acme:sub_1")
+    await connection.execute("UPDATE ordering_keys SET updated_at = now() - interval '2 days'")
+    ingress = await asyncpg.connect(database)
+    try:
+        async with connection.transaction():
+            cutoff = await connection.fetchval(SQL["retention_cutoff"], timedelta(days=1))
+            assert await connection.execute(SQL["prune_idle_lanes"], cutoff, 100) == "DELETE 1"
+            inserting = asyncio.ensure_future(_lane(ingress, "acme:sub_1", "evt_b"))
+            await asyncio.sleep(0.3)
+            assert not inserting.done()  # waiting for the lane's row
+        [accepted] = await asyncio.wait_for(inserting, 10)
+    finally:
+        await ingress.close()
+    assert (accepted.seq, accepted.woke) == (1, True)
+    lane = await connection.fetchrow("SELECT next_seq, pending FROM ordering_keys WHERE lane = 'acme:sub_1'")
+    assert (lane["next_seq"], lane["pending"]) == (1, 1)

@@ -193,6 +193,19 @@ async def test_the_watchdog_sees_free_lanes_of_its_sources_and_a_lease_ending_wi
     assert await lanes.runnable(["acme"], 0) == []
 
 
+async def test_the_sources_with_rows_are_those_with_a_row_waiting_or_a_lane_blocked(conn, lanes):
+    """What a worker whose file orders no source asks once (the runner's
+    `_watched_sources`): the lanes left when ordering was removed."""
+    assert await lanes.sources_with_rows() == set()
+    await add(conn, "acme:a", "a1")
+    await add(conn, "other:b", "b1")
+    await conn.execute("UPDATE ordered_events SET state = 'dead' WHERE lane = 'other:b'")
+    await conn.execute(
+        "UPDATE ordering_keys SET pending = 0, blocked_by = 9, blocked_since = now() WHERE lane = $1", "other:b"
+    )
+    assert await lanes.sources_with_rows() == {"acme", "other"}
+
+
 async def test_page_reads_rows_in_by_order_and_the_hold(conn, lanes):
     events = [make_event("acme", f"e{n}") for n in range(3)]
     await insert_ordered(
@@ -226,22 +239,17 @@ async def test_a_lease_that_ran_out_counts_a_delivery_of_the_head_a_release_does
     assert [(row["seq"], row["deliveries"]) for row in rows] == [(1, 1), (2, 0)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="mark_dead is not fenced by the lane's token: a holder that lost its lane blocks it, "
-    "and the new holder's completion closes the blocking dead letter",
-)
 async def test_a_dead_letter_of_a_holder_that_lost_its_lane_leaves_no_block_nobody_can_lift(conn, lanes):
     """w1 runs e1's last attempt, stops past its lease (SIGSTOP, a GC pause);
     w2 takes the lane over and runs e1 again (same attempt: nothing moved
-    it). w1 wakes, its downstream call timed out meanwhile: e1's dead letter,
-    and `dead` marks e1's row (attempt matches) and blocks the lane, though
-    w1's token is no longer the lane's. w2's run of e1 succeeds: its
-    completion (fenced by the key's and the lane's tokens, both w2's) finds
-    the row dead, leaves it, and closes the dead letter as `completed`. The
-    lane stays blocked by a dead letter that is not open: the console's
-    Replay/Discard refuse it (ChangedMeanwhile), w2 goes on running e2 past
-    the block, and once idle the lane takes nothing more, ever."""
+    it). w1 wakes, its downstream call timed out meanwhile: e1's dead letter.
+    Were `dead` not fenced by the lane's token it would mark e1's row
+    (attempt matches) and block the lane; w2's run of e1 succeeds, its
+    completion finds the row dead, leaves it, and closes the dead letter as
+    `completed`: the lane blocked by a dead letter that is not open, which
+    the console's Replay/Discard refuse (ChangedMeanwhile), and once idle it
+    takes nothing more, ever. Fenced, w1's `dead` marks nothing (a worker
+    rolls its dead letter back: tests/integration/workers/ordering/test_failures.py)."""
     from webhook_ingest.workers.ordering.store import mark_dead
 
     completions = CompletionStore(conn)

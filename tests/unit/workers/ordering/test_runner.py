@@ -29,6 +29,19 @@ def sources(tmp_path):
     return load_sources(str(path))
 
 
+def unordered_sources(tmp_path):
+    """acme and other, neither ordered (ordering removed from the file, or never there)."""
+    path = tmp_path / "unordered.toml"
+    path.write_text(
+        "".join(
+            f'[sources.{name}]\nscheme = "hmac-sha256"\nsecrets = ["s"]\n'
+            'handler = "tests.support.ordering_handlers:record_version"\n'
+            for name in ("acme", "other")
+        )
+    )
+    return load_sources(str(path))
+
+
 def pending(seq: int, lane: str = "acme:a") -> PendingRow:
     row = ordered_row(make_event("acme", f"{lane}-{seq}"), lane, None)
     return PendingRow(seq, None, row.body, row.amqp_headers, 1, 0, (), 0)
@@ -304,3 +317,37 @@ async def test_a_page_stopped_early_gives_its_unused_leases_back(sources):
     await until_idle(made)
     assert rows.ran_leased == [1]
     assert sorted(rows.given_back) == ["acme:acme:a-2", "acme:acme:a-3"]
+
+
+async def test_the_watchdog_of_a_worker_with_nothing_ordered_sends_no_statement(tmp_path):
+    """No source here is ordered and no lane holds rows: the first look asks
+    once which sources still have lanes with rows (none), then no look sends
+    a statement."""
+    lanes = InMemoryLanes()
+    made, _ = runner(lanes, Rows(lanes), unordered_sources(tmp_path))
+    for _ in range(5):
+        assert await made.look() == 0
+    assert lanes.looks == 1
+
+
+async def test_the_watchdog_of_ordered_sources_only_asks_for_their_lanes(sources):
+    lanes = InMemoryLanes()
+    made, _ = runner(lanes, Rows(lanes), sources)
+    for _ in range(3):
+        assert await made.look() == 0
+    assert lanes.looks == 3  # one `runnable` a look, no question about leftovers
+
+
+async def test_the_lanes_a_source_held_when_its_ordering_was_removed_still_drain(tmp_path):
+    """acme's lane held rows when the worker started with a file that no
+    longer orders acme: the watchdog looks for acme's lanes, and they run;
+    other, with no lane, is not looked for."""
+    lanes = InMemoryLanes()
+    lanes.add("acme:a", pending(1), pending(2))
+    rows = Rows(lanes)
+    made, _ = runner(lanes, rows, unordered_sources(tmp_path))
+    assert await made.look() == 1
+    await asyncio.sleep(0.1)
+    await until_idle(made)
+    assert rows.ran == [("acme:a", 1), ("acme:a", 2)]
+    assert made._watched == {"acme"}
