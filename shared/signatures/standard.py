@@ -7,19 +7,24 @@
 
 A header may carry both versions (a sender moving from one to the other);
 each verifier reads only its own entries.
+
+cryptography is imported by the v1a functions, when a source of that scheme
+is loaded or signed for: every process imports this module (the sources
+file names schemes), and most deployments have no v1a source.
 """
 
 import base64
 import uuid
 from collections.abc import Mapping, Sequence
-
-from cryptography.exceptions import InvalidSignature as BadEd25519Signature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING
 
 from . import parts
 from .contract import SignOptions, SourceOptions, Verified
 from .errors import InvalidSignature, MissingSignature, SchemeConfigError
 from .parts import BASE64
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 PREFIXES = ("webhook-", "svix-")
 SECRET_PREFIX = "whsec_"
@@ -53,7 +58,7 @@ class StandardWebhooksVerifier:
 class AsymmetricVerifier:
     """v1a: ed25519."""
 
-    def __init__(self, public_keys: Sequence[Ed25519PublicKey], tolerance_seconds: float):
+    def __init__(self, public_keys: Sequence["Ed25519PublicKey"], tolerance_seconds: float):
         self._public_keys = tuple(public_keys)
         self._tolerance = tolerance_seconds
 
@@ -91,6 +96,8 @@ def sign(body: bytes, secret: str, options: SignOptions) -> dict[str, str]:
 
 def asymmetric_sign(body: bytes, secret: str, options: SignOptions) -> dict[str, str]:
     """`secret` is the private key: `whsk_` + base64 of the 32-byte seed (or of seed + public key, 64 bytes)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     msg_id, ts = options.msg_id or f"msg_{uuid.uuid4().hex}", parts.now_text(options.timestamp)
     seed = parts.prefixed_base64(secret, PRIVATE_KEY_PREFIX, "secret", "a private key")[:32]
     signature = Ed25519PrivateKey.from_private_bytes(seed).sign(b".".join((msg_id.encode(), ts.encode(), body)))
@@ -99,6 +106,8 @@ def asymmetric_sign(body: bytes, secret: str, options: SignOptions) -> dict[str,
 
 def public_key_text(private_key: str) -> str:
     """The `whpk_…` text of a `whsk_…` private key."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     seed = parts.prefixed_base64(private_key, PRIVATE_KEY_PREFIX, "secret", "a private key")[:32]
     raw = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw()
     return PUBLIC_KEY_PREFIX + base64.b64encode(raw).decode()
@@ -137,7 +146,9 @@ def signatures_of(version: str, signature_header: str) -> list[bytes]:
     return signatures
 
 
-def _signed_by(key: Ed25519PublicKey, signature: bytes, message: bytes) -> bool:
+def _signed_by(key: "Ed25519PublicKey", signature: bytes, message: bytes) -> bool:
+    from cryptography.exceptions import InvalidSignature as BadEd25519Signature
+
     if len(signature) != _ED25519_SIGNATURE_BYTES:
         return False
     try:
@@ -154,7 +165,9 @@ def _hmac_key(secret: str, label: str) -> bytes:
     return key
 
 
-def _public_key(secret: str, label: str) -> Ed25519PublicKey:
+def _public_key(secret: str, label: str) -> "Ed25519PublicKey":
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     for prefix, what in (
         (SECRET_PREFIX, "a v1 (HMAC) secret: use scheme standard-webhooks"),
         (PRIVATE_KEY_PREFIX, "the private key: list the public key, whpk_…, instead"),

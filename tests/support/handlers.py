@@ -17,7 +17,6 @@ import time
 import asyncpg
 
 from webhook_ingest.workers.handlers import PermanentError
-from webhook_ingest.workers.handlers.forward import handle as forward
 from webhook_ingest.workers.handlers.inbox import handle as inbox
 
 EFFECTS_TABLES = """
@@ -122,6 +121,14 @@ async def holds_its_first_run(event, ctx):
         await _mark_started(ctx.options["database_url"], event.key)
         await asyncio.sleep(3600)
     await counted_inbox(event, ctx)
+
+
+async def forward(event, ctx):
+    """The built-in `forward`, imported by the handlers that call it: a worker
+    of the others starts without aiohttp (~90 ms of CPU a worker)."""
+    from webhook_ingest.workers.handlers.forward import handle
+
+    return await handle(event, ctx)
 
 
 async def call_then_record(event, ctx):

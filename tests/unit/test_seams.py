@@ -5,6 +5,7 @@ the workers know each other only through it (CONTRIBUTING.md); inside
 layer and those below, with no cycle between them."""
 
 import ast
+import functools
 import graphlib
 import importlib
 import re
@@ -163,6 +164,7 @@ def test_the_map_of_shared_states_the_same_order():
 # -- cycles between modules ------------------------------------------------------
 
 
+@functools.cache  # read for each import statement the rule looks at: a walk of the tree each time cost ~3 s of CPU
 def module_files() -> dict[str, Path]:
     """Every module of the package, by its dotted name."""
     files = {}
@@ -264,33 +266,35 @@ def test_the_cycle_check_sees_a_cycle():
 # -- one import rule: relative inside a package, its public names from outside ---
 
 
-def concept_packages() -> set[str]:
+@functools.cache
+def concept_packages() -> frozenset[str]:
     """The packages one level below a top-level folder (shared/archive/,
     workers/claim/, ingress/intake/, webhook_ingest/cli/ …): each one concept,
     whose `__init__.py` maps its modules and lists in `__all__` what the rest
     of the code may use of it."""
-    return {
+    return frozenset(
         name
         for name, path in module_files().items()
         if path.name == "__init__.py" and len(path.relative_to(ROOT).parts) == 3
-    }
+    )
 
 
-def public_names(path: Path) -> set[str]:
+@functools.cache
+def public_names(path: Path) -> frozenset[str]:
     """A package's `__all__`, as its `__init__.py` states it."""
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(
             isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
         ):
-            return set(ast.literal_eval(node.value))
-    return set()
+            return frozenset(ast.literal_eval(node.value))
+    return frozenset()
 
 
-def _package_of(module: str, packages: set[str]) -> str | None:
+def _package_of(module: str, packages: frozenset[str]) -> str | None:
     return next((package for package in packages if module == package or module.startswith(f"{package}.")), None)
 
 
-def _import_breaks(node: ast.Import, where: str, own: str | None, packages: set[str]) -> list[str]:
+def _import_breaks(node: ast.Import, where: str, own: str | None, packages: frozenset[str]) -> list[str]:
     breaks = []
     for alias in node.names:
         package = _package_of(alias.name, packages)
@@ -301,7 +305,7 @@ def _import_breaks(node: ast.Import, where: str, own: str | None, packages: set[
     return breaks
 
 
-def _from_breaks(path: Path, node: ast.ImportFrom, where: str, own: str | None, packages: set[str]) -> list[str]:
+def _from_breaks(path: Path, node: ast.ImportFrom, where: str, own: str | None, packages: frozenset[str]) -> list[str]:
     files = module_files()
     module = (statement_names(path, node) or ("", set()))[0]
     breaks = []

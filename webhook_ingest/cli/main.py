@@ -253,13 +253,14 @@ def worker(concurrency: int, metrics_port: int | None, grace_seconds: float) -> 
 async def _run_worker(settings, sources, concurrency, metrics_port, grace_seconds) -> None:
     import contextlib
 
-    from webhook_ingest.workers.health import serve_health
     from webhook_ingest.workers.worker import Worker, install_signal_handlers
 
     worker_process = Worker(settings, sources, concurrency, grace_seconds)
     install_signal_handlers(worker_process)
     async with contextlib.AsyncExitStack() as stack:
         if metrics_port is not None:
+            from webhook_ingest.workers.health import serve_health  # aiohttp's server: only for this port
+
             await stack.enter_async_context(serve_health(worker_process, metrics_port))
         await worker_process.run()
 
