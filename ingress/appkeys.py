@@ -11,5 +11,5 @@ from webhook_ingest.shared.sources import Source
 
 settings_key = web.AppKey("settings", Settings)
 sources_key = web.AppKey("sources", dict[str, Source])
-redis_key = web.AppKey("redis", redis.Redis)  # one client per process: share it, do not open another
+redis_key = web.AppKey("redis", redis.Redis)  # the hints' client (ingress/redis_client.py): share it
 database_pool_key = web.AppKey("database_pool", asyncpg.Pool)  # one pool per process: share it

@@ -5,6 +5,10 @@ It talks to the first master of `REDIS_URLS` only: what the ingress reads
 there is a hint (a done marker), never a decision the Redlock quorum must
 make. Short timeouts and no client-side retries, so a slow or absent Redis
 costs a request at most one timeout and then the normal path.
+
+The content bindings have a client of their own, with a longer timeout: a
+binding given up on is not a shortcut lost but a replay let through
+(docs/design.md, "Identity from what is signed").
 """
 
 from collections.abc import AsyncIterator
@@ -26,13 +30,16 @@ from .appkeys import redis_key, settings_key
 
 TIMEOUT_SECONDS = 0.075  # a command's answer
 CONNECT_TIMEOUT_SECONDS = 0.5  # a new pooled connection: rare, and slower on a busy machine
+BINDING_TIMEOUT_SECONDS = 1.0  # the content binding's answer, and its connection
 
 
-def connect(url: str) -> redis.Redis:
+def connect(
+    url: str, timeout: float = TIMEOUT_SECONDS, connect_timeout: float = CONNECT_TIMEOUT_SECONDS
+) -> redis.Redis:
     return redis.from_url(
         url,
-        socket_timeout=TIMEOUT_SECONDS,
-        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        socket_timeout=timeout,
+        socket_connect_timeout=connect_timeout,
         retry=Retry(NoBackoff(), 0),
     )
 
@@ -48,11 +55,13 @@ async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
 async def done_markers_ctx(app: web.Application) -> AsyncIterator[None]:
     """The duplicate lookup: GETs pipelined on a connection of its own when
     the URL allows (`ingress.intake.redis_get`), else through the shared client; the
-    content bindings' script through the shared client."""
+    content bindings' script through a client of its own (`BINDING_TIMEOUT_SECONDS`)."""
     settings = app[settings_key]
     pipeline = connect_get(settings.redis_urls[0], TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS)
     app[done_markers_key] = DoneMarkers(pipeline.get if pipeline else app[redis_key].get, settings.namespace)
-    app[content_bindings_key] = ContentBindings(app[redis_key], settings.namespace, settings.replay_window)
+    bindings = connect(settings.redis_urls[0], BINDING_TIMEOUT_SECONDS, BINDING_TIMEOUT_SECONDS)
+    app[content_bindings_key] = ContentBindings(bindings, settings.namespace, settings.replay_window)
     yield
     if pipeline is not None:
         await pipeline.close()
+    await bindings.aclose()

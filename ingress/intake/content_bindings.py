@@ -24,8 +24,9 @@ at most `MAX_TYPES` of them. Every other scheme's content holds one type:
 GitHub and GitLab send one body as one event type.
 
 The binding lives `WEBHOOK_INGEST_REPLAY_WINDOW` seconds (7 days, the
-archive's retention) from the content's first arrival. With Redis away the
-request takes the normal path (the event is not lost) and the lookup is
+archive's retention) from the content's first arrival. With Redis away (no
+answer within its client's `BINDING_TIMEOUT_SECONDS`, ingress/redis_client.py)
+the request takes the normal path (the event is not lost) and the lookup is
 skipped for `RETRY_AFTER` seconds, as the duplicate fast path does: a
 replay with a new id header sent during an outage runs. Both are said in
 docs/security.md.

@@ -18,7 +18,18 @@ that the key is no longer its own (PAUSE_SLACK_SECONDS, as long as a
 loaded host may take): the limit docs/design.md states ("Exclusion":
 a handler resumes on waking, its call may go out before the answer
 comes). A stopped process that called later than that, while another ran
-the key, is two runs at once.
+the key, is two runs at once. "While the caller held the key" is read
+from the lease's take, not from the wake: the other run may begin later
+than the slack after the wake when the woken caller's confirmation of its
+lapsed lease is slow to land (up to a TTL on a loop waking with hundreds
+of runs: docs/design.md, "A lock that cannot be kept") and the taker came
+back to the key meanwhile (its copy deferred while the lease held). Then
+the woken caller's log says so: it gave the key's lease up because
+Postgres refused it (`lease_lost_handler_cancelled`, `lost=refused`:
+another run had taken it), within that TTL, and a run of the key by
+another process began between the pause's start and that refusal — the
+take it was refused for. A lease given up unanswered (`lost=unanswered`)
+explains nothing: no one had taken the key.
 
 **Handler re-runs (counted).** A run of an attempt that already ran (the
 `chaos_runs` intervals: same key, same attempt number) is a re-run; each
@@ -56,6 +67,14 @@ class Run:
     ended: float | None
 
 
+@dataclass(frozen=True)
+class GaveUp:
+    """A worker's `lease_lost_handler_cancelled` for a key: when, and why (`lost`)."""
+
+    at: float
+    because: str = ""  # "refused": Postgres said another run holds the key; "unanswered": no answer in time
+
+
 @dataclass
 class Reruns:
     calls_repeated: Counter = field(default_factory=Counter)  # cause -> keys called successfully again
@@ -89,20 +108,24 @@ def judge_calls(
     workers: dict[int, str],
     verdict,
     reruns: Reruns,
-    gave_up: dict[tuple[int, str], list[float]] | None = None,
+    gave_up: dict[tuple[int, str], list[GaveUp]] | None = None,
+    lock_ttl: float = 3.0,
 ) -> None:
-    """`gave_up`: (pid, key) -> when that worker logged giving the key's lease up, to name an unexplained repeat."""
+    """`gave_up`: (pid, key) -> when that worker logged giving the key's lease up, and why: the
+    evidence of a take while it was stopped, and the name of an unexplained repeat."""
     gave_up = gave_up or {}
     for key, calls in successes.items():
         causes: set[str] = set()
         for earlier, later in itertools.pairwise(calls):
-            cause = _call_repeated_by(earlier, later, runs.get(key, []), applied, prunes)
+            cause = _call_repeated_by(earlier, later, runs.get(key, []), applied, prunes, key, gave_up, lock_ttl)
             if cause is None:
-                given_up = [at for at in gave_up.get((earlier.pid, key), []) if earlier.started <= at <= later.started]
+                given_up = [
+                    lost for lost in gave_up.get((earlier.pid, key), []) if earlier.started <= lost.at <= later.started
+                ]
                 why = (
                     (
-                        f"; {_who(earlier, workers)} gave its lease up at {_clock(given_up[0])} "
-                        "(lease_lost_handler_cancelled) with no fault on it"
+                        f"; {_who(earlier, workers)} gave its lease up at {_clock(given_up[0].at)} "
+                        f"(lease_lost_handler_cancelled, lost={given_up[0].because or '?'}) with no fault on it"
                     )
                     if given_up
                     else ""
@@ -123,7 +146,14 @@ def judge_calls(
 
 
 def _call_repeated_by(
-    earlier: Call, later: Call, runs: list[Run], applied: list[Applied], prunes: list[tuple[float, float]]
+    earlier: Call,
+    later: Call,
+    runs: list[Run],
+    applied: list[Applied],
+    prunes: list[tuple[float, float]],
+    key: str = "",
+    gave_up: dict[tuple[int, str], list[GaveUp]] | None = None,
+    lock_ttl: float = 3.0,
 ) -> str | None:
     """The downstream shares the run's loop with the traffic and the faults, so
     a call may be stamped a little after a fault that came after it was made:
@@ -138,15 +168,40 @@ def _call_repeated_by(
     for fault in applied:
         if fault.action == "pause" and earlier.pid != later.pid and fault.pid in (earlier.pid, later.pid):
             woken, other = (earlier, later) if fault.pid == earlier.pid else (later, earlier)
+            refusals = (gave_up or {}).get((woken.pid, key), [])
             if (
                 _run_start(woken, runs) < fault.ended
                 and woken.started < fault.ended + PAUSE_SLACK_SECONDS
-                and fault.started <= _run_start(other, runs) <= fault.ended + PAUSE_SLACK_SECONDS
+                and (
+                    fault.started <= _run_start(other, runs) <= fault.ended + PAUSE_SLACK_SECONDS
+                    or _taken_while_stopped(fault, woken.pid, _run_start(other, runs), runs, refusals, lock_ttl)
+                )
             ):
                 return "pause"
     if any(earlier.ended + PRUNE_WINDOW_SECONDS < ended and begun < later.started for begun, ended in prunes):
         return "prune"
     return None
+
+
+def _taken_while_stopped(
+    pause: Applied, woken_pid: int, other_begun: float, runs: list[Run], gave_up: list[GaveUp], lock_ttl: float
+) -> bool:
+    """The stopped process was refused its lease on waking (`lost=refused`,
+    within the TTL its confirmation may take), a run of the key by another
+    process began between the pause's start and that refusal (the take it
+    was refused for; PAUSE_SLACK_SECONDS for the taker's own statements),
+    and the other call's run began no earlier than that take."""
+    for lost in gave_up:
+        if lost.because != "refused" or not pause.started <= lost.at <= pause.ended + lock_ttl + PAUSE_SLACK_SECONDS:
+            continue
+        takes = [
+            run.started
+            for run in runs
+            if run.pid != woken_pid and pause.started <= run.started <= lost.at + PAUSE_SLACK_SECONDS
+        ]
+        if takes and min(takes) <= other_begun:
+            return True
+    return False
 
 
 def _run_start(call: Call, runs: list[Run]) -> float:
@@ -194,9 +249,10 @@ def _run_repeated_by(before: Run, run: Run, applied: list[Applied], prunes: list
     return None
 
 
-def leases_given_up(logs: dict[int, Path]) -> dict[tuple[int, str], list[float]]:
-    """(pid, key) -> when the worker's log says it cancelled a run for a lost lease (`lease_lost_handler_cancelled`)."""
-    found: dict[tuple[int, str], list[float]] = defaultdict(list)
+def leases_given_up(logs: dict[int, Path]) -> dict[tuple[int, str], list[GaveUp]]:
+    """(pid, key) -> when and why (`lost`) the worker's log says it cancelled
+    a run for a lost lease (`lease_lost_handler_cancelled`)."""
+    found: dict[tuple[int, str], list[GaveUp]] = defaultdict(list)
     for pid, path in logs.items():
         with contextlib.suppress(OSError):
             for line in path.read_text(errors="replace").splitlines():
@@ -204,7 +260,8 @@ def leases_given_up(logs: dict[int, Path]) -> dict[tuple[int, str], list[float]]
                     continue
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     entry = json.loads(line)
-                    found[(pid, entry["key"])].append(datetime.fromisoformat(entry["timestamp"]).timestamp())
+                    at = datetime.fromisoformat(entry["timestamp"]).timestamp()
+                    found[(pid, entry["key"])].append(GaveUp(at, entry.get("lost", "")))
     return found
 
 

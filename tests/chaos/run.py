@@ -175,6 +175,7 @@ async def judge_calls_and_replays(
         verdict,
         tally,
         reruns.leases_given_up(logs),
+        deployment.lock_ttl,
     )
     reruns.count_reruns(runs, deployment.applied, deployment.prunes, seen.replayed, tally)
     for key in seen.effects:

@@ -56,7 +56,7 @@ STEP_LIMIT = 5_000_000  # steps in one run: past it, a livelock
 _LOGGED = {
     "event_deferred": ("reason",),
     "event_processed": ("outcome",),
-    "processing_lock_lost": ("holder",),
+    "processing_lock_lost": ("holder", "lost"),
     "attempt_already_handed_on": (),
     "completion_refused_stale_token": (),
     "processing_crashed": ("exc_info",),
@@ -66,7 +66,7 @@ _LOGGED = {
     "service_outage": ("service",),
     "service_recovered": ("service",),
     "handlers_cancelled_at_grace_end": ("count",),
-    "lease_lost_handler_cancelled": ("holder",),
+    "lease_lost_handler_cancelled": ("holder", "lost"),
     "ack_failed": ("frame",),
     "statement_sent_again": ("error",),
     "incident_count_skipped": ("error",),

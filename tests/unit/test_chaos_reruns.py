@@ -9,11 +9,11 @@ from tests.chaos.applied import Applied
 from tests.chaos.checks import Verdict
 from tests.chaos.downstream import Call
 from tests.chaos.plan import make_plan
-from tests.chaos.reruns import Reruns, Run, count_reruns, judge_calls
+from tests.chaos.reruns import GaveUp, Reruns, Run, count_reruns, judge_calls
 
 KEY = "chaos:evt_1#ledger"
-FIRST, SECOND = 101, 202  # two worker processes
-WORKERS = {FIRST: "worker 0", SECOND: "worker 1"}
+FIRST, SECOND, THIRD = 101, 202, 303  # three worker processes
+WORKERS = {FIRST: "worker 0", SECOND: "worker 1", THIRD: "worker 2"}
 
 
 def _called(*calls: tuple[int, float]) -> dict[str, list[Call]]:
@@ -24,9 +24,9 @@ def _runs(*runs: tuple[int, float]) -> dict[str, list[Run]]:
     return {KEY: [Run(pid, 1, at, at + 0.5) for pid, at in runs]}
 
 
-def _judged(calls, runs, applied, prunes=()) -> tuple[list[str], Reruns]:
+def _judged(calls, runs, applied, prunes=(), gave_up=None) -> tuple[list[str], Reruns]:
     verdict, tally = Verdict(), Reruns()
-    judge_calls(calls, runs, applied, list(prunes), WORKERS, verdict, tally)
+    judge_calls(calls, runs, applied, list(prunes), WORKERS, verdict, tally, gave_up, lock_ttl=3.0)
     return [kind for kind, _ in verdict.violations], tally
 
 
@@ -80,6 +80,54 @@ def test_a_pause_the_other_run_did_not_start_in_explains_nothing():
     paused = Applied("pause", 10.5, 11.0, worker=0, pid=FIRST)  # under the TTL: nobody could take the key
     kinds, _ = _judged(_called((FIRST, 10.2), (SECOND, 14.2)), _runs((FIRST, 10.0), (SECOND, 14.0)), [paused])
     assert kinds == ["call repeated"]
+
+
+# Seed 7 on a quiet host: worker 0 stopped 2.6 s, awake 0.35 s (its call went out then), stopped
+# 2.6 s again (the plan's pauses at 44.06 s and 47.02 s, applied as below); its lease ran out while
+# it stood still and worker 2 called again, its run begun more than the 1 s slack after worker 0
+# woke (its copy deferred while the lease held, TurnTaken). Here 1.15 s after, and the refusal
+# that says worker 2 took the lease before worker 0's confirmation landed 1.25 s after: that
+# run's record is gone, these two figures stand for it.
+STOPPED_TWICE = [Applied("pause", 44.14, 46.74, worker=0, pid=FIRST), Applied("pause", 47.10, 49.70, 0, FIRST)]
+CALLED_IN_THE_GAP = _called((FIRST, 46.90), (THIRD, 51.00))
+TAKEN_AFTER_THE_WAKE = _runs((FIRST, 43.90), (THIRD, 50.85))
+
+
+def test_a_lease_taken_from_a_worker_stopped_twice_explains_the_call_after_its_refusal():
+    refused = {(FIRST, KEY): [GaveUp(50.95, "refused")]}
+    kinds, tally = _judged(CALLED_IN_THE_GAP, TAKEN_AFTER_THE_WAKE, STOPPED_TWICE, gave_up=refused)
+    assert kinds == [] and tally.calls_repeated == Counter({"pause": 1})
+
+
+def test_the_same_timeline_without_the_refusal_is_still_a_violation():
+    """Measured from the wake, as before: the taker's run began too late to be the pause's."""
+    assert _judged(CALLED_IN_THE_GAP, TAKEN_AFTER_THE_WAKE, STOPPED_TWICE)[0] == ["call repeated"]
+
+
+def test_a_lease_given_up_unanswered_after_a_pause_explains_nothing():
+    """No one had taken the key: the holder gave up a lease Postgres would have confirmed, and the
+    run after it repeated the call — a bug, named with why the lease was given up."""
+    for because in ("unanswered", ""):  # "": a log line from before `lost` was logged
+        unanswered = {(FIRST, KEY): [GaveUp(50.95, because)]}
+        kinds, _ = _judged(CALLED_IN_THE_GAP, TAKEN_AFTER_THE_WAKE, STOPPED_TWICE, gave_up=unanswered)
+        assert kinds == ["call repeated after a lease given up"]
+
+
+def test_a_refusal_no_other_run_began_before_explains_nothing():
+    """Refused, yet no run of another process began between the pause and the refusal: the take is
+    not in the record, and the later run came well after."""
+    refused = {(FIRST, KEY): [GaveUp(50.95, "refused")]}
+    late = _runs((FIRST, 43.90), (THIRD, 52.50))
+    kinds, _ = _judged(_called((FIRST, 46.90), (THIRD, 52.60)), late, STOPPED_TWICE, gave_up=refused)
+    assert kinds == ["call repeated after a lease given up"]
+
+
+def test_a_refusal_later_than_a_woken_holder_s_confirmation_takes_explains_nothing():
+    """Past the TTL a woken holder's confirmation may take: the lease was lost to something else."""
+    refused = {(FIRST, KEY): [GaveUp(54.00, "refused")]}
+    runs = _runs((FIRST, 43.90), (THIRD, 53.90))
+    kinds, _ = _judged(_called((FIRST, 46.90), (THIRD, 54.05)), runs, STOPPED_TWICE, gave_up=refused)
+    assert kinds == ["call repeated after a lease given up"]
 
 
 def test_a_postgres_cut_explains_a_second_call_but_a_redis_cut_does_not():

@@ -85,6 +85,7 @@ class Keeper:
         self._ttl = ttl_seconds
         self.valid_until = valid_until if valid_until is not None else time.monotonic() + ttl_seconds
         self.lost = False
+        self.lost_because = ""  # "refused": Postgres said the key is not ours; "unanswered": no answer in time
         self.retired = False  # its lock ended (a done marker replaced it): nothing left to keep
         self._on_lost: list[Callable[[], None]] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -199,7 +200,7 @@ class Keeper:
             next_limit = max(self._confirm_asked + self._ttl * LATE_CONFIRM_SHARE, now + self._ttl * CONFIRM_MARGIN)
             self._timer = loop.call_at(next_limit, self._unanswered)
             return
-        self._lose()
+        self._lose("unanswered")
 
     def _loop_was_slow(self, since: float, now: float) -> bool:
         """Whether the loop, since `since`, stood still a twelfth of the TTL
@@ -223,15 +224,15 @@ class Keeper:
             if renewed:
                 return self._renewed(started)
             if renewed is False and self._refusal_is_final:
-                return self._lose()  # "not ours": another run took it, or it ended
+                return self._lose("refused")  # "not ours": another run took it, or it ended
             await asyncio.sleep(RENEW_RETRY_SECONDS)
 
-    def _lose(self) -> None:
+    def _lose(self, because: str) -> None:
         if self.lost:
             return
-        self.lost = True
+        self.lost, self.lost_because = True, because
         self._disarm()
-        log.warning("processing_lock_lost", holder=self.name)
+        log.warning("processing_lock_lost", holder=self.name, lost=because)
         for callback in list(self._on_lost):
             callback()
 
@@ -282,7 +283,7 @@ def cancelled_when_lost(keeper: Keeper, connection):
 
 def _handler_stopped(keeper: Keeper, connection) -> None:
     metrics.handlers_cancelled.inc()
-    log.warning("lease_lost_handler_cancelled", holder=keeper.name)
+    log.warning("lease_lost_handler_cancelled", holder=keeper.name, lost=keeper.lost_because)
     connection.terminate()
 
 

@@ -257,7 +257,7 @@ async def test_a_lease_still_ours_after_a_stall_past_its_ttl_is_kept():
 async def test_a_lease_taken_during_a_stall_is_lost_when_postgres_says_so():
     keeper = Keeper("postgres", Answers(renewed=False), ttl_seconds=0.6)
     await _kept_through_a_stall(keeper, stall=1.0)
-    assert keeper.lost
+    assert keeper.lost and keeper.lost_because == "refused"  # logged: the key was taken, not unanswered
 
 
 @pytest.mark.parametrize("stall", [0.45, 1.0], ids=["ending-before-the-limit", "ending-past-it"])
@@ -266,7 +266,7 @@ async def test_a_lease_nobody_confirms_after_a_stall_is_lost(stall):
     later than after a loop on time (a TTL after asking)."""
     keeper = Keeper("postgres", Answers(renewed=None), ttl_seconds=0.6)
     await _kept_through_a_stall(keeper, stall=stall)
-    assert keeper.lost
+    assert keeper.lost and keeper.lost_because == "unanswered"
 
 
 class SlowAnswers(Answers):
