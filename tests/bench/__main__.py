@@ -5,7 +5,8 @@ completed events), recovery after a worker's kill -9, the broker blocked
 (tests/bench/slow_handlers.py), the event archive's cost
 (tests/bench/archive_cost.py), and OpenTelemetry tracing's
 (tests/bench/tracing_cost.py, alone only), ordering keys' cost
-(tests/bench/ordering.py, `--phase ordering`, alone only); a table, then one JSON line. Exit 1 on a
+(tests/bench/ordering.py, `--phase ordering`, alone only), the contract floor
+(tests/bench/contract_floor.py; `--phase contract_floor` with ours end to end); a table, then one JSON line. Exit 1 on a
 lost or duplicated effect. `--phase broker-blocked`, `--phase slow` or
 `--phase archive` runs that phase alone, with the archive's floor
 (tests/bench/archive_floor.py; `--phase archive_floor` the floor alone; `--phase tracing` too; `--phase ingress`
@@ -24,6 +25,7 @@ from tests.bench import (
     archive_floor,
     archive_search,
     broker_blocked,
+    contract_floor,
     durable_floor,
     http_floor,
     httpload,
@@ -83,6 +85,7 @@ async def main(with_outage: bool = True, with_peers: bool = False) -> int:
         figures["worker_rss_mib"] = max(peak_rss_mib(worker.pid) for worker, _ in deployment.workers)
         figures["ingress_rss_mib"] = max(peak_rss_mib(ingress.pid) for ingress in deployment.ingresses)
         await recovery_phase(deployment, figures)
+    await contract_floor.measure(figures)  # its own processes, queue and database, ours stopped
     await slow_handlers.measure(figures)  # a deployment of its own, with four sources
     await archive_cost.measure(figures)  # a deployment of its own, with an archived source and one not
     await archive_floor.measure(figures)  # a database of its own; the budget from the archive phase's runs
@@ -96,11 +99,42 @@ async def main(with_outage: bool = True, with_peers: bool = False) -> int:
     figures["ingress_p99_vs_raw"] = figures["ingress_p99_ms"] / figures["raw_publish_p99_ms"]
     figures["e2e_vs_durable_floor"] = figures["e2e_events_per_s"] / figures["durable_floor_rps"]
     figures["cpu_vs_durable_floor"] = figures["total_cpu_ms_per_event"] / figures["durable_floor_cpu_ms"]
+    contract_ratios(figures)
     if with_peers:
         figures["e2e_vs_celery"] = figures["e2e_events_per_s"] / figures["celery_e2e_events_per_s"]
     figures["ingress_cpu_vs_floor"] = figures["ingress_cpu_ms_per_request"] / (
         figures["http_floor_cpu_ms"] + figures["raw_publish_cpu_ms_client"]
     )
+    return report(figures)
+
+
+def contract_ratios(figures: dict) -> None:
+    """Ours against the contract floor of the same run (tests/bench/contract_floor.py)."""
+    if "contract_floor_events_per_s" in figures:
+        figures["e2e_vs_contract_floor"] = figures["e2e_events_per_s"] / figures["contract_floor_events_per_s"]
+        figures["cpu_vs_contract_floor"] = figures["total_cpu_ms_per_event"] / figures["contract_floor_cpu_ms"]
+
+
+async def contract_floor_alone(with_peers: bool = False) -> int:
+    """`--phase contract_floor`: ours end to end (a deployment warmed with
+    2,000 events first, as the floor is) and the contract floor, one after
+    the other on the same services; with `--peers`, the peers after them."""
+    figures: dict[str, float] = {"nproc": os.cpu_count()}
+    async with Deployment() as deployment:
+        await deployment.start_ingress()
+        await deployment.start_workers()
+        await httpload.closed_loop(deployment.ingress_port, httpload.signed_requests(SOURCE, SECRET, "warm_", 2_000))
+        await until_effects(deployment, "warm_", 2_000)
+        deployment.handled = 2_000
+        await until_handled(deployment, deployment.handled)
+        meter = CpuMeter(deployment.pids(), deployment.database_name, deployment.redis_port)
+        await meter.measure_background()
+        await end_to_end_phase(deployment, meter, figures)
+    await contract_floor.measure(figures)
+    contract_ratios(figures)
+    if with_peers:
+        await peers.measure(figures)
+        figures["e2e_vs_celery"] = figures["e2e_events_per_s"] / figures["celery_e2e_events_per_s"]
     return report(figures)
 
 
@@ -142,7 +176,7 @@ async def end_to_end_phase(deployment: Deployment, meter: CpuMeter, figures: dic
     check_statuses("end to end", statuses)
     await until_effects(deployment, "e2e_", E2E_EVENTS)
     figures["e2e_events_per_s"] = E2E_EVENTS / (time.perf_counter() - started)
-    deployment.handled = E2E_EVENTS
+    deployment.handled += E2E_EVENTS
     await until_handled(deployment, deployment.handled)
     figures["worker_cpu_ms_per_event"] = 1000 * (workers_cpu(deployment) - cpu_before) / E2E_EVENTS
     shares = meter.stop()
@@ -311,6 +345,7 @@ ROWS = [  # (key, label, format)
     *archive_floor.ROWS_TABLE,
     *tracing_cost.ROWS,
     *ordering.ROWS,
+    *contract_floor.ROWS,
     ("lost", "lost events", "{:.0f}"),
     ("duplicated_effects", "duplicated effects", "{:.0f}"),
 ]
@@ -397,18 +432,22 @@ if __name__ == "__main__":
             "tracing",
             "ingress",
             "ordering",
+            "contract_floor",
         ],
         default="all",
         help="every phase (the default), every phase but the broker-blocked one, "
         "or the broker-blocked, slow-handler, archive-cost or tracing-cost phases alone "
         "(tracing: only alone; ingress: ingress_cpu_vs_floor alone; archive_search: searching 1,000,000 "
         "archived events, only alone; archive_floor: what Postgres spends to keep an event, the "
-        "pipeline's statements aside; ordering: ordering keys against the same sources unordered, only alone)",
+        "pipeline's statements aside; ordering: ordering keys against the same sources unordered, only alone; "
+        "contract_floor: ours end to end and the least code keeping our contract, e2e_vs_contract_floor and "
+        "cpu_vs_contract_floor)",
     )
     parser.add_argument(
         "--peers",
         action="store_true",
-        help="also the Celery stack of tests/bench/peers, side by side (not in make test)",
+        help="with all, steady or contract_floor: also the Celery stack of tests/bench/peers, side by side "
+        "(not in make test)",
     )
     arguments = parser.parse_args()
     phase = arguments.phase
@@ -421,6 +460,7 @@ if __name__ == "__main__":
         "tracing": tracing_phase_alone,
         "ingress": ingress_floor.main,
         "ordering": ordering_phase_alone,
+        "contract_floor": lambda: contract_floor_alone(arguments.peers),
     }
     sys.exit(
         asyncio.run(alone[phase]() if phase in alone else main(with_outage=phase == "all", with_peers=arguments.peers))
