@@ -92,7 +92,7 @@ async def main(with_outage: bool = True, with_peers: bool = False) -> int:
     if with_outage:
         await broker_blocked.measure(figures)  # a deployment of its own, on a private broker
     if with_peers:
-        await peers.measure(figures)  # the Celery stack, in a venv of its own
+        await peers.measure(figures)  # the Celery and Dramatiq stacks, in a venv of their own
     figures["ingress_vs_raw"] = figures["ingress_rps"] / figures["raw_publish_rps"]
     figures["e2e_vs_raw"] = figures["e2e_events_per_s"] / figures["raw_consume_rps"]
     figures["e2e_vs_raw_pipeline"] = figures["e2e_events_per_s"] / figures["raw_pipeline_rps"]
@@ -101,7 +101,7 @@ async def main(with_outage: bool = True, with_peers: bool = False) -> int:
     figures["cpu_vs_durable_floor"] = figures["total_cpu_ms_per_event"] / figures["durable_floor_cpu_ms"]
     contract_ratios(figures)
     if with_peers:
-        figures["e2e_vs_celery"] = figures["e2e_events_per_s"] / figures["celery_e2e_events_per_s"]
+        peers.ratios(figures)
     figures["ingress_cpu_vs_floor"] = figures["ingress_cpu_ms_per_request"] / (
         figures["http_floor_cpu_ms"] + figures["raw_publish_cpu_ms_client"]
     )
@@ -134,7 +134,7 @@ async def contract_floor_alone(with_peers: bool = False) -> int:
     contract_ratios(figures)
     if with_peers:
         await peers.measure(figures)
-        figures["e2e_vs_celery"] = figures["e2e_events_per_s"] / figures["celery_e2e_events_per_s"]
+        peers.ratios(figures)
     return report(figures)
 
 
@@ -351,22 +351,24 @@ ROWS = [  # (key, label, format)
 ]
 
 
-PEER_ROWS = [  # (label, ours, the Celery stack's, format)
-    ("events/s end to end (20,000 unique)", "e2e_events_per_s", "celery_e2e_events_per_s", "{:,.0f}"),
-    (f"p99 ms at {LATENCY_RATE:,} req/s offered", "ingress_p99_ms", "celery_p99_ms", "{:.1f}"),
-    ("CPU ms per event, every process", "total_cpu_ms_per_event", "celery_total_cpu_ms_per_event", "{:.2f}"),
-    ("lost after kill -9 of a worker", "recovery_lost", "celery_lost_after_kill", "{:.0f}"),
-    ("duplicated after kill -9 of a worker", "recovery_duplicated", "celery_duplicated_after_kill", "{:.0f}"),
+PEER_ROWS = [  # (label, ours, each peer's figure after its name, format)
+    ("events/s end to end (20,000 unique)", "e2e_events_per_s", "e2e_events_per_s", "{:,.0f}"),
+    (f"p99 ms at {LATENCY_RATE:,} req/s offered", "ingress_p99_ms", "p99_ms", "{:.1f}"),
+    ("CPU ms per event, every process", "total_cpu_ms_per_event", "total_cpu_ms_per_event", "{:.2f}"),
+    ("lost after kill -9 of a worker", "recovery_lost", "lost_after_kill", "{:.0f}"),
+    ("duplicated after kill -9 of a worker", "recovery_duplicated", "duplicated_after_kill", "{:.0f}"),
 ]
 
 
 def print_peers(figures: dict) -> None:
-    print(f"\n| {'side by side':<40} | {'ours':>10} | {'Celery':>10} |\n| {'-' * 40} | {'-' * 10} | {'-' * 10} |")
-    for label, ours, celery, fmt in PEER_ROWS:
-        print(
-            f"| {label:<40} | {fmt.format(figures.get(ours, float('nan'))):>10} | {fmt.format(figures[celery]):>10} |"
-        )
-    print(f"e2e_vs_celery: {figures['e2e_vs_celery']:.2f}")
+    kinds = [kind for kind in peers.KINDS if f"{kind}_e2e_events_per_s" in figures]
+    names = "".join(f" {peers.NAMES[kind]:>10} |" for kind in kinds)
+    print(f"\n| {'side by side':<40} | {'ours':>10} |{names}\n| {'-' * 40} |{' ---------- |' * (len(kinds) + 1)}")
+    for label, ours, theirs, fmt in PEER_ROWS:
+        cells = "".join(f" {fmt.format(figures.get(f'{kind}_{theirs}', float('nan'))):>10} |" for kind in kinds)
+        print(f"| {label:<40} | {fmt.format(figures.get(ours, float('nan'))):>10} |{cells}")
+    for kind in kinds:
+        print(f"e2e_vs_{kind}: {figures[f'e2e_vs_{kind}']:.2f}, cpu_vs_{kind}: {figures[f'cpu_vs_{kind}']:.2f}")
 
 
 async def slow_phases_alone() -> int:
@@ -403,7 +405,7 @@ def report(figures: dict) -> int:
     for key, label, fmt in ROWS:
         if key in figures:
             print(f"| {label:<52} | {fmt.format(figures[key]):>10} |")
-    if "celery_e2e_events_per_s" in figures:
+    if any(f"{kind}_e2e_events_per_s" in figures for kind in peers.KINDS):
         print_peers(figures)
     failed = figures["lost"] or figures["duplicated_effects"]
     print("\nFAIL: lost or duplicated effects" if failed else "\nOK: every event's effect exactly once")
@@ -446,8 +448,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--peers",
         action="store_true",
-        help="with all, steady or contract_floor: also the Celery stack of tests/bench/peers, side by side "
-        "(not in make test)",
+        help="with all, steady or contract_floor: also the Celery and Dramatiq stacks of tests/bench/peers, "
+        "side by side (not in make test)",
     )
     arguments = parser.parse_args()
     phase = arguments.phase
