@@ -27,6 +27,7 @@ from tests.bench import (
     broker_blocked,
     contract_floor,
     durable_floor,
+    guarantee_costs,
     http_floor,
     httpload,
     ingress_floor,
@@ -135,6 +136,13 @@ async def contract_floor_alone(with_peers: bool = False) -> int:
     if with_peers:
         await peers.measure(figures)
         peers.ratios(figures)
+    return report(figures)
+
+
+async def guarantee_costs_alone() -> int:
+    """`--phase guarantee_costs`: the contract floor with each guarantee added (tests/bench/guarantee_costs.py)."""
+    figures: dict[str, float] = {"nproc": os.cpu_count()}
+    await guarantee_costs.measure(figures)
     return report(figures)
 
 
@@ -346,6 +354,7 @@ ROWS = [  # (key, label, format)
     *tracing_cost.ROWS,
     *ordering.ROWS,
     *contract_floor.ROWS,
+    *guarantee_costs.ROWS,
     ("lost", "lost events", "{:.0f}"),
     ("duplicated_effects", "duplicated effects", "{:.0f}"),
 ]
@@ -435,6 +444,7 @@ if __name__ == "__main__":
             "ingress",
             "ordering",
             "contract_floor",
+            "guarantee_costs",
         ],
         default="all",
         help="every phase (the default), every phase but the broker-blocked one, "
@@ -443,7 +453,7 @@ if __name__ == "__main__":
         "archived events, only alone; archive_floor: what Postgres spends to keep an event, the "
         "pipeline's statements aside; ordering: ordering keys against the same sources unordered, only alone; "
         "contract_floor: ours end to end and the least code keeping our contract, e2e_vs_contract_floor and "
-        "cpu_vs_contract_floor)",
+        "cpu_vs_contract_floor; guarantee_costs: that floor with each guarantee added, only alone)",
     )
     parser.add_argument(
         "--peers",
@@ -463,6 +473,7 @@ if __name__ == "__main__":
         "ingress": ingress_floor.main,
         "ordering": ordering_phase_alone,
         "contract_floor": lambda: contract_floor_alone(arguments.peers),
+        "guarantee_costs": guarantee_costs_alone,
     }
     sys.exit(
         asyncio.run(alone[phase]() if phase in alone else main(with_outage=phase == "all", with_peers=arguments.peers))
