@@ -5,7 +5,8 @@ completed events), recovery after a worker's kill -9, the broker blocked
 (tests/bench/slow_handlers.py), the event archive's cost
 (tests/bench/archive_cost.py), and OpenTelemetry tracing's
 (tests/bench/tracing_cost.py, alone only), ordering keys' cost
-(tests/bench/ordering.py, `--phase ordering`, alone only); a table, then one JSON line. Exit 1 on a
+(tests/bench/ordering.py, `--phase ordering`, alone only), the contract floor
+(tests/bench/contract_floor.py; `--phase contract_floor` with ours end to end); a table, then one JSON line. Exit 1 on a
 lost or duplicated effect. `--phase broker-blocked`, `--phase slow` or
 `--phase archive` runs that phase alone, with the archive's floor
 (tests/bench/archive_floor.py; `--phase archive_floor` the floor alone; `--phase tracing` too; `--phase ingress`
@@ -16,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -24,7 +26,9 @@ from tests.bench import (
     archive_floor,
     archive_search,
     broker_blocked,
+    contract_floor,
     durable_floor,
+    guarantee_costs,
     http_floor,
     httpload,
     ingress_floor,
@@ -47,6 +51,7 @@ E2E_EVENTS = 20_000
 DUP_EVENTS, DUP_COPIES = 2_000, 5
 LATE_COPIES = 5_000
 RECOVERY_RATE, RECOVERY_SECONDS = 400, 3
+CONTRACT_ROUNDS = int(os.environ.get("BENCH_CONTRACT_ROUNDS", "1"))
 
 
 async def main(with_outage: bool = True, with_peers: bool = False) -> int:
@@ -83,24 +88,78 @@ async def main(with_outage: bool = True, with_peers: bool = False) -> int:
         figures["worker_rss_mib"] = max(peak_rss_mib(worker.pid) for worker, _ in deployment.workers)
         figures["ingress_rss_mib"] = max(peak_rss_mib(ingress.pid) for ingress in deployment.ingresses)
         await recovery_phase(deployment, figures)
+    await contract_floor.measure(figures)  # its own processes, queue and database, ours stopped
     await slow_handlers.measure(figures)  # a deployment of its own, with four sources
     await archive_cost.measure(figures)  # a deployment of its own, with an archived source and one not
     await archive_floor.measure(figures)  # a database of its own; the budget from the archive phase's runs
     if with_outage:
         await broker_blocked.measure(figures)  # a deployment of its own, on a private broker
     if with_peers:
-        await peers.measure(figures)  # the Celery stack, in a venv of its own
+        await peers.measure(figures)  # the Celery and Dramatiq stacks, in a venv of their own
     figures["ingress_vs_raw"] = figures["ingress_rps"] / figures["raw_publish_rps"]
     figures["e2e_vs_raw"] = figures["e2e_events_per_s"] / figures["raw_consume_rps"]
     figures["e2e_vs_raw_pipeline"] = figures["e2e_events_per_s"] / figures["raw_pipeline_rps"]
     figures["ingress_p99_vs_raw"] = figures["ingress_p99_ms"] / figures["raw_publish_p99_ms"]
     figures["e2e_vs_durable_floor"] = figures["e2e_events_per_s"] / figures["durable_floor_rps"]
     figures["cpu_vs_durable_floor"] = figures["total_cpu_ms_per_event"] / figures["durable_floor_cpu_ms"]
+    contract_ratios(figures)
     if with_peers:
-        figures["e2e_vs_celery"] = figures["e2e_events_per_s"] / figures["celery_e2e_events_per_s"]
+        peers.ratios(figures)
     figures["ingress_cpu_vs_floor"] = figures["ingress_cpu_ms_per_request"] / (
         figures["http_floor_cpu_ms"] + figures["raw_publish_cpu_ms_client"]
     )
+    return report(figures)
+
+
+def contract_ratios(figures: dict) -> None:
+    """Ours against the contract floor of the same run (tests/bench/contract_floor.py)."""
+    if "contract_floor_events_per_s" in figures:
+        figures["e2e_vs_contract_floor"] = figures["e2e_events_per_s"] / figures["contract_floor_events_per_s"]
+        figures["cpu_vs_contract_floor"] = figures["total_cpu_ms_per_event"] / figures["contract_floor_cpu_ms"]
+
+
+async def contract_floor_alone(with_peers: bool = False) -> int:
+    """`--phase contract_floor`: ours end to end (a deployment of its own,
+    warmed with 2,000 events first, as the floor is) and the contract floor,
+    one after the other on the same services, BENCH_CONTRACT_ROUNDS times,
+    each round in the opposite order of the one before; each figure and
+    ratio the median of the rounds' (a ratio paired within its round); with
+    `--peers`, the peers after them."""
+    figures: dict[str, float] = {"nproc": os.cpu_count()}
+    rounds = []
+    for number in range(CONTRACT_ROUNDS):
+        found: dict[str, float] = {}
+        steps = [ours_end_to_end, contract_floor.measure]
+        for step in steps if number % 2 == 0 else reversed(steps):
+            await step(found)
+        contract_ratios(found)
+        rounds.append(found)
+    for key in rounds[0]:
+        summed = key in ("lost", "duplicated_effects")
+        figures[key] = sum(r[key] for r in rounds) if summed else statistics.median(r[key] for r in rounds)
+    if with_peers:
+        await peers.measure(figures)
+        peers.ratios(figures)
+    return report(figures)
+
+
+async def ours_end_to_end(figures: dict) -> None:
+    async with Deployment() as deployment:
+        await deployment.start_ingress()
+        await deployment.start_workers()
+        await httpload.closed_loop(deployment.ingress_port, httpload.signed_requests(SOURCE, SECRET, "warm_", 2_000))
+        await until_effects(deployment, "warm_", 2_000)
+        deployment.handled = 2_000
+        await until_handled(deployment, deployment.handled)
+        meter = CpuMeter(deployment.pids(), deployment.database_name, deployment.redis_port)
+        await meter.measure_background()
+        await end_to_end_phase(deployment, meter, figures)
+
+
+async def guarantee_costs_alone() -> int:
+    """`--phase guarantee_costs`: the contract floor with each guarantee added (tests/bench/guarantee_costs.py)."""
+    figures: dict[str, float] = {"nproc": os.cpu_count()}
+    await guarantee_costs.measure(figures)
     return report(figures)
 
 
@@ -142,7 +201,7 @@ async def end_to_end_phase(deployment: Deployment, meter: CpuMeter, figures: dic
     check_statuses("end to end", statuses)
     await until_effects(deployment, "e2e_", E2E_EVENTS)
     figures["e2e_events_per_s"] = E2E_EVENTS / (time.perf_counter() - started)
-    deployment.handled = E2E_EVENTS
+    deployment.handled += E2E_EVENTS
     await until_handled(deployment, deployment.handled)
     figures["worker_cpu_ms_per_event"] = 1000 * (workers_cpu(deployment) - cpu_before) / E2E_EVENTS
     shares = meter.stop()
@@ -311,27 +370,31 @@ ROWS = [  # (key, label, format)
     *archive_floor.ROWS_TABLE,
     *tracing_cost.ROWS,
     *ordering.ROWS,
+    *contract_floor.ROWS,
+    *guarantee_costs.ROWS,
     ("lost", "lost events", "{:.0f}"),
     ("duplicated_effects", "duplicated effects", "{:.0f}"),
 ]
 
 
-PEER_ROWS = [  # (label, ours, the Celery stack's, format)
-    ("events/s end to end (20,000 unique)", "e2e_events_per_s", "celery_e2e_events_per_s", "{:,.0f}"),
-    (f"p99 ms at {LATENCY_RATE:,} req/s offered", "ingress_p99_ms", "celery_p99_ms", "{:.1f}"),
-    ("CPU ms per event, every process", "total_cpu_ms_per_event", "celery_total_cpu_ms_per_event", "{:.2f}"),
-    ("lost after kill -9 of a worker", "recovery_lost", "celery_lost_after_kill", "{:.0f}"),
-    ("duplicated after kill -9 of a worker", "recovery_duplicated", "celery_duplicated_after_kill", "{:.0f}"),
+PEER_ROWS = [  # (label, ours, each peer's figure after its name, format)
+    ("events/s end to end (20,000 unique)", "e2e_events_per_s", "e2e_events_per_s", "{:,.0f}"),
+    (f"p99 ms at {LATENCY_RATE:,} req/s offered", "ingress_p99_ms", "p99_ms", "{:.1f}"),
+    ("CPU ms per event, every process", "total_cpu_ms_per_event", "total_cpu_ms_per_event", "{:.2f}"),
+    ("lost after kill -9 of a worker", "recovery_lost", "lost_after_kill", "{:.0f}"),
+    ("duplicated after kill -9 of a worker", "recovery_duplicated", "duplicated_after_kill", "{:.0f}"),
 ]
 
 
 def print_peers(figures: dict) -> None:
-    print(f"\n| {'side by side':<40} | {'ours':>10} | {'Celery':>10} |\n| {'-' * 40} | {'-' * 10} | {'-' * 10} |")
-    for label, ours, celery, fmt in PEER_ROWS:
-        print(
-            f"| {label:<40} | {fmt.format(figures.get(ours, float('nan'))):>10} | {fmt.format(figures[celery]):>10} |"
-        )
-    print(f"e2e_vs_celery: {figures['e2e_vs_celery']:.2f}")
+    kinds = [kind for kind in peers.KINDS if f"{kind}_e2e_events_per_s" in figures]
+    names = "".join(f" {peers.NAMES[kind]:>10} |" for kind in kinds)
+    print(f"\n| {'side by side':<40} | {'ours':>10} |{names}\n| {'-' * 40} |{' ---------- |' * (len(kinds) + 1)}")
+    for label, ours, theirs, fmt in PEER_ROWS:
+        cells = "".join(f" {fmt.format(figures.get(f'{kind}_{theirs}', float('nan'))):>10} |" for kind in kinds)
+        print(f"| {label:<40} | {fmt.format(figures.get(ours, float('nan'))):>10} |{cells}")
+    for kind in kinds:
+        print(f"e2e_vs_{kind}: {figures[f'e2e_vs_{kind}']:.2f}, cpu_vs_{kind}: {figures[f'cpu_vs_{kind}']:.2f}")
 
 
 async def slow_phases_alone() -> int:
@@ -368,7 +431,7 @@ def report(figures: dict) -> int:
     for key, label, fmt in ROWS:
         if key in figures:
             print(f"| {label:<52} | {fmt.format(figures[key]):>10} |")
-    if "celery_e2e_events_per_s" in figures:
+    if any(f"{kind}_e2e_events_per_s" in figures for kind in peers.KINDS):
         print_peers(figures)
     failed = figures["lost"] or figures["duplicated_effects"]
     print("\nFAIL: lost or duplicated effects" if failed else "\nOK: every event's effect exactly once")
@@ -397,18 +460,23 @@ if __name__ == "__main__":
             "tracing",
             "ingress",
             "ordering",
+            "contract_floor",
+            "guarantee_costs",
         ],
         default="all",
         help="every phase (the default), every phase but the broker-blocked one, "
         "or the broker-blocked, slow-handler, archive-cost or tracing-cost phases alone "
         "(tracing: only alone; ingress: ingress_cpu_vs_floor alone; archive_search: searching 1,000,000 "
         "archived events, only alone; archive_floor: what Postgres spends to keep an event, the "
-        "pipeline's statements aside; ordering: ordering keys against the same sources unordered, only alone)",
+        "pipeline's statements aside; ordering: ordering keys against the same sources unordered, only alone; "
+        "contract_floor: ours end to end and the least code keeping our contract, e2e_vs_contract_floor and "
+        "cpu_vs_contract_floor; guarantee_costs: that floor with each guarantee added, only alone)",
     )
     parser.add_argument(
         "--peers",
         action="store_true",
-        help="also the Celery stack of tests/bench/peers, side by side (not in make test)",
+        help="with all, steady or contract_floor: also the Celery and Dramatiq stacks of tests/bench/peers, "
+        "side by side (not in make test)",
     )
     arguments = parser.parse_args()
     phase = arguments.phase
@@ -421,6 +489,8 @@ if __name__ == "__main__":
         "tracing": tracing_phase_alone,
         "ingress": ingress_floor.main,
         "ordering": ordering_phase_alone,
+        "contract_floor": lambda: contract_floor_alone(arguments.peers),
+        "guarantee_costs": guarantee_costs_alone,
     }
     sys.exit(
         asyncio.run(alone[phase]() if phase in alone else main(with_outage=phase == "all", with_peers=arguments.peers))

@@ -1,10 +1,13 @@
-"""`make bench --peers`: the Celery stack of `celery_stack.py` under the
+"""`make bench --peers`: the Celery stack of `celery_stack.py` and the
+Dramatiq stack of `dramatiq_stack.py`, one after the other, under the
 bench's load client, beside our own figures of the same run: events/s end
 to end (20,000 unique events, first send to last row), p99 at 1,000 req/s
 offered, CPU per event over every process (receiver, worker, broker,
 Postgres), and lost / duplicated rows after `kill -9` of a worker process
-under 400 events/s. The peer's venv (build/peers-venv) is made on first
-use; its processes are started and stopped here."""
+under 400 events/s (Dramatiq stops every worker when one dies: it is
+started again, as its supervisor would). The peers' venv
+(build/peers-venv) is made on first use; their processes are started and
+stopped here."""
 
 import asyncio
 import os
@@ -24,27 +27,40 @@ from tests.support.processes import ROOT, wait_until
 from tests.support.tcpproxy import free_port
 
 VENV = ROOT / "build" / "peers-venv"
-PACKAGES = ["celery==5.5.3", "uvicorn[standard]==0.32.1", "starlette==0.41.3", "psycopg[binary]==3.2.3"]
+PACKAGES = [
+    "celery==5.5.3",
+    "dramatiq[rabbitmq]==2.2.1",
+    "uvicorn[standard]==0.32.1",
+    "starlette==0.41.3",
+    "psycopg[binary]==3.2.3",
+]
+KINDS = ("celery", "dramatiq")
+NAMES = {"celery": "Celery", "dramatiq": "Dramatiq"}
 SOURCE, EVENTS, LATENCY_RATE, LATENCY_SECONDS = "peer", 20_000, 1_000, 5
 KILL_RATE, KILL_SECONDS = 400, 3
 PROCESSES = os.cpu_count() or 2
 
 
 def ensure_venv() -> Path:
-    if not (VENV / "bin" / "celery").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    if not all((VENV / "bin" / kind).exists() for kind in KINDS):
+        if not (VENV / "bin" / "pip").exists():
+            subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
         subprocess.run([str(VENV / "bin" / "pip"), "install", "--quiet", *PACKAGES], check=True)
     return VENV / "bin"
 
 
-class CeleryStack:
-    def __init__(self) -> None:
+class PeerStack:
+    """One peer (`kind`, its module `tests.bench.peers.KIND_stack`): its database, queue and processes."""
+
+    def __init__(self, kind: str) -> None:
         run_id = uuid.uuid4().hex[:8]
-        self.database = f"wi_peer_{run_id}"
+        self.kind, self.name = kind, NAMES[kind]
+        self.database = f"wi_peer_{kind}_{run_id}"
         self.database_url = SERVER_URL.rsplit("/", 1)[0] + f"/{self.database}"
-        self.queue = f"peer_{run_id}"
+        self.queue = f"peer_{kind}_{run_id}"
         self.port = free_port()
         self.processes: dict[str, subprocess.Popen] = {}
+        self.restarts = 0
 
     def _env(self) -> dict[str, str]:
         return {
@@ -56,7 +72,7 @@ class CeleryStack:
             "PEER_QUEUE": self.queue,
         }
 
-    async def __aenter__(self) -> "CeleryStack":
+    async def __aenter__(self) -> "PeerStack":
         bin_dir = await asyncio.to_thread(ensure_venv)
         server = await asyncpg.connect(SERVER_URL)
         try:
@@ -65,15 +81,15 @@ class CeleryStack:
             await server.close()
         await self.fetchval("CREATE TABLE peer_effects (key text NOT NULL, payload text NOT NULL)")
         self._start(bin_dir)
-        await wait_until(self._answering, 60, message="the Celery stack's receiver")
+        await wait_until(self._answering, 60, message=f"the {self.name} stack's receiver")
         return self
 
     def _start(self, bin_dir: Path) -> None:
-        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": self._env(), "cwd": ROOT}
+        self.bin_dir = bin_dir
         self.processes["receiver"] = subprocess.Popen(
             [
                 str(bin_dir / "uvicorn"),
-                "tests.bench.peers.celery_stack:receiver",
+                f"tests.bench.peers.{self.kind}_stack:receiver",
                 "--port",
                 str(self.port),
                 "--workers",
@@ -82,27 +98,44 @@ class CeleryStack:
                 "--log-level",
                 "warning",
             ],
-            **quiet,
+            **self._quiet(),
         )
-        self.processes["worker"] = subprocess.Popen(
-            [
-                str(bin_dir / "celery"),
-                "-A",
-                "tests.bench.peers.celery_stack",
-                "worker",
-                "-P",
-                "prefork",
-                "--concurrency",
+        self.start_worker()
+
+    def _quiet(self) -> dict:
+        return {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": self._env(), "cwd": ROOT}
+
+    def start_worker(self) -> None:
+        self.processes["worker"] = subprocess.Popen(self._worker_command(), **self._quiet())
+
+    def _worker_command(self) -> list[str]:
+        if self.kind == "dramatiq":
+            return [
+                str(self.bin_dir / "dramatiq"),
+                "tests.bench.peers.dramatiq_stack",
+                "--processes",
                 str(PROCESSES),
-                "-Q",
+                "--threads",
+                "8",  # its default
+                "--queues",
                 self.queue,
-                "--without-gossip",
-                "--without-mingle",
-                "--loglevel",
-                "warning",
-            ],
-            **quiet,
-        )
+            ]
+        return [
+            str(self.bin_dir / "celery"),
+            "-A",
+            "tests.bench.peers.celery_stack",
+            "worker",
+            "-P",
+            "prefork",
+            "--concurrency",
+            str(PROCESSES),
+            "-Q",
+            self.queue,
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "warning",
+        ]
 
     def _stop(self) -> None:
         for process in self.processes.values():
@@ -137,17 +170,27 @@ class CeleryStack:
             await server.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
         finally:
             await server.close()
-        await _delete_queue(self.queue)
+        for queue in [self.queue, *([f"{self.queue}.DQ", f"{self.queue}.XQ"] if self.kind == "dramatiq" else [])]:
+            await _delete_queue(queue)
 
 
 async def measure(figures: dict) -> None:
-    async with CeleryStack() as stack:
-        await _end_to_end(stack, figures)
-        await _latency(stack, figures)
-        await _kill(stack, figures)
+    for kind in KINDS:
+        async with PeerStack(kind) as stack:
+            await _end_to_end(stack, figures)
+            await _latency(stack, figures)
+            await _kill(stack, figures)
 
 
-async def _end_to_end(stack: CeleryStack, figures: dict) -> None:
+def ratios(figures: dict) -> None:
+    """Ours against each peer's of the same run: events/s end to end, CPU per event."""
+    for kind in KINDS:
+        if f"{kind}_e2e_events_per_s" in figures:
+            figures[f"e2e_vs_{kind}"] = figures["e2e_events_per_s"] / figures[f"{kind}_e2e_events_per_s"]
+            figures[f"cpu_vs_{kind}"] = figures["total_cpu_ms_per_event"] / figures[f"{kind}_total_cpu_ms_per_event"]
+
+
+async def _end_to_end(stack: PeerStack, figures: dict) -> None:
     requests = httpload.signed_requests(SOURCE, SECRET, "e2e_", EVENTS)
     meter = CpuMeter({"peer": stack.pids()}, stack.database, 0)
     await meter.measure_background()
@@ -155,38 +198,51 @@ async def _end_to_end(stack: CeleryStack, figures: dict) -> None:
     started = time.perf_counter()
     _, _, statuses = await httpload.closed_loop(stack.port, requests)
     await _until_rows(stack, "e2e_", EVENTS)
-    figures["celery_e2e_events_per_s"] = EVENTS / (time.perf_counter() - started)
-    figures["celery_total_cpu_ms_per_event"] = 1000 * sum(meter.stop().values()) / EVENTS
-    figures["celery_non_200"] = sum(count for status, count in statuses.items() if status != 200)
+    figures[f"{stack.kind}_e2e_events_per_s"] = EVENTS / (time.perf_counter() - started)
+    figures[f"{stack.kind}_total_cpu_ms_per_event"] = 1000 * sum(meter.stop().values()) / EVENTS
+    figures[f"{stack.kind}_non_200"] = sum(count for status, count in statuses.items() if status != 200)
 
 
-async def _latency(stack: CeleryStack, figures: dict) -> None:
+async def _latency(stack: PeerStack, figures: dict) -> None:
     requests = httpload.signed_requests(SOURCE, SECRET, "rate_", LATENCY_RATE * LATENCY_SECONDS)
     latencies, _ = await httpload.open_loop(stack.port, requests, LATENCY_RATE)
     latencies.sort()
-    figures["celery_p99_ms"] = 1000 * latencies[int(len(latencies) * 0.99)]
+    figures[f"{stack.kind}_p99_ms"] = 1000 * latencies[int(len(latencies) * 0.99)]
     await _until_rows(stack, "rate_", len(requests))
 
 
-async def _kill(stack: CeleryStack, figures: dict) -> None:
-    """kill -9 of one worker child half-way through 3 s at 400 events/s."""
+async def _kill(stack: PeerStack, figures: dict) -> None:
+    """kill -9 of one worker child half-way through 3 s at 400 events/s; a
+    worker whose whole stack stops then (Dramatiq's) is started again."""
     requests = httpload.signed_requests(SOURCE, SECRET, "kill_", KILL_RATE * KILL_SECONDS)
     sending = asyncio.create_task(httpload.open_loop(stack.port, requests, KILL_RATE))
     await asyncio.sleep(KILL_SECONDS / 2)
     os.kill(stack.worker_children()[0], signal.SIGKILL)
+    supervising = asyncio.create_task(_supervise(stack))
     _, statuses = await sending
     accepted = statuses.get(200, 0)
     try:
         await _until_rows(stack, "kill_", accepted, timeout=60)
     except AssertionError:
         pass  # what never came is counted as lost below
+    supervising.cancel()
     distinct = await stack.fetchval("SELECT count(DISTINCT key) FROM peer_effects WHERE key LIKE 'peer:kill_%'")
     rows = await stack.fetchval("SELECT count(*) FROM peer_effects WHERE key LIKE 'peer:kill_%'")
-    figures["celery_lost_after_kill"] = accepted - distinct
-    figures["celery_duplicated_after_kill"] = rows - distinct
+    figures[f"{stack.kind}_lost_after_kill"] = accepted - distinct
+    figures[f"{stack.kind}_duplicated_after_kill"] = rows - distinct
+    figures[f"{stack.kind}_restarts_after_kill"] = stack.restarts
 
 
-async def _until_rows(stack: CeleryStack, prefix: str, count: int, timeout: float = 180) -> None:
+async def _supervise(stack: PeerStack) -> None:
+    """As systemd's `Restart=always` would: the worker started again once it has exited."""
+    while True:
+        await asyncio.sleep(0.2)
+        if stack.processes["worker"].poll() is not None:
+            stack.start_worker()
+            stack.restarts += 1
+
+
+async def _until_rows(stack: PeerStack, prefix: str, count: int, timeout: float = 180) -> None:
     async def written() -> bool:
         return (
             await stack.fetchval(
@@ -195,7 +251,7 @@ async def _until_rows(stack: CeleryStack, prefix: str, count: int, timeout: floa
             >= count
         )
 
-    await wait_until(written, timeout, interval=0.1, message=f"{count} {prefix} rows of the Celery stack")
+    await wait_until(written, timeout, interval=0.1, message=f"{count} {prefix} rows of the {stack.name} stack")
 
 
 def _tree(pid: int) -> list[int]:
