@@ -397,6 +397,7 @@ if __name__ == "__main__":
             "tracing",
             "ingress",
             "ordering",
+            "partitions",
         ],
         default="all",
         help="every phase (the default), every phase but the broker-blocked one, "
@@ -410,8 +411,17 @@ if __name__ == "__main__":
         action="store_true",
         help="also the Celery stack of tests/bench/peers, side by side (not in make test)",
     )
+    parser.add_argument(
+        "--queues",
+        default="1,2,4",
+        help="partitions: the counts of quorum queues to measure (tests/bench/queue_partitions.py)",
+    )
     arguments = parser.parse_args()
     phase = arguments.phase
+    if phase == "partitions":
+        from tests.bench import queue_partitions
+
+        sys.exit(queue_partitions.main([int(count) for count in arguments.queues.split(",")]))
     alone = {
         "broker-blocked": broker_blocked.main,
         "slow": slow_phases_alone,
