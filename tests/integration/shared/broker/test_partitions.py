@@ -2,7 +2,8 @@
 every path that publishes an event — the ingress, its outbox relay, a dead
 letter's replay, an events replay, a resumed source, a retry coming back —
 puts it on its key's partition, `NS.events.<crc32(key) mod 3>`, and never
-on `NS.events`. A worker consuming them all: tests/acceptance/test_exactly_once.py."""
+on `NS.events`; a worker consumes them all and fans a routed event out to
+each route's partition. A fleet at N=3, exactly once: tests/acceptance/test_exactly_once.py."""
 
 import asyncio
 import json
@@ -25,13 +26,14 @@ from webhook_ingest.shared import signatures
 from webhook_ingest.shared.audit.actor import Actor
 from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.dead_letters.store import DeadLetterStore
-from webhook_ingest.shared.event.message import from_amqp
+from webhook_ingest.shared.event.message import from_amqp, to_amqp
 from webhook_ingest.shared.replays.model import ReplayItem
 from webhook_ingest.shared.replays.store import EventReplayStore
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources.model import load_sources
 from webhook_ingest.workers.claim.retry import FailurePolicy
 from webhook_ingest.workers.pauses import Parking
+from webhook_ingest.workers.worker import Worker
 
 PARTITIONS = 3
 KEYS = 12  # enough that every partition gets some (checked: the test would say so)
@@ -196,3 +198,56 @@ async def test_a_retry_waits_in_its_partition_s_retry_queue_and_returns_to_that_
 
     await wait_until(all_back, timeout=15, message="every retry back on an events queue")
     assert await keys_by_queue(partitioned) == expected
+
+
+ROUTED = (
+    '[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\n'
+    '[[sources.acme.routes]]\nname = "billing"\nhandler = "inbox"\n'
+    '[[sources.acme.routes]]\nname = "audit"\nhandler = "inbox"\n'
+)
+
+
+async def test_a_worker_consumes_every_partition_and_fans_out_to_each_route_key_s_partition(
+    partitioned, tmp_path, monkeypatch
+):
+    """Events on their partitions; one worker consuming all three fans each
+    out into one message a route, `KEY#ROUTE` on that key's partition, and
+    runs them all there."""
+    path = tmp_path / "routed.toml"
+    path.write_text(ROUTED)
+    sources = load_sources(str(path))
+    published: list[tuple[str, str]] = []
+    publish_to = FailurePolicy.publish_to
+
+    async def recorded(self, event, queue_name: str) -> None:
+        published.append((event.key, queue_name))
+        await publish_to(self, event, queue_name)
+
+    monkeypatch.setattr(FailurePolicy, "publish_to", recorded)
+    events = [make_event("acme", f"evt_{n}") for n in range(KEYS)]
+    broker, channel = await confirming_channel(partitioned)
+    async with broker:
+        for event in events:
+            await topology.publish(channel, to_amqp(event), topology.events_queue_for(partitioned.namespace, event.key))
+    assert {topology.events_queue_for(partitioned.namespace, e.key) for e in events} == set(
+        topology.events_queues(partitioned.namespace)
+    )
+    worker = Worker(partitioned, sources, concurrency=8, grace_seconds=5)
+    running = asyncio.create_task(worker.run())
+    connection = await asyncpg.connect(partitioned.database_url)
+    try:
+
+        async def all_routes_ran() -> bool:
+            if running.done():
+                running.result()  # its error, rather than a time-out
+            return await connection.fetchval("SELECT count(*) FROM processed_events") == 2 * KEYS
+
+        await wait_until(all_routes_ran, timeout=30, message="every route of every event completed")
+    finally:
+        worker.stop()
+        await running
+        await connection.close()
+    routed = sorted(f"{e.key}#{route}" for e in events for route in ("audit", "billing"))
+    assert sorted(key for key, _ in published) == routed
+    assert all(queue == topology.events_queue_for(partitioned.namespace, key) for key, queue in published), published
+    assert await keys_by_queue(partitioned) == {name: [] for name in topology.events_queues(partitioned.namespace)}
