@@ -10,6 +10,7 @@ from aiohttp import web
 from webhook_ingest.ingress.admin import setup_admin, workers_watch_ctx
 from webhook_ingest.ingress.intake import handler_args, ordered_intake_ctx, setup_limits, webhooks
 from webhook_ingest.ingress.publishing import Publisher, publisher_key, relay_ctx
+from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.observability import get_logger, tracing
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources import Source
@@ -31,6 +32,7 @@ def create_app(settings: Settings, sources: dict[str, Source], connection_name: 
         middlewares=tracing.server_middlewares(),  # a request's span, when tracing is on
     )
     drop_client_protocol_errors()
+    topology.set_event_queues(settings.event_queues)  # the process's one; its publishers hash to it
     app[settings_key] = settings
     app[sources_key] = sources
     app.cleanup_ctx.append(database_ctx)

@@ -30,6 +30,11 @@ ENVIRONMENT_VARIABLES = (
     ("WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET", "its Standard Webhooks secret (`whsec_…`); required with the URL"),
     ("WEBHOOK_INGEST_DELIVERY_LIMIT", "deliveries before a message that kills its worker is dead-lettered"),
     (
+        "WEBHOOK_INGEST_EVENT_QUEUES",
+        "partitions of the events queue, an event in its key's (1: the one `NS.events`; N: `NS.events.0`"
+        " … `NS.events.{N-1}`, each worker consuming all); every process of a deployment the same",
+    ),
+    (
         "WEBHOOK_INGEST_LOCK_TTL",
         "TTL in seconds of the Redis processing lock and the Postgres lease of a key"
         " (renewed every third of it while a handler runs; a killed worker's keys are free"
@@ -120,6 +125,7 @@ class Settings(BaseSettings):
     notify_webhook_secret: str | None = Field(None, alias="WEBHOOK_INGEST_NOTIFY_WEBHOOK_SECRET")
     incident_quiet_minutes: float = Field(30.0, alias="WEBHOOK_INGEST_INCIDENT_QUIET_MINUTES", gt=0)
     delivery_limit: int = Field(20, alias="WEBHOOK_INGEST_DELIVERY_LIMIT", ge=1)
+    event_queues: int = Field(1, alias="WEBHOOK_INGEST_EVENT_QUEUES", ge=1, le=64)
     lock_ttl: float = Field(3.0, alias="WEBHOOK_INGEST_LOCK_TTL", gt=0)
     heartbeat_seconds: float = Field(5.0, alias="WEBHOOK_INGEST_HEARTBEAT_SECONDS", gt=0)
     done_ttl: int = Field(86400, alias="WEBHOOK_INGEST_DONE_TTL", ge=1)
@@ -233,6 +239,7 @@ class Settings(BaseSettings):
                 name for name, url in (("slack", self.notify_slack_url), ("webhook", self.notify_webhook_url)) if url
             ],
             "delivery_limit": self.delivery_limit,
+            "event_queues": self.event_queues,
             "lock_ttl": self.lock_ttl,
             "heartbeat_seconds": self.heartbeat_seconds,
             "trusted_proxies": [str(network) for network in self.trusted_proxies],

@@ -59,7 +59,7 @@ class Parking:
         log.info("event_parked", source=event.source, key=event.key)
 
     async def move_back(self, paused: PausedSources) -> int:
-        """Up to MOVE_BATCH parked events of each source not paused, back to NS.events."""
+        """Up to MOVE_BATCH parked events of each source not paused, back to NS.events (their keys' partitions)."""
         moved = 0
         for source in self._sources:
             if source in paused:
@@ -72,9 +72,8 @@ class Parking:
                 if source in paused:  # paused again meanwhile: it stays parked
                     await message.nack(requeue=True)
                     break
-                await self._failures.publish_to(
-                    from_amqp(message.body, message.headers), topology.events_queue(self._namespace)
-                )
+                event = from_amqp(message.body, message.headers)
+                await self._failures.publish_to(event, topology.events_queue_for(self._namespace, event.key))
                 await message.ack()
                 moved += 1
         if moved:

@@ -143,8 +143,10 @@ class Worker:
     async def _consume_until_stopped(self) -> None:
         publish_channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
         consume_channel = await self.connection.channel()
-        await consume_channel.set_qos(prefetch_count=self.concurrency)
-        queue = await self._declare_queues(consume_channel)
+        # a consumer's prefetch is its own (quorum queues have no channel-wide one):
+        # with N partitions each takes a share of the concurrency
+        await consume_channel.set_qos(prefetch_count=max(1, self.concurrency // topology.event_queues()))
+        queues = await self._declare_queues(consume_channel)
         self.incident_counts = IncidentCounts(self.bookkeeping)
         self.failures = FailurePolicy(publish_channel, self.pool, self.settings.namespace, self.incident_counts)
         self.paused = PausedSources(self.pool)
@@ -169,17 +171,18 @@ class Worker:
         wake_ups = await self._declare_wake_ups()  # before the side tasks: none of their basic.gets beside it
         side_tasks = await self._start_side_tasks()
         wake_up_tag = await wake_ups.consume(self._on_wake_up)
-        consumer_tag = await queue.consume(self._on_message)
+        consumer_tags = [await queue.consume(self._on_message) for queue in queues]
         self.ready = True
         log.info(
             "worker_consuming",
-            queue=queue.name,
+            queue=",".join(queue.name for queue in queues),
             concurrency=self.concurrency,
             postgres_connections=self.pool_sizes._asdict(),
         )
         await self._wait_for_stop(side_tasks)
         self.ready = False
-        await queue.cancel(consumer_tag)
+        for queue, consumer_tag in zip(queues, consumer_tags, strict=True):
+            await queue.cancel(consumer_tag)
         await wake_ups.cancel(wake_up_tag)
         self._copies.abandon([event for _, event in self._pending])  # never started: redelivered
         await asyncio.gather(self._drain_in_flight(), self.lanes.stop(self.grace_seconds))
@@ -233,19 +236,22 @@ class Worker:
         if lane is not None:
             self.lanes.offer(lane)
 
-    async def _declare_queues(self, channel):
-        namespace = self.settings.namespace
-        queue, as_configured = await topology.declare_events_queue_to_consume(
-            self.connection, channel, namespace, self.settings.delivery_limit
-        )
-        if not as_configured:  # our own count still stops a message at our limit (`_decode`)
-            log.warning(
-                "events_queue_kept_its_arguments", queue=queue.name, delivery_limit=self.settings.delivery_limit
-            )
+    async def _declare_queues(self, channel) -> list:
+        """Every partition of the events queue (one, `NS.events`, by default), each with its retry queues."""
+        namespace, queues = self.settings.namespace, []
         delays = {DEFER_SECONDS, UNKNOWN_SOURCE_RETRY, *(d for s in self.sources.values() for d in s.retry_delays)}
-        for delay in sorted(delays):
-            await topology.declare_retry_queue(channel, namespace, delay)
-        return queue
+        for partition in topology.partitions():
+            queue, as_configured = await topology.declare_events_queue_to_consume(
+                self.connection, channel, namespace, self.settings.delivery_limit, partition
+            )
+            if not as_configured:  # our own count still stops a message at our limit (`_decode`)
+                log.warning(
+                    "events_queue_kept_its_arguments", queue=queue.name, delivery_limit=self.settings.delivery_limit
+                )
+            for delay in sorted(delays):
+                await topology.declare_retry_queue(channel, namespace, delay, partition)
+            queues.append(queue)
+        return queues
 
     async def _start_side_tasks(self) -> list[asyncio.Task]:
         from .poison import drain_poison_queue
@@ -368,9 +374,14 @@ class Worker:
         started = time.perf_counter()
         try:
             routed = route_messages(self.sources[event.source], event)
-            queue = topology.events_queue(self.settings.namespace)
+            namespace = self.settings.namespace
             await asyncio.gather(
-                *(self._until_done(lambda e: self.failures.publish_to(e, queue), one) for one in routed)
+                *(
+                    self._until_done(
+                        lambda e: self.failures.publish_to(e, topology.events_queue_for(namespace, e.key)), one
+                    )
+                    for one in routed
+                )
             )
         except Exception:  # a bug: never pin the message (a second fan-out only makes copies)
             log.exception("fan_out_crashed")

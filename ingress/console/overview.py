@@ -74,8 +74,8 @@ async def _none() -> None:
 def queue_names(namespace: str, sources: dict[str, Source]) -> list[str]:
     delays = sorted({delay for source in sources.values() for delay in source.retry_delays})
     return [
-        topology.events_queue(namespace),
-        *(topology.retry_queue(namespace, d) for d in delays),
+        *topology.events_queues(namespace),
+        *(topology.retry_queue(namespace, d, p) for d in delays for p in topology.partitions()),
         topology.dead_queue(namespace),
     ]
 

@@ -75,7 +75,8 @@ class Publisher:
         self._max_waiting = max_waiting  # more, and the broker is suspect
         self._patience = Patience()  # how long the broker may be silent while a live request waits
         self._last_confirm = 0.0  # time.monotonic() of the latest confirm of a live publish
-        self.queue_name = topology.events_queue(namespace)
+        self.queue_name = topology.events_queue(namespace)  # with one partition (WEBHOOK_INGEST_EVENT_QUEUES=1)
+        self._partitioned = topology.event_queues() > 1
         self._probe_queue = probe_queue(namespace)
 
     @property
@@ -158,11 +159,13 @@ class Publisher:
         """The event's publish, straight through aiormq (7 % of a request's
         instructions less than through aio-pika's message and exchange,
         docs/performance.md); through aio-pika while tracing is on, whose
-        instrumentation of the exchange traces it."""
+        instrumentation of the exchange traces it. To its key's partition
+        of the events queue, when it has several."""
+        queue = topology.events_queue_for(self._namespace, event.key) if self._partitioned else self.queue_name
         if tracing.is_on():
-            return topology.publish(self._open_channel, to_amqp(event), self.queue_name, timeout=PUBLISH_TIMEOUT)
+            return topology.publish(self._open_channel, to_amqp(event), queue, timeout=PUBLISH_TIMEOUT)
         return topology.publish_properties(
-            self._open_channel, event.body, amqp_properties(event), self.queue_name, timeout=PUBLISH_TIMEOUT
+            self._open_channel, event.body, amqp_properties(event), queue, timeout=PUBLISH_TIMEOUT
         )
 
     async def _confirmed(self, publishing: Awaitable[None]) -> None:

@@ -12,6 +12,13 @@ overflow) means a message moving between them is never dropped.
 - `NS.dead`: poison messages, drained into the `dead_letters` table.
 - `NS.paused.<source>`: a paused source's events, parked until it is
   resumed; then moved back to `NS.events`, oldest first (workers/pauses.py).
+- `NS.events.0` … `NS.events.{N-1}`: the events queue in N partitions
+  instead, with WEBHOOK_INGEST_EVENT_QUEUES=N > 1 (`set_event_queues`):
+  an event goes to the partition of its key (`partition_of`), every worker
+  consumes them all; each has its retry queues, `NS.retry.<delay>s.<n>`,
+  which return to it. One quorum queue's leader is one Erlang process,
+  on one core of one node; N of them spread over a cluster's nodes
+  (docs/operations.md, "Past one machine").
 - `NS.ordering`: wake-ups of ordering keys' lanes (issue 38), each only its
   lane (`x-lane`), empty body: the events wait in Postgres
   (shared/ordering/), a wake-up is a hint, acked at once.
@@ -20,6 +27,7 @@ overflow) means a message moving between them is never dropped.
 import asyncio
 import contextlib
 import os
+import zlib
 
 import aio_pika
 import aiormq
@@ -35,16 +43,69 @@ WAKE_LANE_HEADER = "x-lane"
 _SAFE_DEAD_LETTERING = {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
 
 
-def events_queue(namespace: str) -> str:
-    return f"{namespace}.events"
+_event_queues = 1  # the events queue's partitions; the process's one setting (set_event_queues)
+
+
+def set_event_queues(count: int) -> None:
+    """The events queue's partitions (WEBHOOK_INGEST_EVENT_QUEUES), set once by
+    each process from its settings (every CLI command as it reads them, so
+    the ingress, the workers and `run`'s children; `create_app` too): like
+    the namespace, one deployment's every process must agree on it."""
+    global _event_queues
+    if count < 1:
+        raise ValueError(f"the events queue's partitions must be at least 1, not {count}")
+    _event_queues = count
+
+
+def event_queues() -> int:
+    return _event_queues
+
+
+def partition_of(key: str, partitions: int) -> int | None:
+    """The partition of an event's key: crc32 of its UTF-8, mod `partitions`
+    — stable across processes, releases and machines (Python's `hash` is
+    salted per process). None when there is one queue: `NS.events` itself."""
+    if partitions == 1:
+        return None
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % partitions
+
+
+def events_queue(namespace: str, partition: int | None = None) -> str:
+    """`NS.events`, or its partition `NS.events.<n>`."""
+    return f"{namespace}.events" if partition is None else f"{namespace}.events.{partition}"
+
+
+def partitions(count: int | None = None) -> list[int | None]:
+    """The events queue's partitions: [None] for the one `NS.events`."""
+    count = _event_queues if count is None else count
+    return [None] if count == 1 else list(range(count))
+
+
+def events_queues(namespace: str, count: int | None = None) -> list[str]:
+    """Every events queue: `NS.events`, or `NS.events.0` … `NS.events.{N-1}`."""
+    return [events_queue(namespace, partition) for partition in partitions(count)]
+
+
+def events_queue_for(namespace: str, key: str) -> str:
+    """Where an event of `key` is published (by every publisher: the ingress,
+    its outbox relay, the replays, a resumed source, a fan-out)."""
+    return events_queue(namespace, partition_of(key, _event_queues))
 
 
 def dead_queue(namespace: str) -> str:
     return f"{namespace}.dead"
 
 
-def retry_queue(namespace: str, delay_seconds: float) -> str:
-    return f"{namespace}.retry.{delay_label(delay_seconds)}"
+def retry_queue(namespace: str, delay_seconds: float, partition: int | None = None) -> str:
+    """`NS.retry.<delay>s`, or partition n's own `NS.retry.<delay>s.<n>`: a
+    retry queue's dead-lettering has one routing key, its events queue."""
+    name = f"{namespace}.retry.{delay_label(delay_seconds)}"
+    return name if partition is None else f"{name}.{partition}"
+
+
+def retry_queue_for(namespace: str, delay_seconds: float, key: str) -> str:
+    """The retry queue that returns an event of `key` to its partition."""
+    return retry_queue(namespace, delay_seconds, partition_of(key, _event_queues))
 
 
 def paused_queue(namespace: str, source: str) -> str:
@@ -64,10 +125,12 @@ def delay_label(delay_seconds: float) -> str:
     return f"{text.removesuffix('.0')}s"
 
 
-async def declare_events_queue(channel: AbstractChannel, namespace: str, delivery_limit: int) -> AbstractQueue:
+async def declare_events_queue(
+    channel: AbstractChannel, namespace: str, delivery_limit: int, partition: int | None = None
+) -> AbstractQueue:
     await declare_dead_queue(channel, namespace)
     return await channel.declare_queue(
-        events_queue(namespace),
+        events_queue(namespace, partition),
         durable=True,
         arguments={
             **_QUORUM,
@@ -80,28 +143,33 @@ async def declare_events_queue(channel: AbstractChannel, namespace: str, deliver
 
 
 async def ensure_events_queue(connection: AbstractConnection, namespace: str, delivery_limit: int) -> None:
-    """The events queue exists afterwards; one that exists is left as it is.
+    """The events queue (each partition) exists afterwards; one that exists is left as it is.
 
     Declared with its arguments, an existing queue created with others (a
     WEBHOOK_INGEST_DELIVERY_LIMIT changed since) fails with PRECONDITION_FAILED,
     and a publisher that insisted would never publish again. So only a queue
     that does not exist is declared, each step on a channel of its own (a
     failed declare closes its channel)."""
-    probe = await connection.channel()
-    try:
-        await probe.declare_queue(events_queue(namespace), passive=True)
-    except aio_pika.exceptions.ChannelNotFoundEntity:  # it also closed the probe channel
-        declaring = await connection.channel()
+    for partition in partitions():
+        probe = await connection.channel()
         try:
-            await declare_events_queue(declaring, namespace, delivery_limit)
-        finally:
-            await declaring.close()
-    else:
-        await probe.close()
+            await probe.declare_queue(events_queue(namespace, partition), passive=True)
+        except aio_pika.exceptions.ChannelNotFoundEntity:  # it also closed the probe channel
+            declaring = await connection.channel()
+            try:
+                await declare_events_queue(declaring, namespace, delivery_limit, partition)
+            finally:
+                await declaring.close()
+        else:
+            await probe.close()
 
 
 async def declare_events_queue_to_consume(
-    connection: AbstractConnection, channel: AbstractChannel, namespace: str, delivery_limit: int
+    connection: AbstractConnection,
+    channel: AbstractChannel,
+    namespace: str,
+    delivery_limit: int,
+    partition: int | None = None,
 ) -> tuple[AbstractQueue, bool]:
     """The events queue on `channel`, to consume from, and whether it has our
     arguments. Declared with them, as every worker does — unless it exists
@@ -112,14 +180,14 @@ async def declare_events_queue_to_consume(
     of its own, as in `ensure_events_queue`."""
     probe = await connection.channel()
     try:
-        await declare_events_queue(probe, namespace, delivery_limit)
+        await declare_events_queue(probe, namespace, delivery_limit, partition)
     except aio_pika.exceptions.ChannelPreconditionFailed:
         await declare_dead_queue(channel, namespace)
-        return await channel.declare_queue(events_queue(namespace), passive=True), False
+        return await channel.declare_queue(events_queue(namespace, partition), passive=True), False
     finally:
         with contextlib.suppress(Exception):  # a probe channel the broker may have closed
             await probe.close()
-    return await declare_events_queue(channel, namespace, delivery_limit), True
+    return await declare_events_queue(channel, namespace, delivery_limit, partition), True
 
 
 async def declare_dead_queue(channel: AbstractChannel, namespace: str) -> AbstractQueue:
@@ -150,16 +218,18 @@ def woken_lane(message: aio_pika.abc.AbstractIncomingMessage) -> str | None:
     return lane if isinstance(lane, str) and lane else None
 
 
-async def declare_retry_queue(channel: AbstractChannel, namespace: str, delay_seconds: float) -> AbstractQueue:
+async def declare_retry_queue(
+    channel: AbstractChannel, namespace: str, delay_seconds: float, partition: int | None = None
+) -> AbstractQueue:
     return await channel.declare_queue(
-        retry_queue(namespace, delay_seconds),
+        retry_queue(namespace, delay_seconds, partition),
         durable=True,
         arguments={
             **_QUORUM,
             **_SAFE_DEAD_LETTERING,
             "x-message-ttl": int(delay_seconds * 1000),
             "x-dead-letter-exchange": "",
-            "x-dead-letter-routing-key": events_queue(namespace),
+            "x-dead-letter-routing-key": events_queue(namespace, partition),
         },
     )
 

@@ -467,10 +467,11 @@ async def _publish(channel: AbstractChannel, namespace: str, row: asyncpg.Record
     """The replayed event, in a trace of its own linked to its last attempt's
     (docs/design.md, "Traces"): its publish's span is that trace's first child."""
     with tracing.replaying(row, replay_id):
+        event = rebuilt_event(row, replay_id)
         await topology.publish(
             channel,
-            to_amqp(rebuilt_event(row, replay_id)),
-            topology.events_queue(namespace),
+            to_amqp(event),
+            topology.events_queue_for(namespace, event.key),
             timeout=REPLAY_PUBLISH_TIMEOUT,
         )
 

@@ -230,7 +230,10 @@ class EventReplayStore:
         if to_publish is not None:
             with tracing.replaying_selection(message.source, message.key, replay_id):  # its own trace, when traced
                 await topology.publish(
-                    channel, to_amqp(to_publish), topology.events_queue(namespace), timeout=PUBLISH_TIMEOUT
+                    channel,
+                    to_amqp(to_publish),
+                    topology.events_queue_for(namespace, to_publish.key),
+                    timeout=PUBLISH_TIMEOUT,
                 )
         return True
 

@@ -65,6 +65,50 @@ async def test_copies_sent_concurrently_through_the_ingress_complete_once(settin
     assert await count_rows(settings.database_url, "dead_letters") == 0
 
 
+async def test_three_event_queues_a_fleet_runs_each_event_once_a_worker_killed(settings, fleet, tmp_path):
+    """WEBHOOK_INGEST_EVENT_QUEUES=3: the ingress puts each event on its key's
+    partition, every worker consumes all three; 300 events × 3 copies posted
+    at once, one of 3 workers SIGKILLed a third of the way, a replacement
+    started: each event runs once, and every partition ends empty."""
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.handlers:slow_inbox"),
+        "WEBHOOK_INGEST_EVENT_QUEUES": "3",
+    }
+    _, base_url = fleet.ingress(env=env)
+    victim, *others = [fleet.worker("--concurrency", "16", env=env) for _ in range(3)]
+    partitions = [f"{settings.namespace}.events.{n}" for n in range(3)]
+    for worker in (victim, *others):
+        await wait_for_output(worker, "worker_consuming")
+        assert ",".join(partitions) in worker.output()
+
+    bodies = [orjson.dumps({"id": f"evt_{n}", "type": "test.event"}) for n in range(300)]
+
+    async def kill_a_third_of_the_way() -> None:
+        await until_completed(settings.database_url, 100)
+        victim.kill()
+        fleet.worker("--concurrency", "16", env=env)
+
+    answers, _ = await asyncio.gather(
+        post_concurrently(base_url, [body for body in bodies for _ in range(3)]), kill_a_third_of_the_way()
+    )
+    assert sum(answers.values()) == 900 and set(answers) <= {"accepted", "duplicate"}, answers
+
+    await until_completed(settings.database_url, 300)
+
+    async def partitions_empty() -> bool:
+        return all([await queue_depth(settings.amqp_url, name) == 0 for name in partitions])
+
+    await wait_until(partitions_empty, 30, message="every partition empty")
+    await asyncio.sleep(1)  # any redelivered copy of the victim's messages would show by now
+    assert await effects_by_key(settings.database_url) == {f"acme:evt_{n}": 1 for n in range(300)}
+    assert await count_rows(settings.database_url, "inbox") == 300
+    assert await count_rows(settings.database_url, "dead_letters") == 0
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):  # nothing was ever put on NS.events
+            await (await connection.channel()).declare_queue(topology.events_queue(settings.namespace), passive=True)
+
+
 async def post_concurrently(base_url: str, bodies: list[bytes], connections: int = 64) -> dict[str, int]:
     """How many answers of each kind: "accepted", "duplicate", or "HTTP <code>"."""
     await _wait_ready(base_url)

@@ -462,6 +462,7 @@ if __name__ == "__main__":
             "ordering",
             "contract_floor",
             "guarantee_costs",
+            "partitions",
         ],
         default="all",
         help="every phase (the default), every phase but the broker-blocked one, "
@@ -478,8 +479,17 @@ if __name__ == "__main__":
         help="with all, steady or contract_floor: also the Celery and Dramatiq stacks of tests/bench/peers, "
         "side by side (not in make test)",
     )
+    parser.add_argument(
+        "--queues",
+        default="1,2,4",
+        help="partitions: the counts of quorum queues to measure (tests/bench/queue_partitions.py)",
+    )
     arguments = parser.parse_args()
     phase = arguments.phase
+    if phase == "partitions":
+        from tests.bench import queue_partitions
+
+        sys.exit(queue_partitions.main([int(count) for count in arguments.queues.split(",")]))
     alone = {
         "broker-blocked": broker_blocked.main,
         "slow": slow_phases_alone,

@@ -157,6 +157,7 @@ def _settings() -> Settings:
     except ConfigError as exc:
         fail(str(exc))
     configure_logging(settings.log_format)
+    topology.set_event_queues(settings.event_queues)
     return settings
 
 

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import click
 
+from webhook_ingest.shared.broker import topology
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.observability import configure_logging, get_logger
 from webhook_ingest.shared.settings import Settings, load_settings
@@ -41,6 +42,7 @@ def configured() -> tuple[Settings, dict[str, Source]]:
     try:
         settings = load_settings()
         configure_logging(settings.log_format)
+        topology.set_event_queues(settings.event_queues)
         return settings, load_sources(settings.sources_path)
     except ConfigError as exc:
         fail(str(exc))

@@ -129,7 +129,7 @@ class FailurePolicy:
         died — its publish's fate unknown — is it published again
         (`workers.claim.attempts` makes a copy that got through harmless).
         """
-        await self.publish_to(event, topology.retry_queue(self._namespace, delay_seconds))
+        await self.publish_to(event, topology.retry_queue_for(self._namespace, delay_seconds, event.key))
 
     async def publish_to(self, event: EventMessage, queue_name: str) -> None:
         """`event` on `queue_name`, waited for as `delay` waits (its docstring
