@@ -17,7 +17,11 @@ left (docs/design.md, "Ordering keys").
 - **Drains.** Pages of up to PAGE_ROWS rows in run order (`by` NULLS LAST,
   seq), each through the unchanged per-event claim (`Processor.run_ordered`,
   with `EventMessage.ordered`): its completion advances the lane in the
-  same commit, fenced by the lane's token. A row found done elsewhere is
+  same commit, fenced by the lane's token. A row of a batchable handler
+  goes first to `LaneHeads`: the heads of many lanes in one transaction
+  (BatchProcessor.run_heads), falling back to its own pass when the batch
+  did not run it. Takes, pages and lets-go of many lanes share one
+  statement each (`LaneStatements`, workers/ordering/coalesced.py). A row found done elsewhere is
   finished (deleted, fenced). A retry, a deferral or a blocking dead letter
   let the lane go (workers/ordering/failures.py), and the runner stops.
   A source whose lanes hold (`ordering.hold`) is run once its
@@ -52,6 +56,7 @@ from webhook_ingest.shared.ordering import event_of
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.claim import Keeper, Lease, Outcome, kept_alive
 
+from .coalesced import LaneHeads, LaneStatements
 from .failures import blocks
 from .renewals import LaneRenewals
 from .store import LaneStore, Page, PendingRow
@@ -113,6 +118,7 @@ class LaneRunner:
         dead_unrun: DeadUnrun | None = None,
         delivery_limit: int | None = None,
         pages: PageLeases | None = None,
+        heads: LaneHeads | None = None,
     ):
         self._store = store
         self._run = run  # Processor.run_ordered (the ordered rows' Processor)
@@ -127,6 +133,8 @@ class LaneRunner:
         self._dead_unrun = dead_unrun  # OrderedFailurePolicy.dead_unrun
         self._delivery_limit = delivery_limit
         self._renewals = LaneRenewals(store, ttl_ms)
+        self._statements = LaneStatements(store, holder, ttl_ms, PAGE_ROWS)  # takes, pages, lets go: many lanes' in one
+        self._heads = heads  # due heads of batchable handlers, many lanes' in one transaction
         self._holding: dict[str, asyncio.Task] = {}
         self._armed: dict[str, asyncio.TimerHandle] = {}
         self._stopping = False
@@ -239,7 +247,7 @@ class LaneRunner:
         source = self._sources[source_name]
         sent_at = time.monotonic()
         try:
-            taken = await self._store.take(lane, self._holder, self._ttl_ms)
+            taken = await self._statements.take(lane)
         except Exception as exc:  # noqa: BLE001 - Postgres away: the watchdog comes back
             log.info("lane_take_failed", lane=lane, error=describe(exc))
             return
@@ -267,7 +275,7 @@ class LaneRunner:
         hold = rule.hold_seconds if rule is not None else 0.0
         skip_stale = rule is not None and rule.stale == "skip"
         while not self._must_stop(source, keeper):
-            page: Page = await self._waiting_out_outages(lambda: self._store.page(lane, token, PAGE_ROWS, hold))
+            page: Page = await self._waiting_out_outages(lambda: self._statements.page(lane, token, hold))
             if not page.ours:
                 return True  # taken by another, or gone: nothing of ours to let go
             if page.due_in is not None and page.due_in > 0:  # held: let go until its hold is over
@@ -277,7 +285,7 @@ class LaneRunner:
                 if let_go is not None:
                     return let_go
             if len(page.rows) < PAGE_ROWS and not self._must_stop(source, keeper):  # all there was: let go if idle
-                idle = await self._waiting_out_outages(lambda: self._store.release_if_idle(lane, token))
+                idle = await self._waiting_out_outages(lambda: self._statements.release_if_idle(lane, token))
                 if idle.released or not idle.ours:
                     return True
                 # an insert committed meanwhile: the next page
@@ -294,7 +302,8 @@ class LaneRunner:
         leases: dict[str, Lease] = {}
         completed: dict[str, str] = {}
         pages = self._pages
-        if pages is not None and len(messages) > 1:  # a lone row's lease and check are shared across lanes instead
+        # a lone row's lease and check are shared across lanes instead, as are a batched head's (LaneHeads)
+        if pages is not None and len(messages) > 1 and not self._batched(messages[0]):
             keys = list(dict.fromkeys(message.key for message in messages))
             leases, completed = await self._waiting_out_outages(partial(pages.lease_rows, keys))
         waiting = list(leases.values())
@@ -318,6 +327,10 @@ class LaneRunner:
                 if let_go is not None:
                     return let_go
         return None
+
+    def _batched(self, message: EventMessage) -> bool:
+        """Whether the row goes to `LaneHeads` first (its handler is batchable)."""
+        return self._heads is not None and self._heads.takes(message)
 
     async def _after(
         self, outcome: Outcome | None, lane: str, token: int, seq: int, source: Source, route: str
@@ -379,8 +392,13 @@ class LaneRunner:
         leased = [lease] if lease is not None else []
 
         async def run(message: EventMessage) -> Outcome:
-            if leased and self._pages is not None:
-                return await self._pages.run_leased(message, leased.pop(), completed_sha256)
+            lease = leased.pop() if leased else None
+            if self._heads is not None and completed_sha256 is None and self._batched(message):
+                outcome = await self._heads.run(message, lease)  # raising, it gave the lease back
+                if outcome is not None:
+                    return outcome
+            if lease is not None and self._pages is not None:
+                return await self._pages.run_leased(message, lease, completed_sha256)
             return await self._run(message)
 
         running: asyncio.Future[Outcome] = asyncio.ensure_future(
