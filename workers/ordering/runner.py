@@ -4,9 +4,11 @@ left (docs/design.md, "Ordering keys").
 
 - **Offers.** A wake-up from NS.ordering (acked at once: the rows are
   durable in Postgres, a wake-up is a hint) or the watchdog's timer offers a
-  lane. The runner takes it unless it holds it already, holds its
-  `capacity` (the worker's `--concurrency`) of lanes, is stopping, or the
-  lane's source is unknown here or paused.
+  lane. The runner takes it unless it holds it already, is stopping, or the
+  lane's source is unknown here or paused. Holding its `capacity` (the
+  worker's `--concurrency`) of lanes, it keeps the lane offered (up to
+  WAITING_LANES, in order) and offers it again when a slot frees up; past
+  that, it notes a backlog for a look.
 - **Takes.** The lane's lease and a new fencing token on its `ordering_keys`
   row, granted by Postgres only while the lane has rows pending, is not
   blocked, its lease is free or ran out and its `ready_at` has come. A
@@ -63,6 +65,9 @@ from .store import LaneStore, Page, PendingRow
 
 log = get_logger(__name__)
 PAGE_ROWS = 32
+# Lanes offered while full, kept to be offered as slots free up: a burst of wake-ups then costs no
+# watchdog look per freed slot (each sorts the runnable lanes: ~2 ms of Postgres over 10,000).
+WAITING_LANES = 10_000
 WATCH_SECONDS = 1.0
 JITTER_SECONDS = 0.05
 # A row's outcome after which the lane goes on: its completion advanced it
@@ -136,6 +141,7 @@ class LaneRunner:
         self._statements = LaneStatements(store, holder, ttl_ms, PAGE_ROWS)  # takes, pages, lets go: many lanes' in one
         self._heads = heads  # due heads of batchable handlers, many lanes' in one transaction
         self._holding: dict[str, asyncio.Task] = {}
+        self._waiting: dict[str, None] = {}  # lanes offered while full, in the order offered
         self._armed: dict[str, asyncio.TimerHandle] = {}
         self._stopping = False
         # A lane turned away when full, or a look cut at the free slots: more lanes may wait, so
@@ -159,7 +165,10 @@ class LaneRunner:
         if self._stopping or lane in self._holding:
             return
         if len(self._holding) >= self._capacity:
-            self._backlog = True
+            if len(self._waiting) < WAITING_LANES:
+                self._waiting[lane] = None
+            else:
+                self._backlog = True
             return
         if not self._known_and_running(lane):
             return
@@ -179,7 +188,16 @@ class LaneRunner:
 
     def _freed(self, lane: str) -> None:
         self._holding.pop(lane, None)
-        if self._backlog and not self._stopping and (self._looking is None or self._looking.done()):
+        while self._waiting and not self._stopping and len(self._holding) < self._capacity:
+            waiting = next(iter(self._waiting))
+            del self._waiting[waiting]
+            self.offer(waiting)
+        if (
+            self._backlog
+            and not self._waiting
+            and not self._stopping
+            and (self._looking is None or self._looking.done())
+        ):
             self._looking = asyncio.create_task(self._look_now(), name="lanes-look-now")
 
     async def _look_now(self) -> None:
@@ -229,6 +247,7 @@ class LaneRunner:
         """No lane taken from now on; each held lane is let go after its
         running row (within `grace_seconds`, else cancelled and let go)."""
         self._stopping = True
+        self._waiting.clear()
         for timer in self._armed.values():
             timer.cancel()
         self._armed.clear()
