@@ -52,7 +52,7 @@ from .acks import OpenDeliveries
 from .delivery_rate import shared_buckets
 from .fan_out import route_messages
 from .heartbeat import Heartbeat
-from .ordering import LaneRunner, LaneStore, OrderedFailurePolicy
+from .ordering import LaneHeads, LaneRunner, LaneStore, OrderedFailurePolicy
 from .pauses import Parking, PausedSources, keep_pauses
 
 log = get_logger(__name__)
@@ -217,6 +217,9 @@ class Worker:
             dead_unrun=ordered_failures.dead_unrun,
             delivery_limit=self.settings.delivery_limit,
             pages=self.ordered_processor,
+            heads=LaneHeads(
+                BatchProcessor(self.ordered_processor, self.store, self.completions), self.ordered_processor.batchable
+            ),
         )
 
     async def _declare_wake_ups(self):

@@ -56,7 +56,8 @@ HOT_EVENTS = 1_000
 WARM_UP = 1_000  # events of each source first (the hot sources': over one object too), not measured
 HANDLER_RATE = 1 / HOT_KEY_HANDLER_SECONDS
 SETTLE_SECONDS = 1.0  # after the last effect: a lane's release, the last batch's statements
-RUN_TIMEOUT = 300.0
+RUN_TIMEOUT = 300.0  # a run not done by then is measured on what it finished (`ordering_unfinished`)
+DRAIN_TIMEOUT = 900.0  # then its backlog drains, unmeasured, before the next run
 PROCESSES = ("ingress", "workers", "beam.smp", "redis-server", "postgres")
 
 ROWS = [
@@ -77,6 +78,7 @@ ROWS = [
         for _name in ("ingress", "workers", "beam", "redis_server", "postgres")
     ],
     ("ordering_rows_left", "ordered rows left after the runs (0)", "{:.0f}"),
+    ("ordering_unfinished", f"events not done within a run's {RUN_TIMEOUT:.0f} s (0)", "{:,.0f}"),
 ]
 
 
@@ -86,7 +88,9 @@ async def measure(figures: dict) -> None:
         await deployment.start_workers()
         meter = CpuMeter(deployment.pids(), deployment.database_name, deployment.redis_port)
         for source, objects in ((PLAIN, WARM_UP), (ORDERED, WARM_UP), (HOT_PLAIN, 1), (HOT_ORDERED, 1)):
-            await send(deployment, source, "warm_", WARM_UP if objects > 1 else HOT_EVENTS // 10, objects)
+            warm_up = WARM_UP if objects > 1 else HOT_EVENTS // 10
+            if (await send(deployment, source, "warm_", warm_up, objects))[1] < warm_up:
+                await drained(deployment, source, "warm_", warm_up)
         vacuum = await asyncpg.connect(deployment.database_url)  # its backend is one of the metered
         try:
             await vacuum.execute("VACUUM")
@@ -98,10 +102,13 @@ async def measure(figures: dict) -> None:
                 (HOT_ORDERED, HOT_EVENTS, 1),
             ):
                 meter.start()
-                elapsed = await send(deployment, source, "run_", events, objects)
+                elapsed, done = await send(deployment, source, "run_", events, objects)
                 await asyncio.sleep(SETTLE_SECONDS)
                 await vacuum.execute("VACUUM")
-                record_run(figures, source, events, elapsed, meter.stop())
+                record_run(figures, source, done, elapsed, meter.stop())
+                figures["ordering_unfinished"] = figures.get("ordering_unfinished", 0) + events - done
+                if done < events:
+                    await drained(deployment, source, "run_", events)
         finally:
             await vacuum.close()
         for source in (PLAIN, ORDERED, HOT_PLAIN, HOT_ORDERED):
@@ -110,9 +117,10 @@ async def measure(figures: dict) -> None:
     ratios(figures)
 
 
-async def send(deployment: Deployment, source: str, prefix: str, events: int, objects: int) -> float:
+async def send(deployment: Deployment, source: str, prefix: str, events: int, objects: int) -> tuple[float, int]:
     """`events` events over `objects` objects through the ingress, until
-    every effect is committed; seconds from the first send to the last effect."""
+    every effect is committed or RUN_TIMEOUT: seconds from the first send to
+    the last effect (or to the timeout), and the effects committed by then."""
     requests = httpload.signed_requests(source, SECRET, f"{prefix}", events, objects=objects)
     started = time.perf_counter()
     _, _, statuses = await httpload.closed_loop(deployment.ingress_port, requests)
@@ -122,8 +130,21 @@ async def send(deployment: Deployment, source: str, prefix: str, events: int, ob
     async def committed() -> bool:
         return await effects(deployment, source, prefix) >= events
 
-    await wait_until(committed, RUN_TIMEOUT, interval=0.05, message=f"{events} {source} {prefix} effects")
-    return time.perf_counter() - started
+    try:
+        await wait_until(committed, RUN_TIMEOUT, interval=0.05, message=f"{events} {source} {prefix} effects")
+    except AssertionError:
+        elapsed = time.perf_counter() - started
+        return elapsed, await effects(deployment, source, prefix)
+    return time.perf_counter() - started, events
+
+
+async def drained(deployment: Deployment, source: str, prefix: str, events: int) -> None:
+    """A run's backlog, done (unmeasured) before the next run starts."""
+
+    async def committed() -> bool:
+        return await effects(deployment, source, prefix) >= events
+
+    await wait_until(committed, DRAIN_TIMEOUT, interval=0.5, message=f"{events} {source} {prefix} effects, drained")
 
 
 def record_run(figures: dict, source: str, events: int, elapsed: float, cpu: dict[str, float]) -> None:

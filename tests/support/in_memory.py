@@ -399,6 +399,16 @@ class InMemoryLanes:
         self.released.append(lane)
         return True
 
+    async def take_many(self, lanes: Sequence[str], holder: str, ttl_ms: int) -> dict[str, Any]:
+        taken = {lane: await self.take(lane, holder, ttl_ms) for lane in lanes}
+        return {lane: each for lane, each in taken.items() if each is not None}
+
+    async def pages(self, lanes: Sequence[tuple[str, int, float]], size: int) -> dict[str, Any]:
+        return {lane: await self.page(lane, token, size, hold) for lane, token, hold in lanes}
+
+    async def release_many_if_idle(self, lanes: Sequence[tuple[str, int]]) -> dict[str, Any]:
+        return {lane: await self.release_if_idle(lane, token) for lane, token in lanes}
+
     async def runnable(self, sources: Sequence[str], limit: int, within: float = 1.0) -> list[tuple[str, float]]:
         now = time.monotonic()
         found = []

@@ -20,10 +20,16 @@ transaction rolls back — no effect of the batch survives — and each of its
 events goes through `Processor` alone, keeping the lock it holds. Keys that
 are not freshly acquired (duplicates, keys in flight elsewhere, degraded
 mode) go through `Processor` alone from the start.
+
+Ordering keys' lanes (workers/ordering/) bring their due head rows
+(`run_heads`): steps 2 and 3 for many lanes at once, without the Redis
+claim (a lane's lease keeps other workers off its rows), each completion
+advancing its lane only while the lane's token is its holder's.
 """
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -95,6 +101,59 @@ class BatchProcessor:
         outcomes.update(batched)
         outcomes.update(zip(alone, one_by_one))
         return [outcomes[i] for i in range(len(messages))]
+
+    async def run_heads(self, heads: Sequence[tuple[EventMessage, Lease | None]]) -> list[Outcome | None]:
+        """Lanes' head rows (`message.ordered`) in one transaction, each as
+        `Processor.run_ordered` would run it; a head may bring its lease (its
+        page's, checked not completed). None: not run here — its key leased
+        elsewhere or twice in the batch, or the batch rolled back — it goes
+        through `Processor` alone, with the lease it brought; the leases
+        taken here are given back. An outage raises, every lease given back."""
+        messages = [message for message, _ in heads]
+        first = {message.key: i for i, message in reversed(list(enumerate(messages)))}
+        distinct = sorted(first.values(), key=lambda i: messages[i].key)
+        asked = [i for i in distinct if heads[i][1] is None]
+        held = {i: lease for i in distinct if (lease := heads[i][1]) is not None}
+        outcomes: dict[int, Outcome] = {}
+        completed_now: set[str] = set()
+        try:
+            if asked:
+                async with self._completions.statement() as connection:
+                    with tracing.spans("lease", [messages[i] for i in asked]):
+                        taken = await self._completions.take_leases(
+                            connection, _keys(messages, asked), self._store.redlock.ttl_ms
+                        )
+                held |= {i: taken[messages[i].key] for i in asked if messages[i].key in taken}
+            outcomes |= {
+                i: Outcome.DUPLICATE for i, lease in held.items() if already_handed_on(messages[i], lease.handed_on)
+            }
+            leased = [i for i in distinct if i in held and i not in outcomes]
+            passed = await self._commit_heads(messages, leased, held) if leased else None
+            if passed is not None:
+                fresh, completed, _ = passed  # the busy: alone
+                completed_now = {messages[i].key for i in fresh}
+                outcomes |= {i: Outcome.STALE if _stale(messages[i]) else Outcome.PROCESSED for i in fresh}
+                for i, completed_sha256 in completed.items():
+                    outcomes[i] = await self._processor.completed(messages[i], completed_sha256)
+        except BaseException:
+            await self._completions.release_leases([lease for lease in held.values() if lease.key not in completed_now])
+            raise
+        given_back = [lease for i, lease in held.items() if heads[i][1] is None or i in outcomes]
+        await self._completions.release_leases([lease for lease in given_back if lease.key not in completed_now])
+        await quietly(
+            self._store.complete_many(
+                [(messages[i].key, messages[i].payload_sha256) for i in outcomes if messages[i].key in completed_now]
+            )
+        )
+        return [outcomes.get(i) for i in range(len(heads))]
+
+    async def _commit_heads(
+        self, messages: list[EventMessage], leased: list[int], held: dict[int, Lease]
+    ) -> tuple | None:
+        leases = {messages[i].key: held[i] for i in leased}
+        lease_keeper = self._processor.lease_keeper(list(leases.values()))
+        async with kept_alive([lease_keeper]), self._completions.session() as connection:
+            return await self._commit(connection, messages, leased, leases, lease_keeper)
 
     async def _run_acquired(
         self, messages: list[EventMessage], locks: dict[int, Lock], lock_keepers: dict[int, Keeper]
@@ -190,7 +249,8 @@ class BatchProcessor:
         completed = {i: done[messages[i].key] for i in mine if messages[i].key in done}
         fresh = [i for i in mine if i not in completed]
         for i in fresh:
-            await self._processor.call_handler(connection, messages[i])
+            if not _stale(messages[i]):  # a stale ordered row completes unrun
+                await self._processor.call_handler(connection, messages[i])
         lease_keeper.check()  # the leases decide, not the Redis locks (Processor._complete)
         if fresh:
             committing.enter_context(tracing.spans("commit", [messages[i] for i in fresh]))
@@ -198,6 +258,10 @@ class BatchProcessor:
             if await self._completions.complete_events(connection, completions) != len(completions):
                 raise _RollBack()
         return fresh, completed, [i for i in leased if messages[i].key not in turned]
+
+
+def _stale(message: EventMessage) -> bool:
+    return message.ordered is not None and message.ordered.stale
 
 
 def _keys(messages: list[EventMessage], indexes: list[int]) -> list[str]:

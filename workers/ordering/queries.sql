@@ -171,3 +171,78 @@ WHERE pending > 0 AND blocked_by IS NULL AND source = ANY($1::text[])
   AND (lease_until IS NULL OR lease_until < clock_timestamp() + $3 * interval '1 second')
 ORDER BY ready_at NULLS FIRST, updated_at
 LIMIT $2
+
+-- name: take_lanes
+-- take_lane for many lanes at once ($1, distinct; holder $2, $3 ms): the
+-- lanes coalesced from many holders' takes (workers/ordering/coalesced.py).
+-- Each granted as take_lane would, rows locked in lane order, each lane's
+-- head counting a delivery when its previous lease ran out. Returns the
+-- lanes granted, with their tokens.
+WITH old AS (
+    SELECT ordering_keys.lane, holder, lease_until FROM ordering_keys
+    WHERE ordering_keys.lane = ANY($1::text[])
+    ORDER BY ordering_keys.lane FOR UPDATE OF ordering_keys
+), taken AS (
+    UPDATE ordering_keys
+    SET token = nextval('fencing_tokens'), holder = $2,
+        lease_until = clock_timestamp() + $3 * interval '1 millisecond', ready_at = NULL, updated_at = now()
+    FROM old
+    WHERE ordering_keys.lane = old.lane AND ordering_keys.lane = ANY($1::text[])  -- by the key, not every lane
+      AND pending > 0 AND blocked_by IS NULL
+      AND (ordering_keys.lease_until IS NULL OR ordering_keys.lease_until < clock_timestamp())
+      AND (ready_at IS NULL OR ready_at <= clock_timestamp())
+    RETURNING ordering_keys.lane, ordering_keys.token,
+        old.holder IS NOT NULL AND old.lease_until IS NOT NULL AS expired
+), heads AS (  -- each expired lane's head found by its index (ordered_events_next), then by its key
+    UPDATE ordered_events SET deliveries = deliveries + 1
+    FROM (SELECT head.lane, head.seq FROM taken CROSS JOIN LATERAL (
+              SELECT lane, seq FROM ordered_events WHERE lane = taken.lane AND state = 'pending'
+              ORDER BY by_value NULLS LAST, seq LIMIT 1) AS head
+          WHERE taken.expired) AS expired_head
+    WHERE ordered_events.lane = expired_head.lane AND ordered_events.seq = expired_head.seq
+)
+SELECT lane, token, expired FROM taken
+
+-- name: pages
+-- page for many lanes at once ($1 lanes, distinct; $2 their tokens; $3
+-- their holds in seconds; $4 rows at most each): one row per pending row
+-- of each lane (a lane with none: one row, seq NULL), in lane then run
+-- order. A lane missing: no row. (`= ANY`: the lanes by the primary key,
+-- not a scan of every lane joined to the list.)
+WITH asked AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::float8[]) AS asked(lane, token, hold)
+)
+SELECT asked.lane, ordering_keys.token = asked.token AND ordering_keys.lease_until IS NOT NULL AS ours,
+    ordering_keys.last_by, due.due_in, rows.*
+FROM asked JOIN ordering_keys ON ordering_keys.lane = asked.lane AND ordering_keys.lane = ANY($1::text[])
+CROSS JOIN LATERAL (
+    SELECT extract(epoch FROM min(accepted_at) + asked.hold * interval '1 second' - clock_timestamp())::float8
+        AS due_in
+    FROM ordered_events WHERE asked.hold > 0 AND ordered_events.lane = asked.lane AND state = 'pending'
+) AS due
+LEFT JOIN LATERAL (
+    SELECT seq, by_value, body, amqp_headers, attempt, replay_of, errors, deliveries
+    FROM ordered_events WHERE ordered_events.lane = asked.lane AND state = 'pending'
+    ORDER BY by_value NULLS LAST, seq
+    LIMIT $4
+) AS rows ON true
+ORDER BY asked.lane, rows.by_value NULLS LAST, rows.seq
+
+-- name: release_lanes_if_idle
+-- release_if_idle for many lanes at once ($1 lanes, distinct; $2 their
+-- tokens), rows locked in lane order: each let go when nothing is pending,
+-- read on its locked row. Returns each lane found, whether its token is
+-- still ours and whether it was released.
+WITH asked AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[]) AS asked(lane, token)
+), lane_rows AS (
+    SELECT ordering_keys.lane, ordering_keys.pending,
+        ordering_keys.token = asked.token AND ordering_keys.lease_until IS NOT NULL AS ours
+    FROM ordering_keys JOIN asked ON ordering_keys.lane = asked.lane AND ordering_keys.lane = ANY($1::text[])
+    ORDER BY ordering_keys.lane FOR UPDATE OF ordering_keys
+), released AS (
+    UPDATE ordering_keys SET holder = NULL, lease_until = NULL, updated_at = now()
+    FROM lane_rows WHERE ordering_keys.lane = lane_rows.lane AND lane_rows.ours AND lane_rows.pending = 0
+    RETURNING ordering_keys.lane
+)
+SELECT lane_rows.lane, lane_rows.ours, lane_rows.lane IN (SELECT lane FROM released) AS released FROM lane_rows

@@ -56,6 +56,31 @@ class Idle:
     released: bool
 
 
+def _page_of(rows: Sequence[asyncpg.Record]) -> Page:
+    if not rows:
+        return Page(False, None, None, ())
+    first = rows[0]
+    return Page(
+        bool(first["ours"]),
+        first["last_by"],
+        first["due_in"],
+        tuple(
+            PendingRow(
+                row["seq"],
+                row["by_value"],
+                row["body"],
+                row["amqp_headers"],
+                row["attempt"],
+                row["replay_of"],
+                tuple(json.loads(row["errors"])),
+                row["deliveries"],
+            )
+            for row in rows
+            if row["seq"] is not None
+        ),
+    )
+
+
 class LaneStore:
     def __init__(self, database: asyncpg.Pool | asyncpg.Connection):
         self._database = database
@@ -89,28 +114,31 @@ class LaneStore:
     async def page(self, lane: str, token: int, size: int, hold_seconds: float) -> Page:
         async with self._connection() as connection:
             rows = await connection.fetch(SQL["page"], lane, token, size, hold_seconds, timeout=STATEMENT_SECONDS)
-        if not rows:
-            return Page(False, None, None, ())
-        first = rows[0]
-        return Page(
-            bool(first["ours"]),
-            first["last_by"],
-            first["due_in"],
-            tuple(
-                PendingRow(
-                    row["seq"],
-                    row["by_value"],
-                    row["body"],
-                    row["amqp_headers"],
-                    row["attempt"],
-                    row["replay_of"],
-                    tuple(json.loads(row["errors"])),
-                    row["deliveries"],
-                )
-                for row in rows
-                if row["seq"] is not None
-            ),
-        )
+        return _page_of(rows)
+
+    async def take_many(self, lanes: Sequence[str], holder: str, ttl_ms: int) -> dict[str, Taken]:
+        """`take` for distinct `lanes` in one statement: those granted."""
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["take_lanes"], list(lanes), holder, ttl_ms, timeout=STATEMENT_SECONDS)
+        return {row["lane"]: Taken(row["token"], row["expired"]) for row in rows}
+
+    async def pages(self, lanes: Sequence[tuple[str, int, float]], size: int) -> dict[str, Page]:
+        """`page` for distinct (lane, token, hold seconds) in one statement; a lane missing is not ours."""
+        async with self._connection() as connection:
+            rows = await connection.fetch(SQL["pages"], *map(list, zip(*lanes)), size, timeout=STATEMENT_SECONDS)
+        by_lane: dict[str, list] = {}
+        for row in rows:
+            by_lane.setdefault(row["lane"], []).append(row)
+        return {lane: _page_of(by_lane.get(lane, [])) for lane, _, _ in lanes}
+
+    async def release_many_if_idle(self, lanes: Sequence[tuple[str, int]]) -> dict[str, Idle]:
+        """`release_if_idle` for distinct (lane, token) in one statement."""
+        async with self._connection() as connection:
+            rows = await connection.fetch(
+                SQL["release_lanes_if_idle"], *map(list, zip(*lanes)), timeout=STATEMENT_SECONDS
+            )
+        found = {row["lane"]: Idle(bool(row["ours"]), bool(row["released"])) for row in rows}
+        return {lane: found.get(lane, Idle(False, False)) for lane, _ in lanes}
 
     async def finish(self, lane: str, token: int, seq: int) -> bool:
         async with self._connection() as connection:

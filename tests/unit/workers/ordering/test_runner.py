@@ -134,6 +134,31 @@ async def test_a_runner_holds_at_most_its_capacity_of_lanes(sources):
     assert await made.look() == 0  # nothing left for the watchdog
 
 
+async def test_lanes_offered_while_full_are_taken_in_order_as_slots_free_without_a_look(sources):
+    lanes = InMemoryLanes()
+    names = [f"acme:{n}" for n in range(5)]
+    for name in names:
+        lanes.add(name, pending(1, name))
+    looks = []
+    runnable = lanes.runnable
+
+    async def counted(*args, **kwargs):
+        looks.append(args)
+        return await runnable(*args, **kwargs)
+
+    lanes.runnable = counted  # type: ignore[method-assign]
+    rows = Rows(lanes)
+    rows.pause = 0.01
+    made, _ = runner(lanes, rows, sources, capacity=1)
+    for name in names:
+        made.offer(name)
+    assert made.held() == 1
+    await asyncio.sleep(0.3)
+    await until_idle(made)
+    assert rows.ran == [(name, 1) for name in names]
+    assert looks == []  # each freed slot took the next lane offered, no statement to find it
+
+
 async def test_a_paused_or_unknown_sources_lane_is_not_taken(sources):
     lanes = InMemoryLanes()
     lanes.add("acme:a", pending(1))
