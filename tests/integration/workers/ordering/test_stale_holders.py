@@ -6,6 +6,8 @@ lane marks nothing)."""
 
 import asyncio
 import dataclasses
+import datetime
+import json
 
 import asyncpg
 import pytest
@@ -165,3 +167,41 @@ async def test_a_late_retry_of_a_holder_that_lost_its_lane_does_not_delay_the_la
     taken = await LaneStore(pool).take("acme:a", "w3", 30_000)
     wait = await pool.fetchval("SELECT extract(epoch FROM ready_at - now()) FROM ordering_keys WHERE lane = 'acme:a'")
     assert taken is not None, f"e2's lane not takeable for {wait:.0f} s: w1's late retry set its ready_at"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="retry_in_place names its row by (lane, seq, attempt), not fenced by the lane's token: after prune "
+    "made the lane anew (seqs from 1), a holder that lost the old lane moves another event's row",
+)
+async def test_a_late_retry_of_a_holder_that_lost_its_lane_leaves_a_pruned_and_remade_lane_alone(sources, worker, pool):
+    """w1 runs e1 (seq 1) and is stopped past its lane lease; w2 takes the
+    lane over and completes e1; the lane idles past the window and `prune`
+    deletes it; e2 is accepted into the lane made anew — seq 1 again. w1
+    resumes and its handler fails: retry_in_place(lane, w1's token, seq 1,
+    attempt 1) matches e2's row, which moves to attempt 2 carrying e1's
+    error (an attempt e2 never ran), and the lane waits w1's retry delay.
+    Needs w1 stopped longer than the prune window (30 days by default; as
+    long as `--older-than` says)."""
+    processor, completions, policy = worker
+    await accept(pool, "a", 1)
+    stale = await lost_head(pool, "a")
+    runner = LaneRunner(
+        LaneStore(pool),
+        processor.run_ordered,
+        sources,
+        set(),
+        holder="w2",
+        capacity=4,
+        ttl_ms=30_000,
+        settled=lambda _event, _outcome, _started: None,
+    )
+    runner.offer("acme:a")
+    await drained(runner)
+    await pool.execute("UPDATE ordering_keys SET updated_at = now() - interval '2 days'")
+    await completions.prune(datetime.timedelta(days=1))
+    assert await pool.fetchval("SELECT count(*) FROM ordering_keys") == 0  # pruned
+    await accept(pool, "a", 2)  # seq 1 of the lane made anew
+    await policy.fail(stale, sources["acme"], RuntimeError("timed out"))  # w1, late
+    row = await pool.fetchrow("SELECT key, seq, attempt, errors FROM ordered_events WHERE lane = 'acme:a'")
+    assert (row["seq"], row["attempt"], json.loads(row["errors"])) == (1, 1, []), f"e2's row moved: {dict(row)}"
