@@ -5,7 +5,6 @@ allows (a repeat after prune)."""
 import json
 from collections import Counter
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -157,7 +156,6 @@ def _replayed(effects, dead_at=(), fail="", prunes=()) -> list[str]:
     return [kind for kind, _ in verdict.violations]
 
 
-@pytest.mark.xfail(strict=True, reason="the chaos checks do not yet allow these across a prune")
 def test_a_replay_key_completed_twice_is_a_violation_unless_a_prune_could_have_forgotten_the_first():
     """make chaos SEED=7's `replay ran twice`: completions 14 s apart, a prune begun 3 s before the first."""
     twice = [(34.69, 34.2), (48.70, 48.3)]
@@ -167,7 +165,6 @@ def test_a_replay_key_completed_twice_is_a_violation_unless_a_prune_could_have_f
     assert _replayed(twice, prunes=[(49.0, 50.0)]) == ["replay ran twice"]  # begun after the second
 
 
-@pytest.mark.xfail(strict=True, reason="the chaos checks do not yet allow these across a prune")
 def test_completed_then_a_copy_dead_lettered_is_allowed_only_across_a_prune():
     """make chaos SEED=11's `completed and dead-lettered`: the dead-letter replay completed the key,
     a prune forgot that, a later copy ran as a plain run and failed for good, as its payload says."""
