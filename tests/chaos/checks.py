@@ -19,12 +19,15 @@ event the plan sent, against docs/reference.md §6–§8. Each violation names i
 
 A repeat after `prune` is allowed: a completion record pruned (the window
 had passed when prune ran) is forgotten by design, and docs/reference.md §2 says a later
-copy runs again.
+copy runs again. So is its other face: an event told to fail until a
+dead-letter replay runs it, completed by that replay, then a copy after a
+prune forgot the completion, run as a plain run and dead-lettered as told.
 """
 
 import asyncio
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from itertools import pairwise
 
 import asyncpg
@@ -46,6 +49,7 @@ class Observed:
     inbox: set[str] = field(default_factory=set)
     completions: set[str] = field(default_factory=set)
     open_dead_letters: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # key -> last errors
+    open_dead_at: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # key -> created_at
     conflicts: set[str] = field(default_factory=set)
     archive: dict[str, Counter] | None = None  # key -> its archived rows by status; None: no archive table
     recorder: bool = True  # the chaos handler's tables exist (always in a local run)
@@ -115,11 +119,12 @@ async def _observe(connection, pattern: str) -> Observed:
         seen.inbox = await _keys(connection, "SELECT key FROM inbox WHERE key LIKE $1", pattern)
     seen.completions = await _keys(connection, "SELECT key FROM processed_events WHERE key LIKE $1", pattern)
     for row in await connection.fetch(
-        "SELECT key, errors -> -1 ->> 'type' AS last FROM dead_letters"
+        "SELECT key, errors -> -1 ->> 'type' AS last, extract(epoch FROM created_at) AS at FROM dead_letters"
         " WHERE status = 'dead' AND key LIKE $1 ORDER BY id",
         pattern,
     ):
         seen.open_dead_letters[row["key"]].append(row["last"] or "?")
+        seen.open_dead_at[row["key"]].append(float(row["at"]))
     seen.conflicts = await _keys(connection, "SELECT DISTINCT key FROM event_conflicts WHERE key LIKE $1", pattern)
     seen.replayed = await _keys(
         connection, "SELECT DISTINCT key FROM dead_letters WHERE status = 'replayed' AND key LIKE $1", pattern
@@ -205,12 +210,12 @@ def _judge_key(event, key: str, sent: Sent, seen: Observed, prunes, verdict: Ver
     effects, dead = sorted(seen.effects.get(key, [])), seen.open_dead_letters.get(key, [])
     # told to fail until a dead-letter replay runs it (tests/chaos/replays.py): once one did, it completes
     expect_dead = event.expect_dead_letter and not (event.fail == "until_replayed" and key in seen.replayed)
-    repeats = sum(1 for before, after in pairwise(effects) if not _pruned_between(before[1], after[0], prunes))
+    repeats = repeats_unexplained(effects, prunes)
     verdict.outcomes["repeated after prune (allowed)"] += len(effects) - 1 - repeats if effects else 0
     if not effects and not dead:
         verdict.violate("lost", f"{key}: accepted, but no effect and no dead letter")
     elif effects and dead:
-        verdict.violate("completed and dead-lettered", f"{key}: effect and open dead letter ({dead[-1]})")
+        judge_completed_and_dead(key, event.fail, effects, dead, seen.open_dead_at[key], prunes, verdict)
     elif len(dead) > 1:
         verdict.violate("several open dead letters", f"{key}: {len(dead)} open dead letters")
     elif dead and not expect_dead:
@@ -310,6 +315,41 @@ def _judge_conflict(event, key: str, sent: Sent, seen: Observed, completed_once:
             verdict.outcomes["conflict recorded"] += 1
         else:
             verdict.violate("conflict not recorded", f"{key}: two payloads accepted, no event_conflicts row")
+
+
+def repeats_unexplained(effects: list[tuple[float, float]], prunes: list[tuple[float, float]]) -> int:
+    """The effects after the first that no prune between explains."""
+    return sum(1 for before, after in pairwise(sorted(effects)) if not _pruned_between(before[1], after[0], prunes))
+
+
+def dead_after_prune(
+    effects: list[tuple[float, float]], dead_at: list[float], prunes: list[tuple[float, float]]
+) -> bool:
+    """Every open dead letter was made after the key's last effect, by a run
+    a prune let in (the completion forgotten, a later copy ran as a plain run
+    and failed for good, as its payload tells it to: docs/reference.md §2)."""
+    at, completed_at = max(effects)
+    return bool(dead_at) and all(made > at and _pruned_between(completed_at, made, prunes) for made in dead_at)
+
+
+def judge_completed_and_dead(
+    key: str, fail: str, effects, dead: list[str], dead_at: list[float], prunes, verdict
+) -> None:
+    """Both an effect and an open dead letter: allowed only for an event told
+    to fail until a dead-letter replay runs it, dead-lettered after a prune."""
+    if fail == "until_replayed" and dead_after_prune(effects, dead_at, prunes):
+        verdict.outcomes["completed, then a copy dead-lettered after prune (allowed)"] += 1
+    else:
+        verdict.violate("completed and dead-lettered", f"{key}: effect and open dead letter ({dead[-1]})")
+
+
+def prune_times(prunes: list[tuple[float, float]]) -> str:
+    """Each prune's wall-clock start and end, for a violation's detail and the report."""
+    return ", ".join(f"{_clock(started)}–{_clock(ended)}" for started, ended in prunes) or "none"
+
+
+def _clock(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
 def _pruned_between(completed_at: float, later: float, prunes: list[tuple[float, float]]) -> bool:

@@ -1,7 +1,8 @@
 """Replays issued during the run, through the real CLI, as on-call would:
 an event replay by window (`events replay --since --until`) and a bulk
 replay of the open dead letters (`dlq replay --all`). Both run things
-again by design (docs/reference.md §8), so they are counted, not forgiven:
+again by design (docs/reference.md §8), so they are counted, not forgiven
+(only a repeat a recorded `prune` explains is, as for the event's own key):
 
 - an event replay runs each event of its frozen selection once more under
   `replay-R/KEY` (each route's: `replay-R/KEY#ROUTE`): every item has one
@@ -26,6 +27,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
+from tests.chaos.checks import judge_completed_and_dead, prune_times, repeats_unexplained
 from tests.chaos.plan import Fault, PlannedEvent
 
 WINDOW_LAG = 2.0  # seconds: an event replay's window ends this long before it is issued
@@ -194,6 +196,7 @@ def judge_event_replays(
     routes: tuple[str, ...],
     verdict,
     judge_runs,
+    prunes: list[tuple[float, float]],
 ) -> Counter:
     """Every item of every event replay ran once more under its replay key;
     returns the replayed runs per replay, for the report."""
@@ -223,27 +226,40 @@ def judge_event_replays(
             for each in [f"{key}#{route}" for route in routes] if routes else [key]:
                 replayed = f"replay-{rid}/{each}"
                 ran[rid] += 1
-                _judge_replayed(event, replayed, seen, replays, verdict)
+                _judge_replayed(event, replayed, seen, replays, verdict, prunes)
                 judge_runs(replayed)
     return ran
 
 
-def _judge_replayed(event: PlannedEvent | None, key: str, seen, replays: ReplaysSeen, verdict) -> None:
-    effects, dead = seen.effects.get(key, []), seen.open_dead_letters.get(key, [])
+def _judge_replayed(event: PlannedEvent | None, key: str, seen, replays: ReplaysSeen, verdict, prunes) -> None:
+    """A replay key is a key like any (docs/reference.md §8, "Exactly once per
+    replay": the workers' usual steps), so a copy after `prune` forgot its
+    completion runs again (§2), as tests/chaos/checks.py allows for the event's own key."""
+    effects, dead = sorted(seen.effects.get(key, [])), seen.open_dead_letters.get(key, [])
     fails = event.fail if event is not None else ""
     told_to_die = fails in ("permanent", "always") or (fails == "until_replayed" and key not in replays.replayed_keys)
+    repeats = repeats_unexplained(effects, prunes)
+    verdict.outcomes["replay repeated after prune (allowed)"] += max(len(effects) - 1 - repeats, 0)
     if not effects and not dead:
         verdict.violate("replay lost", f"{key}: an item of the replay, with no effect and no dead letter")
-    elif len(effects) > 1:
-        verdict.violate("replay ran twice", f"{key}: {len(effects)} effects in the completion transaction")
+    elif repeats:
+        verdict.violate(
+            "replay ran twice",
+            f"{key}: {len(effects)} effects in the completion transaction (begun "
+            f"{', '.join(_clock(begun) for _, begun in effects)}); prunes {prune_times(prunes)}",
+        )
     elif effects and dead:
-        verdict.violate("completed and dead-lettered", f"{key}: effect and open dead letter ({dead[-1]})")
+        judge_completed_and_dead(key, fails, effects, dead, seen.open_dead_at[key], prunes, verdict)
     elif dead and not told_to_die:
         verdict.violate("false dead letter", f"{key}: dead-lettered ({dead[-1]}), fail={fails or 'none'}")
     elif effects and told_to_die:
         verdict.violate("missing dead letter", f"{key}: completed although told to fail ({fails})")
     else:
         verdict.outcomes["replayed once, as told"] += 1
+
+
+def _clock(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
 def report_lines(issued: list[IssuedReplay], seen: ReplaysSeen) -> list[str]:

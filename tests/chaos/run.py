@@ -16,8 +16,19 @@ from pathlib import Path
 
 from tests.chaos import ordering, replays, reruns
 from tests.chaos.applied import FullDeployment
-from tests.chaos.checks import Observed, Verdict, connect, judge, judge_runs, observe, resolved, run_keys
+from tests.chaos.checks import (
+    Observed,
+    Verdict,
+    connect,
+    judge,
+    judge_runs,
+    observe,
+    prune_times,
+    resolved,
+    run_keys,
+)
 from tests.chaos.deployment import (
+    PRUNE_WINDOW,
     SECRET,
     SETTLE_SECONDS,
     SOURCE,
@@ -129,6 +140,7 @@ async def _run_local(
                 seen.stopped[fault.pid].append((fault.started, fault.ended))
         verdict = judge(plan.events, sent, seen, deployment.prunes, leftover, options.routes, left)
         more = await judge_calls_and_replays(plan, sent, seen, deployment, downstream, options.routes, verdict)
+        more.append(f"prunes     {prune_times(deployment.prunes)} (each start–end, --older-than {PRUNE_WINDOW})")
         if ordered is not None:
             effects, blocked = await ordering.observe(deployment.database_url)
             versions = ordering.accepted_versions(ordered, sent, timings)
@@ -191,7 +203,7 @@ async def judge_calls_and_replays(
         judge_runs(key, seen, sorted(seen.effects.get(key, []))[:1], deployment.prunes, verdict)
 
     replayed = replays.judge_event_replays(
-        plan.events, sent, seen, replays_seen, deployment.issued, routes, verdict, intervals
+        plan.events, sent, seen, replays_seen, deployment.issued, routes, verdict, intervals, deployment.prunes
     )
     return reruns.report_lines(tally, replayed) + replays.report_lines(deployment.issued, replays_seen)
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tests.chaos.checks import Observed, judge
 from tests.chaos.plan import PlannedEvent, make_plan
 from tests.chaos.queues import described
+from tests.chaos.replays import IssuedReplay, ReplaysSeen, judge_event_replays
 from tests.chaos.traffic import Sent
 
 KEY = "chaos:evt_1"
@@ -136,3 +137,49 @@ def test_a_run_archived_a_duplicate_of_the_next_one_is_still_wrong():
     """make chaos SEED=7's `2 effects, archived 1 duplicate, 1 processed`: two arrivals ran."""
     assert _rerun_after_prune({1000, 2000}, {"duplicate": 1, "processed": 1}) == ["archive status wrong"]
     assert _rerun_after_prune({1000}, {"queued": 1}) == ["archive not settled", "archive status wrong"]
+
+
+def _replayed(effects, dead_at=(), fail="", prunes=()) -> list[str]:
+    """Replay 3's item KEY (tests/chaos/replays.py): its run's effects and open dead letters as given."""
+    replayed = f"replay-3/{KEY}"
+    seen = Observed()
+    seen.effects[replayed] = list(effects)
+    seen.open_dead_letters[replayed] = ["PermanentError" for _ in dead_at]
+    seen.open_dead_at[replayed] = list(dead_at)
+    replays = ReplaysSeen(states={3: ("done", 1, 1, 0)}, window_keys={3: {KEY}}, window_conflicts={3: set()})
+    replays.items[3] = [KEY]
+    if fail == "until_replayed":
+        replays.replayed_keys = {replayed}  # its replay's run died, and `dlq replay --all` put it back
+    issued = [IssuedReplay("events", 1.0, 2.0, 0, "", replay_id=3)]
+    events, verdict = [PlannedEvent("evt_1", fail, "plain")], judge([], Sent(), Observed(), [], {})
+    judge_event_replays(events, _accepted(), seen, replays, issued, (), verdict, lambda key: None, list(prunes))
+    return [kind for kind, _ in verdict.violations]
+
+
+def test_a_replay_key_completed_twice_is_a_violation_unless_a_prune_could_have_forgotten_the_first():
+    """make chaos SEED=7's `replay ran twice`: completions 14 s apart, a prune begun 3 s before the first."""
+    twice = [(34.69, 34.2), (48.70, 48.3)]
+    assert _replayed(twice) == ["replay ran twice"]
+    assert _replayed(twice, prunes=[(31.7, 36.0)]) == []  # its cutoff (now() - 1s) may have been read at 35.2+
+    assert _replayed(twice, prunes=[(31.7, 35.0)]) == ["replay ran twice"]  # over before the first was 1 s old
+    assert _replayed(twice, prunes=[(49.0, 50.0)]) == ["replay ran twice"]  # begun after the second
+
+
+def test_completed_then_a_copy_dead_lettered_is_allowed_only_across_a_prune():
+    """make chaos SEED=11's `completed and dead-lettered`: the dead-letter replay completed the key,
+    a prune forgot that, a later copy ran as a plain run and failed for good, as its payload says."""
+    event, sent = PlannedEvent("evt_1", "until_replayed", "plain"), _accepted()
+    seen = _completed_once(runs=[(10.0, 10.4, 1), (30.0, 30.4, 2)])
+    seen.replayed = {KEY}
+    seen.open_dead_letters[KEY] = ["PermanentError"]
+    seen.open_dead_at[KEY] = [30.5]
+    assert _kinds([event], sent, seen) == ["completed and dead-lettered", "ran after completion"]
+    assert _kinds([event], sent, seen, prunes=[(20.0, 21.0)]) == []
+    assert _kinds([event], sent, seen, prunes=[(31.0, 32.0)]) != []  # begun after the dead letter
+    seen.open_dead_at[KEY] = [9.0]  # dead-lettered before the effect: its replay would have marked it
+    assert _kinds([event], sent, seen, prunes=[(20.0, 21.0)]) == ["completed and dead-lettered"]
+    plain = PlannedEvent("evt_1", "permanent", "plain")  # never completes, prune or not
+    seen.open_dead_at[KEY] = [30.5]
+    assert "completed and dead-lettered" in _kinds([plain], sent, seen, prunes=[(20.0, 21.0)])
+    assert _replayed([(10.5, 10.0)], [30.5], "until_replayed") == ["completed and dead-lettered"]
+    assert _replayed([(10.5, 10.0)], [30.5], "until_replayed", prunes=[(20.0, 21.0)]) == []
