@@ -7,7 +7,6 @@ place, a holder killed or stopped, hold, stale, pause) are
 tests/acceptance/test_ordering.py's, through the ingress."""
 
 import asyncio
-import time
 from dataclasses import replace
 from decimal import Decimal
 
@@ -85,24 +84,23 @@ class Feeder:
             await self.send(obj, version, **fields)
 
 
-async def test_a_burst_over_more_lanes_than_the_concurrency_runs_without_waiting_on_the_watchdog(
-    settings, fleet, tmp_path, tables
-):
+async def test_a_burst_over_more_lanes_than_the_concurrency_runs_every_lane_once(settings, fleet, tmp_path, tables):
     """Eighty lanes of one short event each, accepted at once, on a worker of
-    --concurrency 4: run unordered, ~0.2 s of handlers. Most lanes' wake-ups
-    reach the worker while its four slots are busy; each slot that frees up
-    must look for them at once, not leave them to the watchdog's next round
-    (1 s, at most the free slots: ~4 lanes a second, ~20 s for the burst;
-    measured 9 s for forty). Half that is the bound, for a loaded host."""
+    --concurrency 4: most lanes' wake-ups reach the worker while its four
+    slots are busy (acked: the rows are in Postgres). Each lane still runs,
+    once. That a freed slot takes the lanes offered meanwhile at once, not
+    at the watchdog's next round, is the unit test's
+    (tests/unit/workers/ordering/test_runner.py,
+    test_lanes_offered_while_full_are_taken_in_order_as_slots_free_without_a_look):
+    a time bound here measured the host, not the runner."""
     env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", settings.database_url)}
     worker = fleet.worker("--concurrency", "4", env=env)
     await wait_for_output(worker, "worker_consuming")
     async with Feeder(settings) as feeder:
-        sent = time.time()
         await asyncio.gather(*(feeder.send(f"obj_{n}", 1, sleep=0.01) for n in range(80)))
     await until_runs(settings.database_url, 80, timeout=60)
-    [last] = await fetch(settings.database_url, "SELECT max(ended) AS ended FROM version_runs")
-    assert last["ended"] - sent < 10.0, f"80 lanes of one 10 ms event took {last['ended'] - sent:.1f} s"
+    runs = await fetch(settings.database_url, "SELECT object, count(*) AS runs FROM version_runs GROUP BY object")
+    assert len(runs) == 80 and {row["runs"] for row in runs} == {1}, runs
 
 
 async def test_a_lane_of_a_route_the_worker_does_not_know_is_not_run_in_a_crash_loop(settings, fleet, tmp_path, tables):
