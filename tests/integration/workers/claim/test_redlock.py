@@ -56,18 +56,24 @@ async def test_quorum_survives_one_dead_master_but_not_two(clients, masters):
     assert result.lock is None and result.reachable == 1
 
 
+# A TTL of 1 s renewed every 0.5 s: three renewals outlive the first TTL,
+# with room for a loaded host's late timer (0.3 s and 0.15 s were not: at
+# load 16 a lock ran out between two renewals).
+TTL, RENEW_EVERY, RENEWALS = 1.0, 0.5, 3
+
+
 async def test_extend_keeps_the_lock_past_its_ttl(clients):
-    lock = Redlock(clients, ttl_seconds=0.3)
+    lock = Redlock(clients, ttl_seconds=TTL)
     held = (await lock.acquire("k")).lock
-    for _ in range(4):
-        await asyncio.sleep(0.15)
+    for _ in range(RENEWALS):
+        await asyncio.sleep(RENEW_EVERY)
         held = await lock.extend(held)
         assert held is not None
-    assert (await Redlock(clients, 0.3).acquire("k")).lock is None
+    assert (await Redlock(clients, TTL).acquire("k")).lock is None
 
 
 async def test_extend_many_keeps_each_lock_still_ours_and_no_other(clients, masters):
-    lock = Redlock(clients, ttl_seconds=0.3)
+    lock = Redlock(clients, ttl_seconds=TTL)
     kept, expired, replaced = [(await lock.acquire(key)).lock for key in ("kept", "expired", "replaced")]
     await clients[0].script_flush()  # the pipeline loads the script where a master forgot it
     await lock.release(expired)
@@ -75,13 +81,13 @@ async def test_extend_many_keeps_each_lock_still_ours_and_no_other(clients, mast
     other = (await Redlock(clients, 5).acquire("replaced")).lock
     assert other is not None
     masters[2].kill()  # two masters are still a quorum
-    for _ in range(4):
-        await asyncio.sleep(0.15)
+    for _ in range(RENEWALS):
+        await asyncio.sleep(RENEW_EVERY)
         extended = await lock.extend_many([kept, expired, replaced])
         assert extended[1:] == [None, None]
         assert extended[0] is not None and extended[0].valid_until > kept.valid_until
         kept = extended[0]
-    assert (await Redlock(clients, 0.3).acquire("kept")).lock is None  # still ours past its first TTL
+    assert (await Redlock(clients, TTL).acquire("kept")).lock is None  # still ours past its first TTL
     assert (await Redlock(clients, 5).acquire("replaced")).lock is None  # the other's lock untouched
 
 
