@@ -2,23 +2,27 @@
 a dead letter that blocks its lane (or is skipped), never a message
 (docs/design.md, "Ordering keys").
 
-The second `FailurePolicyPort` (workers/claim/ports.py), for the `Processor`
-that runs the lanes' rows. A retry records the next attempt on the row
-itself (attempt + 1, the error), sets the lane's `ready_at` to the retry's
-delay and lets the lane go, in one statement: no retry queue, no worker
-sleeping; the lane's rows behind it wait. The row moves only from the attempt
-that failed (compare-and-set), so of two settling one attempt only one
-counts, whoever holds the lane; the lane is let go only by its holder's
-token. A deferral (a lease or turn held elsewhere, a refused completion)
-lets the lane go for that long, no attempt used. A dead letter is recorded
-as for any event, and in its transaction the row is kept `dead` with its
-id, no longer pending, and the lane blocked by it (`on_dead_letter =
-"block"`, released) or left to go on (`"skip"`) — only while the lane's
-token is the runner's: else the dead letter rolls back and the failure is
-the lane's new holder's to settle (a deferral here, no attempt handed on).
+The second `FailurePolicyPort` (workers/claim/ports.py), for the
+`Processor` that runs the lanes' rows. A retry records the next attempt on
+the row itself (attempt + 1, the error), sets the lane's `ready_at` to the
+retry's delay and lets the lane go, in one statement: no retry queue, no
+worker sleeping; the lane's rows behind it wait. The row moves only from
+the attempt that failed (compare-and-set), and only while the lane's token
+is the runner's, as a dead letter's: a holder that lost its lane moves no
+row and delays nothing, its failure a deferral with no attempt handed on —
+the lane's new holder, running the same attempt, settles it. A deferral (a
+lease or turn held elsewhere, a refused completion) lets the lane go for
+that long, no attempt used. A dead letter is recorded as for any event, and
+in its transaction the row is kept `dead` with its id, no longer pending,
+and the lane blocked by it (`on_dead_letter = "block"`, released) or left
+to go on (`"skip"`) — only while the lane's token is the runner's: else the
+dead letter rolls back and the failure is the lane's new holder's to settle
+(a deferral here, no attempt handed on).
 """
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from webhook_ingest.shared.backoff import pauses
 from webhook_ingest.shared.errors import describe
@@ -32,6 +36,7 @@ from webhook_ingest.workers.handlers import PermanentError
 from .store import LaneStore, mark_dead
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 
 class _NotOurs(Exception):
@@ -58,9 +63,12 @@ class OrderedFailurePolicy:
         handler = source.handler_for(event.route)[0]
         if retry_in is None:
             return await self._dead(event, source, error, permanent=isinstance(exc, PermanentError))
-        await self._waiting_for_postgres(
+        moved = await self._waiting_for_postgres(
             lambda: self._store.retry_in_place(step.lane, step.token, step.seq, event.attempt, error, retry_in)
         )
+        if moved is None:  # the lane has another holder, running this attempt: its outcome settles the row
+            log.warning("ordered_retry_dropped", lane=step.lane, seq=step.seq, error_type=error["type"])
+            return Outcome.DEFERRED
         log.warning("event_retry_scheduled", retry_in=retry_in, error_type=error["type"], error=error["message"][:200])
         if self._counts is not None:
             self._counts.note(failure_of(event, handler, error))
@@ -105,13 +113,13 @@ class OrderedFailurePolicy:
             log.info("lane_release_failed", lane=step.lane, error=describe(exc))
 
     @staticmethod
-    async def _waiting_for_postgres(write) -> None:
+    async def _waiting_for_postgres(write: Callable[[], Awaitable[T]]) -> T:
         """The retry's record, returned only once committed: the handler ran,
         and running it again because Postgres blinked would repeat its calls."""
         for pause in pauses():
             try:
-                await write()
-                return
+                return await write()
             except (*POSTGRES_LOST, OSError, asyncio.TimeoutError) as exc:
                 log.warning("retry_waiting_for_postgres", error=describe(exc), retry_in=pause)
                 await asyncio.sleep(pause)
+        raise AssertionError("pauses() never ends")

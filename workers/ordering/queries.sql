@@ -86,11 +86,15 @@ SELECT EXISTS (SELECT FROM lane_held) AS held
 
 -- name: retry_in_place
 -- Attempt $4 of row $3 of lane $1 failed: the row's next attempt is
--- recorded in its place (attempt + 1, the error $5 appended) — once, whoever
--- holds the lane — and the lane waits $6 seconds (`ready_at`, by Postgres's
--- clock), released if $2 is still its token. Returns whether the row moved.
+-- recorded in its place (attempt + 1, the error $5 appended) — once — and
+-- the lane waits $6 seconds (`ready_at`, by Postgres's clock) and is
+-- released. Only while $2 is the lane's token, as `dead`: a holder that lost
+-- its lane moves no row, delays nothing (docs/design.md, "Ordering keys").
+-- Returns whether the row moved; no row: $2 is not the lane's token (a
+-- row not moved under our token: this statement sent again after a commit
+-- whose answer was lost — only the token's holder moves its rows).
 WITH lane_row AS (
-    SELECT lane FROM ordering_keys WHERE lane = $1 FOR UPDATE
+    SELECT lane FROM ordering_keys WHERE lane = $1 AND token = $2 FOR UPDATE
 ), moved AS (
     UPDATE ordered_events SET attempt = attempt + 1, errors = errors || jsonb_build_array($5::jsonb)
     WHERE lane IN (SELECT lane FROM lane_row) AND seq = $3 AND attempt = $4 AND state = 'pending'
@@ -98,8 +102,7 @@ WITH lane_row AS (
 )
 UPDATE ordering_keys
 SET ready_at = greatest(ready_at, clock_timestamp() + $6 * interval '1 second'), updated_at = now(),
-    holder = CASE WHEN token = $2 THEN NULL ELSE holder END,
-    lease_until = CASE WHEN token = $2 THEN NULL ELSE lease_until END
+    holder = NULL, lease_until = NULL
 WHERE lane IN (SELECT lane FROM lane_row)
 RETURNING EXISTS (SELECT FROM moved) AS moved
 

@@ -146,20 +146,21 @@ class LaneStore:
 
     async def retry_in_place(
         self, lane: str, token: int, seq: int, attempt: int, error: dict, delay_seconds: float
-    ) -> bool:
+    ) -> bool | None:
+        """Whether the row moved to its next attempt (False: by this call sent
+        before, its answer lost); None: `token` is not the lane's, nothing done."""
         async with self._connection() as connection:
-            return bool(
-                await connection.fetchval(
-                    SQL["retry_in_place"],
-                    lane,
-                    token,
-                    seq,
-                    attempt,
-                    json.dumps(error, default=str),
-                    delay_seconds,
-                    timeout=STATEMENT_SECONDS,
-                )
+            row = await connection.fetchrow(
+                SQL["retry_in_place"],
+                lane,
+                token,
+                seq,
+                attempt,
+                json.dumps(error, default=str),
+                delay_seconds,
+                timeout=STATEMENT_SECONDS,
             )
+        return None if row is None else bool(row["moved"])
 
     async def release_if_idle(self, lane: str, token: int) -> Idle:
         async with self._connection() as connection:

@@ -143,7 +143,7 @@ async def test_a_retry_in_place_moves_the_row_once_and_the_lane_waits(conn, lane
     taken = await lanes.take("acme:a", "w1", TTL_MS)
     assert taken is not None
     assert await lanes.retry_in_place("acme:a", taken.token, 1, 1, {"type": "Boom"}, 0.5)
-    assert not await lanes.retry_in_place("acme:a", taken.token, 1, 1, {"type": "Boom"}, 0.5)  # once
+    assert await lanes.retry_in_place("acme:a", taken.token, 1, 1, {"type": "Boom"}, 0.5) is False  # once (sent again)
     row = await conn.fetchrow("SELECT attempt, errors FROM ordered_events WHERE seq = 1")
     assert row["attempt"] == 2 and '"Boom"' in row["errors"]
     lane = await lane_row(conn, "acme:a")
@@ -153,6 +153,21 @@ async def test_a_retry_in_place_moves_the_row_once_and_the_lane_waits(conn, lane
     assert found == "acme:a" and 0.3 < wait <= 0.5
     await asyncio.sleep(wait)
     assert await lanes.take("acme:a", "w1", TTL_MS) is not None
+
+
+async def test_a_retry_in_place_by_a_holder_that_lost_its_lane_moves_nothing(conn, lanes):
+    await add(conn, "acme:a", "e1")
+    first = await lanes.take("acme:a", "w1", 100)
+    assert first is not None
+    await asyncio.sleep(0.2)
+    second = await lanes.take("acme:a", "w2", TTL_MS)
+    assert second is not None
+    assert await lanes.retry_in_place("acme:a", first.token, 1, 1, {"type": "Boom"}, 30) is None  # not w1's
+    row = await conn.fetchrow("SELECT attempt, errors FROM ordered_events WHERE seq = 1")
+    assert (row["attempt"], row["errors"]) == (1, "[]")
+    lane = await lane_row(conn, "acme:a")
+    assert (lane["holder"], lane["token"], lane["ready_at"]) == ("w2", second.token, None)
+    assert lane["lease_until"] is not None
 
 
 async def test_a_dead_row_blocks_its_lane_or_is_skipped(conn, lanes):
