@@ -35,7 +35,8 @@ left (docs/design.md, "Ordering keys").
   whatever is pending.
 - **Watchdog.** Each second one indexed statement: lanes of the sources
   ordered here (or whose lanes held rows when it started: ordering removed,
-  they drain), not paused, pending and unblocked, whose lease is free or
+  they drain), not paused, of a route the file has (a removed route's
+  lanes never fill the look), pending and unblocked, whose lease is free or
   ends — and whose `ready_at` comes — within the second, at most the free
   slots; each gets a timer at the wait Postgres computed (+ 0–50 ms
   jitter). A lost wake-up, a killed holder's lane, a retry's delay or a hold
@@ -236,7 +237,8 @@ class LaneRunner:
             self._backlog = False
             return 0  # no statement: a worker with nothing ordered pays nothing for it
         armed = 0
-        runnable = await self._store.runnable(sources, free, within)
+        routes = [f"{name}#{route.name}" for name in sources for route in self._sources[name].routes]
+        runnable = await self._store.runnable(sources, free, within, routes)
         self._backlog = len(runnable) >= free
         for lane, wait in runnable:
             if lane in self._holding or lane in self._armed or self._stopping or not self._known_and_running(lane):
