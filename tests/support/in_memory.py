@@ -409,11 +409,15 @@ class InMemoryLanes:
     async def release_many_if_idle(self, lanes: Sequence[tuple[str, int]]) -> dict[str, Any]:
         return {lane: await self.release_if_idle(lane, token) for lane, token in lanes}
 
-    async def runnable(self, sources: Sequence[str], limit: int, within: float = 1.0) -> list[tuple[str, float]]:
+    async def runnable(
+        self, sources: Sequence[str], limit: int, within: float = 1.0, routes: Sequence[str] = ()
+    ) -> list[tuple[str, float]]:
         now = time.monotonic()
         found = []
         for name, lane in self.lanes.items():
-            if not lane.rows or name.partition(":")[0].partition("#")[0] not in sources:
+            head = name.partition(":")[0]
+            source, _, route = head.partition("#")
+            if not lane.rows or source not in sources or (route and head not in routes):
                 continue
             waits = [at - now for at in (lane.lease_until, lane.ready_at) if at is not None]
             wait = max([0.0, *waits])

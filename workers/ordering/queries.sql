@@ -163,13 +163,16 @@ RETURNING lane
 -- The watchdog's look (each second, per worker): lanes of the sources $1
 -- (known here, not paused) with rows pending, not blocked, whose lease is
 -- free or runs out — and whose `ready_at` comes — within the next $3
--- seconds; at most $2, those waiting longest first. With each, how long until
--- it may be taken, by Postgres's clock (the worker arms a timer, no clock of
--- its own). Index ordering_keys_runnable.
+-- seconds; at most $2, those waiting longest first. A route's lanes only
+-- when `SOURCE#ROUTE` is in $4 (the routes in the worker's file): those of
+-- a route removed from it, never taken here, cannot fill the `LIMIT`. With
+-- each, how long until it may be taken, by Postgres's clock (the worker arms
+-- a timer, no clock of its own). Index ordering_keys_runnable.
 SELECT lane,
     greatest(extract(epoch FROM greatest(lease_until, ready_at) - clock_timestamp()), 0)::float8 AS wait
 FROM ordering_keys
 WHERE pending > 0 AND blocked_by IS NULL AND source = ANY($1::text[])
+  AND (route IS NULL OR source || '#' || route = ANY($4::text[]))
   AND (ready_at IS NULL OR ready_at < clock_timestamp() + $3 * interval '1 second')
   AND (lease_until IS NULL OR lease_until < clock_timestamp() + $3 * interval '1 second')
 ORDER BY ready_at NULLS FIRST, updated_at

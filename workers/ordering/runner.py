@@ -34,12 +34,14 @@ left (docs/design.md, "Ordering keys").
   after finds it idle and wakes it. A stop, a pause or a lost lane let go
   whatever is pending.
 - **Watchdog.** Each second one indexed statement: lanes of the sources
-  ordered here (or whose lanes held rows when it started: ordering removed,
-  they drain), not paused, pending and unblocked, whose lease is free or
-  ends — and whose `ready_at` comes — within the second, at most the free
-  slots; each gets a timer at the wait Postgres computed (+ 0–50 ms
-  jitter). A lost wake-up, a killed holder's lane, a retry's delay or a hold
-  costs nothing until then. No such source: no statement.
+  ordered here (or, ordering removed, whose lanes hold rows: asked every
+  LEFTOVERS_SECONDS, and any source of a lane offered here since), not
+  paused, of a route the file has (a removed route's lanes never fill the
+  look), pending and unblocked, whose lease is free or ends — and whose
+  `ready_at` comes — within the second, at most the free slots; each gets a
+  timer at the wait Postgres computed (+ 0–50 ms jitter). A lost wake-up, a
+  killed holder's lane, a retry's delay or a hold costs nothing until then.
+  No such source: no statement (but the leftovers' question each minute).
 """
 
 import asyncio
@@ -70,6 +72,9 @@ PAGE_ROWS = 32
 # watchdog look per freed slot (each sorts the runnable lanes: ~2 ms of Postgres over 10,000).
 WAITING_LANES = 10_000
 WATCH_SECONDS = 1.0
+# How often a worker with a source not ordered asks which sources' lanes still hold rows (ordering
+# removed: they drain): one GROUP BY a minute, not a second; a lane offered here joins at once.
+LEFTOVERS_SECONDS = 60.0
 JITTER_SECONDS = 0.05
 # A row's outcome after which the lane goes on: its completion advanced it
 # (PROCESSED, STALE), or it is finished here (DUPLICATE, CONFLICT: done elsewhere).
@@ -149,7 +154,12 @@ class LaneRunner:
         # a slot that frees up looks again at once, not at the watchdog's next round.
         self._backlog = False
         self._looking: asyncio.Task | None = None
-        self._watched: frozenset[str] | None = None  # the watchdog's sources, settled at its first look
+        self._watched: frozenset[str] = frozenset()  # the watchdog's sources at its last look
+        # Sources not ordered here whose lanes still hold rows, as last asked (at `_leftovers_at`), and
+        # those of lanes offered here since the question was sent (`_offered`).
+        self._leftovers: frozenset[str] = frozenset()
+        self._leftovers_at: float | None = None
+        self._offered: set[str] = set()
 
     def held(self) -> int:
         """Lanes held, or being taken (the heartbeat's `keys_held`)."""
@@ -174,6 +184,7 @@ class LaneRunner:
             return
         if not self._known_and_running(lane):
             return
+        self._offered.add(source_and_route(lane)[0])  # the watchdog comes back to it (a retry's delay)
         task = asyncio.create_task(self._hold(lane), name=f"lane-{lane}")
         self._holding[lane] = task
         task.add_done_callback(lambda _: self._freed(lane))
@@ -236,7 +247,8 @@ class LaneRunner:
             self._backlog = False
             return 0  # no statement: a worker with nothing ordered pays nothing for it
         armed = 0
-        runnable = await self._store.runnable(sources, free, within)
+        routes = [f"{name}#{route.name}" for name in sources for route in self._sources[name].routes]
+        runnable = await self._store.runnable(sources, free, within, routes)
         self._backlog = len(runnable) >= free
         for lane, wait in runnable:
             if lane in self._holding or lane in self._armed or self._stopping or not self._known_and_running(lane):
@@ -248,12 +260,24 @@ class LaneRunner:
 
     async def _watched_sources(self) -> frozenset[str]:
         """The sources whose lanes the watchdog looks for: those ordered in this worker's file, and
-        those of the others whose lanes held rows at its first look (ordering removed from the file:
-        they still drain); asked once, and only when some source here is not ordered."""
-        if self._watched is None:
-            ordered = {name for name, source in self._sources.items() if source.ordered}
-            left = await self._store.sources_with_rows() if len(ordered) < len(self._sources) else set()
-            self._watched = frozenset(ordered | (left & self._sources.keys()))
+        of the others (ordering removed from the file: their lanes still drain) those whose lanes
+        held rows when last asked — at the first look, then every LEFTOVERS_SECONDS, only when some
+        source here is not ordered — or whose lane was offered here since (a lane let go after a
+        retry is come back to at its `ready_at`, not a minute later)."""
+        ordered = {name for name, source in self._sources.items() if source.ordered}
+        now = time.monotonic()
+        if len(ordered) < len(self._sources) and (
+            self._leftovers_at is None or now - self._leftovers_at >= LEFTOVERS_SECONDS
+        ):
+            offered, self._offered = self._offered, set()  # those offered from now on join the answer
+            try:
+                self._leftovers = frozenset(await self._store.sources_with_rows())
+            except BaseException:
+                self._offered |= offered
+                raise
+            self._leftovers_at = now
+        left = (self._leftovers | self._offered) - ordered
+        self._watched = frozenset(ordered | (left & self._sources.keys()))
         return self._watched
 
     # -- stopping -------------------------------------------------------------

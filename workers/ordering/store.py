@@ -172,12 +172,17 @@ class LaneStore:
             released = await connection.fetchval(SQL["release"], lane, token, ready_in, timeout=STATEMENT_SECONDS)
         return released is not None
 
-    async def runnable(self, sources: Sequence[str], limit: int, within: float = 1.0) -> list[tuple[str, float]]:
-        """Lanes to take within `within` seconds: (lane, seconds until it may be taken)."""
+    async def runnable(
+        self, sources: Sequence[str], limit: int, within: float = 1.0, routes: Sequence[str] = ()
+    ) -> list[tuple[str, float]]:
+        """Lanes to take within `within` seconds: (lane, seconds until it may be taken). A route's
+        lanes only when `routes` has its `SOURCE#ROUTE`; the sources' own lanes always."""
         if limit <= 0 or not sources:
             return []
         async with self._connection() as connection:
-            rows = await connection.fetch(SQL["runnable"], list(sources), limit, within, timeout=STATEMENT_SECONDS)
+            rows = await connection.fetch(
+                SQL["runnable"], list(sources), limit, within, list(routes), timeout=STATEMENT_SECONDS
+            )
         return [(row["lane"], row["wait"]) for row in rows]
 
     async def sources_with_rows(self) -> set[str]:

@@ -284,3 +284,18 @@ async def test_a_dead_letter_of_a_holder_that_lost_its_lane_leaves_no_block_nobo
     lane = await lane_row(conn, "acme:a")
     status = await conn.fetchval("SELECT status FROM dead_letters WHERE id = $1", dead_letter_id)
     assert lane["blocked_by"] is None or status == "dead", (lane["blocked_by"], status)
+
+
+async def test_the_watchdog_sees_a_routes_lanes_only_when_the_file_has_the_route(conn, lanes):
+    """Lanes of a route removed from the file are left out before the `LIMIT`: never taken here,
+    they cannot fill a look (webhook_ordering_unknown_lanes counts them)."""
+    for route, obj in (("billing", "x1"), ("billing", "x2"), ("audit", "o1")):
+        event = make_event("acme", f"evt_{route}_{obj}")
+        routed = replace(event, key=f"{event.key}#{route}", route=route)
+        await insert_ordered(conn, [ordered_row(routed, f"acme#{route}:{obj}", None)])
+    await add(conn, "acme:a", "a1")
+    assert sorted(lane for lane, _ in await lanes.runnable(["acme"], 2, routes=["acme#audit"])) == [
+        "acme#audit:o1",
+        "acme:a",
+    ]
+    assert [lane for lane, _ in await lanes.runnable(["acme"], 10)] == ["acme:a"]  # no route given: none

@@ -54,11 +54,6 @@ async def claims(namespace, redis_cleanup):
     await store.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the watchdog's sources are settled at its first look: lanes of a source no longer ordered that "
-    "get rows after it are taken on a wake-up, but once let go (a retry in place) no look ever comes back",
-)
 async def test_a_lane_of_a_source_no_longer_ordered_resumes_after_a_retry(sources, claims, pool):
     """The worker starts with `acme` unordered and no lane holding rows: its
     first look settles the watchdog's sources to none. An ingress still on the

@@ -58,11 +58,6 @@ async def accept(pool, route: str, obj: str) -> None:
     await insert_ordered(pool, [ordered_row(routed, f"acme#{route}:{obj}", None)])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`runnable` is LIMITed to the free slots before the runner drops the lanes it will not take (a route "
-    "its file lacks): as many such lanes as its --concurrency, oldest first, hide every other lane for ever",
-)
 async def test_lanes_of_a_removed_route_do_not_hide_the_other_lanes_from_the_watchdog(sources, claims, pool):
     """Two lanes of route `billing`, removed from the file, wait (seen in
     `webhook_ordering_unknown_lanes`: a ticket). Then `audit:o1` gets an event

@@ -15,6 +15,7 @@ from webhook_ingest.shared.ordering import ordered_row
 from webhook_ingest.shared.sources.model import load_sources
 from webhook_ingest.workers.claim import Outcome
 from webhook_ingest.workers.ordering import LaneRunner
+from webhook_ingest.workers.ordering import runner as runner_module
 from webhook_ingest.workers.ordering.store import PendingRow
 
 
@@ -353,6 +354,30 @@ async def test_the_watchdog_of_a_worker_with_nothing_ordered_sends_no_statement(
     for _ in range(5):
         assert await made.look() == 0
     assert lanes.looks == 1
+
+
+async def test_a_lane_offered_to_a_worker_with_nothing_ordered_is_watched_until_asked_again(tmp_path, monkeypatch):
+    """A lane of a source no longer ordered, taken on a wake-up after the
+    first look: the watchdog looks for its source's lanes from the next look
+    (a retry's delay is come back to), until the leftovers' question, asked
+    again after LEFTOVERS_SECONDS, finds none of its lanes with rows."""
+    lanes = InMemoryLanes()
+    rows = Rows(lanes)
+    made, _ = runner(lanes, rows, unordered_sources(tmp_path))
+    assert await made.look() == 0
+    assert lanes.looks == 1  # the leftovers' question: none
+    lanes.add("acme:a", pending(1))
+    made.offer("acme:a")
+    await until_idle(made)
+    assert await made.look() == 0
+    assert lanes.looks == 2 and made._watched == {"acme"}  # one `runnable`, for acme
+    monkeypatch.setattr(runner_module, "LEFTOVERS_SECONDS", 0.0)
+    assert await made.look() == 0
+    assert lanes.looks == 3 and made._watched == frozenset()  # asked again: acme drained
+    monkeypatch.undo()
+    for _ in range(3):
+        assert await made.look() == 0
+    assert lanes.looks == 3
 
 
 async def test_the_watchdog_of_ordered_sources_only_asks_for_their_lanes(sources):
