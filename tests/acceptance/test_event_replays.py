@@ -133,12 +133,14 @@ async def test_copies_of_a_replays_messages_run_each_event_once(settings, fleet,
     finally:
         await connection.close()
     messages = [replayed_message(arrival, replay.id) for arrival in arrivals]
-    await publish_events(settings.amqp_url, settings.namespace, [m for m in messages for _ in range(3)])
     env = {
         "WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.replay_handlers:recorded"),
         **({"REDIS_URLS": f"redis://127.0.0.1:{free_port()}/0"} if redis == "redis-unreachable" else {}),
     }
     workers = [fleet.worker("--concurrency", "32", env=env) for _ in range(2)]
+    for worker in workers:  # both racing: one started first could take every copy alone
+        await wait_for_output(worker, "worker_consuming")
+    await publish_events(settings.amqp_url, settings.namespace, [m for m in messages for _ in range(3)])
     await _until_settled(settings, len(keys))
     assert await effects_by_key(settings.database_url) == {f"replay-{replay.id}/{key}": 1 for key in keys}
     if redis == "redis-unreachable":
