@@ -9,17 +9,14 @@ import dataclasses
 import datetime
 import json
 
-import asyncpg
 import pytest
 
-from tests.conftest import REDIS_URL
 from tests.support.events import make_event
 from webhook_ingest.shared.event import OrderedStep
 from webhook_ingest.shared.ordering import event_of, insert_ordered, ordered_row
 from webhook_ingest.shared.sources.model import load_sources
 from webhook_ingest.workers.claim import FailurePolicy, Outcome, Processor
 from webhook_ingest.workers.claim.completions import CompletionStore
-from webhook_ingest.workers.claim.idempotency import IdempotencyStore
 from webhook_ingest.workers.ordering import LaneRunner, LaneStore, OrderedFailurePolicy
 
 RUNS_TABLE = "CREATE TABLE stale_holder_runs (id bigserial PRIMARY KEY, key text NOT NULL)"
@@ -31,14 +28,6 @@ async def record(event, ctx) -> None:
 
 
 @pytest.fixture
-async def pool(database):
-    pool = await asyncpg.create_pool(database, min_size=1, max_size=6)
-    await pool.execute(RUNS_TABLE)
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture
 def sources(tmp_path):
     path = tmp_path / "sources.toml"
     path.write_text(
@@ -47,13 +36,6 @@ def sources(tmp_path):
         '[sources.acme.ordering]\nkey = "body:object"\n'
     )
     return load_sources(str(path))
-
-
-@pytest.fixture
-async def claims(namespace, redis_cleanup):
-    store = IdempotencyStore((REDIS_URL,), namespace, lock_ttl=30, done_ttl=60)
-    yield store
-    await store.close()
 
 
 @pytest.fixture

@@ -6,16 +6,13 @@ for those lanes, against the real Postgres and Redis (docs/design.md,
 
 import asyncio
 
-import asyncpg
 import pytest
 
-from tests.conftest import REDIS_URL
 from tests.support.events import make_event
 from webhook_ingest.shared.ordering import insert_ordered, ordered_row
 from webhook_ingest.shared.sources.model import load_sources
 from webhook_ingest.workers.claim import FailurePolicy, Processor
 from webhook_ingest.workers.claim.completions import CompletionStore
-from webhook_ingest.workers.claim.idempotency import IdempotencyStore
 from webhook_ingest.workers.ordering import LaneRunner, LaneStore, OrderedFailurePolicy
 
 RUNS_TABLE = "CREATE TABLE leftover_runs (id bigserial PRIMARY KEY, key text NOT NULL, attempt int NOT NULL)"
@@ -29,14 +26,6 @@ async def flaky(event, ctx) -> None:
 
 
 @pytest.fixture
-async def pool(database):
-    pool = await asyncpg.create_pool(database, min_size=1, max_size=6)
-    await pool.execute(RUNS_TABLE)
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture
 def sources(tmp_path):
     """The workers' new file: `acme` no longer ordered."""
     path = tmp_path / "sources.toml"
@@ -45,13 +34,6 @@ def sources(tmp_path):
         'handler = "tests.integration.workers.ordering.test_unordered_leftovers:flaky"\n'
     )
     return load_sources(str(path))
-
-
-@pytest.fixture
-async def claims(namespace, redis_cleanup):
-    store = IdempotencyStore((REDIS_URL,), namespace, lock_ttl=30, done_ttl=60)
-    yield store
-    await store.close()
 
 
 async def test_a_lane_of_a_source_no_longer_ordered_resumes_after_a_retry(sources, claims, pool):

@@ -5,16 +5,13 @@ Postgres and Redis: which lanes it comes back to when no wake-up will
 import asyncio
 from dataclasses import replace
 
-import asyncpg
 import pytest
 
-from tests.conftest import REDIS_URL
 from tests.support.events import make_event
 from webhook_ingest.shared.ordering import insert_ordered, ordered_row
 from webhook_ingest.shared.sources.model import load_sources
 from webhook_ingest.workers.claim import FailurePolicy, Processor
 from webhook_ingest.workers.claim.completions import CompletionStore
-from webhook_ingest.workers.claim.idempotency import IdempotencyStore
 from webhook_ingest.workers.ordering import LaneRunner, LaneStore, OrderedFailurePolicy
 
 RUNS_TABLE = "CREATE TABLE watchdog_runs (id bigserial PRIMARY KEY, key text NOT NULL)"
@@ -22,14 +19,6 @@ RUNS_TABLE = "CREATE TABLE watchdog_runs (id bigserial PRIMARY KEY, key text NOT
 
 async def record(event, ctx) -> None:
     await ctx.db.execute("INSERT INTO watchdog_runs (key) VALUES ($1)", event.key)
-
-
-@pytest.fixture
-async def pool(database):
-    pool = await asyncpg.create_pool(database, min_size=1, max_size=6)
-    await pool.execute(RUNS_TABLE)
-    yield pool
-    await pool.close()
 
 
 @pytest.fixture
@@ -43,13 +32,6 @@ def sources(tmp_path):
         'ordering = { key = "body:object" }\n'
     )
     return load_sources(str(path))
-
-
-@pytest.fixture
-async def claims(namespace, redis_cleanup):
-    store = IdempotencyStore((REDIS_URL,), namespace, lock_ttl=30, done_ttl=60)
-    yield store
-    await store.close()
 
 
 async def accept(pool, route: str, obj: str) -> None:
