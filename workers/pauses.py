@@ -86,14 +86,20 @@ async def keep_pauses(paused: PausedSources, parking: Parking, every: float = EV
     events moved back — two loops, so that a move waiting on the broker
     (an alarm blocks its publish for as long as it lasts) never holds a
     pause back, and a move sees a pause that lands midway. Postgres away:
-    the last known set holds."""
+    the last known set holds. The first move waits one round: a parking
+    queue another worker declared a moment ago may not have its quorum
+    process started yet, and RabbitMQ 3.10 answers a basic.get there with
+    a connection-level INTERNAL_ERROR (`noproc`) that closes the worker's
+    connection, so two workers started together on a new namespace could
+    lose one (seen in the suite: a worker that never consumed)."""
     await asyncio.gather(
         _every(every, paused.refresh, "pause_refresh_failed"),
-        _every(every, lambda: parking.move_back(paused), "parked_events_move_failed"),
+        _every(every, lambda: parking.move_back(paused), "parked_events_move_failed", first_after=every),
     )
 
 
-async def _every(seconds: float, step, failure: str) -> None:
+async def _every(seconds: float, step, failure: str, first_after: float = 0.0) -> None:
+    await asyncio.sleep(first_after)
     while True:
         try:
             await step()
