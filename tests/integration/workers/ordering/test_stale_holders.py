@@ -65,7 +65,10 @@ async def lost_head(pool, obj: str):
     return dataclasses.replace(event_of(row.body, row.amqp_headers), ordered=step)
 
 
-async def drained(runner: LaneRunner) -> None:
+async def w2_runs_the_lane(pool, sources, run, settled=lambda _event, _outcome, _started: None) -> None:
+    """w2 takes lane acme:a over and runs it with `run` until it lets it go."""
+    runner = LaneRunner(LaneStore(pool), run, sources, set(), holder="w2", capacity=4, ttl_ms=30_000, settled=settled)
+    runner.offer("acme:a")
     async with asyncio.timeout(20):
         while runner.held():  # noqa: ASYNC110 - the runner has no event to wait on: polled
             await asyncio.sleep(0.02)
@@ -96,18 +99,7 @@ async def test_a_late_retry_of_a_holder_that_lost_its_lane_does_not_lose_the_eve
             assert outcome is Outcome.DEFERRED  # not w1's lane: nothing moved, nothing handed on
         return await processor.run_ordered(message)
 
-    runner = LaneRunner(
-        LaneStore(pool),
-        run,
-        sources,
-        set(),
-        holder="w2",
-        capacity=4,
-        ttl_ms=30_000,
-        settled=lambda _event, outcome, _started: settled.append(outcome),
-    )
-    runner.offer("acme:a")
-    await drained(runner)
+    await w2_runs_the_lane(pool, sources, run, settled=lambda _event, outcome, _started: settled.append(outcome))
     completed = await pool.fetchval("SELECT count(*) FROM processed_events WHERE key = $1", event.key)
     waiting = await pool.fetchval("SELECT count(*) FROM ordered_events WHERE lane = 'acme:a' AND state = 'pending'")
     dead = await pool.fetchval("SELECT count(*) FROM dead_letters WHERE key = $1", event.key)
@@ -125,18 +117,7 @@ async def test_a_late_retry_of_a_holder_that_lost_its_lane_does_not_delay_the_la
     processor, _, policy = worker
     await accept(pool, "a", 1)
     stale = await lost_head(pool, "a")
-    runner = LaneRunner(
-        LaneStore(pool),
-        processor.run_ordered,
-        sources,
-        set(),
-        holder="w2",
-        capacity=4,
-        ttl_ms=30_000,
-        settled=lambda _event, _outcome, _started: None,
-    )
-    runner.offer("acme:a")
-    await drained(runner)
+    await w2_runs_the_lane(pool, sources, processor.run_ordered)
     assert await pool.fetchval("SELECT count(*) FROM stale_holder_runs") == 1  # e1 done by w2
     assert await policy.fail(stale, sources["acme"], RuntimeError("timed out")) is Outcome.DEFERRED  # w1, late
     await accept(pool, "a", 2)
@@ -157,18 +138,7 @@ async def test_a_late_retry_of_a_holder_that_lost_its_lane_leaves_a_pruned_and_r
     processor, completions, policy = worker
     await accept(pool, "a", 1)
     stale = await lost_head(pool, "a")
-    runner = LaneRunner(
-        LaneStore(pool),
-        processor.run_ordered,
-        sources,
-        set(),
-        holder="w2",
-        capacity=4,
-        ttl_ms=30_000,
-        settled=lambda _event, _outcome, _started: None,
-    )
-    runner.offer("acme:a")
-    await drained(runner)
+    await w2_runs_the_lane(pool, sources, processor.run_ordered)
     await pool.execute("UPDATE ordering_keys SET updated_at = now() - interval '2 days'")
     await completions.prune(datetime.timedelta(days=1))
     assert await pool.fetchval("SELECT count(*) FROM ordering_keys") == 0  # pruned
