@@ -70,7 +70,7 @@ format: install  ## sort imports and format the code as `make lint` checks it
 	$(BIN)/ruff check --select I --fix --quiet .
 	$(BIN)/ruff format --quiet .
 
-# BENCH_ARGS passes options (python -m tests.bench --help): --phase slow, --phase ordering, --phase contract_floor, --peers (Celery and Dramatiq stacks beside ours).
+# BENCH_ARGS passes options (python -m tests.bench --help): --phase slow, --phase ordering, --phase contract_floor, --peers (Celery and Dramatiq stacks beside ours), --phase pause (ours and theirs under a 2.5 s SIGSTOP).
 bench: install  ## throughput/latency figures and ratios against the raw broker and the durable floor
 	$(BIN)/python -m tests.bench $(BENCH_ARGS)
 

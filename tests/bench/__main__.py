@@ -6,7 +6,9 @@ completed events), recovery after a worker's kill -9, the broker blocked
 (tests/bench/archive_cost.py), and OpenTelemetry tracing's
 (tests/bench/tracing_cost.py, alone only), ordering keys' cost
 (tests/bench/ordering.py, `--phase ordering`, alone only), the contract floor
-(tests/bench/contract_floor.py; `--phase contract_floor` with ours end to end); a table, then one JSON line. Exit 1 on a
+(tests/bench/contract_floor.py; `--phase contract_floor` with ours end to end), with `--peers` the Celery and
+Dramatiq stacks beside ours, a worker killed and paused (tests/bench/peers, tests/bench/faults.py; `--phase
+pause` the pause alone); a table, then one JSON line. Exit 1 on a
 lost or duplicated effect. `--phase broker-blocked`, `--phase slow` or
 `--phase archive` runs that phase alone, with the archive's floor
 (tests/bench/archive_floor.py; `--phase archive_floor` the floor alone; `--phase tracing` too; `--phase ingress`
@@ -383,18 +385,28 @@ PEER_ROWS = [  # (label, ours, each peer's figure after its name, format)
     ("CPU ms per event, every process", "total_cpu_ms_per_event", "total_cpu_ms_per_event", "{:.2f}"),
     ("lost after kill -9 of a worker", "recovery_lost", "lost_after_kill", "{:.0f}"),
     ("duplicated after kill -9 of a worker", "recovery_duplicated", "duplicated_after_kill", "{:.0f}"),
+    ("lost after a 2.5 s SIGSTOP of a worker", "ours_lost_after_pause", "lost_after_pause", "{:.0f}"),
+    ("duplicated after the SIGSTOP", "ours_duplicated_after_pause", "duplicated_after_pause", "{:.0f}"),
+    ("calls repeated after the SIGSTOP", "ours_calls_repeated_after_pause", "calls_repeated_after_pause", "{:.0f}"),
 ]
 
 
 def print_peers(figures: dict) -> None:
-    kinds = [kind for kind in peers.KINDS if f"{kind}_e2e_events_per_s" in figures]
+    kinds = [kind for kind in peers.KINDS if f"{kind}_lost_after_pause" in figures]
     names = "".join(f" {peers.NAMES[kind]:>10} |" for kind in kinds)
     print(f"\n| {'side by side':<40} | {'ours':>10} |{names}\n| {'-' * 40} |{' ---------- |' * (len(kinds) + 1)}")
     for label, ours, theirs, fmt in PEER_ROWS:
         cells = "".join(f" {fmt.format(figures.get(f'{kind}_{theirs}', float('nan'))):>10} |" for kind in kinds)
         print(f"| {label:<40} | {fmt.format(figures.get(ours, float('nan'))):>10} |{cells}")
-    for kind in kinds:
+    for kind in (kind for kind in kinds if f"e2e_vs_{kind}" in figures):
         print(f"e2e_vs_{kind}: {figures[f'e2e_vs_{kind}']:.2f}, cpu_vs_{kind}: {figures[f'cpu_vs_{kind}']:.2f}")
+
+
+async def pause_phase_alone() -> int:
+    """`--phase pause`: ours and each peer under a 2.5 s SIGSTOP of a worker (tests/bench/faults.py)."""
+    figures: dict[str, float] = {"nproc": os.cpu_count()}
+    await peers.measure(figures, pause_only=True)
+    return report(figures)
 
 
 async def slow_phases_alone() -> int:
@@ -431,7 +443,7 @@ def report(figures: dict) -> int:
     for key, label, fmt in ROWS:
         if key in figures:
             print(f"| {label:<52} | {fmt.format(figures[key]):>10} |")
-    if any(f"{kind}_e2e_events_per_s" in figures for kind in peers.KINDS):
+    if any(f"{kind}_lost_after_pause" in figures for kind in peers.KINDS):
         print_peers(figures)
     failed = figures["lost"] or figures["duplicated_effects"]
     print("\nFAIL: lost or duplicated effects" if failed else "\nOK: every event's effect exactly once")
@@ -463,6 +475,7 @@ if __name__ == "__main__":
             "contract_floor",
             "guarantee_costs",
             "partitions",
+            "pause",
         ],
         default="all",
         help="every phase (the default), every phase but the broker-blocked one, "
@@ -471,7 +484,8 @@ if __name__ == "__main__":
         "archived events, only alone; archive_floor: what Postgres spends to keep an event, the "
         "pipeline's statements aside; ordering: ordering keys against the same sources unordered, only alone; "
         "contract_floor: ours end to end and the least code keeping our contract, e2e_vs_contract_floor and "
-        "cpu_vs_contract_floor; guarantee_costs: that floor with each guarantee added, only alone)",
+        "cpu_vs_contract_floor; guarantee_costs: that floor with each guarantee added, only alone; "
+        "pause: ours, Celery and Dramatiq under a 2.5 s SIGSTOP of a worker, only alone)",
     )
     parser.add_argument(
         "--peers",
@@ -501,6 +515,7 @@ if __name__ == "__main__":
         "ordering": ordering_phase_alone,
         "contract_floor": lambda: contract_floor_alone(arguments.peers),
         "guarantee_costs": guarantee_costs_alone,
+        "pause": pause_phase_alone,
     }
     sys.exit(
         asyncio.run(alone[phase]() if phase in alone else main(with_outage=phase == "all", with_peers=arguments.peers))

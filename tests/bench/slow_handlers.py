@@ -23,6 +23,7 @@ import collections
 import hashlib
 import os
 import time
+from collections.abc import Callable
 
 import asyncpg
 from aiohttp import web
@@ -85,9 +86,10 @@ def latency(source: str, key: str) -> float:
 
 
 class Downstream:
-    """Answers 200 after the phase's latency; counts calls per (source, key)."""
+    """Answers 200 after the phase's latency (`latency(source, key)`); counts calls per (source, key)."""
 
-    def __init__(self) -> None:
+    def __init__(self, latency: Callable[[str, str], float] = latency) -> None:
+        self.latency = latency
         self.calls: collections.Counter[tuple[str, str]] = collections.Counter()
         self.port = free_port()
         self._runner: web.AppRunner | None = None
@@ -95,7 +97,7 @@ class Downstream:
     async def receive(self, request: web.Request) -> web.Response:
         source, key = request.match_info["source"], request.headers["Idempotency-Key"]
         self.calls[source, key] += 1
-        await asyncio.sleep(latency(source, key))
+        await asyncio.sleep(self.latency(source, key))
         return web.Response(text="ok")
 
     async def __aenter__(self) -> "Downstream":

@@ -6,7 +6,9 @@
 - a Celery worker (prefork, one child per core, `acks_late` so a killed
   child's task is redelivered, prefetch multiplier 1) whose task inserts
   the event's row into Postgres — a plain INSERT, as most do, so a task
-  run twice shows as a second row.
+  run twice shows as a second row; events of the source `calls` go to a
+  task that first calls a downstream (tests/bench/peers/downstream.py),
+  as our `call_then_record` does.
 
 Broker: the same RabbitMQ (PEER_AMQP_URL); rows: PEER_DATABASE_URL;
 secret: PEER_SECRET. `uvicorn tests.bench.peers.celery_stack:receiver` and
@@ -24,6 +26,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from tests.bench.peers import downstream
 
 SECRET = os.environ.get("PEER_SECRET", "bench-secret").encode()
 
@@ -46,9 +50,20 @@ def _database() -> psycopg.Connection:
     return _connection
 
 
+def _insert(key: str, body: str) -> None:
+    _database().execute("INSERT INTO peer_effects (key, payload) VALUES (%s, %s)", (key, body))
+
+
 @app.task(name="peer.record")
 def record(key: str, body: str) -> None:
-    _database().execute("INSERT INTO peer_effects (key, payload) VALUES (%s, %s)", (key, body))
+    _insert(key, body)
+
+
+@app.task(name="peer.call_then_record")
+def call_then_record(key: str, body: str) -> None:
+    """The pause step's handler, as our `call_then_record`: the downstream's call, then the row."""
+    downstream.call(key, body)
+    _insert(key, body)
 
 
 async def receive(request: Request) -> JSONResponse:
@@ -57,8 +72,9 @@ async def receive(request: Request) -> JSONResponse:
     expected = "sha256=" + hmac.new(SECRET, body, hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected, request.headers.get("x-signature", "")):
         return JSONResponse({"error": "bad signature"}, status_code=401)
-    key = f"{request.path_params['source']}:{json.loads(body)['id']}"
-    await run_in_threadpool(record.delay, key, body.decode())
+    source = request.path_params["source"]
+    task = call_then_record if source == downstream.CALLING_SOURCE else record
+    await run_in_threadpool(task.delay, f"{source}:{json.loads(body)['id']}", body.decode())
     return JSONResponse({"status": "accepted"})
 
 

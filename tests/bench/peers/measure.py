@@ -5,9 +5,11 @@ to end (20,000 unique events, first send to last row), p99 at 1,000 req/s
 offered, CPU per event over every process (receiver, worker, broker,
 Postgres), and lost / duplicated rows after `kill -9` of a worker process
 under 400 events/s (Dramatiq stops every worker when one dies: it is
-started again, as its supervisor would). The peers' venv
-(build/peers-venv) is made on first use; their processes are started and
-stopped here."""
+started again, as its supervisor would); then, ours first, lost and
+duplicated rows and repeated calls after a 2.5 s SIGSTOP of one, with a
+handler that calls a downstream (100 ms) then writes (tests/bench/faults.py;
+`--phase pause` that step alone). The peers' venv (build/peers-venv) is
+made on first use; their processes are started and stopped here."""
 
 import asyncio
 import os
@@ -20,9 +22,11 @@ from pathlib import Path
 
 import asyncpg
 
-from tests.bench import httpload
+from tests.bench import faults, httpload
 from tests.bench.cpu import CpuMeter
 from tests.bench.deployment import AMQP_URL, SECRET, SERVER_URL, fetchval
+from tests.bench.peers.downstream import CALLING_SOURCE
+from tests.bench.slow_handlers import Downstream
 from tests.support.processes import ROOT, wait_until
 from tests.support.tcpproxy import free_port
 
@@ -37,7 +41,6 @@ PACKAGES = [
 KINDS = ("celery", "dramatiq")
 NAMES = {"celery": "Celery", "dramatiq": "Dramatiq"}
 SOURCE, EVENTS, LATENCY_RATE, LATENCY_SECONDS = "peer", 20_000, 1_000, 5
-KILL_RATE, KILL_SECONDS = 400, 3
 PROCESSES = os.cpu_count() or 2
 
 
@@ -52,13 +55,14 @@ def ensure_venv() -> Path:
 class PeerStack:
     """One peer (`kind`, its module `tests.bench.peers.KIND_stack`): its database, queue and processes."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, downstream_port: int) -> None:
         run_id = uuid.uuid4().hex[:8]
         self.kind, self.name = kind, NAMES[kind]
         self.database = f"wi_peer_{kind}_{run_id}"
         self.database_url = SERVER_URL.rsplit("/", 1)[0] + f"/{self.database}"
         self.queue = f"peer_{kind}_{run_id}"
         self.port = free_port()
+        self.downstream_url = f"http://127.0.0.1:{downstream_port}/{kind}"  # the calling handler's
         self.processes: dict[str, subprocess.Popen] = {}
         self.restarts = 0
 
@@ -70,6 +74,7 @@ class PeerStack:
             "PEER_SECRET": SECRET,
             "PEER_DATABASE_URL": self.database_url,
             "PEER_QUEUE": self.queue,
+            "PEER_DOWNSTREAM_URL": self.downstream_url,
         }
 
     async def __aenter__(self) -> "PeerStack":
@@ -152,7 +157,8 @@ class PeerStack:
         except OSError:
             return False
         writer.close()
-        return len(self.pids()) > 2 * PROCESSES  # the receiver's workers and the worker's children are up
+        receiver = _tree(self.processes["receiver"].pid)
+        return len(receiver) > PROCESSES and len(self.worker_children()) >= PROCESSES  # their processes are up
 
     def pids(self) -> list[int]:
         return [pid for process in self.processes.values() for pid in _tree(process.pid)]
@@ -174,12 +180,17 @@ class PeerStack:
             await _delete_queue(queue)
 
 
-async def measure(figures: dict) -> None:
-    for kind in KINDS:
-        async with PeerStack(kind) as stack:
-            await _end_to_end(stack, figures)
-            await _latency(stack, figures)
-            await _kill(stack, figures)
+async def measure(figures: dict, pause_only: bool = False) -> None:
+    """Each peer's steps; with `pause_only`, ours and each peer under the pause alone."""
+    async with Downstream(faults.call_latency) as downstream:
+        await faults.ours_paused(downstream, figures)
+        for kind in KINDS:
+            async with PeerStack(kind, downstream.port) as stack:
+                if not pause_only:
+                    await _end_to_end(stack, figures)
+                    await _latency(stack, figures)
+                    await _kill(stack, figures)
+                await _pause(stack, downstream, figures)
 
 
 def ratios(figures: dict) -> None:
@@ -214,23 +225,31 @@ async def _latency(stack: PeerStack, figures: dict) -> None:
 async def _kill(stack: PeerStack, figures: dict) -> None:
     """kill -9 of one worker child half-way through 3 s at 400 events/s; a
     worker whose whole stack stops then (Dramatiq's) is started again."""
-    requests = httpload.signed_requests(SOURCE, SECRET, "kill_", KILL_RATE * KILL_SECONDS)
-    sending = asyncio.create_task(httpload.open_loop(stack.port, requests, KILL_RATE))
-    await asyncio.sleep(KILL_SECONDS / 2)
-    os.kill(stack.worker_children()[0], signal.SIGKILL)
-    supervising = asyncio.create_task(_supervise(stack))
-    _, statuses = await sending
-    accepted = statuses.get(200, 0)
+    supervising: list[asyncio.Task] = []
+
+    async def kill() -> None:
+        os.kill(stack.worker_children()[0], signal.SIGKILL)
+        supervising.append(asyncio.create_task(_supervise(stack)))
+
+    rows = faults.Rows(stack.fetchval, "peer_effects", SOURCE, "kill_")
     try:
-        await _until_rows(stack, "kill_", accepted, timeout=60)
-    except AssertionError:
-        pass  # what never came is counted as lost below
-    supervising.cancel()
-    distinct = await stack.fetchval("SELECT count(DISTINCT key) FROM peer_effects WHERE key LIKE 'peer:kill_%'")
-    rows = await stack.fetchval("SELECT count(*) FROM peer_effects WHERE key LIKE 'peer:kill_%'")
-    figures[f"{stack.kind}_lost_after_kill"] = accepted - distinct
-    figures[f"{stack.kind}_duplicated_after_kill"] = rows - distinct
+        outcome = await faults.under_fault(stack.port, rows, SOURCE, "kill_", kill)
+    finally:
+        for task in supervising:
+            task.cancel()
+    figures.update(outcome.figures(stack.kind, "kill"))
     figures[f"{stack.kind}_restarts_after_kill"] = stack.restarts
+
+
+async def _pause(stack: PeerStack, downstream: Downstream, figures: dict) -> None:
+    """SIGSTOP of the worker child `_kill` kills, 2.5 s, half-way through
+    3 s at 400 events/s, with the handler that calls the downstream first."""
+    rows = faults.Rows(stack.fetchval, "peer_effects", CALLING_SOURCE, "pause_")
+    victim = stack.worker_children()[0]
+    outcome = await faults.under_fault(
+        stack.port, rows, CALLING_SOURCE, "pause_", lambda: faults.pause(victim), (downstream, stack.kind)
+    )
+    figures.update(outcome.figures(stack.kind, "pause"))
 
 
 async def _supervise(stack: PeerStack) -> None:
@@ -242,16 +261,13 @@ async def _supervise(stack: PeerStack) -> None:
             stack.restarts += 1
 
 
-async def _until_rows(stack: PeerStack, prefix: str, count: int, timeout: float = 180) -> None:
-    async def written() -> bool:
-        return (
-            await stack.fetchval(
-                "SELECT count(DISTINCT key) FROM peer_effects WHERE key LIKE $1", f"{SOURCE}:{prefix}%"
-            )
-            >= count
-        )
+async def _until_rows(stack: PeerStack, prefix: str, count: int) -> None:
+    rows = faults.Rows(stack.fetchval, "peer_effects", SOURCE, prefix)
 
-    await wait_until(written, timeout, interval=0.1, message=f"{count} {prefix} rows of the {stack.name} stack")
+    async def written() -> bool:
+        return await rows.written() >= count
+
+    await wait_until(written, 180, interval=0.1, message=f"{count} {prefix} rows of the {stack.name} stack")
 
 
 def _tree(pid: int) -> list[int]:
