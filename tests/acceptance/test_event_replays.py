@@ -88,7 +88,6 @@ def replay_window(*more: str) -> dict:
 
 
 @pytest.mark.usefixtures("effects_tables")
-@pytest.mark.alone
 async def test_a_replay_of_1000_events_with_a_worker_killed_halfway_runs_each_once_per_replay(
     settings, fleet, tmp_path, window
 ):
@@ -118,7 +117,6 @@ async def test_a_replay_of_1000_events_with_a_worker_killed_halfway_runs_each_on
 
 
 @pytest.mark.usefixtures("effects_tables")
-@pytest.mark.alone
 @pytest.mark.parametrize("redis", ["redis", "redis-unreachable"])
 async def test_copies_of_a_replays_messages_run_each_event_once(settings, fleet, tmp_path, window, redis):
     """As a runner that died between its publish and its progress leaves them,
@@ -178,7 +176,6 @@ async def _replay_runs(settings) -> set[tuple[str, int]]:
 
 
 @pytest.mark.usefixtures("effects_tables")
-@pytest.mark.alone
 async def test_a_replay_of_a_routed_sources_events_runs_every_route_once(settings, fleet, tmp_path, window):
     """A source with two routes: the replay's message is fanned out by the
     worker like the event was, each (event, route) once under replay-R/KEY#ROUTE."""
