@@ -42,15 +42,20 @@ from webhook_ingest.shared.runs.paced import run
 from webhook_ingest.shared.settings import Settings
 from webhook_ingest.shared.sources.model import load_sources
 
-# alone: two workers running ctx.db handlers hold up to ~55 Postgres connections here; beside
-# another such test the shared server's 100 ran out ("too many clients already") twice in a row.
 EVENTS = 1000
 
 
 @pytest.fixture
-async def window(settings):
+def window_start() -> datetime:
+    """When the window's first event was received: the replays' bounds are fixed from it, not from
+    the clock at each replay (a slow run must not slide the window past its oldest events)."""
+    return minutes_ago(30)
+
+
+@pytest.fixture
+async def window(settings, window_start):
     """1,000 archived acme events received 30 to 20 minutes ago, and one outside."""
-    start = minutes_ago(30)
+    start = window_start
     arrivals = [
         archived_event("acme", f"evt_{n}", start + timedelta(seconds=0.6 * n), "invoice.paid") for n in range(EVENTS)
     ]
@@ -63,8 +68,9 @@ async def window(settings):
     return [arrival.key for arrival in arrivals]
 
 
-def replay_window(*more: str) -> dict:
-    since, until = minutes_ago(31).isoformat(), minutes_ago(19).isoformat()
+def replay_window(start: datetime, *more: str) -> dict:
+    """`events replay` of the window's 1,000 events, from a minute before the first to a minute after the last."""
+    since, until = (start - timedelta(minutes=1)).isoformat(), (start + timedelta(minutes=11)).isoformat()
     result = CliRunner().invoke(
         main,
         [
@@ -88,16 +94,17 @@ def replay_window(*more: str) -> dict:
 
 
 @pytest.mark.usefixtures("effects_tables")
-@pytest.mark.alone
 async def test_a_replay_of_1000_events_with_a_worker_killed_halfway_runs_each_once_per_replay(
-    settings, fleet, tmp_path, window
+    settings, fleet, tmp_path, window, window_start
 ):
     env = {"WEBHOOK_INGEST_SOURCES": write_sources(tmp_path / "s.toml", "tests.support.replay_handlers:recorded")}
     victim = fleet.worker("--concurrency", "32", env=env)
     fleet.worker("--concurrency", "32", env=env)
     await wait_for_output(victim, "worker_consuming")
 
-    replaying = asyncio.create_task(asyncio.to_thread(replay_window))  # the CLI, publishing as the workers run
+    replaying = asyncio.create_task(
+        asyncio.to_thread(replay_window, window_start)
+    )  # the CLI, publishing as the workers run
     await _until_completed(settings, EVENTS // 2)
     victim.kill()
     assert await count_rows(settings.database_url, "processed_events") < EVENTS  # killed mid-replay
@@ -108,7 +115,7 @@ async def test_a_replay_of_1000_events_with_a_worker_killed_halfway_runs_each_on
     runs = await effects_by_key(settings.database_url)
     assert runs == {f"replay-{first['id']}/{key}": 1 for key in window}  # each once; none of the event's own key
 
-    second = await asyncio.to_thread(replay_window)
+    second = await asyncio.to_thread(replay_window, window_start)
     assert second["id"] != first["id"] and second["total"] == EVENTS
     await _until_settled(settings, 2 * EVENTS)
     runs = await effects_by_key(settings.database_url)
@@ -118,7 +125,6 @@ async def test_a_replay_of_1000_events_with_a_worker_killed_halfway_runs_each_on
 
 
 @pytest.mark.usefixtures("effects_tables")
-@pytest.mark.alone
 @pytest.mark.parametrize("redis", ["redis", "redis-unreachable"])
 async def test_copies_of_a_replays_messages_run_each_event_once(settings, fleet, tmp_path, window, redis):
     """As a runner that died between its publish and its progress leaves them,
@@ -178,7 +184,6 @@ async def _replay_runs(settings) -> set[tuple[str, int]]:
 
 
 @pytest.mark.usefixtures("effects_tables")
-@pytest.mark.alone
 async def test_a_replay_of_a_routed_sources_events_runs_every_route_once(settings, fleet, tmp_path, window):
     """A source with two routes: the replay's message is fanned out by the
     worker like the event was, each (event, route) once under replay-R/KEY#ROUTE."""
