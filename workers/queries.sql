@@ -126,6 +126,15 @@ INSERT INTO inbox (key, source, event_id, payload, received_at)
 VALUES ($1, $2, $3, $4::jsonb, $5)
 ON CONFLICT (key) DO NOTHING
 
+-- name: insert_inbox_many
+-- insert_inbox for a batch's events (`inbox`'s batch form): their keys are
+-- distinct; $4 their payloads as JSON text.
+INSERT INTO inbox (key, source, event_id, payload, received_at)
+SELECT key, source, event_id, payload::jsonb, received_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[])
+    AS batch(key, source, event_id, payload, received_at)
+ON CONFLICT (key) DO NOTHING
+
 -- name: complete_events
 -- complete_event for a batch: rows whose token is still the key's current
 -- one and not completed yet; ends their leases; returns the keys it
