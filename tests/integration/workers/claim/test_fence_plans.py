@@ -22,7 +22,6 @@ ARGUMENTS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="the fence rows are joined, not looked up: a small table's plan scans it")
 @pytest.mark.parametrize("name", sorted(ARGUMENTS))
 async def test_a_generic_plan_made_over_a_small_table_reads_fence_rows_by_their_index(database, name):
     connection = await asyncpg.connect(database)
