@@ -32,28 +32,33 @@ RETURNING key, token, replay_of, attempt, payload_sha256
 -- does (a SELECT ... ORDER BY key FOR UPDATE: its LockRows sits above the
 -- Sort), so two never wait for each other's rows (docs/design.md,
 -- "One lock order"). A row whose token changed while we waited for it is
--- checked again and left out.
+-- checked again and left out. `key = ANY($1)`, implied by the join, keeps
+-- the fence rows read by their index whatever plan the statement keeps:
+-- a generic plan made while the table was small (a new deployment, its
+-- statistics behind) joined it by a sequential scan, every row every time.
 WITH ours AS (
     SELECT key_fences.key FROM key_fences
     JOIN unnest($1::text[], $2::bigint[]) AS ours(key, token)
         ON key_fences.key = ours.key AND key_fences.token = ours.token
-    WHERE key_fences.lease_until IS NOT NULL
+    WHERE key_fences.lease_until IS NOT NULL AND key_fences.key = ANY($1::text[])
     ORDER BY key_fences.key FOR UPDATE OF key_fences
 )
 UPDATE key_fences SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
-FROM ours WHERE key_fences.key = ours.key
+FROM ours WHERE key_fences.key = ours.key AND key_fences.key = ANY($1::text[])
 RETURNING key_fences.key, key_fences.token
 
 -- name: release_leases
--- Our leases ($1 keys, $2 tokens) end; rows locked in key order (extend_leases).
+-- Our leases ($1 keys, $2 tokens) end; rows locked in key order, read by
+-- their index (extend_leases).
 WITH ours AS (
     SELECT key_fences.key FROM key_fences
     JOIN unnest($1::text[], $2::bigint[]) AS ours(key, token)
         ON key_fences.key = ours.key AND key_fences.token = ours.token
+    WHERE key_fences.key = ANY($1::text[])
     ORDER BY key_fences.key FOR UPDATE OF key_fences
 )
 UPDATE key_fences SET lease_until = NULL
-FROM ours WHERE key_fences.key = ours.key
+FROM ours WHERE key_fences.key = ours.key AND key_fences.key = ANY($1::text[])
 
 -- name: record_handed_on
 -- Attempt $3 of chain $2 (workers/claim/attempts.py), payload $4, of arrival $5
@@ -126,10 +131,20 @@ INSERT INTO inbox (key, source, event_id, payload, received_at)
 VALUES ($1, $2, $3, $4::jsonb, $5)
 ON CONFLICT (key) DO NOTHING
 
+-- name: insert_inbox_many
+-- insert_inbox for a batch's events (`inbox`'s batch form): their keys are
+-- distinct; $4 their payloads as JSON text.
+INSERT INTO inbox (key, source, event_id, payload, received_at)
+SELECT key, source, event_id, payload::jsonb, received_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[])
+    AS batch(key, source, event_id, payload, received_at)
+ON CONFLICT (key) DO NOTHING
+
 -- name: complete_events
 -- complete_event for a batch: rows whose token is still the key's current
 -- one and not completed yet; ends their leases; returns the keys it
--- inserted. Fence rows locked in key order (extend_leases), then the lanes
+-- inserted. Fence rows locked in key order, read by their index
+-- (extend_leases), then the lanes
 -- of the ordered ones ($9..$13 as complete_event's, per row; a lane NULL:
 -- not ordered) in lane order: an ordered row completes only while its lane's
 -- token is the holder's, and advances its lane in the same commit.
@@ -141,6 +156,7 @@ WITH batch AS (
 ), locked AS (
     SELECT key_fences.key FROM key_fences JOIN batch
         ON key_fences.key = batch.key AND key_fences.token = batch.fencing_token
+    WHERE key_fences.key = ANY($1::text[])
     ORDER BY key_fences.key FOR UPDATE OF key_fences
 ), lanes_held AS (
     SELECT ordering_keys.lane FROM ordering_keys JOIN batch
@@ -149,7 +165,8 @@ WITH batch AS (
     ORDER BY ordering_keys.lane FOR UPDATE OF ordering_keys
 ), fence AS (
     UPDATE key_fences SET lease_until = NULL FROM locked JOIN batch USING (key)
-    WHERE key_fences.key = locked.key AND (batch.lane IS NULL OR batch.lane IN (SELECT lane FROM lanes_held))
+    WHERE key_fences.key = locked.key AND key_fences.key = ANY($1::text[])
+      AND (batch.lane IS NULL OR batch.lane IN (SELECT lane FROM lanes_held))
     RETURNING key_fences.key
 ), finished AS (
     DELETE FROM ordered_events USING batch

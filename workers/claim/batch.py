@@ -8,7 +8,8 @@ the steps that do not depend on one another are done for the whole batch:
 1. one pipelined `SET NX` per Redis master claims every key;
 2. one statement takes every acquired key's lease (and fencing token);
 3. one transaction takes the leased keys' turns in one statement, reads
-   which are completed in another, runs every handler in key order, then
+   which are completed in another, runs every handler in key order (a
+   handler's batch form, `handle.batch`, once for all its events), then
    inserts every completion row in one statement (each still refused
    unless its token is current), and commits;
 4. one pipeline per master writes the done markers.
@@ -248,9 +249,8 @@ class BatchProcessor:
         done = await self._completions.completed_keys(connection, _keys(messages, mine))
         completed = {i: done[messages[i].key] for i in mine if messages[i].key in done}
         fresh = [i for i in mine if i not in completed]
-        for i in fresh:
-            if not _stale(messages[i]):  # a stale ordered row completes unrun
-                await self._processor.call_handler(connection, messages[i])
+        # a stale ordered row completes unrun
+        await self._processor.call_handlers(connection, [messages[i] for i in fresh if not _stale(messages[i])])
         lease_keeper.check()  # the leases decide, not the Redis locks (Processor._complete)
         if fresh:
             committing.enter_context(tracing.spans("commit", [messages[i] for i in fresh]))

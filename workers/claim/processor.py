@@ -325,22 +325,38 @@ class Processor:
         """Runs the source's handler with `db` as `ctx.db`; raises HandlerFailed
         for the handler's own failures, TurnTaken when its `ctx.db` found the
         key's turn held elsewhere, and an outage as itself."""
-        source = self._sources[message.source]
-        event = Event(
-            source=message.source,
-            event_id=message.event_id,
-            key=message.key,
-            headers=message.headers,
-            received_at=datetime.fromtimestamp(message.received_at, UTC),
-            attempt=message.attempt,
-            body=message.body,
-            route=message.route,
-            replay=replay_of(message.key, message.replay_of),
-        )
-        context = HandlerContext(db=db, options=source.handler_for(message.route)[1], logger=log)
+        handler = self._handlers[handler_key(message.source, message.route)]
+        call = handler(_event(message), self._context(db, message))
+        await self._called(db, tracing.span("handler", message, failed_by_errors=True), call)
+
+    async def call_handlers(self, db: asyncpg.Connection, messages: list[EventMessage]) -> None:
+        """call_handler for each of `messages` (a batch's, in one transaction),
+        in order; the messages of a handler with a batch form (`handle.batch`,
+        docs/reference.md §7) in one call of it, with their handler's first
+        message's place. A failure of either raises as call_handler's does."""
+        runs: dict[str, list[EventMessage]] = {}
+        for message in messages:
+            runs.setdefault(handler_key(message.source, message.route), []).append(message)
+        for key, run in runs.items():
+            batch = getattr(self._handlers[key], "batch", None)
+            if batch is None or len(run) == 1:
+                for message in run:
+                    await self.call_handler(db, message)
+                continue
+            call = batch([_event(message) for message in run], self._context(db, run[0]))
+            await self._called(db, tracing.spans("handler", run), call)
+
+    def _context(self, db: HandlerTransaction | asyncpg.Connection, message: EventMessage) -> HandlerContext:
+        options = self._sources[message.source].handler_for(message.route)[1]
+        return HandlerContext(db=db, options=options, logger=log)
+
+    async def _called(
+        self, db: HandlerTransaction | asyncpg.Connection, span: contextlib.AbstractContextManager, call
+    ) -> None:
+        """Awaits the handler's `call` within `span`, its exceptions told apart (call_handler)."""
         try:
-            with tracing.span("handler", message, failed_by_errors=True):
-                await self._handlers[handler_key(message.source, message.route)](event, context)
+            with span:
+                await call
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -388,3 +404,18 @@ class Processor:
         log.info("event_deferred", reason=reason, retry_in=DEFER_SECONDS)
         await self._failures.delay(message, DEFER_SECONDS)
         return Outcome.DEFERRED
+
+
+def _event(message: EventMessage) -> Event:
+    """What the handler is given of `message`."""
+    return Event(
+        source=message.source,
+        event_id=message.event_id,
+        key=message.key,
+        headers=message.headers,
+        received_at=datetime.fromtimestamp(message.received_at, UTC),
+        attempt=message.attempt,
+        body=message.body,
+        route=message.route,
+        replay=replay_of(message.key, message.replay_of),
+    )

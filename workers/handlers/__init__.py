@@ -126,6 +126,8 @@ def _imported(reference: str) -> Handler:
             f"{reference!r} is not an async function: the worker awaits it, so write"
             f" 'async def {attribute}(event, ctx)'"
         )
+    if getattr(handle, "batch", None) is not None and not _is_async(handle.batch):
+        raise ConfigError(f"{reference!r}.batch is not an async function: write 'async def (events, ctx)'")
     return handle
 
 

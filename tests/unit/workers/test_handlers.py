@@ -106,6 +106,20 @@ def plain_handle(event, ctx):
 async_callable, sync_callable = AsyncCallable(), SyncCallable()
 
 
+async def with_plain_batch(event, ctx):
+    return None
+
+
+with_plain_batch.batchable = True  # type: ignore[attr-defined]
+with_plain_batch.batch = plain_handle  # type: ignore[attr-defined]
+
+
+def test_a_handlers_batch_form_that_is_not_async_is_refused_at_start():
+    with pytest.raises(ConfigError) as raised:
+        load_handlers({"acme": source(f"{__name__}:with_plain_batch")})
+    assert "with_plain_batch'.batch is not an async function" in str(raised.value)
+
+
 @pytest.mark.parametrize("handler", [f"{__name__}:plain_handle", f"{__name__}:sync_callable", "json:loads"])
 def test_a_handler_that_is_not_async_is_refused_at_start(handler):
     with pytest.raises(ConfigError) as raised:

@@ -78,7 +78,49 @@ async def lose_the_fence(event, ctx):
     STORE.hold_lease(event.key)
 
 
-HANDLERS = ("succeed", "fail", "refuse", "hang", "slow", "slow_db", "swallow_db_errors", "lose_the_fence")
+BATCH_CALLS: list[list[str]] = []
+
+
+async def in_batches(event, ctx):
+    RUNS.append(event.key)
+
+
+async def in_batches_many(events, ctx):
+    """in_batches' batch form (`handle.batch`)."""
+    BATCH_CALLS.append([event.key for event in events])
+    RUNS.extend(event.key for event in events)
+
+
+in_batches.batchable = True  # type: ignore[attr-defined]
+in_batches.batch = in_batches_many  # type: ignore[attr-defined]
+
+
+async def fail_in_batches(event, ctx):
+    RUNS.append(event.key)
+
+
+async def fail_in_batches_many(events, ctx):
+    """A batch form that fails where the handler alone does not."""
+    BATCH_CALLS.append([event.key for event in events])
+    raise RuntimeError("the batch form failed")
+
+
+fail_in_batches.batchable = True  # type: ignore[attr-defined]
+fail_in_batches.batch = fail_in_batches_many  # type: ignore[attr-defined]
+
+
+HANDLERS = (
+    "succeed",
+    "fail",
+    "refuse",
+    "hang",
+    "slow",
+    "slow_db",
+    "swallow_db_errors",
+    "lose_the_fence",
+    "in_batches",
+    "fail_in_batches",
+)
 SOURCES = {
     name: parse_source(
         name, {"scheme": "hmac-sha256", "secrets": ["s"], "handler": f"tests.unit.workers.claim.test_processor:{name}"}
@@ -100,6 +142,7 @@ class Pipeline:
 def pipeline() -> Pipeline:
     global STORE
     RUNS.clear()
+    BATCH_CALLS.clear()
     CANCELLED.clear()
     RUNNING.clear()
     PEAK[0] = 0
@@ -356,3 +399,25 @@ async def test_a_batch_whose_completion_is_refused_rolls_back_and_runs_each_alon
     assert sorted(RUNS) == sorted([stale.key, fine.key, fine.key])
     assert set(pipeline.completions.completions) == {fine.key}  # once: the batch's row was rolled back
     assert pipeline.failures.delayed == [(stale.key, DEFER_SECONDS)]
+
+
+async def test_a_batch_runs_a_handlers_batch_form_once_for_its_fresh_events_in_key_order(pipeline):
+    batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
+    messages = [event("in_batches", event_id=f"evt_{n}") for n in (3, 1, 2)]
+    done = event("in_batches", event_id="evt_0")
+    pipeline.claims.done[done.key] = done.payload_sha256
+    outcomes = await batch.process([*messages, done])
+    assert outcomes == [Outcome.PROCESSED] * 3 + [Outcome.DUPLICATE]
+    assert BATCH_CALLS == [sorted(m.key for m in messages)]  # one call, the completed key not in it
+    assert sorted(RUNS) == sorted(m.key for m in messages)
+    assert set(pipeline.completions.completions) == {m.key for m in messages}
+
+
+async def test_a_batch_whose_batch_form_fails_rolls_back_and_runs_each_alone_with_its_handler(pipeline):
+    batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
+    messages = [event("fail_in_batches", event_id=f"evt_{n}") for n in range(3)]
+    assert await batch.process(messages) == [Outcome.PROCESSED] * 3
+    assert BATCH_CALLS == [[m.key for m in messages]]
+    assert sorted(RUNS) == sorted(m.key for m in messages)  # each once, alone, by the handler itself
+    assert set(pipeline.completions.completions) == {m.key for m in messages}
+    assert pipeline.failures.delayed == [] and pipeline.failures.failed == []  # no attempt spent
