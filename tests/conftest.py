@@ -56,8 +56,8 @@ WEDGED_MARKER = os.path.join("build", "test-broker-wedged")
 def pytest_configure(config):
     """The private broker, unless every test asked for needs none (`make test-fast`)."""
     paths = [os.path.relpath(str(arg).split("::")[0]) for arg in config.args] or ["tests"]
-    if _xdist_controller(config):
-        return  # with `-n N` only the N workers run tests, each with its own node
+    if _xdist_controller(config) or config.option.collectonly:
+        return  # with `-n N` only the N workers run tests, each with its own node; `--co` runs none
     if not all(path.startswith(NO_BROKER_NEEDED) for path in paths):
         broker.start()
 
