@@ -59,7 +59,7 @@ def pytest_configure(config):
     if _xdist_controller(config) or config.option.collectonly:
         return  # with `-n N` only the N workers run tests, each with its own node; `--co` runs none
     if not all(path.startswith(NO_BROKER_NEEDED) for path in paths):
-        broker.start()
+        broker.start(wait=False)  # it boots while the tests are collected; broker_cleanup waits for it
 
 
 def _xdist_controller(config) -> bool:
@@ -224,6 +224,10 @@ QUEUE_DELETER = _QueueDeleter()
 
 @pytest.fixture(scope="session", autouse=True)
 def broker_cleanup():
+    try:
+        broker.await_started()  # before any test: launched by pytest_configure
+    except RuntimeError as exc:
+        pytest.exit(f"the suite's RabbitMQ node did not start: {exc}", returncode=1)
     yield
     QUEUE_DELETER.join()
     if broker.started():

@@ -74,13 +74,17 @@ class RabbitNode:
         return None if self.api_port is None else f"http://127.0.0.1:{self.api_port}/api"
 
     def start(self) -> None:
+        self.launch()
+        self.await_startup()
+
+    def launch(self) -> None:
+        """The node's process, not waited for (`await_startup()`)."""
         with open(self.folder / "out.log", "ab") as log:
             self.process = subprocess.Popen(
                 [SERVER], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        self._await_startup()
 
-    def _await_startup(self, timeout: float = 120) -> None:
+    def await_startup(self, timeout: float = 120) -> None:
         """Until the node answers an AMQP handshake, and its management API
         when it has one. RabbitMQ opens its client listeners last, after its
         plugins (its log: "Ready to start client connection listeners", then
