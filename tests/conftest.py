@@ -56,10 +56,10 @@ WEDGED_MARKER = os.path.join("build", "test-broker-wedged")
 def pytest_configure(config):
     """The private broker, unless every test asked for needs none (`make test-fast`)."""
     paths = [os.path.relpath(str(arg).split("::")[0]) for arg in config.args] or ["tests"]
-    if _xdist_controller(config):
-        return  # with `-n N` only the N workers run tests, each with its own node
+    if _xdist_controller(config) or config.option.collectonly:
+        return  # with `-n N` only the N workers run tests, each with its own node; `--co` runs none
     if not all(path.startswith(NO_BROKER_NEEDED) for path in paths):
-        broker.start()
+        broker.start(wait=False)  # it boots while the tests are collected; broker_cleanup waits for it
 
 
 def _xdist_controller(config) -> bool:
@@ -224,6 +224,10 @@ QUEUE_DELETER = _QueueDeleter()
 
 @pytest.fixture(scope="session", autouse=True)
 def broker_cleanup():
+    try:
+        broker.await_started()  # before any test: launched by pytest_configure
+    except RuntimeError as exc:
+        pytest.exit(f"the suite's RabbitMQ node did not start: {exc}", returncode=1)
     yield
     QUEUE_DELETER.join()
     if broker.started():

@@ -61,8 +61,9 @@ async def test_broker_away_from_the_start_then_back_every_event_once(settings, f
 
 async def test_broker_cut_and_restored_under_load_every_delivery_200_and_once(settings, fleet, env, broker_proxy):
     ingress, base_url = fleet.ingress(env={**env, "AMQP_URL": broker_proxy.url_for(settings.amqp_url)})
-    for _ in range(2):
-        await wait_for_output(metered_worker(fleet, env, "--concurrency", "32")[0], "worker_consuming")
+    workers = [metered_worker(fleet, env, "--concurrency", "32")[0] for _ in range(2)]  # started together
+    for worker in workers:
+        await wait_for_output(worker, "worker_consuming")
     await until_ready(base_url, via="broker")
     before, during, after = event_bodies(range(0, 150)), event_bodies(range(150, 450)), event_bodies(range(450, 600))
 
@@ -108,8 +109,9 @@ async def test_broker_stalled_under_load_every_delivery_200_and_once(
         "WEBHOOK_INGEST_MAX_CONCURRENT_REQUESTS": "64",
     }
     ingress, base_url = fleet.ingress(env=bounded)
-    for _ in range(2):
-        await wait_for_output(metered_worker(fleet, env, "--concurrency", "32")[0], "worker_consuming")
+    workers = [metered_worker(fleet, env, "--concurrency", "32")[0] for _ in range(2)]  # started together
+    for worker in workers:
+        await wait_for_output(worker, "worker_consuming")
     await until_ready(base_url, via="broker")
     events = event_bodies(range(900))
 

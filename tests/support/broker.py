@@ -36,11 +36,14 @@ from tests.support.rabbit_cluster import CTL, RabbitNode
 _node: RabbitNode | None = None
 _base: Path | None = None
 _url: str | None = None
+_starting = False  # launched, not yet seen to answer
 
 
-def start() -> str:
-    """The suite's broker URL, starting the private node on the first call."""
-    global _node, _base, _url
+def start(wait: bool = True) -> str:
+    """The suite's broker URL, starting the private node on the first call;
+    `wait=False` returns as soon as its process is started (the URL is
+    known: its port was chosen), and `await_started()` waits for it."""
+    global _node, _base, _url, _starting
     external = os.environ.get("TEST_AMQP_URL")
     if external:
         os.environ["AMQP_URL"] = _url = external
@@ -54,10 +57,21 @@ def start() -> str:
         cookie.chmod(0o400)
         _node = RabbitNode(_base, f"witest{uuid.uuid4().hex[:6]}@localhost", home, management=True)
         atexit.register(stop)
-        _node.start()
+        _node.launch()
+        _starting = True
         os.environ["TEST_RABBITMQCTL"] = shlex.join([CTL, "-n", _node.name, "--erlang-cookie", cookie.read_text()])
     os.environ["AMQP_URL"] = _url = _node.url()
+    if wait:
+        await_started()
     return _url
+
+
+def await_started() -> None:
+    """Until the private node, if any, answers (at once once it has)."""
+    global _starting
+    if _node is not None and _starting:
+        _node.await_startup()
+        _starting = False
 
 
 def started() -> bool:
@@ -106,8 +120,8 @@ def restart() -> bool:
 
 
 def stop() -> None:
-    global _node, _base, _url
-    _url = None
+    global _node, _base, _url, _starting
+    _url, _starting = None, False
     if _node is not None:
         _node.kill()
         _node = None
