@@ -22,11 +22,11 @@ import asyncio
 import collections
 import hashlib
 import os
+import re
 import time
 from collections.abc import Callable
 
 import asyncpg
-from aiohttp import web
 
 from tests.bench import httpload
 from tests.bench.cpu import CpuMeter
@@ -62,6 +62,7 @@ PHASES = [
         CONCURRENCY,
     ),
 ]
+CHOSEN = [phase for phase in PHASES if phase.source in os.environ.get("BENCH_SLOW_PHASES", "forward,ctx_db,fast,mix")]
 ROWS = [
     row
     for phase in PHASES
@@ -85,37 +86,72 @@ def latency(source: str, key: str) -> float:
     return CALL_SECONDS
 
 
-class Downstream:
-    """Answers 200 after the phase's latency (`latency(source, key)`); counts calls per (source, key)."""
+class Downstream(asyncio.Protocol):
+    """Answers 200 after the phase's latency (`latency(source, key)`); counts calls per (source, key).
+
+    HTTP/1.1 on raw sockets, parsed only as far as the path, the
+    Idempotency-Key and the Content-Length, like the load client
+    (`httpload.py`): it shares the two cores with what it measures, and an
+    aiohttp server cost more there than the worker's own HTTP client."""
 
     def __init__(self, latency: Callable[[str, str], float] = latency) -> None:
         self.latency = latency
         self.calls: collections.Counter[tuple[str, str]] = collections.Counter()
         self.port = free_port()
-        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
 
-    async def receive(self, request: web.Request) -> web.Response:
-        source, key = request.match_info["source"], request.headers["Idempotency-Key"]
-        self.calls[source, key] += 1
-        await asyncio.sleep(self.latency(source, key))
-        return web.Response(text="ok")
+    def __call__(self) -> "_Connection":  # the protocol factory
+        return _Connection(self)
 
     async def __aenter__(self) -> "Downstream":
-        app = web.Application()
-        app.router.add_post("/{source}", self.receive)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        self._server = await asyncio.get_running_loop().create_server(self, "127.0.0.1", self.port, backlog=1024)
         return self
 
     async def __aexit__(self, *exc) -> None:
-        assert self._runner is not None
-        await self._runner.cleanup()
+        assert self._server is not None
+        self._server.close()
 
     def runs(self, source: str) -> tuple[int, int]:
         """(handler runs, distinct keys) of a phase."""
         counts = [count for (called, _), count in self.calls.items() if called == source]
         return sum(counts), len(counts)
+
+
+class _Connection(asyncio.Protocol):
+    ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+
+    def __init__(self, downstream: Downstream):
+        self._downstream = downstream
+        self._buffer = bytearray()
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self._transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self._transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        while (end := self._buffer.find(b"\r\n\r\n")) >= 0:
+            head = bytes(self._buffer[:end])
+            length = _CONTENT_LENGTH.search(head)
+            total = end + 4 + (int(length.group(1)) if length else 0)
+            if len(self._buffer) < total:
+                return
+            del self._buffer[:total]
+            source = head[head.index(b"/") + 1 : head.index(b" HTTP/")].decode()
+            key = _IDEMPOTENCY_KEY.search(head).group(1).decode()  # type: ignore[union-attr]
+            self._downstream.calls[source, key] += 1
+            asyncio.get_running_loop().call_later(self._downstream.latency(source, key), self._answer)
+
+    def _answer(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(self.ANSWER)
+
+
+_CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length: *(\d+)")
+_IDEMPOTENCY_KEY = re.compile(rb"(?i)\r\nidempotency-key: *([^\r]+)")
 
 
 async def measure(figures: dict) -> None:
@@ -131,9 +167,10 @@ async def measure(figures: dict) -> None:
                 {**deployment.pids(), "bench": [os.getpid()]}, deployment.database_name, deployment.redis_port
             )
             await meter.measure_background()
-            for phase in PHASES:
+            for phase in CHOSEN:
                 await run_phase(deployment, downstream, meter, phase, figures)
-    figures["slow_mix_vs_fast"] = figures["slow_mix_events_per_s"] / figures["slow_fast_events_per_s"]
+    if "slow_mix_events_per_s" in figures and "slow_fast_events_per_s" in figures:
+        figures["slow_mix_vs_fast"] = figures["slow_mix_events_per_s"] / figures["slow_fast_events_per_s"]
 
 
 async def run_phase(

@@ -5,6 +5,13 @@ the truth (Postgres is). When fewer than a quorum of masters answer, the
 store says UNAVAILABLE and the worker runs on Postgres alone (degraded mode);
 it then leaves Redis alone for `RETRY_AFTER` seconds before trying again, so
 an outage costs one timeout a second, not one per message.
+
+Claims and done markers asked for while one of their kind is on the wire go
+together in the next pipeline (shared/db/group_commit.py), as the leases'
+statements do (workers/claim/coalesced.py): hundreds of runs in flight (a
+handler that waits on the network) cost a few round trips a moment, not two
+each. A lone claim still goes at once; each caller gets its own key's answer,
+the same as its own round trip would have been.
 """
 
 import time
@@ -15,6 +22,7 @@ import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from webhook_ingest.shared.db import GroupCommit
 from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.observability import get_logger, metrics
 from webhook_ingest.shared.redis_keys import DONE_PREFIX, done_marker, key_prefix
@@ -27,6 +35,8 @@ log = get_logger(__name__)
 
 RETRY_AFTER = 1.0
 SOCKET_TIMEOUT = 0.5
+WRITERS = 2  # pipelines of one kind (claims, done markers) on the wire at once
+MAX_BATCH = 256  # keys a pipeline: a default worker's concurrency
 
 
 @dataclass(frozen=True)
@@ -44,15 +54,20 @@ class IdempotencyStore:
         self._done_ttl = done_ttl
         self._skip_until = 0.0
         self.degraded = False
+        self._claims: GroupCommit[str, Claim] = GroupCommit(self.claim_many, WRITERS, MAX_BATCH)
+        self._done_markers: GroupCommit[tuple[str, str], None] = GroupCommit(self.complete_many, WRITERS, MAX_BATCH)
 
     async def close(self) -> None:
         for client in self._clients:
             await client.aclose()
 
     async def claim(self, idempotency_key: str) -> Claim:
+        """The key's claim, in the next pipeline of claims (`claim_many`)."""
         if time.monotonic() < self._skip_until:
             return Claim(ClaimState.UNAVAILABLE)
-        return self._claim_from(await self.redlock.acquire(self._prefix + idempotency_key))
+        claim = await self._claims.submit(idempotency_key)
+        assert claim is not None  # claim_many answers every key
+        return claim
 
     async def claim_many(self, idempotency_keys: list[str]) -> list[Claim]:
         """`claim` for many keys in one round trip per master."""
@@ -83,13 +98,11 @@ class IdempotencyStore:
             return [None] * len(locks)
 
     async def complete(self, idempotency_key: str, payload_sha256: str) -> None:
-        """Remember the completion; replaces our lock. Best effort: Postgres has it."""
+        """Remember the completion; replaces our lock. Best effort: Postgres has it.
+        Written in the next pipeline of done markers (`complete_many`)."""
         if time.monotonic() < self._skip_until:
             return
-        taken = await self.redlock.set_everywhere(
-            self._prefix + idempotency_key, done_marker(payload_sha256), self._done_ttl
-        )
-        self._count_errors(len(self._clients) - taken)
+        await self._done_markers.submit((idempotency_key, payload_sha256))
 
     async def complete_many(self, completions: list[tuple[str, str]]) -> None:
         """`complete` for many (key, payload_sha256) pairs, pipelined."""
