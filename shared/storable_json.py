@@ -26,6 +26,7 @@ when the text holds a `\\u` escape, depth only counted when it holds more
 brackets than `MAX_DEPTH`, and numbers are checked by the parser's own hook.
 """
 
+import itertools
 import json
 import math
 import re
@@ -48,6 +49,13 @@ class NotStorable(ValueError):
 
 def parse(body: bytes) -> object:
     """The parsed body; ValueError when it is not JSON, or not storable."""
+    return parse_noting_floats(body)[0]
+
+
+def parse_noting_floats(body: bytes) -> tuple[object, bool]:
+    """`parse`, and whether the body held a float (a number with a fraction or an
+    exponent): without one, orjson writes its canonical JSON (shared/event/ids.py)."""
+    floats_before = next(_FLOATS_PARSED)
     try:
         text = body.decode("utf-8")
         value = _DECODER.decode(text)
@@ -55,12 +63,18 @@ def parse(body: bytes) -> object:
         raise NotStorable("nested too deeply") from exc
     if "\\u" in text or body.count(b"[") + body.count(b"{") > MAX_DEPTH:
         _check_tree(value)
-    return value
+    return value, next(_FLOATS_PARSED) != floats_before + 1
+
+
+# Counted by `_float` (and by each parse before and after itself: next() is atomic, so a float
+# another thread parses meanwhile can only make a parse think it held one).
+_FLOATS_PARSED = itertools.count()
 
 
 def _float(literal: str) -> float:
     """parse_float: every number with a fraction or an exponent comes here
     (integers need no check: Python refuses those of more than 4300 digits)."""
+    next(_FLOATS_PARSED)
     value = float(literal)
     if not math.isfinite(value):
         raise NotStorable(f"{literal[:20]} is beyond a 64-bit float")

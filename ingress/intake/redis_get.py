@@ -6,7 +6,10 @@ timeout wrappers, a drain per command); here it is a share of one `write`
 (the commands of one loop iteration leave together) and a future resolved
 by the reply parser, ~10 µs. Replies come back in the order the
 commands were sent, so each answer goes to the oldest waiting future; one
-given up on (timed out) still takes its reply, and is skipped.
+given up on (timed out) still takes its reply, and is skipped. The
+timeout is one timer for the commands of one loop iteration, set when they
+leave, not an `asyncio.timeout` a GET (its context, a timer made and
+cancelled for each).
 
 Only plain TCP URLs (`redis://`, with password and database) are served
 here; `connect_get` returns None for TLS or a unix socket, and the caller
@@ -70,11 +73,13 @@ _INCOMPLETE = object()
 class _Connection(asyncio.Protocol):
     transport: asyncio.Transport  # set by connection_made, before create_connection returns us
 
-    def __init__(self):
+    def __init__(self, timeout: float):
         self.waiting: deque[asyncio.Future] = deque()
         self.closed = False
+        self._timeout = timeout
         self._parser = ReplyParser()
         self._unsent: list[bytes] = []  # commands of this loop iteration, written together at its end
+        self._unsent_replies: list[asyncio.Future] = []  # their replies, failed together after the timeout
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -105,18 +110,31 @@ class _Connection(asyncio.Protocol):
                 future.set_exception(error)
 
     def send(self, *args: bytes) -> asyncio.Future:
+        """The reply's future: its value, or a RedisReplyError, a ConnectionError, or
+        TimeoutError once the command has waited `timeout` from its write."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self.waiting.append(future)
         if not self._unsent:
-            loop.call_soon(self._flush)
+            loop.call_soon(self._flush, loop)
         self._unsent.append(_command(args))
+        self._unsent_replies.append(future)
         return future
 
-    def _flush(self) -> None:
-        commands, self._unsent = self._unsent, []
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        commands, replies = self._unsent, self._unsent_replies
+        self._unsent, self._unsent_replies = [], []
         if not self.closed:
             self.transport.write(b"".join(commands))
+        loop.call_later(self._timeout, _time_out, replies)
+
+
+def _time_out(replies: list[asyncio.Future]) -> None:
+    """The commands written together `timeout` ago: those still unanswered fail
+    (their replies, when they come, are skipped)."""
+    for future in replies:
+        if not future.done():
+            future.set_exception(TimeoutError("no Redis reply in time"))
 
 
 def _command(args: tuple[bytes, ...]) -> bytes:
@@ -149,14 +167,10 @@ class GetPipeline:
 
     async def get(self, key: str) -> bytes | None:
         """The value, or None; raises ConnectionError, RedisReplyError or TimeoutError."""
-        return await self._call(b"GET", key.encode())
-
-    async def _call(self, *args: bytes) -> bytes | None:
         connection = self._connection
         if connection is None or connection.closed or len(connection.waiting) > self.MAX_WAITING:
             connection = await self._connect()
-        async with asyncio.timeout(self._timeout):
-            return await connection.send(*args)
+        return await connection.send(b"GET", key.encode())
 
     async def close(self) -> None:
         if self._connection is not None:
@@ -176,7 +190,7 @@ class GetPipeline:
         await self.close()
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._connect_timeout):
-            _, connection = await loop.create_connection(_Connection, *self._address)
+            _, connection = await loop.create_connection(lambda: _Connection(self._timeout), *self._address)
             try:
                 if self._login:
                     await connection.send(b"AUTH", *self._login)

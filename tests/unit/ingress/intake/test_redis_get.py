@@ -86,7 +86,7 @@ async def test_a_get_unanswered_in_time_fails_and_its_late_reply_answers_no_othe
 
 async def test_redis_commands_of_one_iteration_leave_in_one_send():
     transport = Transport()
-    connection = _Connection()
+    connection = _Connection(timeout=1.0)
     connection.connection_made(transport)
     replies = [connection.send(b"GET", key) for key in (b"a", b"b")]
     await asyncio.sleep(0)

@@ -356,6 +356,40 @@ def test_canonical_json_is_the_contracts_json_dumps(value):
     assert canonical_json(value) == expected
 
 
+@settings(max_examples=500)
+@given(
+    st.recursive(
+        st.one_of(
+            st.none(), st.booleans(), st.integers(-(2**65), 2**65), st.text(st.characters(codec="utf-8"), max_size=8)
+        ),
+        lambda children: st.one_of(
+            st.lists(children, max_size=4),
+            st.dictionaries(st.text(st.characters(codec="utf-8"), max_size=3), children, max_size=5),
+        ),
+        max_leaves=20,
+    )
+)
+def test_canonical_json_of_a_float_free_value_is_the_contracts_json_dumps(value):
+    """What orjson writes (no float): any character in keys (sorted by code point,
+    U+FFFF before U+10000) and strings, integers past 64 bits (stdlib's then)."""
+    expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    assert canonical_json(value, float_free=True) == expected
+
+
+def test_canonical_json_of_a_float_free_value_escapes_as_json_dumps_does():
+    for character in [*map(chr, range(128)), "\u2028", "\u2029", "\ufeff", "\uffff", "\U00010000", "é"]:
+        value = {character: [character * 2, f"a{character}b"], "k": {character + "x": None}}
+        expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        assert canonical_json(value, float_free=True) == expected
+
+
+def test_canonical_json_of_a_float_free_value_nested_deeper_than_orjson_goes():
+    value: list = []
+    for _ in range(300):
+        value = [value]
+    assert canonical_json(value, float_free=True) == json.dumps(value, separators=(",", ":")).encode()
+
+
 def test_canonical_json_examples():
     assert canonical_json({"b": 1, "a": [1.5e-07, "é", True, None]}) == '{"a":[1.5e-07,"é",true,null],"b":1}'.encode()
     assert canonical_json({"b": {"z": 1, "y": 2}, "a": "☃"}) == '{"a":"☃","b":{"y":2,"z":1}}'.encode()
