@@ -5,6 +5,7 @@ with real worker processes: tests/acceptance/."""
 
 import asyncio
 import dataclasses
+import functools
 from datetime import timedelta
 
 import pytest
@@ -109,6 +110,32 @@ fail_in_batches.batchable = True  # type: ignore[attr-defined]
 fail_in_batches.batch = fail_in_batches_many  # type: ignore[attr-defined]
 
 
+async def wrong_arity(event):  # type: ignore[no-untyped-def]  # forgot ctx: calling it raises at once
+    RUNS.append(event.key)
+
+
+async def batch_of_wrong_arity(event, ctx):
+    RUNS.append(event.key)
+
+
+async def batch_of_wrong_arity_many(events):
+    """A batch form that forgot ctx: calling it raises before it returns a coroutine."""
+    BATCH_CALLS.append([event.key for event in events])
+
+
+batch_of_wrong_arity.batchable = True  # type: ignore[attr-defined]
+batch_of_wrong_arity.batch = batch_of_wrong_arity_many  # type: ignore[attr-defined]
+
+AUDITED: list[str] = []
+
+
+@functools.wraps(in_batches)  # copies in_batches' __dict__: batchable, and its batch form
+async def audited(event, ctx):
+    """A user's decorator around a handler with a batch form: one more effect an event."""
+    AUDITED.append(event.key)
+    await in_batches(event, ctx)
+
+
 HANDLERS = (
     "succeed",
     "fail",
@@ -120,6 +147,9 @@ HANDLERS = (
     "lose_the_fence",
     "in_batches",
     "fail_in_batches",
+    "wrong_arity",
+    "batch_of_wrong_arity",
+    "audited",
 )
 SOURCES = {
     name: parse_source(
@@ -143,6 +173,7 @@ def pipeline() -> Pipeline:
     global STORE
     RUNS.clear()
     BATCH_CALLS.clear()
+    AUDITED.clear()
     CANCELLED.clear()
     RUNNING.clear()
     PEAK[0] = 0
@@ -421,3 +452,46 @@ async def test_a_batch_whose_batch_form_fails_rolls_back_and_runs_each_alone_wit
     assert sorted(RUNS) == sorted(m.key for m in messages)  # each once, alone, by the handler itself
     assert set(pipeline.completions.completions) == {m.key for m in messages}
     assert pipeline.failures.delayed == [] and pipeline.failures.failed == []  # no attempt spent
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="call_handler calls the handler outside _called's try: a TypeError raised by the call"
+    " itself (a handler that forgot ctx) escapes as a bug (processing_crashed, or a lane crashed"
+    " for ever) instead of a handler failure that is retried and dead-lettered",
+)
+async def test_a_handler_whose_call_raises_at_once_is_a_failed_handler(pipeline):
+    message = event("wrong_arity")
+    assert await pipeline.processor.process(message) is Outcome.RETRIED
+    assert [type(exc).__name__ for exc in pipeline.failures.failed] == ["TypeError"]
+    assert RUNS == [] and pipeline.completions.completions == {}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="call_handlers calls handle.batch outside _called's try: a batch form that raises when"
+    " called (one that forgot ctx) crashes the whole batch (batch_crashed; a lanes' heads batch:"
+    " every lane in it crashed) instead of rolling back and running each event alone",
+)
+async def test_a_batch_form_whose_call_raises_at_once_runs_each_event_alone(pipeline):
+    batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
+    messages = [event("batch_of_wrong_arity", event_id=f"evt_{n}") for n in range(3)]
+    assert await batch.process(messages) == [Outcome.PROCESSED] * 3
+    assert sorted(RUNS) == sorted(m.key for m in messages)  # each once, alone, by the handler itself
+    assert set(pipeline.completions.completions) == {m.key for m in messages}
+    assert pipeline.failures.delayed == [] and pipeline.failures.failed == []  # no attempt spent
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="functools.wraps copies the wrapped handler's batch form onto its wrapper: in a batch"
+    " the worker calls in_batches_many and never the wrapper, so the wrapper's own effect is"
+    " lost for events recorded done",
+)
+async def test_a_wrapper_of_a_handler_with_a_batch_form_runs_for_every_event_of_a_batch(pipeline):
+    batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
+    messages = [event("audited", event_id=f"evt_{n}") for n in range(3)]
+    assert await batch.process(messages) == [Outcome.PROCESSED] * 3
+    assert set(pipeline.completions.completions) == {m.key for m in messages}
+    assert sorted(AUDITED) == sorted(m.key for m in messages)  # the wrapper's effect, once an event
+    assert sorted(RUNS) == sorted(m.key for m in messages)
