@@ -30,7 +30,9 @@ worker waits for the service and runs the message again, no attempt used.
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, assert_never
 
 import asyncpg
@@ -326,7 +328,7 @@ class Processor:
         for the handler's own failures, TurnTaken when its `ctx.db` found the
         key's turn held elsewhere, and an outage as itself."""
         handler = self._handlers[handler_key(message.source, message.route)]
-        call = handler(_event(message), self._context(db, message))
+        call = partial(handler, _event(message), self._context(db, message))
         await self._called(db, tracing.span("handler", message, failed_by_errors=True), call)
 
     async def call_handlers(self, db: asyncpg.Connection, messages: list[EventMessage]) -> None:
@@ -343,7 +345,7 @@ class Processor:
                 for message in run:
                     await self.call_handler(db, message)
                 continue
-            call = batch([_event(message) for message in run], self._context(db, run[0]))
+            call = partial(batch, [_event(message) for message in run], self._context(db, run[0]))
             await self._called(db, tracing.spans("handler", run), call)
 
     def _context(self, db: HandlerTransaction | asyncpg.Connection, message: EventMessage) -> HandlerContext:
@@ -351,12 +353,17 @@ class Processor:
         return HandlerContext(db=db, options=options, logger=log)
 
     async def _called(
-        self, db: HandlerTransaction | asyncpg.Connection, span: contextlib.AbstractContextManager, call
+        self,
+        db: HandlerTransaction | asyncpg.Connection,
+        span: contextlib.AbstractContextManager,
+        call: Callable[[], Awaitable[Any]],
     ) -> None:
-        """Awaits the handler's `call` within `span`, its exceptions told apart (call_handler)."""
+        """Calls the handler (`call`) and awaits it within `span`, its exceptions
+        told apart (call_handler): a call that raises at once (a handler that
+        forgot `ctx`) is the handler's failure too."""
         try:
             with span:
-                await call
+                await call()
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

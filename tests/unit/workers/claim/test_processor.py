@@ -454,12 +454,6 @@ async def test_a_batch_whose_batch_form_fails_rolls_back_and_runs_each_alone_wit
     assert pipeline.failures.delayed == [] and pipeline.failures.failed == []  # no attempt spent
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="call_handler calls the handler outside _called's try: a TypeError raised by the call"
-    " itself (a handler that forgot ctx) escapes as a bug (processing_crashed, or a lane crashed"
-    " for ever) instead of a handler failure that is retried and dead-lettered",
-)
 async def test_a_handler_whose_call_raises_at_once_is_a_failed_handler(pipeline):
     message = event("wrong_arity")
     assert await pipeline.processor.process(message) is Outcome.RETRIED
@@ -467,12 +461,6 @@ async def test_a_handler_whose_call_raises_at_once_is_a_failed_handler(pipeline)
     assert RUNS == [] and pipeline.completions.completions == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="call_handlers calls handle.batch outside _called's try: a batch form that raises when"
-    " called (one that forgot ctx) crashes the whole batch (batch_crashed; a lanes' heads batch:"
-    " every lane in it crashed) instead of rolling back and running each event alone",
-)
 async def test_a_batch_form_whose_call_raises_at_once_runs_each_event_alone(pipeline):
     batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
     messages = [event("batch_of_wrong_arity", event_id=f"evt_{n}") for n in range(3)]
