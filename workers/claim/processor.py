@@ -41,7 +41,14 @@ from webhook_ingest.shared.event import EventMessage
 from webhook_ingest.shared.observability import get_logger, tracing
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.failures import found_in_chain, outage_kind
-from webhook_ingest.workers.handlers import Event, HandlerContext, handler_key, load_handlers, replay_of
+from webhook_ingest.workers.handlers import (
+    Event,
+    HandlerContext,
+    batch_form,
+    handler_key,
+    load_handlers,
+    replay_of,
+)
 
 from .archive_notes import NO_NOTES, ArchiveNotes
 from .attempts import already_handed_on
@@ -340,7 +347,7 @@ class Processor:
         for message in messages:
             runs.setdefault(handler_key(message.source, message.route), []).append(message)
         for key, run in runs.items():
-            batch = getattr(self._handlers[key], "batch", None)
+            batch = batch_form(self._handlers[key])
             if batch is None or len(run) == 1:
                 for message in run:
                     await self.call_handler(db, message)

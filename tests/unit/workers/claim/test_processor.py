@@ -470,12 +470,6 @@ async def test_a_batch_form_whose_call_raises_at_once_runs_each_event_alone(pipe
     assert pipeline.failures.delayed == [] and pipeline.failures.failed == []  # no attempt spent
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="functools.wraps copies the wrapped handler's batch form onto its wrapper: in a batch"
-    " the worker calls in_batches_many and never the wrapper, so the wrapper's own effect is"
-    " lost for events recorded done",
-)
 async def test_a_wrapper_of_a_handler_with_a_batch_form_runs_for_every_event_of_a_batch(pipeline):
     batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
     messages = [event("audited", event_id=f"evt_{n}") for n in range(3)]
