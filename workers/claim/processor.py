@@ -37,6 +37,7 @@ from typing import Any, assert_never
 
 import asyncpg
 
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.event import EventMessage
 from webhook_ingest.shared.observability import get_logger, tracing
 from webhook_ingest.shared.sources import Source
@@ -353,7 +354,12 @@ class Processor:
                     await self.call_handler(db, message)
                 continue
             call = partial(batch, [_event(message) for message in run], self._context(db, run[0]))
-            await self._called(db, tracing.spans("handler", run), call)
+            try:
+                await self._called(db, tracing.spans("handler", run), call)
+            except HandlerFailed as failed:  # each alone next, and most succeed: say it once here
+                cause = failed.__cause__ or failed
+                log.warning("batch_form_failed", handler=key, events=len(run), error=describe(cause))
+                raise
 
     def _context(self, db: HandlerTransaction | asyncpg.Connection, message: EventMessage) -> HandlerContext:
         options = self._sources[message.source].handler_for(message.route)[1]
