@@ -432,7 +432,7 @@ def _event(message: EventMessage) -> Event:
         source=message.source,
         event_id=message.event_id,
         key=message.key,
-        headers=message.headers,
+        headers=dict(message.headers),  # the handler's own: the message's stay as sent, for a run again
         received_at=datetime.fromtimestamp(message.received_at, UTC),
         attempt=message.attempt,
         body=message.body,

@@ -510,12 +510,6 @@ async def test_a_batch_forms_failure_is_logged_with_its_error(pipeline):
     assert failed[0]["handler"] == "fail_in_batches" and failed[0]["events"] == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_event hands the handler the message's own headers dict: what a batch form that"
-    " failed changed in event.headers is what each event's own run then sees (and what its"
-    " retry or dead letter keeps), not the headers the provider sent",
-)
 async def test_a_failed_batch_forms_changes_to_headers_do_not_reach_the_runs_alone(pipeline):
     batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
     messages = [event("keep_headers", event_id=f"evt_{n}") for n in range(2)]
