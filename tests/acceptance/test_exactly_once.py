@@ -291,6 +291,42 @@ async def test_a_lock_holder_paused_past_its_ttl_keeps_its_turn_and_nothing_runs
     assert '"reason":"CompletionRefused"' in paused.output() or '"reason":"LockLost"' in paused.output()
 
 
+async def test_a_batch_form_paused_past_its_leases_while_copies_run_elsewhere_completes_each_once(
+    settings, fleet, tmp_path
+):
+    """A batch form (`handle.batch`) writes its events' rows, then blocks its
+    process 4 s with a 1 s TTL; copies of those events go to a second
+    worker, which takes some of their leases meanwhile. The paused batch's
+    fenced completion must not keep the rows of a key it lost, nor of the
+    others beside it: each event's effect exactly once, nothing dead."""
+    env = {
+        "WEBHOOK_INGEST_SOURCES": write_sources(
+            tmp_path / "s.toml", f"{HANDLERS}:paused_batch", database_url=settings.database_url, pause_seconds=4
+        ),
+        "WEBHOOK_INGEST_LOCK_TTL": "1",
+    }
+    events = [make_event("acme", f"evt_{n}") for n in range(40)]
+    await publish_events(settings.amqp_url, settings.namespace, events)
+    paused = fleet.worker("--concurrency", "64", env=env)
+    await wait_until(lambda: count_rows(settings.database_url, "runs_started"), 60, message="the paused batch")
+    connection = await asyncpg.connect(settings.database_url)
+    try:
+        in_the_batch = {row["key"] for row in await connection.fetch("SELECT key FROM runs_started")}
+    finally:
+        await connection.close()
+    assert len(in_the_batch) >= 2
+    successor = fleet.worker("--concurrency", "64", env=env)
+    await wait_for_output(successor, "worker_consuming")
+    await publish_events(settings.amqp_url, settings.namespace, [e for e in events if e.key in in_the_batch])
+
+    await until_completed(settings.database_url, len(events), timeout=60)
+    await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
+    await asyncio.sleep(2)  # a retry or deferral still on its way would show by now
+    await assert_each_once(settings.database_url, events)
+    assert '"reason":"TurnTaken"' in successor.output()  # its copies met the paused batch's turns
+    assert "batch_crashed" not in paused.output()
+
+
 async def test_mixed_modes_never_run_one_key_at_the_same_time(settings, fleet, tmp_path):
     """One worker without Redis (degraded), one with; each event's two
     copies 0.1 s apart; a 400 ms external effect: no two runs of a key

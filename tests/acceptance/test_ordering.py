@@ -50,13 +50,13 @@ async def ordering_tables(database):
         await connection.close()
 
 
-def write_sources(path, database_url: str, ordering: str = "", max_sleep: float = 0.03) -> str:
+def write_sources(path, database_url: str, ordering: str = "", max_sleep: float = 0.03, handler: str = HANDLER) -> str:
     path.write_text(
         f"""
 [sources.acme]
 scheme = "hmac-sha256"
 secrets = ["{SECRET}"]
-handler = "{HANDLER}"
+handler = "{handler}"
 max_attempts = 5
 retry_delays = [0.5]
 handler_options = {{ database_url = "{database_url}", max_sleep = "{max_sleep}" }}
@@ -145,6 +145,36 @@ async def test_twenty_versions_of_a_lane_run_in_order_among_fifty_interleaved_la
     ran = await runs_by_lane(settings.database_url)
     problems = {lane: out_of_order(ran[lane], list(range(1, 21))) for lane in lanes}
     assert {lane: found for lane, found in problems.items() if found} == {}
+
+
+async def test_a_batch_forms_lanes_run_in_order_among_fifty_interleaved_lanes(settings, fleet, tmp_path):
+    """The heads of many lanes share a transaction (BatchProcessor.run_heads)
+    and, with a batch form (`handle.batch`), one call: each lane's versions
+    still run once each, in order."""
+    handler = "tests.support.ordering_handlers:record_version_quickly"
+    base_url, _ = await deployment(settings, fleet, tmp_path, handler=handler)
+    lanes = {f"obj_{n}": [body(f"obj_{n}", version) for version in range(1, 21)] for n in range(50)}
+    assert set(await send_lanes(base_url, lanes)) == {200}
+    await until_runs(settings.database_url, 1000, timeout=120)
+    ran = await runs_by_lane(settings.database_url)
+    problems = {lane: out_of_order(ran[lane], list(range(1, 21))) for lane in lanes}
+    assert {lane: found for lane, found in problems.items() if found} == {}
+    calls = await fetch(settings.database_url, "SELECT count(*) AS n FROM version_runs GROUP BY pid, started")
+    assert max(call["n"] for call in calls) > 1  # heads of several lanes in one call of the batch form
+
+
+async def test_a_handler_that_forgot_ctx_dead_letters_its_head_instead_of_crashing_its_lane(settings, fleet, tmp_path):
+    """A handler whose call raises at once (TypeError: `async def handle(event)`)
+    is a failed handler like any other: retried, then a dead letter naming
+    the error, which blocks its lane, rather than a lane crashed and taken
+    again for ever with its head never settled."""
+    handler = "tests.support.ordering_handlers:forgot_ctx"
+    base_url, workers = await deployment(settings, fleet, tmp_path, handler=handler)
+    assert await send_lane(base_url, "typo", [1, 2]) == [200, 200]
+    await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 60, message="a dead letter")
+    errors = await fetch(settings.database_url, "SELECT errors::text AS error FROM dead_letters")
+    assert "TypeError" in errors[0]["error"]
+    assert not any("lane_crashed" in worker.output() for worker in workers)
 
 
 async def test_a_slow_head_delays_its_own_lane_and_no_other(settings, fleet, tmp_path):

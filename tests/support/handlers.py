@@ -36,6 +36,40 @@ async def counted_inbox(event, ctx):
 counted_inbox.batchable = True
 
 
+async def counted_inbox_many(events, ctx):
+    """counted_inbox's batch form (`handle.batch`): the same rows, a statement a table."""
+    keys = [event.key for event in events]
+    await ctx.db.execute("INSERT INTO effects (key, pid) SELECT unnest($1::text[]), $2", keys, os.getpid())
+    await inbox.batch(events, ctx)  # type: ignore[attr-defined]
+
+
+async def paused_batch_many(events, ctx):
+    """counted_inbox_many whose first call in the fleet (none in `runs_started` yet)
+    blocks its process past the lease TTL after writing its rows, as a GC pause
+    or a stalled VM would; its keys go to `runs_started` first."""
+    first = await ctx.db.fetchval("SELECT count(*) = 0 FROM runs_started")
+    keys = [event.key for event in events]
+    await counted_inbox_many(events, ctx)
+    if first:
+        connection = await asyncpg.connect(ctx.options["database_url"])
+        try:  # one statement: the test reads them all or none
+            await connection.execute(
+                "INSERT INTO runs_started (key, pid) SELECT unnest($1::text[]), $2", keys, os.getpid()
+            )
+        finally:
+            await connection.close()
+        time.sleep(float(ctx.options.get("pause_seconds", 3)))  # noqa: ASYNC251 - blocks the loop: no renewal
+
+
+async def paused_batch(event, ctx):
+    """batched_counted_inbox whose first batch form call pauses its process (paused_batch_many)."""
+    await counted_inbox(event, ctx)
+
+
+paused_batch.batchable = True  # type: ignore[attr-defined]
+paused_batch.batch = paused_batch_many  # type: ignore[attr-defined]
+
+
 async def slow_inbox(event, ctx):
     """counted_inbox, after 20–50 ms of 'work'."""
     await asyncio.sleep(random.uniform(0.02, 0.05))

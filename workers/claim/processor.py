@@ -30,16 +30,26 @@ worker waits for the service and runs the message again, no attempt used.
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, assert_never
 
 import asyncpg
 
+from webhook_ingest.shared.errors import describe
 from webhook_ingest.shared.event import EventMessage
 from webhook_ingest.shared.observability import get_logger, tracing
 from webhook_ingest.shared.sources import Source
 from webhook_ingest.workers.failures import found_in_chain, outage_kind
-from webhook_ingest.workers.handlers import Event, HandlerContext, handler_key, load_handlers, replay_of
+from webhook_ingest.workers.handlers import (
+    Event,
+    HandlerContext,
+    batch_form,
+    handler_key,
+    load_handlers,
+    replay_of,
+)
 
 from .archive_notes import NO_NOTES, ArchiveNotes
 from .attempts import already_handed_on
@@ -326,7 +336,7 @@ class Processor:
         for the handler's own failures, TurnTaken when its `ctx.db` found the
         key's turn held elsewhere, and an outage as itself."""
         handler = self._handlers[handler_key(message.source, message.route)]
-        call = handler(_event(message), self._context(db, message))
+        call = partial(handler, _event(message), self._context(db, message))
         await self._called(db, tracing.span("handler", message, failed_by_errors=True), call)
 
     async def call_handlers(self, db: asyncpg.Connection, messages: list[EventMessage]) -> None:
@@ -338,25 +348,35 @@ class Processor:
         for message in messages:
             runs.setdefault(handler_key(message.source, message.route), []).append(message)
         for key, run in runs.items():
-            batch = getattr(self._handlers[key], "batch", None)
+            batch = batch_form(self._handlers[key])
             if batch is None or len(run) == 1:
                 for message in run:
                     await self.call_handler(db, message)
                 continue
-            call = batch([_event(message) for message in run], self._context(db, run[0]))
-            await self._called(db, tracing.spans("handler", run), call)
+            call = partial(batch, [_event(message) for message in run], self._context(db, run[0]))
+            try:
+                await self._called(db, tracing.spans("handler", run), call)
+            except HandlerFailed as failed:  # each alone next, and most succeed: say it once here
+                cause = failed.__cause__ or failed
+                log.warning("batch_form_failed", handler=key, events=len(run), error=describe(cause))
+                raise
 
     def _context(self, db: HandlerTransaction | asyncpg.Connection, message: EventMessage) -> HandlerContext:
         options = self._sources[message.source].handler_for(message.route)[1]
         return HandlerContext(db=db, options=options, logger=log)
 
     async def _called(
-        self, db: HandlerTransaction | asyncpg.Connection, span: contextlib.AbstractContextManager, call
+        self,
+        db: HandlerTransaction | asyncpg.Connection,
+        span: contextlib.AbstractContextManager,
+        call: Callable[[], Awaitable[Any]],
     ) -> None:
-        """Awaits the handler's `call` within `span`, its exceptions told apart (call_handler)."""
+        """Calls the handler (`call`) and awaits it within `span`, its exceptions
+        told apart (call_handler): a call that raises at once (a handler that
+        forgot `ctx`) is the handler's failure too."""
         try:
             with span:
-                await call
+                await call()
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -412,7 +432,7 @@ def _event(message: EventMessage) -> Event:
         source=message.source,
         event_id=message.event_id,
         key=message.key,
-        headers=message.headers,
+        headers=dict(message.headers),  # the handler's own: the message's stay as sent, for a run again
         received_at=datetime.fromtimestamp(message.received_at, UTC),
         attempt=message.attempt,
         body=message.body,

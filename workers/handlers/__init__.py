@@ -33,6 +33,7 @@ __all__ = [
     "HandlerContext",
     "PermanentError",
     "Replay",
+    "batch_form",
     "handler_key",
     "load_handlers",
     "replay_of",
@@ -126,9 +127,21 @@ def _imported(reference: str) -> Handler:
             f"{reference!r} is not an async function: the worker awaits it, so write"
             f" 'async def {attribute}(event, ctx)'"
         )
-    if getattr(handle, "batch", None) is not None and not _is_async(handle.batch):
+    if batch_form(handle) is not None and not _is_async(handle.batch):
         raise ConfigError(f"{reference!r}.batch is not an async function: write 'async def (events, ctx)'")
     return handle
+
+
+def batch_form(handle: Any) -> Any:
+    """The handler's batch form (`handle.batch`, docs/reference.md §7), or None.
+    Not one that functools.wraps copied onto a wrapper from the function it
+    wraps (wraps copies `__dict__`): calling it would skip the wrapper's own
+    work, so the wrapper runs for each event instead."""
+    batch = getattr(handle, "batch", None)
+    wrapped = getattr(handle, "__wrapped__", None)
+    if batch is not None and wrapped is not None and getattr(wrapped, "batch", None) is batch:
+        return None
+    return batch
 
 
 def _where_to_put(module_name: str, exc: ImportError) -> str:

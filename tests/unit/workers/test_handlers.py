@@ -1,5 +1,6 @@
 """A source's handler, looked up where it runs (the workers): what loads, and the one line a mistake gives."""
 
+import functools
 import sys
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from tests.support.handlers import counted_inbox
 from webhook_ingest.shared.errors import ConfigError
 from webhook_ingest.shared.sources.model import parse_source
-from webhook_ingest.workers.handlers import load_handlers
+from webhook_ingest.workers.handlers import batch_form, load_handlers
 from webhook_ingest.workers.handlers.forward import handle as forward
 from webhook_ingest.workers.handlers.inbox import handle as inbox
 
@@ -112,6 +113,19 @@ async def with_plain_batch(event, ctx):
 
 with_plain_batch.batchable = True  # type: ignore[attr-defined]
 with_plain_batch.batch = plain_handle  # type: ignore[attr-defined]
+
+
+def test_a_batch_form_copied_by_functools_wraps_is_not_the_wrappers():
+    async def many(events, ctx):
+        return None
+
+    @functools.wraps(with_plain_batch)
+    async def wrapper(event, ctx):
+        return None
+
+    assert wrapper.batch is plain_handle and batch_form(wrapper) is None  # copied: the wrapper runs alone
+    wrapper.batch = many  # type: ignore[attr-defined]  # its own
+    assert batch_form(wrapper) is many and batch_form(with_plain_batch) is plain_handle
 
 
 def test_a_handlers_batch_form_that_is_not_async_is_refused_at_start():

@@ -5,12 +5,14 @@ with real worker processes: tests/acceptance/."""
 
 import asyncio
 import dataclasses
+import functools
 from datetime import timedelta
 
 import pytest
 
 from tests.support.events import make_event
 from tests.support.in_memory import InMemoryClaims, InMemoryCompletions, RecordingFailures, Session
+from tests.support.logs import captured_logs
 from webhook_ingest.shared.sources.model import parse_source
 from webhook_ingest.workers.claim.batch import BatchProcessor
 from webhook_ingest.workers.claim.processor import DEFER_SECONDS, Processor
@@ -109,6 +111,50 @@ fail_in_batches.batchable = True  # type: ignore[attr-defined]
 fail_in_batches.batch = fail_in_batches_many  # type: ignore[attr-defined]
 
 
+async def wrong_arity(event):  # type: ignore[no-untyped-def]  # forgot ctx: calling it raises at once
+    RUNS.append(event.key)
+
+
+async def batch_of_wrong_arity(event, ctx):
+    RUNS.append(event.key)
+
+
+async def batch_of_wrong_arity_many(events):
+    """A batch form that forgot ctx: calling it raises before it returns a coroutine."""
+    BATCH_CALLS.append([event.key for event in events])
+
+
+batch_of_wrong_arity.batchable = True  # type: ignore[attr-defined]
+batch_of_wrong_arity.batch = batch_of_wrong_arity_many  # type: ignore[attr-defined]
+
+AUDITED: list[str] = []
+
+
+@functools.wraps(in_batches)  # copies in_batches' __dict__: batchable, and its batch form
+async def audited(event, ctx):
+    """A user's decorator around a handler with a batch form: one more effect an event."""
+    AUDITED.append(event.key)
+    await in_batches(event, ctx)
+
+
+SEEN_HEADERS: list[dict] = []
+
+
+async def keep_headers(event, ctx):
+    SEEN_HEADERS.append(dict(event.headers))
+
+
+async def strip_headers_then_fail(events, ctx):
+    """A batch form that strips a header it has used, then fails on a later event."""
+    for event in events:
+        event.headers.pop("content-type", None)
+    raise RuntimeError("the batch form failed after stripping headers")
+
+
+keep_headers.batchable = True  # type: ignore[attr-defined]
+keep_headers.batch = strip_headers_then_fail  # type: ignore[attr-defined]
+
+
 HANDLERS = (
     "succeed",
     "fail",
@@ -120,6 +166,10 @@ HANDLERS = (
     "lose_the_fence",
     "in_batches",
     "fail_in_batches",
+    "wrong_arity",
+    "batch_of_wrong_arity",
+    "audited",
+    "keep_headers",
 )
 SOURCES = {
     name: parse_source(
@@ -143,6 +193,8 @@ def pipeline() -> Pipeline:
     global STORE
     RUNS.clear()
     BATCH_CALLS.clear()
+    AUDITED.clear()
+    SEEN_HEADERS.clear()
     CANCELLED.clear()
     RUNNING.clear()
     PEAK[0] = 0
@@ -421,3 +473,46 @@ async def test_a_batch_whose_batch_form_fails_rolls_back_and_runs_each_alone_wit
     assert sorted(RUNS) == sorted(m.key for m in messages)  # each once, alone, by the handler itself
     assert set(pipeline.completions.completions) == {m.key for m in messages}
     assert pipeline.failures.delayed == [] and pipeline.failures.failed == []  # no attempt spent
+
+
+async def test_a_handler_whose_call_raises_at_once_is_a_failed_handler(pipeline):
+    message = event("wrong_arity")
+    assert await pipeline.processor.process(message) is Outcome.RETRIED
+    assert [type(exc).__name__ for exc in pipeline.failures.failed] == ["TypeError"]
+    assert RUNS == [] and pipeline.completions.completions == {}
+
+
+async def test_a_batch_form_whose_call_raises_at_once_runs_each_event_alone(pipeline):
+    batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
+    messages = [event("batch_of_wrong_arity", event_id=f"evt_{n}") for n in range(3)]
+    assert await batch.process(messages) == [Outcome.PROCESSED] * 3
+    assert sorted(RUNS) == sorted(m.key for m in messages)  # each once, alone, by the handler itself
+    assert set(pipeline.completions.completions) == {m.key for m in messages}
+    assert pipeline.failures.delayed == [] and pipeline.failures.failed == []  # no attempt spent
+
+
+async def test_a_wrapper_of_a_handler_with_a_batch_form_runs_for_every_event_of_a_batch(pipeline):
+    batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
+    messages = [event("audited", event_id=f"evt_{n}") for n in range(3)]
+    assert await batch.process(messages) == [Outcome.PROCESSED] * 3
+    assert set(pipeline.completions.completions) == {m.key for m in messages}
+    assert sorted(AUDITED) == sorted(m.key for m in messages)  # the wrapper's effect, once an event
+    assert sorted(RUNS) == sorted(m.key for m in messages)
+
+
+async def test_a_batch_forms_failure_is_logged_with_its_error(pipeline):
+    batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
+    messages = [event("fail_in_batches", event_id=f"evt_{n}") for n in range(3)]
+    with captured_logs() as logs:
+        assert await batch.process(messages) == [Outcome.PROCESSED] * 3
+    failed = [line for line in logs if line["event"] == "batch_form_failed"]
+    assert len(failed) == 1 and "the batch form failed" in failed[0]["error"]
+    assert failed[0]["handler"] == "fail_in_batches" and failed[0]["events"] == 3
+
+
+async def test_a_failed_batch_forms_changes_to_headers_do_not_reach_the_runs_alone(pipeline):
+    batch = BatchProcessor(pipeline.processor, pipeline.claims, pipeline.completions)
+    messages = [event("keep_headers", event_id=f"evt_{n}") for n in range(2)]
+    assert await batch.process(messages) == [Outcome.PROCESSED] * 2
+    assert SEEN_HEADERS == [{"content-type": "application/json"}] * 2
+    assert all(message.headers == {"content-type": "application/json"} for message in messages)
