@@ -472,26 +472,30 @@ class LaneRunner:
                 return await self._pages.run_leased(message, lease, completed_sha256)
             return await self._run(message)
 
-        running: asyncio.Future[Outcome] = asyncio.ensure_future(
-            tracing.within(message, self._until_done(run, message))
-        )
+        # run in this task, not one of its own: a hot lane's rows wait on each run's latency, and a
+        # task's start and end are loop turns on it; the lane lost cancels this task, told apart
+        # from other cancellations (a stop past its grace) as lease.cancelled_when_lost tells them
+        task = asyncio.current_task()
+        assert task is not None
+        lost = False
 
         def cancel() -> None:
-            running.cancel()
+            nonlocal lost
+            lost = True
+            task.cancel()
 
         unregister = keeper.when_lost(cancel)
         try:
-            outcome = await asyncio.shield(running)
+            outcome = await tracing.within(message, self._until_done(run, message))
         except asyncio.CancelledError:
-            if not running.cancelled():
-                running.cancel()  # we are cancelled (a stop past its grace): so is the row
-                with contextlib.suppress(BaseException):
-                    await running
-                raise
+            if not lost or task.uncancel() > 0:
+                raise  # someone else cancels us too (a stop past its grace): let it through
             log.warning("lane_lost_row_cancelled", lane=message.ordered.lane, seq=message.ordered.seq)
             return None
         finally:
             unregister()
+        if lost:  # the row ended as the lane was lost, before the cancellation reached it
+            task.uncancel()
         self._settled(message, outcome, started)
         return outcome
 
