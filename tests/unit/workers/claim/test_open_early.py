@@ -99,3 +99,33 @@ async def test_a_handler_that_stopped_querying_opens_lazily_again(stores):
     assert await processor.run_ordered(row(3)) is Outcome.PROCESSED
     assert TURN_HELD_AT_FIRST_QUERY == [False, False]
     assert set(completions.completions) == {row(seq).key for seq in (1, 2, 3)}
+
+
+class GoesSilent(InMemoryCompletions):
+    """Postgres that stops answering after the first run: the turn's statement and the renewals
+    go unanswered (as test_handler_db.py's SilentServer, from the second run on)."""
+
+    def __init__(self) -> None:
+        super().__init__(pool_size=1)
+        self.silent = False
+
+    async def take_turn(self, session, key):
+        if self.silent:
+            self.renewals_answer = False
+            await asyncio.Event().wait()  # never answered
+        return await super().take_turn(session, key)
+
+
+async def test_a_lease_lost_while_the_early_opening_waits_on_its_turn_ends_the_run_and_its_session():
+    TURN_HELD_AT_FIRST_QUERY.clear()
+    COMPLETIONS.clear()
+    silent = GoesSilent()
+    COMPLETIONS.append(silent)
+    processor = Processor(SOURCES, InMemoryClaims(300), silent, RecordingFailures())
+    assert await processor.run_ordered(row(1)) is Outcome.PROCESSED
+    silent.silent = True
+    # the lease (300 ms) counts as lost after 200 ms: the run ends then, its session given back
+    assert await asyncio.wait_for(processor.run_ordered(row(2)), 2) is Outcome.DEFERRED
+    async with asyncio.timeout(1):
+        async with silent.session():  # the one session is free again
+            pass
