@@ -12,7 +12,9 @@ connection in a transaction that first takes the key's turn
 (docs/design.md, "Exclusion"); its writes commit in the same transaction as
 the completion row, or not at all. So do the network calls a handler can do
 first before its first query: the connection is held from that query to
-the commit.
+the commit. An ordered row's handler that queries soon after it starts
+gets it opened as it starts, beside its own work (`open_early`,
+workers/claim/processor.py): a hot ordering key waits on each run.
 
 The queries a handler may send are asyncpg's `Connection` coroutines
 (`execute`, `fetch`, `fetchrow`, `fetchval`, `executemany`, the `copy_*`

@@ -16,7 +16,9 @@
    the lease is lost meanwhile. `ctx.db` is a transaction opened at the
    handler's first query (`workers.claim.handler_db`), which takes the key's turn
    (an advisory lock) first; a handler that never queries holds no
-   connection while it waits on the network. Insert the completion row —
+   connection while it waits on the network. An ordered row's opens as its
+   handler starts instead, beside the handler's work, when that handler's
+   last ordered run queried soon (OPEN_EARLY_SECONDS). Insert the completion row —
    refused unless our token is current — in that transaction, or in a
    statement of its own; it ends the lease in the same commit.
 3. Tell Redis the key is done (best effort), which also frees the lock.
