@@ -107,6 +107,7 @@ class Processor:
         failures: FailurePolicyPort,
         archive: ArchiveNotes = NO_NOTES,
         renewal_writers: int = 2,
+        open_early: int = 1,
     ):
         self._sources = sources
         self._handlers = load_handlers(sources)
@@ -120,6 +121,10 @@ class Processor:
         self._background: set[asyncio.Task] = set()  # ordered rows' done markers
         # per handler, seconds from its last ordered run's start to its first ctx.db query (inf: none)
         self._first_query_after: dict[str, float] = {}
+        # ordered rows' transactions opened early at most at once: each holds a session through its
+        # handler's work before its first query, which the others' lazy openings may be waiting for
+        self._open_early = open_early
+        self._opened_early = 0
 
     def runs(self, message: EventMessage) -> bool:
         """Whether a handler here runs `message`: its source's, or its route's
@@ -280,12 +285,21 @@ class Processor:
 
     async def _call_ordered(self, handler_db: HandlerTransaction, message: EventMessage) -> None:
         """`call_handler` for an ordered row: its `ctx.db` opened early when
-        its handler queried soon after starting last time (OPEN_EARLY_SECONDS)."""
+        its handler queried soon after starting last time (OPEN_EARLY_SECONDS),
+        and fewer than `open_early` rows' are (a hot key is one at a time;
+        many lanes of such a handler would hold the pool through their work)."""
         handler = handler_key(message.source, message.route)
         started = time.monotonic()
-        if self._first_query_after.get(handler, math.inf) <= OPEN_EARLY_SECONDS:
+        early = self._first_query_after.get(handler, math.inf) <= OPEN_EARLY_SECONDS
+        early = early and self._opened_early < self._open_early
+        if early:
+            self._opened_early += 1
             handler_db.open_early()
-        await self.call_handler(handler_db, message)
+        try:
+            await self.call_handler(handler_db, message)
+        finally:
+            if early:
+                self._opened_early -= 1
         first = handler_db.first_query_at
         self._first_query_after[handler] = math.inf if first is None else first - started
 

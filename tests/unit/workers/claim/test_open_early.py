@@ -71,6 +71,18 @@ async def test_once_a_handler_queried_soon_its_next_rows_turn_is_taken_before_it
     assert completions.turns == {}, "a turn outlived its transaction"
 
 
+async def test_no_more_rows_open_early_at_once_than_the_processor_allows(stores):
+    """Many lanes of such a handler would each hold a session through their
+    handlers' work: `open_early` (1 here) bounds them, the others open lazily."""
+    completions = InMemoryCompletions()  # sessions enough for all: only the bound holds them back
+    COMPLETIONS[:] = [completions]
+    processor = Processor(SOURCES, InMemoryClaims(300), completions, RecordingFailures(), open_early=1)
+    assert await processor.run_ordered(row(1)) is Outcome.PROCESSED
+    outcomes = await asyncio.gather(*(processor.run_ordered(row(seq, object=f"o{seq}")) for seq in (2, 3, 4)))
+    assert outcomes == [Outcome.PROCESSED] * 3
+    assert sorted(TURN_HELD_AT_FIRST_QUERY) == [False, False, False, True]
+
+
 async def test_a_turn_held_elsewhere_met_by_the_early_opening_defers_the_row_unwritten(stores):
     processor, completions = stores
     assert await processor.run_ordered(row(1)) is Outcome.PROCESSED
