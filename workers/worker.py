@@ -206,6 +206,7 @@ class Worker:
             ordered_failures,
             self.archive,
             renewal_writers=self.pool_sizes.renewals,
+            open_early=max(1, self.pool_sizes.transactions // 4),
         )
         return LaneRunner(
             lane_store,

@@ -12,7 +12,9 @@ connection in a transaction that first takes the key's turn
 (docs/design.md, "Exclusion"); its writes commit in the same transaction as
 the completion row, or not at all. So do the network calls a handler can do
 first before its first query: the connection is held from that query to
-the commit.
+the commit. An ordered row's handler that queries soon after it starts
+gets it opened as it starts, beside its own work (`open_early`,
+workers/claim/processor.py): a hot ordering key waits on each run.
 
 The queries a handler may send are asyncpg's `Connection` coroutines
 (`execute`, `fetch`, `fetchrow`, `fetchval`, `executemany`, the `copy_*`
@@ -23,6 +25,7 @@ prepared statement).
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -72,15 +75,40 @@ class HandlerTransaction:
         self._connection: Any = None  # once the turn is had
         self._session: Any = None  # from the moment one is acquired: what `terminate` closes
         self._returned = False
+        self._early: asyncio.Task | None = None  # opening ahead of the first query (`open_early`)
         self.turn_refused = False
         self.open_error: BaseException | None = None  # what opening the transaction raised (Postgres away)
+        self.first_query_at: float | None = None  # time.monotonic() of the handler's first use
 
     @property
     def opened(self) -> bool:
         return self._connection is not None
 
+    def open_early(self) -> None:
+        """Starts opening the transaction now, beside what the handler does
+        before its first query, instead of at that query: for a handler
+        known to query soon after it starts (a hot ordering key's, whose
+        rows wait on each run's latency: docs/design.md, "Ordering keys").
+        One try, no waiting on a full server: a failed or refused opening
+        is left to the first query to meet, as it would have (a turn held
+        elsewhere is `turn_refused` at once)."""
+        self._early = asyncio.create_task(self._open_once_early())
+
+    async def _open_once_early(self) -> None:
+        async with self._opening:
+            if self._returned or self._connection is not None or self.turn_refused:
+                return
+            try:
+                await self._open()
+            except TurnRefused:
+                pass  # turn_refused: the handler's first query, or its completion, says so
+            except Exception:  # noqa: BLE001 - the first query opens again, and meets what this met
+                self.open_error = None
+
     async def connection(self) -> asyncpg.Connection:
         """The connection in the handler's transaction, opened at the first call."""
+        if self.first_query_at is None:
+            self.first_query_at = time.monotonic()
         async with self._opening:
             if self._returned:
                 raise HandlerReturned(f"ctx.db of {self._key} used after its handler returned")
@@ -161,7 +189,13 @@ class HandlerTransaction:
         """Commits when the block succeeded, rolls back when it raised; the
         connection goes back to the pool either way."""
         self._returned = True
-        return await self._closing.__aexit__(*exc_info)
+        try:
+            if self._early is not None and not self._early.done():  # the block raised before it was needed
+                self._early.cancel()
+                await asyncio.wait([self._early])
+        finally:
+            closed = await self._closing.__aexit__(*exc_info)
+        return closed
 
     def is_closed(self) -> bool:
         """Whether the handler's queries lost their connection (or never got one)."""

@@ -16,7 +16,9 @@
    the lease is lost meanwhile. `ctx.db` is a transaction opened at the
    handler's first query (`workers.claim.handler_db`), which takes the key's turn
    (an advisory lock) first; a handler that never queries holds no
-   connection while it waits on the network. Insert the completion row —
+   connection while it waits on the network. An ordered row's opens as its
+   handler starts instead, beside the handler's work, when that handler's
+   last ordered run queried soon (OPEN_EARLY_SECONDS). Insert the completion row —
    refused unless our token is current — in that transaction, or in a
    statement of its own; it ends the lease in the same commit.
 3. Tell Redis the key is done (best effort), which also frees the lock.
@@ -30,6 +32,8 @@ worker waits for the service and runs the message again, no attempt used.
 
 import asyncio
 import contextlib
+import math
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from functools import partial
@@ -67,6 +71,10 @@ log = get_logger(__name__)
 DEFER_SECONDS = 1.0
 BUSY_RECHECKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.24)  # seconds, ~0.55 in all
 TURN_RECHECKS = (0.02, 0.05, 0.1, 0.2)  # seconds: a turn held in Postgres, before deferring
+# An ordered row's `ctx.db` opens as its handler starts, beside the handler's own work, when that
+# handler's last ordered run queried within this of starting: a hot key's rows wait on each run's
+# latency, and a connection held this long the more is cheap (docs/design.md, "Ordering keys").
+OPEN_EARLY_SECONDS = 0.02
 # Outcomes whose pass always wrote the key's done marker over our lock. Not
 # DUPLICATE: a copy of an attempt handed on, or a dead letter that found the
 # key completed meanwhile, writes none, so a DUPLICATE's lock is released —
@@ -109,6 +117,7 @@ class Processor:
         failures: FailurePolicyPort,
         archive: ArchiveNotes = NO_NOTES,
         renewal_writers: int = 2,
+        open_early: int = 1,
     ):
         self._sources = sources
         self._handlers = load_handlers(sources)
@@ -120,6 +129,12 @@ class Processor:
         self._lease_renewals = LeaseRenewals(completions, store.redlock.ttl_ms, renewal_writers)
         self._statements = CoalescedStatements(completions, store.redlock.ttl_ms)
         self._background: set[asyncio.Task] = set()  # ordered rows' done markers
+        # per handler, seconds from its last ordered run's start to its first ctx.db query (inf: none)
+        self._first_query_after: dict[str, float] = {}
+        # ordered rows' transactions opened early at most at once: each holds a session through its
+        # handler's work before its first query, which the others' lazy openings may be waiting for
+        self._open_early = open_early
+        self._opened_early = 0
 
     def runs(self, message: EventMessage) -> bool:
         """Whether a handler here runs `message`: its source's, or its route's
@@ -268,12 +283,35 @@ class Processor:
         with contextlib.ExitStack() as committing:  # the commit's span ends after the transaction's COMMIT
             async with handler_db:
                 with cancelled_when_lost(lease_keeper, handler_db):  # inside: a lost lease closes, never rolls back
-                    if not _stale(message):  # a stale ordered row completes unrun
+                    if message.ordered is not None:
+                        if not _stale(message):  # a stale ordered row completes unrun
+                            await self._call_ordered(handler_db, message)
+                    else:
                         await self.call_handler(handler_db, message)
                     lease_keeper.check()
                     committing.enter_context(tracing.span("commit", message))
                     if not await handler_db.complete(message, lease.token):
                         raise CompletionRefused()
+
+    async def _call_ordered(self, handler_db: HandlerTransaction, message: EventMessage) -> None:
+        """`call_handler` for an ordered row: its `ctx.db` opened early when
+        its handler queried soon after starting last time (OPEN_EARLY_SECONDS),
+        and fewer than `open_early` rows' are (a hot key is one at a time;
+        many lanes of such a handler would hold the pool through their work)."""
+        handler = handler_key(message.source, message.route)
+        started = time.monotonic()
+        early = self._first_query_after.get(handler, math.inf) <= OPEN_EARLY_SECONDS
+        early = early and self._opened_early < self._open_early
+        if early:
+            self._opened_early += 1
+            handler_db.open_early()
+        try:
+            await self.call_handler(handler_db, message)
+        finally:
+            if early:
+                self._opened_early -= 1
+        first = handler_db.first_query_at
+        self._first_query_after[handler] = math.inf if first is None else first - started
 
     async def _settle_unfinished(self, message: EventMessage, exc: Exception) -> Outcome | None:
         """What a pass that did not complete becomes; None for an outage or a bug."""

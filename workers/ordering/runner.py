@@ -16,9 +16,10 @@ left (docs/design.md, "Ordering keys").
   time): past its deadline it asks Postgres before it gives the lane up, and
   a lost lane cancels the row running (docs/design.md, "A lock that cannot
   be kept").
-- **Drains.** Pages of up to PAGE_ROWS rows in run order (`by` NULLS LAST,
-  seq), each through the unchanged per-event claim (`Processor.run_ordered`,
-  with `EventMessage.ordered`): its completion advances the lane in the
+- **Drains.** Pages of up to PAGE_ROWS rows (HOT_PAGE_ROWS after a full
+  one) in run order (`by` NULLS LAST, seq), each through the unchanged
+  per-event claim (`Processor.run_ordered`, with `EventMessage.ordered`,
+  its `ctx.db` opened early for a handler that queries soon): its completion advances the lane in the
   same commit, fenced by the lane's token. A row of a batchable handler
   goes first to `LaneHeads`: the heads of many lanes in one transaction
   (BatchProcessor.run_heads), falling back to its own pass when the batch
@@ -68,6 +69,9 @@ from .store import LaneStore, Page, PendingRow
 
 log = get_logger(__name__)
 PAGE_ROWS = 32
+# A lane whose last page was full (a hot key) reads its next ones this big, on a statement of its own:
+# three statements a page (the rows, their leases, their completions) spread over more rows.
+HOT_PAGE_ROWS = 128
 # Lanes offered while full, kept to be offered as slots free up: a burst of wake-ups then costs no
 # watchdog look per freed slot (each sorts the runnable lanes: ~2 ms of Postgres over 10,000).
 WAITING_LANES = 10_000
@@ -332,8 +336,9 @@ class LaneRunner:
         rule = source.ordering_for(route)
         hold = rule.hold_seconds if rule is not None else 0.0
         skip_stale = rule is not None and rule.stale == "skip"
+        size = PAGE_ROWS
         while not self._must_stop(source, keeper):
-            page: Page = await self._waiting_out_outages(lambda: self._statements.page(lane, token, hold))
+            page: Page = await self._waiting_out_outages(partial(self._page, lane, token, hold, size))
             if not page.ours:
                 return True  # taken by another, or gone: nothing of ours to let go
             if page.due_in is not None and page.due_in > 0:  # held: let go until its hold is over
@@ -342,12 +347,20 @@ class LaneRunner:
                 let_go = await self._run_page(lane, token, source, route, page, skip_stale, keeper)
                 if let_go is not None:
                     return let_go
-            if len(page.rows) < PAGE_ROWS and not self._must_stop(source, keeper):  # all there was: let go if idle
+            if len(page.rows) < size and not self._must_stop(source, keeper):  # all there was: let go if idle
                 idle = await self._waiting_out_outages(lambda: self._statements.release_if_idle(lane, token))
                 if idle.released or not idle.ours:
                     return True
                 # an insert committed meanwhile: the next page
+            size = HOT_PAGE_ROWS if len(page.rows) >= size else PAGE_ROWS
         return False
+
+    async def _page(self, lane: str, token: int, hold: float, size: int) -> Page:
+        """The lane's next page: PAGE_ROWS rows in a statement shared with other lanes' pages, or
+        a hot lane's `size`, in its own."""
+        if size == PAGE_ROWS:
+            return await self._statements.page(lane, token, hold)
+        return await self._store.page(lane, token, size, hold)
 
     async def _run_page(
         self, lane: str, token: int, source: Source, route: str, page: Page, skip_stale: bool, keeper: Keeper
@@ -459,26 +472,30 @@ class LaneRunner:
                 return await self._pages.run_leased(message, lease, completed_sha256)
             return await self._run(message)
 
-        running: asyncio.Future[Outcome] = asyncio.ensure_future(
-            tracing.within(message, self._until_done(run, message))
-        )
+        # run in this task, not one of its own: a hot lane's rows wait on each run's latency, and a
+        # task's start and end are loop turns on it; the lane lost cancels this task, told apart
+        # from other cancellations (a stop past its grace) as lease.cancelled_when_lost tells them
+        task = asyncio.current_task()
+        assert task is not None
+        lost = False
 
         def cancel() -> None:
-            running.cancel()
+            nonlocal lost
+            lost = True
+            task.cancel()
 
         unregister = keeper.when_lost(cancel)
         try:
-            outcome = await asyncio.shield(running)
+            outcome = await tracing.within(message, self._until_done(run, message))
         except asyncio.CancelledError:
-            if not running.cancelled():
-                running.cancel()  # we are cancelled (a stop past its grace): so is the row
-                with contextlib.suppress(BaseException):
-                    await running
-                raise
+            if not lost or task.uncancel() > 0:
+                raise  # someone else cancels us too (a stop past its grace): let it through
             log.warning("lane_lost_row_cancelled", lane=message.ordered.lane, seq=message.ordered.seq)
             return None
         finally:
             unregister()
+        if lost:  # the row ended as the lane was lost, before the cancellation reached it
+            task.uncancel()
         self._settled(message, outcome, started)
         return outcome
 
