@@ -8,7 +8,8 @@ the steps that do not depend on one another are done for the whole batch:
 1. one pipelined `SET NX` per Redis master claims every key;
 2. one statement takes every acquired key's lease (and fencing token);
 3. one transaction takes the leased keys' turns in one statement, reads
-   which are completed in another, runs every handler in key order (a
+   which are completed in another, runs the handlers, each handler's events
+   in key order and the handlers in the order of their first event (a
    handler's batch form, `handle.batch`, once for all its events), then
    inserts every completion row in one statement (each still refused
    unless its token is current), and commits;
