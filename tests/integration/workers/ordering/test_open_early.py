@@ -95,3 +95,52 @@ async def test_a_turn_held_elsewhere_when_the_early_opening_asks_defers_the_row_
     await pool.execute("UPDATE ordering_keys SET ready_at = NULL")  # the deferral's second, not waited out
     await drain(pool, sources, processor)
     assert [row["key"] for row in await pool.fetch("SELECT key FROM early_runs ORDER BY id")] == [first, second]
+
+
+CALLS_TABLE = "CREATE TABLE early_calls (id bigserial PRIMARY KEY, key text NOT NULL)"
+
+
+async def query_or_call(event, ctx) -> None:
+    """An odd version writes through ctx.db at once; an even one only calls the outside world
+    (a row in `early_calls` through the test's pool: a payment API's charge), no ctx.db."""
+    if event.payload["version"] % 2:
+        await ctx.db.execute("INSERT INTO early_runs (key, turn_before_query) VALUES ($1, false)", event.key)
+    else:
+        await LOCKS[0].execute("INSERT INTO early_calls (key) VALUES ($1)", event.key)
+        await asyncio.sleep(0.2)  # the API's answer: longer than the early opening takes
+
+
+@pytest.fixture
+def mixed_processor(tmp_path, claims, pool, monkeypatch):
+    path = tmp_path / "mixed.toml"
+    path.write_text(
+        '[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\nmax_attempts = 5\nretry_delays = [30]\n'
+        'handler = "tests.integration.workers.ordering.test_open_early:query_or_call"\n'
+        '[sources.acme.ordering]\nkey = "body:object"\n'
+    )
+    sources = load_sources(str(path))
+    monkeypatch.setattr(claim_processor, "OPEN_EARLY_SECONDS", 5.0)  # row 1's query is soon, however loaded
+    LOCKS[:] = [pool]
+    policy = OrderedFailurePolicy(LaneStore(pool), FailurePolicy(None, pool, "unused"))
+    return sources, Processor(sources, claims, CompletionStore(pool), policy)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an early opening's refused turn defers a row whose handler never queried: its call runs twice",
+)
+async def test_a_refused_early_turn_does_not_defer_a_handler_that_never_queried(mixed_processor, pool):
+    """Row 1 queries at once, so row 2's ctx.db opens early; row 2's handler only calls out. A
+    stale holder holds row 2's turn: opened at its first query, row 2 would never have asked for
+    it and completed alone, its call made once. The early opening's refusal must not undo that."""
+    sources, processor = mixed_processor
+    await pool.execute(CALLS_TABLE)
+    _, second = await accept(pool, (1, 2))
+    outcomes: list[Outcome] = []
+    async with pool.acquire() as other, other.transaction():
+        await other.fetchval("SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))", second)
+        await drain(pool, sources, processor, lambda _event, outcome, _started: outcomes.append(outcome))
+    await pool.execute("UPDATE ordering_keys SET ready_at = NULL")  # a deferral's second, not waited out
+    await drain(pool, sources, processor, lambda _event, outcome, _started: outcomes.append(outcome))
+    assert [row["key"] for row in await pool.fetch("SELECT key FROM early_calls ORDER BY id")] == [second]
+    assert outcomes == [Outcome.PROCESSED, Outcome.PROCESSED]
