@@ -84,6 +84,14 @@ class HandlerTransaction:
     def opened(self) -> bool:
         return self._connection is not None
 
+    @property
+    def queries_refused(self) -> bool:
+        """Whether the handler's queries met a turn held elsewhere. An early
+        opening refused while the handler never queried is not: opened at
+        its first query, it would never have asked for the turn, and its
+        run completes alone as it would have (its calls made once)."""
+        return self.turn_refused and self.first_query_at is not None
+
     def open_early(self) -> None:
         """Starts opening the transaction now, beside what the handler does
         before its first query, instead of at that query: for a handler
@@ -101,7 +109,7 @@ class HandlerTransaction:
             try:
                 await self._open()
             except TurnRefused:
-                pass  # turn_refused: the handler's first query, or its completion, says so
+                pass  # turn_refused: the handler's first query says so (none: it completes alone)
             except Exception:  # noqa: BLE001 - the first query opens again, and meets what this met
                 self.open_error = None
 

@@ -125,10 +125,6 @@ def mixed_processor(tmp_path, claims, pool, monkeypatch):
     return sources, Processor(sources, claims, CompletionStore(pool), policy)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an early opening's refused turn defers a row whose handler never queried: its call runs twice",
-)
 async def test_a_refused_early_turn_does_not_defer_a_handler_that_never_queried(mixed_processor, pool):
     """Row 1 queries at once, so row 2's ctx.db opens early; row 2's handler only calls out. A
     stale holder holds row 2's turn: opened at its first query, row 2 would never have asked for
