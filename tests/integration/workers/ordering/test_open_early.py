@@ -140,3 +140,48 @@ async def test_a_refused_early_turn_does_not_defer_a_handler_that_never_queried(
     await drain(pool, sources, processor, lambda _event, outcome, _started: outcomes.append(outcome))
     assert [row["key"] for row in await pool.fetch("SELECT key FROM early_calls ORDER BY id")] == [second]
     assert outcomes == [Outcome.PROCESSED, Outcome.PROCESSED]
+
+
+async def query_or_hang(event, ctx) -> None:
+    """An odd version writes through ctx.db at once; an even one waits on the network for ever."""
+    if event.payload["version"] % 2:
+        await ctx.db.execute("INSERT INTO early_runs (key, turn_before_query) VALUES ($1, false)", event.key)
+    else:
+        await asyncio.sleep(3600)
+
+
+ADVISORY_HELD = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+async def test_a_stop_past_its_grace_mid_handler_leaves_no_early_turn_nor_session_behind(
+    tmp_path, claims, pool, monkeypatch
+):
+    path = tmp_path / "hang.toml"
+    path.write_text(
+        '[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\nmax_attempts = 5\nretry_delays = [30]\n'
+        'handler = "tests.integration.workers.ordering.test_open_early:query_or_hang"\n'
+        '[sources.acme.ordering]\nkey = "body:object"\n'
+    )
+    sources = load_sources(str(path))
+    monkeypatch.setattr(claim_processor, "OPEN_EARLY_SECONDS", 5.0)
+    policy = OrderedFailurePolicy(LaneStore(pool), FailurePolicy(None, pool, "unused"))
+    processor = Processor(sources, claims, CompletionStore(pool), policy)
+    first, second = await accept(pool, (1, 2))
+    runner = LaneRunner(
+        LaneStore(pool), processor.run_ordered, sources, set(), "w1", 4, 30_000, lambda *_: None, pages=processor
+    )
+    runner.offer("acme:a")
+    async with asyncio.timeout(10):
+        while not await pool.fetchval(ADVISORY_HELD):  # row 2's early opening holds its turn
+            await asyncio.sleep(0.02)
+    await runner.stop(0.3)
+    assert await pool.fetchval(ADVISORY_HELD) == 0
+    assert [row["key"] for row in await pool.fetch("SELECT key FROM processed_events")] == [first]
+    assert await pool.fetchval("SELECT count(*) FROM ordered_events") == 1  # row 2 waits, unrun
+    async with asyncio.timeout(5):  # every session back in the pool, none in a transaction
+        async with pool.acquire() as a, pool.acquire() as b, pool.acquire() as c:
+            for connection in (a, b, c):
+                assert not connection.is_in_transaction()
