@@ -169,13 +169,13 @@ async def test_a_stop_past_its_grace_mid_handler_leaves_no_early_turn_nor_sessio
     monkeypatch.setattr(claim_processor, "OPEN_EARLY_SECONDS", 5.0)
     policy = OrderedFailurePolicy(LaneStore(pool), FailurePolicy(None, pool, "unused"))
     processor = Processor(sources, claims, CompletionStore(pool), policy)
-    first, second = await accept(pool, (1, 2))
+    first, _ = await accept(pool, (1, 2))
     runner = LaneRunner(
         LaneStore(pool), processor.run_ordered, sources, set(), "w1", 4, 30_000, lambda *_: None, pages=processor
     )
     runner.offer("acme:a")
     async with asyncio.timeout(10):
-        while not await pool.fetchval(ADVISORY_HELD):  # row 2's early opening holds its turn
+        while not await pool.fetchval(ADVISORY_HELD):  # noqa: ASYNC110 - row 2's early turn, polled in pg_locks
             await asyncio.sleep(0.02)
     await runner.stop(0.3)
     assert await pool.fetchval(ADVISORY_HELD) == 0
