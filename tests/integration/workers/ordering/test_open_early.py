@@ -5,6 +5,7 @@ row's effect once and in order, and a key's turn held elsewhere still
 defers the row unwritten."""
 
 import asyncio
+import contextlib
 
 import asyncpg
 import pytest
@@ -185,3 +186,53 @@ async def test_a_stop_past_its_grace_mid_handler_leaves_no_early_turn_nor_sessio
         async with pool.acquire() as a, pool.acquire() as b, pool.acquire() as c:
             for connection in (a, b, c):
                 assert not connection.is_in_transaction()
+
+
+@pytest.mark.xfail(
+    strict=True, reason="an early opening waiting on a full pool holds back a handler's completion that needs none"
+)
+async def test_a_handler_that_never_queries_completes_while_the_early_opening_waits_on_a_full_pool(
+    tmp_path, database, claims, pool, monkeypatch
+):
+    """Row 1 queries at once, so row 2's ctx.db opens early; row 2's handler only calls out. The
+    transaction pool is full (unordered runs' transactions): opened at its first query, row 2
+    would never have asked for a session and completed alone, in a statement of the other pool."""
+    path = tmp_path / "mixed.toml"
+    path.write_text(
+        '[sources.acme]\nscheme = "hmac-sha256"\nsecrets = ["s"]\nmax_attempts = 5\nretry_delays = [30]\n'
+        'handler = "tests.integration.workers.ordering.test_open_early:query_or_call"\n'
+        '[sources.acme.ordering]\nkey = "body:object"\n'
+    )
+    sources = load_sources(str(path))
+    monkeypatch.setattr(claim_processor, "OPEN_EARLY_SECONDS", 5.0)  # row 1's query is soon, however loaded
+    LOCKS[:] = [pool]
+    await pool.execute(CALLS_TABLE)
+    transactions = await asyncpg.create_pool(database, min_size=1, max_size=1)
+    try:
+        policy = OrderedFailurePolicy(LaneStore(pool), FailurePolicy(None, pool, "unused"))
+        processor = Processor(sources, claims, CompletionStore(pool, transactions=transactions), policy)
+        await accept(pool, (1,))
+        await drain(pool, sources, processor)
+        async with transactions.acquire() as held, held.transaction():  # an unordered run's, for seconds
+            (second,) = await accept(pool, (2,))
+            runner = LaneRunner(
+                LaneStore(pool),
+                processor.run_ordered,
+                sources,
+                set(),
+                "w1",
+                4,
+                30_000,
+                lambda *_: None,
+                pages=processor,
+            )
+            runner.offer("acme:a")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(3):
+                    while runner.held():  # noqa: ASYNC110 - the runner has no event to wait on: polled
+                        await asyncio.sleep(0.02)
+            done = await pool.fetchval("SELECT count(*) FROM processed_events WHERE key = $1", second)
+            await runner.stop(0.1)
+        assert done == 1
+    finally:
+        await transactions.close()
