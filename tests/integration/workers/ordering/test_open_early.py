@@ -188,9 +188,6 @@ async def test_a_stop_past_its_grace_mid_handler_leaves_no_early_turn_nor_sessio
                 assert not connection.is_in_transaction()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="an early opening waiting on a full pool holds back a handler's completion that needs none"
-)
 async def test_a_handler_that_never_queries_completes_while_the_early_opening_waits_on_a_full_pool(
     tmp_path, database, claims, pool, monkeypatch
 ):
