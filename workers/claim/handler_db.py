@@ -84,6 +84,14 @@ class HandlerTransaction:
     def opened(self) -> bool:
         return self._connection is not None
 
+    @property
+    def queries_refused(self) -> bool:
+        """Whether the handler's queries met a turn held elsewhere. An early
+        opening refused while the handler never queried is not: opened at
+        its first query, it would never have asked for the turn, and its
+        run completes alone as it would have (its calls made once)."""
+        return self.turn_refused and self.first_query_at is not None
+
     def open_early(self) -> None:
         """Starts opening the transaction now, beside what the handler does
         before its first query, instead of at that query: for a handler
@@ -101,7 +109,7 @@ class HandlerTransaction:
             try:
                 await self._open()
             except TurnRefused:
-                pass  # turn_refused: the handler's first query, or its completion, says so
+                pass  # turn_refused: the handler's first query says so (none: it completes alone)
             except Exception:  # noqa: BLE001 - the first query opens again, and meets what this met
                 self.open_error = None
 
@@ -173,6 +181,7 @@ class HandlerTransaction:
         """The completion row: in the handler's transaction when it has one,
         else in a statement of its own. False when refused (a stale token, or
         completed meanwhile)."""
+        await self._give_up_unused_early()
         async with self._opening:  # a query of a task the handler left running waits for this, then is refused
             self._returned = True
         if self.open_error is not None:  # the handler went on without the writes it tried
@@ -181,6 +190,16 @@ class HandlerTransaction:
             # a new statement session a full server refuses: waited out here, the handler's calls made
             return await when_let_in(lambda: self._complete_alone(message, token), self._key)
         return await self._completions.complete_event(self._connection, message, token)
+
+    async def _give_up_unused_early(self) -> None:
+        """An early opening still waiting for a session (a full pool: other
+        runs' transactions) when its handler returned without a query is
+        given up: opened at its first query, the run would never have asked
+        for one, and completes alone without waiting on that pool."""
+        early = self._early
+        if early is not None and not early.done() and self.first_query_at is None and self._session is None:
+            early.cancel()
+            await asyncio.wait([early])
 
     async def __aenter__(self) -> "HandlerTransaction":
         return self

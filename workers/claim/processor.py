@@ -422,7 +422,7 @@ class Processor:
             # the handler's own: it awaited a future another task cancelled — a failure like any other
             raise HandlerFailed() from exc
         except Exception as exc:
-            if getattr(db, "turn_refused", False):
+            if getattr(db, "queries_refused", False):
                 raise TurnTaken() from exc  # whatever the handler made of TurnRefused
             opening = getattr(db, "open_error", None)
             if opening is not None and outage_kind(opening) is not None:
@@ -433,7 +433,7 @@ class Processor:
             if outage_kind(exc, in_handler=True) and db.is_closed():
                 raise  # ctx.db lost its connection: Postgres is away, not the handler's fault
             raise HandlerFailed() from exc
-        if getattr(db, "turn_refused", False):
+        if getattr(db, "queries_refused", False):
             raise TurnTaken()  # the handler swallowed TurnRefused: it must not complete
 
     async def completed(self, message: EventMessage, completed_sha256: str, redis_knows: bool = False) -> Outcome:

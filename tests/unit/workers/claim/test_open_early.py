@@ -86,12 +86,25 @@ async def test_no_more_rows_open_early_at_once_than_the_processor_allows(stores)
 async def test_a_turn_held_elsewhere_met_by_the_early_opening_defers_the_row_unwritten(stores):
     processor, completions = stores
     assert await processor.run_ordered(row(1)) is Outcome.PROCESSED
-    for seq, body in ((2, {}), (3, {"query": False})):  # refused at its first query; or at its return, unqueried
-        message = row(seq, **body)
-        completions.turns[message.key] = Session()  # another run's transaction holds the key's turn
-        assert await processor.run_ordered(message) is Outcome.DEFERRED
-        assert message.key not in completions.completions
-        del completions.turns[message.key]
+    message = row(2)  # refused at its first query
+    completions.turns[message.key] = Session()  # another run's transaction holds the key's turn
+    assert await processor.run_ordered(message) is Outcome.DEFERRED
+    assert message.key not in completions.completions
+    del completions.turns[message.key]
+    assert completions.turns == {}
+
+
+async def test_a_turn_refused_early_to_a_handler_that_never_queries_completes_it_alone(stores):
+    """Opened at its first query, as before, such a handler never asks for the
+    turn: its run completes alone, its calls made once, not deferred to be
+    made again (tests/integration/workers/ordering/test_open_early.py)."""
+    processor, completions = stores
+    assert await processor.run_ordered(row(1)) is Outcome.PROCESSED
+    message = row(3, query=False)
+    completions.turns[message.key] = Session()
+    assert await processor.run_ordered(message) is Outcome.PROCESSED
+    assert message.key in completions.completions
+    del completions.turns[message.key]
     assert completions.turns == {}
 
 
