@@ -5,6 +5,8 @@ drawn from the seed without changing what it drew before."""
 
 from collections import Counter
 
+import pytest
+
 from tests.chaos.applied import Applied
 from tests.chaos.checks import Verdict
 from tests.chaos.downstream import Call
@@ -162,3 +164,24 @@ def test_what_issue_35_draws_leaves_the_seeds_earlier_plan_as_it_was():
     kinds = Counter(fault.action for fault in plan.faults)
     assert kinds["replay"] == 1 and kinds["dlq-replay"] == 1 and kinds["hog"] >= 1
     assert all(0.5 <= fault.seconds <= 3.6 for fault in plan.faults if fault.action == "pause")
+
+
+@pytest.mark.xfail(strict=True, reason="the pause explains a repeat only when another process made the later call")
+def test_a_woken_holder_refused_its_lease_may_call_again_when_the_key_comes_back_to_it():
+    """Two fresh-clone CIs of seed 7 with routes (00:09, 00:18 UTC, 2026-11-30): worker 2 stopped
+    2.4 s at a 3 s TTL (its last renewal up to 1 s before), another worker took the lapsed key, the
+    woken handler's call landed 76 ms before Postgres's refusal came back (design.md's stated
+    limit), and the key, its taker deferred, came back to worker 2, whose next run called again."""
+    paused = Applied("pause", 34.94, 37.34, worker=2, pid=THIRD)
+    refused = {(THIRD, KEY): [GaveUp(37.45, "refused")]}
+    runs = _runs((THIRD, 34.00), (SECOND, 36.50), (THIRD, 38.70))
+    kinds, tally = _judged(_called((THIRD, 37.43), (THIRD, 38.81)), runs, [paused], gave_up=refused)
+    assert kinds == [] and tally.calls_repeated == Counter({"pause": 1})
+
+
+def test_a_woken_holder_s_own_later_call_without_a_take_is_still_a_violation():
+    paused = Applied("pause", 34.94, 37.34, worker=2, pid=THIRD)
+    refused = {(THIRD, KEY): [GaveUp(37.45, "refused")]}
+    runs = _runs((THIRD, 34.00), (THIRD, 38.70))  # no other process's run: no take in the record
+    kinds, _ = _judged(_called((THIRD, 37.43), (THIRD, 38.81)), runs, [paused], gave_up=refused)
+    assert kinds == ["call repeated after a lease given up"]
