@@ -28,8 +28,10 @@ the woken caller's log says so: it gave the key's lease up because
 Postgres refused it (`lease_lost_handler_cancelled`, `lost=refused`:
 another run had taken it), within that TTL, and a run of the key by
 another process began between the pause's start and that refusal — the
-take it was refused for. A lease given up unanswered (`lost=unanswered`)
-explains nothing: no one had taken the key.
+take it was refused for. The same holds when the woken caller's own
+later run made the other call (the taker deferred, the key came back to it).
+A lease given up unanswered (`lost=unanswered`) explains nothing: no one had
+taken the key.
 
 **Handler re-runs (counted).** A run of an attempt that already ran (the
 `chaos_runs` intervals: same key, same attempt number) is a re-run; each
@@ -166,6 +168,15 @@ def _call_repeated_by(
         if fault.action == "cut" and fault.service == "postgres" and fault.touches(earlier.pid, begun, later.started):
             return "cut postgres"
     for fault in applied:
+        if fault.action == "pause" and earlier.pid == later.pid == fault.pid:
+            # woken, it called before its refusal came back; the key, taken meanwhile, came back to it
+            refusals = (gave_up or {}).get((earlier.pid, key), [])
+            if (
+                _run_start(earlier, runs) < fault.ended
+                and earlier.started < fault.ended + PAUSE_SLACK_SECONDS
+                and _taken_while_stopped(fault, earlier.pid, _run_start(later, runs), runs, refusals, lock_ttl)
+            ):
+                return "pause"
         if fault.action == "pause" and earlier.pid != later.pid and fault.pid in (earlier.pid, later.pid):
             woken, other = (earlier, later) if fault.pid == earlier.pid else (later, earlier)
             refusals = (gave_up or {}).get((woken.pid, key), [])

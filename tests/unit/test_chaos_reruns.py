@@ -5,8 +5,6 @@ drawn from the seed without changing what it drew before."""
 
 from collections import Counter
 
-import pytest
-
 from tests.chaos.applied import Applied
 from tests.chaos.checks import Verdict
 from tests.chaos.downstream import Call
@@ -166,7 +164,6 @@ def test_what_issue_35_draws_leaves_the_seeds_earlier_plan_as_it_was():
     assert all(0.5 <= fault.seconds <= 3.6 for fault in plan.faults if fault.action == "pause")
 
 
-@pytest.mark.xfail(strict=True, reason="the pause explains a repeat only when another process made the later call")
 def test_a_woken_holder_refused_its_lease_may_call_again_when_the_key_comes_back_to_it():
     """Two fresh-clone CIs of seed 7 with routes (00:09, 00:18 UTC, 2026-11-30): worker 2 stopped
     2.4 s at a 3 s TTL (its last renewal up to 1 s before), another worker took the lapsed key, the
