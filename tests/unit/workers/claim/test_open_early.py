@@ -16,6 +16,7 @@ from tests.support.events import make_event
 from tests.support.in_memory import InMemoryClaims, InMemoryCompletions, RecordingFailures, Session
 from webhook_ingest.shared.event import OrderedStep
 from webhook_ingest.shared.sources.model import parse_source
+from webhook_ingest.workers.claim import processor as claim_processor
 from webhook_ingest.workers.claim.processor import Processor
 from webhook_ingest.workers.claim.states import Outcome
 
@@ -62,7 +63,8 @@ def row(seq: int, **body):
     return dataclasses.replace(event, ordered=OrderedStep(lane="acme:o1", seq=seq, token=1, by=None))
 
 
-async def test_once_a_handler_queried_soon_its_next_rows_turn_is_taken_before_its_first_query(stores):
+async def test_once_a_handler_queried_soon_its_next_rows_turn_is_taken_before_its_first_query(stores, monkeypatch):
+    monkeypatch.setattr(claim_processor, "OPEN_EARLY_SECONDS", 5.0)  # row 1's query is soon, however loaded
     processor, completions = stores
     for seq in (1, 2, 3):
         assert await processor.run_ordered(row(seq)) is Outcome.PROCESSED
