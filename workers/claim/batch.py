@@ -163,28 +163,12 @@ class BatchProcessor:
         if not locks:
             return {}
         order = sorted(locks, key=lambda i: messages[i].key)
-        leases: dict[str, Lease] = {}
         passed = None
-        try:
-            async with self._completions.session() as connection:
-                with tracing.spans("lease", [messages[i] for i in order]):
-                    leases = await self._completions.take_leases(
-                        connection, _keys(messages, order), self._store.redlock.ttl_ms
-                    )
-                handed_on = [
-                    i
-                    for i in order
-                    if messages[i].key in leases and already_handed_on(messages[i], leases[messages[i].key].handed_on)
-                ]
-                leased = [i for i in order if messages[i].key in leases and i not in handed_on]
-                lease_keepers = [self._processor.lease_keeper(list(leases.values()))] if leases else []
-                async with kept_alive(lease_keepers):  # none when every key is leased elsewhere
-                    passed = (
-                        await self._commit(connection, messages, leased, leases, lease_keepers[0]) if leased else None
-                    )
-        finally:
-            completed_now = set() if passed is None else {messages[i].key for i in passed[0]}
-            await self._completions.release_leases([lease for key, lease in leases.items() if key not in completed_now])
+        # a key another run here holds is not asked for (`workers.claim.in_flight`): it goes alone below
+        with self._processor.in_flight.running_free(_keys(messages, order)) as free:
+            if free:
+                ours = set(free)
+                passed = await self._lease_and_commit(messages, [i for i in order if messages[i].key in ours])
         if passed is None:  # rolled back, or nothing leased: each on its own, still under its lock
             settled = await _all(
                 *(
@@ -193,8 +177,8 @@ class BatchProcessor:
                 )
             )
             return dict(zip(order, settled))
-        fresh, completed, busy = passed
-        busy += [i for i in order if messages[i].key not in leases]
+        fresh, completed, busy, handed_on = passed
+        busy += [i for i in order if messages[i].key not in ours]
         outcomes = {i: Outcome.PROCESSED for i in fresh}
         outcomes.update({i: Outcome.DUPLICATE for i in handed_on})  # copies of an attempt already run
         for i in [*fresh, *handed_on, *completed]:
@@ -211,6 +195,38 @@ class BatchProcessor:
         )
         outcomes.update(zip(busy, settled))
         return outcomes
+
+    async def _lease_and_commit(self, messages: list[EventMessage], asked: list[int]) -> tuple | None:
+        """Step 2 for `asked` (in key order), then `_commit`; every lease a
+        completion did not end is given back. Returns `_commit`'s answer, its
+        busy joined by the keys leased elsewhere, and the copies of an attempt
+        already run; None when it rolled back or nothing was leased."""
+        leases: dict[str, Lease] = {}
+        passed = None
+        try:
+            async with self._completions.session() as connection:
+                with tracing.spans("lease", [messages[i] for i in asked]):
+                    leases = await self._completions.take_leases(
+                        connection, _keys(messages, asked), self._store.redlock.ttl_ms
+                    )
+                handed_on = [
+                    i
+                    for i in asked
+                    if messages[i].key in leases and already_handed_on(messages[i], leases[messages[i].key].handed_on)
+                ]
+                leased = [i for i in asked if messages[i].key in leases and i not in handed_on]
+                lease_keepers = [self._processor.lease_keeper(list(leases.values()))] if leases else []
+                async with kept_alive(lease_keepers):  # none when every key is leased elsewhere
+                    passed = (
+                        await self._commit(connection, messages, leased, leases, lease_keepers[0]) if leased else None
+                    )
+        finally:
+            completed_now = set() if passed is None else {messages[i].key for i in passed[0]}
+            await self._completions.release_leases([lease for key, lease in leases.items() if key not in completed_now])
+        if passed is None:
+            return None
+        fresh, completed, busy = passed
+        return fresh, completed, busy + [i for i in asked if messages[i].key not in leases], handed_on
 
     async def _commit(
         self,

@@ -60,6 +60,7 @@ from .attempts import already_handed_on
 from .coalesced import CoalescedStatements
 from .handler_db import HandlerTransaction
 from .idempotency import Claim, quietly
+from .in_flight import KeysInFlight
 from .lease import Keeper, Lease, LockLost, cancelled_when_lost, kept_alive
 from .ports import CompletionStorePort, FailurePolicyPort, IdempotencyStorePort
 from .redlock import Lock
@@ -129,6 +130,7 @@ class Processor:
         self._lease_renewals = LeaseRenewals(completions, store.redlock.ttl_ms, renewal_writers)
         self._statements = CoalescedStatements(completions, store.redlock.ttl_ms)
         self._background: set[asyncio.Task] = set()  # ordered rows' done markers
+        self.in_flight = KeysInFlight()  # a copy of a key run here waits for that run, not for Postgres
         # per handler, seconds from its last ordered run's start to its first ctx.db query (inf: none)
         self._first_query_after: dict[str, float] = {}
         # ordered rows' transactions opened early at most at once: each holds a session through its
@@ -229,6 +231,15 @@ class Processor:
         return outcome
 
     async def _run(
+        self, message: EventMessage, leased: Lease | None = None, completed_sha256: str | None = None
+    ) -> Outcome:
+        """`_run_alone`, once no other run of the key in this process is
+        (`workers.claim.in_flight`: a stall must not hand a run's lapsed
+        lease to its own copy)."""
+        async with self.in_flight.running(message.key):
+            return await self._run_alone(message, leased, completed_sha256)
+
+    async def _run_alone(
         self, message: EventMessage, leased: Lease | None = None, completed_sha256: str | None = None
     ) -> Outcome:
         """Step 2 and 3, under a Redis lock already kept alive (or none).

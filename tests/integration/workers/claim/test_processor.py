@@ -144,7 +144,6 @@ async def test_a_completion_committed_while_we_waited_for_the_lease_is_seen(sour
     assert CALLS == []
 
 
-@pytest.mark.xfail(strict=True, reason="a copy takes the lapsed lease before its holder's renewal")
 async def test_a_stall_past_the_lease_lets_no_copy_in_the_process_take_the_key(
     sources, namespace, redis_cleanup, database
 ):
