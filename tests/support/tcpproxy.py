@@ -34,6 +34,7 @@ class TcpProxy:
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()  # (client, upstream)
         self._orphaned: set[asyncio.StreamWriter] = set()  # client sides never told their peer is gone
         self._held = 0  # chunks read while stalled, not forwarded yet
+        self._connections = 0  # accepted, ever
         self._cuts = 0
 
     def url_for(self, url: str) -> str:
@@ -66,6 +67,12 @@ class TcpProxy:
         """Chunks stall() keeps back: something a client sent into the black
         hole (a statement waiting for its answer)."""
         return self._held
+
+    def connections(self) -> int:
+        """Connections accepted since start, forwarded or not: while
+        stalled, each is a client waiting its timeout for an answer that
+        does not come."""
+        return self._connections
 
     def orphan(self) -> None:
         """A partition that outlasted the server's keepalives, then healed:
@@ -107,6 +114,7 @@ class TcpProxy:
         ours from here, before any task of it runs — one cancelled before its
         first step never reaches its own `finally`."""
         self._made.add(client_writer)
+        self._connections += 1
         if cuts != self._cuts or self._stopping:  # accepted by a listener since closed
             client_writer.transport.abort()
             return

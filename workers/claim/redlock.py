@@ -9,7 +9,9 @@ also carry the idempotency claim. The algorithm is ~100 lines:
   holds the key when we lose ("done:<sha256>" once completed, or another
   "lock:…"). The lock is ours when a majority (N//2+1) said yes within its
   validity: ttl minus the time acquiring took minus a clock drift allowance
-  (1 % of ttl + 2 ms). Otherwise the masters we did win are released.
+  (1 % of ttl + 2 ms). Otherwise the masters we did win are released (a
+  batch's keys in one pipeline per master; a master that did not answer is
+  left to the TTL: docs/design.md#redis-unreachable).
 - extend: a compare-and-pexpire script, while the handler runs (a worker's
   renewals of one moment pipelined together: workers/claim/renewals.py).
 - release: a compare-and-delete script, so we never delete a lock that
@@ -78,7 +80,8 @@ class Redlock:
         started = time.monotonic()
         per_master = await asyncio.gather(*(self._set_nx_pipeline(c, keys, values) for c in self.clients))
         validity = self.ttl_ms / 1000 - (time.monotonic() - started) - self._drift()
-        results, partial = [], []
+        results: list[AcquireResult] = []
+        given_back: list[list[Lock]] = [[] for _ in self.clients]  # per master: ours there, not won overall
         for index, (key, value) in enumerate(zip(keys, values)):
             replies = [master[index] for master in per_master]
             answers = [reply for reply in replies if not isinstance(reply, BaseException)]
@@ -86,10 +89,23 @@ class Redlock:
             if won >= self.quorum and validity > 0:
                 results.append(AcquireResult(Lock(key, value, started + validity), reachable=len(answers)))
                 continue
-            if won:
-                partial.append(Lock(key, value, 0))
+            for locks, reply in zip(given_back, replies):
+                if reply is None:
+                    locks.append(Lock(key, value, 0))
             results.append(AcquireResult(holder_value=_holder(answers), reachable=len(answers)))
-        await asyncio.gather(*(self.release(lock) for lock in partial))
+        # Given back in one pipeline per master that set some, not a call
+        # per key and master: with two masters hung every key is won on the
+        # third alone, and a batch's callers waited on hundreds of
+        # connections, each into a hung master a socket timeout. A master
+        # that did not answer is sent nothing: its copy lasts the TTL at
+        # most (docs/design.md#redis-unreachable).
+        await asyncio.gather(
+            *(
+                self._script_pipeline(client, script, locks)
+                for client, script, locks in zip(self.clients, self._release, given_back)
+                if locks
+            )
+        )
         return results
 
     async def _set_nx_pipeline(self, client: redis.Redis, keys: list[str], values: list[str]) -> list:
@@ -115,7 +131,10 @@ class Redlock:
         """`extend` for many locks, in one pipelined round trip per master."""
         started = time.monotonic()
         per_master = await asyncio.gather(
-            *(self._extend_pipeline(client, script, locks) for client, script in zip(self.clients, self._extend))
+            *(
+                self._script_pipeline(client, script, locks, self.ttl_ms)
+                for client, script in zip(self.clients, self._extend)
+            )
         )
         valid_until = started + self.ttl_ms / 1000 - self._drift()
         extended: list[Lock | None] = []
@@ -124,12 +143,14 @@ class Redlock:
             extended.append(Lock(lock.key, lock.value, valid_until) if kept >= self.quorum else None)
         return extended
 
-    async def _extend_pipeline(self, client: redis.Redis, script, locks: list[Lock]) -> list:
-        """One reply per lock: 1 (extended), 0 (not ours any more), or the error."""
+    async def _script_pipeline(self, client: redis.Redis, script, locks: list[Lock], *args) -> list:
+        """The script on each lock (its key; its value, then `args`), pipelined.
+        One reply per lock — extend's and release's: 1 (done), 0 (not ours
+        any more) — or the error."""
         try:
             async with client.pipeline(transaction=False) as pipe:
                 for lock in locks:
-                    await script(keys=[lock.key], args=[lock.value, self.ttl_ms], client=pipe)
+                    await script(keys=[lock.key], args=[lock.value, *args], client=pipe)
                 return await pipe.execute(raise_on_error=False)
         except REDIS_ERRORS as exc:
             return [exc] * len(locks)
