@@ -21,7 +21,9 @@ transaction. If any handler fails or any completion is refused, the
 transaction rolls back — no effect of the batch survives — and each of its
 events goes through `Processor` alone, keeping the lock it holds. Keys that
 are not freshly acquired (duplicates, keys in flight elsewhere, degraded
-mode) go through `Processor` alone from the start.
+mode) go through `Processor` alone from the start; keys another run of this
+process holds (`workers.claim.in_flight`) go alone after the commit, where
+they wait for that run.
 
 Ordering keys' lanes (workers/ordering/) bring their due head rows
 (`run_heads`): steps 2 and 3 for many lanes at once, without the Redis
