@@ -36,8 +36,8 @@ class KeysInFlight:
 
     @contextlib.contextmanager
     def running_free(self, keys: Iterable[str]) -> Iterator[list[str]]:
-        """The block runs those of `keys` (distinct) no run here holds, without waiting."""
-        free = [key for key in keys if key not in self._ended]
+        """The block runs those of `keys` no run here holds, without waiting."""
+        free = [key for key in dict.fromkeys(keys) if key not in self._ended]
         with self._held(free):
             yield free
 
