@@ -118,14 +118,34 @@ class Keeper:
         self._disarm()
 
     async def keep(self) -> None:
-        self._lag = loop_lag.of_running_loop()  # watching before any pause its confirmation must tell from a black hole
-        self._arm()
+        self.start()
         try:
-            while not (self.lost or self.retired):
-                await asyncio.sleep(self._ttl / 3)
-                await self._renew_until_lost()
+            await asyncio.sleep(self.renew_every)
+            await self.renewing()
         finally:
             self._disarm()
+
+    @property
+    def renew_every(self) -> float:
+        return self._ttl / 3
+
+    def start(self) -> None:
+        """Arms the confirmation at the deadline; renewing is `renewing`'s,
+        from the first renewal's time on (`kept_alive`)."""
+        self._lag = loop_lag.of_running_loop()  # watching before any pause its confirmation must tell from a black hole
+        self._arm()
+
+    def stop(self) -> None:
+        """What `start` armed, and a confirmation on its way, cancelled."""
+        self._disarm()
+
+    async def renewing(self) -> None:
+        """Renews now, then every third of the TTL, until lost or retired."""
+        while not (self.lost or self.retired):
+            await self._renew_until_lost()
+            if self.lost or self.retired:
+                return
+            await asyncio.sleep(self.renew_every)
 
     async def _renew_until_lost(self) -> None:
         while not (self.lost or self.retired):
@@ -289,11 +309,28 @@ def _handler_stopped(keeper: Keeper, connection) -> None:
 
 @contextlib.asynccontextmanager
 async def kept_alive(keepers: list[Keeper]) -> AsyncIterator[None]:
-    """Renews the locks and leases while the block runs."""
-    tasks = [asyncio.create_task(keeper.keep()) for keeper in keepers]
+    """Renews the locks and leases while the block runs. A keeper's task
+    starts when its first renewal is due (a third of the TTL, 1 s): a run
+    shorter than that — a `forward` to a downstream answering in 300 ms —
+    costs a timer, not a task to create, cancel and wait for (issue 39)."""
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task] = []
+
+    def start_renewing(keeper: Keeper) -> None:
+        tasks.append(loop.create_task(keeper.renewing()))
+
+    timers = []
+    for keeper in keepers:
+        keeper.start()
+        timers.append(loop.call_later(keeper.renew_every, start_renewing, keeper))
     try:
         yield
     finally:
+        for timer in timers:
+            timer.cancel()
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for keeper in keepers:
+            keeper.stop()
