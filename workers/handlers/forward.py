@@ -53,7 +53,8 @@ class ForwardFailed(Exception):
 def session() -> aiohttp.ClientSession:
     global _session
     if _session is None or _session.closed:
-        _session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        # no cookie jar: the session is every source's, and a POST carries only what the source says
+        _session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar())
     return _session
 
 

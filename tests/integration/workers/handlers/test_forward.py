@@ -42,7 +42,6 @@ async def receiver(unused_tcp_port):
     await runner.cleanup()
 
 
-@pytest.mark.xfail(strict=True, reason="the process's session keeps the downstream's cookies")
 async def test_a_cookie_a_downstream_sets_is_never_sent_on_anyones_next_post(receiver):
     """Forward's session is the process's: a cookie kept from one source's
     downstream would go with every later POST to that host, another
