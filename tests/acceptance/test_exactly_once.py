@@ -295,13 +295,20 @@ async def test_a_batch_form_paused_past_its_leases_while_copies_run_elsewhere_co
     settings, fleet, tmp_path
 ):
     """A batch form (`handle.batch`) writes its events' rows, then blocks its
-    process 4 s with a 1 s TTL; copies of those events go to a second
-    worker, which takes some of their leases meanwhile. The paused batch's
-    fenced completion must not keep the rows of a key it lost, nor of the
-    others beside it: each event's effect exactly once, nothing dead."""
+    process past its 1 s TTL; copies of those events go to a second worker,
+    which takes some of their leases meanwhile and meets the paused batch's
+    turns (the pause ends then: a worker's start is seconds on a loaded
+    host). The paused batch's fenced completion must not keep the rows of a
+    key it lost, nor of the others beside it: each event's effect exactly
+    once, nothing dead."""
+    release = tmp_path / "release"
     env = {
         "WEBHOOK_INGEST_SOURCES": write_sources(
-            tmp_path / "s.toml", f"{HANDLERS}:paused_batch", database_url=settings.database_url, pause_seconds=4
+            tmp_path / "s.toml",
+            f"{HANDLERS}:paused_batch",
+            database_url=settings.database_url,
+            pause_seconds=60,
+            release_file=str(release),
         ),
         "WEBHOOK_INGEST_LOCK_TTL": "1",
     }
@@ -318,12 +325,13 @@ async def test_a_batch_form_paused_past_its_leases_while_copies_run_elsewhere_co
     successor = fleet.worker("--concurrency", "64", env=env)
     await wait_for_output(successor, "worker_consuming")
     await publish_events(settings.amqp_url, settings.namespace, [e for e in events if e.key in in_the_batch])
+    await wait_for_output(successor, '"reason":"TurnTaken"')  # its copies met the paused batch's turns
+    release.touch()
 
     await until_completed(settings.database_url, len(events), timeout=60)
     await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
     await asyncio.sleep(2)  # a retry or deferral still on its way would show by now
     await assert_each_once(settings.database_url, events)
-    assert '"reason":"TurnTaken"' in successor.output()  # its copies met the paused batch's turns
     assert "batch_crashed" not in paused.output()
 
 

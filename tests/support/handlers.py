@@ -46,7 +46,9 @@ async def counted_inbox_many(events, ctx):
 async def paused_batch_many(events, ctx):
     """counted_inbox_many whose first call in the fleet (none in `runs_started` yet)
     blocks its process past the lease TTL after writing its rows, as a GC pause
-    or a stalled VM would; its keys go to `runs_started` first."""
+    or a stalled VM would; its keys go to `runs_started` first. It blocks
+    `pause_seconds`, or, with `release_file`, until that file exists (at most
+    `pause_seconds`): the test ends the pause once what it waits for happened."""
     first = await ctx.db.fetchval("SELECT count(*) = 0 FROM runs_started")
     keys = [event.key for event in events]
     await counted_inbox_many(events, ctx)
@@ -58,7 +60,17 @@ async def paused_batch_many(events, ctx):
             )
         finally:
             await connection.close()
-        time.sleep(float(ctx.options.get("pause_seconds", 3)))  # noqa: ASYNC251 - blocks the loop: no renewal
+        _block(float(ctx.options.get("pause_seconds", 3)), ctx.options.get("release_file"))
+
+
+def _block(seconds: float, release_file: str | None) -> None:
+    """Blocks the process's loop (no renewal, no timer) `seconds`, or until `release_file` exists."""
+    if release_file is None:
+        time.sleep(seconds)
+        return
+    until = time.monotonic() + seconds
+    while not os.path.exists(release_file) and time.monotonic() < until:
+        time.sleep(0.02)
 
 
 async def paused_batch(event, ctx):
