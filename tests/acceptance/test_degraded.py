@@ -46,9 +46,6 @@ async def _warm(url: str, servers: int) -> None:
 
 BURST = 800
 IN_FLIGHT = 10
-# The two full-server tests' workers hold their keys for this TTL (WEBHOOK_INGEST_LOCK_TTL,
-# half the default 3 s), their calls and outages sized in TTLs: the same story, half the wait.
-LOCK_TTL = 1.5
 RENEWAL_SESSION = (
     "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND query LIKE '%lease_until = clock_timestamp()%'"
 )
@@ -281,17 +278,15 @@ async def test_a_burst_of_slow_transactions_and_dead_letters_runs_each_call_once
 async def test_a_dropped_renewal_session_on_a_full_server_repeats_no_call(
     settings, fleet, tmp_path, database, limited_role, downstream
 ):
-    """Ten calls in flight (8/3 of a TTL each) under valid leases; the server
-    is full for the worker's role (as at its max_connections: the shipped
-    manifests at 10 worker pods, a rollout's surge) and the worker's one
-    renewal session ends (a TCP reset, a renewal that timed out and was
-    closed, an operator's pg_terminate_backend). Postgres answers throughout
-    and no one else takes a key: a refused session is an outage, not a lost lease."""
+    """Ten calls in flight (8 s each) under valid leases; the server is full
+    for the worker's role (as at its max_connections: the shipped manifests
+    at 10 worker pods, a rollout's surge) and the worker's one renewal
+    session ends (a TCP reset, a renewal that timed out and was closed, an
+    operator's pg_terminate_backend). Postgres answers throughout and no one
+    else takes a key: a refused session is an outage, not a lost lease."""
     role, role_url = limited_role
-    sources = write_sources(tmp_path / "s.toml", "forward", url=f"{downstream.url}?latency={LOCK_TTL * 8 / 3}")
-    worker = fleet.worker(
-        env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": role_url, "WEBHOOK_INGEST_LOCK_TTL": str(LOCK_TTL)}
-    )
+    sources = write_sources(tmp_path / "s.toml", "forward", url=downstream.url + "?latency=8")
+    worker = fleet.worker(env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": role_url})
     await wait_for_output(worker, "worker_consuming")
     events = [make_event("acme", f"evt_{n}") for n in range(IN_FLIGHT)]
     await publish_events(settings.amqp_url, settings.namespace, events)
@@ -308,7 +303,7 @@ async def test_a_dropped_renewal_session_on_a_full_server_repeats_no_call(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY($1::int[])",
             [row["pid"] for row in await admin.fetch(RENEWAL_SESSION, role)],
         )
-        await asyncio.sleep(LOCK_TTL * 4 / 3)  # the server stays full a few seconds, more than a lease's TTL
+        await asyncio.sleep(4)  # the server stays full a few seconds, more than a lease's TTL
         await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT -1')
 
         async def settled() -> bool:
@@ -324,17 +319,15 @@ async def test_a_dropped_renewal_session_on_a_full_server_repeats_no_call(
 async def test_a_refused_completion_session_repeats_no_call(
     settings, fleet, tmp_path, database, limited_role, downstream
 ):
-    """Ten calls in flight (a TTL each) under valid leases; the server is
-    full for the worker's role and every session but the renewal one ends
-    (as a pool's session idle past asyncpg's 300 s is closed and reopened on
-    the next burst, or a TCP reset): the leases stay renewed, but each
+    """Ten calls in flight (3 s each) under valid leases; the server is full
+    for the worker's role and every session but the renewal one ends (as a
+    pool's session idle past asyncpg's 300 s is closed and reopened on the
+    next burst, or a TCP reset): the leases stay renewed, but each
     completion needs a new statement session, refused until the server has
-    room again a TTL after the calls ended. No one else took a key."""
+    room again 3 s after the calls ended. No one else took a key."""
     role, role_url = limited_role
-    sources = write_sources(tmp_path / "s.toml", "forward", url=f"{downstream.url}?latency={LOCK_TTL}")
-    worker = fleet.worker(
-        env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": role_url, "WEBHOOK_INGEST_LOCK_TTL": str(LOCK_TTL)}
-    )
+    sources = write_sources(tmp_path / "s.toml", "forward", url=downstream.url + "?latency=3")
+    worker = fleet.worker(env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": role_url})
     await wait_for_output(worker, "worker_consuming")
     events = [make_event("acme", f"evt_{n}") for n in range(IN_FLIGHT)]
     await publish_events(settings.amqp_url, settings.namespace, events)
@@ -354,7 +347,7 @@ async def test_a_refused_completion_session_repeats_no_call(
         ]
         await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT 1')  # the renewal session alone
         await admin.execute("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", others)
-        await asyncio.sleep(2 * LOCK_TTL)  # the calls end meanwhile; the server stays full a TTL longer
+        await asyncio.sleep(6)  # the calls end meanwhile; the server stays full 3 s longer
         await admin.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT -1')
 
         async def settled() -> bool:

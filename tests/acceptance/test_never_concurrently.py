@@ -28,9 +28,6 @@ from tests.support.tcpproxy import TcpProxy
 pytestmark = pytest.mark.usefixtures("effects_tables")
 HANDLERS = "tests.support.handlers"
 ADVERSARY = HANDLERS  # what the tests found in review rounds call it (they had a handlers module of their own)
-# The stalled-path test's workers hold keys for this TTL (WEBHOOK_INGEST_LOCK_TTL, half the
-# default 3 s); its effect and waits are sized in it as they were at 3 s.
-STALL_TTL = 1.5
 
 
 def _overlapping(runs) -> list[tuple]:
@@ -151,7 +148,7 @@ async def test_a_holder_whose_postgres_path_stalls_cancels_its_handler_and_has_n
     """716d86b against a black hole rather than a cut: the holder's Postgres
     path stalls (connections open, nothing answered), so its renewals get no
     answer at all — neither success nor failure. The timer alone must
-    cancel the external effect (5/3 of a TTL) before the lease can run out, and
+    cancel the 5 s external effect before the lease (3 s) can run out, and
     the copy on the other worker must not run beside it, neither while the
     path stalls nor once it flows again (whether the copy runs during the
     stall — the holder's session gone — or after it is not asserted)."""
@@ -159,7 +156,7 @@ async def test_a_holder_whose_postgres_path_stalls_cancels_its_handler_and_has_n
         tmp_path / "s.toml",
         "tests.support.handlers:long_external",
         database_url=settings.database_url,
-        seconds=STALL_TTL * 5 / 3,
+        seconds=5,
     )
     event = make_event("acme", "evt_black_hole")
     with TcpProxy("127.0.0.1", 5432) as first, TcpProxy("127.0.0.1", 5432) as second:
@@ -168,11 +165,7 @@ async def test_a_holder_whose_postgres_path_stalls_cancels_its_handler_and_has_n
             worker = fleet.worker(
                 "--concurrency",
                 "1",
-                env={
-                    "WEBHOOK_INGEST_SOURCES": sources,
-                    "DATABASE_URL": proxy.url_for(settings.database_url),
-                    "WEBHOOK_INGEST_LOCK_TTL": str(STALL_TTL),
-                },
+                env={"WEBHOOK_INGEST_SOURCES": sources, "DATABASE_URL": proxy.url_for(settings.database_url)},
             )
             proxies[worker.pid] = proxy
         for worker in fleet.processes:
@@ -188,14 +181,14 @@ async def test_a_holder_whose_postgres_path_stalls_cancels_its_handler_and_has_n
             lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05, message="the holder's run ends"
         )
         holder_run = await _fetchval(settings.database_url, "SELECT ended - started FROM runs LIMIT 1")
-        await asyncio.sleep(STALL_TTL * 4 / 3)  # the lease ran out long ago; the copy keeps trying
+        await asyncio.sleep(4)  # the lease ran out long ago; the copy keeps trying
         proxies[holder_pid].flow()
         await wait_until(lambda: count_rows(settings.database_url, "processed_events"), 60, message="a completion")
         await wait_until(lambda: _queue_empty(settings), 30, message="an empty queue")
         await asyncio.sleep(2)  # a deferred copy comes back after 1 s
     runs = await _fetch(settings.database_url, "SELECT key, pid, started, ended FROM runs ORDER BY started")
 
-    assert holder_run < STALL_TTL, f"the holder's effect ran {holder_run:.1f} s: not cancelled before its lease ran out"
+    assert holder_run < 3, f"the holder's effect ran {holder_run:.1f} s: not cancelled before its lease ran out"
     assert [(a["pid"], b["pid"]) for a, b in itertools.pairwise(runs) if b["started"] < a["ended"]] == [], runs
     assert await count_rows(settings.database_url, "effects") == 1
 

@@ -324,16 +324,12 @@ async def test_a_shutdown_while_a_retry_waits_for_its_confirm_does_not_run_the_a
     assert attempts == [1.0, 2.0, 3.0], attempts
 
 
-COPY_TTL = 1.5  # WEBHOOK_INGEST_LOCK_TTL of the next test's workers: half the default 3 s
-
-
 async def test_a_copy_of_an_attempt_whose_retry_waits_for_a_blocked_broker_does_not_run_it_again(
     settings, fleet, tmp_path
 ):
     """Safe (regression for 915225d with f1164af): attempt 1 failed on the
     worker whose broker path then stalls (an alarm), so its retry publish
-    waits for its confirm — longer than the key's lease (a TTL of 1.5 s
-    here, half the default: the waits below are sized in it). Meanwhile the
+    waits for its confirm — longer than the key's lease (3 s). Meanwhile the
     provider sends the event again, to another worker. The waiting run keeps
     its lease renewed through the wait, so the copy is deferred, not run;
     once the broker takes the retry and the attempt is recorded handed on,
@@ -345,18 +341,19 @@ async def test_a_copy_of_an_attempt_whose_retry_waits_for_a_blocked_broker_does_
     )
     event = make_event("acme", "evt_copy_while_blocked")
     with TcpProxy("127.0.0.1", amqp_port()) as broker:
-        env = {"WEBHOOK_INGEST_SOURCES": sources, "WEBHOOK_INGEST_LOCK_TTL": str(COPY_TTL)}
-        blocked = fleet.worker("--concurrency", "1", env={**env, "AMQP_URL": broker.url_for(settings.amqp_url)})
+        blocked = fleet.worker(
+            "--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources, "AMQP_URL": broker.url_for(settings.amqp_url)}
+        )
         await wait_for_output(blocked, "worker_consuming")
         await publish_events(settings.amqp_url, settings.namespace, [event])
         await wait_until(
             lambda: count_rows(settings.database_url, "runs"), 30, interval=0.05, message="attempt 1 running"
         )
         broker.stall()  # before its retry is published
-        other = fleet.worker("--concurrency", "1", env=env)
+        other = fleet.worker("--concurrency", "1", env={"WEBHOOK_INGEST_SOURCES": sources})
         await wait_for_output(other, "worker_consuming")
         await publish_events(settings.amqp_url, settings.namespace, [event])  # the provider's copy
-        await asyncio.sleep(COPY_TTL * 5 / 3)  # the lease would have run out meanwhile, had it not been renewed
+        await asyncio.sleep(5)  # the lease (3 s) would have run out twice over
         broker.flow()
         await wait_until(lambda: count_rows(settings.database_url, "dead_letters"), 30, message="the dead letter")
         await _settled_quietly(settings)
