@@ -24,15 +24,18 @@ async def test_a_client_refused_again_and_again_is_logged_once_a_minute(settings
     line per few bytes sent, for ever. The counters count every one."""
     async with running_ingress(settings_with(monkeypatch), sources) as client:
         before = await refusals_counted(client)
+        answered: Counter = Counter()
         with captured_logs() as logs:
-            for _ in range(FAILURES_BURST + 30):
-                await client.post("/webhooks/open", data=b"{}")
-            for _ in range(30):
-                await client.post("/webhooks/office", data=b"{}")
+            for source, times in (("open", FAILURES_BURST + 30), ("office", 30)):
+                for _ in range(times):
+                    status = (await client.post(f"/webhooks/{source}", data=b"{}")).status
+                    answered[(source, str(status))] += status in (403, 429)
         after = await refusals_counted(client)
     events = Counter(line["event"] for line in logs)
     assert events["too_many_failures"] == 1 and events["forbidden_source_ip"] == 1
-    assert after - before == Counter({("open", "429"): 30, ("office", "403"): 30})
+    # the budget refills a failure a second: on a slow host the 50 requests earn one back
+    assert answered[("office", "403")] == 30 and answered[("open", "429")] >= 25
+    assert after - before == +answered
 
 
 async def refusals_counted(client) -> Counter:
