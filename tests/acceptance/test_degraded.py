@@ -243,6 +243,7 @@ async def test_transaction_pooling_with_idle_servers_is_refused(stock_postgres):
             await refuse_transaction_pooling(url)
 
 
+@pytest.mark.alone  # 512 runs in flight renewing on one connection each: 4 tests beside it starve the renewals
 async def test_a_burst_of_slow_transactions_and_dead_letters_runs_each_call_once(
     settings, fleet, tmp_path, effects_tables, downstream
 ):
